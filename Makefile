@@ -1,0 +1,62 @@
+# Single entry point: CI calls these targets unchanged.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+INSTALLED := $(VENV)/.installed
+PROTOS := $(shell find protos -name '*.proto')
+GEN_STAMP := gen/.generated
+export TEST_POSTGRES_DSN ?= postgresql://127.0.0.1:5432/test
+PYTEST_ARGS ?=
+
+.PHONY: help venv protos check-protos run test test-fast bench lint fmt clean
+
+help:
+	@echo "make run [SAY='帮助']   run the whole stack and chat as a player (SAY: one message, then exit)"
+	@echo "make test              run every test (unit, in-process services, end-to-end)"
+	@echo "make bench             run the benchmarks and record results under bench/results/"
+	@echo "make protos            regenerate Python stubs in gen/ from protos/"
+	@echo "make check-protos      fail when gen/ does not match protos/"
+	@echo "make lint / make fmt   check / fix style with ruff"
+
+$(INSTALLED): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	@# gen/ holds generated stubs whose imports start at `system.`; put it on the venv's path.
+	$(PYTHON) -c 'import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()["purelib"], "system_protos.pth").write_text("$(CURDIR)/gen\n")'
+	touch $@
+
+venv: $(INSTALLED)
+
+$(GEN_STAMP): $(INSTALLED) $(PROTOS) scripts/gen_protos.py
+	$(PYTHON) scripts/gen_protos.py
+	touch $@
+
+protos: $(GEN_STAMP)
+
+check-protos: $(INSTALLED)
+	$(PYTHON) scripts/gen_protos.py --check
+
+run: $(GEN_STAMP)
+	$(PYTHON) -m services.stack $(if $(SAY),--say '$(SAY)')
+
+test: $(GEN_STAMP)
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(GEN_STAMP)
+	$(PYTHON) -m pytest -m 'not e2e' $(PYTEST_ARGS)
+
+bench: $(GEN_STAMP)
+	$(PYTHON) -m bench.skeleton
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: $(INSTALLED)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) gen data .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Shared server plumbing, the gateway, the model gateway and the simulated game server."""

@@ -1,0 +1,56 @@
+"""Outbound channels: one per dependency, owned by the client object that uses it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import grpc
+
+from services.runtime.interceptors import client_interceptors
+
+__all__ = ["open_channel"]
+
+
+
+def _retry_config(idempotent_methods: Sequence[str]) -> str:
+    """Service config that retries the named methods on UNAVAILABLE, and nothing else.
+
+    Only idempotent calls may be sent twice; everything else fails fast to the caller.
+    """
+    names = [
+        {"service": full.split("/")[0], "method": full.split("/")[1]} for full in idempotent_methods
+    ]
+    policy = {
+        "maxAttempts": 3,
+        "initialBackoff": "0.05s",
+        "maxBackoff": "0.5s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    return json.dumps({"methodConfig": [{"name": names, "retryPolicy": policy}] if names else []})
+
+
+def open_channel(
+    target: str,
+    *,
+    idempotent_methods: Sequence[str] = (),
+    default_timeout: float | None = 10.0,
+) -> grpc.aio.Channel:
+    """An insecure aio channel to `target` with request-id and deadline propagation.
+
+    Args:
+        target: `host:port` of the dependency.
+        idempotent_methods: `package.Service/Method` names retried on UNAVAILABLE.
+        default_timeout: seconds for calls made outside any request deadline.
+    """
+    return grpc.aio.insecure_channel(
+        target,
+        options=[
+            ("grpc.service_config", _retry_config(idempotent_methods)),
+            ("grpc.enable_retries", 1),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+        ],
+        interceptors=client_interceptors(default_timeout),
+    )

@@ -1,0 +1,148 @@
+"""Configuration: a frozen dataclass per service, read once at start from a TOML file plus
+environment overrides, validated with messages an operator can act on.
+
+Precedence, lowest first: dataclass defaults, the TOML file, environment variables named
+`<PREFIX><FIELD>` in upper case (for example `SYSTEM_ROUTER_PORT=50052`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["ConfigError", "ServerConfig", "load_config"]
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A configuration file or variable is invalid; the message says which and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """Settings every service has. Services subclass it and add their own fields."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on; `0.0.0.0` in containers."""
+    port: int = 0
+    """gRPC port; 0 picks a free one (written to `port_file`)."""
+    metrics_port: int = 0
+    """Prometheus metrics port; 0 picks a free one, -1 turns metrics off."""
+    drain_seconds: float = 0.5
+    """After SIGTERM, how long health answers NOT_SERVING before the server stops accepting."""
+    grace_seconds: float = 5.0
+    """After draining, how long running calls may take to finish before they are cancelled."""
+    port_file: str = ""
+    """If set, a JSON file with the bound ports is written here once the server is serving."""
+    log_level: str = "INFO"
+    """Python logging level name."""
+
+    def validate(self) -> None:
+        """Raises ConfigError for values that cannot work. Subclasses extend it."""
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, got {self.port}")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be -1 (off) or 0..65535, got {self.metrics_port}")
+        if self.drain_seconds < 0 or self.grace_seconds < 0:
+            raise ConfigError("drain_seconds and grace_seconds must not be negative")
+        if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+
+
+def _coerce(name: str, annotation: Any, value: Any, source: str) -> Any:
+    """Converts a file value or an environment string to the field's type, or explains why not."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None or value == "":
+            return None
+        return _coerce(name, options[0], value, source)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on"}:
+            return True
+        if isinstance(value, str) and value.lower() in {"0", "false", "no", "off"}:
+            return False
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+    elif annotation is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        if isinstance(items, list | tuple) and all(isinstance(v, str) for v in items):
+            return tuple(items)
+    elif origin is dict or annotation is dict:
+        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            return dict(value)
+    type_name = getattr(annotation, "__name__", str(annotation))
+    raise ConfigError(f"{source}: setting '{name}' must be {type_name}, got {value!r}")
+
+
+def load_config(
+    cls: type[C],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env_prefix: str,
+    environ: Mapping[str, str] | None = None,
+) -> C:
+    """Builds `cls` from defaults, the TOML file at `path` and `environ` overrides.
+
+    Raises:
+        ConfigError: the file is missing or malformed, a key is unknown, a value has the wrong
+            type, or the result fails `validate()`.
+    """
+    environ = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    if path:
+        file = Path(path)
+        try:
+            raw = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+        unknown = sorted(set(raw) - set(fields))
+        if unknown:
+            raise ConfigError(
+                f"config file {file}: unknown setting(s) {', '.join(unknown)}; "
+                f"known settings are {', '.join(sorted(fields))}"
+            )
+        for key, value in raw.items():
+            values[key] = _coerce(key, hints[key], value, f"config file {file}")
+    for name in fields:
+        env_name = f"{env_prefix}{name.upper()}"
+        if env_name in environ:
+            values[name] = _coerce(name, hints[name], environ[env_name], f"environment {env_name}")
+    try:
+        config = cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        validate()
+    return config

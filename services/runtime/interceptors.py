@@ -1,0 +1,215 @@
+"""gRPC interceptors.
+
+Server side, one interceptor for every service: takes the request id and deadline from the
+call into the request context, maps typed `ServiceError`s to status codes, turns anything else
+into INTERNAL (logged with its traceback, never leaked), writes one access-log line per call
+and records Prometheus metrics.
+
+Client side: puts the current request id into outgoing metadata and caps each call's timeout
+by the current deadline, so deadlines shrink as a request crosses services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.runtime import context as request_context
+from services.runtime.errors import ServiceError
+from services.runtime.metrics import RPC_HANDLED, RPC_LATENCY
+
+__all__ = ["ContextClientInterceptor", "ServerInterceptor", "client_interceptors"]
+
+log = logging.getLogger("system.rpc")
+
+# Standard services are neither logged nor measured: probes would drown the access log.
+_QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+def _split(method: str) -> tuple[str, str]:
+    service, _, name = method.lstrip("/").partition("/")
+    return service, name
+
+
+class _Call:
+    """Bookkeeping for one server call: context variables, error mapping, log and metrics."""
+
+    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        self.method = method
+        self.service, self.name = _split(method)
+        self.context = context
+        metadata = dict(context.invocation_metadata() or ())
+        self.request_id = str(metadata.get(request_context.REQUEST_ID_KEY) or "")
+        self.timeout = context.time_remaining()
+        self.started = time.perf_counter()
+        self.code = "OK"
+
+    def scope(self) -> Any:
+        return request_context.request_scope(self.request_id or None, self.timeout)
+
+    async def fail(self, exc: BaseException) -> None:
+        """Aborts the call with the status `exc` maps to. Always raises."""
+        if isinstance(exc, ServiceError):
+            self.code = exc.code
+            await self.context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        if isinstance(exc, asyncio.CancelledError):
+            self.code = "CANCELLED"
+            raise exc
+        log.exception("unhandled error in %s", self.method, exc_info=exc)
+        self.code = "INTERNAL"
+        await self.context.abort(
+            grpc.StatusCode.INTERNAL,
+            f"internal error; quote request id {request_context.current_request_id()} when reporting it",
+        )
+
+    def finish(self) -> None:
+        code = self.code
+        if code == "OK":
+            status = self.context.code()
+            if status is not None and status != grpc.StatusCode.OK:
+                code = status.name
+        elapsed = time.perf_counter() - self.started
+        RPC_HANDLED.labels(self.service, self.name, code).inc()
+        RPC_LATENCY.labels(self.service, self.name).observe(elapsed)
+        log.info(
+            "rpc %s %s",
+            self.method,
+            code,
+            extra={"rpc": self.method, "code": code, "ms": round(elapsed * 1000, 3)},
+        )
+
+
+def _is_abort(exc: BaseException) -> bool:
+    # context.abort raises AbortError; it already carries its status and must pass through.
+    return isinstance(exc, grpc.aio.AbortError)
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler of our own services; see the module docstring."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(_QUIET_PREFIXES):
+            return handler
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                self._streaming(handler.stream_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._streaming(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_unary_rpc_method_handler(
+            self._unary(handler.stream_unary, method),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    @staticmethod
+    def _unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = _Call(method, context)
+            with call.scope():
+                try:
+                    return await behavior(request, context)
+                except BaseException as exc:
+                    if _is_abort(exc):
+                        raise
+                    await call.fail(exc)
+                finally:
+                    call.finish()
+
+        return wrapper
+
+    @staticmethod
+    def _streaming(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                call = _Call(method, context)
+                with call.scope():
+                    try:
+                        async for response in behavior(request, context):
+                            yield response
+                    except BaseException as exc:
+                        if _is_abort(exc):
+                            raise
+                        await call.fail(exc)
+                    finally:
+                        call.finish()
+
+            return generator
+
+        async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> None:
+            call = _Call(method, context)
+            with call.scope():
+                try:
+                    await behavior(request, context)
+                except BaseException as exc:
+                    if _is_abort(exc):
+                        raise
+                    await call.fail(exc)
+                finally:
+                    call.finish()
+
+        return coroutine
+
+
+class ContextClientInterceptor(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    """Adds the request id to metadata and caps the timeout by the current deadline."""
+
+    def __init__(self, default_timeout: float | None) -> None:
+        self.default_timeout = default_timeout
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        request_id = request_context.current_request_id()
+        if request_id and request_context.REQUEST_ID_KEY not in metadata:
+            metadata.add(request_context.REQUEST_ID_KEY, request_id)
+        timeout = request_context.remaining_seconds(details.timeout or self.default_timeout)
+        return grpc.aio.ClientCallDetails(
+            details.method, timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+def client_interceptors(default_timeout: float | None = 10.0) -> list[grpc.aio.ClientInterceptor]:
+    """The interceptors every outbound channel uses."""
+    return [ContextClientInterceptor(default_timeout)]

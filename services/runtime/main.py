@@ -1,0 +1,69 @@
+"""`python -m <service>` entry: reads config, sets up logging, runs the app until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from services.runtime.config import ConfigError, ServerConfig, load_config
+from services.runtime.logging import configure_logging
+from services.runtime.server import ServiceHost
+
+__all__ = ["App", "run_service"]
+
+C = TypeVar("C", bound=ServerConfig)
+
+
+class App(Protocol):
+    """What a service's `create_app` returns: its host and a way to release what it holds."""
+
+    host: ServiceHost
+
+    async def aclose(self) -> None: ...
+
+
+def parse_config(name: str, config_cls: type[C], env_prefix: str, argv: list[str] | None = None) -> C:
+    """Reads `--config` (or `<PREFIX>CONFIG`) and the environment; exits 2 with a clear message."""
+    parser = argparse.ArgumentParser(
+        prog=name,
+        description=f"Runs the {name} service. Settings come from a TOML file and "
+        f"{env_prefix}<SETTING> environment variables.",
+    )
+    parser.add_argument("--config", default=os.environ.get(f"{env_prefix}CONFIG"), help="TOML file")
+    args = parser.parse_args(argv)
+    try:
+        return load_config(config_cls, args.config, env_prefix=env_prefix)
+    except ConfigError as exc:
+        print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+async def _serve(create_app: Callable[[C], Awaitable[App]], config: C) -> None:
+    app = await create_app(config)
+    try:
+        await app.host.start()
+        await app.host.serve_until_signalled()
+    finally:
+        await app.host.stop()
+        await app.aclose()
+
+
+def run_service(
+    name: str,
+    config_cls: type[C],
+    env_prefix: str,
+    create_app: Callable[[C], Awaitable[App]],
+) -> None:
+    """Runs one service process to completion."""
+    config = parse_config(name, config_cls, env_prefix)
+    configure_logging(name, config.log_level)
+    try:
+        asyncio.run(_serve(create_app, config))
+    except OSError as exc:
+        logging.getLogger("system.server").error("%s", exc)
+        raise SystemExit(1) from None

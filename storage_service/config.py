@@ -1,0 +1,35 @@
+"""Storage service settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.runtime.config import ConfigError, ServerConfig
+
+ENV_PREFIX = "SYSTEM_STORAGE_"
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageConfig(ServerConfig):
+    """Settings of the storage service (env prefix `SYSTEM_STORAGE_`)."""
+
+    port: int = 50055
+    metrics_port: int = 9105
+    database_url: str = "sqlite:///data/storage.db"
+    """SQLAlchemy URL: `sqlite:///path.db` embedded, `postgresql://host/db` in production."""
+    history_max_entries: int = 200
+    """Most history entries kept per player; the oldest go first."""
+    history_max_bytes: int = 262_144
+    """Most encoded history bytes kept per player; the oldest go first."""
+    max_text_chars: int = 4000
+    """Longest text one history entry may carry."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.database_url.startswith(("sqlite:", "postgresql")):
+            raise ConfigError(
+                f"database_url must start with sqlite: or postgresql, got {self.database_url!r}"
+            )
+        for name in ("history_max_entries", "history_max_bytes", "max_text_chars"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -1,0 +1,82 @@
+"""Database schema and engine setup. SQLite (WAL) embedded by default, PostgreSQL via psycopg 3."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Engine,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "HistoryRow", "PreferenceRow", "make_engine"]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class HistoryRow(Base):
+    """One conversation-history entry. `result` is an encoded system.common.v1.AgentResult."""
+
+    __tablename__ = "history_entries"
+    __table_args__ = (Index("ix_history_player_id", "player_id", "id"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    player_id: Mapped[str] = mapped_column(String(64))
+    role: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    result: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class PreferenceRow(Base):
+    """A player's preferences; absent means defaults."""
+
+    __tablename__ = "player_preferences"
+
+    player_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    history_enabled: Mapped[bool] = mapped_column(Boolean)
+    external_enabled: Mapped[bool] = mapped_column(Boolean)
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers run beside the writer; NORMAL sync is durable across process crashes.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(database_url: str) -> Engine:
+    """Creates the engine and the schema. Plain `postgresql://` URLs use psycopg 3."""
+    url = make_url(database_url)
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+    else:
+        engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    Base.metadata.create_all(engine)
+    return engine

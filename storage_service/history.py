@@ -1,0 +1,202 @@
+"""Conversation history and preferences: bounded per player, written atomically.
+
+Domain code: no gRPC here. Entries travel as system.common.v1.HistoryEntry messages; the
+assistant's result is stored encoded, so replaying it gives back exactly what was shown.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.runtime.errors import InvalidArgument
+from storage_service.db import HistoryRow, PreferenceRow
+from system.common.v1 import common_pb2
+
+__all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
+
+MAX_PLAYER_ID = 64
+MAX_PAGE_SIZE = 100
+DEFAULT_PAGE_SIZE = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryBounds:
+    """Per-player limits of the history ledger."""
+
+    max_entries: int
+    max_bytes: int
+    max_text_chars: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Preferences:
+    """A player's preferences."""
+
+    history_enabled: bool = True
+    external_enabled: bool = True
+
+
+def check_player_id(player_id: str) -> None:
+    if not player_id:
+        raise InvalidArgument("player_id is required")
+    if len(player_id) > MAX_PLAYER_ID:
+        raise InvalidArgument(f"player_id is longer than {MAX_PLAYER_ID} characters")
+
+
+def _encode_token(row_id: int) -> str:
+    return base64.urlsafe_b64encode(f"h{row_id}".encode()).decode()
+
+
+def _decode_token(token: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+        if not raw.startswith("h"):
+            raise ValueError
+        return int(raw[1:])
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument(
+            "page_token is malformed; pass the next_page_token of a previous response unchanged"
+        ) from None
+
+
+class ConversationStore:
+    """Reads and writes history and preferences. Each method is one transaction."""
+
+    def __init__(self, sessions: sessionmaker[Session], bounds: HistoryBounds) -> None:
+        self._sessions = sessions
+        self._bounds = bounds
+
+    # -- preferences -----------------------------------------------------------------------
+
+    def get_preferences(self, player_id: str) -> Preferences:
+        check_player_id(player_id)
+        with self._sessions() as session:
+            row = session.get(PreferenceRow, player_id)
+            return _preferences(row)
+
+    def update_preferences(
+        self, player_id: str, history_enabled: bool | None, external_enabled: bool | None
+    ) -> Preferences:
+        check_player_id(player_id)
+        with self._sessions.begin() as session:
+            row = session.get(PreferenceRow, player_id, with_for_update=True)
+            current = _preferences(row)
+            updated = Preferences(
+                history_enabled=current.history_enabled if history_enabled is None else history_enabled,
+                external_enabled=current.external_enabled if external_enabled is None else external_enabled,
+            )
+            if row is None:
+                session.add(PreferenceRow(player_id=player_id, **dataclasses.asdict(updated)))
+            else:
+                row.history_enabled = updated.history_enabled
+                row.external_enabled = updated.external_enabled
+            return updated
+
+    # -- history ---------------------------------------------------------------------------
+
+    def append(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> tuple[bool, int]:
+        """Appends entries atomically. Returns (recorded, evicted)."""
+        check_player_id(player_id)
+        if not entries:
+            raise InvalidArgument("entries must hold at least one entry")
+        rows = [self._row(player_id, i, entry) for i, entry in enumerate(entries)]
+        with self._sessions.begin() as session:
+            if not _preferences(session.get(PreferenceRow, player_id)).history_enabled:
+                return False, 0
+            session.add_all(rows)
+            session.flush()
+            return True, self._evict(session, player_id)
+
+    def _row(self, player_id: str, index: int, entry: common_pb2.HistoryEntry) -> HistoryRow:
+        if entry.role not in (common_pb2.HISTORY_ROLE_PLAYER, common_pb2.HISTORY_ROLE_ASSISTANT):
+            raise InvalidArgument(f"entries[{index}].role must be PLAYER or ASSISTANT")
+        if len(entry.text) > self._bounds.max_text_chars:
+            raise InvalidArgument(
+                f"entries[{index}].text has {len(entry.text)} characters; "
+                f"the limit is {self._bounds.max_text_chars}"
+            )
+        result = entry.result.SerializeToString() if entry.HasField("result") else None
+        size = len(entry.text.encode()) + len(result or b"")
+        if size > self._bounds.max_bytes:
+            raise InvalidArgument(
+                f"entries[{index}] encodes to {size} bytes, over the {self._bounds.max_bytes} byte bound"
+            )
+        return HistoryRow(
+            player_id=player_id,
+            role=entry.role,
+            text=entry.text,
+            result=result,
+            request_id=entry.request_id[:64],
+            size_bytes=size,
+            created_at=dt.datetime.now(dt.UTC),
+        )
+
+    def _evict(self, session: Session, player_id: str) -> int:
+        """Deletes the player's oldest entries until both bounds hold; returns how many."""
+        count, total = session.execute(
+            select(func.count(), func.coalesce(func.sum(HistoryRow.size_bytes), 0)).where(
+                HistoryRow.player_id == player_id
+            )
+        ).one()
+        if count <= self._bounds.max_entries and total <= self._bounds.max_bytes:
+            return 0
+        oldest = session.execute(
+            select(HistoryRow.id, HistoryRow.size_bytes)
+            .where(HistoryRow.player_id == player_id)
+            .order_by(HistoryRow.id)
+        )
+        doomed: list[int] = []
+        for row_id, size in oldest:
+            if count <= self._bounds.max_entries and total <= self._bounds.max_bytes:
+                break
+            doomed.append(row_id)
+            count -= 1
+            total -= size
+        session.execute(delete(HistoryRow).where(HistoryRow.id.in_(doomed)))
+        return len(doomed)
+
+    def list(
+        self, player_id: str, page_size: int, page_token: str
+    ) -> tuple[list[common_pb2.HistoryEntry], str]:
+        """A page of entries, oldest first within the page, and the token for older ones."""
+        check_player_id(player_id)
+        if page_size < 0:
+            raise InvalidArgument("page_size must not be negative")
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        query = select(HistoryRow).where(HistoryRow.player_id == player_id)
+        if page_token:
+            query = query.where(HistoryRow.id < _decode_token(page_token))
+        with self._sessions() as session:
+            rows = list(session.scalars(query.order_by(HistoryRow.id.desc()).limit(size + 1)))
+        more = len(rows) > size
+        rows = rows[:size]
+        token = _encode_token(rows[-1].id) if more else ""
+        return [_entry(row) for row in reversed(rows)], token
+
+    def clear(self, player_id: str) -> int:
+        check_player_id(player_id)
+        with self._sessions.begin() as session:
+            result = session.execute(delete(HistoryRow).where(HistoryRow.player_id == player_id))
+            return int(result.rowcount or 0)
+
+
+def _preferences(row: PreferenceRow | None) -> Preferences:
+    if row is None:
+        return Preferences()
+    return Preferences(history_enabled=row.history_enabled, external_enabled=row.external_enabled)
+
+
+def _entry(row: HistoryRow) -> common_pb2.HistoryEntry:
+    entry = common_pb2.HistoryEntry(role=row.role, text=row.text, request_id=row.request_id)
+    if row.result is not None:
+        entry.result.ParseFromString(row.result)
+    created = row.created_at
+    if created.tzinfo is None:  # SQLite returns naive datetimes; they were stored as UTC
+        created = created.replace(tzinfo=dt.UTC)
+    entry.created_at.FromDatetime(created)
+    return entry

@@ -1,0 +1,52 @@
+"""gRPC face of the storage service: converts messages and runs the store off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from storage_service.history import ConversationStore, Preferences
+from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+__all__ = ["StorageServicer"]
+
+
+def _prefs(p: Preferences) -> storage_pb2.PlayerPreferences:
+    return storage_pb2.PlayerPreferences(
+        history_enabled=p.history_enabled, external_enabled=p.external_enabled
+    )
+
+
+class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
+    """Thin: every method delegates to ConversationStore in a worker thread."""
+
+    def __init__(self, store: ConversationStore) -> None:
+        self._store = store
+
+    async def AppendHistory(self, request, context):  # type: ignore[no-untyped-def]
+        recorded, evicted = await asyncio.to_thread(
+            self._store.append, request.player_id, list(request.entries)
+        )
+        return storage_pb2.AppendHistoryResponse(recorded=recorded, evicted=evicted)
+
+    async def ListHistory(self, request, context):  # type: ignore[no-untyped-def]
+        entries, token = await asyncio.to_thread(
+            self._store.list, request.player_id, request.page_size, request.page_token
+        )
+        return storage_pb2.ListHistoryResponse(entries=entries, next_page_token=token)
+
+    async def ClearHistory(self, request, context):  # type: ignore[no-untyped-def]
+        deleted = await asyncio.to_thread(self._store.clear, request.player_id)
+        return storage_pb2.ClearHistoryResponse(deleted=deleted)
+
+    async def GetPreferences(self, request, context):  # type: ignore[no-untyped-def]
+        prefs = await asyncio.to_thread(self._store.get_preferences, request.player_id)
+        return storage_pb2.GetPreferencesResponse(preferences=_prefs(prefs))
+
+    async def UpdatePreferences(self, request, context):  # type: ignore[no-untyped-def]
+        prefs = await asyncio.to_thread(
+            self._store.update_preferences,
+            request.player_id,
+            request.history_enabled if request.HasField("history_enabled") else None,
+            request.external_enabled if request.HasField("external_enabled") else None,
+        )
+        return storage_pb2.UpdatePreferencesResponse(preferences=_prefs(prefs))

@@ -1,0 +1,49 @@
+"""Shared fixtures: a throwaway PostgreSQL database per test session, made and dropped here."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+DEFAULT_DSN = "postgresql://127.0.0.1:5432/test"
+
+
+def _admin_url() -> str:
+    url = make_url(os.environ.get("TEST_POSTGRES_DSN", DEFAULT_DSN))
+    return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of a fresh PostgreSQL database, dropped after the session.
+
+    The server comes from TEST_POSTGRES_DSN (default: the local server, database `test`); the
+    tests never touch that database's own tables, only the one made here.
+    """
+    admin = create_engine(_admin_url(), isolation_level="AUTOCOMMIT")
+    name = f"system_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - any connection failure means no server
+        admin.dispose()
+        pytest.fail(f"PostgreSQL at TEST_POSTGRES_DSN is not reachable: {exc}")
+    try:
+        yield make_url(_admin_url()).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """Each test that takes this runs once on a SQLite file and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'storage.db'}"
+    return request.getfixturevalue("postgres_url")
