@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
+from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
 from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.servicer import StorageServicer
-from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 __all__ = ["StorageApp", "create_app"]
 

@@ -12,10 +12,10 @@ import datetime as dt
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
+from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow
-from system.common.v1 import common_pb2
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
 
@@ -46,6 +46,9 @@ def check_player_id(player_id: str) -> None:
         raise InvalidArgument("player_id is required")
     if len(player_id) > MAX_PLAYER_ID:
         raise InvalidArgument(f"player_id is longer than {MAX_PLAYER_ID} characters")
+    if "\x00" in player_id:
+        # PostgreSQL text cannot hold NUL; reject it the same way on every database.
+        raise InvalidArgument("player_id must not contain NUL characters")
 
 
 def _encode_token(row_id: int) -> str:
@@ -55,9 +58,15 @@ def _encode_token(row_id: int) -> str:
 def _decode_token(token: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(token.encode()).decode()
-        if not raw.startswith("h"):
+        digits = raw[1:]
+        # Only what _encode_token makes: a row id that fits the BIGINT column. A forged huge
+        # number would otherwise reach the driver (SQLite raises OverflowError: INTERNAL).
+        if not (raw.startswith("h") and digits.isascii() and digits.isdigit()):
             raise ValueError
-        return int(raw[1:])
+        row_id = int(digits)
+        if not 0 < row_id < 2**63:
+            raise ValueError
+        return row_id
     except (ValueError, UnicodeDecodeError):
         raise InvalidArgument(
             "page_token is malformed; pass the next_page_token of a previous response unchanged"
@@ -120,6 +129,9 @@ class ConversationStore:
                 f"entries[{index}].text has {len(entry.text)} characters; "
                 f"the limit is {self._bounds.max_text_chars}"
             )
+        if "\x00" in entry.text or "\x00" in entry.request_id:
+            # PostgreSQL text cannot hold NUL; reject it the same way on every database.
+            raise InvalidArgument(f"entries[{index}] text and request_id must not contain NUL")
         result = entry.result.SerializeToString() if entry.HasField("result") else None
         size = len(entry.text.encode()) + len(result or b"")
         if size > self._bounds.max_bytes:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from storage_service.history import ConversationStore, Preferences
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+from storage_service.history import ConversationStore, Preferences
 
 __all__ = ["StorageServicer"]
 

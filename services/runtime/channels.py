@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import grpc
 
 from services.runtime.interceptors import client_interceptors
 
-__all__ = ["open_channel"]
+__all__ = ["Dependency", "open_channel"]
 
 
 
@@ -54,3 +55,30 @@ def open_channel(
         ],
         interceptors=client_interceptors(default_timeout),
     )
+
+
+S = TypeVar("S")
+
+
+class Dependency(Generic[S]):
+    """A channel to one dependency and the stub on it, owned by the object that uses it.
+
+    Args:
+        target: `host:port`.
+        stub_factory: the generated `...Stub` class.
+        idempotent_methods: `package.Service/Method` names retried on UNAVAILABLE.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        stub_factory: Callable[[grpc.aio.Channel], S],
+        *,
+        idempotent_methods: Sequence[str] = (),
+    ) -> None:
+        self.target = target
+        self.channel = open_channel(target, idempotent_methods=idempotent_methods)
+        self.stub = stub_factory(self.channel)
+
+    async def aclose(self) -> None:
+        await self.channel.close()

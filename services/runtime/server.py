@@ -93,7 +93,7 @@ class ServiceHost:
         if self.config.port_file:
             self._write_port_file(Path(self.config.port_file))
         log.info(
-            "%s serving on %s", self.name, address,
+            "%s serving on %s:%d", self.name, self.config.host, self.port,
             extra={"grpc_port": self.port, "metrics_port": self.metrics_port},
         )
         return self.port

@@ -1,0 +1,56 @@
+"""Assembles the engine: registry (built-ins plus entry points), executor, servicer, host."""
+
+from __future__ import annotations
+
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+
+from engine_service.clients import StorageHistory
+from engine_service.config import EngineConfig
+from engine_service.engine import BoundedExecutor, Engine
+from engine_service.modules import BUILTIN_MODULES
+from engine_service.registry import ModuleRegistry, load_entry_point_modules
+from engine_service.servicer import EngineServicer
+from services.runtime.server import ServiceHost
+
+__all__ = ["EngineApp", "build_registry", "create_app"]
+
+SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name
+
+
+def build_registry(config: EngineConfig) -> ModuleRegistry:
+    """Registers the built-in modules and those installed through entry points, then freezes."""
+    registry = ModuleRegistry()
+    for module_class in BUILTIN_MODULES:
+        registry.register(module_class())
+    for module in load_entry_point_modules(config.disabled_entry_points):
+        registry.register(module)
+    registry.freeze()
+    return registry
+
+
+class EngineApp:
+    """The running engine and what it owns."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.storage = StorageHistory(config.storage_target)
+        self.engine = Engine(
+            build_registry(config),
+            self.storage,
+            BoundedExecutor("interactive", config.interactive_workers, config.interactive_queue),
+            config.execute_timeout_seconds,
+            config.history_timeout_seconds,
+        )
+        servicer = EngineServicer(self.engine)
+        self.host = ServiceHost(
+            "engine",
+            config,
+            [lambda server: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, server)],
+            [SERVICE_NAME],
+        )
+
+    async def aclose(self) -> None:
+        await self.storage.aclose()
+
+
+async def create_app(config: EngineConfig) -> EngineApp:
+    return EngineApp(config)

@@ -1,0 +1,87 @@
+"""`system:help`: lists the modules this player may use, straight from the registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from system.common.v1 import catalog_pb2, common_pb2
+
+from engine_service.modules.text import pick
+from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec
+from services.results import AgentFailure, ModuleFailure, card, succeeded
+
+__all__ = ["HelpModule"]
+
+_TITLE = {"zh": "助手帮助", "en": "Assistant help"}
+_INTRO = {
+    "zh": "可以直接说出需求，也可以使用下面的指令：",
+    "en": "Say what you need, or use one of these commands:",
+}
+_TOPIC_TITLE = {"zh": "指令 /{name}", "en": "Command /{name}"}
+_ALIASES = {"zh": "别名：{aliases}", "en": "Aliases: {aliases}"}
+_USAGE = {"zh": "用法：{usage}", "en": "Usage: {usage}"}
+_UNKNOWN = {"zh": "没有名为 {topic} 的指令或模块。", "en": "There is no command or module named {topic}."}
+
+
+def _usage(command: CommandSpec) -> str:
+    name = f"/{command.aliases[0]}"
+    if not command.argument:
+        return name
+    return f"{name} <{command.argument}>" if command.argument_required else f"{name} [{command.argument}]"
+
+
+class HelpModule:
+    """Lists modules and their commands, or explains one of them."""
+
+    spec = ModuleSpec(
+        module_id="system:help",
+        description={
+            "zh": "列出可用的指令和功能，或说明其中一个。",
+            "en": "List the commands and features you can use, or explain one of them.",
+        },
+        input_schema={
+            "type": "object",
+            "properties": {"topic": {"type": "string", "maxLength": 64}},
+            "additionalProperties": False,
+        },
+        commands=(CommandSpec(("help", "帮助", "?"), argument="topic"),),
+        routing_mode=catalog_pb2.ROUTING_MODE_READ,
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        modules = ctx.registry.available(ctx.player)
+        topic = str(data.get("topic", "")).strip().lstrip("/")
+        if topic:
+            return self._explain(topic, modules, language)
+        lines: list[str | tuple[str, str]] = [pick(_INTRO, language)]
+        buttons = []
+        for module in modules:
+            description = pick(module.spec.description, language)
+            if not module.spec.commands:
+                lines.append(f"{module.spec.module_id} — {description}")
+                continue
+            usage = _usage(module.spec.commands[0])
+            lines.append((f"{usage} — {description}", f"/{module.spec.commands[0].aliases[0]}"))
+            if module.spec.module_id != self.spec.module_id and not module.spec.commands[0].argument_required:
+                buttons.append(
+                    common_pb2.CardButton(
+                        action_id="invoke",
+                        label=f"/{module.spec.commands[0].aliases[0]}",
+                        args={"module_id": module.spec.module_id},
+                    )
+                )
+        return succeeded(card("system:help", pick(_TITLE, language), lines, buttons))
+
+    def _explain(self, topic: str, modules: list, language: str) -> common_pb2.AgentResult:
+        key = topic.casefold()
+        for module in modules:
+            aliases = [a for c in module.spec.commands for a in c.aliases]
+            if module.spec.module_id == topic or key in (a.casefold() for a in aliases):
+                lines = [pick(module.spec.description, language)]
+                lines += [pick(_USAGE, language).format(usage=_usage(c)) for c in module.spec.commands]
+                if aliases:
+                    lines.append(pick(_ALIASES, language).format(aliases=", ".join(aliases)))
+                name = aliases[0] if aliases else module.spec.module_id
+                return succeeded(card("system:help", pick(_TOPIC_TITLE, language).format(name=name), lines))
+        raise ModuleFailure(AgentFailure.NOT_FOUND, pick(_UNKNOWN, language).format(topic=topic))

@@ -1,0 +1,46 @@
+"""`system:history`: shows the player's recent conversation, read back from storage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from system.common.v1 import catalog_pb2, common_pb2
+
+from engine_service.modules.text import pick
+from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec
+from services.results import card, succeeded
+
+__all__ = ["HistoryModule"]
+
+_TITLE = {"zh": "最近的对话", "en": "Recent conversation"}
+_EMPTY = {"zh": "还没有记录。", "en": "Nothing recorded yet."}
+_ROLE = {
+    common_pb2.HISTORY_ROLE_PLAYER: {"zh": "你", "en": "You"},
+    common_pb2.HISTORY_ROLE_ASSISTANT: {"zh": "助手", "en": "Assistant"},
+}
+DEFAULT_COUNT = 10
+
+
+class HistoryModule:
+    """Lists the last entries of the player's history, oldest first."""
+
+    spec = ModuleSpec(
+        module_id="system:history",
+        description={"zh": "查看最近的对话记录。", "en": "Show your recent conversation."},
+        input_schema={
+            "type": "object",
+            "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 50}},
+            "additionalProperties": False,
+        },
+        commands=(CommandSpec(("history", "历史", "对话记录")),),
+        routing_mode=catalog_pb2.ROUTING_MODE_READ,
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        entries = await ctx.list_history(int(data.get("count", DEFAULT_COUNT)))
+        lines = [
+            f"{pick(_ROLE.get(e.role, {'en': '?'}), language)}: {e.text.splitlines()[0] if e.text else ''}"
+            for e in entries
+        ] or [pick(_EMPTY, language)]
+        return succeeded(card("system:history", pick(_TITLE, language), lines))

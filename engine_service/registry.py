@@ -1,0 +1,218 @@
+"""The module registry: a module declares itself once; commands, help, the router's catalogue
+and execution all derive from that declaration. Registration freezes at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterable
+from importlib import metadata
+from typing import Any, Protocol
+
+from google.protobuf import struct_pb2
+from system.common.v1 import catalog_pb2, common_pb2
+
+from services.runtime.permissions import CORE_FEATURE, module_available
+
+__all__ = [
+    "CommandSpec",
+    "Module",
+    "ModuleContext",
+    "ModuleRegistry",
+    "ModuleSpec",
+    "RegistryError",
+    "load_entry_point_modules",
+]
+
+log = logging.getLogger("system.engine.registry")
+
+IDENTIFIER = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
+ENTRY_POINT_GROUP = "system.modules"
+
+
+class RegistryError(ValueError):
+    """A registration conflicts with what is registered, or came after the freeze."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandSpec:
+    """A command reaching a module. The first alias is the canonical name."""
+
+    aliases: tuple[str, ...]
+    argument: str = ""
+    """Input field that receives the argument text; empty for literal commands."""
+    argument_required: bool = False
+
+    def descriptor(self) -> catalog_pb2.CommandDeclaration:
+        if not self.argument:
+            kind = catalog_pb2.ARGUMENT_KIND_UNSPECIFIED
+        elif self.argument_required:
+            kind = catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT
+        else:
+            kind = catalog_pb2.ARGUMENT_KIND_OPTIONAL_TEXT
+        return catalog_pb2.CommandDeclaration(
+            aliases=list(self.aliases),
+            argument_kind=kind,
+            argument_name=self.argument,
+            argument_field=self.argument,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleSpec:
+    """Everything a module declares about itself."""
+
+    module_id: str
+    description: dict[str, str]
+    """Description per language code (`zh`, `en`) for help and the model."""
+    input_schema: dict[str, Any]
+    commands: tuple[CommandSpec, ...] = ()
+    routing_mode: int = catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY
+    owner_feature: str = CORE_FEATURE
+    min_permission_level: int = 0
+    interactive: bool = True
+    event_allowed: bool = False
+    write_steps: int = 0
+
+    def descriptor(self) -> catalog_pb2.ModuleDescriptor:
+        return catalog_pb2.ModuleDescriptor(
+            module_id=self.module_id,
+            owner_feature=self.owner_feature,
+            description=catalog_pb2.LocalizedText(text=self.description),
+            input_schema=json.dumps(self.input_schema, sort_keys=True),
+            commands=[c.descriptor() for c in self.commands],
+            routing_mode=self.routing_mode,
+            min_permission_level=self.min_permission_level,
+            interactive=self.interactive,
+            event_allowed=self.event_allowed,
+            write_steps=self.write_steps,
+        )
+
+
+class ModuleContext(Protocol):
+    """What a running module may use. The engine gives each run its own."""
+
+    player: common_pb2.PlayerContext
+    registry: ModuleRegistry
+
+    async def list_history(self, page_size: int) -> list[common_pb2.HistoryEntry]: ...
+
+
+class Module(Protocol):
+    """A workflow. `run` gets the checked input and returns the result to show."""
+
+    spec: ModuleSpec
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult: ...
+
+
+def _alias_key(alias: str) -> str:
+    # English aliases match case-insensitively; casefold leaves CJK untouched.
+    return alias.strip().casefold()
+
+
+class ModuleRegistry:
+    """Holds modules by id. Register everything, then `freeze()`; lookups work after that."""
+
+    def __init__(self) -> None:
+        self._modules: dict[str, Module] = {}
+        self._aliases: dict[str, str] = {}
+        self._frozen = False
+        self._generation = ""
+
+    def register(self, module: Module) -> None:
+        """Adds a module after checking its id, its aliases and its schema.
+
+        Raises:
+            RegistryError: frozen, malformed id, duplicate id or alias, or a bad schema.
+        """
+        spec = module.spec
+        if self._frozen:
+            raise RegistryError(f"cannot register {spec.module_id}: the registry is frozen")
+        if not IDENTIFIER.match(spec.module_id):
+            raise RegistryError(f"module id {spec.module_id!r} is not of the form namespace:path")
+        if spec.module_id in self._modules:
+            raise RegistryError(f"module {spec.module_id} is already registered")
+        if spec.input_schema.get("type") != "object":
+            raise RegistryError(f"{spec.module_id}: input_schema must describe an object")
+        if not spec.description:
+            raise RegistryError(f"{spec.module_id}: a description is required")
+        seen: dict[str, str] = {}
+        for command in spec.commands:
+            if not command.aliases:
+                raise RegistryError(f"{spec.module_id}: a command needs at least one alias")
+            for alias in command.aliases:
+                key = _alias_key(alias)
+                if not key or any(ch.isspace() for ch in key) or key.startswith("/"):
+                    raise RegistryError(
+                        f"{spec.module_id}: alias {alias!r} must be one word without a leading /"
+                    )
+                owner = self._aliases.get(key) or seen.get(key)
+                if owner:
+                    raise RegistryError(
+                        f"{spec.module_id}: alias {alias!r} is already used by {owner}"
+                    )
+                seen[key] = spec.module_id
+            if command.argument and command.argument not in spec.input_schema.get("properties", {}):
+                raise RegistryError(
+                    f"{spec.module_id}: command argument {command.argument!r} is not an input field"
+                )
+        self._modules[spec.module_id] = module
+        self._aliases.update(seen)
+
+    def freeze(self) -> None:
+        """Ends registration and fixes the generation (a hash of the whole catalogue)."""
+        self._frozen = True
+        digest = hashlib.sha256()
+        for module in self._modules.values():
+            digest.update(module.spec.descriptor().SerializeToString(deterministic=True))
+        self._generation = digest.hexdigest()[:16]
+
+    @property
+    def generation(self) -> str:
+        return self._generation
+
+    def get(self, module_id: str) -> Module | None:
+        return self._modules.get(module_id)
+
+    def modules(self) -> list[Module]:
+        """Every module, in registration order."""
+        return list(self._modules.values())
+
+    def available(self, player: common_pb2.PlayerContext | None) -> list[Module]:
+        """Modules `player` may use (all of them when player is None)."""
+        if player is None:
+            return self.modules()
+        return [m for m in self._modules.values() if module_available(m.spec.descriptor(), player)]
+
+    def descriptors(self, player: common_pb2.PlayerContext | None) -> list[catalog_pb2.ModuleDescriptor]:
+        return [m.spec.descriptor() for m in self.available(player)]
+
+
+def load_entry_point_modules(disabled: Iterable[str] = ()) -> list[Module]:
+    """Modules installed by other packages under the `system.modules` entry-point group.
+
+    Each entry point names a zero-argument callable (usually the module class) returning a
+    Module. A broken entry point is logged and skipped, never fatal.
+    """
+    skip = set(disabled)
+    found: list[Module] = []
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in skip:
+            continue
+        try:
+            found.append(entry.load()())
+        except Exception:  # noqa: BLE001 - a third-party module must not stop the engine
+            log.exception("cannot load module entry point %s", entry.name)
+    return found
+
+
+def struct_to_dict(value: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as plain Python values."""
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(value)

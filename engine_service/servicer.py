@@ -1,0 +1,34 @@
+"""gRPC face of the engine."""
+
+from __future__ import annotations
+
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+
+from engine_service.engine import Engine
+from services.runtime.errors import InvalidArgument
+
+__all__ = ["EngineServicer"]
+
+
+class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
+    """Validates requests and hands them to the Engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def Execute(self, request, context):  # type: ignore[no-untyped-def]
+        if request.source == engine_pb2.ROUTE_SOURCE_UNSPECIFIED:
+            raise InvalidArgument("source is required (how the module was chosen)")
+        if request.source not in engine_pb2.RouteSource.values():
+            raise InvalidArgument(f"source {request.source} is not a known RouteSource")
+        result = await self._engine.execute(request.player, request.action, request.request_text)
+        return engine_pb2.ExecuteResponse(result=result)
+
+    async def GetCatalog(self, request, context):  # type: ignore[no-untyped-def]
+        player = request.player if request.HasField("player") else None
+        if player is not None and not player.player_id:
+            raise InvalidArgument("player.player_id is required when a player is given")
+        registry = self._engine.registry
+        return engine_pb2.GetCatalogResponse(
+            generation=registry.generation, modules=registry.descriptors(player)
+        )

@@ -1,0 +1,32 @@
+"""Router service settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.runtime.config import ConfigError, ServerConfig
+
+ENV_PREFIX = "SYSTEM_ROUTER_"
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig(ServerConfig):
+    """Settings of the router service (env prefix `SYSTEM_ROUTER_`)."""
+
+    port: int = 50052
+    metrics_port: int = 9102
+    engine_target: str = "127.0.0.1:50053"
+    """`host:port` of the engine, whose catalogue declares the commands."""
+    max_text_chars: int = 240
+    """Longest text routed; longer text is refused with INVALID_ARGUMENT."""
+    catalog_refresh_seconds: float = 30.0
+    """How often the catalogue is re-read from the engine."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.engine_target:
+            raise ConfigError("engine_target is required (host:port of the engine)")
+        if self.max_text_chars <= 0:
+            raise ConfigError(f"max_text_chars must be positive, got {self.max_text_chars}")
+        if self.catalog_refresh_seconds <= 0:
+            raise ConfigError("catalog_refresh_seconds must be positive")

@@ -1,0 +1,41 @@
+"""Assembles the gateway."""
+
+from __future__ import annotations
+
+from services.gateway.config import GatewayConfig
+from services.gateway.connection import ConnectionRegistry
+from services.gateway.players import PlayerRequests
+from services.gateway.servicer import GatewayServicer, ToolRelayServicer
+from services.runtime.server import ServiceHost
+from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+
+__all__ = ["GatewayApp", "create_app"]
+
+_SERVICES = gateway_pb2.DESCRIPTOR.services_by_name
+SERVICE_NAMES = [_SERVICES["GameGatewayService"].full_name, _SERVICES["ToolRelayService"].full_name]
+
+
+class GatewayApp:
+    """The running gateway and what it owns."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.connections = ConnectionRegistry()
+        self.players = PlayerRequests(config.router_target, config.engine_target, config.storage_target)
+        gateway = GatewayServicer(config, self.connections, self.players)
+        relay = ToolRelayServicer(config, self.connections)
+        self.host = ServiceHost(
+            "gateway",
+            config,
+            [
+                lambda server: gateway_pb2_grpc.add_GameGatewayServiceServicer_to_server(gateway, server),
+                lambda server: gateway_pb2_grpc.add_ToolRelayServiceServicer_to_server(relay, server),
+            ],
+            SERVICE_NAMES,
+        )
+
+    async def aclose(self) -> None:
+        await self.players.aclose()
+
+
+async def create_app(config: GatewayConfig) -> GatewayApp:
+    return GatewayApp(config)

@@ -1,0 +1,237 @@
+"""Serves player requests: chat is routed then executed; invoke and card actions execute
+directly; controls and preferences go to storage. Every answer is a PlayerResponse with the
+request's id. Failures a player can act on come back as FAILED results with a card."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import grpc
+from google.protobuf import struct_pb2
+
+from services.results import AgentFailure, card, failed
+from services.runtime.channels import Dependency
+from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.gateway.v1 import gateway_pb2
+from system.router.v1 import router_pb2, router_pb2_grpc
+from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+__all__ = ["PlayerRequests"]
+
+log = logging.getLogger("system.gateway.players")
+
+_SOURCES = {
+    router_pb2.DECISION_SOURCE_BUTTON: engine_pb2.ROUTE_SOURCE_BUTTON,
+    router_pb2.DECISION_SOURCE_COMMAND: engine_pb2.ROUTE_SOURCE_COMMAND,
+    router_pb2.DECISION_SOURCE_CACHE: engine_pb2.ROUTE_SOURCE_CACHE,
+    router_pb2.DECISION_SOURCE_LOCAL: engine_pb2.ROUTE_SOURCE_LOCAL,
+    router_pb2.DECISION_SOURCE_MODEL: engine_pb2.ROUTE_SOURCE_MODEL,
+}
+_FALLBACK_TITLE = {"zh": "想做哪一项？", "en": "Which of these did you mean?"}
+_CLEARED = {"zh": "对话记录已清空（{n} 条）。", "en": "Conversation history cleared ({n} entries)."}
+
+# Status codes from a dependency, as the failure a player sees.
+_RPC_FAILURES = {
+    grpc.StatusCode.INVALID_ARGUMENT: AgentFailure.INVALID_INPUT,
+    grpc.StatusCode.NOT_FOUND: AgentFailure.NOT_FOUND,
+    grpc.StatusCode.PERMISSION_DENIED: AgentFailure.PERMISSION_DENIED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: AgentFailure.BUSY,
+    grpc.StatusCode.DEADLINE_EXCEEDED: AgentFailure.TIMEOUT,
+}
+
+
+def _pick(texts: dict[str, str], language: str) -> str:
+    return texts.get(language) or texts["en"]
+
+
+def rpc_failure(exc: grpc.aio.AioRpcError) -> common_pb2.AgentResult:
+    """A dependency's error as a result the player sees; details only for their own input."""
+    failure = _RPC_FAILURES.get(exc.code(), AgentFailure.MODULE_FAILED)
+    if failure in (AgentFailure.INVALID_INPUT, AgentFailure.NOT_FOUND, AgentFailure.PERMISSION_DENIED):
+        message = exc.details() or failure.value
+    elif failure is AgentFailure.BUSY:
+        message = "the assistant is busy; try again in a moment"
+    elif failure is AgentFailure.TIMEOUT:
+        message = "that took too long; try again"
+    else:
+        message = "the assistant is unavailable right now; try again later"
+    return failed(failure, message)
+
+
+class PlayerRequests:
+    """Handles one PlayerRequest at a time; owns the channels to router, engine and storage."""
+
+    def __init__(self, router_target: str, engine_target: str, storage_target: str) -> None:
+        self.router = Dependency(
+            router_target,
+            router_pb2_grpc.RouterServiceStub,
+            idempotent_methods=["system.router.v1.RouterService/Route"],
+        )
+        self.engine = Dependency(engine_target, engine_pb2_grpc.EngineServiceStub)
+        self.storage = Dependency(
+            storage_target,
+            storage_pb2_grpc.StorageServiceStub,
+            idempotent_methods=[
+                "system.storage.v1.StorageService/ListHistory",
+                "system.storage.v1.StorageService/GetPreferences",
+                "system.storage.v1.StorageService/UpdatePreferences",
+                "system.storage.v1.StorageService/ClearHistory",
+            ],
+        )
+
+    async def aclose(self) -> None:
+        for dep in (self.router, self.engine, self.storage):
+            await dep.aclose()
+
+    async def handle(
+        self,
+        player: common_pb2.PlayerContext,
+        request: gateway_pb2.PlayerRequest,
+        busy_request_id: str,
+    ) -> gateway_pb2.PlayerResponse:
+        """The response to `request`. `busy_request_id` is another request of this player in
+        progress, if any (for State answers)."""
+        response = gateway_pb2.PlayerResponse(request_id=request.request_id, player_id=player.player_id)
+        kind = request.WhichOneof("body")
+        try:
+            if kind == "chat":
+                result, module_id = await self._chat(player, request.chat.text)
+                response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
+            elif kind == "invoke":
+                result = await self._execute(
+                    player, request.invoke.call, engine_pb2.ROUTE_SOURCE_INVOKE, ""
+                )
+                response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=request.invoke.call.module_id))
+            elif kind == "card_action":
+                result, module_id = await self._card_action(player, request.card_action)
+                response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
+            elif kind == "control":
+                await self._control(player, request.control.action, response, busy_request_id)
+            elif kind == "preferences":
+                await self._preferences(player, request.preferences, response, busy_request_id)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("dependency answered %s: %s", exc.code().name, exc.details())
+            response.reply.CopyFrom(gateway_pb2.Reply(result=rpc_failure(exc)))
+        return response
+
+    async def _chat(
+        self, player: common_pb2.PlayerContext, text: str
+    ) -> tuple[common_pb2.AgentResult, str]:
+        decision: router_pb2.RouteResponse = await self.router.stub.Route(
+            router_pb2.RouteRequest(player=player, text=text)
+        )
+        source = _SOURCES.get(decision.source)
+        if source is not None:
+            result = await self._execute(player, decision.action, source, text)
+            return result, decision.action.module_id
+        if decision.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK and decision.candidates:
+            return self._selection(player, decision.candidates), ""
+        failure = (
+            AgentFailure.UNKNOWN_COMMAND
+            if decision.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
+            else AgentFailure.NO_MATCH
+        )
+        return failed(failure, decision.detail or failure.value), ""
+
+    async def _execute(
+        self,
+        player: common_pb2.PlayerContext,
+        action: common_pb2.ModuleAction,
+        source: int,
+        text: str,
+    ) -> common_pb2.AgentResult:
+        response = await self.engine.stub.Execute(
+            engine_pb2.ExecuteRequest(player=player, action=action, source=source, request_text=text)
+        )
+        return response.result
+
+    def _selection(
+        self, player: common_pb2.PlayerContext, candidates: list[common_pb2.ModuleAction]
+    ) -> common_pb2.AgentResult:
+        """A selection card: one button per read-only candidate. Nothing runs until pressed."""
+        buttons = [
+            common_pb2.CardButton(
+                action_id="invoke",
+                label=candidate.module_id,
+                args={
+                    "module_id": candidate.module_id,
+                    "input": json.dumps(dict(candidate.input.items()), ensure_ascii=False),
+                },
+            )
+            for candidate in candidates
+        ]
+        selection = card("system:selection", _pick(_FALLBACK_TITLE, player.language), ["/help"], buttons)
+        return common_pb2.AgentResult(
+            status=common_pb2.RESULT_STATUS_SUCCEEDED, card=selection, text=selection.title
+        )
+
+    async def _card_action(
+        self, player: common_pb2.PlayerContext, action: gateway_pb2.CardAction
+    ) -> tuple[common_pb2.AgentResult, str]:
+        if action.action_id != "invoke" or not action.args.get("module_id"):
+            return failed(
+                AgentFailure.INVALID_INPUT,
+                f"card action {action.action_id!r} is not one this gateway knows",
+            ), ""
+        data = struct_pb2.Struct()
+        raw = action.args.get("input", "")
+        if raw:
+            try:
+                parsed = json.loads(raw)
+            except json.JSONDecodeError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                return failed(AgentFailure.INVALID_INPUT, "the button's input is not a JSON object"), ""
+            data.update(parsed)
+        module_id = action.args["module_id"]
+        call = common_pb2.ModuleAction(module_id=module_id, input=data)
+        return await self._execute(player, call, engine_pb2.ROUTE_SOURCE_BUTTON, ""), module_id
+
+    async def _control(
+        self,
+        player: common_pb2.PlayerContext,
+        action: int,
+        response: gateway_pb2.PlayerResponse,
+        busy_request_id: str,
+    ) -> None:
+        stub = self.storage.stub
+        if action in (gateway_pb2.CONTROL_ACTION_STATE, gateway_pb2.CONTROL_ACTION_CANCEL):
+            prefs = await stub.GetPreferences(storage_pb2.GetPreferencesRequest(player_id=player.player_id))
+            response.state.CopyFrom(_state(prefs.preferences, busy_request_id))
+        elif action == gateway_pb2.CONTROL_ACTION_HISTORY:
+            page = await stub.ListHistory(storage_pb2.ListHistoryRequest(player_id=player.player_id))
+            response.history.CopyFrom(gateway_pb2.History(entries=page.entries))
+        elif action == gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY:
+            cleared = await stub.ClearHistory(storage_pb2.ClearHistoryRequest(player_id=player.player_id))
+            text = _pick(_CLEARED, player.language).format(n=cleared.deleted)
+            response.notice.CopyFrom(
+                gateway_pb2.Notice(
+                    result=common_pb2.AgentResult(status=common_pb2.RESULT_STATUS_SUCCEEDED, text=text)
+                )
+            )
+
+    async def _preferences(
+        self,
+        player: common_pb2.PlayerContext,
+        prefs: gateway_pb2.Preferences,
+        response: gateway_pb2.PlayerResponse,
+        busy_request_id: str,
+    ) -> None:
+        update = storage_pb2.UpdatePreferencesRequest(player_id=player.player_id)
+        if prefs.HasField("history"):
+            update.history_enabled = prefs.history
+        if prefs.HasField("external"):
+            update.external_enabled = prefs.external
+        updated = await self.storage.stub.UpdatePreferences(update)
+        response.state.CopyFrom(_state(updated.preferences, busy_request_id))
+
+
+def _state(prefs: storage_pb2.PlayerPreferences, busy_request_id: str) -> gateway_pb2.State:
+    return gateway_pb2.State(
+        busy=bool(busy_request_id),
+        running_request_id=busy_request_id,
+        history_enabled=prefs.history_enabled,
+        external_enabled=prefs.external_enabled,
+    )

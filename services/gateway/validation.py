@@ -1,0 +1,80 @@
+"""Checks on frames from game servers. Each failure says what to fix."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from services.runtime.errors import FailedPrecondition, InvalidArgument, Unauthenticated
+from system.gateway.v1 import gateway_pb2
+
+__all__ = ["check_hello", "check_presence", "normalize_language"]
+
+IDENTIFIER = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
+MAX_ID = 64
+MAX_TOOLS = 256
+MAX_FEATURES = 64
+MAX_SCHEMA = 16_384
+MAX_PERMISSION = 4
+LANGUAGES = ("zh", "en")
+
+
+def normalize_language(code: str) -> str:
+    """`zh_cn`, `zh-TW`, `ZH` → `zh`; `en_us` → `en`; anything else → `en`."""
+    short = code.strip().lower().replace("-", "_").split("_")[0]
+    return short if short in LANGUAGES else "en"
+
+
+def check_id(what: str, value: str) -> None:
+    if not value:
+        raise InvalidArgument(f"{what} is required")
+    if len(value) > MAX_ID or not value.isprintable():
+        raise InvalidArgument(f"{what} must be at most {MAX_ID} printable characters")
+
+
+def check_hello(hello: gateway_pb2.Hello, authenticated_server: str, protocol: int) -> None:
+    """Validates a hello against the token's server id and the protocol version we speak."""
+    check_id("hello.server_id", hello.server_id)
+    if hello.server_id != authenticated_server:
+        raise Unauthenticated(
+            f"the token was issued for server {authenticated_server!r}, not {hello.server_id!r}"
+        )
+    if hello.protocol_version != protocol:
+        raise FailedPrecondition(
+            f"this gateway speaks protocol version {protocol}; the hello asked for "
+            f"{hello.protocol_version}. Update the plugin or the gateway so both speak {protocol}"
+        )
+    if len(hello.features) > MAX_FEATURES:
+        raise InvalidArgument(f"hello.features lists more than {MAX_FEATURES} features")
+    if len(hello.tools) > MAX_TOOLS:
+        raise InvalidArgument(f"hello.tools lists more than {MAX_TOOLS} tools")
+    seen: set[str] = set()
+    for index, tool in enumerate(hello.tools):
+        where = f"hello.tools[{index}]"
+        if not IDENTIFIER.match(tool.name):
+            raise InvalidArgument(f"{where}.name {tool.name!r} is not of the form namespace:path")
+        if tool.name in seen:
+            raise InvalidArgument(f"{where}.name {tool.name} is offered twice")
+        seen.add(tool.name)
+        if len(tool.input_schema) > MAX_SCHEMA:
+            raise InvalidArgument(f"{where}.input_schema is longer than {MAX_SCHEMA} characters")
+        try:
+            schema = json.loads(tool.input_schema or "{}")
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"{where}.input_schema is not JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise InvalidArgument(f"{where}.input_schema must be a JSON object")
+
+
+def check_presence(presence: gateway_pb2.PlayerPresence) -> None:
+    if presence.kind not in (
+        gateway_pb2.PRESENCE_KIND_JOIN,
+        gateway_pb2.PRESENCE_KIND_LEAVE,
+        gateway_pb2.PRESENCE_KIND_UPDATE,
+    ):
+        raise InvalidArgument("presence.kind must be JOIN, LEAVE or UPDATE")
+    check_id("presence.player_id", presence.player_id)
+    if len(presence.player_name) > MAX_ID:
+        raise InvalidArgument(f"presence.player_name must be at most {MAX_ID} characters")
+    if presence.permission_level > MAX_PERMISSION:
+        raise InvalidArgument(f"presence.permission_level must be 0..{MAX_PERMISSION}")

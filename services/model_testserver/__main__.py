@@ -1,0 +1,51 @@
+"""`python -m services.model_testserver [--host H] [--port P] [--api-key K] [--model M ...]`.
+
+Runs the fake OpenAI server until SIGINT or SIGTERM. With no script queued every completion
+answers `echo: <last user message>`. Point the model gateway at it with
+`SYSTEM_MODEL_BASE_URL=http://127.0.0.1:<port>/v1 SYSTEM_MODEL_API_KEY=<key>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from services.model_testserver.server import FakeOpenAIServer
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.model_testserver",
+        description="Local OpenAI-compatible server with deterministic echo replies.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8089, help="port; 0 picks a free one")
+    parser.add_argument("--api-key", default="test-key", help="bearer key clients must send")
+    parser.add_argument(
+        "--model", action="append", dest="models", help="model listed by /v1/models (repeatable)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    server = FakeOpenAIServer(
+        args.api_key, host=args.host, port=args.port, models=args.models or ("deepseek-chat",)
+    )
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"model_testserver: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stop.wait()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""`python -m services.stack [--say TEXT]`: the whole stack plus a simulated game server.
+
+Without --say it opens a prompt where you chat as the player Steve. Lines starting with `:`
+are the simulator's own commands (`:help` lists them); everything else is sent as chat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import sys
+import threading
+from pathlib import Path
+
+from services.gamesim import GameServerClient, render_response
+from services.gamesim.client import FrameRefused, GatewayRefused
+from services.stack.launcher import ROOT, SERVICES, Stack, StackError
+from system.gateway.v1 import gateway_pb2
+
+PLAYER_ID = "00000000-0000-4000-8000-000000000001"
+PLAYER_NAME = "Steve"
+CJK = re.compile(r"[\u3400-\u9fff]")
+SIM_HELP = """simulator commands:
+  :press N        press button N of the last card
+  :lang zh|en     switch Steve's client language
+  :state          ask for the assistant state
+  :history        show the stored conversation
+  :clear          delete the stored conversation
+  :quit           stop everything (Ctrl-C and Ctrl-D do too)
+anything else is sent as chat, for example: 帮助, help, /help history"""
+
+
+def _language(text: str | None, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    return "zh_cn" if text and CJK.search(text) else "en_us"
+
+
+async def _say(client: GameServerClient, text: str) -> gateway_pb2.PlayerResponse:
+    response = await client.chat(PLAYER_ID, text)
+    print(render_response(response), flush=True)
+    return response
+
+
+def _stdin_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
+    """Reads stdin on a daemon thread, so Ctrl-C never waits for Enter."""
+    while True:
+        try:
+            line = input(f"{PLAYER_NAME}> ")
+        except (EOFError, KeyboardInterrupt):
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+            return
+        loop.call_soon_threadsafe(queue.put_nowait, line)
+
+
+async def _interactive(client: GameServerClient, language: str) -> None:
+    print(f"Connected as {PLAYER_NAME}. Type 帮助 or help; :help for simulator commands.", flush=True)
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    threading.Thread(
+        target=_stdin_lines, args=(asyncio.get_running_loop(), queue), daemon=True
+    ).start()
+    last: gateway_pb2.PlayerResponse | None = None
+    while (line := await queue.get()) is not None:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            if line in (":quit", ":q", ":exit"):
+                return
+            if line == ":help":
+                print(SIM_HELP)
+            elif line.startswith(":lang"):
+                language = "zh_cn" if line.endswith("zh") else "en_us"
+                await client.update(PLAYER_ID, language)
+                print(f"(language is now {language})")
+            elif line == ":state":
+                print(render_response(await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_STATE)))
+            elif line == ":history":
+                print(render_response(await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_HISTORY)))
+            elif line == ":clear":
+                print(render_response(await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY)))
+            elif line.startswith(":press"):
+                card = last.reply.result.card if last is not None and last.HasField("reply") else None
+                index = line.removeprefix(":press").strip()
+                if card is None or not index.isdigit() or not 1 <= int(index) <= len(card.buttons):
+                    print("(no such button on the last card)")
+                    continue
+                last = await client.press(PLAYER_ID, card, card.buttons[int(index) - 1])
+                print(render_response(last))
+            elif line.startswith(":"):
+                print("(unknown simulator command; :help lists them)")
+            else:
+                last = await _say(client, line)
+        except FrameRefused as exc:
+            print(f"(refused: {exc})")
+
+
+async def _play(stack: Stack, say: str | None, language: str) -> int:
+    client = GameServerClient(stack.target("gateway"), stack.server_id, stack.token)
+    try:
+        await client.connect()
+    except GatewayRefused as exc:
+        print(f"the gateway refused the simulated game server: {exc}", file=sys.stderr)
+        return 1
+    try:
+        await client.join(PLAYER_ID, PLAYER_NAME, _language(say, language))
+        if say is not None:
+            response = await _say(client, say)
+            return 0 if response.WhichOneof("body") else 1
+        await _interactive(client, language)
+        return 0
+    finally:
+        await client.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="make run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--say", help="send one chat message, print the reply, stop and exit")
+    parser.add_argument("--data", default=str(ROOT / "data"), help="data folder (default: ./data)")
+    parser.add_argument("--language", default="auto", help="client language: auto, zh_cn or en_us")
+    parser.add_argument(
+        "--free-ports", action="store_true", help="use free ports instead of 50051-50055"
+    )
+    args = parser.parse_args()
+    stack = Stack(Path(args.data), fixed_ports=not args.free_ports)
+    print("starting storage, model gateway, engine, router and gateway ...", file=sys.stderr, flush=True)
+    try:
+        seconds = stack.start()
+    except StackError as exc:
+        print(f"the stack did not start: {exc}", file=sys.stderr)
+        return 1
+    ports = ", ".join(f"{s.name} {stack.target(s.name)}" for s in SERVICES)
+    print(f"stack ready in {seconds:.2f} s ({ports}); logs in {stack.data_dir / 'logs'}", file=sys.stderr, flush=True)
+    code = 1
+    try:
+        code = asyncio.run(_play(stack, args.say, args.language))
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        print("stopping ...", file=sys.stderr, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stack.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
