@@ -7,6 +7,9 @@ INSTALLED := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := gen/.generated
 export TEST_POSTGRES_DSN ?= postgresql://127.0.0.1:5432/test
+# Everything talks over loopback; never send it through a proxy set in the environment.
+export NO_PROXY := 127.0.0.1,localhost,$(NO_PROXY)
+export no_proxy := 127.0.0.1,localhost,$(no_proxy)
 PYTEST_ARGS ?=
 
 .PHONY: help venv protos check-protos run test test-fast bench lint fmt clean

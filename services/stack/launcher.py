@@ -76,6 +76,7 @@ class Stack:
         fixed_ports: use the default ports (50051-50055) instead of free ones.
         server_id / token: the credential the simulated game server uses.
         extra_env: more environment for every service (for example SYSTEM_MODEL_API_KEY).
+        drain_seconds: how long each service answers NOT_SERVING after SIGTERM before stopping.
     """
 
     def __init__(
@@ -86,11 +87,13 @@ class Stack:
         server_id: str = "sim",
         token: str | None = None,
         extra_env: dict[str, str] | None = None,
+        drain_seconds: float = 0.2,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.server_id = server_id
         self.token = token or secrets.token_urlsafe(24)
         self.extra_env = extra_env or {}
+        self.drain_seconds = drain_seconds
         self.ports = {
             spec.name: spec.default_port if fixed_ports else free_port() for spec in SERVICES
         }
@@ -107,7 +110,7 @@ class Stack:
             f"{p}HOST": "127.0.0.1",
             f"{p}PORT": str(self.ports[spec.name]),
             f"{p}METRICS_PORT": "0",
-            f"{p}DRAIN_SECONDS": "0.2",
+            f"{p}DRAIN_SECONDS": str(self.drain_seconds),
             f"{p}GRACE_SECONDS": "2",
             f"{p}PORT_FILE": str(self.data_dir / "run" / f"{spec.name}.json"),
         }

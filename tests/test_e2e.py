@@ -1,0 +1,148 @@
+"""The whole chain as separate processes on loopback: a simulated game server connects to the
+gateway and player Steve asks for help; the router, engine and storage each do their part."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services.gamesim import GameServerClient
+from services.stack import SERVICES, Stack
+from services.stack.launcher import ROOT
+from system.common.v1 import common_pb2
+from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+pytestmark = pytest.mark.e2e
+
+PLAYER = "00000000-0000-4000-8000-0000000000aa"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    running = Stack(tmp_path_factory.mktemp("stack"), drain_seconds=1.0)
+    running.start(timeout=60)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _help_lines(card: common_pb2.Card) -> str:
+    return "\n".join(line.text for line in card.lines)
+
+
+async def test_help_through_all_five_services(stack: Stack) -> None:
+    client = GameServerClient(stack.target("gateway"), stack.server_id, stack.token)
+    welcome = await client.connect()
+    assert welcome.protocol_version == 1
+    try:
+        await client.join(PLAYER, "Steve", "zh_cn")
+        for text in ("帮助", "help", "/help"):
+            response = await client.chat(PLAYER, text)
+            reply = response.reply
+            assert response.request_id
+            assert reply.module_id == "system:help"
+            assert reply.result.status == common_pb2.RESULT_STATUS_SUCCEEDED
+            assert reply.result.card.title == "助手帮助"
+            body = _help_lines(reply.result.card)
+            assert "/help" in body and "/history" in body  # every registered module is listed
+    finally:
+        await client.close()
+
+    # Storage recorded each exchange in Steve's history: his words and the card he got.
+    with grpc.insecure_channel(stack.target("storage")) as channel:
+        page = storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
+            storage_pb2.ListHistoryRequest(player_id=PLAYER, page_size=20), timeout=5
+        )
+    texts = [entry.text for entry in page.entries if entry.role == common_pb2.HISTORY_ROLE_PLAYER]
+    assert texts == ["帮助", "help", "/help"]
+    answers = [e for e in page.entries if e.role == common_pb2.HISTORY_ROLE_ASSISTANT]
+    assert all(e.result.card.template == "system:help" for e in answers)
+
+
+def test_every_service_is_serving_with_metrics(stack: Stack) -> None:
+    import urllib.request
+
+    for spec in SERVICES:
+        assert stack.health(spec.name) == "SERVING", spec.name
+        with urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port(spec.name)}/metrics") as r:
+            assert b"grpc_server_handled_total" in r.read()
+
+
+def test_request_id_travels_across_services(stack: Stack) -> None:
+    # The help requests above were logged by gateway, router, engine and storage under one id.
+    import json
+
+    def ids(name: str, rpc: str) -> set[str]:
+        lines = (stack.data_dir / "logs" / f"{name}.log").read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        return {r["request_id"] for r in records if r.get("rpc", "").endswith(rpc) and "request_id" in r}
+
+    shared = ids("router", "/Route") & ids("engine", "/Execute") & ids("storage", "/AppendHistory")
+    assert len(shared) >= 3
+
+
+def test_health_turns_not_serving_during_shutdown(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, drain_seconds=1.5)
+    stack.start(timeout=60)
+    try:
+        for spec in SERVICES:
+            proc = stack.processes[spec.name]
+            proc.process.send_signal(signal.SIGTERM)
+            seen = set()
+            deadline = time.monotonic() + 5
+            while proc.process.poll() is None and time.monotonic() < deadline:
+                seen.add(stack.health(spec.name, timeout=0.3))
+                time.sleep(0.02)
+            assert "NOT_SERVING" in seen, f"{spec.name} never answered NOT_SERVING: {seen}"
+            assert proc.process.wait(10) == 0, f"{spec.name} did not exit cleanly"
+    finally:
+        stack.stop()
+
+
+def test_make_run_say_prints_the_help_card(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.stack", "--say", "帮助", "--free-ports", "--data", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "助手帮助" in done.stdout and "/history" in done.stdout
+    assert "stack ready in" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "env", "config", "expected"),
+    [
+        ("router_service", {"SYSTEM_ROUTER_PORT": "99999"}, None, "port must be 0..65535"),
+        ("engine_service", {"SYSTEM_ENGINE_EXECUTE_TIMEOUT_SECONDS": "soon"}, None, "must be float"),
+        ("services.gateway", {"SYSTEM_GATEWAY_TOKENS": ""}, None, "tokens is empty"),
+        ("storage_service", {}, "history_max_entries = 10\ncolour = 'blue'\n", "unknown setting(s) colour"),
+        ("services.model_gateway", {}, "port = [", "is not valid TOML"),
+    ],
+)
+def test_a_service_refuses_bad_config_with_a_clear_message(
+    tmp_path: Path, module: str, env: dict[str, str], config: str | None, expected: str
+) -> None:
+    args = [sys.executable, "-m", module]
+    if config is not None:
+        path = tmp_path / "bad.toml"
+        path.write_text(config)
+        args += ["--config", str(path)]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_")}
+    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "gen")])
+    done = subprocess.run(args, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert expected in done.stderr
