@@ -1,0 +1,233 @@
+"""Start-up time of the whole stack and the round trip of a help request.
+
+    python -m bench.skeleton [--starts 5] [--requests 100]
+
+Starts the five services as processes (as `make run` does) several times and times each start
+until all answer SERVING and a game server is welcomed. Then, on one running stack, it times
+`help` through the gateway (gateway → router → engine → storage and back) and, as baselines
+measured in the same run, each hop alone: a health check of the gateway (the transport
+floor), router.Route, engine.Execute and storage.AppendHistory. Results go to
+bench/results/skeleton.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.machine import describe_machine
+from services.gamesim import GameServerClient
+from services.stack import SERVICES, Stack
+from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.router.v1 import router_pb2, router_pb2_grpc
+from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PLAYER = "00000000-0000-4000-8000-00000000be00"
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    """A progress bar on stderr, redrawn at every tenth of the work."""
+    if done != total and done % max(total // 10, 1):
+        return
+    width = 30
+    filled = width * done // total
+    print(f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end="", file=sys.stderr)
+    if done == total:
+        print(file=sys.stderr)
+
+
+def _summary(samples_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+    return {
+        "n": len(ordered),
+        "p50_ms": round(statistics.median(ordered), 3),
+        "p90_ms": round(pct(90), 3),
+        "p99_ms": round(pct(99), 3),
+        "mean_ms": round(statistics.fmean(ordered), 3),
+        "min_ms": round(ordered[0], 3),
+    }
+
+
+async def _time(label: str, n: int, call: Callable[[], Awaitable[Any]]) -> list[float]:
+    for _ in range(5):  # warm-up: connections, caches, first-call imports
+        await call()
+    samples = []
+    for i in range(n):
+        start = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - start) * 1000)
+        _progress(i + 1, n, label)
+    return samples
+
+
+async def _connect(stack: Stack) -> tuple[GameServerClient, float]:
+    client = GameServerClient(stack.target("gateway"), stack.server_id, stack.token)
+    start = time.perf_counter()
+    await client.connect()
+    return client, time.perf_counter() - start
+
+
+def measure_starts(count: int) -> list[float]:
+    seconds = []
+    for i in range(count):
+        with tempfile.TemporaryDirectory() as data:
+            stack = Stack(Path(data))
+            began = time.perf_counter()
+            stack.start(timeout=60)
+            client, _ = asyncio.run(_connect(stack))
+            seconds.append(time.perf_counter() - began)
+            asyncio.run(client.close())
+            stack.stop()
+        _progress(i + 1, count, "stack start-up")
+    return seconds
+
+
+async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
+    client, _ = await _connect(stack)
+    await client.join(PLAYER, "Bench", "en_us")
+    player = common_pb2.PlayerContext(server_id="sim", player_id=PLAYER, language="en")
+    action = common_pb2.ModuleAction(module_id="system:help", input=struct_pb2.Struct())
+    entries = [common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="help")]
+    channels = {name: grpc.aio.insecure_channel(stack.target(name)) for name in ("gateway", "router", "engine", "storage")}
+    health = health_pb2_grpc.HealthStub(channels["gateway"])
+    router = router_pb2_grpc.RouterServiceStub(channels["router"])
+    engine = engine_pb2_grpc.EngineServiceStub(channels["engine"])
+    storage = storage_pb2_grpc.StorageServiceStub(channels["storage"])
+    try:
+        return {
+            "gateway health check (transport floor)": await _time(
+                "health check", n, lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            ),
+            "storage AppendHistory": await _time(
+                "storage AppendHistory",
+                n,
+                lambda: storage.AppendHistory(
+                    storage_pb2.AppendHistoryRequest(player_id=PLAYER + "-s", entries=entries), timeout=5
+                ),
+            ),
+            "router Route": await _time(
+                "router Route", n, lambda: router.Route(router_pb2.RouteRequest(player=player, text="help"), timeout=5)
+            ),
+            "engine Execute (with history write)": await _time(
+                "engine Execute",
+                n,
+                lambda: engine.Execute(
+                    engine_pb2.ExecuteRequest(player=player, action=action, source=engine_pb2.ROUTE_SOURCE_COMMAND),
+                    timeout=5,
+                ),
+            ),
+            "help via gateway (all five hops)": await _time(
+                "help via gateway", n, lambda: client.chat(PLAYER, "help")
+            ),
+        }
+    finally:
+        await client.close()
+        for channel in channels.values():
+            await channel.close()
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="utf-8") as status:
+        for line in status:
+            if line.startswith("VmRSS"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def _plot(paths: dict[str, list[float]], starts: list[float], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
+    labels = list(paths)
+    left.boxplot([paths[k] for k in labels], orientation="horizontal", showfliers=True)
+    left.set_yticks(range(1, len(labels) + 1), labels)
+    left.set_xlabel("round trip (ms)")
+    left.set_title("Round trips on loopback, 100 each")
+    right.bar(range(1, len(starts) + 1), starts, color="tab:green")
+    right.set_xlabel("start")
+    right.set_ylabel("seconds")
+    right.set_title("Whole-stack start-up")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=100)
+    args = parser.parse_args()
+
+    starts = measure_starts(args.starts)
+    with tempfile.TemporaryDirectory() as data:
+        stack = Stack(Path(data))
+        stack.start(timeout=60)
+        try:
+            paths = asyncio.run(measure_paths(stack, args.requests))
+            rss = {spec.name: _rss_mib(stack.processes[spec.name].process.pid) for spec in SERVICES}
+        finally:
+            stack.stop()
+
+    summaries = {name: _summary(samples) for name, samples in paths.items()}
+    floor = summaries["gateway health check (transport floor)"]["p50_ms"]
+    results = {
+        "benchmark": "skeleton",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": describe_machine(),
+        "startup_seconds": {
+            "runs": [round(s, 3) for s in starts],
+            "median": round(statistics.median(starts), 3),
+        },
+        "round_trips": {
+            name: {**summary, "p50_vs_floor": round(summary["p50_ms"] / floor, 2)}
+            for name, summary in summaries.items()
+        },
+        "rss_mib": rss,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "skeleton.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    lines = [
+        f"# Skeleton benchmark — {results['date']}",
+        "",
+        "Machine: {cpu}, {cores} cores, {memory_gib} GiB, {os}, Python {python}".format(**results["machine"]),
+        "",
+        f"Whole-stack start-up (five processes until all SERVING and a game server welcomed), "
+        f"{len(starts)} runs: median **{results['startup_seconds']['median']} s** "
+        f"(runs: {', '.join(str(s) for s in results['startup_seconds']['runs'])})",
+        "",
+        "| path | n | p50 ms | p90 ms | p99 ms | mean ms | p50 / floor |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in results["round_trips"].items():
+        lines.append(
+            f"| {name} | {s['n']} | {s['p50_ms']} | {s['p90_ms']} | {s['p99_ms']} | {s['mean_ms']} | {s['p50_vs_floor']} |"
+        )
+    lines += ["", "Resident memory after the run (MiB): " + ", ".join(f"{k} {v}" for k, v in rss.items()), ""]
+    (RESULTS / "skeleton.md").write_text("\n".join(lines))
+    _plot(paths, starts, RESULTS / "skeleton.png")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
