@@ -119,9 +119,11 @@ class Engine:
             raise PermissionDenied(f"player may not use {action.module_id}")
         if not module.spec.interactive:
             raise FailedPrecondition(f"{action.module_id} runs only from events")
-        data = check_input(
-            action.module_id, module.spec.input_schema, struct_to_dict(action.input)
-        )
+        try:
+            raw = struct_to_dict(action.input)
+        except ValueError as exc:  # NaN or infinity, which JSON cannot carry
+            raise InvalidArgument(f"{action.module_id}: input is not valid JSON: {exc}") from None
+        data = check_input(action.module_id, module.spec.input_schema, raw)
         context = RunContext(player, self.registry, self.history)
         timeout = remaining_seconds(self.execute_timeout)
         try:

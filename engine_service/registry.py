@@ -147,7 +147,7 @@ class ModuleRegistry:
                 raise RegistryError(f"{spec.module_id}: a command needs at least one alias")
             for alias in command.aliases:
                 key = _alias_key(alias)
-                if not key or any(ch.isspace() for ch in key) or key.startswith("/"):
+                if not key or any(ch.isspace() for ch in alias) or key.startswith("/"):
                     raise RegistryError(
                         f"{spec.module_id}: alias {alias!r} must be one word without a leading /"
                     )

@@ -6,6 +6,7 @@ number, boolean), `required`, `additionalProperties: false`, `maxLength`, `minim
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from services.runtime.errors import InvalidArgument
@@ -42,6 +43,8 @@ def check_input(module_id: str, schema: dict[str, Any], value: dict[str, Any]) -
         allowed = _TYPES.get(kind, (object,))
         if isinstance(item, bool) and kind != "boolean" or not isinstance(item, allowed):
             raise InvalidArgument(f"{module_id}: input field '{name}' must be a {kind}")
+        if kind in ("integer", "number") and not math.isfinite(item):
+            raise InvalidArgument(f"{module_id}: input field '{name}' must be a finite number")
         if kind == "integer":
             if float(item) != int(item):
                 raise InvalidArgument(f"{module_id}: input field '{name}' must be a whole number")

@@ -41,6 +41,15 @@ class _Entry:
     command: catalog_pb2.CommandDeclaration
 
 
+def _split_word(text: str) -> tuple[str, str]:
+    """The first word and the rest. Any whitespace separates them (the full-width space of CJK
+    input methods too, as aliases never contain whitespace); the rest is kept as typed."""
+    parts = text.split(maxsplit=1)
+    if not parts:
+        return "", ""
+    return parts[0], parts[1].strip() if len(parts) > 1 else ""
+
+
 def _usage(alias: str, command: catalog_pb2.CommandDeclaration) -> str:
     if command.argument_kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT:
         return f"/{alias} <{command.argument_name}>"
@@ -73,15 +82,13 @@ class CommandIndex:
         """
         stripped = text.strip()
         explicit = stripped.startswith("/")
+        name, argument = _split_word(stripped)
         if explicit:
-            head, _, rest = stripped.partition(" ")
-            if head.casefold() == SYSTEM_PREFIX:  # `/system <instruction>` forwards the rest
-                stripped = rest.strip()
-                if not stripped:
+            if name.casefold() == SYSTEM_PREFIX:  # `/system <instruction>` forwards the rest
+                if not argument:
                     raise InvalidArgument("/system needs an instruction, for example /system help")
-            stripped = stripped.removeprefix("/")
-        name, _, argument = stripped.partition(" ")
-        argument = argument.strip()
+                name, argument = _split_word(argument)
+            name = name.removeprefix("/")
         entry = self._entries.get(name.casefold())
         if entry is None or not module_available(entry.module, player):
             return UnknownCommand(name) if explicit else None

@@ -9,6 +9,7 @@ import logging
 import uuid
 
 import grpc
+from google.protobuf.message import DecodeError
 from prometheus_client import Gauge
 
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
@@ -37,6 +38,8 @@ log = logging.getLogger("system.gateway")
 CONNECTIONS = Gauge("gateway_connections", "Game servers connected now.")
 PLAYERS = Gauge("gateway_players", "Players joined on all connections now.")
 _CONTROL_ACTIONS = set(gateway_pb2.ControlAction.values()) - {gateway_pb2.CONTROL_ACTION_UNSPECIFIED}
+
+_UNDECODABLE = "a frame could not be decoded as a ConnectRequest (corrupt or truncated protobuf)"
 
 
 def _code_number(code_name: str) -> int:
@@ -71,7 +74,10 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
 
     async def Connect(self, request_iterator, context):  # type: ignore[no-untyped-def]
         server_id = self._authenticate(context)
-        first = await context.read()
+        try:
+            first = await context.read()
+        except DecodeError:
+            raise InvalidArgument(_UNDECODABLE + "; the first frame must be a hello") from None
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("frame") != "hello":
@@ -96,7 +102,18 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         writer = asyncio.create_task(self._write(connection, context))
         try:
             while not writer.done():
-                frame = await context.read()
+                try:
+                    frame = await context.read()
+                except DecodeError:
+                    # The bytes are consumed; the stream can go on, like any refused frame.
+                    connection.send(
+                        gateway_pb2.ConnectResponse(
+                            error=gateway_pb2.FrameError(
+                                code=_code_number("INVALID_ARGUMENT"), message=_UNDECODABLE
+                            )
+                        )
+                    )
+                    continue
                 if frame is grpc.aio.EOF:
                     # Half-closed: answer what is in progress, then end the stream.
                     running = [r.task for r in connection.running.values()]
