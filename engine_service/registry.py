@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from google.protobuf import struct_pb2
 from system.common.v1 import catalog_pb2, common_pb2
 
+from services.runtime.config import ConfigError
 from services.runtime.permissions import CORE_FEATURE, module_available
 
 __all__ = [
@@ -34,8 +35,10 @@ IDENTIFIER = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
 ENTRY_POINT_GROUP = "system.modules"
 
 
-class RegistryError(ValueError):
-    """A registration conflicts with what is registered, or came after the freeze."""
+class RegistryError(ConfigError):
+    """A registration conflicts with what is registered, or came after the freeze. At start
+    this is a deployment error (say, two installed modules claim one alias): the engine refuses
+    to start, like any other invalid configuration."""
 
 
 @dataclasses.dataclass(frozen=True)

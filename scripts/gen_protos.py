@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -80,6 +81,11 @@ def main() -> int:
 
             shutil.rmtree(GEN, ignore_errors=True)
             shutil.copytree(tmp, GEN)
+            # copytree copies the temporary directory's 0700 mode onto gen/; give it the usual
+            # umask-based mode so other users (the image's non-root user) can import the stubs.
+            umask = os.umask(0)
+            os.umask(umask)
+            GEN.chmod(0o777 & ~umask)
     print(f"generated stubs for {len(proto_files())} protos in {GEN.relative_to(ROOT)}/")
     return 0
 

@@ -12,6 +12,7 @@ by the current deadline, so deadlines shrink as a request crosses services.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -128,52 +129,41 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
     @staticmethod
     def _unary(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        """Wraps a handler that is a coroutine (unary responses, or streams written with
+        context.write)."""
+
         async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            call = _Call(method, context)
-            with call.scope():
-                try:
-                    return await behavior(request, context)
-                except BaseException as exc:
-                    if _is_abort(exc):
-                        raise
-                    await call.fail(exc)
-                finally:
-                    call.finish()
+            async with _guard(method, context):
+                return await behavior(request, context)
 
         return wrapper
 
-    @staticmethod
-    def _streaming(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
-        if inspect.isasyncgenfunction(behavior):
+    @classmethod
+    def _streaming(cls, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        if not inspect.isasyncgenfunction(behavior):
+            return cls._unary(behavior, method)
 
-            async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                call = _Call(method, context)
-                with call.scope():
-                    try:
-                        async for response in behavior(request, context):
-                            yield response
-                    except BaseException as exc:
-                        if _is_abort(exc):
-                            raise
-                        await call.fail(exc)
-                    finally:
-                        call.finish()
+        async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async with _guard(method, context):
+                async for response in behavior(request, context):
+                    yield response
 
-            return generator
+        return generator
 
-        async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> None:
-            call = _Call(method, context)
-            with call.scope():
-                try:
-                    await behavior(request, context)
-                except BaseException as exc:
-                    if _is_abort(exc):
-                        raise
-                    await call.fail(exc)
-                finally:
-                    call.finish()
 
-        return coroutine
+@contextlib.asynccontextmanager
+async def _guard(method: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """Runs one call's body inside its request scope, mapping errors and recording the end."""
+    call = _Call(method, context)
+    with call.scope():
+        try:
+            yield
+        except BaseException as exc:
+            if _is_abort(exc):
+                raise
+            await call.fail(exc)
+        finally:
+            call.finish()
 
 
 class ContextClientInterceptor(

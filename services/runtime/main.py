@@ -64,6 +64,9 @@ def run_service(
     configure_logging(name, config.log_level)
     try:
         asyncio.run(_serve(create_app, config))
+    except ConfigError as exc:  # found while assembling, e.g. conflicting module registrations
+        print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except OSError as exc:
         logging.getLogger("system.server").error("%s", exc)
         raise SystemExit(1) from None

@@ -118,6 +118,7 @@ class ServiceHost:
         await self.server.stop(self.config.grace_seconds)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()  # type: ignore[attr-defined]
+            self._metrics_server.server_close()  # type: ignore[attr-defined]  # frees the port
         if self.config.port_file:
             Path(self.config.port_file).unlink(missing_ok=True)
         log.info("%s stopped", self.name)

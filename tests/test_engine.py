@@ -1,0 +1,745 @@
+"""Engine tests: the registry's checks, input schemas, Engine.execute against an in-memory
+history, the bounded executor, the built-in help and history modules, entry-point loading, and
+the engine service in-process on port 0 in front of a real storage service."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.metadata
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from system.common.v1 import catalog_pb2, common_pb2
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+from engine_service.app import build_registry
+from engine_service.app import create_app as create_engine
+from engine_service.config import EngineConfig
+from engine_service.engine import BoundedExecutor, Engine
+from engine_service.modules import BUILTIN_MODULES
+from engine_service.registry import (
+    CommandSpec,
+    ModuleRegistry,
+    ModuleSpec,
+    RegistryError,
+    load_entry_point_modules,
+)
+from engine_service.schema import check_input
+from services.results import AgentFailure, ModuleFailure, card, succeeded
+from services.runtime.context import request_scope
+from services.runtime.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+from storage_service.app import create_app as create_storage
+from storage_service.config import StorageConfig
+
+HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
+SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+FAILED = common_pb2.RESULT_STATUS_FAILED
+OBJECT = {"type": "object", "properties": {}, "additionalProperties": False}
+
+Run = Callable[[dict[str, Any], Any], Awaitable[common_pb2.AgentResult]]
+
+
+async def _ok(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+    return succeeded(card("test:card", "done", [f"data={sorted(data.items())}"]))
+
+
+@dataclasses.dataclass
+class FakeModule:
+    """A module built in the test: a spec and a run function."""
+
+    spec: ModuleSpec
+    runner: Run = _ok
+
+    async def run(self, data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        return await self.runner(data, ctx)
+
+
+def _spec(module_id: str = "test:thing", **fields: Any) -> ModuleSpec:
+    values: dict[str, Any] = {
+        "description": {"en": f"The {module_id} module.", "zh": f"{module_id} 模块。"},
+        "input_schema": OBJECT,
+    }
+    values.update(fields)
+    return ModuleSpec(module_id=module_id, **values)
+
+
+def _module(module_id: str = "test:thing", runner: Run = _ok, **fields: Any) -> FakeModule:
+    return FakeModule(_spec(module_id, **fields), runner)
+
+
+ADMIN = _module(
+    "test:ban",
+    commands=(CommandSpec(("ban", "封禁")),),
+    min_permission_level=2,
+)
+QUESTS = _module("ftbquests:quests", commands=(CommandSpec(("quests",)),), owner_feature="ftbquests")
+
+
+def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
+    registry = ModuleRegistry()
+    if builtins:
+        for module_class in BUILTIN_MODULES:
+            registry.register(module_class())
+    for module in modules:
+        registry.register(module)
+    registry.freeze()
+    return registry
+
+
+def _player(
+    level: int = 0, language: str = "en", features: tuple[str, ...] = (), player_id: str = "p-1"
+) -> common_pb2.PlayerContext:
+    return common_pb2.PlayerContext(
+        server_id="s",
+        player_id=player_id,
+        language=language,
+        permission_level=level,
+        features=features,
+    )
+
+
+def _action(module_id: str, **data: Any) -> common_pb2.ModuleAction:
+    value = struct_pb2.Struct()
+    value.update(data)
+    return common_pb2.ModuleAction(module_id=module_id, input=value)
+
+
+class MemoryHistory:
+    """The engine's HistoryStore port, in memory."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, list[common_pb2.HistoryEntry]] = defaultdict(list)
+
+    async def append_history(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> None:
+        self.entries[player_id].extend(entries)
+
+    async def list_history(self, player_id: str, page_size: int) -> list[common_pb2.HistoryEntry]:
+        return list(self.entries[player_id][-page_size:])
+
+
+class BrokenHistory(MemoryHistory):
+    async def append_history(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> None:
+        raise ConnectionError("storage is down")
+
+    async def list_history(self, player_id: str, page_size: int) -> list[common_pb2.HistoryEntry]:
+        raise ConnectionError("storage is down")
+
+
+class HangingHistory(MemoryHistory):
+    async def append_history(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> None:
+        await asyncio.sleep(30)
+
+
+def _engine(
+    registry: ModuleRegistry | None = None,
+    history: MemoryHistory | None = None,
+    workers: int = 4,
+    queue: int = 8,
+) -> Engine:
+    return Engine(
+        registry or _registry(),
+        history if history is not None else MemoryHistory(),
+        BoundedExecutor("interactive", workers, queue),
+        execute_timeout=5.0,
+        history_timeout=0.2,
+    )
+
+
+def _lines(result: common_pb2.AgentResult) -> list[str]:
+    return [line.text for line in result.card.lines]
+
+
+# --- Registry --------------------------------------------------------------------------------
+
+
+def test_builtin_registry() -> None:
+    registry = build_registry(EngineConfig())
+    assert [m.spec.module_id for m in registry.modules()] == ["system:help", "system:history"]
+    assert registry.get("system:help") is not None
+    assert registry.get("system:nothing") is None
+    assert len(registry.generation) == 16
+
+
+def test_duplicate_module_id_is_refused() -> None:
+    registry = ModuleRegistry()
+    registry.register(_module("test:a"))
+    with pytest.raises(RegistryError, match="already registered"):
+        registry.register(_module("test:a"))
+
+
+@pytest.mark.parametrize("alias", ["HELP", "help", "帮助", "Help"])
+def test_duplicate_alias_across_modules_is_refused_case_insensitively(alias: str) -> None:
+    registry = ModuleRegistry()
+    registry.register(_module("test:a", commands=(CommandSpec(("help", "帮助")),)))
+    with pytest.raises(RegistryError, match="already used by test:a"):
+        registry.register(_module("test:b", commands=(CommandSpec(("other", alias)),)))
+    registry.register(_module("test:c", commands=(CommandSpec(("other",)),)))  # nothing was half-added
+
+
+def test_duplicate_alias_within_a_module_is_refused() -> None:
+    with pytest.raises(RegistryError, match="already used"):
+        ModuleRegistry().register(
+            _module("test:a", commands=(CommandSpec(("go",)), CommandSpec(("GO",))))
+        )
+
+
+@pytest.mark.parametrize("alias", ["two words", " help", "help ", "帮\u3000助", "/help", "", "tab\tbed"])
+def test_alias_must_be_one_word_without_slash(alias: str) -> None:
+    with pytest.raises(RegistryError, match="one word"):
+        ModuleRegistry().register(_module("test:a", commands=(CommandSpec((alias,)),)))
+
+
+def test_command_without_alias_is_refused() -> None:
+    with pytest.raises(RegistryError, match="at least one alias"):
+        ModuleRegistry().register(_module("test:a", commands=(CommandSpec(()),)))
+
+
+@pytest.mark.parametrize("module_id", ["help", "System:help", "system:", ":help", "a b:c", "x:Y", ""])
+def test_module_id_must_be_namespace_path(module_id: str) -> None:
+    with pytest.raises(RegistryError, match="namespace:path"):
+        ModuleRegistry().register(_module(module_id))
+
+
+def test_schema_and_description_are_required() -> None:
+    with pytest.raises(RegistryError, match="object"):
+        ModuleRegistry().register(_module("test:a", input_schema={"type": "string"}))
+    with pytest.raises(RegistryError, match="description"):
+        ModuleRegistry().register(_module("test:a", description={}))
+
+
+def test_registration_after_freeze_is_refused() -> None:
+    registry = _registry()
+    with pytest.raises(RegistryError, match="frozen"):
+        registry.register(_module("test:late"))
+
+
+def test_command_argument_must_be_an_input_field() -> None:
+    with pytest.raises(RegistryError, match="not an input field"):
+        ModuleRegistry().register(
+            _module("test:a", commands=(CommandSpec(("find",), argument="query"),))
+        )
+    ModuleRegistry().register(
+        _module(
+            "test:a",
+            input_schema={"type": "object", "properties": {"query": {"type": "string"}}},
+            commands=(CommandSpec(("find",), argument="query", argument_required=True),),
+        )
+    )
+
+
+def test_generation_is_stable_and_follows_the_modules() -> None:
+    assert ModuleRegistry().generation == ""  # not frozen yet
+    first = build_registry(EngineConfig()).generation
+    assert first == build_registry(EngineConfig()).generation == _registry().generation
+    with_admin = _registry(ADMIN).generation
+    assert with_admin != first
+    assert with_admin == _registry(ADMIN).generation
+    changed = _module("test:ban", commands=(CommandSpec(("ban",)),), min_permission_level=3)
+    assert _registry(changed).generation != with_admin
+
+
+def test_available_filters_by_permission_and_feature() -> None:
+    registry = _registry(ADMIN, QUESTS)
+
+    def ids(player: common_pb2.PlayerContext | None) -> list[str]:
+        return [m.spec.module_id for m in registry.available(player)]
+
+    assert ids(None) == ["system:help", "system:history", "test:ban", "ftbquests:quests"]
+    assert ids(_player(level=0)) == ["system:help", "system:history"]
+    assert ids(_player(level=2)) == ["system:help", "system:history", "test:ban"]
+    assert ids(_player(level=4, features=("ftbquests",))) == ids(None)
+    assert ids(_player(features=("ftbquests",))) == ["system:help", "system:history", "ftbquests:quests"]
+    assert [d.module_id for d in registry.descriptors(_player(level=4))] == ids(_player(level=4))
+
+
+def test_descriptor_carries_the_declaration() -> None:
+    descriptor = build_registry(EngineConfig()).get("system:help").spec.descriptor()  # type: ignore[union-attr]
+    assert descriptor.owner_feature == "system:core"
+    assert descriptor.commands[0].aliases[:2] == ["help", "帮助"]
+    assert descriptor.commands[0].argument_kind == catalog_pb2.ARGUMENT_KIND_OPTIONAL_TEXT
+    assert descriptor.commands[0].argument_field == "topic"
+    assert descriptor.description.text["zh"]
+
+
+# --- Input schema ----------------------------------------------------------------------------
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 5},
+        "count": {"type": "integer", "minimum": 1, "maximum": 50},
+        "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+        "flag": {"type": "boolean"},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+
+def test_check_input_accepts_and_normalises() -> None:
+    checked = check_input("m:x", SCHEMA, {"name": "abc", "count": 3.0, "ratio": 0.5, "flag": True})
+    assert checked == {"name": "abc", "count": 3, "ratio": 0.5, "flag": True}
+    assert type(checked["count"]) is int
+    assert check_input("m:x", SCHEMA, {"name": "五个字符呀"}) == {"name": "五个字符呀"}  # characters
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({}, "input field 'name' is required"),
+        ({"name": "a", "colour": "red", "size": 1}, "unknown input field(s) colour, size; known fields are count, flag, name, ratio"),
+        ({"name": 5}, "'name' must be a string"),
+        ({"name": "a", "count": "3"}, "'count' must be a integer"),
+        ({"name": "a", "count": True}, "'count' must be a integer"),
+        ({"name": "a", "flag": 1}, "'flag' must be a boolean"),
+        ({"name": "a", "ratio": None}, "'ratio' must be a number"),
+        ({"name": "a", "count": 2.5}, "'count' must be a whole number"),
+        ({"name": "a", "count": float("inf")}, "'count' must be a finite number"),
+        ({"name": "a", "ratio": float("nan")}, "'ratio' must be a finite number"),
+        ({"name": "abcdef"}, "'name' is longer than 5 characters"),
+        ({"name": "a", "count": 0}, "'count' must be at least 1"),
+        ({"name": "a", "count": 51}, "'count' must be at most 50"),
+        ({"name": "a", "ratio": 1.5}, "'ratio' must be at most 1"),
+    ],
+)
+def test_check_input_refuses(value: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        check_input("m:x", SCHEMA, value)
+    assert info.value.message.startswith("m:x: ")
+    assert message in info.value.message
+
+
+def test_check_input_without_properties() -> None:
+    with pytest.raises(InvalidArgument, match="known fields are none"):
+        check_input("m:x", OBJECT, {"x": 1})
+    assert check_input("m:x", {"type": "object"}, {"x": 1}) == {"x": 1}  # additional allowed
+
+
+# --- Engine.execute --------------------------------------------------------------------------
+
+
+async def test_execute_refuses_bad_calls() -> None:
+    engine = _engine(_registry(ADMIN, QUESTS, _module("test:events", interactive=False)))
+    with pytest.raises(NotFound, match="test:missing"):
+        await engine.execute(_player(), _action("test:missing"), "")
+    with pytest.raises(PermissionDenied):
+        await engine.execute(_player(level=1), _action("test:ban"), "")
+    with pytest.raises(PermissionDenied):
+        await engine.execute(_player(level=4), _action("ftbquests:quests"), "")
+    with pytest.raises(InvalidArgument, match="player_id"):
+        await engine.execute(_player(player_id=""), _action("system:help"), "")
+    with pytest.raises(InvalidArgument, match="module_id"):
+        await engine.execute(_player(), common_pb2.ModuleAction(), "")
+    with pytest.raises(FailedPrecondition):
+        await engine.execute(_player(), _action("test:events"), "")
+    assert engine.history.entries == {}  # type: ignore[attr-defined]  # nothing ran
+
+
+async def test_execute_refuses_input_that_does_not_match_the_schema() -> None:
+    engine = _engine()
+    with pytest.raises(InvalidArgument, match="unknown input field"):
+        await engine.execute(_player(), _action("system:help", colour="red"), "")
+    with pytest.raises(InvalidArgument, match="'count' must be at most 50"):
+        await engine.execute(_player(), _action("system:history", count=51), "")
+    with pytest.raises(InvalidArgument, match="'count' must be a whole number"):
+        await engine.execute(_player(), _action("system:history", count=2.5), "")
+    with pytest.raises(InvalidArgument, match="system:history"):  # NaN cannot be JSON
+        await engine.execute(_player(), _action("system:history", count=float("nan")), "")
+
+
+async def test_module_failure_becomes_a_failed_result_with_its_key() -> None:
+    async def fails(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        raise ModuleFailure(AgentFailure.STORAGE_FULL, "no room for that")
+
+    engine = _engine(_registry(_module("test:fails", fails)))
+    result = await engine.execute(_player(), _action("test:fails"), "do it")
+    assert result.status == FAILED
+    assert result.failure.key == "system.error.storage_full"
+    assert result.failure.message == "no room for that"
+    assert result.card.template == "system:error"
+
+
+async def test_crashing_module_becomes_module_failed_without_leaking(caplog: pytest.LogCaptureFixture) -> None:
+    async def crashes(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        raise RuntimeError("secret internals")
+
+    engine = _engine(_registry(_module("test:crash", crashes)))
+    with caplog.at_level(logging.ERROR):
+        result = await engine.execute(_player(), _action("test:crash"), "")
+    assert result.status == FAILED
+    assert result.failure.key == "system.error.module_failed"
+    assert "secret" not in result.failure.message and "secret" not in result.text
+    assert any("test:crash" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_slow_module_past_the_deadline_is_a_timeout() -> None:
+    async def slow(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        await asyncio.sleep(10)
+        raise AssertionError("not reached")
+
+    history = MemoryHistory()
+    engine = _engine(_registry(_module("test:slow", slow)), history)
+    started = time.monotonic()
+    with request_scope(timeout=0.1):
+        result = await engine.execute(_player(), _action("test:slow"), "slow please")
+    assert time.monotonic() - started < 2
+    assert result.status == FAILED
+    assert result.failure.key == "system.error.timeout"
+    assert engine.interactive.admitted == 0  # the slot was given back
+
+
+async def test_execute_records_the_exchange_in_history() -> None:
+    history = MemoryHistory()
+    engine = _engine(history=history)
+    with request_scope("req-1"):
+        result = await engine.execute(_player(), _action("system:help"), "帮助")
+    assert result.status == SUCCEEDED
+    player_entry, assistant_entry = history.entries["p-1"]
+    assert player_entry.role == common_pb2.HISTORY_ROLE_PLAYER
+    assert player_entry.text == "帮助"
+    assert assistant_entry.role == common_pb2.HISTORY_ROLE_ASSISTANT
+    assert assistant_entry.text == result.text
+    assert assistant_entry.result == result
+    assert player_entry.request_id == assistant_entry.request_id == "req-1"
+
+
+async def test_history_describes_an_action_without_text() -> None:
+    history = MemoryHistory()
+    engine = _engine(history=history)
+    await engine.execute(_player(), _action("system:help"), "")
+    await engine.execute(_player(), _action("system:help", topic="历史"), "")
+    texts = [e.text for e in history.entries["p-1"] if e.role == common_pb2.HISTORY_ROLE_PLAYER]
+    assert texts == ["system:help", 'system:help {"topic": "历史"}']
+
+
+@pytest.mark.parametrize("history", [BrokenHistory(), HangingHistory()], ids=["broken", "hanging"])
+async def test_failing_history_does_not_fail_the_result(history: MemoryHistory) -> None:
+    engine = _engine(history=history)
+    started = time.monotonic()
+    result = await engine.execute(_player(), _action("system:help"), "help")
+    assert result.status == SUCCEEDED
+    assert time.monotonic() - started < 2  # bounded by history_timeout
+
+
+async def test_full_interactive_queue_is_resource_exhausted() -> None:
+    gate = asyncio.Event()
+
+    async def waits(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        await gate.wait()
+        return await _ok(data, ctx)
+
+    engine = _engine(_registry(_module("test:wait", waits)), workers=1, queue=0)
+    first = asyncio.create_task(engine.execute(_player(), _action("test:wait"), ""))
+    await asyncio.sleep(0.01)
+    with pytest.raises(ResourceExhausted, match="queue is full"):
+        await engine.execute(_player(), _action("system:help"), "")
+    gate.set()
+    assert (await first).status == SUCCEEDED
+
+
+# --- BoundedExecutor -------------------------------------------------------------------------
+
+
+async def test_bounded_executor_refuses_at_once_beyond_workers_plus_queue() -> None:
+    executor = BoundedExecutor("interactive", workers=1, queue=1)
+    gate = asyncio.Event()
+    running = 0
+    peak = 0
+
+    async def job() -> str:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await gate.wait()
+        running -= 1
+        return "done"
+
+    first = asyncio.create_task(executor.run(job))
+    second = asyncio.create_task(executor.run(job))
+    await asyncio.sleep(0.01)
+    assert executor.admitted == 2
+    started = time.monotonic()
+    with pytest.raises(ResourceExhausted, match="interactive queue is full"):
+        await executor.run(job)
+    assert time.monotonic() - started < 0.5  # refused at once, not queued
+    gate.set()
+    assert await asyncio.gather(first, second) == ["done", "done"]
+    assert peak == 1  # one worker: the second waited
+    assert executor.admitted == 0
+    third = asyncio.create_task(executor.run(job))
+    fourth = asyncio.create_task(executor.run(job))
+    assert await asyncio.gather(third, fourth) == ["done", "done"]
+
+
+async def test_bounded_executor_frees_the_slot_of_a_cancelled_or_failing_job() -> None:
+    executor = BoundedExecutor("interactive", workers=1, queue=0)
+
+    async def boom() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError):
+        await executor.run(boom)
+    task = asyncio.create_task(executor.run(lambda: asyncio.sleep(10)))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert executor.admitted == 0
+    assert await executor.run(lambda: asyncio.sleep(0, "ok")) == "ok"
+
+
+# --- Help and history modules ----------------------------------------------------------------
+
+
+async def test_help_lists_the_modules_the_player_may_use() -> None:
+    engine = _engine(_registry(ADMIN, QUESTS))
+    ordinary = await engine.execute(_player(level=0), _action("system:help"), "")
+    admin = await engine.execute(_player(level=4), _action("system:help"), "")
+    assert ordinary.status == admin.status == SUCCEEDED
+    assert ordinary.card.template == "system:help"
+    assert ordinary.card.title == "Assistant help"
+    assert any(line.startswith("/help [topic]") for line in _lines(ordinary))
+    assert any(line.startswith("/history") for line in _lines(ordinary))
+    assert not any("/ban" in line for line in _lines(ordinary))
+    assert any(line.startswith("/ban — The test:ban module.") for line in _lines(admin))
+    assert not any("quests" in line for line in _lines(admin))  # feature not installed
+    commands = {line.suggest_command for line in admin.card.lines if line.suggest_command}
+    assert commands == {"/help", "/history", "/ban"}
+    assert {b.args["module_id"] for b in admin.card.buttons} == {"system:history", "test:ban"}
+
+
+async def test_help_language() -> None:
+    engine = _engine()
+    zh = await engine.execute(_player(language="zh"), _action("system:help"), "")
+    en = await engine.execute(_player(language="en"), _action("system:help"), "")
+    other = await engine.execute(_player(language="fr"), _action("system:help"), "")
+    assert zh.card.title == "助手帮助"
+    assert "查看最近的对话记录。" in zh.text
+    assert en.card.title == "Assistant help"
+    assert "Show your recent conversation." in en.text
+    assert other.card.title == "Assistant help"
+
+
+@pytest.mark.parametrize("topic", ["history", "HISTORY", "/history", "历史", "对话记录", "system:history"])
+async def test_help_topic_explains_a_module(topic: str) -> None:
+    engine = _engine()
+    result = await engine.execute(_player(), _action("system:help", topic=topic), "")
+    assert result.status == SUCCEEDED
+    assert result.card.title == "Command /history"
+    assert _lines(result) == [
+        "Show your recent conversation.",
+        "Usage: /history",
+        "Aliases: history, 历史, 对话记录",
+    ]
+
+
+async def test_help_topic_in_chinese_and_unknown_topic() -> None:
+    engine = _engine(_registry(ADMIN))
+    zh = await engine.execute(_player(language="zh"), _action("system:help", topic="帮助"), "")
+    assert zh.card.title == "指令 /help"
+    assert "用法：/help [topic]" in _lines(zh)
+    for topic, level in (("nonsense", 4), ("ban", 0), ("test:ban", 0)):
+        result = await engine.execute(_player(level=level), _action("system:help", topic=topic), "")
+        assert result.status == FAILED
+        assert result.failure.key == "system.error.not_found"
+        assert topic in result.failure.message
+    assert (await engine.execute(_player(level=2), _action("system:help", topic="封禁"), "")).status == SUCCEEDED
+
+
+async def test_history_module_shows_entries_from_the_store() -> None:
+    history = MemoryHistory()
+    history.entries["p-1"] = [
+        common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="where is iron"),
+        common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_ASSISTANT, text="Below you\nsecond line"),
+        common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="thanks"),
+    ]
+    engine = _engine(history=history)
+    result = await engine.execute(_player(), _action("system:history"), "history")
+    assert result.status == SUCCEEDED
+    assert result.card.title == "Recent conversation"
+    assert _lines(result) == ["You: where is iron", "Assistant: Below you", "You: thanks"]
+    two = await engine.execute(_player(language="zh"), _action("system:history", count=2), "")
+    assert two.card.title == "最近的对话"
+    assert len(_lines(two)) == 2
+
+
+async def test_history_module_empty_and_store_down() -> None:
+    empty = await _engine().execute(_player(language="zh"), _action("system:history"), "")
+    assert _lines(empty) == ["还没有记录。"]
+    down = await _engine(history=BrokenHistory()).execute(_player(), _action("system:history"), "")
+    assert down.status == FAILED
+    assert down.failure.key == "system.error.storage_unavailable"
+
+
+# --- Entry points ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FakeEntryPoint:
+    name: str
+    loader: Callable[[], Any]
+    group: str = "system.modules"
+
+    def load(self) -> Any:
+        return self.loader()
+
+
+class PluginModule:
+    spec = _spec("plugin:hello", commands=(CommandSpec(("hello", "你好")),))
+
+    async def run(self, data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        return succeeded(card("plugin:hello", "hello"))
+
+
+def _broken_load() -> Any:
+    raise ImportError("plugin dependency missing")
+
+
+@pytest.fixture
+def entry_points(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    groups: list[str] = []
+
+    def fake(**params: Any) -> list[FakeEntryPoint]:
+        groups.append(params.get("group", ""))
+        return [
+            FakeEntryPoint("broken", _broken_load),
+            FakeEntryPoint("hello", lambda: PluginModule),
+        ]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+    return groups
+
+
+def test_entry_point_modules_are_loaded_and_broken_ones_skipped(
+    entry_points: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="system.engine.registry"):
+        modules = load_entry_point_modules()
+    assert entry_points == ["system.modules"]
+    assert [m.spec.module_id for m in modules] == ["plugin:hello"]
+    assert isinstance(modules[0], PluginModule)
+    broken = [r for r in caplog.records if "broken" in r.getMessage()]
+    assert broken and broken[0].levelno == logging.ERROR and broken[0].exc_info
+
+
+def test_entry_point_modules_join_the_registry_unless_disabled(entry_points: list[str]) -> None:
+    registry = build_registry(EngineConfig())
+    assert [m.spec.module_id for m in registry.modules()][-1] == "plugin:hello"
+    assert registry.generation != _registry().generation
+    assert load_entry_point_modules(["hello"]) == []
+    disabled = build_registry(EngineConfig(disabled_entry_points=("hello", "broken")))
+    assert disabled.generation == _registry().generation
+
+
+# --- The engine service in-process, with a real storage service ------------------------------
+
+
+@dataclasses.dataclass
+class Services:
+    engine: engine_pb2_grpc.EngineServiceStub
+    storage: storage_pb2_grpc.StorageServiceStub
+    generation: str
+
+
+@pytest.fixture
+async def services(tmp_path: Any) -> AsyncIterator[Services]:
+    storage = await create_storage(
+        StorageConfig(**HOST, database_url=f"sqlite:///{tmp_path}/s.db")
+    )
+    await storage.host.start()
+    engine = await create_engine(EngineConfig(**HOST, storage_target=storage.host.target))
+    await engine.host.start()
+    channels = [
+        grpc.aio.insecure_channel(engine.host.target),
+        grpc.aio.insecure_channel(storage.host.target),
+    ]
+    try:
+        yield Services(
+            engine_pb2_grpc.EngineServiceStub(channels[0]),
+            storage_pb2_grpc.StorageServiceStub(channels[1]),
+            engine.engine.registry.generation,
+        )
+    finally:
+        for channel in channels:
+            await channel.close()
+        await engine.host.stop()
+        await engine.aclose()
+        await storage.host.stop()
+        await storage.aclose()
+
+
+def _execute(module_id: str = "system:help", text: str = "帮助", **data: Any) -> engine_pb2.ExecuteRequest:
+    return engine_pb2.ExecuteRequest(
+        player=_player(language="zh", player_id="steve"),
+        action=_action(module_id, **data),
+        source=engine_pb2.ROUTE_SOURCE_COMMAND,
+        request_text=text,
+    )
+
+
+async def test_service_executes_and_records_history(services: Services) -> None:
+    response = await services.engine.Execute(_execute(), timeout=10)
+    assert response.result.status == SUCCEEDED
+    assert response.result.card.template == "system:help"
+    assert response.result.card.title == "助手帮助"
+    listed = await services.storage.ListHistory(
+        storage_pb2.ListHistoryRequest(player_id="steve", page_size=10), timeout=5
+    )
+    assert [e.role for e in listed.entries] == [
+        common_pb2.HISTORY_ROLE_PLAYER,
+        common_pb2.HISTORY_ROLE_ASSISTANT,
+    ]
+    assert listed.entries[0].text == "帮助"
+    assert listed.entries[1].result.card.title == "助手帮助"
+    shown = await services.engine.Execute(_execute("system:history", "历史"), timeout=10)
+    assert shown.result.status == SUCCEEDED
+    assert [line.text for line in shown.result.card.lines][0] == "你: 帮助"
+
+
+async def test_service_refuses_bad_requests(services: Services) -> None:
+    unspecified = _execute()
+    unspecified.source = engine_pb2.ROUTE_SOURCE_UNSPECIFIED
+    unknown_source = _execute()
+    unknown_source.source = 99
+    cases = [
+        (unspecified, grpc.StatusCode.INVALID_ARGUMENT, "source is required"),
+        (unknown_source, grpc.StatusCode.INVALID_ARGUMENT, "not a known RouteSource"),
+        (_execute("test:none"), grpc.StatusCode.NOT_FOUND, "test:none"),
+        (_execute("system:help", topic=5), grpc.StatusCode.INVALID_ARGUMENT, "'topic' must be a string"),
+    ]
+    for request, code, words in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await services.engine.Execute(request, timeout=10)
+        assert info.value.code() == code
+        assert words in (info.value.details() or "")
+
+
+async def test_service_catalog(services: Services) -> None:
+    catalog = await services.engine.GetCatalog(engine_pb2.GetCatalogRequest(), timeout=5)
+    assert [m.module_id for m in catalog.modules] == ["system:help", "system:history"]
+    assert catalog.generation == services.generation != ""
+    for_player = await services.engine.GetCatalog(
+        engine_pb2.GetCatalogRequest(player=_player()), timeout=5
+    )
+    assert for_player.generation == catalog.generation
+    assert list(for_player.modules) == list(catalog.modules)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await services.engine.GetCatalog(
+            engine_pb2.GetCatalogRequest(player=common_pb2.PlayerContext(language="en")), timeout=5
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "player_id" in (info.value.details() or "")

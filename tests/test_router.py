@@ -1,0 +1,461 @@
+"""Router tests: exact command matching over the engine's real catalogue, the pipeline's input
+checks, the catalogue cache, and the router servicer in-process in front of a real engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from system.common.v1 import catalog_pb2, common_pb2
+from system.engine.v1 import engine_pb2
+from system.router.v1 import router_pb2, router_pb2_grpc
+
+from engine_service.app import build_registry
+from engine_service.app import create_app as create_engine
+from engine_service.config import EngineConfig
+from router_service.app import RouterApp
+from router_service.app import create_app as create_router
+from router_service.catalog import CatalogCache
+from router_service.commands import CommandIndex, CommandMatch, UnknownCommand
+from router_service.config import RouterConfig
+from router_service.router import Router
+from services.runtime.errors import InvalidArgument, Unavailable
+
+HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
+UNUSED = "127.0.0.1:1"  # nothing listens on port 1: connections are refused at once
+
+
+def _descriptor(
+    module_id: str,
+    aliases: tuple[str, ...],
+    kind: int = catalog_pb2.ARGUMENT_KIND_UNSPECIFIED,
+    argument: str = "",
+    **fields: Any,
+) -> catalog_pb2.ModuleDescriptor:
+    return catalog_pb2.ModuleDescriptor(
+        module_id=module_id,
+        description=catalog_pb2.LocalizedText(text={"en": module_id}),
+        input_schema='{"type": "object"}',
+        commands=[
+            catalog_pb2.CommandDeclaration(
+                aliases=list(aliases),
+                argument_kind=kind,
+                argument_name=argument,
+                argument_field=argument,
+            )
+        ],
+        **fields,
+    )
+
+
+EXTRA = [
+    _descriptor("test:search", ("search", "搜索"), catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT, "query"),
+    _descriptor("test:note", ("note",), catalog_pb2.ARGUMENT_KIND_OPTIONAL_TEXT, "text"),
+    _descriptor("test:ban", ("ban",), min_permission_level=2),
+    _descriptor("ftbquests:quests", ("quests", "任务"), owner_feature="ftbquests"),
+]
+
+
+def _catalog() -> list[catalog_pb2.ModuleDescriptor]:
+    return [*build_registry(EngineConfig()).descriptors(None), *EXTRA]
+
+
+INDEX = CommandIndex(_catalog(), "gen-1")
+
+
+def _player(level: int = 0, features: tuple[str, ...] = (), player_id: str = "p-1") -> common_pb2.PlayerContext:
+    return common_pb2.PlayerContext(
+        server_id="s", player_id=player_id, language="en", permission_level=level, features=features
+    )
+
+
+PLAYER = _player()
+
+
+def _match(text: str, player: common_pb2.PlayerContext = PLAYER) -> CommandMatch:
+    result = INDEX.match(text, player)
+    assert isinstance(result, CommandMatch), f"{text!r} gave {result!r}"
+    return result
+
+
+def _input(match: CommandMatch) -> dict[str, Any]:
+    return json_format.MessageToDict(match.action.input)
+
+
+def _invalid(text: str, player: common_pb2.PlayerContext = PLAYER) -> str:
+    with pytest.raises(InvalidArgument) as info:
+        INDEX.match(text, player)
+    return info.value.message
+
+
+# --- CommandIndex ----------------------------------------------------------------------------
+
+
+def test_index_is_built_from_the_real_catalogue() -> None:
+    assert INDEX.generation == "gen-1"
+    assert len(INDEX) == 6 + 2 + 1 + 1 + 2  # help ×3, history ×3, search ×2, note, ban, quests ×2
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["帮助", "help", "HELP", "Help", "?", "/help", "/Help", "/HELP", "/帮助", "/?",
+     "/system help", "/SYSTEM help", "/system /help", "/system 帮助", "  help  ", "\thelp\n",
+     "  /help  "],
+)
+def test_help_aliases_reach_system_help_with_empty_input(text: str) -> None:
+    match = _match(text)
+    assert match.action.module_id == "system:help"
+    assert _input(match) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "topic"),
+    [
+        ("/help history", "history"),
+        ("/help HiStOrY", "HiStOrY"),
+        ("/HELP History", "History"),
+        ("/帮助 历史", "历史"),
+        ("/帮助 钻石 怎么  找", "钻石 怎么  找"),  # inner spacing kept as typed
+        ("/system help history", "history"),
+        ("/help    history   ", "history"),
+        ("/帮助\u3000历史", "历史"),  # the full-width space of CJK input methods separates too
+    ],
+)
+def test_explicit_argument_is_kept_as_typed(text: str, topic: str) -> None:
+    match = _match(text)
+    assert match.action.module_id == "system:help"
+    assert _input(match) == {"topic": topic}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["help me find diamonds", "帮助 我 找钻石", "history please", "search diamonds", "note buy bread",
+     "where are the diamonds", "helpme", "nonsense"],
+)
+def test_plain_text_that_is_not_exactly_a_command_goes_on(text: str) -> None:
+    assert INDEX.match(text, PLAYER) is None
+
+
+def test_history_aliases() -> None:
+    for text in ("history", "HISTORY", "历史", "对话记录", "/history", "/system 对话记录"):
+        match = _match(text)
+        assert match.action.module_id == "system:history"
+        assert _input(match) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [("/nonsense", "nonsense"), ("/NonSense now", "NonSense"), ("/system nonsense", "nonsense"),
+     ("/", ""), ("/ help", ""), ("//help", "/help"), ("/helpme", "helpme")],
+)
+def test_unknown_slash_command_is_reported_not_routed(text: str, name: str) -> None:
+    assert INDEX.match(text, PLAYER) == UnknownCommand(name)
+
+
+@pytest.mark.parametrize("text", ["/system", "/SYSTEM", "  /system   ", "/system\u3000"])
+def test_system_prefix_alone_is_an_input_error(text: str) -> None:
+    assert "/system needs an instruction" in _invalid(text)
+
+
+@pytest.mark.parametrize("text", ["/history extra", "/system history extra", "/历史 全部"])
+def test_literal_with_argument_is_an_input_error_with_usage(text: str) -> None:
+    message = _invalid(text)
+    assert "takes no argument" in message
+    assert "write /" in message
+
+
+def test_literal_usage_names_the_alias_typed() -> None:
+    assert _invalid("/HISTORY extra") == "/HISTORY takes no argument; write /HISTORY"
+
+
+@pytest.mark.parametrize("text", ["/search", "/SEARCH  ", "/system search", "/搜索"])
+def test_required_argument_missing_is_an_input_error_with_usage(text: str) -> None:
+    message = _invalid(text)
+    assert "needs an argument" in message
+    assert "<query>" in message
+
+
+def test_required_argument_missing_in_plain_text_goes_on() -> None:
+    assert INDEX.match("search", PLAYER) is None
+    assert INDEX.match("搜索", PLAYER) is None
+
+
+def test_required_and_optional_arguments() -> None:
+    match = _match("/search Diamond Ore")
+    assert match.action.module_id == "test:search"
+    assert _input(match) == {"query": "Diamond Ore"}
+    assert _input(_match("/搜索 钻石矿")) == {"query": "钻石矿"}
+    assert _input(_match("/note")) == {}
+    assert _input(_match("note")) == {}
+    assert _input(_match("/note Buy bread, 3×")) == {"text": "Buy bread, 3×"}
+
+
+def test_module_above_the_players_permission_behaves_as_unknown() -> None:
+    assert INDEX.match("/ban", _player(level=0)) == UnknownCommand("ban")
+    assert INDEX.match("/ban", _player(level=1)) == UnknownCommand("ban")
+    assert INDEX.match("ban", _player(level=0)) is None
+    assert _match("/ban", _player(level=2)).action.module_id == "test:ban"
+    assert _match("BAN", _player(level=4)).action.module_id == "test:ban"
+
+
+def test_module_of_a_missing_feature_behaves_as_unknown() -> None:
+    assert INDEX.match("/quests", _player()) == UnknownCommand("quests")
+    assert INDEX.match("/任务", _player(features=("other",))) == UnknownCommand("任务")
+    assert INDEX.match("quests", _player()) is None
+    assert INDEX.match("任务", _player()) is None
+    with_feature = _player(features=("ftbquests",))
+    assert _match("/quests", with_feature).action.module_id == "ftbquests:quests"
+    assert _match("任务", with_feature).action.module_id == "ftbquests:quests"
+
+
+def test_unavailable_module_with_bad_argument_is_still_unknown_not_an_input_error() -> None:
+    # An input error would reveal that the command exists.
+    assert INDEX.match("/ban now", _player(level=0)) == UnknownCommand("ban")
+
+
+_WORDS = st.sampled_from(
+    ["help", "HELP", "帮助", "?", "history", "历史", "search", "搜索", "note", "ban", "quests", "任务",
+     "system", "nonsense", ""]
+)
+_TEXT = st.one_of(
+    st.text(max_size=60),
+    st.builds(
+        lambda slash, system, word, sep, rest: f"{slash}{system}{word}{sep}{rest}",
+        st.sampled_from(["", "/", "//", " /", "／"]),
+        st.sampled_from(["", "system ", "/system ", "SYSTEM\u3000"]),
+        _WORDS,
+        st.sampled_from(["", " ", "  ", "\t", "\u3000"]),
+        st.text(max_size=20),
+    ),
+)
+_PLAYERS = st.builds(
+    lambda level, features: _player(level=level, features=tuple(features)),
+    st.integers(min_value=0, max_value=4),
+    st.lists(st.sampled_from(["ftbquests", "other"]), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=_TEXT, player=_PLAYERS)
+def test_match_returns_a_decision_or_an_input_error_for_any_text(
+    text: str, player: common_pb2.PlayerContext
+) -> None:
+    try:
+        result = INDEX.match(text, player)
+    except InvalidArgument as exc:
+        assert text.strip().startswith("/"), "only explicit commands are input errors"
+        assert exc.message
+        return
+    assert result is None or isinstance(result, CommandMatch | UnknownCommand)
+    if isinstance(result, UnknownCommand):
+        assert text.strip().startswith("/"), "plain text never is an unknown command"
+    if isinstance(result, CommandMatch):
+        by_id = {m.module_id: m for m in _catalog()}
+        module = by_id[result.action.module_id]
+        assert player.permission_level >= module.min_permission_level
+        assert module.owner_feature in ("", "system:core", *player.features)
+        for value in _input(result).values():
+            assert value and value in text  # the argument is a substring of what was typed
+
+
+# --- CatalogCache ----------------------------------------------------------------------------
+
+
+class FakeEngine:
+    """Test double of the engine stub: answers GetCatalog from a script of responses/errors."""
+
+    def __init__(self, *script: engine_pb2.GetCatalogResponse | Exception) -> None:
+        self.script = list(script)
+        self.calls: list[float | None] = []
+
+    async def GetCatalog(self, request: engine_pb2.GetCatalogRequest, timeout: float | None = None):  # noqa: N802
+        self.calls.append(timeout)
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+def _response(generation: str, modules: list[catalog_pb2.ModuleDescriptor] | None = None):
+    return engine_pb2.GetCatalogResponse(generation=generation, modules=modules or _catalog())
+
+
+async def test_cache_without_any_catalogue_is_unavailable() -> None:
+    cache = CatalogCache(FakeEngine(ConnectionError("refused")), refresh_seconds=30)  # type: ignore[arg-type]
+    with pytest.raises(Unavailable) as info:
+        await cache.index()
+    assert "catalogue could not be read" in info.value.message
+    assert "refused" in info.value.message
+
+
+async def test_cache_reads_once_then_serves_until_refresh_is_due() -> None:
+    engine = FakeEngine(_response("g1"))
+    cache = CatalogCache(engine, refresh_seconds=30)  # type: ignore[arg-type]
+    first = await cache.index()
+    assert first.generation == "g1"
+    assert await cache.index() is first
+    assert len(engine.calls) == 1
+    assert engine.calls[0] is not None  # always a bounded call
+
+
+async def test_cache_keeps_the_old_catalogue_when_a_refresh_fails() -> None:
+    engine = FakeEngine(
+        _response("g1"),
+        ConnectionError("engine down"),
+        _response("g1"),
+        _response("g2", EXTRA),
+    )
+    cache = CatalogCache(engine, refresh_seconds=0)  # type: ignore[arg-type]  # refresh every time
+    first = await cache.index()
+    assert (await cache.index()) is first  # refresh failed: still serving g1
+    assert (await cache.index()) is first  # same generation: the index is not rebuilt
+    second = await cache.index()
+    assert second.generation == "g2"
+    assert len(second) == len(CommandIndex(EXTRA, "x"))
+    assert len(engine.calls) == 4
+
+
+async def test_cache_retries_after_a_first_failure() -> None:
+    cache = CatalogCache(FakeEngine(ConnectionError("x"), _response("g1")), refresh_seconds=30)  # type: ignore[arg-type]
+    with pytest.raises(Unavailable):
+        await cache.index()
+    assert (await cache.index()).generation == "g1"
+
+
+# --- Router ----------------------------------------------------------------------------------
+
+
+def _router(max_text_chars: int = 20) -> tuple[Router, FakeEngine]:
+    engine = FakeEngine(_response("g1"))
+    return Router(CatalogCache(engine, 30), max_text_chars), engine  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+async def test_route_refuses_empty_text(text: str) -> None:
+    router, engine = _router()
+    with pytest.raises(InvalidArgument, match="text is empty"):
+        await router.route(PLAYER, text)
+    assert engine.calls == []
+
+
+async def test_route_refuses_text_over_the_limit_naming_the_limit() -> None:
+    router, _ = _router(max_text_chars=20)
+    await router.route(PLAYER, "帮" * 20)  # exactly the limit is fine (characters, not bytes)
+    with pytest.raises(InvalidArgument) as info:
+        await router.route(PLAYER, "x" * 21)
+    assert "at most 20" in info.value.message
+    assert "21 characters" in info.value.message
+
+
+async def test_route_requires_a_player_id() -> None:
+    router, _ = _router()
+    with pytest.raises(InvalidArgument, match="player_id"):
+        await router.route(_player(player_id=""), "help")
+
+
+async def test_route_decisions() -> None:
+    router, _ = _router(max_text_chars=240)
+    command = await router.route(PLAYER, "/help history")
+    assert command.source == router_pb2.DECISION_SOURCE_COMMAND
+    assert command.action.module_id == "system:help"
+    unknown = await router.route(PLAYER, "/nonsense")
+    assert unknown.source == router_pb2.DECISION_SOURCE_NONE
+    assert unknown.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
+    assert "/nonsense" in unknown.detail
+    plain = await router.route(PLAYER, "help me find diamonds")
+    assert plain.source == router_pb2.DECISION_SOURCE_NONE
+    assert plain.no_route_reason == router_pb2.NO_ROUTE_REASON_NO_MATCH
+
+
+# --- The router servicer in-process, in front of a real engine -------------------------------
+
+
+async def _start_router(engine_target: str, **config: Any) -> RouterApp:
+    app = await create_router(RouterConfig(**HOST, engine_target=engine_target, **config))
+    await app.host.start()
+    return app
+
+
+@pytest.fixture
+async def router_stub() -> AsyncIterator[router_pb2_grpc.RouterServiceStub]:
+    engine = await create_engine(EngineConfig(**HOST, storage_target=UNUSED))
+    await engine.host.start()
+    router = await _start_router(engine.host.target)
+    channel = grpc.aio.insecure_channel(router.host.target)
+    try:
+        yield router_pb2_grpc.RouterServiceStub(channel)
+    finally:
+        await channel.close()
+        await router.host.stop()
+        await router.aclose()
+        await engine.host.stop()
+        await engine.aclose()
+
+
+def _request(text: str, player: common_pb2.PlayerContext = PLAYER) -> router_pb2.RouteRequest:
+    return router_pb2.RouteRequest(player=player, text=text)
+
+
+async def test_service_routes_commands(router_stub: router_pb2_grpc.RouterServiceStub) -> None:
+    response = await router_stub.Route(_request("帮助"), timeout=5)
+    assert response.source == router_pb2.DECISION_SOURCE_COMMAND
+    assert response.action.module_id == "system:help"
+    assert json_format.MessageToDict(response.action.input) == {}
+
+    response = await router_stub.Route(_request("/system help 历史"), timeout=5)
+    assert response.source == router_pb2.DECISION_SOURCE_COMMAND
+    assert json_format.MessageToDict(response.action.input) == {"topic": "历史"}
+
+
+async def test_service_unknown_command_and_no_match(
+    router_stub: router_pb2_grpc.RouterServiceStub,
+) -> None:
+    unknown = await router_stub.Route(_request("/nonsense"), timeout=5)
+    assert unknown.source == router_pb2.DECISION_SOURCE_NONE
+    assert unknown.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
+    assert not unknown.HasField("action")
+    plain = await router_stub.Route(_request("how do I find diamonds"), timeout=5)
+    assert plain.source == router_pb2.DECISION_SOURCE_NONE
+    assert plain.no_route_reason == router_pb2.NO_ROUTE_REASON_NO_MATCH
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("/system", "/system needs"), ("/history all", "takes no argument"), ("", "text is empty"),
+     ("x" * 241, "at most 240")],
+)
+async def test_service_input_errors_are_invalid_argument(
+    router_stub: router_pb2_grpc.RouterServiceStub, text: str, words: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await router_stub.Route(_request(text), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in (info.value.details() or "")
+
+
+async def test_service_without_player_is_invalid_argument(
+    router_stub: router_pb2_grpc.RouterServiceStub,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await router_stub.Route(router_pb2.RouteRequest(text="help"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_service_with_unreachable_engine_is_unavailable() -> None:
+    router = await _start_router(UNUSED)
+    channel = grpc.aio.insecure_channel(router.host.target)
+    try:
+        stub = router_pb2_grpc.RouterServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Route(_request("help"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "catalogue could not be read" in (info.value.details() or "")
+    finally:
+        await channel.close()
+        await router.host.stop()
+        await router.aclose()
