@@ -26,14 +26,14 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from bench.machine import describe_machine
-from services.gamesim import GameServerClient
-from services.stack import SERVICES, Stack
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+from bench.machine import describe_machine
+from services.gamesim import GameServerClient
+from services.stack import SERVICES, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PLAYER = "00000000-0000-4000-8000-00000000be00"
@@ -45,7 +45,11 @@ def _progress(done: int, total: int, label: str) -> None:
         return
     width = 30
     filled = width * done // total
-    print(f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end="", file=sys.stderr)
+    print(
+        f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
+        end="",
+        file=sys.stderr,
+    )
     if done == total:
         print(file=sys.stderr)
 
@@ -106,7 +110,10 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
     player = common_pb2.PlayerContext(server_id="sim", player_id=PLAYER, language="en")
     action = common_pb2.ModuleAction(module_id="system:help", input=struct_pb2.Struct())
     entries = [common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="help")]
-    channels = {name: grpc.aio.insecure_channel(stack.target(name)) for name in ("gateway", "router", "engine", "storage")}
+    channels = {
+        name: grpc.aio.insecure_channel(stack.target(name))
+        for name in ("gateway", "router", "engine", "storage")
+    }
     health = health_pb2_grpc.HealthStub(channels["gateway"])
     router = router_pb2_grpc.RouterServiceStub(channels["router"])
     engine = engine_pb2_grpc.EngineServiceStub(channels["engine"])
@@ -120,17 +127,24 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
                 "storage AppendHistory",
                 n,
                 lambda: storage.AppendHistory(
-                    storage_pb2.AppendHistoryRequest(player_id=PLAYER + "-s", entries=entries), timeout=5
+                    storage_pb2.AppendHistoryRequest(player_id=PLAYER + "-s", entries=entries),
+                    timeout=5,
                 ),
             ),
             "router Route": await _time(
-                "router Route", n, lambda: router.Route(router_pb2.RouteRequest(player=player, text="help"), timeout=5)
+                "router Route",
+                n,
+                lambda: router.Route(
+                    router_pb2.RouteRequest(player=player, text="help"), timeout=5
+                ),
             ),
             "engine Execute (with history write)": await _time(
                 "engine Execute",
                 n,
                 lambda: engine.Execute(
-                    engine_pb2.ExecuteRequest(player=player, action=action, source=engine_pb2.ROUTE_SOURCE_COMMAND),
+                    engine_pb2.ExecuteRequest(
+                        player=player, action=action, source=engine_pb2.ROUTE_SOURCE_COMMAND
+                    ),
                     timeout=5,
                 ),
             ),
@@ -173,7 +187,9 @@ def _plot(paths: dict[str, list[float]], starts: list[float], out: Path) -> None
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--requests", type=int, default=100)
     args = parser.parse_args()
@@ -209,7 +225,9 @@ def main() -> int:
     lines = [
         f"# Skeleton benchmark — {results['date']}",
         "",
-        "Machine: {cpu}, {cores} cores, {memory_gib} GiB, {os}, Python {python}".format(**results["machine"]),
+        "Machine: {cpu}, {cores} cores, {memory_gib} GiB, {os}, Python {python}".format(
+            **results["machine"]
+        ),
         "",
         f"Whole-stack start-up (five processes until all SERVING and a game server welcomed), "
         f"{len(starts)} runs: median **{results['startup_seconds']['median']} s** "
@@ -222,7 +240,11 @@ def main() -> int:
         lines.append(
             f"| {name} | {s['n']} | {s['p50_ms']} | {s['p90_ms']} | {s['p99_ms']} | {s['mean_ms']} | {s['p50_vs_floor']} |"
         )
-    lines += ["", "Resident memory after the run (MiB): " + ", ".join(f"{k} {v}" for k, v in rss.items()), ""]
+    lines += [
+        "",
+        "Resident memory after the run (MiB): " + ", ".join(f"{k} {v}" for k, v in rss.items()),
+        "",
+    ]
     (RESULTS / "skeleton.md").write_text("\n".join(lines))
     _plot(paths, starts, RESULTS / "skeleton.png")
     print("\n".join(lines))

@@ -33,6 +33,10 @@ class EngineConfig(ServerConfig):
         if not self.storage_target:
             raise ConfigError("storage_target is required (host:port of the storage service)")
         if self.execute_timeout_seconds <= 0 or self.history_timeout_seconds <= 0:
-            raise ConfigError("execute_timeout_seconds and history_timeout_seconds must be positive")
+            raise ConfigError(
+                "execute_timeout_seconds and history_timeout_seconds must be positive"
+            )
         if self.interactive_workers < 1 or self.interactive_queue < 0:
-            raise ConfigError("interactive_workers must be at least 1 and interactive_queue at least 0")
+            raise ConfigError(
+                "interactive_workers must be at least 1 and interactive_queue at least 0"
+            )

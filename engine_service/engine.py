@@ -35,9 +35,13 @@ T = TypeVar("T")
 class HistoryStore(Protocol):
     """What the engine needs of storage: the player's history."""
 
-    async def append_history(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> None: ...
+    async def append_history(
+        self, player_id: str, entries: list[common_pb2.HistoryEntry]
+    ) -> None: ...
 
-    async def list_history(self, player_id: str, page_size: int) -> list[common_pb2.HistoryEntry]: ...
+    async def list_history(
+        self, player_id: str, page_size: int
+    ) -> list[common_pb2.HistoryEntry]: ...
 
 
 class BoundedExecutor:
@@ -140,8 +144,12 @@ class Engine:
             log.exception("module %s failed", action.module_id)
             result = failed(AgentFailure.MODULE_FAILED, f"{action.module_id} failed")
         log.info(
-            "executed %s", action.module_id,
-            extra={"module_id": action.module_id, "status": common_pb2.ResultStatus.Name(result.status)},
+            "executed %s",
+            action.module_id,
+            extra={
+                "module_id": action.module_id,
+                "status": common_pb2.ResultStatus.Name(result.status),
+            },
         )
         await self._record(player, request_text or _describe(action), result)
         return result
@@ -172,4 +180,6 @@ class Engine:
 
 def _describe(action: common_pb2.ModuleAction) -> str:
     data = struct_to_dict(action.input)
-    return f"{action.module_id} {json.dumps(data, ensure_ascii=False)}" if data else action.module_id
+    return (
+        f"{action.module_id} {json.dumps(data, ensure_ascii=False)}" if data else action.module_id
+    )

@@ -192,7 +192,9 @@ class ModuleRegistry:
             return self.modules()
         return [m for m in self._modules.values() if module_available(m.spec.descriptor(), player)]
 
-    def descriptors(self, player: common_pb2.PlayerContext | None) -> list[catalog_pb2.ModuleDescriptor]:
+    def descriptors(
+        self, player: common_pb2.PlayerContext | None
+    ) -> list[catalog_pb2.ModuleDescriptor]:
         return [m.spec.descriptor() for m in self.available(player)]
 
 

@@ -54,7 +54,11 @@ def check_input(module_id: str, schema: dict[str, Any], value: dict[str, Any]) -
                 f"{module_id}: input field '{name}' is longer than {rule['maxLength']} characters"
             )
         if "minimum" in rule and item < rule["minimum"]:
-            raise InvalidArgument(f"{module_id}: input field '{name}' must be at least {rule['minimum']}")
+            raise InvalidArgument(
+                f"{module_id}: input field '{name}' must be at least {rule['minimum']}"
+            )
         if "maximum" in rule and item > rule["maximum"]:
-            raise InvalidArgument(f"{module_id}: input field '{name}' must be at most {rule['maximum']}")
+            raise InvalidArgument(
+                f"{module_id}: input field '{name}' must be at most {rule['maximum']}"
+            )
     return checked

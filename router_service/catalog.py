@@ -42,11 +42,19 @@ class CatalogCache:
             response = await self._engine.GetCatalog(engine_pb2.GetCatalogRequest(), timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - any failure: keep serving the old catalogue
             if self._index is None:
-                raise Unavailable(f"the module catalogue could not be read from the engine: {exc}") from None
-            log.warning("catalogue refresh failed, keeping generation %s: %s", self._index.generation, exc)
+                raise Unavailable(
+                    f"the module catalogue could not be read from the engine: {exc}"
+                ) from None
+            log.warning(
+                "catalogue refresh failed, keeping generation %s: %s", self._index.generation, exc
+            )
             self._fetched_at = time.monotonic()
             return
         if self._index is None or self._index.generation != response.generation:
-            log.info("catalogue generation %s with %d modules", response.generation, len(response.modules))
+            log.info(
+                "catalogue generation %s with %d modules",
+                response.generation,
+                len(response.modules),
+            )
             self._index = CommandIndex(list(response.modules), response.generation)
         self._fetched_at = time.monotonic()

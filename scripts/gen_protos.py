@@ -56,13 +56,17 @@ def stale_files(current: Path, fresh: Path) -> list[str]:
     theirs = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
     differ = [str(p) for p in sorted(mine ^ theirs)]
     differ += [
-        str(p) for p in sorted(mine & theirs) if not filecmp.cmp(current / p, fresh / p, shallow=False)
+        str(p)
+        for p in sorted(mine & theirs)
+        if not filecmp.cmp(current / p, fresh / p, shallow=False)
     ]
     return differ
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="only check that gen/ is current")
     args = parser.parse_args()
     if args.check:

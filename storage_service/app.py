@@ -24,13 +24,19 @@ class StorageApp:
         self.engine = engine
         self.store = ConversationStore(
             sessionmaker(engine, expire_on_commit=False),
-            HistoryBounds(config.history_max_entries, config.history_max_bytes, config.max_text_chars),
+            HistoryBounds(
+                config.history_max_entries, config.history_max_bytes, config.max_text_chars
+            ),
         )
         servicer = StorageServicer(self.store)
         self.host = ServiceHost(
             "storage",
             config,
-            [lambda server: storage_pb2_grpc.add_StorageServiceServicer_to_server(servicer, server)],
+            [
+                lambda server: storage_pb2_grpc.add_StorageServiceServicer_to_server(
+                    servicer, server
+                )
+            ],
             [SERVICE_NAME],
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -18,10 +19,13 @@ from sqlalchemy import (
     create_engine,
     event,
 )
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.sql.dml import Insert
 
-__all__ = ["Base", "HistoryRow", "PreferenceRow", "make_engine"]
+__all__ = ["Base", "HistoryRow", "PreferenceRow", "make_engine", "upsert_ignore"]
 
 
 class Base(DeclarativeBase):
@@ -56,7 +60,16 @@ class PreferenceRow(Base):
     external_enabled: Mapped[bool] = mapped_column(Boolean)
 
 
+def upsert_ignore(session: Session, table: type[Base], **values: Any) -> Insert:
+    """INSERT that does nothing when the primary key exists, on SQLite and PostgreSQL."""
+    dialect = session.get_bind().dialect.name
+    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    return insert(table).values(**values).on_conflict_do_nothing()
+
+
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    # Let SQLAlchemy's "begin" event issue BEGIN itself (see _sqlite_begin).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     # WAL lets readers run beside the writer; NORMAL sync is durable across process crashes.
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -64,6 +77,12 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin(connection) -> None:  # type: ignore[no-untyped-def]
+    # IMMEDIATE takes the write lock at the start, so two transactions that read then write
+    # wait for each other (busy_timeout) instead of failing on the lock upgrade.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(database_url: str) -> Engine:
@@ -76,6 +95,7 @@ def make_engine(database_url: str) -> Engine:
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
     else:
         engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
     Base.metadata.create_all(engine)

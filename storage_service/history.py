@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
-from storage_service.db import HistoryRow, PreferenceRow
+from storage_service.db import HistoryRow, PreferenceRow, upsert_ignore
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
 
@@ -93,18 +93,22 @@ class ConversationStore:
     ) -> Preferences:
         check_player_id(player_id)
         with self._sessions.begin() as session:
-            row = session.get(PreferenceRow, player_id, with_for_update=True)
-            current = _preferences(row)
-            updated = Preferences(
-                history_enabled=current.history_enabled if history_enabled is None else history_enabled,
-                external_enabled=current.external_enabled if external_enabled is None else external_enabled,
+            # Make sure the row exists before locking it: FOR UPDATE cannot lock a missing row,
+            # and two first-time updates would otherwise both insert.
+            session.execute(
+                upsert_ignore(
+                    session, PreferenceRow, player_id=player_id, **dataclasses.asdict(Preferences())
+                )
             )
-            if row is None:
-                session.add(PreferenceRow(player_id=player_id, **dataclasses.asdict(updated)))
-            else:
-                row.history_enabled = updated.history_enabled
-                row.external_enabled = updated.external_enabled
-            return updated
+            row = session.get(
+                PreferenceRow, player_id, with_for_update=True, populate_existing=True
+            )
+            assert row is not None
+            if history_enabled is not None:
+                row.history_enabled = history_enabled
+            if external_enabled is not None:
+                row.external_enabled = external_enabled
+            return _preferences(row)
 
     # -- history ---------------------------------------------------------------------------
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from system.common.v1 import common_pb2
+from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
 from services.stack.launcher import ROOT
-from system.common.v1 import common_pb2
-from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +73,9 @@ def test_every_service_is_serving_with_metrics(stack: Stack) -> None:
 
     for spec in SERVICES:
         assert stack.health(spec.name) == "SERVING", spec.name
-        with urllib.request.urlopen(f"http://127.0.0.1:{stack.metrics_port(spec.name)}/metrics") as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{stack.metrics_port(spec.name)}/metrics"
+        ) as r:
             assert b"grpc_server_handled_total" in r.read()
 
 
@@ -84,7 +86,9 @@ def test_request_id_travels_across_services(stack: Stack) -> None:
     def ids(name: str, rpc: str) -> set[str]:
         lines = (stack.data_dir / "logs" / f"{name}.log").read_text().splitlines()
         records = [json.loads(line) for line in lines if line.startswith("{")]
-        return {r["request_id"] for r in records if r.get("rpc", "").endswith(rpc) and "request_id" in r}
+        return {
+            r["request_id"] for r in records if r.get("rpc", "").endswith(rpc) and "request_id" in r
+        }
 
     shared = ids("router", "/Route") & ids("engine", "/Execute") & ids("storage", "/AppendHistory")
     assert len(shared) >= 3
@@ -111,7 +115,16 @@ def test_health_turns_not_serving_during_shutdown(tmp_path: Path) -> None:
 def test_make_run_say_prints_the_help_card(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")])}
     done = subprocess.run(
-        [sys.executable, "-m", "services.stack", "--say", "帮助", "--free-ports", "--data", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "services.stack",
+            "--say",
+            "帮助",
+            "--free-ports",
+            "--data",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -127,9 +140,19 @@ def test_make_run_say_prints_the_help_card(tmp_path: Path) -> None:
     ("module", "env", "config", "expected"),
     [
         ("router_service", {"SYSTEM_ROUTER_PORT": "99999"}, None, "port must be 0..65535"),
-        ("engine_service", {"SYSTEM_ENGINE_EXECUTE_TIMEOUT_SECONDS": "soon"}, None, "must be float"),
+        (
+            "engine_service",
+            {"SYSTEM_ENGINE_EXECUTE_TIMEOUT_SECONDS": "soon"},
+            None,
+            "must be float",
+        ),
         ("services.gateway", {"SYSTEM_GATEWAY_TOKENS": ""}, None, "tokens is empty"),
-        ("storage_service", {}, "history_max_entries = 10\ncolour = 'blue'\n", "unknown setting(s) colour"),
+        (
+            "storage_service",
+            {},
+            "history_max_entries = 10\ncolour = 'blue'\n",
+            "unknown setting(s) colour",
+        ),
         ("services.model_gateway", {}, "port = [", "is not valid TOML"),
     ],
 )
@@ -143,6 +166,8 @@ def test_a_service_refuses_bad_config_with_a_clear_message(
         args += ["--config", str(path)]
     base = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_")}
     base["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "gen")])
-    done = subprocess.run(args, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        args, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert expected in done.stderr

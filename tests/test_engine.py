@@ -86,7 +86,9 @@ ADMIN = _module(
     commands=(CommandSpec(("ban", "封禁")),),
     min_permission_level=2,
 )
-QUESTS = _module("ftbquests:quests", commands=(CommandSpec(("quests",)),), owner_feature="ftbquests")
+QUESTS = _module(
+    "ftbquests:quests", commands=(CommandSpec(("quests",)),), owner_feature="ftbquests"
+)
 
 
 def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
@@ -187,7 +189,9 @@ def test_duplicate_alias_across_modules_is_refused_case_insensitively(alias: str
     registry.register(_module("test:a", commands=(CommandSpec(("help", "帮助")),)))
     with pytest.raises(RegistryError, match="already used by test:a"):
         registry.register(_module("test:b", commands=(CommandSpec(("other", alias)),)))
-    registry.register(_module("test:c", commands=(CommandSpec(("other",)),)))  # nothing was half-added
+    registry.register(
+        _module("test:c", commands=(CommandSpec(("other",)),))
+    )  # nothing was half-added
 
 
 def test_duplicate_alias_within_a_module_is_refused() -> None:
@@ -197,7 +201,9 @@ def test_duplicate_alias_within_a_module_is_refused() -> None:
         )
 
 
-@pytest.mark.parametrize("alias", ["two words", " help", "help ", "帮\u3000助", "/help", "", "tab\tbed"])
+@pytest.mark.parametrize(
+    "alias", ["two words", " help", "help ", "帮\u3000助", "/help", "", "tab\tbed"]
+)
 def test_alias_must_be_one_word_without_slash(alias: str) -> None:
     with pytest.raises(RegistryError, match="one word"):
         ModuleRegistry().register(_module("test:a", commands=(CommandSpec((alias,)),)))
@@ -208,7 +214,9 @@ def test_command_without_alias_is_refused() -> None:
         ModuleRegistry().register(_module("test:a", commands=(CommandSpec(()),)))
 
 
-@pytest.mark.parametrize("module_id", ["help", "System:help", "system:", ":help", "a b:c", "x:Y", ""])
+@pytest.mark.parametrize(
+    "module_id", ["help", "System:help", "system:", ":help", "a b:c", "x:Y", ""]
+)
 def test_module_id_must_be_namespace_path(module_id: str) -> None:
     with pytest.raises(RegistryError, match="namespace:path"):
         ModuleRegistry().register(_module(module_id))
@@ -262,7 +270,11 @@ def test_available_filters_by_permission_and_feature() -> None:
     assert ids(_player(level=0)) == ["system:help", "system:history"]
     assert ids(_player(level=2)) == ["system:help", "system:history", "test:ban"]
     assert ids(_player(level=4, features=("ftbquests",))) == ids(None)
-    assert ids(_player(features=("ftbquests",))) == ["system:help", "system:history", "ftbquests:quests"]
+    assert ids(_player(features=("ftbquests",))) == [
+        "system:help",
+        "system:history",
+        "ftbquests:quests",
+    ]
     assert [d.module_id for d in registry.descriptors(_player(level=4))] == ids(_player(level=4))
 
 
@@ -294,14 +306,19 @@ def test_check_input_accepts_and_normalises() -> None:
     checked = check_input("m:x", SCHEMA, {"name": "abc", "count": 3.0, "ratio": 0.5, "flag": True})
     assert checked == {"name": "abc", "count": 3, "ratio": 0.5, "flag": True}
     assert type(checked["count"]) is int
-    assert check_input("m:x", SCHEMA, {"name": "五个字符呀"}) == {"name": "五个字符呀"}  # characters
+    assert check_input("m:x", SCHEMA, {"name": "五个字符呀"}) == {
+        "name": "五个字符呀"
+    }  # characters
 
 
 @pytest.mark.parametrize(
     ("value", "message"),
     [
         ({}, "input field 'name' is required"),
-        ({"name": "a", "colour": "red", "size": 1}, "unknown input field(s) colour, size; known fields are count, flag, name, ratio"),
+        (
+            {"name": "a", "colour": "red", "size": 1},
+            "unknown input field(s) colour, size; known fields are count, flag, name, ratio",
+        ),
         ({"name": 5}, "'name' must be a string"),
         ({"name": "a", "count": "3"}, "'count' must be a integer"),
         ({"name": "a", "count": True}, "'count' must be a integer"),
@@ -373,7 +390,9 @@ async def test_module_failure_becomes_a_failed_result_with_its_key() -> None:
     assert result.card.template == "system:error"
 
 
-async def test_crashing_module_becomes_module_failed_without_leaking(caplog: pytest.LogCaptureFixture) -> None:
+async def test_crashing_module_becomes_module_failed_without_leaking(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def crashes(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
         raise RuntimeError("secret internals")
 
@@ -534,7 +553,9 @@ async def test_help_language() -> None:
     assert other.card.title == "Assistant help"
 
 
-@pytest.mark.parametrize("topic", ["history", "HISTORY", "/history", "历史", "对话记录", "system:history"])
+@pytest.mark.parametrize(
+    "topic", ["history", "HISTORY", "/history", "历史", "对话记录", "system:history"]
+)
 async def test_help_topic_explains_a_module(topic: str) -> None:
     engine = _engine()
     result = await engine.execute(_player(), _action("system:help", topic=topic), "")
@@ -557,14 +578,18 @@ async def test_help_topic_in_chinese_and_unknown_topic() -> None:
         assert result.status == FAILED
         assert result.failure.key == "system.error.not_found"
         assert topic in result.failure.message
-    assert (await engine.execute(_player(level=2), _action("system:help", topic="封禁"), "")).status == SUCCEEDED
+    assert (
+        await engine.execute(_player(level=2), _action("system:help", topic="封禁"), "")
+    ).status == SUCCEEDED
 
 
 async def test_history_module_shows_entries_from_the_store() -> None:
     history = MemoryHistory()
     history.entries["p-1"] = [
         common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="where is iron"),
-        common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_ASSISTANT, text="Below you\nsecond line"),
+        common_pb2.HistoryEntry(
+            role=common_pb2.HISTORY_ROLE_ASSISTANT, text="Below you\nsecond line"
+        ),
         common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="thanks"),
     ]
     engine = _engine(history=history)
@@ -657,9 +682,7 @@ class Services:
 
 @pytest.fixture
 async def services(tmp_path: Any) -> AsyncIterator[Services]:
-    storage = await create_storage(
-        StorageConfig(**HOST, database_url=f"sqlite:///{tmp_path}/s.db")
-    )
+    storage = await create_storage(StorageConfig(**HOST, database_url=f"sqlite:///{tmp_path}/s.db"))
     await storage.host.start()
     engine = await create_engine(EngineConfig(**HOST, storage_target=storage.host.target))
     await engine.host.start()
@@ -682,7 +705,9 @@ async def services(tmp_path: Any) -> AsyncIterator[Services]:
         await storage.aclose()
 
 
-def _execute(module_id: str = "system:help", text: str = "帮助", **data: Any) -> engine_pb2.ExecuteRequest:
+def _execute(
+    module_id: str = "system:help", text: str = "帮助", **data: Any
+) -> engine_pb2.ExecuteRequest:
     return engine_pb2.ExecuteRequest(
         player=_player(language="zh", player_id="steve"),
         action=_action(module_id, **data),
@@ -719,7 +744,11 @@ async def test_service_refuses_bad_requests(services: Services) -> None:
         (unspecified, grpc.StatusCode.INVALID_ARGUMENT, "source is required"),
         (unknown_source, grpc.StatusCode.INVALID_ARGUMENT, "not a known RouteSource"),
         (_execute("test:none"), grpc.StatusCode.NOT_FOUND, "test:none"),
-        (_execute("system:help", topic=5), grpc.StatusCode.INVALID_ARGUMENT, "'topic' must be a string"),
+        (
+            _execute("system:help", topic=5),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "'topic' must be a string",
+        ),
     ]
     for request, code, words in cases:
         with pytest.raises(grpc.aio.AioRpcError) as info:

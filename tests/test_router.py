@@ -54,7 +54,9 @@ def _descriptor(
 
 
 EXTRA = [
-    _descriptor("test:search", ("search", "搜索"), catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT, "query"),
+    _descriptor(
+        "test:search", ("search", "搜索"), catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT, "query"
+    ),
     _descriptor("test:note", ("note",), catalog_pb2.ARGUMENT_KIND_OPTIONAL_TEXT, "text"),
     _descriptor("test:ban", ("ban",), min_permission_level=2),
     _descriptor("ftbquests:quests", ("quests", "任务"), owner_feature="ftbquests"),
@@ -68,7 +70,9 @@ def _catalog() -> list[catalog_pb2.ModuleDescriptor]:
 INDEX = CommandIndex(_catalog(), "gen-1")
 
 
-def _player(level: int = 0, features: tuple[str, ...] = (), player_id: str = "p-1") -> common_pb2.PlayerContext:
+def _player(
+    level: int = 0, features: tuple[str, ...] = (), player_id: str = "p-1"
+) -> common_pb2.PlayerContext:
     return common_pb2.PlayerContext(
         server_id="s", player_id=player_id, language="en", permission_level=level, features=features
     )
@@ -103,9 +107,25 @@ def test_index_is_built_from_the_real_catalogue() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["帮助", "help", "HELP", "Help", "?", "/help", "/Help", "/HELP", "/帮助", "/?",
-     "/system help", "/SYSTEM help", "/system /help", "/system 帮助", "  help  ", "\thelp\n",
-     "  /help  "],
+    [
+        "帮助",
+        "help",
+        "HELP",
+        "Help",
+        "?",
+        "/help",
+        "/Help",
+        "/HELP",
+        "/帮助",
+        "/?",
+        "/system help",
+        "/SYSTEM help",
+        "/system /help",
+        "/system 帮助",
+        "  help  ",
+        "\thelp\n",
+        "  /help  ",
+    ],
 )
 def test_help_aliases_reach_system_help_with_empty_input(text: str) -> None:
     match = _match(text)
@@ -134,8 +154,16 @@ def test_explicit_argument_is_kept_as_typed(text: str, topic: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["help me find diamonds", "帮助 我 找钻石", "history please", "search diamonds", "note buy bread",
-     "where are the diamonds", "helpme", "nonsense"],
+    [
+        "help me find diamonds",
+        "帮助 我 找钻石",
+        "history please",
+        "search diamonds",
+        "note buy bread",
+        "where are the diamonds",
+        "helpme",
+        "nonsense",
+    ],
 )
 def test_plain_text_that_is_not_exactly_a_command_goes_on(text: str) -> None:
     assert INDEX.match(text, PLAYER) is None
@@ -150,8 +178,15 @@ def test_history_aliases() -> None:
 
 @pytest.mark.parametrize(
     ("text", "name"),
-    [("/nonsense", "nonsense"), ("/NonSense now", "NonSense"), ("/system nonsense", "nonsense"),
-     ("/", ""), ("/ help", ""), ("//help", "/help"), ("/helpme", "helpme")],
+    [
+        ("/nonsense", "nonsense"),
+        ("/NonSense now", "NonSense"),
+        ("/system nonsense", "nonsense"),
+        ("/", ""),
+        ("/ help", ""),
+        ("//help", "/help"),
+        ("/helpme", "helpme"),
+    ],
 )
 def test_unknown_slash_command_is_reported_not_routed(text: str, name: str) -> None:
     assert INDEX.match(text, PLAYER) == UnknownCommand(name)
@@ -219,8 +254,23 @@ def test_unavailable_module_with_bad_argument_is_still_unknown_not_an_input_erro
 
 
 _WORDS = st.sampled_from(
-    ["help", "HELP", "帮助", "?", "history", "历史", "search", "搜索", "note", "ban", "quests", "任务",
-     "system", "nonsense", ""]
+    [
+        "help",
+        "HELP",
+        "帮助",
+        "?",
+        "history",
+        "历史",
+        "search",
+        "搜索",
+        "note",
+        "ban",
+        "quests",
+        "任务",
+        "system",
+        "nonsense",
+        "",
+    ]
 )
 _TEXT = st.one_of(
     st.text(max_size=60),
@@ -426,8 +476,12 @@ async def test_service_unknown_command_and_no_match(
 
 @pytest.mark.parametrize(
     ("text", "words"),
-    [("/system", "/system needs"), ("/history all", "takes no argument"), ("", "text is empty"),
-     ("x" * 241, "at most 240")],
+    [
+        ("/system", "/system needs"),
+        ("/history all", "takes no argument"),
+        ("", "text is empty"),
+        ("x" * 241, "at most 240"),
+    ],
 )
 async def test_service_input_errors_are_invalid_argument(
     router_stub: router_pb2_grpc.RouterServiceStub, text: str, words: str

@@ -300,6 +300,23 @@ def test_preferences_default_and_partial_update(store: ConversationStore) -> Non
     assert (other.history_enabled, other.external_enabled) == (True, True)
 
 
+def test_first_preference_updates_racing_all_succeed(store: ConversationStore) -> None:
+    # Several first-ever updates for one player at once: the row is created once, every call
+    # succeeds, and the stored value is one of the values written.
+    from concurrent.futures import ThreadPoolExecutor
+
+    for _ in range(5):
+        player = _player()
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(
+                pool.map(
+                    lambda k, p=player: store.update_preferences(p, bool(k % 2), None), range(8)
+                )
+            )
+        assert len(results) == 8
+        assert store.get_preferences(player).external_enabled is True
+
+
 def test_clear_deletes_only_that_player(store: ConversationStore) -> None:
     alice, bob = _player(), _player()
     store.append(alice, [_entry("a1"), _entry("a2"), _entry("a3")])

@@ -20,14 +20,21 @@ _INTRO = {
 _TOPIC_TITLE = {"zh": "指令 /{name}", "en": "Command /{name}"}
 _ALIASES = {"zh": "别名：{aliases}", "en": "Aliases: {aliases}"}
 _USAGE = {"zh": "用法：{usage}", "en": "Usage: {usage}"}
-_UNKNOWN = {"zh": "没有名为 {topic} 的指令或模块。", "en": "There is no command or module named {topic}."}
+_UNKNOWN = {
+    "zh": "没有名为 {topic} 的指令或模块。",
+    "en": "There is no command or module named {topic}.",
+}
 
 
 def _usage(command: CommandSpec) -> str:
     name = f"/{command.aliases[0]}"
     if not command.argument:
         return name
-    return f"{name} <{command.argument}>" if command.argument_required else f"{name} [{command.argument}]"
+    return (
+        f"{name} <{command.argument}>"
+        if command.argument_required
+        else f"{name} [{command.argument}]"
+    )
 
 
 class HelpModule:
@@ -63,7 +70,10 @@ class HelpModule:
                 continue
             usage = _usage(module.spec.commands[0])
             lines.append((f"{usage} — {description}", f"/{module.spec.commands[0].aliases[0]}"))
-            if module.spec.module_id != self.spec.module_id and not module.spec.commands[0].argument_required:
+            if (
+                module.spec.module_id != self.spec.module_id
+                and not module.spec.commands[0].argument_required
+            ):
                 buttons.append(
                     common_pb2.CardButton(
                         action_id="invoke",
@@ -79,9 +89,13 @@ class HelpModule:
             aliases = [a for c in module.spec.commands for a in c.aliases]
             if module.spec.module_id == topic or key in (a.casefold() for a in aliases):
                 lines = [pick(module.spec.description, language)]
-                lines += [pick(_USAGE, language).format(usage=_usage(c)) for c in module.spec.commands]
+                lines += [
+                    pick(_USAGE, language).format(usage=_usage(c)) for c in module.spec.commands
+                ]
                 if aliases:
                     lines.append(pick(_ALIASES, language).format(aliases=", ".join(aliases)))
                 name = aliases[0] if aliases else module.spec.module_id
-                return succeeded(card("system:help", pick(_TOPIC_TITLE, language).format(name=name), lines))
+                return succeeded(
+                    card("system:help", pick(_TOPIC_TITLE, language).format(name=name), lines)
+                )
         raise ModuleFailure(AgentFailure.NOT_FOUND, pick(_UNKNOWN, language).format(topic=topic))

@@ -11,10 +11,10 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-
-from services.gamesim.world import World
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+
+from services.gamesim.world import World
 
 __all__ = ["FrameRefused", "GameServerClient", "GatewayRefused"]
 
@@ -35,7 +35,9 @@ class FrameRefused(Exception):
     """The gateway refused one of our frames with a FrameError."""
 
     def __init__(self, error: gateway_pb2.FrameError) -> None:
-        self.code = next((c for c in grpc.StatusCode if c.value[0] == error.code), grpc.StatusCode.UNKNOWN)
+        self.code = next(
+            (c for c in grpc.StatusCode if c.value[0] == error.code), grpc.StatusCode.UNKNOWN
+        )
         super().__init__(f"{self.code.name}: {error.message}")
         self.error = error
         self.message = error.message
@@ -73,6 +75,10 @@ class GameServerClient:
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._closed: asyncio.Future[None] | None = None
+        # grpc.aio allows one write in flight per stream; a second concurrent write fails the
+        # whole call (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS). Players' requests and tool results
+        # are written from different tasks, so every write takes this lock.
+        self._write_lock = asyncio.Lock()
 
     async def connect(self, timeout: float = 10.0) -> gateway_pb2.Welcome:
         """Opens the stream and sends the hello. Raises GatewayRefused if refused."""
@@ -101,7 +107,8 @@ class GameServerClient:
         return self.welcome
 
     async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
-        await self._call.write(frame)
+        async with self._write_lock:
+            await self._call.write(frame)
 
     async def join(
         self, player_id: str, name: str, language: str = "en_us", permission_level: int = 0
@@ -133,7 +140,9 @@ class GameServerClient:
     async def leave(self, player_id: str) -> None:
         await self.send(
             gateway_pb2.ConnectRequest(
-                presence=gateway_pb2.PlayerPresence(kind=gateway_pb2.PRESENCE_KIND_LEAVE, player_id=player_id)
+                presence=gateway_pb2.PlayerPresence(
+                    kind=gateway_pb2.PRESENCE_KIND_LEAVE, player_id=player_id
+                )
             )
         )
 
@@ -147,19 +156,25 @@ class GameServerClient:
             GatewayRefused: the connection ended.
         """
         request_id = f"r{next(self._ids)}"
-        future: asyncio.Future[gateway_pb2.PlayerResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[gateway_pb2.PlayerResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._pending[request_id] = future
         try:
             await self.send(
                 gateway_pb2.ConnectRequest(
-                    request=gateway_pb2.PlayerRequest(request_id=request_id, player_id=player_id, **body)
+                    request=gateway_pb2.PlayerRequest(
+                        request_id=request_id, player_id=player_id, **body
+                    )
                 )
             )
             return await asyncio.wait_for(future, timeout)
         finally:
             self._pending.pop(request_id, None)
 
-    async def chat(self, player_id: str, text: str, timeout: float = 30.0) -> gateway_pb2.PlayerResponse:
+    async def chat(
+        self, player_id: str, text: str, timeout: float = 30.0
+    ) -> gateway_pb2.PlayerResponse:
         return await self.request(player_id, timeout, chat=gateway_pb2.Chat(text=text))
 
     async def press(
@@ -167,7 +182,9 @@ class GameServerClient:
     ) -> gateway_pb2.PlayerResponse:
         return await self.request(
             player_id,
-            card_action=gateway_pb2.CardAction(source=card.ref, action_id=button.action_id, args=button.args),
+            card_action=gateway_pb2.CardAction(
+                source=card.ref, action_id=button.action_id, args=button.args
+            ),
         )
 
     async def control(self, player_id: str, action: int) -> gateway_pb2.PlayerResponse:
@@ -178,7 +195,9 @@ class GameServerClient:
             while True:
                 frame = await self._call.read()
                 if frame is grpc.aio.EOF:
-                    self._fail_pending(GatewayRefused(grpc.StatusCode.OK, "the gateway closed the stream"))
+                    self._fail_pending(
+                        GatewayRefused(grpc.StatusCode.OK, "the gateway closed the stream")
+                    )
                     return
                 kind = frame.WhichOneof("frame")
                 if kind == "response":
@@ -203,10 +222,14 @@ class GameServerClient:
     def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
         result = gateway_pb2.ToolResult(call_id=call.call_id)
         try:
-            output = self.world.call(call.player_id, call.tool, json_format.MessageToDict(call.input))
+            output = self.world.call(
+                call.player_id, call.tool, json_format.MessageToDict(call.input)
+            )
             result.output.update(output)
         except ValueError as exc:
-            result.failure.CopyFrom(common_pb2.Failure(key="system.error.invalid_input", message=str(exc)))
+            result.failure.CopyFrom(
+                common_pb2.Failure(key="system.error.invalid_input", message=str(exc))
+            )
         return gateway_pb2.ConnectRequest(tool_result=result)
 
     def _fail_pending(self, exc: Exception) -> None:
@@ -222,7 +245,8 @@ class GameServerClient:
         """Half-closes the stream, lets the gateway finish, and closes the channel."""
         if self._call is not None:
             with contextlib.suppress(Exception):
-                await self._call.done_writing()
+                async with self._write_lock:
+                    await self._call.done_writing()
         if self._reader is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(self._reader, 5.0)

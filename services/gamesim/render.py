@@ -24,10 +24,7 @@ def render_card(card: common_pb2.Card) -> str:
 
 
 def render_result(result: common_pb2.AgentResult) -> str:
-    if result.HasField("card"):
-        text = render_card(result.card)
-    else:
-        text = result.text
+    text = render_card(result.card) if result.HasField("card") else result.text
     status = _STATUS.get(result.status)
     if status and result.failure.key:
         text += f"\n({status}: {result.failure.key})"
@@ -50,7 +47,10 @@ def render_response(response: gateway_pb2.PlayerResponse) -> str:
     if kind == "history":
         if not response.history.entries:
             return "(no history)"
-        names = {common_pb2.HISTORY_ROLE_PLAYER: "you", common_pb2.HISTORY_ROLE_ASSISTANT: "assistant"}
+        names = {
+            common_pb2.HISTORY_ROLE_PLAYER: "you",
+            common_pb2.HISTORY_ROLE_ASSISTANT: "assistant",
+        }
         return "\n".join(
             f"{names.get(e.role, '?')}: {e.text.splitlines()[0] if e.text else ''}"
             for e in response.history.entries

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+
 from services.gateway.config import GatewayConfig
 from services.gateway.connection import ConnectionRegistry
 from services.gateway.players import PlayerRequests
 from services.gateway.servicer import GatewayServicer, ToolRelayServicer
 from services.runtime.server import ServiceHost
-from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 __all__ = ["GatewayApp", "create_app"]
 
@@ -20,15 +21,21 @@ class GatewayApp:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.connections = ConnectionRegistry()
-        self.players = PlayerRequests(config.router_target, config.engine_target, config.storage_target)
+        self.players = PlayerRequests(
+            config.router_target, config.engine_target, config.storage_target
+        )
         gateway = GatewayServicer(config, self.connections, self.players)
         relay = ToolRelayServicer(config, self.connections)
         self.host = ServiceHost(
             "gateway",
             config,
             [
-                lambda server: gateway_pb2_grpc.add_GameGatewayServiceServicer_to_server(gateway, server),
-                lambda server: gateway_pb2_grpc.add_ToolRelayServiceServicer_to_server(relay, server),
+                lambda server: gateway_pb2_grpc.add_GameGatewayServiceServicer_to_server(
+                    gateway, server
+                ),
+                lambda server: gateway_pb2_grpc.add_ToolRelayServiceServicer_to_server(
+                    relay, server
+                ),
             ],
             SERVICE_NAMES,
         )

@@ -50,7 +50,9 @@ class GatewayConfig(ServerConfig):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.request_timeout_seconds <= 0 or self.tool_call_timeout_seconds <= 0:
-            raise ConfigError("request_timeout_seconds and tool_call_timeout_seconds must be positive")
+            raise ConfigError(
+                "request_timeout_seconds and tool_call_timeout_seconds must be positive"
+            )
 
     def token_book(self) -> dict[str, str]:
         """Token → server id. Raises ConfigError for malformed or duplicate entries."""
@@ -62,7 +64,9 @@ class GatewayConfig(ServerConfig):
             if not sep or not server_id or not token:
                 raise ConfigError(f"tokens[{index}] must look like server_id=token")
             if len(token) < 8:
-                raise ConfigError(f"tokens[{index}]: the token for {server_id} is shorter than 8 characters")
+                raise ConfigError(
+                    f"tokens[{index}]: the token for {server_id} is shorter than 8 characters"
+                )
             if token in book or server_id in servers:
                 raise ConfigError(f"tokens[{index}]: server {server_id} or its token appears twice")
             book[token] = server_id

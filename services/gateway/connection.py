@@ -7,9 +7,10 @@ import asyncio
 import dataclasses
 import logging
 
-from services.runtime.errors import AlreadyExists, NotFound, Unavailable
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
+
+from services.runtime.errors import AlreadyExists, NotFound, Unavailable
 
 __all__ = ["Connection", "ConnectionRegistry"]
 

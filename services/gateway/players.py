@@ -9,14 +9,14 @@ import logging
 
 import grpc
 from google.protobuf import struct_pb2
-
-from services.results import AgentFailure, card, failed
-from services.runtime.channels import Dependency
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2
 from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
+
+from services.results import AgentFailure, card, failed
+from services.runtime.channels import Dependency
 
 __all__ = ["PlayerRequests"]
 
@@ -42,6 +42,19 @@ _RPC_FAILURES = {
 }
 
 
+MAX_INPUT_DEPTH = 32
+"""Deepest nesting of a button's JSON input; deeper inputs could not be decoded downstream."""
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of a JSON value (a scalar is 0)."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
 def _pick(texts: dict[str, str], language: str) -> str:
     return texts.get(language) or texts["en"]
 
@@ -49,7 +62,11 @@ def _pick(texts: dict[str, str], language: str) -> str:
 def rpc_failure(exc: grpc.aio.AioRpcError) -> common_pb2.AgentResult:
     """A dependency's error as a result the player sees; details only for their own input."""
     failure = _RPC_FAILURES.get(exc.code(), AgentFailure.MODULE_FAILED)
-    if failure in (AgentFailure.INVALID_INPUT, AgentFailure.NOT_FOUND, AgentFailure.PERMISSION_DENIED):
+    if failure in (
+        AgentFailure.INVALID_INPUT,
+        AgentFailure.NOT_FOUND,
+        AgentFailure.PERMISSION_DENIED,
+    ):
         message = exc.details() or failure.value
     elif failure is AgentFailure.BUSY:
         message = "the assistant is busy; try again in a moment"
@@ -93,7 +110,9 @@ class PlayerRequests:
     ) -> gateway_pb2.PlayerResponse:
         """The response to `request`. `busy_request_id` is another request of this player in
         progress, if any (for State answers)."""
-        response = gateway_pb2.PlayerResponse(request_id=request.request_id, player_id=player.player_id)
+        response = gateway_pb2.PlayerResponse(
+            request_id=request.request_id, player_id=player.player_id
+        )
         kind = request.WhichOneof("body")
         try:
             if kind == "chat":
@@ -103,7 +122,9 @@ class PlayerRequests:
                 result = await self._execute(
                     player, request.invoke.call, engine_pb2.ROUTE_SOURCE_INVOKE, ""
                 )
-                response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=request.invoke.call.module_id))
+                response.reply.CopyFrom(
+                    gateway_pb2.Reply(result=result, module_id=request.invoke.call.module_id)
+                )
             elif kind == "card_action":
                 result, module_id = await self._card_action(player, request.card_action)
                 response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
@@ -143,7 +164,9 @@ class PlayerRequests:
         text: str,
     ) -> common_pb2.AgentResult:
         response = await self.engine.stub.Execute(
-            engine_pb2.ExecuteRequest(player=player, action=action, source=source, request_text=text)
+            engine_pb2.ExecuteRequest(
+                player=player, action=action, source=source, request_text=text
+            )
         )
         return response.result
 
@@ -162,7 +185,9 @@ class PlayerRequests:
             )
             for candidate in candidates
         ]
-        selection = card("system:selection", _pick(_FALLBACK_TITLE, player.language), ["/help"], buttons)
+        selection = card(
+            "system:selection", _pick(_FALLBACK_TITLE, player.language), ["/help"], buttons
+        )
         return common_pb2.AgentResult(
             status=common_pb2.RESULT_STATUS_SUCCEEDED, card=selection, text=selection.title
         )
@@ -180,11 +205,26 @@ class PlayerRequests:
         if raw:
             try:
                 parsed = json.loads(raw)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
                 parsed = None
             if not isinstance(parsed, dict):
-                return failed(AgentFailure.INVALID_INPUT, "the button's input is not a JSON object"), ""
-            data.update(parsed)
+                return failed(
+                    AgentFailure.INVALID_INPUT, "the button's input is not a JSON object"
+                ), ""
+            try:
+                if _depth(parsed) > MAX_INPUT_DEPTH:
+                    raise ValueError
+                data.update(parsed)
+            except (
+                ValueError,
+                OverflowError,
+                RecursionError,
+            ):  # e.g. a number too big for a double
+                return failed(
+                    AgentFailure.INVALID_INPUT,
+                    f"the button's input cannot be sent on: numbers must fit a double and "
+                    f"nesting must stay within {MAX_INPUT_DEPTH} levels",
+                ), ""
         module_id = action.args["module_id"]
         call = common_pb2.ModuleAction(module_id=module_id, input=data)
         return await self._execute(player, call, engine_pb2.ROUTE_SOURCE_BUTTON, ""), module_id
@@ -198,17 +238,25 @@ class PlayerRequests:
     ) -> None:
         stub = self.storage.stub
         if action in (gateway_pb2.CONTROL_ACTION_STATE, gateway_pb2.CONTROL_ACTION_CANCEL):
-            prefs = await stub.GetPreferences(storage_pb2.GetPreferencesRequest(player_id=player.player_id))
+            prefs = await stub.GetPreferences(
+                storage_pb2.GetPreferencesRequest(player_id=player.player_id)
+            )
             response.state.CopyFrom(_state(prefs.preferences, busy_request_id))
         elif action == gateway_pb2.CONTROL_ACTION_HISTORY:
-            page = await stub.ListHistory(storage_pb2.ListHistoryRequest(player_id=player.player_id))
+            page = await stub.ListHistory(
+                storage_pb2.ListHistoryRequest(player_id=player.player_id)
+            )
             response.history.CopyFrom(gateway_pb2.History(entries=page.entries))
         elif action == gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY:
-            cleared = await stub.ClearHistory(storage_pb2.ClearHistoryRequest(player_id=player.player_id))
+            cleared = await stub.ClearHistory(
+                storage_pb2.ClearHistoryRequest(player_id=player.player_id)
+            )
             text = _pick(_CLEARED, player.language).format(n=cleared.deleted)
             response.notice.CopyFrom(
                 gateway_pb2.Notice(
-                    result=common_pb2.AgentResult(status=common_pb2.RESULT_STATUS_SUCCEEDED, text=text)
+                    result=common_pb2.AgentResult(
+                        status=common_pb2.RESULT_STATUS_SUCCEEDED, text=text
+                    )
                 )
             )
 

@@ -11,6 +11,8 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 from prometheus_client import Gauge
+from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
@@ -28,8 +30,6 @@ from services.runtime.errors import (
     ServiceError,
     Unauthenticated,
 )
-from system.common.v1 import common_pb2
-from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 __all__ = ["GatewayServicer", "ToolRelayServicer"]
 
@@ -37,7 +37,9 @@ log = logging.getLogger("system.gateway")
 
 CONNECTIONS = Gauge("gateway_connections", "Game servers connected now.")
 PLAYERS = Gauge("gateway_players", "Players joined on all connections now.")
-_CONTROL_ACTIONS = set(gateway_pb2.ControlAction.values()) - {gateway_pb2.CONTROL_ACTION_UNSPECIFIED}
+_CONTROL_ACTIONS = set(gateway_pb2.ControlAction.values()) - {
+    gateway_pb2.CONTROL_ACTION_UNSPECIFIED
+}
 
 _UNDECODABLE = "a frame could not be decoded as a ConnectRequest (corrupt or truncated protobuf)"
 
@@ -63,7 +65,9 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         header = str(metadata.get("authorization", ""))
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise Unauthenticated("send the server's token as `authorization: Bearer <token>` metadata")
+            raise Unauthenticated(
+                "send the server's token as `authorization: Bearer <token>` metadata"
+            )
         server_id = ""
         for known, owner in self._tokens.items():
             if hmac.compare_digest(known.encode(), token.strip().encode()):
@@ -88,7 +92,11 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         CONNECTIONS.set(len(self._registry))
         log.info(
             "game server connected",
-            extra={"server_id": server_id, "session_id": connection.session_id, "tools": len(connection.tools)},
+            extra={
+                "server_id": server_id,
+                "session_id": connection.session_id,
+                "tools": len(connection.tools),
+            },
         )
         await context.write(
             gateway_pb2.ConnectResponse(
@@ -228,7 +236,10 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         others = connection.running_for(player.player_id)
         busy = others[0].request_id if others else ""
         task = asyncio.create_task(self._serve(connection, player, request, busy))
-        connection.running[request.request_id] = RunningRequest(request.request_id, player.player_id, task)
+        connection.running[request.request_id] = RunningRequest(
+            request.request_id, player.player_id, task
+        )
+        task.add_done_callback(lambda done: self._finished(connection, player, request, done))
 
     async def _serve(
         self,
@@ -241,20 +252,26 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             try:
                 response = await self._players.handle(player, request, busy)
             except asyncio.CancelledError:
-                response = gateway_pb2.PlayerResponse(
-                    request_id=request.request_id,
-                    player_id=player.player_id,
-                    reply=gateway_pb2.Reply(result=failed(AgentFailure.CANCELLED, "cancelled")),
-                )
+                response = _failure_response(player, request, AgentFailure.CANCELLED, "cancelled")
             except Exception:
                 log.exception("request %s failed", request.request_id)
-                response = gateway_pb2.PlayerResponse(
-                    request_id=request.request_id,
-                    player_id=player.player_id,
-                    reply=gateway_pb2.Reply(result=failed(AgentFailure.MODULE_FAILED, "internal error")),
+                response = _failure_response(
+                    player, request, AgentFailure.MODULE_FAILED, "internal error"
                 )
-            finally:
-                connection.running.pop(request.request_id, None)
+            connection.send(gateway_pb2.ConnectResponse(response=response))
+
+    @staticmethod
+    def _finished(
+        connection: Connection,
+        player: common_pb2.PlayerContext,
+        request: gateway_pb2.PlayerRequest,
+        task: asyncio.Task[None],
+    ) -> None:
+        """Runs however the request's task ended, even when it was cancelled before it started
+        (then `_serve` never ran): the request leaves the running set and is always answered."""
+        connection.running.pop(request.request_id, None)
+        if task.cancelled():
+            response = _failure_response(player, request, AgentFailure.CANCELLED, "cancelled")
             connection.send(gateway_pb2.ConnectResponse(response=response))
 
     def _tool_result(self, connection: Connection, result: gateway_pb2.ToolResult) -> None:
@@ -263,6 +280,19 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             raise NotFound(f"no game-tool call {result.call_id!r} is waiting (late or unknown)")
         if not future.done():
             future.set_result(result)
+
+
+def _failure_response(
+    player: common_pb2.PlayerContext,
+    request: gateway_pb2.PlayerRequest,
+    failure: AgentFailure,
+    message: str,
+) -> gateway_pb2.PlayerResponse:
+    return gateway_pb2.PlayerResponse(
+        request_id=request.request_id,
+        player_id=player.player_id,
+        reply=gateway_pb2.Reply(result=failed(failure, message)),
+    )
 
 
 class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import re
 
-from services.runtime.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from system.gateway.v1 import gateway_pb2
+
+from services.runtime.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 
 __all__ = ["check_hello", "check_presence", "normalize_language"]
 

@@ -13,7 +13,6 @@ from services.runtime.interceptors import client_interceptors
 __all__ = ["Dependency", "open_channel"]
 
 
-
 def _retry_config(idempotent_methods: Sequence[str]) -> str:
     """Service config that retries the named methods on UNAVAILABLE, and nothing else.
 

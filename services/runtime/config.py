@@ -53,7 +53,9 @@ class ServerConfig:
         if self.drain_seconds < 0 or self.grace_seconds < 0:
             raise ConfigError("drain_seconds and grace_seconds must not be negative")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+            raise ConfigError(
+                f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}"
+            )
 
 
 def _coerce(name: str, annotation: Any, value: Any, source: str) -> Any:
@@ -91,12 +93,15 @@ def _coerce(name: str, annotation: Any, value: Any, source: str) -> Any:
         if isinstance(value, str):
             return value
     elif origin is tuple:
-        items = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        items = (
+            [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+        )
         if isinstance(items, list | tuple) and all(isinstance(v, str) for v in items):
             return tuple(items)
-    elif origin is dict or annotation is dict:
-        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-            return dict(value)
+    elif (origin is dict or annotation is dict) and (
+        isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    ):
+        return dict(value)
     type_name = getattr(annotation, "__name__", str(annotation))
     raise ConfigError(f"{source}: setting '{name}' must be {type_name}, got {value!r}")
 

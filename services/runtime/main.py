@@ -27,7 +27,9 @@ class App(Protocol):
     async def aclose(self) -> None: ...
 
 
-def parse_config(name: str, config_cls: type[C], env_prefix: str, argv: list[str] | None = None) -> C:
+def parse_config(
+    name: str, config_cls: type[C], env_prefix: str, argv: list[str] | None = None
+) -> C:
     """Reads `--config` (or `<PREFIX>CONFIG`) and the environment; exits 2 with a clear message."""
     parser = argparse.ArgumentParser(
         prog=name,

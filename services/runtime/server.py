@@ -54,7 +54,10 @@ class ServiceHost:
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=[ServerInterceptor()],
-            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 4 * 1024 * 1024)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+            ],
         )
         for register in registrars:
             register(self.server)
@@ -93,7 +96,10 @@ class ServiceHost:
         if self.config.port_file:
             self._write_port_file(Path(self.config.port_file))
         log.info(
-            "%s serving on %s:%d", self.name, self.config.host, self.port,
+            "%s serving on %s:%d",
+            self.name,
+            self.config.host,
+            self.port,
             extra={"grpc_port": self.port, "metrics_port": self.metrics_port},
         )
         return self.port
@@ -102,7 +108,9 @@ class ServiceHost:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(
-            json.dumps({"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()})
+            json.dumps(
+                {"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()}
+            )
         )
         tmp.replace(path)  # atomic: readers never see half a file
 

@@ -14,10 +14,11 @@ import sys
 import threading
 from pathlib import Path
 
+from system.gateway.v1 import gateway_pb2
+
 from services.gamesim import GameServerClient, render_response
 from services.gamesim.client import FrameRefused, GatewayRefused
 from services.stack.launcher import ROOT, SERVICES, Stack, StackError
-from system.gateway.v1 import gateway_pb2
 
 PLAYER_ID = "00000000-0000-4000-8000-000000000001"
 PLAYER_NAME = "Steve"
@@ -56,7 +57,9 @@ def _stdin_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | Non
 
 
 async def _interactive(client: GameServerClient, language: str) -> None:
-    print(f"Connected as {PLAYER_NAME}. Type 帮助 or help; :help for simulator commands.", flush=True)
+    print(
+        f"Connected as {PLAYER_NAME}. Type 帮助 or help; :help for simulator commands.", flush=True
+    )
     queue: asyncio.Queue[str | None] = asyncio.Queue()
     threading.Thread(
         target=_stdin_lines, args=(asyncio.get_running_loop(), queue), daemon=True
@@ -76,13 +79,27 @@ async def _interactive(client: GameServerClient, language: str) -> None:
                 await client.update(PLAYER_ID, language)
                 print(f"(language is now {language})")
             elif line == ":state":
-                print(render_response(await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_STATE)))
+                print(
+                    render_response(
+                        await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_STATE)
+                    )
+                )
             elif line == ":history":
-                print(render_response(await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_HISTORY)))
+                print(
+                    render_response(
+                        await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_HISTORY)
+                    )
+                )
             elif line == ":clear":
-                print(render_response(await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY)))
+                print(
+                    render_response(
+                        await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY)
+                    )
+                )
             elif line.startswith(":press"):
-                card = last.reply.result.card if last is not None and last.HasField("reply") else None
+                card = (
+                    last.reply.result.card if last is not None and last.HasField("reply") else None
+                )
                 index = line.removeprefix(":press").strip()
                 if card is None or not index.isdigit() or not 1 <= int(index) <= len(card.buttons):
                     print("(no such button on the last card)")
@@ -116,7 +133,9 @@ async def _play(stack: Stack, say: str | None, language: str) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="make run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="make run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--say", help="send one chat message, print the reply, stop and exit")
     parser.add_argument("--data", default=str(ROOT / "data"), help="data folder (default: ./data)")
     parser.add_argument("--language", default="auto", help="client language: auto, zh_cn or en_us")
@@ -125,14 +144,22 @@ def main() -> int:
     )
     args = parser.parse_args()
     stack = Stack(Path(args.data), fixed_ports=not args.free_ports)
-    print("starting storage, model gateway, engine, router and gateway ...", file=sys.stderr, flush=True)
+    print(
+        "starting storage, model gateway, engine, router and gateway ...",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         seconds = stack.start()
     except StackError as exc:
         print(f"the stack did not start: {exc}", file=sys.stderr)
         return 1
     ports = ", ".join(f"{s.name} {stack.target(s.name)}" for s in SERVICES)
-    print(f"stack ready in {seconds:.2f} s ({ports}); logs in {stack.data_dir / 'logs'}", file=sys.stderr, flush=True)
+    print(
+        f"stack ready in {seconds:.2f} s ({ports}); logs in {stack.data_dir / 'logs'}",
+        file=sys.stderr,
+        flush=True,
+    )
     code = 1
     try:
         code = asyncio.run(_play(stack, args.say, args.language))

@@ -31,11 +31,29 @@ class ServiceSpec:
 
 
 SERVICES = (
-    ServiceSpec("storage", "storage_service", "SYSTEM_STORAGE_", 50055, "system.storage.v1.StorageService"),
-    ServiceSpec("model", "services.model_gateway", "SYSTEM_MODEL_", 50054, "system.model.v1.ModelGatewayService"),
-    ServiceSpec("engine", "engine_service", "SYSTEM_ENGINE_", 50053, "system.engine.v1.EngineService"),
-    ServiceSpec("router", "router_service", "SYSTEM_ROUTER_", 50052, "system.router.v1.RouterService"),
-    ServiceSpec("gateway", "services.gateway", "SYSTEM_GATEWAY_", 50051, "system.gateway.v1.GameGatewayService"),
+    ServiceSpec(
+        "storage", "storage_service", "SYSTEM_STORAGE_", 50055, "system.storage.v1.StorageService"
+    ),
+    ServiceSpec(
+        "model",
+        "services.model_gateway",
+        "SYSTEM_MODEL_",
+        50054,
+        "system.model.v1.ModelGatewayService",
+    ),
+    ServiceSpec(
+        "engine", "engine_service", "SYSTEM_ENGINE_", 50053, "system.engine.v1.EngineService"
+    ),
+    ServiceSpec(
+        "router", "router_service", "SYSTEM_ROUTER_", 50052, "system.router.v1.RouterService"
+    ),
+    ServiceSpec(
+        "gateway",
+        "services.gateway",
+        "SYSTEM_GATEWAY_",
+        50051,
+        "system.gateway.v1.GameGatewayService",
+    ),
 )
 """Every service, in start order (dependencies first)."""
 
@@ -152,7 +170,9 @@ class Stack:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # Ctrl-C in the terminal reaches us, not them
                 )
-            self.processes[spec.name] = ServiceProcess(spec, self.ports[spec.name], log_path, process)
+            self.processes[spec.name] = ServiceProcess(
+                spec, self.ports[spec.name], log_path, process
+            )
         try:
             self.wait_healthy(timeout)
         except BaseException:
@@ -186,8 +206,12 @@ class Stack:
                 if self.health(name, timeout=0.5) == "SERVING":
                     waiting.discard(name)
             if waiting and time.monotonic() > deadline:
-                details = "\n".join(f"--- {n}\n{self.processes[n].log_tail()}" for n in sorted(waiting))
-                raise StackError(f"not healthy after {timeout:.0f} s: {', '.join(sorted(waiting))}\n{details}")
+                details = "\n".join(
+                    f"--- {n}\n{self.processes[n].log_tail()}" for n in sorted(waiting)
+                )
+                raise StackError(
+                    f"not healthy after {timeout:.0f} s: {', '.join(sorted(waiting))}\n{details}"
+                )
             if waiting:
                 time.sleep(0.05)
 

@@ -1,0 +1,169 @@
+"""The whole request path in one process: storage (SQLite file), engine, router and gateway,
+each a real grpc.aio server on a free loopback port, started dependencies first.
+
+    async with running_chain(tmp_path) as chain:
+        client = await chain.client()          # connected GameServerClient for `chain.server_id`
+        await client.join("steve", "Steve", "zh_cn")
+        response = await client.chat("steve", "帮助")
+
+Test files wrap it in a pytest fixture: `async with running_chain(tmp_path) as chain: yield chain`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from system.gateway.v1 import gateway_pb2_grpc
+from system.storage.v1 import storage_pb2_grpc
+
+from engine_service.app import create_app as create_engine
+from engine_service.config import EngineConfig
+from router_service.app import create_app as create_router
+from router_service.config import RouterConfig
+from services.gamesim.client import GameServerClient
+from services.gateway.app import create_app as create_gateway
+from services.gateway.config import GatewayConfig
+from storage_service.app import create_app as create_storage
+from storage_service.config import StorageConfig
+
+__all__ = ["Chain", "running_chain"]
+
+SERVER_ID = "sim"
+# Every service in tests: any free port, no metrics endpoint, no drain, a short grace.
+_HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
+
+
+@dataclasses.dataclass
+class Chain:
+    """The running services, their targets and what tests need to talk to them."""
+
+    apps: dict[str, Any]
+    token: str
+    server_id: str = SERVER_ID
+    _clients: list[GameServerClient] = dataclasses.field(default_factory=list)
+    _channels: list[grpc.aio.Channel] = dataclasses.field(default_factory=list)
+    _stopped: set[str] = dataclasses.field(default_factory=set)
+
+    def target(self, name: str) -> str:
+        return self.apps[name].host.target
+
+    @property
+    def gateway_target(self) -> str:
+        return self.target("gateway")
+
+    @property
+    def router_target(self) -> str:
+        return self.target("router")
+
+    @property
+    def engine_target(self) -> str:
+        return self.target("engine")
+
+    @property
+    def storage_target(self) -> str:
+        return self.target("storage")
+
+    def new_client(
+        self, server_id: str | None = None, token: str | None = None
+    ) -> GameServerClient:
+        """A GameServerClient (not connected) closed with the chain."""
+        client = GameServerClient(
+            self.gateway_target,
+            self.server_id if server_id is None else server_id,
+            self.token if token is None else token,
+        )
+        self._clients.append(client)
+        return client
+
+    async def client(
+        self, server_id: str | None = None, token: str | None = None
+    ) -> GameServerClient:
+        """A connected GameServerClient (welcome received), closed with the chain."""
+        client = self.new_client(server_id, token)
+        await client.connect()
+        return client
+
+    def channel(self, name: str) -> grpc.aio.Channel:
+        """A plain channel to a service, closed with the chain."""
+        channel = grpc.aio.insecure_channel(self.target(name))
+        self._channels.append(channel)
+        return channel
+
+    def storage_stub(self) -> storage_pb2_grpc.StorageServiceStub:
+        return storage_pb2_grpc.StorageServiceStub(self.channel("storage"))
+
+    def relay_stub(self) -> gateway_pb2_grpc.ToolRelayServiceStub:
+        return gateway_pb2_grpc.ToolRelayServiceStub(self.channel("gateway"))
+
+    def auth(self) -> tuple[tuple[str, str], ...]:
+        """The metadata a game server sends."""
+        return (("authorization", f"Bearer {self.token}"),)
+
+    async def health(self, name: str, service: str = "") -> int:
+        """The health status (`HealthCheckResponse.ServingStatus`) of a service."""
+        stub = health_pb2_grpc.HealthStub(self.channel(name))
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return reply.status
+
+    async def stop(self, name: str) -> None:
+        """Stops one service early (the chain's exit skips it)."""
+        if name in self._stopped:
+            return
+        self._stopped.add(name)
+        app = self.apps[name]
+        await app.host.stop()
+        await app.aclose()
+
+    async def _close(self) -> None:
+        for client in reversed(self._clients):
+            with contextlib.suppress(Exception):
+                await client.close()
+        for channel in self._channels:
+            await channel.close()
+        for name in reversed(list(self.apps)):
+            await self.stop(name)
+
+
+@contextlib.asynccontextmanager
+async def running_chain(tmp_path: pathlib.Path, **gateway_overrides: Any) -> AsyncIterator[Chain]:
+    """Starts storage, engine, router and gateway; stops them in reverse order on exit."""
+    token = secrets.token_urlsafe(16)
+    apps: dict[str, Any] = {}
+    chain = Chain(apps, token)
+    try:
+        storage = await create_storage(
+            StorageConfig(**_HOST, database_url=f"sqlite:///{tmp_path / 'storage.db'}")
+        )
+        apps["storage"] = storage
+        await storage.host.start()
+
+        engine = await create_engine(EngineConfig(**_HOST, storage_target=storage.host.target))
+        apps["engine"] = engine
+        await engine.host.start()
+
+        router = await create_router(RouterConfig(**_HOST, engine_target=engine.host.target))
+        apps["router"] = router
+        await router.host.start()
+
+        config = GatewayConfig(
+            **_HOST,
+            router_target=router.host.target,
+            engine_target=engine.host.target,
+            storage_target=storage.host.target,
+            tokens=(f"{SERVER_ID}={token}",),
+            **gateway_overrides,
+        )
+        config.validate()
+        gateway = await create_gateway(config)
+        apps["gateway"] = gateway
+        await gateway.host.start()
+        yield chain
+    finally:
+        await chain._close()
