@@ -45,9 +45,14 @@ async def _say(client: GameServerClient, text: str) -> gateway_pb2.PlayerRespons
     return response
 
 
-def _stdin_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None]) -> None:
-    """Reads stdin on a daemon thread, so Ctrl-C never waits for Enter."""
+def _stdin_lines(
+    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | None], ready: threading.Event
+) -> None:
+    """Reads stdin on a daemon thread, so Ctrl-C never waits for Enter. The prompt appears
+    only once the previous line's answer is printed (`ready`)."""
     while True:
+        ready.wait()
+        ready.clear()
         try:
             line = input(f"{PLAYER_NAME}> ")
         except (EOFError, KeyboardInterrupt):
@@ -56,62 +61,68 @@ def _stdin_lines(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[str | Non
         loop.call_soon_threadsafe(queue.put_nowait, line)
 
 
-async def _interactive(client: GameServerClient, language: str) -> None:
+async def _interactive(client: GameServerClient) -> None:
     print(
         f"Connected as {PLAYER_NAME}. Type 帮助 or help; :help for simulator commands.", flush=True
     )
     queue: asyncio.Queue[str | None] = asyncio.Queue()
+    ready = threading.Event()
+    ready.set()
     threading.Thread(
-        target=_stdin_lines, args=(asyncio.get_running_loop(), queue), daemon=True
+        target=_stdin_lines, args=(asyncio.get_running_loop(), queue, ready), daemon=True
     ).start()
     last: gateway_pb2.PlayerResponse | None = None
     while (line := await queue.get()) is not None:
-        line = line.strip()
-        if not line:
-            continue
         try:
-            if line in (":quit", ":q", ":exit"):
-                return
-            if line == ":help":
-                print(SIM_HELP)
-            elif line.startswith(":lang"):
-                language = "zh_cn" if line.endswith("zh") else "en_us"
-                await client.update(PLAYER_ID, language)
-                print(f"(language is now {language})")
-            elif line == ":state":
-                print(
-                    render_response(
-                        await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_STATE)
-                    )
-                )
-            elif line == ":history":
-                print(
-                    render_response(
-                        await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_HISTORY)
-                    )
-                )
-            elif line == ":clear":
-                print(
-                    render_response(
-                        await client.control(PLAYER_ID, gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY)
-                    )
-                )
-            elif line.startswith(":press"):
-                card = (
-                    last.reply.result.card if last is not None and last.HasField("reply") else None
-                )
-                index = line.removeprefix(":press").strip()
-                if card is None or not index.isdigit() or not 1 <= int(index) <= len(card.buttons):
-                    print("(no such button on the last card)")
-                    continue
-                last = await client.press(PLAYER_ID, card, card.buttons[int(index) - 1])
-                print(render_response(last))
-            elif line.startswith(":"):
-                print("(unknown simulator command; :help lists them)")
-            else:
-                last = await _say(client, line)
+            last = await _handle_line(client, line.strip(), last)
+        except _Quit:
+            return
         except FrameRefused as exc:
             print(f"(refused: {exc})")
+        finally:
+            ready.set()
+
+
+class _Quit(Exception):
+    pass
+
+
+_CONTROLS = {
+    ":state": gateway_pb2.CONTROL_ACTION_STATE,
+    ":history": gateway_pb2.CONTROL_ACTION_HISTORY,
+    ":clear": gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY,
+}
+
+
+async def _handle_line(
+    client: GameServerClient, line: str, last: gateway_pb2.PlayerResponse | None
+) -> gateway_pb2.PlayerResponse | None:
+    """Acts on one typed line; returns the response whose card `:press` refers to next."""
+    if not line:
+        return last
+    if line in (":quit", ":q", ":exit"):
+        raise _Quit
+    if line == ":help":
+        print(SIM_HELP)
+    elif line.startswith(":lang"):
+        language = "zh_cn" if line.endswith("zh") else "en_us"
+        await client.update(PLAYER_ID, language)
+        print(f"(language is now {language})")
+    elif line in _CONTROLS:
+        print(render_response(await client.control(PLAYER_ID, _CONTROLS[line])))
+    elif line.startswith(":press"):
+        card = last.reply.result.card if last is not None and last.HasField("reply") else None
+        index = line.removeprefix(":press").strip()
+        if card is None or not index.isdigit() or not 1 <= int(index) <= len(card.buttons):
+            print("(no such button on the last card)")
+            return last
+        last = await client.press(PLAYER_ID, card, card.buttons[int(index) - 1])
+        print(render_response(last))
+    elif line.startswith(":"):
+        print("(unknown simulator command; :help lists them)")
+    else:
+        last = await _say(client, line)
+    return last
 
 
 async def _play(stack: Stack, say: str | None, language: str) -> int:
@@ -126,7 +137,7 @@ async def _play(stack: Stack, say: str | None, language: str) -> int:
         if say is not None:
             response = await _say(client, say)
             return 0 if response.WhichOneof("body") else 1
-        await _interactive(client, language)
+        await _interactive(client)
         return 0
     finally:
         await client.close()
