@@ -79,6 +79,18 @@ def test_every_service_is_serving_with_metrics(stack: Stack) -> None:
             assert b"grpc_server_handled_total" in r.read()
 
 
+def test_every_service_lists_its_contract_by_reflection(stack: Stack) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    for spec in SERVICES:
+        with grpc.insecure_channel(stack.target(spec.name)) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            (answer,) = list(stub.ServerReflectionInfo(iter([request]), timeout=5))
+        names = {service.name for service in answer.list_services_response.service}
+        assert {spec.health_name, "grpc.health.v1.Health"} <= names, spec.name
+
+
 def test_request_id_travels_across_services(stack: Stack) -> None:
     # The help requests above were logged by gateway, router, engine and storage under one id.
     import json
