@@ -23,6 +23,23 @@ class StorageConfig(ServerConfig):
     """Most encoded history bytes kept per player; the oldest go first."""
     max_text_chars: int = 4000
     """Longest text one history entry may carry."""
+    task_max_entries: int = 1000
+    """Most event tasks kept per player; terminal ones are evicted oldest first."""
+    task_max_bytes: int = 1_048_576
+    """Most encoded task bytes kept per player; terminal ones are evicted oldest first."""
+    receipt_max_entries: int = 5000
+    """Most step receipts kept per player; those of terminal tasks are evicted oldest first."""
+    receipt_max_bytes: int = 4_194_304
+    """Most encoded receipt bytes kept per player."""
+    max_document_bytes: int = 262_144
+    """Largest encoded player module document."""
+    max_result_bytes: int = 262_144
+    """Largest encoded step result or task result."""
+    max_knowledge_chars: int = 20_000
+    """Longest knowledge entry body."""
+    run_migrations: bool = True
+    """Bring the database schema up to date at start (`python -m storage_service.migrate` does
+    it alone)."""
 
     def validate(self) -> None:
         super().validate()
@@ -30,6 +47,17 @@ class StorageConfig(ServerConfig):
             raise ConfigError(
                 f"database_url must start with sqlite: or postgresql, got {self.database_url!r}"
             )
-        for name in ("history_max_entries", "history_max_bytes", "max_text_chars"):
+        for name in (
+            "history_max_entries",
+            "history_max_bytes",
+            "max_text_chars",
+            "task_max_entries",
+            "task_max_bytes",
+            "receipt_max_entries",
+            "receipt_max_bytes",
+            "max_document_bytes",
+            "max_result_bytes",
+            "max_knowledge_chars",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
