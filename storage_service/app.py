@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
@@ -9,6 +11,7 @@ from system.storage.v1 import storage_pb2, storage_pb2_grpc
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
+from storage_service.migrate import upgrade
 from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.servicer import StorageServicer
 
@@ -45,4 +48,7 @@ class StorageApp:
 
 
 async def create_app(config: StorageConfig) -> StorageApp:
-    return StorageApp(config, make_engine(config.database_url))
+    engine = make_engine(config.database_url)
+    if config.run_migrations:
+        await asyncio.to_thread(upgrade, engine)
+    return StorageApp(config, engine)

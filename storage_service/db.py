@@ -86,7 +86,8 @@ def _sqlite_begin(connection) -> None:  # type: ignore[no-untyped-def]
 
 
 def make_engine(database_url: str) -> Engine:
-    """Creates the engine and the schema. Plain `postgresql://` URLs use psycopg 3."""
+    """Creates the engine (no schema: see storage_service.migrate). Plain `postgresql://` URLs
+    use psycopg 3."""
     url = make_url(database_url)
     if url.drivername == "postgresql":
         url = url.set(drivername="postgresql+psycopg")
@@ -98,5 +99,4 @@ def make_engine(database_url: str) -> Engine:
         event.listen(engine, "begin", _sqlite_begin)
     else:
         engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
-    Base.metadata.create_all(engine)
     return engine

@@ -18,9 +18,9 @@ def _admin_url() -> str:
     return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    """URL of a fresh PostgreSQL database, dropped after the session.
+    """URL of a fresh PostgreSQL database for one test module, dropped after it.
 
     The server comes from TEST_POSTGRES_DSN (default: the local server, database `test`); the
     tests never touch that database's own tables, only the one made here.

@@ -24,6 +24,7 @@ from storage_service.app import SERVICE_NAME, StorageApp, create_app
 from storage_service.config import StorageConfig
 from storage_service.db import HistoryRow, make_engine
 from storage_service.history import ConversationStore, HistoryBounds
+from storage_service.migrate import upgrade
 
 PLAYER = common_pb2.HISTORY_ROLE_PLAYER
 ASSISTANT = common_pb2.HISTORY_ROLE_ASSISTANT
@@ -91,6 +92,7 @@ def _row_count(engine: Engine, player_id: str) -> int:
 @pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
     engine = make_engine(database_url)
+    upgrade(engine)
     try:
         yield engine
     finally:
@@ -617,6 +619,7 @@ async def test_service_health(service: tuple[StorageApp, grpc.aio.Channel]) -> N
 @pytest.fixture(scope="module")
 def sqlite_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sessionmaker]:  # type: ignore[type-arg]
     engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('prop') / 'storage.db'}")
+    upgrade(engine)
     try:
         yield sessionmaker(engine, expire_on_commit=False)
     finally:
