@@ -11,8 +11,8 @@ from system.storage.v1 import storage_pb2, storage_pb2_grpc
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
-from storage_service.migrate import upgrade
 from storage_service.history import ConversationStore, HistoryBounds
+from storage_service.migrate import upgrade
 from storage_service.servicer import StorageServicer
 
 __all__ = ["StorageApp", "create_app"]
