@@ -1,4 +1,4 @@
-"""Assembles the storage service: database engine, store, servicer, host."""
+"""Assembles the storage service: database engine, the four stores, their servicers, host."""
 
 from __future__ import annotations
 
@@ -6,18 +6,44 @@ import asyncio
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
-from system.storage.v1 import storage_pb2, storage_pb2_grpc
+from system.storage.v1 import (
+    journal_pb2,
+    journal_pb2_grpc,
+    knowledge_pb2,
+    knowledge_pb2_grpc,
+    player_data_pb2,
+    player_data_pb2_grpc,
+    storage_pb2,
+    storage_pb2_grpc,
+)
 
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
 from storage_service.history import ConversationStore, HistoryBounds
+from storage_service.journal import JournalBounds, JournalStore
+from storage_service.journal_servicer import JournalServicer
+from storage_service.knowledge import KnowledgeStore, warm_up
+from storage_service.knowledge_servicer import KnowledgeServicer
 from storage_service.migrate import upgrade
+from storage_service.player_data import PlayerDataStore
+from storage_service.player_data_servicer import PlayerDataServicer
 from storage_service.servicer import StorageServicer
 
-__all__ = ["StorageApp", "create_app"]
+__all__ = ["SERVICE_NAME", "SERVICE_NAMES", "StorageApp", "create_app"]
 
-SERVICE_NAME = storage_pb2.DESCRIPTOR.services_by_name["StorageService"].full_name
+
+def _name(module: object, service: str) -> str:
+    return module.DESCRIPTOR.services_by_name[service].full_name  # type: ignore[attr-defined]
+
+
+SERVICE_NAME = _name(storage_pb2, "StorageService")
+SERVICE_NAMES = [
+    SERVICE_NAME,
+    _name(journal_pb2, "JournalService"),
+    _name(player_data_pb2, "PlayerDataService"),
+    _name(knowledge_pb2, "KnowledgeService"),
+]
 
 
 class StorageApp:
@@ -25,22 +51,32 @@ class StorageApp:
 
     def __init__(self, config: StorageConfig, engine: Engine) -> None:
         self.engine = engine
+        sessions = sessionmaker(engine, expire_on_commit=False)
         self.store = ConversationStore(
-            sessionmaker(engine, expire_on_commit=False),
+            sessions,
             HistoryBounds(
                 config.history_max_entries, config.history_max_bytes, config.max_text_chars
             ),
         )
-        servicer = StorageServicer(self.store)
+        self.journal = JournalStore(sessions, JournalBounds.from_config(config))
+        self.player_data = PlayerDataStore(sessions)
+        self.knowledge = KnowledgeStore(sessions, config.max_knowledge_chars)
+        history = StorageServicer(self.store)
+        journal = JournalServicer(self.journal)
+        player_data = PlayerDataServicer(self.player_data)
+        knowledge = KnowledgeServicer(self.knowledge)
         self.host = ServiceHost(
             "storage",
             config,
             [
-                lambda server: storage_pb2_grpc.add_StorageServiceServicer_to_server(
-                    servicer, server
-                )
+                lambda s: storage_pb2_grpc.add_StorageServiceServicer_to_server(history, s),
+                lambda s: journal_pb2_grpc.add_JournalServiceServicer_to_server(journal, s),
+                lambda s: player_data_pb2_grpc.add_PlayerDataServiceServicer_to_server(
+                    player_data, s
+                ),
+                lambda s: knowledge_pb2_grpc.add_KnowledgeServiceServicer_to_server(knowledge, s),
             ],
-            [SERVICE_NAME],
+            SERVICE_NAMES,
         )
 
     async def aclose(self) -> None:
@@ -51,4 +87,5 @@ async def create_app(config: StorageConfig) -> StorageApp:
     engine = make_engine(config.database_url)
     if config.run_migrations:
         await asyncio.to_thread(upgrade, engine)
+    await asyncio.to_thread(warm_up)  # load jieba's dictionary now, not on the first search
     return StorageApp(config, engine)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
+from storage_service.dbcall import run_db
 from storage_service.history import ConversationStore, Preferences
 
 __all__ = ["StorageServicer"]
@@ -24,27 +23,27 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         self._store = store
 
     async def AppendHistory(self, request, context):  # type: ignore[no-untyped-def]
-        recorded, evicted = await asyncio.to_thread(
+        recorded, evicted = await run_db(
             self._store.append, request.player_id, list(request.entries)
         )
         return storage_pb2.AppendHistoryResponse(recorded=recorded, evicted=evicted)
 
     async def ListHistory(self, request, context):  # type: ignore[no-untyped-def]
-        entries, token = await asyncio.to_thread(
+        entries, token = await run_db(
             self._store.list, request.player_id, request.page_size, request.page_token
         )
         return storage_pb2.ListHistoryResponse(entries=entries, next_page_token=token)
 
     async def ClearHistory(self, request, context):  # type: ignore[no-untyped-def]
-        deleted = await asyncio.to_thread(self._store.clear, request.player_id)
+        deleted = await run_db(self._store.clear, request.player_id)
         return storage_pb2.ClearHistoryResponse(deleted=deleted)
 
     async def GetPreferences(self, request, context):  # type: ignore[no-untyped-def]
-        prefs = await asyncio.to_thread(self._store.get_preferences, request.player_id)
+        prefs = await run_db(self._store.get_preferences, request.player_id)
         return storage_pb2.GetPreferencesResponse(preferences=_prefs(prefs))
 
     async def UpdatePreferences(self, request, context):  # type: ignore[no-untyped-def]
-        prefs = await asyncio.to_thread(
+        prefs = await run_db(
             self._store.update_preferences,
             request.player_id,
             request.history_enabled if request.HasField("history_enabled") else None,

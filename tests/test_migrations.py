@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 
 from storage_service.db import make_engine
 from storage_service.migrate import current_revision, head_revision, upgrade
-from storage_service.schema import metadata
+from storage_service.schema import include_name, metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,9 @@ def test_upgrade_yields_the_declared_schema(database_url: str) -> None:
         upgrade(engine)  # a second run is a no-op
         assert current_revision(engine) == head_revision()
         with engine.connect() as connection:
-            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "include_name": include_name}
+            )
             differences = compare_metadata(context, metadata)
         assert differences == [], f"schema and migrations disagree: {differences}"
     finally:

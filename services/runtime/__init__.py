@@ -9,6 +9,7 @@ server interceptor:
     ├── NotFound             NOT_FOUND
     ├── AlreadyExists        ALREADY_EXISTS
     ├── FailedPrecondition   FAILED_PRECONDITION
+    ├── Aborted              ABORTED
     ├── PermissionDenied     PERMISSION_DENIED
     ├── Unauthenticated      UNAUTHENTICATED
     ├── ResourceExhausted    RESOURCE_EXHAUSTED
@@ -19,6 +20,7 @@ server interceptor:
 from services.runtime.config import ConfigError, ServerConfig, load_config
 from services.runtime.context import current_request_id, new_request_id, request_scope
 from services.runtime.errors import (
+    Aborted,
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
@@ -32,6 +34,7 @@ from services.runtime.errors import (
 )
 
 __all__ = [
+    "Aborted",
     "AlreadyExists",
     "ConfigError",
     "DeadlineExceeded",

@@ -4,6 +4,7 @@ to its status code, so servicers stay thin and domain modules stay testable alon
 from __future__ import annotations
 
 __all__ = [
+    "Aborted",
     "AlreadyExists",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -41,6 +42,12 @@ class AlreadyExists(ServiceError):
 
 class FailedPrecondition(ServiceError):
     code = "FAILED_PRECONDITION"
+
+
+class Aborted(ServiceError):
+    """A concurrent writer got there first (a compare-and-set lost); re-read and retry."""
+
+    code = "ABORTED"
 
 
 class PermissionDenied(ServiceError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from storage_service.schema import metadata
+from storage_service.schema import include_name, metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:
@@ -17,6 +17,7 @@ context.configure(
     target_metadata=metadata,
     render_as_batch=connection.dialect.name == "sqlite",  # SQLite alters tables by copying
     compare_type=True,
+    include_name=include_name,
 )
 with context.begin_transaction():
     context.run_migrations()

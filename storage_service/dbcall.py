@@ -1,0 +1,100 @@
+"""Runs blocking database work off the event loop and turns "the database is not there" into
+`Unavailable`, so clients see UNAVAILABLE (retry with the same request id) instead of INTERNAL.
+
+Which failures count as unavailability:
+
+- SQLAlchemy `OperationalError`: the server went away, refused the connection, shut down
+  (PostgreSQL `AdminShutdown`), a serialization failure or deadlock rolled the transaction
+  back. All of them leave nothing behind, so a retry is safe.
+- any `DBAPIError` with `connection_invalidated` (the pool saw the connection die).
+- SQLAlchemy `InterfaceError` (psycopg: "the connection is closed") and pool `TimeoutError`
+  (every connection busy for `pool_timeout`).
+- psycopg `OperationalError` raised outside SQLAlchemy (a raw connection).
+- SQLite "database is locked" / "database is busy" (another writer held the lock past
+  `busy_timeout`), "unable to open database file" and "disk I/O error".
+
+SQLite also reports mistakes in our own SQL as `OperationalError` ("no such table",
+"syntax error"). Those are bugs, not outages: they stay as they are and become INTERNAL,
+which is logged with a traceback, rather than UNAVAILABLE, which clients would retry forever.
+
+A failure while COMMIT is in flight leaves the outcome unknown to us; that is why the message
+tells the client to retry with the *same* request id: Commit is idempotent by request id, so a
+batch that did land is answered as replayed and never applied twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from sqlalchemy import exc as sa_exc
+
+from services.runtime.errors import Unavailable
+
+__all__ = ["UNAVAILABLE_MESSAGE", "is_unavailable", "run_db"]
+
+log = logging.getLogger("system.storage.db")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+UNAVAILABLE_MESSAGE = "the database is unavailable; retry with the same request id"
+
+try:  # psycopg is a dependency, but the SQLite-only path must not need it to import.
+    from psycopg import OperationalError as _PsycopgOperationalError
+except ImportError:  # pragma: no cover - psycopg is installed everywhere we run
+    _PsycopgOperationalError = None  # type: ignore[assignment,misc]
+
+# Substrings of sqlite3.OperationalError messages that mean "not now", not "wrong SQL".
+_SQLITE_TRANSIENT = (
+    "database is locked",
+    "database table is locked",
+    "database is busy",
+    "unable to open database file",
+    "disk i/o error",
+)
+
+
+def _sqlite_transient(error: BaseException) -> bool:
+    return any(text in str(error).lower() for text in _SQLITE_TRANSIENT)
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether `error` means the database could not be reached or used just now."""
+    if isinstance(error, sa_exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+        if isinstance(error.orig, sqlite3.Error):
+            return _sqlite_transient(error.orig)
+        return isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
+    if isinstance(error, sa_exc.TimeoutError):  # QueuePool exhausted
+        return True
+    if isinstance(error, sqlite3.OperationalError):
+        return _sqlite_transient(error)
+    return _PsycopgOperationalError is not None and isinstance(error, _PsycopgOperationalError)
+
+
+async def run_db(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """`await asyncio.to_thread(fn, *args, **kwargs)`, with unavailability mapped.
+
+    Raises:
+        Unavailable: the database could not be reached or used (see the module docstring);
+            the original error is chained and logged as a warning, never sent to the client.
+        Exception: anything else `fn` raises, unchanged (typed `ServiceError`s included).
+    """
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except Exception as error:
+        if not is_unavailable(error):
+            raise
+        # One line, no traceback: an outage makes many of these and the cause is the same.
+        log.warning(
+            "database unavailable in %s: %s: %s",
+            getattr(fn, "__qualname__", repr(fn)),
+            type(error).__name__,
+            str(error).splitlines()[0] if str(error) else "",
+        )
+        raise Unavailable(UNAVAILABLE_MESSAGE) from error

@@ -1,0 +1,1342 @@
+"""The engine's journal: event tasks, step receipts, leases and atomic batches.
+
+Domain code: no gRPC here. Messages travel as `system.storage.v1.journal_pb2` messages.
+
+Tasks and receipts are stored with their states as stable lower-case names (`queued`,
+`running`, `done`, ...), never as enum numbers. A stored name this code does not know is
+refused on read (INTERNAL, logged) instead of being guessed at: it is never claimed, never
+evicted and never treated as new work.
+
+Bounds: a player's tasks and a player's receipts are each bounded by count and by encoded
+bytes. A write that adds an entry, or makes one larger (a task's final result, a step's
+result), first evicts the player's terminal entries oldest first (receipts: those whose task
+is terminal or gone); QUEUED, RUNNING and WAITING tasks and the receipts of such tasks are
+never evicted. When that is not enough the write fails with STORAGE_FULL and writes nothing.
+Moving a task to a terminal state without a result never grows the ledger, so a full ledger
+can always be drained.
+
+Leases: one row per name. Fencing tokens grow with every acquisition of a name, and are at
+least the acquisition time in microseconds, so they keep growing even if a lease row is
+deleted (a player reset, or the eviction of a finished task) and made again.
+
+Concurrency: on SQLite every write transaction starts with BEGIN IMMEDIATE (see db.py), so
+writers are serialized. On PostgreSQL (READ COMMITTED) writes that change a player's ledgers
+take a transaction-scoped advisory lock on the player first (so dedupe by event key and the
+bounds hold under concurrent writers), the rows they change are locked FOR UPDATE, a fence
+locks its lease FOR SHARE until commit (a concurrent acquisition waits, so no write lands
+under a token that has already been replaced), and ClaimTasks picks rows FOR UPDATE SKIP
+LOCKED and takes each task's lease under a row lock.
+
+Session-level functions (`create_task`, `transition_task`, `record_step`, `complete_step`,
+`check_fence`, `acquire_lease`) run inside a caller's transaction; `JournalStore` opens one
+transaction per call, and `JournalStore.commit` applies a whole batch in one.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+
+from google.protobuf import struct_pb2
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+    and_,
+    delete,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
+from system.common.v1 import common_pb2
+from system.storage.v1 import journal_pb2
+
+from services.runtime.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+)
+from storage_service.db import Base, upsert_ignore
+from storage_service.player_data import (
+    KEEP_ON_RESET,
+    add_usage,
+    check_version,
+    delete_document,
+    put_document,
+)
+
+__all__ = [
+    "BatchRow",
+    "JournalBounds",
+    "JournalStore",
+    "LeaseRow",
+    "ReceiptRow",
+    "TaskRow",
+    "acquire_lease",
+    "check_fence",
+    "complete_step",
+    "create_task",
+    "receipt_message",
+    "receipt_size",
+    "record_step",
+    "task_message",
+    "task_size",
+    "transition_task",
+    "utc_now",
+]
+
+log = logging.getLogger("system.storage.journal")
+
+MAX_PLAYER_ID = 64
+MAX_TASK_ID = 64
+MAX_ID = 128
+MAX_TTL_SECONDS = 3600
+MAX_CLAIM = 100
+MAX_CLAIM_PLAYERS = 1000
+MAX_OPERATIONS = 256
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+MAX_TOKEN = 2**63 - 1  # tokens live in a signed BIGINT
+
+TS = journal_pb2.TaskState
+SS = journal_pb2.StepState
+
+QUEUED = "queued"
+RUNNING = "running"
+WAITING = "waiting"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+PARTIALLY_SUCCEEDED = "partially_succeeded"
+STEP_RUNNING = "running"
+STEP_DONE = "done"
+
+_TASK_STATES: dict[str, int] = {
+    QUEUED: TS.TASK_STATE_QUEUED,
+    RUNNING: TS.TASK_STATE_RUNNING,
+    WAITING: TS.TASK_STATE_WAITING,
+    SUCCEEDED: TS.TASK_STATE_SUCCEEDED,
+    FAILED: TS.TASK_STATE_FAILED,
+    PARTIALLY_SUCCEEDED: TS.TASK_STATE_PARTIALLY_SUCCEEDED,
+}
+_TASK_NAMES = {number: name for name, number in _TASK_STATES.items()}
+_STEP_STATES: dict[str, int] = {STEP_RUNNING: SS.STEP_STATE_RUNNING, STEP_DONE: SS.STEP_STATE_DONE}
+RECOVERABLE = frozenset({QUEUED, RUNNING, WAITING})
+TERMINAL = frozenset({SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED})
+_MOVES: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({RUNNING, WAITING}),
+    WAITING: frozenset({QUEUED, RUNNING}),
+    RUNNING: frozenset({WAITING, QUEUED, SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED}),
+}
+_STATE_CHOICES = "QUEUED, RUNNING, WAITING, SUCCEEDED, FAILED or PARTIALLY_SUCCEEDED"
+
+_ID = BigInteger().with_variant(Integer, "sqlite")
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+class TaskRow(Base):
+    """One event task. `seq` orders a player's tasks by insertion (eviction, listing);
+    `input` is an encoded google.protobuf.Struct, `result` an encoded
+    system.common.v1.AgentResult; `size_bytes` is what the task counts against the bounds."""
+
+    __tablename__ = "journal_tasks"
+    __table_args__ = (
+        UniqueConstraint("player_id", "event_key", name="uq_journal_tasks_event"),
+        Index("ix_journal_tasks_player", "player_id", "seq"),
+        Index("ix_journal_tasks_state", "state", "seq"),
+    )
+
+    seq: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(MAX_TASK_ID), unique=True)
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID))
+    module_id: Mapped[str] = mapped_column(String(MAX_ID))
+    event_key: Mapped[str] = mapped_column(String(MAX_ID))
+    state: Mapped[str] = mapped_column(String(32))
+    input: Mapped[bytes] = mapped_column(LargeBinary)
+    result: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ReceiptRow(Base):
+    """One step receipt, the single global receipt of a stable step id. No foreign key to its
+    task: a finished task may be evicted before its receipts are."""
+
+    __tablename__ = "journal_receipts"
+    __table_args__ = (
+        Index("ix_journal_receipts_player", "player_id", "seq"),
+        Index("ix_journal_receipts_task", "task_id"),
+    )
+
+    seq: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    step_id: Mapped[str] = mapped_column(String(MAX_ID), unique=True)
+    task_id: Mapped[str] = mapped_column(String(MAX_TASK_ID))
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID))
+    position: Mapped[int] = mapped_column(BigInteger)
+    tool: Mapped[str] = mapped_column(String(MAX_ID))
+    state: Mapped[str] = mapped_column(String(16))
+    result: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    codec_id: Mapped[str] = mapped_column(String(MAX_ID))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class LeaseRow(Base):
+    """A named lease. `owner` and `expires_at` are NULL once released; the row (and its
+    token) stays so the next acquisition gets a larger token."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(MAX_ID), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(MAX_ID), nullable=True)
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class BatchRow(Base):
+    """A Commit applied once: its request id, a digest of its content (a retry must carry the
+    same batch) and the encoded CommitResponse that retries get back. Kept on player reset:
+    a retry of a batch from before the reset must not apply it again."""
+
+    __tablename__ = "journal_batches"
+    __table_args__ = {"info": {KEEP_ON_RESET: True}}
+
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(MAX_ID), primary_key=True)
+    digest: Mapped[bytes] = mapped_column(LargeBinary)
+    response: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalBounds:
+    """Per-player ledger bounds and size limits (see StorageConfig for each)."""
+
+    task_max_entries: int = 1000
+    task_max_bytes: int = 1_048_576
+    receipt_max_entries: int = 5000
+    receipt_max_bytes: int = 4_194_304
+    max_result_bytes: int = 262_144
+    max_document_bytes: int = 262_144
+
+    @classmethod
+    def from_config(cls, config: object) -> JournalBounds:
+        """The bounds of a StorageConfig (any object with the same attribute names)."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def _check_id(value: str, field: str, limit: int = MAX_ID) -> None:
+    if not value:
+        raise InvalidArgument(f"{field} is required")
+    if len(value) > limit:
+        raise InvalidArgument(f"{field} is longer than {limit} characters")
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL; reject it the same way on every database.
+        raise InvalidArgument(f"{field} must not contain NUL characters")
+    if not value.isprintable():
+        raise InvalidArgument(f"{field} must hold printable characters only")
+
+
+def _check_player_id(player_id: str, field: str = "player_id") -> None:
+    _check_id(player_id, field, MAX_PLAYER_ID)
+
+
+def _check_ttl(seconds: int, field: str) -> None:
+    if not 1 <= seconds <= MAX_TTL_SECONDS:
+        raise InvalidArgument(
+            f"{field} must be between 1 and {MAX_TTL_SECONDS} seconds, got {seconds}"
+        )
+
+
+def _check_token(token: int, field: str = "token") -> None:
+    if token <= 0:
+        raise InvalidArgument(f"{field} is required: the token the lease was acquired with")
+    if token > MAX_TOKEN:
+        raise InvalidArgument(f"{field} {token} is larger than any token ever issued")
+
+
+def _state_name(value: int, field: str) -> str:
+    """The stored name of a task state given in a request; UNSPECIFIED and unknown refused."""
+    if value == TS.TASK_STATE_UNSPECIFIED:
+        raise InvalidArgument(f"{field} is required: one of {_STATE_CHOICES}")
+    name = _TASK_NAMES.get(value)
+    if name is None:
+        raise InvalidArgument(f"{field} {value} is not a known task state; use {_STATE_CHOICES}")
+    return name
+
+
+def _shown(name: str) -> str:
+    return name.upper()
+
+
+# -- reading rows ------------------------------------------------------------------------------
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    # SQLite returns naive datetimes; they were stored as UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def _stored_task_state(row: TaskRow) -> str:
+    if row.state not in _TASK_STATES:
+        log.error("task %s has unknown stored state %r", row.task_id, row.state)
+        raise ServiceError(
+            f"task {row.task_id} has an unknown stored state {row.state!r}; it is left as it is "
+            "and not run again (was it written by a newer version of the storage service?)"
+        )
+    return row.state
+
+
+def _stored_step_state(row: ReceiptRow) -> str:
+    if row.state not in _STEP_STATES:
+        log.error("receipt %s has unknown stored state %r", row.step_id, row.state)
+        raise ServiceError(
+            f"step {row.step_id} has an unknown stored state {row.state!r}; it is neither "
+            "replayed nor run again (was it written by a newer version of the storage service?)"
+        )
+    return row.state
+
+
+def task_message(row: TaskRow) -> journal_pb2.EventTask:
+    """The EventTask a row holds; INTERNAL (ServiceError) for an unknown stored state."""
+    task = journal_pb2.EventTask(
+        task_id=row.task_id,
+        player_id=row.player_id,
+        module_id=row.module_id,
+        event_key=row.event_key,
+        state=_TASK_STATES[_stored_task_state(row)],
+        attempts=row.attempts,
+    )
+    task.input.ParseFromString(row.input)
+    if row.result is not None:
+        task.result.ParseFromString(row.result)
+    task.created_at.FromDatetime(_aware(row.created_at))
+    task.updated_at.FromDatetime(_aware(row.updated_at))
+    return task
+
+
+def receipt_message(row: ReceiptRow) -> journal_pb2.StepReceipt:
+    """The StepReceipt a row holds; INTERNAL (ServiceError) for an unknown stored state."""
+    receipt = journal_pb2.StepReceipt(
+        step_id=row.step_id,
+        task_id=row.task_id,
+        player_id=row.player_id,
+        position=row.position,
+        tool=row.tool,
+        state=_STEP_STATES[_stored_step_state(row)],
+        result=row.result or b"",
+        codec_id=row.codec_id,
+    )
+    receipt.created_at.FromDatetime(_aware(row.created_at))
+    receipt.updated_at.FromDatetime(_aware(row.updated_at))
+    return receipt
+
+
+def _lease_message(row: LeaseRow) -> journal_pb2.Lease:
+    lease = journal_pb2.Lease(name=row.name, owner=row.owner or "", token=row.token)
+    if row.expires_at is not None:
+        lease.expires_at.FromDatetime(_aware(row.expires_at))
+    return lease
+
+
+# -- sizes and bounds --------------------------------------------------------------------------
+
+
+def _utf8(*values: str) -> int:
+    return sum(len(value.encode()) for value in values)
+
+
+def task_size(
+    task_id: str, player_id: str, module_id: str, event_key: str, data: bytes, result: bytes | None
+) -> int:
+    """Bytes a task counts against its player's bound: encoded input and result plus ids."""
+    return _utf8(task_id, player_id, module_id, event_key) + len(data) + len(result or b"")
+
+
+def receipt_size(
+    step_id: str, task_id: str, player_id: str, tool: str, codec_id: str, result: bytes | None
+) -> int:
+    """Bytes a receipt counts against its player's bound: its result plus ids."""
+    return _utf8(step_id, task_id, player_id, tool, codec_id) + len(result or b"")
+
+
+def _lock_player(session: Session, player_id: str) -> None:
+    """Serializes writers of one player's ledgers until the transaction ends (PostgreSQL; on
+    SQLite BEGIN IMMEDIATE already serializes every writer)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": f"journal:{player_id}"},
+        )
+
+
+def _fits(count: int, total: int, add_count: int, add_bytes: int, limits: tuple[int, int]) -> bool:
+    max_entries, max_bytes = limits
+    return (add_count == 0 or count + add_count <= max_entries) and (
+        add_bytes <= 0 or total + add_bytes <= max_bytes
+    )
+
+
+def _choose_evictions(
+    count: int,
+    total: int,
+    add_count: int,
+    add_bytes: int,
+    limits: tuple[int, int],
+    candidates: Sequence[tuple[int, int]],
+) -> list[int] | None:
+    """Seqs to evict, oldest first, so the addition fits; None when it cannot fit."""
+    doomed: list[int] = []
+    for seq, size in candidates:
+        if _fits(count, total, add_count, add_bytes, limits):
+            break
+        doomed.append(seq)
+        count -= 1
+        total -= size
+    return doomed if _fits(count, total, add_count, add_bytes, limits) else None
+
+
+def _make_room_for_tasks(
+    session: Session,
+    bounds: JournalBounds,
+    player_id: str,
+    add_count: int,
+    add_bytes: int,
+    exclude_seq: int | None = None,
+) -> int:
+    """Evicts the player's terminal tasks, oldest first, until the addition fits. Returns how
+    many; STORAGE_FULL when it cannot fit (nothing deleted)."""
+    limits = (bounds.task_max_entries, bounds.task_max_bytes)
+    count, total = session.execute(
+        select(func.count(), func.coalesce(func.sum(TaskRow.size_bytes), 0)).where(
+            TaskRow.player_id == player_id
+        )
+    ).one()
+    if _fits(count, total, add_count, add_bytes, limits):
+        return 0
+    query = (
+        select(TaskRow.seq, TaskRow.size_bytes, TaskRow.task_id)
+        .where(TaskRow.player_id == player_id, TaskRow.state.in_(TERMINAL))
+        .order_by(TaskRow.seq)
+    )
+    if exclude_seq is not None:
+        query = query.where(TaskRow.seq != exclude_seq)
+    candidates = session.execute(query).all()
+    doomed = _choose_evictions(
+        count, total, add_count, add_bytes, limits, [(c.seq, c.size_bytes) for c in candidates]
+    )
+    if doomed is None:
+        raise ResourceExhausted(
+            f"STORAGE_FULL: player {player_id}'s task ledger holds {count} tasks in {total} bytes "
+            f"(bounds {bounds.task_max_entries} tasks, {bounds.task_max_bytes} bytes) and not "
+            "enough of them are finished to make room; finish or fail tasks before adding more"
+        )
+    names = [f"task:{c.task_id}" for c in candidates[: len(doomed)]]
+    session.execute(delete(TaskRow).where(TaskRow.seq.in_(doomed)))
+    # The leases of evicted tasks go too (tokens stay increasing: see _next_token).
+    session.execute(delete(LeaseRow).where(LeaseRow.name.in_(names)))
+    return len(doomed)
+
+
+def _make_room_for_receipts(
+    session: Session,
+    bounds: JournalBounds,
+    player_id: str,
+    add_count: int,
+    add_bytes: int,
+    exclude_seq: int | None = None,
+) -> int:
+    """Evicts the player's receipts whose task is terminal or gone, oldest first, until the
+    addition fits. Returns how many; STORAGE_FULL when it cannot fit (nothing deleted)."""
+    limits = (bounds.receipt_max_entries, bounds.receipt_max_bytes)
+    count, total = session.execute(
+        select(func.count(), func.coalesce(func.sum(ReceiptRow.size_bytes), 0)).where(
+            ReceiptRow.player_id == player_id
+        )
+    ).one()
+    if _fits(count, total, add_count, add_bytes, limits):
+        return 0
+    query = (
+        select(ReceiptRow.seq, ReceiptRow.size_bytes)
+        .outerjoin(TaskRow, TaskRow.task_id == ReceiptRow.task_id)
+        .where(
+            ReceiptRow.player_id == player_id,
+            or_(TaskRow.seq.is_(None), TaskRow.state.in_(TERMINAL)),
+        )
+        .order_by(ReceiptRow.seq)
+    )
+    if exclude_seq is not None:
+        query = query.where(ReceiptRow.seq != exclude_seq)
+    candidates = [(seq, size) for seq, size in session.execute(query)]
+    doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
+    if doomed is None:
+        raise ResourceExhausted(
+            f"STORAGE_FULL: player {player_id}'s step receipts hold {count} receipts in {total} "
+            f"bytes (bounds {bounds.receipt_max_entries} receipts, {bounds.receipt_max_bytes} "
+            "bytes) and not enough of them belong to finished tasks to make room; finish or "
+            "fail tasks before recording more steps"
+        )
+    session.execute(delete(ReceiptRow).where(ReceiptRow.seq.in_(doomed)))
+    return len(doomed)
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def _micros(now: dt.datetime) -> int:
+    return int((now - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
+
+
+def _next_token(previous: int, now: dt.datetime) -> int:
+    # Larger than the previous token of the name, and at least the time in microseconds: a
+    # lease row deleted and made again still never hands out a token seen before.
+    return max(previous + 1, _micros(now))
+
+
+def _lease_row(session: Session, name: str) -> LeaseRow:
+    """The lease row, made if missing, locked FOR UPDATE until the transaction ends."""
+    session.execute(
+        upsert_ignore(session, LeaseRow, name=name, owner=None, token=0, expires_at=None)
+    )
+    row = session.get(LeaseRow, name, with_for_update=True, populate_existing=True)
+    assert row is not None
+    return row
+
+
+def _live(row: LeaseRow, now: dt.datetime) -> bool:
+    return row.owner is not None and row.expires_at is not None and _aware(row.expires_at) > now
+
+
+def _take(row: LeaseRow, owner: str, ttl_seconds: int, now: dt.datetime) -> LeaseRow:
+    row.token = _next_token(row.token, now)
+    row.owner = owner
+    row.expires_at = now + dt.timedelta(seconds=ttl_seconds)
+    return row
+
+
+def acquire_lease(
+    session: Session, name: str, owner: str, ttl_seconds: int, now: dt.datetime
+) -> LeaseRow:
+    """Takes `name` for `owner` until now + ttl when it is free, expired or already the
+    owner's; every acquisition gets a larger token. FAILED_PRECONDITION when someone else
+    holds it."""
+    _check_id(name, "name")
+    _check_id(owner, "owner")
+    _check_ttl(ttl_seconds, "ttl_seconds")
+    row = _lease_row(session, name)
+    if _live(row, now) and row.owner != owner:
+        assert row.expires_at is not None
+        raise FailedPrecondition(
+            f"lease {name!r} is held by {row.owner!r} until "
+            f"{_aware(row.expires_at).isoformat()}; try again after it expires"
+        )
+    return _take(row, owner, ttl_seconds, now)
+
+
+def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datetime) -> None:
+    """FAILED_PRECONDITION ("stale fence") unless the fence's lease is held, unexpired, with
+    the fence's token. The lease row stays share-locked until the transaction ends, so it
+    cannot be taken again before the fenced write commits."""
+    if fence is None:
+        return
+    _check_id(fence.lease_name, "fence.lease_name")
+    _check_token(fence.token, "fence.token")
+    row = session.execute(
+        select(LeaseRow).where(LeaseRow.name == fence.lease_name).with_for_update(read=True)
+    ).scalar_one_or_none()
+    where = f"stale fence: lease {fence.lease_name!r} token {fence.token}"
+    if row is None or row.owner is None:
+        raise FailedPrecondition(f"{where} is not held by anyone; acquire the lease again")
+    if row.token != fence.token:
+        raise FailedPrecondition(
+            f"{where} was replaced by token {row.token} ({row.owner!r} holds it); stop and let "
+            "the current holder write"
+        )
+    if not _live(row, now):
+        raise FailedPrecondition(f"{where} has expired; acquire the lease again")
+
+
+# -- tasks -------------------------------------------------------------------------------------
+
+
+def create_task(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    player_id: str,
+    module_id: str,
+    input: struct_pb2.Struct | None,
+    event_key: str,
+    initial_state: int = TS.TASK_STATE_UNSPECIFIED,
+) -> tuple[TaskRow, bool, int]:
+    """Creates a task, or finds the player's task with this event key.
+
+    Returns (row, created, evicted). STORAGE_FULL when the ledger is full of unfinished tasks.
+    """
+    _check_player_id(player_id)
+    _check_id(module_id, "module_id")
+    _check_id(event_key, "event_key")
+    if initial_state == TS.TASK_STATE_UNSPECIFIED:
+        state = QUEUED
+    elif initial_state in (TS.TASK_STATE_QUEUED, TS.TASK_STATE_WAITING):
+        state = _TASK_NAMES[initial_state]
+    else:
+        raise InvalidArgument(
+            f"initial_state must be QUEUED or WAITING (or unset for QUEUED), got {initial_state}"
+        )
+    data = input.SerializeToString(deterministic=True) if input is not None else b""
+    task_id = str(uuid.uuid4())
+    size = task_size(task_id, player_id, module_id, event_key, data, None)
+    if size > bounds.task_max_bytes:
+        raise InvalidArgument(
+            f"the task encodes to {size} bytes, over the {bounds.task_max_bytes} byte bound of a "
+            "player's task ledger; pass a smaller input"
+        )
+    _lock_player(session, player_id)
+    existing = session.execute(
+        select(TaskRow).where(TaskRow.player_id == player_id, TaskRow.event_key == event_key)
+    ).scalar_one_or_none()
+    if existing is not None:
+        _stored_task_state(existing)
+        return existing, False, 0
+    evicted = _make_room_for_tasks(session, bounds, player_id, 1, size)
+    row = TaskRow(
+        task_id=task_id,
+        player_id=player_id,
+        module_id=module_id,
+        event_key=event_key,
+        state=state,
+        input=data,
+        result=None,
+        attempts=0,
+        size_bytes=size,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return row, True, evicted
+
+
+def _locked_task(session: Session, task_id: str) -> TaskRow:
+    """The task, locked FOR UPDATE after its player's ledger lock; NOT_FOUND when missing."""
+    player_id = session.execute(
+        select(TaskRow.player_id).where(TaskRow.task_id == task_id)
+    ).scalar_one_or_none()
+    if player_id is not None:
+        _lock_player(session, player_id)
+        row = session.execute(
+            select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()
+        ).scalar_one_or_none()
+        if row is not None:
+            return row
+    raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+
+
+def _check_owner(actual: str, player_id: str | None, what: str) -> None:
+    if player_id is not None and actual != player_id:
+        raise InvalidArgument(
+            f"{what} belongs to another player, not {player_id!r}; a batch concerns one player"
+        )
+
+
+def transition_task(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    task_id: str,
+    state: int,
+    expected_state: int = TS.TASK_STATE_UNSPECIFIED,
+    result: common_pb2.AgentResult | None = None,
+    player_id: str | None = None,
+) -> TaskRow:
+    """Moves a task along a valid edge (see _MOVES); a final result only with a terminal state.
+
+    `player_id`, when given, must own the task (Commit). NOT_FOUND for a missing task;
+    FAILED_PRECONDITION for an invalid move or an `expected_state` that does not hold;
+    STORAGE_FULL when the result does not fit the player's bound.
+    """
+    _check_id(task_id, "task_id", MAX_TASK_ID)
+    target = _state_name(state, "state")
+    expected = (
+        None
+        if expected_state == TS.TASK_STATE_UNSPECIFIED
+        else _state_name(expected_state, "expected_state")
+    )
+    encoded = result.SerializeToString(deterministic=True) if result is not None else None
+    if encoded is not None:
+        if target not in TERMINAL:
+            raise InvalidArgument(
+                f"result is only for terminal states (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED), "
+                f"not {_shown(target)}"
+            )
+        if len(encoded) > bounds.max_result_bytes:
+            raise InvalidArgument(
+                f"result encodes to {len(encoded)} bytes, over the {bounds.max_result_bytes} "
+                "byte limit"
+            )
+    row = _locked_task(session, task_id)
+    _check_owner(row.player_id, player_id, f"task {task_id!r}")
+    current = _stored_task_state(row)
+    if expected is not None and current != expected:
+        raise FailedPrecondition(
+            f"task {task_id} is {_shown(current)}, not the expected {_shown(expected)}"
+        )
+    if current in TERMINAL:
+        raise FailedPrecondition(
+            f"task {task_id} is {_shown(current)}, a final state; it never changes"
+        )
+    if target not in _MOVES[current]:
+        allowed = ", ".join(sorted(_shown(name) for name in _MOVES[current]))
+        raise FailedPrecondition(
+            f"task {task_id} cannot move from {_shown(current)} to {_shown(target)}; "
+            f"from {_shown(current)} it may move to {allowed}"
+        )
+    size = task_size(row.task_id, row.player_id, row.module_id, row.event_key, row.input, encoded)
+    if size > row.size_bytes:
+        _make_room_for_tasks(
+            session, bounds, row.player_id, 0, size - row.size_bytes, exclude_seq=row.seq
+        )
+    row.state = target
+    row.result = encoded
+    row.size_bytes = size
+    row.updated_at = now
+    session.flush()
+    return row
+
+
+# -- receipts ----------------------------------------------------------------------------------
+
+
+def _check_same_step(
+    row: ReceiptRow, task_id: str, position: int, tool: str, player_id: str | None
+) -> None:
+    _stored_step_state(row)
+    _check_owner(row.player_id, player_id, f"step {row.step_id!r}")
+    if row.tool != tool:
+        raise FailedPrecondition(
+            f"step {row.step_id} was recorded for tool {row.tool!r}, not {tool!r}; a step id "
+            "names one tool call"
+        )
+    if row.task_id != task_id or row.position != position:
+        raise FailedPrecondition(
+            f"step {row.step_id} was recorded for task {row.task_id} at position {row.position}, "
+            f"not task {task_id} at position {position}; step ids must be stable and unique"
+        )
+
+
+def record_step(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    step_id: str,
+    task_id: str,
+    position: int,
+    tool: str,
+    player_id: str | None = None,
+) -> tuple[ReceiptRow, bool]:
+    """Records a step's intent (RUNNING). Returns (row, created); an existing receipt of the
+    same task, position and tool comes back with created False.
+
+    NOT_FOUND for a missing task; FAILED_PRECONDITION for a conflicting receipt or a task
+    already final; STORAGE_FULL when the player's receipts are full of unfinished tasks'.
+    """
+    _check_id(step_id, "step_id")
+    _check_id(task_id, "task_id", MAX_TASK_ID)
+    _check_id(tool, "tool")
+    if not 0 <= position < 2**32:
+        raise InvalidArgument(f"position must be between 0 and {2**32 - 1}")
+    find = select(ReceiptRow).where(ReceiptRow.step_id == step_id)
+    existing = session.execute(find).scalar_one_or_none()
+    if existing is not None:
+        _check_same_step(existing, task_id, position, tool, player_id)
+        return existing, False
+    task = session.execute(select(TaskRow).where(TaskRow.task_id == task_id)).scalar_one_or_none()
+    if task is None:
+        raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+    _check_owner(task.player_id, player_id, f"task {task_id!r}")
+    _lock_player(session, task.player_id)
+    # Another writer may have recorded it while this one waited for the lock.
+    existing = session.execute(find).scalar_one_or_none()
+    if existing is not None:
+        _check_same_step(existing, task_id, position, tool, player_id)
+        return existing, False
+    state = _stored_task_state(task)
+    if state in TERMINAL:
+        raise FailedPrecondition(
+            f"task {task_id} is {_shown(state)}, a final state; its steps can no longer be recorded"
+        )
+    size = receipt_size(step_id, task_id, task.player_id, tool, "", None)
+    if size > bounds.receipt_max_bytes:
+        raise InvalidArgument(
+            f"the receipt encodes to {size} bytes, over the {bounds.receipt_max_bytes} byte bound"
+        )
+    _make_room_for_receipts(session, bounds, task.player_id, 1, size)
+    row = ReceiptRow(
+        step_id=step_id,
+        task_id=task_id,
+        player_id=task.player_id,
+        position=position,
+        tool=tool,
+        state=STEP_RUNNING,
+        result=None,
+        codec_id="",
+        size_bytes=size,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return row, True
+
+
+def complete_step(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    step_id: str,
+    tool: str,
+    result: bytes,
+    codec_id: str,
+    player_id: str | None = None,
+) -> ReceiptRow:
+    """Stores a step's result (DONE). Completing a DONE step with the same result and codec
+    changes nothing.
+
+    NOT_FOUND without a receipt; FAILED_PRECONDITION for another tool or a different result;
+    STORAGE_FULL when the result does not fit the player's bound.
+    """
+    _check_id(step_id, "step_id")
+    _check_id(tool, "tool")
+    _check_id(codec_id, "codec_id")
+    if len(result) > bounds.max_result_bytes:
+        raise InvalidArgument(
+            f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
+        )
+    owner = session.execute(
+        select(ReceiptRow.player_id).where(ReceiptRow.step_id == step_id)
+    ).scalar_one_or_none()
+    row = None
+    if owner is not None:
+        _lock_player(session, owner)
+        row = session.execute(
+            select(ReceiptRow).where(ReceiptRow.step_id == step_id).with_for_update()
+        ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"no receipt for step {step_id!r}; record the step before completing it")
+    _check_owner(row.player_id, player_id, f"step {step_id!r}")
+    state = _stored_step_state(row)
+    if row.tool != tool:
+        raise FailedPrecondition(f"step {step_id} was recorded for tool {row.tool!r}, not {tool!r}")
+    if state == STEP_DONE:
+        if (row.result or b"") == result and row.codec_id == codec_id:
+            return row
+        raise FailedPrecondition(
+            f"step {step_id} is already DONE with a different result; a step's result is "
+            "stored once and replayed, never replaced"
+        )
+    size = receipt_size(row.step_id, row.task_id, row.player_id, row.tool, codec_id, result)
+    if size > row.size_bytes:
+        _make_room_for_receipts(
+            session, bounds, row.player_id, 0, size - row.size_bytes, exclude_seq=row.seq
+        )
+    row.state = STEP_DONE
+    row.result = result
+    row.codec_id = codec_id
+    row.size_bytes = size
+    row.updated_at = now
+    session.flush()
+    return row
+
+
+# -- page tokens -------------------------------------------------------------------------------
+
+
+def _encode_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"t{seq}".encode()).decode()
+
+
+def _decode_token(token: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+        digits = raw[1:]
+        if not (raw.startswith("t") and digits.isascii() and digits.isdigit()):
+            raise ValueError
+        seq = int(digits)
+        if not 0 < seq < 2**63:
+            raise ValueError
+        return seq
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument(
+            "page_token is malformed; pass the next_page_token of a previous response unchanged"
+        ) from None
+
+
+# -- commit ------------------------------------------------------------------------------------
+
+_OPERATIONS = "check, put, delete, transition, receipt or usage"
+
+
+def _validate_batch(request: journal_pb2.CommitRequest) -> None:
+    _check_id(request.request_id, "request_id")
+    _check_player_id(request.player_id)
+    if not request.operations:
+        raise InvalidArgument("operations must hold at least one operation")
+    if len(request.operations) > MAX_OPERATIONS:
+        raise InvalidArgument(
+            f"operations holds {len(request.operations)} operations; a batch may hold at most "
+            f"{MAX_OPERATIONS}"
+        )
+    for index, operation in enumerate(request.operations):
+        kind = operation.WhichOneof("op")
+        if kind is None:
+            raise InvalidArgument(f"operations[{index}] has no operation; set one of {_OPERATIONS}")
+        if kind in ("check", "put", "delete"):
+            key = getattr(operation, kind).key
+            if key.player_id != request.player_id:
+                raise InvalidArgument(
+                    f"operations[{index}].{kind}.key.player_id {key.player_id!r} is not the "
+                    f"batch's player_id {request.player_id!r}; a batch concerns one player"
+                )
+    if request.HasField("fence"):
+        _check_id(request.fence.lease_name, "fence.lease_name")
+        _check_token(request.fence.token, "fence.token")
+
+
+def _digest(request: journal_pb2.CommitRequest) -> bytes:
+    content = hashlib.sha256(request.player_id.encode())
+    for operation in request.operations:
+        encoded = operation.SerializeToString(deterministic=True)
+        content.update(len(encoded).to_bytes(8, "big"))
+        content.update(encoded)
+    return content.digest()
+
+
+def _apply(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    player_id: str,
+    operation: journal_pb2.CommitOperation,
+    kind: str,
+    versions: list[int],
+) -> None:
+    if kind == "check":
+        check_version(session, operation.check.key, operation.check.expected_version)
+    elif kind == "put":
+        put = operation.put
+        versions.append(
+            put_document(
+                session, put.key, put.expected_version, put.data, put.codec_id,
+                bounds.max_document_bytes,
+            )
+        )  # fmt: skip
+    elif kind == "delete":
+        delete_document(session, operation.delete.key, operation.delete.expected_version)
+        versions.append(0)
+    elif kind == "transition":
+        move = operation.transition
+        transition_task(
+            session,
+            bounds,
+            now,
+            task_id=move.task_id,
+            state=move.state,
+            expected_state=move.expected_state,
+            result=move.result if move.HasField("result") else None,
+            player_id=player_id,
+        )
+    elif kind == "receipt":
+        write = operation.receipt
+        if write.state == SS.STEP_STATE_RUNNING:
+            if write.result or write.codec_id:
+                raise InvalidArgument("result and codec_id are for DONE; RUNNING records intent")
+            record_step(
+                session,
+                bounds,
+                now,
+                step_id=write.step_id,
+                task_id=write.task_id,
+                position=write.position,
+                tool=write.tool,
+                player_id=player_id,
+            )
+        elif write.state == SS.STEP_STATE_DONE:
+            complete_step(
+                session,
+                bounds,
+                now,
+                step_id=write.step_id,
+                tool=write.tool,
+                result=write.result,
+                codec_id=write.codec_id,
+                player_id=player_id,
+            )
+        else:
+            raise InvalidArgument(
+                f"state must be STEP_STATE_RUNNING (record intent) or STEP_STATE_DONE (store "
+                f"the result), got {write.state}"
+            )
+    else:  # usage
+        add_usage(session, player_id, operation.usage)
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+class JournalStore:
+    """Tasks, receipts, leases and batches. Each method is one transaction.
+
+    Args:
+        sessions: makes sessions on the storage engine.
+        bounds: per-player bounds and size limits.
+        clock: the time (UTC); tests pass their own to move it without sleeping.
+    """
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        bounds: JournalBounds,
+        clock: Callable[[], dt.datetime] = utc_now,
+    ) -> None:
+        self._sessions = sessions
+        self._bounds = bounds
+        self._clock = clock
+
+    def _now(self) -> dt.datetime:
+        now = self._clock()
+        # Stored as UTC: SQLite keeps no offset, so every time written must be UTC already.
+        return now.replace(tzinfo=dt.UTC) if now.tzinfo is None else now.astimezone(dt.UTC)
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    def create_task(
+        self,
+        player_id: str,
+        module_id: str,
+        input: struct_pb2.Struct | None,
+        event_key: str,
+        initial_state: int = TS.TASK_STATE_UNSPECIFIED,
+    ) -> tuple[journal_pb2.EventTask, bool, int]:
+        """(task, created, evicted); see the module function."""
+        now = self._now()
+        with self._sessions.begin() as session:
+            row, created, evicted = create_task(
+                session,
+                self._bounds,
+                now,
+                player_id=player_id,
+                module_id=module_id,
+                input=input,
+                event_key=event_key,
+                initial_state=initial_state,
+            )
+            return task_message(row), created, evicted
+
+    def get_task(self, task_id: str) -> journal_pb2.EventTask:
+        _check_id(task_id, "task_id", MAX_TASK_ID)
+        with self._sessions() as session:
+            row = session.execute(
+                select(TaskRow).where(TaskRow.task_id == task_id)
+            ).scalar_one_or_none()
+            if row is None:
+                raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+            return task_message(row)
+
+    def list_tasks(
+        self, player_id: str, states: Sequence[int] = (), page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[journal_pb2.EventTask], str]:
+        """A page of the player's tasks, oldest first, and the token of the next page."""
+        _check_player_id(player_id)
+        names = {_state_name(state, f"states[{i}]") for i, state in enumerate(states)}
+        if page_size < 0:
+            raise InvalidArgument("page_size must not be negative")
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        query = select(TaskRow).where(TaskRow.player_id == player_id)
+        if names:
+            query = query.where(TaskRow.state.in_(sorted(names)))
+        if page_token:
+            query = query.where(TaskRow.seq > _decode_token(page_token))
+        with self._sessions() as session:
+            rows = list(session.scalars(query.order_by(TaskRow.seq).limit(size + 1)))
+            more = len(rows) > size
+            rows = rows[:size]
+            return [task_message(row) for row in rows], _encode_token(rows[-1].seq) if more else ""
+
+    def claim_tasks(
+        self, owner: str, max_tasks: int, lease_seconds: int, player_ids: Sequence[str] = ()
+    ) -> list[journal_pb2.TaskClaim]:
+        """Claims up to `max_tasks` runnable tasks, oldest first: QUEUED tasks (of
+        `player_ids` when given) and RUNNING tasks no live lease protects (their replica
+        died). Each becomes RUNNING, attempts + 1, under lease `task:<task_id>` for `owner`."""
+        _check_id(owner, "owner")
+        if not 1 <= max_tasks <= MAX_CLAIM:
+            raise InvalidArgument(f"max_tasks must be between 1 and {MAX_CLAIM}, got {max_tasks}")
+        _check_ttl(lease_seconds, "lease_seconds")
+        if len(player_ids) > MAX_CLAIM_PLAYERS:
+            raise InvalidArgument(f"player_ids may name at most {MAX_CLAIM_PLAYERS} players")
+        for index, player_id in enumerate(player_ids):
+            _check_player_id(player_id, f"player_ids[{index}]")
+        players = set(player_ids)
+        now = self._now()
+        live_lease = exists().where(
+            LeaseRow.name == literal("task:", String) + TaskRow.task_id,
+            LeaseRow.owner.is_not(None),
+            LeaseRow.expires_at > now,
+        )
+        queued = TaskRow.state == QUEUED
+        if players:
+            queued = and_(queued, TaskRow.player_id.in_(sorted(players)))
+        query = (
+            select(TaskRow)
+            .where(or_(queued, and_(TaskRow.state == RUNNING, ~live_lease)))
+            .order_by(TaskRow.seq)
+            .limit(max_tasks)
+            # Replicas claiming at once skip each other's rows instead of waiting for them.
+            .with_for_update(skip_locked=True, of=TaskRow)
+        )
+        claims: list[journal_pb2.TaskClaim] = []
+        with self._sessions.begin() as session:
+            for row in session.scalars(query).all():
+                # The row is locked now and holds its newest values; look again, since it may
+                # have been claimed between the query's snapshot and the lock.
+                if row.state == QUEUED and (not players or row.player_id in players):
+                    # A lease left over from an earlier run is taken over: its token grows,
+                    # so the earlier holder's fence is stale from now on.
+                    lease = _lease_row(session, f"task:{row.task_id}")
+                elif row.state == RUNNING:
+                    lease = _lease_row(session, f"task:{row.task_id}")
+                    if _live(lease, now):
+                        continue
+                else:
+                    continue
+                _take(lease, owner, lease_seconds, now)
+                row.state = RUNNING
+                row.attempts += 1
+                row.updated_at = now
+                claims.append(
+                    journal_pb2.TaskClaim(task=task_message(row), lease=_lease_message(lease))
+                )
+        return claims
+
+    def transition_task(
+        self,
+        task_id: str,
+        state: int,
+        expected_state: int = TS.TASK_STATE_UNSPECIFIED,
+        result: common_pb2.AgentResult | None = None,
+        fence: journal_pb2.Fence | None = None,
+    ) -> journal_pb2.EventTask:
+        now = self._now()
+        with self._sessions.begin() as session:
+            check_fence(session, fence, now)
+            row = transition_task(
+                session,
+                self._bounds,
+                now,
+                task_id=task_id,
+                state=state,
+                expected_state=expected_state,
+                result=result,
+            )
+            return task_message(row)
+
+    # -- receipts ------------------------------------------------------------------------------
+
+    def record_step(
+        self,
+        step_id: str,
+        task_id: str,
+        position: int,
+        tool: str,
+        fence: journal_pb2.Fence | None = None,
+    ) -> tuple[journal_pb2.StepReceipt, bool]:
+        now = self._now()
+        with self._sessions.begin() as session:
+            check_fence(session, fence, now)
+            row, created = record_step(
+                session,
+                self._bounds,
+                now,
+                step_id=step_id,
+                task_id=task_id,
+                position=position,
+                tool=tool,
+            )
+            return receipt_message(row), created
+
+    def complete_step(
+        self,
+        step_id: str,
+        tool: str,
+        result: bytes,
+        codec_id: str,
+        fence: journal_pb2.Fence | None = None,
+    ) -> journal_pb2.StepReceipt:
+        now = self._now()
+        with self._sessions.begin() as session:
+            check_fence(session, fence, now)
+            row = complete_step(
+                session,
+                self._bounds,
+                now,
+                step_id=step_id,
+                tool=tool,
+                result=result,
+                codec_id=codec_id,
+            )
+            return receipt_message(row)
+
+    def get_step(self, step_id: str, tool: str) -> journal_pb2.StepReceipt:
+        """The receipt for replay; FAILED_PRECONDITION when it was recorded for another tool."""
+        _check_id(step_id, "step_id")
+        _check_id(tool, "tool")
+        with self._sessions() as session:
+            row = session.execute(
+                select(ReceiptRow).where(ReceiptRow.step_id == step_id)
+            ).scalar_one_or_none()
+            if row is None:
+                raise NotFound(f"no receipt for step {step_id!r}")
+            if row.tool != tool:
+                raise FailedPrecondition(
+                    f"step {step_id} was recorded for tool {row.tool!r}; refusing to replay it "
+                    f"for tool {tool!r}"
+                )
+            return receipt_message(row)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def acquire_lease(self, name: str, owner: str, ttl_seconds: int) -> journal_pb2.Lease:
+        now = self._now()
+        with self._sessions.begin() as session:
+            return _lease_message(acquire_lease(session, name, owner, ttl_seconds, now))
+
+    def renew_lease(self, name: str, owner: str, token: int, ttl_seconds: int) -> journal_pb2.Lease:
+        """Extends a lease the caller holds (also after it expired, if nobody took it since)."""
+        _check_id(name, "name")
+        _check_id(owner, "owner")
+        _check_token(token)
+        _check_ttl(ttl_seconds, "ttl_seconds")
+        now = self._now()
+        with self._sessions.begin() as session:
+            row = session.get(LeaseRow, name, with_for_update=True)
+            if row is None or row.owner is None:
+                raise FailedPrecondition(f"lease {name!r} is not held; acquire it again")
+            if row.owner != owner or row.token != token:
+                raise FailedPrecondition(
+                    f"lease {name!r} is held by {row.owner!r} with token {row.token}, not by "
+                    f"{owner!r} with token {token}; acquire it again"
+                )
+            row.expires_at = now + dt.timedelta(seconds=ttl_seconds)
+            return _lease_message(row)
+
+    def release_lease(self, name: str, owner: str, token: int) -> bool:
+        """Gives a lease up; False when it was no longer the caller's. The token is kept."""
+        _check_id(name, "name")
+        _check_id(owner, "owner")
+        _check_token(token)
+        with self._sessions.begin() as session:
+            released = session.execute(
+                update(LeaseRow)
+                .where(LeaseRow.name == name, LeaseRow.owner == owner, LeaseRow.token == token)
+                .values(owner=None, expires_at=None)
+            )
+            return released.rowcount == 1
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def commit(self, request: journal_pb2.CommitRequest) -> journal_pb2.CommitResponse:
+        """Applies a batch atomically and once per (player_id, request_id).
+
+        The batch's row is inserted first (INSERT ... ON CONFLICT DO NOTHING): a retry racing
+        the first attempt waits for it on PostgreSQL, then finds the row and replays. Any
+        failing operation rolls everything back, that row included, so a failed batch may be
+        retried with the same request id.
+        """
+        _validate_batch(request)
+        digest = _digest(request)
+        now = self._now()
+        with self._sessions.begin() as session:
+            inserted = session.execute(
+                # Core table, and the count kept: SQLAlchemy reports no affected-row count for
+                # an ORM-enabled INSERT, nor for any INSERT on psycopg unless asked to.
+                upsert_ignore(
+                    session,
+                    BatchRow.__table__,  # type: ignore[arg-type]
+                    player_id=request.player_id,
+                    request_id=request.request_id,
+                    digest=digest,
+                    response=b"",
+                    created_at=now,
+                ).execution_options(preserve_rowcount=True)
+            )
+            if inserted.rowcount != 1:
+                return self._replay(session, request, digest)
+            check_fence(session, request.fence if request.HasField("fence") else None, now)
+            versions: list[int] = []
+            for index, operation in enumerate(request.operations):
+                kind = operation.WhichOneof("op")
+                assert kind is not None
+                try:
+                    _apply(session, self._bounds, now, request.player_id, operation, kind, versions)
+                except ServiceError as error:
+                    raise type(error)(f"operations[{index}] ({kind}): {error.message}") from error
+            response = journal_pb2.CommitResponse(versions=versions)
+            session.execute(
+                update(BatchRow)
+                .where(
+                    BatchRow.player_id == request.player_id,
+                    BatchRow.request_id == request.request_id,
+                )
+                .values(response=response.SerializeToString())
+            )
+            return response
+
+    @staticmethod
+    def _replay(
+        session: Session, request: journal_pb2.CommitRequest, digest: bytes
+    ) -> journal_pb2.CommitResponse:
+        row = session.get(BatchRow, (request.player_id, request.request_id))
+        assert row is not None
+        if row.digest != digest:
+            raise InvalidArgument(
+                f"request_id {request.request_id!r} was already used for a different batch; "
+                "a retry must resend the same operations, a new batch needs a new request id"
+            )
+        response = journal_pb2.CommitResponse.FromString(row.response)
+        response.replayed = True
+        return response

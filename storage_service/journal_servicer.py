@@ -1,0 +1,120 @@
+"""gRPC face of the journal: unpacks requests and runs the store off the event loop."""
+
+from __future__ import annotations
+
+from system.storage.v1 import journal_pb2, journal_pb2_grpc
+
+from storage_service.dbcall import run_db
+from storage_service.journal import JournalStore
+
+__all__ = ["JournalServicer"]
+
+
+def _fence(request) -> journal_pb2.Fence | None:  # type: ignore[no-untyped-def]
+    return request.fence if request.HasField("fence") else None
+
+
+class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
+    """Thin: every method delegates to JournalStore in a worker thread. Typed errors the store
+    raises become status codes in the server interceptor; an unreachable database becomes
+    UNAVAILABLE (see storage_service.dbcall)."""
+
+    def __init__(self, store: JournalStore) -> None:
+        self._store = store
+
+    async def CreateTask(self, request, context):  # type: ignore[no-untyped-def]
+        task, created, evicted = await run_db(
+            self._store.create_task,
+            request.player_id,
+            request.module_id,
+            request.input,
+            request.event_key,
+            request.initial_state,
+        )
+        return journal_pb2.CreateTaskResponse(task=task, created=created, evicted=evicted)
+
+    async def GetTask(self, request, context):  # type: ignore[no-untyped-def]
+        task = await run_db(self._store.get_task, request.task_id)
+        return journal_pb2.GetTaskResponse(task=task)
+
+    async def ListTasks(self, request, context):  # type: ignore[no-untyped-def]
+        tasks, token = await run_db(
+            self._store.list_tasks,
+            request.player_id,
+            list(request.states),
+            request.page_size,
+            request.page_token,
+        )
+        return journal_pb2.ListTasksResponse(tasks=tasks, next_page_token=token)
+
+    async def ClaimTasks(self, request, context):  # type: ignore[no-untyped-def]
+        claims = await run_db(
+            self._store.claim_tasks,
+            request.owner,
+            request.max_tasks,
+            request.lease_seconds,
+            list(request.player_ids),
+        )
+        return journal_pb2.ClaimTasksResponse(claims=claims)
+
+    async def TransitionTask(self, request, context):  # type: ignore[no-untyped-def]
+        task = await run_db(
+            self._store.transition_task,
+            request.task_id,
+            request.state,
+            request.expected_state,
+            request.result if request.HasField("result") else None,
+            _fence(request),
+        )
+        return journal_pb2.TransitionTaskResponse(task=task)
+
+    async def RecordStep(self, request, context):  # type: ignore[no-untyped-def]
+        receipt, created = await run_db(
+            self._store.record_step,
+            request.step_id,
+            request.task_id,
+            request.position,
+            request.tool,
+            _fence(request),
+        )
+        return journal_pb2.RecordStepResponse(receipt=receipt, created=created)
+
+    async def CompleteStep(self, request, context):  # type: ignore[no-untyped-def]
+        receipt = await run_db(
+            self._store.complete_step,
+            request.step_id,
+            request.tool,
+            request.result,
+            request.codec_id,
+            _fence(request),
+        )
+        return journal_pb2.CompleteStepResponse(receipt=receipt)
+
+    async def GetStep(self, request, context):  # type: ignore[no-untyped-def]
+        receipt = await run_db(self._store.get_step, request.step_id, request.tool)
+        return journal_pb2.GetStepResponse(receipt=receipt)
+
+    async def AcquireLease(self, request, context):  # type: ignore[no-untyped-def]
+        lease = await run_db(
+            self._store.acquire_lease, request.name, request.owner, request.ttl_seconds
+        )
+        return journal_pb2.AcquireLeaseResponse(lease=lease)
+
+    async def RenewLease(self, request, context):  # type: ignore[no-untyped-def]
+        lease = await run_db(
+            self._store.renew_lease,
+            request.name,
+            request.owner,
+            request.token,
+            request.ttl_seconds,
+        )
+        return journal_pb2.RenewLeaseResponse(lease=lease)
+
+    async def ReleaseLease(self, request, context):  # type: ignore[no-untyped-def]
+        released = await run_db(
+            self._store.release_lease, request.name, request.owner, request.token
+        )
+        return journal_pb2.ReleaseLeaseResponse(released=released)
+
+    async def Commit(self, request, context):  # type: ignore[no-untyped-def]
+        return await run_db(self._store.commit, request)

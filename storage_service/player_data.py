@@ -1,0 +1,553 @@
+"""Player module data (the seed's ModuleData), daily usage, bindings, and revoke/reset.
+
+Domain code: no gRPC here. A player's module document is keyed by (player, owning module,
+storage type) and carries a version that every write bumps by one; writes are compare-and-set
+on that version. Document writes, deletes, version checks and usage increments are
+session-level functions that run inside a caller's transaction, so JournalService.Commit can
+apply them atomically with task and receipt writes; `PlayerDataStore` holds the reads, the
+bindings and the reset, one transaction per method.
+
+Concurrency: on SQLite every write transaction starts with BEGIN IMMEDIATE (see db.py), so
+writers are serialized. On PostgreSQL (READ COMMITTED) a put of a new document is an
+INSERT … ON CONFLICT DO NOTHING whose affected-row count says whether this writer won, a put
+or delete of an existing one is an UPDATE/DELETE guarded by `version = expected` (PostgreSQL
+re-checks the guard on the newest row after waiting for a concurrent writer), and a version
+check locks the row FOR UPDATE so it cannot change before the caller commits.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable
+
+from sqlalchemy import (
+    BigInteger,
+    Date,
+    DateTime,
+    LargeBinary,
+    String,
+    Table,
+    and_,
+    delete,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.sql.dml import Insert
+from system.storage.v1 import journal_pb2, player_data_pb2
+
+from services.runtime.errors import Aborted, InvalidArgument, NotFound
+from storage_service.db import Base
+
+__all__ = [
+    "BindingRow",
+    "DocumentRow",
+    "KEEP_ON_RESET",
+    "PlayerDataStore",
+    "UsageRow",
+    "add_usage",
+    "check_player_id",
+    "check_version",
+    "delete_document",
+    "parse_day",
+    "put_document",
+    "validate_key",
+]
+
+MAX_PLAYER_ID = 64
+MAX_IDENTIFIER = 128
+MAX_CODEC_ID = 128
+MAX_USAGE_DAYS = 366
+# One increment above this is a bug in the caller, not usage; it would also bring the BIGINT
+# counters within reach of overflow.
+MAX_USAGE_INCREMENT = 2**40
+# Versions live in a signed BIGINT; the next version must still fit.
+MAX_VERSION = 2**63 - 2
+
+IDENTIFIER = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
+DAY = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+
+KEEP_ON_RESET = "keep_on_reset"
+"""Key in a table's `info`: when true, ResetPlayer leaves the player's rows in that table."""
+
+LEASES_TABLE = "leases"
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+class DocumentRow(Base):
+    """One player module document (the seed's ModuleData entry). `data` is opaque bytes that
+    the codec named by `codec_id` decodes."""
+
+    __tablename__ = "player_documents"
+
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), primary_key=True)
+    owner_module: Mapped[str] = mapped_column(String(MAX_IDENTIFIER), primary_key=True)
+    storage_type: Mapped[str] = mapped_column(String(MAX_IDENTIFIER), primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    codec_id: Mapped[str] = mapped_column(String(MAX_CODEC_ID))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class UsageRow(Base):
+    """A player's usage on one UTC day. Kept when the player is revoked or reset."""
+
+    __tablename__ = "player_usage"
+    __table_args__ = {"info": {KEEP_ON_RESET: True}}
+
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    model_calls: Mapped[int] = mapped_column(BigInteger, default=0)
+    web_searches: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class BindingRow(Base):
+    """A player's binding; absent means UNBOUND. `state` is the lower-case state name
+    (`bound`, `revoked`). Kept by ResetPlayer, which sets it itself for REVOKE."""
+
+    __tablename__ = "player_bindings"
+    __table_args__ = {"info": {KEEP_ON_RESET: True}}
+
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    changed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+_DOCS: Table = DocumentRow.__table__  # type: ignore[assignment]
+_USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
+_BINDINGS: Table = BindingRow.__table__  # type: ignore[assignment]
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "model_calls", "web_searches")
+
+BOUND = "bound"
+REVOKED = "revoked"
+_STATES = {
+    BOUND: player_data_pb2.BINDING_STATE_BOUND,
+    REVOKED: player_data_pb2.BINDING_STATE_REVOKED,
+}
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def check_player_id(player_id: str, field: str = "player_id") -> None:
+    """Raises InvalidArgument unless the id is 1..64 printable characters."""
+    if not player_id:
+        raise InvalidArgument(f"{field} is required")
+    if len(player_id) > MAX_PLAYER_ID:
+        raise InvalidArgument(f"{field} is longer than {MAX_PLAYER_ID} characters")
+    if "\x00" in player_id:
+        # PostgreSQL text cannot hold NUL; reject it the same way on every database.
+        raise InvalidArgument(f"{field} must not contain NUL characters")
+    if not player_id.isprintable():
+        raise InvalidArgument(f"{field} must hold printable characters only")
+
+
+def _check_identifier(value: str, field: str) -> None:
+    if not value:
+        raise InvalidArgument(f"{field} is required (a `namespace:path` identifier)")
+    if len(value) > MAX_IDENTIFIER:
+        raise InvalidArgument(f"{field} is longer than {MAX_IDENTIFIER} characters")
+    if not IDENTIFIER.match(value):
+        raise InvalidArgument(
+            f"{field} {value!r} is not a `namespace:path` identifier "
+            "(lower-case letters, digits, `_.-`, and `/` in the path)"
+        )
+
+
+def validate_key(key: journal_pb2.DocumentKey) -> None:
+    """Raises InvalidArgument unless every field of a document key is well formed."""
+    check_player_id(key.player_id, "key.player_id")
+    _check_identifier(key.owner_module, "key.owner_module")
+    _check_identifier(key.storage_type, "key.storage_type")
+
+
+def _check_codec(codec_id: str) -> None:
+    if not codec_id:
+        raise InvalidArgument("codec_id is required: name the codec that decodes the data")
+    if len(codec_id) > MAX_CODEC_ID:
+        raise InvalidArgument(f"codec_id is longer than {MAX_CODEC_ID} characters")
+    if not codec_id.isprintable():  # NUL and other control characters included
+        raise InvalidArgument("codec_id must hold printable characters only")
+
+
+def _check_expected(expected_version: int) -> None:
+    if expected_version < 0 or expected_version > MAX_VERSION:
+        raise InvalidArgument(f"expected_version must be between 0 and {MAX_VERSION}")
+
+
+def parse_day(day: str, field: str = "day") -> dt.date:
+    """A `YYYY-MM-DD` day; empty means today in UTC."""
+    if not day:
+        return dt.datetime.now(dt.UTC).date()
+    if not DAY.match(day):
+        raise InvalidArgument(f"{field} must be a day as YYYY-MM-DD, got {day!r}")
+    try:
+        return dt.date.fromisoformat(day)
+    except ValueError:
+        raise InvalidArgument(f"{field} {day!r} is not a calendar day") from None
+
+
+def _describe(key: journal_pb2.DocumentKey) -> str:
+    return (
+        f"(player_id={key.player_id!r}, owner_module={key.owner_module!r}, "
+        f"storage_type={key.storage_type!r})"
+    )
+
+
+def _version_text(version: int) -> str:
+    return f"{version} (absent)" if version == 0 else str(version)
+
+
+def _conflict(key: journal_pb2.DocumentKey, expected: int, actual: int) -> Aborted:
+    return Aborted(
+        f"version conflict on document {_describe(key)}: expected version "
+        f"{_version_text(expected)}, actual version {_version_text(actual)}; "
+        "read the document again and retry"
+    )
+
+
+def _key_clause(key: journal_pb2.DocumentKey):  # type: ignore[no-untyped-def]
+    return and_(
+        _DOCS.c.player_id == key.player_id,
+        _DOCS.c.owner_module == key.owner_module,
+        _DOCS.c.storage_type == key.storage_type,
+    )
+
+
+def _current_version(session: Session, key: journal_pb2.DocumentKey, lock: bool = False) -> int:
+    query = select(_DOCS.c.version).where(_key_clause(key))
+    if lock:
+        # FOR UPDATE on PostgreSQL; SQLite ignores it (BEGIN IMMEDIATE already serializes).
+        query = query.with_for_update()
+    version = session.execute(query).scalar_one_or_none()
+    return int(version or 0)
+
+
+def _insert_ignore(session: Session, table: Table, **values: object) -> Insert:
+    """INSERT … ON CONFLICT DO NOTHING, as db.upsert_ignore, but with an affected-row count:
+    1 when this insert made the row, 0 when the key existed. SQLAlchemy reports no count for an
+    INSERT (rowcount -1 on psycopg) unless asked to preserve it, and an ORM-enabled insert
+    never does; the count is what tells a writer whether it won."""
+    dialect = session.get_bind().dialect.name
+    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    return (
+        insert(table)
+        .values(**values)
+        .on_conflict_do_nothing()
+        .execution_options(preserve_rowcount=True)
+    )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    # SQLite returns naive datetimes; they were stored as UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+# -- session-level writes (inside the caller's transaction; never commit here) ----------------
+
+
+def check_version(session: Session, key: journal_pb2.DocumentKey, expected_version: int) -> None:
+    """Raises Aborted unless the document is at `expected_version` (0: must not exist).
+
+    An existing row stays locked until the caller's transaction ends, so it cannot change
+    between this check and the commit. A missing row cannot be locked: under PostgreSQL's
+    READ COMMITTED a document created concurrently by another transaction after this check
+    is not seen (the same holds for any predicate over absent rows).
+    """
+    validate_key(key)
+    _check_expected(expected_version)
+    actual = _current_version(session, key, lock=True)
+    if actual != expected_version:
+        raise _conflict(key, expected_version, actual)
+
+
+def put_document(
+    session: Session,
+    key: journal_pb2.DocumentKey,
+    expected_version: int,
+    data: bytes,
+    codec_id: str,
+    max_bytes: int,
+) -> int:
+    """Writes a document when it is at `expected_version` (0: must not exist).
+
+    Returns the new version (1 for a new document). Of two writers racing from the same
+    version exactly one succeeds; the other gets Aborted.
+    """
+    validate_key(key)
+    _check_expected(expected_version)
+    _check_codec(codec_id)
+    if len(data) > max_bytes:
+        raise InvalidArgument(
+            f"document {_describe(key)} is {len(data)} bytes, over the {max_bytes} byte limit"
+        )
+    now = _now()
+    if expected_version == 0:
+        # The primary key decides: a concurrent insert of the same key makes this one do
+        # nothing (PostgreSQL waits for the other transaction, then sees its row).
+        inserted = session.execute(
+            _insert_ignore(
+                session,
+                _DOCS,
+                player_id=key.player_id,
+                owner_module=key.owner_module,
+                storage_type=key.storage_type,
+                version=1,
+                data=data,
+                codec_id=codec_id,
+                updated_at=now,
+            )
+        )
+        if inserted.rowcount != 1:
+            raise _conflict(key, 0, _current_version(session, key))
+        return 1
+    # The guard on the version makes this compare-and-set: the UPDATE locks the row, and a
+    # writer that waited on a concurrent one re-checks the guard against its committed row.
+    updated = session.execute(
+        update(_DOCS)
+        .where(_key_clause(key), _DOCS.c.version == expected_version)
+        .values(version=expected_version + 1, data=data, codec_id=codec_id, updated_at=now)
+    )
+    if updated.rowcount != 1:
+        raise _conflict(key, expected_version, _current_version(session, key))
+    return expected_version + 1
+
+
+def delete_document(session: Session, key: journal_pb2.DocumentKey, expected_version: int) -> None:
+    """Deletes a document when it is at `expected_version`; Aborted when missing or moved on."""
+    validate_key(key)
+    _check_expected(expected_version)
+    if expected_version == 0:
+        raise InvalidArgument(
+            f"expected_version of a delete of {_describe(key)} must be the document's "
+            "current version (1 or more); 0 means the document must not exist"
+        )
+    deleted = session.execute(
+        delete(_DOCS).where(_key_clause(key), _DOCS.c.version == expected_version)
+    )
+    if deleted.rowcount != 1:
+        raise _conflict(key, expected_version, _current_version(session, key))
+
+
+def add_usage(session: Session, player_id: str, increment: journal_pb2.UsageIncrement) -> None:
+    """Adds to the player's usage of `increment.day` (empty: today in UTC).
+
+    The row is made first (INSERT … ON CONFLICT DO NOTHING), then each counter is raised in
+    the database (`x = x + n`), so concurrent callers never lose an increment.
+    """
+    check_player_id(player_id)
+    day = parse_day(increment.day, "usage.day")
+    amounts = {name: getattr(increment, name) for name in _USAGE_FIELDS}
+    for name, amount in amounts.items():
+        if amount > MAX_USAGE_INCREMENT:
+            raise InvalidArgument(
+                f"usage.{name} is {amount}; one increment may add at most {MAX_USAGE_INCREMENT}"
+            )
+    amounts = {name: amount for name, amount in amounts.items() if amount}
+    if not amounts:
+        return
+    session.execute(
+        _insert_ignore(
+            session,
+            _USAGE,
+            player_id=player_id,
+            day=day,
+            **dict.fromkeys(_USAGE_FIELDS, 0),
+        )
+    )
+    session.execute(
+        update(_USAGE)
+        .where(_USAGE.c.player_id == player_id, _USAGE.c.day == day)
+        .values({name: _USAGE.c[name] + amount for name, amount in amounts.items()})
+    )
+
+
+# -- the store --------------------------------------------------------------------------------
+
+
+def _document(row) -> journal_pb2.Document:  # type: ignore[no-untyped-def]
+    document = journal_pb2.Document(
+        key=journal_pb2.DocumentKey(
+            player_id=row.player_id, owner_module=row.owner_module, storage_type=row.storage_type
+        ),
+        version=row.version,
+        data=row.data,
+        codec_id=row.codec_id,
+    )
+    document.updated_at.FromDatetime(_aware(row.updated_at))
+    return document
+
+
+def _daily(row) -> player_data_pb2.DailyUsage:  # type: ignore[no-untyped-def]
+    return player_data_pb2.DailyUsage(
+        day=row.day.isoformat(),
+        prompt_tokens=row.prompt_tokens,
+        completion_tokens=row.completion_tokens,
+        model_calls=row.model_calls,
+        web_searches=row.web_searches,
+    )
+
+
+def _reset_tables() -> Iterable[Table]:
+    """Tables whose rows of a player ResetPlayer deletes, dependents before what they refer to.
+
+    Every table of the metadata with a `player_id` column counts, unless its `info` marks it
+    KEEP_ON_RESET, so tables added by other modules are covered without being named here.
+    """
+    for table in reversed(Base.metadata.sorted_tables):
+        if "player_id" in table.c and not table.info.get(KEEP_ON_RESET):
+            yield table
+
+
+def _leases_table() -> Table | None:
+    """The lease table, when a module that defines it has been imported."""
+    return Base.metadata.tables.get(LEASES_TABLE)
+
+
+class PlayerDataStore:
+    """Reads documents and usage; bindings; revoke and reset. Each method is one transaction."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    # -- documents -----------------------------------------------------------------------------
+
+    def get_document(self, key: journal_pb2.DocumentKey) -> journal_pb2.Document:
+        validate_key(key)
+        with self._sessions() as session:
+            row = session.execute(select(_DOCS).where(_key_clause(key))).one_or_none()
+        if row is None:
+            raise NotFound(f"no document {_describe(key)}")
+        return _document(row)
+
+    def list_documents(self, player_id: str, owner_module: str = "") -> list[journal_pb2.Document]:
+        """The player's documents, by owning module then storage type."""
+        check_player_id(player_id)
+        query = select(_DOCS).where(_DOCS.c.player_id == player_id)
+        if owner_module:
+            _check_identifier(owner_module, "owner_module")
+            query = query.where(_DOCS.c.owner_module == owner_module)
+        with self._sessions() as session:
+            rows = list(session.execute(query))
+        # Sorted here, not by ORDER BY: PostgreSQL orders text by the database's collation,
+        # which may not be code-point order as on SQLite.
+        rows.sort(key=lambda row: (row.owner_module, row.storage_type))
+        return [_document(row) for row in rows]
+
+    # -- usage ---------------------------------------------------------------------------------
+
+    def get_usage(
+        self, player_id: str, from_day: str = "", to_day: str = ""
+    ) -> list[player_data_pb2.DailyUsage]:
+        """Days with any usage in [from_day, to_day], oldest first. Empty from_day: today;
+        empty to_day: from_day."""
+        check_player_id(player_id)
+        first = parse_day(from_day, "from_day")
+        last = parse_day(to_day, "to_day") if to_day else first
+        if last < first:
+            raise InvalidArgument(f"to_day {last} is before from_day {first}")
+        span = (last - first).days + 1
+        if span > MAX_USAGE_DAYS:
+            raise InvalidArgument(
+                f"the range holds {span} days; ask for at most {MAX_USAGE_DAYS} at a time"
+            )
+        query = (
+            select(_USAGE)
+            .where(_USAGE.c.player_id == player_id, _USAGE.c.day.between(first, last))
+            .order_by(_USAGE.c.day)
+        )
+        with self._sessions() as session:
+            return [_daily(row) for row in session.execute(query)]
+
+    # -- bindings ------------------------------------------------------------------------------
+
+    def grant_binding(self, player_id: str) -> int:
+        """Marks the player BOUND; granting a bound player changes nothing. Returns the state."""
+        check_player_id(player_id)
+        now = _now()
+        with self._sessions.begin() as session:
+            inserted = session.execute(
+                _insert_ignore(session, _BINDINGS, player_id=player_id, state=BOUND, changed_at=now)
+            )
+            if inserted.rowcount != 1:
+                session.execute(
+                    update(_BINDINGS)
+                    .where(_BINDINGS.c.player_id == player_id, _BINDINGS.c.state != BOUND)
+                    .values(state=BOUND, changed_at=now)
+                )
+        return player_data_pb2.BINDING_STATE_BOUND
+
+    def get_binding(self, player_id: str) -> tuple[int, dt.datetime | None]:
+        """(state, changed_at); a player never granted is (UNBOUND, None)."""
+        check_player_id(player_id)
+        with self._sessions() as session:
+            row = session.execute(
+                select(_BINDINGS).where(_BINDINGS.c.player_id == player_id)
+            ).one_or_none()
+        if row is None:
+            return player_data_pb2.BINDING_STATE_UNBOUND, None
+        return _state(row.state), _aware(row.changed_at)
+
+    # -- revoke / reset ------------------------------------------------------------------------
+
+    def reset_player(self, player_id: str, mode: int) -> tuple[int, int]:
+        """Deletes the player's data in every table but usage and bindings, in one transaction.
+
+        REVOKE also marks the binding REVOKED; RESET leaves it. Returns (rows deleted, binding
+        state afterwards).
+        """
+        check_player_id(player_id)
+        if mode not in (player_data_pb2.RESET_MODE_REVOKE, player_data_pb2.RESET_MODE_RESET):
+            raise InvalidArgument("mode must be RESET_MODE_REVOKE or RESET_MODE_RESET")
+        now = _now()
+        deleted = 0
+        with self._sessions.begin() as session:
+            for table in _reset_tables():
+                result = session.execute(delete(table).where(table.c.player_id == player_id))
+                deleted += int(result.rowcount or 0)
+            leases = _leases_table()
+            if leases is not None and "name" in leases.c and "player_id" not in leases.c:
+                # A player's interactive-run lease is named after them; the lease table has no
+                # player column, so it is not covered above.
+                result = session.execute(
+                    delete(leases).where(leases.c.name == f"player:{player_id}")
+                )
+                deleted += int(result.rowcount or 0)
+            if mode == player_data_pb2.RESET_MODE_REVOKE:
+                inserted = session.execute(
+                    _insert_ignore(
+                        session, _BINDINGS, player_id=player_id, state=REVOKED, changed_at=now
+                    )
+                )
+                if inserted.rowcount != 1:
+                    session.execute(
+                        update(_BINDINGS)
+                        .where(_BINDINGS.c.player_id == player_id, _BINDINGS.c.state != REVOKED)
+                        .values(state=REVOKED, changed_at=now)
+                    )
+                return deleted, player_data_pb2.BINDING_STATE_REVOKED
+            state = session.execute(
+                select(_BINDINGS.c.state).where(_BINDINGS.c.player_id == player_id)
+            ).scalar_one_or_none()
+        return deleted, (
+            _state(state) if state is not None else player_data_pb2.BINDING_STATE_UNBOUND
+        )
+
+
+def _state(name: str) -> int:
+    try:
+        return _STATES[name]
+    except KeyError:
+        # A value this code never writes: say so instead of guessing a state.
+        raise ValueError(f"unknown binding state {name!r} in player_bindings") from None

@@ -1,0 +1,50 @@
+"""gRPC face of player data: converts messages and runs the store off the event loop."""
+
+from __future__ import annotations
+
+from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
+
+from storage_service.dbcall import run_db
+from storage_service.player_data import PlayerDataStore
+
+__all__ = ["PlayerDataServicer"]
+
+
+class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
+    """Thin: every method delegates to PlayerDataStore in a worker thread. Typed errors the
+    store raises become status codes in the server interceptor."""
+
+    def __init__(self, store: PlayerDataStore) -> None:
+        self._store = store
+
+    async def GetDocument(self, request, context):  # type: ignore[no-untyped-def]
+        document = await run_db(self._store.get_document, request.key)
+        return player_data_pb2.GetDocumentResponse(document=document)
+
+    async def ListDocuments(self, request, context):  # type: ignore[no-untyped-def]
+        documents = await run_db(
+            self._store.list_documents, request.player_id, request.owner_module
+        )
+        return player_data_pb2.ListDocumentsResponse(documents=documents)
+
+    async def GetUsage(self, request, context):  # type: ignore[no-untyped-def]
+        days = await run_db(
+            self._store.get_usage, request.player_id, request.from_day, request.to_day
+        )
+        return player_data_pb2.GetUsageResponse(days=days)
+
+    async def GrantBinding(self, request, context):  # type: ignore[no-untyped-def]
+        state = await run_db(self._store.grant_binding, request.player_id)
+        return player_data_pb2.GrantBindingResponse(state=state)
+
+    async def GetBinding(self, request, context):  # type: ignore[no-untyped-def]
+        state, changed_at = await run_db(self._store.get_binding, request.player_id)
+        response = player_data_pb2.GetBindingResponse(state=state)
+        if changed_at is not None:
+            response.changed_at.FromDatetime(changed_at)
+        return response
+
+    async def ResetPlayer(self, request, context):  # type: ignore[no-untyped-def]
+        deleted, state = await run_db(self._store.reset_player, request.player_id, request.mode)
+        # `deleted` is uint32 on the wire; a count past it is reported as its largest value.
+        return player_data_pb2.ResetPlayerResponse(deleted=min(deleted, 2**32 - 1), state=state)
