@@ -29,6 +29,7 @@ from sqlalchemy import (
     String,
     Table,
     and_,
+    text,
     delete,
     select,
     update,
@@ -257,16 +258,28 @@ def _aware(value: dt.datetime) -> dt.datetime:
 # -- session-level writes (inside the caller's transaction; never commit here) ----------------
 
 
+def _lock_key(session: Session, key: journal_pb2.DocumentKey) -> None:
+    """On PostgreSQL, serialises every transaction that checks a document's absence or creates
+    it, until that transaction ends. SQLite needs nothing: its write transactions begin
+    IMMEDIATE and so run one at a time."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    name = "\x1f".join(("document", key.player_id, key.owner_module, key.storage_type))
+    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name})
+
+
 def check_version(session: Session, key: journal_pb2.DocumentKey, expected_version: int) -> None:
     """Raises Aborted unless the document is at `expected_version` (0: must not exist).
 
     An existing row stays locked until the caller's transaction ends, so it cannot change
-    between this check and the commit. A missing row cannot be locked: under PostgreSQL's
-    READ COMMITTED a document created concurrently by another transaction after this check
-    is not seen (the same holds for any predicate over absent rows).
+    between this check and the commit. A missing row cannot be locked, so on PostgreSQL a check
+    for absence takes a transaction-scoped advisory lock on the key, which every creation of
+    that document also takes (see `_lock_key`).
     """
     validate_key(key)
     _check_expected(expected_version)
+    if expected_version == 0:
+        _lock_key(session, key)
     actual = _current_version(session, key, lock=True)
     if actual != expected_version:
         raise _conflict(key, expected_version, actual)
@@ -294,6 +307,7 @@ def put_document(
         )
     now = _now()
     if expected_version == 0:
+        _lock_key(session, key)
         # The primary key decides: a concurrent insert of the same key makes this one do
         # nothing (PostgreSQL waits for the other transaction, then sees its row).
         inserted = session.execute(

@@ -1361,3 +1361,37 @@ async def test_service_errors_have_their_codes_and_the_server_keeps_serving(
     assert (caught.value.details() or "").startswith("STORAGE_FULL: ")
     listed = await stub.ListTasks(journal_pb2.ListTasksRequest(player_id=player), timeout=10)
     assert [t.event_key for t in listed.tasks] == ["a", "b"]
+
+
+def _absent(player: str, storage_type: str) -> journal_pb2.CommitOperation:
+    return journal_pb2.CommitOperation(
+        check=journal_pb2.VersionCheck(key=_key(player, storage_type), expected_version=0)
+    )
+
+
+def test_absence_checks_never_allow_write_skew(store: JournalStore) -> None:
+    # Each batch writes one document only if the other does not exist. Run one after the
+    # other, the second always sees the first's document; run at once, at most one may win.
+    # (On PostgreSQL the checks of absent rows take advisory locks; the loser may also be
+    # rolled back as a deadlock, which clients see as UNAVAILABLE and retry.)
+    from sqlalchemy.exc import OperationalError
+
+    for _ in range(8):
+        player = _player()
+        barrier = threading.Barrier(2)
+
+        def attempt(mine: str, other: str, p: str = player, b: threading.Barrier = barrier) -> bool:
+            b.wait()
+            try:
+                store.commit(
+                    _commit(
+                        p, _absent(p, f"system:{other}"), _put(p, 0, storage_type=f"system:{mine}")
+                    )
+                )
+            except (Aborted, OperationalError):
+                return False
+            return True
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            won = list(pool.map(attempt, ["a", "b"], ["b", "a"]))
+        assert won.count(True) <= 1, "both batches saw the other's document as absent"
