@@ -29,9 +29,9 @@ from sqlalchemy import (
     String,
     Table,
     and_,
-    text,
     delete,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -265,7 +265,9 @@ def _lock_key(session: Session, key: journal_pb2.DocumentKey) -> None:
     if session.get_bind().dialect.name != "postgresql":
         return
     name = "\x1f".join(("document", key.player_id, key.owner_module, key.storage_type))
-    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name})
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name}
+    )
 
 
 def check_version(session: Session, key: journal_pb2.DocumentKey, expected_version: int) -> None:
