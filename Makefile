@@ -52,6 +52,7 @@ test-fast: $(GEN_STAMP)
 
 bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.skeleton
+	$(PYTHON) -m bench.storage
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -1,0 +1,718 @@
+"""Step receipts per second through the storage service, against the same writes made directly.
+
+    python -m bench.storage [--seconds 5] [--clients 1,8,32] [--backends sqlite,postgres]
+
+What is written: one *step receipt* is one step of an event task as the engine journals it:
+a Commit whose one operation is a ReceiptWrite RUNNING (the intent, which must be durable
+before the tool runs), then a Commit whose one operation is the ReceiptWrite DONE with a
+64-byte result. The two cannot be merged, since the intent must be stored before the tool
+runs, so every step is two transactions. "receipt writes/s" counts Commits, one receipt write
+each; "steps/s" is half of that. Commit rather than RecordStep/CompleteStep because it is the
+path the engine takes (the only one that can store a DONE receipt atomically with document
+writes) and it also records the batch for idempotency by request id, so it is the heavier path.
+
+Each cell is one database, one path and N concurrent clients, timed over `--seconds` after a
+warm-up:
+
+- gRPC: `python -m storage_service` as its own process with its production settings (INFO
+  access log, metrics on), N asyncio clients in this process sharing one channel.
+- direct: a JournalStore on the same database in this process (the object the servicer calls,
+  built the same way), N threads, no gRPC, no event loop, no worker-thread hop.
+
+Service overhead at N clients = direct throughput / gRPC throughput, and gRPC batch p50 minus
+direct batch p50. The 1-client figures isolate the per-call cost; with more clients the
+difference also holds queueing, since the server and this process share the machine's cores.
+
+Each client writes for players of its own. A new player and task are made every
+`STEPS_PER_TASK` steps (CreateTask, untimed but inside the wall time), so no ledger comes
+near its bound (5,000 receipts per player) and eviction never runs. PostgreSQL gets a fresh
+database on the server named by BENCH_POSTGRES_DSN (else TEST_POSTGRES_DSN, else
+postgresql://127.0.0.1:5432/test), dropped at the end; SQLite a file in a temporary folder.
+Results go to bench/results/storage.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import sessionmaker
+from system.storage.v1 import journal_pb2, journal_pb2_grpc
+
+from bench.machine import describe_machine
+from services.stack.launcher import ROOT, free_port
+from storage_service.config import StorageConfig
+from storage_service.db import make_engine
+from storage_service.journal import JournalBounds, JournalStore
+
+RESULTS = Path(__file__).resolve().parent / "results"
+JOURNAL = "system.storage.v1.JournalService"
+STEPS_PER_TASK = 400
+TOOL = "bench:give_item"
+CODEC = "bench:raw"
+RESULT = bytes(range(64))
+WARMUP_SECONDS = 0.5
+TARGET_RECEIPTS_PER_S = 2000
+TARGET_OVERHEAD_P50_MS = 1.0
+CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]  # loopback only; ignore proxy settings
+DEFAULT_DSN = "postgresql://127.0.0.1:5432/test"
+
+# -- the writes -------------------------------------------------------------------------------
+
+
+def _create_task_request(player: str) -> journal_pb2.CreateTaskRequest:
+    return journal_pb2.CreateTaskRequest(
+        player_id=player, module_id="bench:event", event_key=f"event-{player}"
+    )
+
+
+def _step_requests(
+    player: str, task_id: str, position: int
+) -> tuple[journal_pb2.CommitRequest, journal_pb2.CommitRequest]:
+    """The two batches of one step: intent (RUNNING), then result (DONE)."""
+    step_id = f"{task_id}/{position}"
+    running = journal_pb2.CommitRequest(
+        request_id=f"{step_id}/running",
+        player_id=player,
+        operations=[
+            journal_pb2.CommitOperation(
+                receipt=journal_pb2.ReceiptWrite(
+                    step_id=step_id,
+                    task_id=task_id,
+                    position=position,
+                    tool=TOOL,
+                    state=journal_pb2.STEP_STATE_RUNNING,
+                )
+            )
+        ],
+    )
+    done = journal_pb2.CommitRequest(
+        request_id=f"{step_id}/done",
+        player_id=player,
+        operations=[
+            journal_pb2.CommitOperation(
+                receipt=journal_pb2.ReceiptWrite(
+                    step_id=step_id,
+                    task_id=task_id,
+                    position=position,
+                    tool=TOOL,
+                    state=journal_pb2.STEP_STATE_DONE,
+                    result=RESULT,
+                    codec_id=CODEC,
+                )
+            )
+        ],
+    )
+    return running, done
+
+
+class _Players:
+    """Fresh player ids for one client of one cell."""
+
+    def __init__(self, cell: str, client: int) -> None:
+        self._prefix = f"bench-{cell}-{client}-{uuid.uuid4().hex[:6]}"
+        self._n = 0
+
+    def next(self) -> str:
+        self._n += 1
+        return f"{self._prefix}-{self._n}"
+
+
+@dataclasses.dataclass
+class _Window:
+    """The timed part of a cell: commits that finish inside it are counted and sampled."""
+
+    start: float
+    end: float
+    samples_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def record(self, began: float, finished: float) -> None:
+        if began >= self.start and finished <= self.end:
+            self.samples_ms.append((finished - began) * 1000)
+
+
+# -- progress and summaries --------------------------------------------------------------------
+
+
+class _Progress:
+    """A progress bar on stderr for a timed cell, redrawn at every tenth of it."""
+
+    def __init__(self, label: str, start: float, end: float) -> None:
+        self._label = label
+        self._start = start
+        self._end = end
+        self._drawn = -1
+
+    def update(self, now: float) -> None:
+        tenths = min(10, int(10 * (now - self._start) / (self._end - self._start)))
+        if tenths == self._drawn:
+            return
+        self._drawn = tenths
+        bar = "#" * (3 * tenths) + "." * (30 - 3 * tenths)
+        print(f"\r{self._label:<22} [{bar}]", end="", file=sys.stderr)
+        if tenths == 10:
+            print(file=sys.stderr)
+
+    def done(self) -> None:
+        self.update(self._end)
+
+
+def _summary(samples_ms: list[float]) -> dict[str, float]:
+    if not samples_ms:
+        return {"n": 0}
+    ordered = sorted(samples_ms)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+    return {
+        "n": len(ordered),
+        "p50_ms": round(statistics.median(ordered), 3),
+        "p90_ms": round(pct(90), 3),
+        "p99_ms": round(pct(99), 3),
+        "mean_ms": round(statistics.fmean(ordered), 3),
+        "max_ms": round(ordered[-1], 3),
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (Linux)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cell_result(
+    backend: str,
+    path: str,
+    clients: int,
+    window: _Window,
+    cpu: dict[str, float],
+) -> dict[str, Any]:
+    seconds = window.end - window.start
+    commits = len(window.samples_ms)
+    return {
+        "backend": backend,
+        "path": path,
+        "clients": clients,
+        "seconds": round(seconds, 2),
+        "commits": commits,
+        "receipt_writes_per_s": round(commits / seconds, 1),
+        "steps_per_s": round(commits / seconds / 2, 1),
+        "batch": _summary(window.samples_ms),
+        "cpu_ms_per_commit": {
+            name: round(value * 1000 / max(commits, 1), 3) for name, value in cpu.items()
+        },
+    }
+
+
+# -- direct: JournalStore in threads -----------------------------------------------------------
+
+
+def _direct_store(database_url: str) -> tuple[JournalStore, Callable[[], None]]:
+    """A JournalStore built as storage_service builds its own, and a way to close it."""
+    config = StorageConfig(database_url=database_url)
+    engine = make_engine(config.database_url)
+    store = JournalStore(
+        sessionmaker(engine, expire_on_commit=False), JournalBounds.from_config(config)
+    )
+    return store, engine.dispose
+
+
+def run_direct(store: JournalStore, backend: str, clients: int, seconds: float) -> dict[str, Any]:
+    label = f"{backend} direct x{clients}"
+    now = time.perf_counter()
+    window = _Window(now + WARMUP_SECONDS, now + WARMUP_SECONDS + seconds)
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        players = _Players(f"{backend}-direct-{clients}", index)
+        samples: list[tuple[float, float]] = []
+        try:
+            while time.perf_counter() < window.end:
+                player = players.next()
+                task, _, _ = store.create_task(player, "bench:event", None, f"event-{player}")
+                for position in range(STEPS_PER_TASK):
+                    if time.perf_counter() >= window.end:
+                        break
+                    for request in _step_requests(player, task.task_id, position):
+                        began = time.perf_counter()
+                        store.commit(request)
+                        samples.append((began, time.perf_counter()))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failures.append(exc)
+        with lock:
+            for began, finished in samples:
+                window.record(began, finished)
+
+    progress = _Progress(label, now, window.end)
+    cpu_before = time.process_time()
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        progress.update(time.perf_counter())
+        time.sleep(0.1)
+    progress.done()
+    if failures:
+        raise RuntimeError(f"{label}: a client failed: {failures[0]!r}") from failures[0]
+    cpu = {"bench_process": time.process_time() - cpu_before}
+    return _cell_result(backend, "direct", clients, window, cpu)
+
+
+# -- gRPC: the storage process -----------------------------------------------------------------
+
+
+class _StorageProcess:
+    """`python -m storage_service` on a free port with production logging and metrics."""
+
+    command = [sys.executable, "-m", "storage_service"]
+
+    def __init__(self, database_url: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")]),
+            "SYSTEM_STORAGE_HOST": "127.0.0.1",
+            "SYSTEM_STORAGE_PORT": str(self.port),
+            "SYSTEM_STORAGE_METRICS_PORT": "0",
+            "SYSTEM_STORAGE_DRAIN_SECONDS": "0",
+            "SYSTEM_STORAGE_DATABASE_URL": database_url,
+        }
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_serving(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"storage exited:\n{self.log_tail()}")
+                try:
+                    status = health.Check(
+                        health_pb2.HealthCheckRequest(service=JOURNAL), timeout=1
+                    ).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError as exc:
+                    if exc.code() == grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]
+                        raise RuntimeError(
+                            f"storage_service does not serve {JOURNAL}; nothing to measure"
+                        ) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"storage not serving after {timeout} s:\n{self.log_tail()}")
+                time.sleep(0.1)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+async def _run_grpc(
+    storage: _StorageProcess, backend: str, clients: int, seconds: float
+) -> dict[str, Any]:
+    label = f"{backend} gRPC x{clients}"
+    async with grpc.aio.insecure_channel(storage.target, options=CHANNEL_OPTIONS) as channel:
+        stub = journal_pb2_grpc.JournalServiceStub(channel)
+        await channel.channel_ready()
+        now = time.perf_counter()
+        window = _Window(now + WARMUP_SECONDS, now + WARMUP_SECONDS + seconds)
+
+        async def client(index: int) -> None:
+            players = _Players(f"{backend}-grpc-{clients}", index)
+            while time.perf_counter() < window.end:
+                player = players.next()
+                created = await stub.CreateTask(_create_task_request(player), timeout=30)
+                for position in range(STEPS_PER_TASK):
+                    if time.perf_counter() >= window.end:
+                        break
+                    for request in _step_requests(player, created.task.task_id, position):
+                        began = time.perf_counter()
+                        await stub.Commit(request, timeout=30)
+                        window.record(began, time.perf_counter())
+
+        bar = _Progress(label, now, window.end)
+
+        async def progress() -> None:
+            while time.perf_counter() < window.end:
+                bar.update(time.perf_counter())
+                await asyncio.sleep(0.1)
+
+        server_cpu = _cpu_seconds(storage.process.pid)
+        bench_cpu = time.process_time()
+        await asyncio.gather(progress(), *(client(i) for i in range(clients)))
+        bar.done()
+        cpu = {
+            "server_process": _cpu_seconds(storage.process.pid) - server_cpu,
+            "bench_process": time.process_time() - bench_cpu,
+        }
+    return _cell_result(backend, "grpc", clients, window, cpu)
+
+
+async def _transport_floor(storage: _StorageProcess, calls: int = 300) -> dict[str, float]:
+    """Health.Check round trips to the same process: gRPC on loopback with no database work,
+    the part of the overhead no servicer change can remove."""
+    async with grpc.aio.insecure_channel(storage.target, options=CHANNEL_OPTIONS) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=JOURNAL)
+        for _ in range(20):
+            await health.Check(request, timeout=10)
+        samples = []
+        for _ in range(calls):
+            began = time.perf_counter()
+            await health.Check(request, timeout=10)
+            samples.append((time.perf_counter() - began) * 1000)
+    return _summary(samples)
+
+
+# -- databases ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def _database(backend: str, folder: Path) -> Iterator[str]:
+    """The URL of an empty database for one backend; a PostgreSQL one is dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'bench.db'}"
+        return
+    dsn = os.environ.get("BENCH_POSTGRES_DSN") or os.environ.get("TEST_POSTGRES_DSN") or DEFAULT_DSN
+    admin_url = make_url(dsn).set(drivername="postgresql+psycopg")
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"bench_storage_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def run_backend(
+    backend: str, clients: list[int], seconds: float
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Every cell of one database, and the transport floor of its storage process."""
+    cells: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as folder, _database(backend, Path(folder)) as url:
+        storage = _StorageProcess(url, Path(folder) / "storage.log")
+        try:
+            storage.wait_serving()  # it also creates the schema the direct store then finds
+            floor = asyncio.run(_transport_floor(storage))
+            store, close = _direct_store(url)
+            try:
+                for n in clients:
+                    cells.append(run_direct(store, backend, n, seconds))
+                    cells.append(asyncio.run(_run_grpc(storage, backend, n, seconds)))
+            finally:
+                close()
+        finally:
+            storage.stop()
+    return cells, floor
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def _comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    index = {(c["backend"], c["path"], c["clients"]): c for c in cells}
+    rows = []
+    for (backend, path, clients), grpc_cell in index.items():
+        if path != "grpc" or (backend, "direct", clients) not in index:
+            continue
+        direct = index[(backend, "direct", clients)]
+        rows.append(
+            {
+                "backend": backend,
+                "clients": clients,
+                "grpc_receipt_writes_per_s": grpc_cell["receipt_writes_per_s"],
+                "direct_receipt_writes_per_s": direct["receipt_writes_per_s"],
+                "throughput_ratio_direct_over_grpc": round(
+                    direct["receipt_writes_per_s"] / max(grpc_cell["receipt_writes_per_s"], 1e-9),
+                    2,
+                ),
+                "p50_ratio_grpc_over_direct": round(
+                    grpc_cell["batch"]["p50_ms"] / direct["batch"]["p50_ms"], 2
+                ),
+                "overhead_p50_ms": round(
+                    grpc_cell["batch"]["p50_ms"] - direct["batch"]["p50_ms"], 3
+                ),
+            }
+        )
+    return rows
+
+
+def _targets(cells: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -> dict[str, Any]:
+    pg32 = next(
+        (
+            c
+            for c in cells
+            if c["backend"] == "postgres" and c["path"] == "grpc" and c["clients"] == 32
+        ),
+        None,
+    )
+    one_client = [c for c in comparisons if c["clients"] == 1]
+    return {
+        "postgres_grpc_32_clients_receipt_writes_per_s": {
+            "target": f">= {TARGET_RECEIPTS_PER_S}",
+            "measured": pg32["receipt_writes_per_s"] if pg32 else None,
+            "steps_per_s": pg32["steps_per_s"] if pg32 else None,
+            "met": bool(pg32 and pg32["receipt_writes_per_s"] >= TARGET_RECEIPTS_PER_S),
+        },
+        "service_overhead_p50_ms_1_client": {
+            "target": f"< {TARGET_OVERHEAD_P50_MS}",
+            "measured": {c["backend"]: c["overhead_p50_ms"] for c in one_client},
+            "met": bool(one_client)
+            and all(c["overhead_p50_ms"] < TARGET_OVERHEAD_P50_MS for c in one_client),
+        },
+    }
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    t = results["targets"]
+    pg = t["postgres_grpc_32_clients_receipt_writes_per_s"]
+    ov = t["service_overhead_p50_ms_1_client"]
+    lines = [
+        f"# Storage benchmark — {results['date']}",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, "
+        f"Python {m['python']}. Server, clients and database share these cores. "
+        f"Load average (1 min) before the run {results['load_average']['before']} "
+        f"(after it {results['load_average']['after']}, its own load included)"
+        + (
+            ": other work was running, so these figures are low."
+            if results["load_average"]["before"] > 0.5 * (m["cores"] or 1)
+            else "."
+        ),
+        "",
+        "A receipt write is one Commit holding one ReceiptWrite; a step is two of them "
+        "(RUNNING, then DONE with a 64-byte result). gRPC: `python -m storage_service` as its "
+        "own process, N asyncio clients on one channel. Direct: the same JournalStore in the "
+        f"bench process, N threads. {results['seconds_per_cell']} s per cell after a "
+        f"{WARMUP_SECONDS} s warm-up.",
+        "",
+        "## Targets",
+        "",
+        f"- PostgreSQL, 32 clients, through gRPC: **{pg['measured']} receipt writes/s** "
+        f"({pg['steps_per_s']} steps/s); target {pg['target']}: "
+        f"**{'met' if pg['met'] else 'not met'}**.",
+        "- Service overhead p50 at 1 client (gRPC p50 − direct p50): "
+        + ", ".join(f"{k} **{v} ms**" for k, v in ov["measured"].items())
+        + f"; target {ov['target']} ms: **{'met' if ov['met'] else 'not met'}**.",
+        "",
+        "## Cells",
+        "",
+        "| database | path | clients | receipt writes/s | steps/s | batch p50 ms | p90 ms | "
+        "p99 ms | CPU ms/commit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in results["cells"]:
+        b = c["batch"]
+        cpu = ", ".join(f"{k.split('_')[0]} {v}" for k, v in c["cpu_ms_per_commit"].items())
+        lines.append(
+            f"| {c['backend']} | {c['path']} | {c['clients']} | {c['receipt_writes_per_s']} | "
+            f"{c['steps_per_s']} | {b.get('p50_ms')} | {b.get('p90_ms')} | {b.get('p99_ms')} | "
+            f"{cpu} |"
+        )
+    lines += [
+        "",
+        "## Service overhead (gRPC against direct, same database and clients)",
+        "",
+        "| database | clients | gRPC writes/s | direct writes/s | direct / gRPC | "
+        "p50 gRPC / direct | overhead p50 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in results["comparisons"]:
+        lines.append(
+            f"| {c['backend']} | {c['clients']} | {c['grpc_receipt_writes_per_s']} | "
+            f"{c['direct_receipt_writes_per_s']} | {c['throughput_ratio_direct_over_grpc']} | "
+            f"{c['p50_ratio_grpc_over_direct']} | {c['overhead_p50_ms']} |"
+        )
+    if results["transport_floor"]:
+        lines += [
+            "",
+            "Transport floor (Health.Check to the same process, 1 client, no database): p50 "
+            + ", ".join(
+                f"{k} {v['p50_ms']} ms (p99 {v['p99_ms']})"
+                for k, v in results["transport_floor"].items()
+            )
+            + ".",
+        ]
+    for backend, reason in results.get("skipped", {}).items():
+        lines += ["", f"{backend}: not measured: {reason}"]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = results["cells"]
+    backends = sorted({c["backend"] for c in cells}, key=["sqlite", "postgres"].index)
+    clients = sorted({c["clients"] for c in cells})
+    series = [(b, p) for b in backends for p in ("direct", "grpc")]
+    colors = {
+        ("sqlite", "direct"): "#9ecae1",
+        ("sqlite", "grpc"): "#3182bd",
+        ("postgres", "direct"): "#a1d99b",
+        ("postgres", "grpc"): "#31a354",
+    }
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    width = 0.8 / max(len(series), 1)
+    for i, (backend, path) in enumerate(series):
+        row = {c["clients"]: c for c in cells if c["backend"] == backend and c["path"] == path}
+        xs = [k + (i - (len(series) - 1) / 2) * width for k in range(len(clients))]
+        label = f"{backend} {path}"
+        left.bar(
+            xs,
+            [row[n]["receipt_writes_per_s"] if n in row else 0 for n in clients],
+            width,
+            label=label,
+            color=colors.get((backend, path)),
+        )
+        right.bar(
+            xs,
+            [row[n]["batch"].get("p99_ms", 0) if n in row else 0 for n in clients],
+            width,
+            color=colors.get((backend, path)),
+            alpha=0.35,
+        )
+        right.bar(
+            xs,
+            [row[n]["batch"].get("p50_ms", 0) if n in row else 0 for n in clients],
+            width,
+            label=label,
+            color=colors.get((backend, path)),
+        )
+    left.axhline(TARGET_RECEIPTS_PER_S, color="crimson", linestyle="--", linewidth=1)
+    left.text(
+        len(clients) - 0.5,
+        TARGET_RECEIPTS_PER_S,
+        "target (PostgreSQL, 32)",
+        color="crimson",
+        ha="right",
+        va="bottom",
+        fontsize=8,
+    )
+    for axis in (left, right):
+        axis.set_xticks(
+            range(len(clients)), [f"{n} client{'s' if n != 1 else ''}" for n in clients]
+        )
+    left.set_ylabel("receipt writes per second")
+    left.set_title("Throughput (one Commit = one receipt write)")
+    left.legend(fontsize=8)
+    right.set_ylabel("ms per Commit")
+    right.set_yscale("log")
+    right.set_title("Batch latency: p50 (solid), p99 (light)")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
+    parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    args = parser.parse_args()
+    clients = [int(n) for n in args.clients.split(",")]
+    backends = [b.strip() for b in args.backends.split(",")]
+    unknown = set(backends) - {"sqlite", "postgres"}
+    if unknown:
+        parser.error(f"unknown backends {sorted(unknown)}; choose sqlite and/or postgres")
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    cells: list[dict[str, Any]] = []
+    floors: dict[str, dict[str, float]] = {}
+    skipped: dict[str, str] = {}
+    for backend in backends:
+        try:
+            backend_cells, floors[backend] = run_backend(backend, clients, args.seconds)
+            cells.extend(backend_cells)
+        except Exception as exc:  # one database down must not lose the other's results
+            if backend == "postgres" and "connect" in str(exc).lower():
+                skipped[backend] = f"PostgreSQL not reachable: {str(exc).splitlines()[0]}"
+                print(f"postgres skipped: {skipped[backend]}", file=sys.stderr)
+                continue
+            raise
+    comparisons = _comparisons(cells)
+    results = {
+        "benchmark": "storage",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": describe_machine(),
+        "seconds_per_cell": args.seconds,
+        "steps_per_task": STEPS_PER_TASK,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        # 1-minute load average before and after: other work on the machine skews every cell.
+        "load_average": {
+            "before": round(load_before[0], 2),
+            "after": round(os.getloadavg()[0], 2),
+        },
+        "transport_floor": floors,
+        "cells": cells,
+        "comparisons": comparisons,
+        "targets": _targets(cells, comparisons),
+        "skipped": skipped,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "storage.json").write_text(json.dumps(results, indent=2) + "\n")
+    markdown = _markdown(results)
+    (args.out / "storage.md").write_text(markdown)
+    if cells:
+        _plot(results, args.out / "storage.png")
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
