@@ -7,7 +7,7 @@ from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from engine_service.clients import StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
-from engine_service.modules import BUILTIN_MODULES
+from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.servicer import EngineServicer
 from services.runtime.server import ServiceHost
@@ -24,6 +24,7 @@ def build_registry(config: EngineConfig) -> ModuleRegistry:
         registry.register(module_class())
     for module in load_entry_point_modules(config.disabled_entry_points):
         registry.register(module)
+    registry.reject("system:small_talk", SMALL_TALK)
     registry.freeze()
     return registry
 

@@ -26,6 +26,7 @@ __all__ = [
     "ModuleRegistry",
     "ModuleSpec",
     "RegistryError",
+    "SemanticSpec",
     "load_entry_point_modules",
 ]
 
@@ -66,6 +67,37 @@ class CommandSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class SemanticSpec:
+    """How local semantic routing may use a module (seed 004's RoutingProfile)."""
+
+    examples: dict[str, tuple[str, ...]]
+    """Example sentences per language code."""
+    extractor: str = ""
+    """Argument extractor re-parsing the input from the player's text (`item_id`,
+    `list_index`, `name`), or empty for modules without arguments."""
+    choice_label: str = ""
+    """Translation key of the label when offered as a choice."""
+    shortcut: bool = False
+    """True when the no-argument form may be offered as a read-only shortcut button."""
+
+    def profile(self, read_only_tools: bool) -> catalog_pb2.SemanticProfile:
+        return catalog_pb2.SemanticProfile(
+            examples=_examples(self.examples),
+            extractor=self.extractor,
+            choice_label=self.choice_label,
+            read_only_tools=read_only_tools,
+            shortcut=self.shortcut,
+        )
+
+
+def _examples(examples: dict[str, tuple[str, ...]]) -> list[catalog_pb2.LanguageExamples]:
+    return [
+        catalog_pb2.LanguageExamples(language=language, examples=list(sentences))
+        for language, sentences in sorted(examples.items())
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
 class ModuleSpec:
     """Everything a module declares about itself."""
 
@@ -80,8 +112,12 @@ class ModuleSpec:
     interactive: bool = True
     event_allowed: bool = False
     write_steps: int = 0
+    semantic: SemanticSpec | None = None
+    """Local routing profile; None when the module is reached only by commands and the model."""
 
     def descriptor(self) -> catalog_pb2.ModuleDescriptor:
+        # No module declares tools yet, so every declared tool is (vacuously) read-only.
+        semantic = self.semantic.profile(read_only_tools=True) if self.semantic else None
         return catalog_pb2.ModuleDescriptor(
             module_id=self.module_id,
             owner_feature=self.owner_feature,
@@ -93,6 +129,7 @@ class ModuleSpec:
             interactive=self.interactive,
             event_allowed=self.event_allowed,
             write_steps=self.write_steps,
+            semantic=semantic,
         )
 
 
@@ -123,6 +160,7 @@ class ModuleRegistry:
 
     def __init__(self) -> None:
         self._modules: dict[str, Module] = {}
+        self._rejects: dict[str, dict[str, tuple[str, ...]]] = {}
         self._aliases: dict[str, str] = {}
         self._frozen = False
         self._generation = ""
@@ -167,12 +205,41 @@ class ModuleRegistry:
         self._modules[spec.module_id] = module
         self._aliases.update(seen)
 
+    def reject(self, profile_id: str, examples: dict[str, tuple[str, ...]]) -> None:
+        """Registers a reject profile: examples that take part in routing margins and fallbacks
+        but never execute (say, small talk that looks like a command).
+
+        Raises:
+            RegistryError: frozen, malformed or taken id, or no examples.
+        """
+        if self._frozen:
+            raise RegistryError(
+                f"cannot register reject profile {profile_id}: the registry is frozen"
+            )
+        if not IDENTIFIER.match(profile_id):
+            raise RegistryError(
+                f"reject profile id {profile_id!r} is not of the form namespace:path"
+            )
+        if profile_id in self._modules or profile_id in self._rejects:
+            raise RegistryError(f"reject profile {profile_id} clashes with a registered id")
+        if not any(examples.values()):
+            raise RegistryError(f"reject profile {profile_id} needs examples")
+        self._rejects[profile_id] = dict(examples)
+
+    def reject_profiles(self) -> list[catalog_pb2.RejectProfile]:
+        return [
+            catalog_pb2.RejectProfile(profile_id=profile_id, examples=_examples(examples))
+            for profile_id, examples in self._rejects.items()
+        ]
+
     def freeze(self) -> None:
         """Ends registration and fixes the generation (a hash of the whole catalogue)."""
         self._frozen = True
         digest = hashlib.sha256()
         for module in self._modules.values():
             digest.update(module.spec.descriptor().SerializeToString(deterministic=True))
+        for reject in self.reject_profiles():
+            digest.update(reject.SerializeToString(deterministic=True))
         self._generation = digest.hexdigest()[:16]
 
     @property

@@ -30,5 +30,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             raise InvalidArgument("player.player_id is required when a player is given")
         registry = self._engine.registry
         return engine_pb2.GetCatalogResponse(
-            generation=registry.generation, modules=registry.descriptors(player)
+            generation=registry.generation,
+            modules=registry.descriptors(player),
+            reject_profiles=registry.reject_profiles(),
         )

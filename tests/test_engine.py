@@ -24,7 +24,7 @@ from engine_service.app import build_registry
 from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
-from engine_service.modules import BUILTIN_MODULES
+from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
 from engine_service.registry import (
     CommandSpec,
     ModuleRegistry,
@@ -98,6 +98,8 @@ def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
             registry.register(module_class())
     for module in modules:
         registry.register(module)
+    if builtins:
+        registry.reject("system:small_talk", SMALL_TALK)
     registry.freeze()
     return registry
 
@@ -772,3 +774,27 @@ async def test_service_catalog(services: Services) -> None:
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "player_id" in (info.value.details() or "")
+
+
+def test_reject_profiles_are_published_and_checked() -> None:
+    registry = build_registry(EngineConfig())
+    (small_talk,) = registry.reject_profiles()
+    assert small_talk.profile_id == "system:small_talk"
+    assert {e.language for e in small_talk.examples} == {"en", "zh"}
+    fresh = ModuleRegistry()
+    fresh.register(BUILTIN_MODULES[0]())
+    with pytest.raises(RegistryError, match="clashes"):
+        fresh.reject("system:help", SMALL_TALK)
+    with pytest.raises(RegistryError, match="needs examples"):
+        fresh.reject("system:nothing", {"en": ()})
+    fresh.freeze()
+    with pytest.raises(RegistryError, match="frozen"):
+        fresh.reject("system:late", SMALL_TALK)
+
+
+def test_semantic_profiles_reach_the_catalogue() -> None:
+    help_descriptor = build_registry(EngineConfig()).get("system:help").spec.descriptor()
+    profile = help_descriptor.semantic
+    examples = {e.language: list(e.examples) for e in profile.examples}
+    assert "帮助" in examples["zh"] and "help" in examples["en"]
+    assert profile.read_only_tools and profile.shortcut

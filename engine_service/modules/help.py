@@ -7,7 +7,7 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.modules.text import pick
-from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec
+from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec, SemanticSpec
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 
 __all__ = ["HelpModule"]
@@ -53,6 +53,29 @@ class HelpModule:
         },
         commands=(CommandSpec(("help", "帮助", "?"), argument="topic"),),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
+        semantic=SemanticSpec(
+            examples={
+                "zh": (
+                    "帮助",
+                    "有哪些指令",
+                    "你能做什么",
+                    "这个助手怎么用",
+                    "查看帮助",
+                    "列出所有指令",
+                    "有什么功能",
+                ),
+                "en": (
+                    "help",
+                    "what can you do",
+                    "show me the commands",
+                    "how do I use the assistant",
+                    "list all commands",
+                    "what features are there",
+                ),
+            },
+            choice_label="system.help.choice",
+            shortcut=True,
+        ),
     )
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:

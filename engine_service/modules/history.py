@@ -7,7 +7,7 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.modules.text import pick
-from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec
+from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec, SemanticSpec
 from services.results import card, succeeded
 
 __all__ = ["HistoryModule"]
@@ -34,6 +34,26 @@ class HistoryModule:
         },
         commands=(CommandSpec(("history", "历史", "对话记录")),),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
+        semantic=SemanticSpec(
+            examples={
+                "zh": (
+                    "查看最近的对话",
+                    "我们刚才聊了什么",
+                    "聊天记录",
+                    "看看历史记录",
+                    "之前的对话",
+                ),
+                "en": (
+                    "show my recent conversation",
+                    "what did we talk about",
+                    "chat history",
+                    "show my history",
+                    "previous messages",
+                ),
+            },
+            choice_label="system.history.choice",
+            shortcut=True,
+        ),
     )
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
