@@ -1,0 +1,174 @@
+"""Routing counters and the last local match, for the admin diagnostics RPC (seed 004,
+扩展与诊断).
+
+What is recorded is closed by construction: decision sources and reasons are enum members,
+the last match is a module id, a language code and three numbers, each checked on the way in.
+There is no parameter through which a player's text or id could arrive. The last match is one
+snapshot shared by the whole server.
+
+The counts say how often a path was taken, not that it was right: LOCAL and CACHE are local
+paths that saved a routing call, SHADOW_DIRECT counts candidates that would have been direct.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import math
+import re
+import threading
+from typing import Any
+
+__all__ = ["DecisionSource", "LastMatch", "RouterDiagnostics"]
+
+ALGORITHM = "lexical-tfidf-v1"
+
+# Minecraft resource locations: `namespace:path`, lower case, no spaces.
+_MODULE_ID = re.compile(r"[a-z0-9_.-]{1,64}:[a-z0-9_./-]{1,128}")
+_LANGUAGE = re.compile(r"[a-z]{2,3}(?:[-_][a-z0-9]{2,8})?")
+
+
+class DecisionSource(enum.StrEnum):
+    """Where a routing decision came from."""
+
+    BUTTON = "BUTTON"
+    COMMAND = "COMMAND"
+    CACHE = "CACHE"
+    LOCAL = "LOCAL"
+    MODEL = "MODEL"
+    LOCAL_FALLBACK = "LOCAL_FALLBACK"
+    NONE = "NONE"
+    SHADOW_DIRECT = "SHADOW_DIRECT"
+    """SHADOW mode: a candidate that would have routed directly (it did not)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LastMatch:
+    """The most recent local match, server-wide."""
+
+    module_id: str
+    language: str
+    score: float
+    margin: float
+    coverage: float
+
+
+def _label(member: enum.Enum) -> str:
+    if not isinstance(member, enum.Enum):
+        raise TypeError(f"expected an enum member, got {type(member).__name__}")
+    return member.name
+
+
+def _unit(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be within 0..1, got {value!r}")
+    return value
+
+
+class RouterDiagnostics:
+    """Thread-safe routing counters (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sources: collections.Counter[str] = collections.Counter()
+        self._reasons: collections.Counter[str] = collections.Counter()
+        self._gates: collections.Counter[str] = collections.Counter()
+        self._last: LastMatch | None = None
+
+    def record_decision(
+        self,
+        source: DecisionSource,
+        *,
+        reason: enum.Enum | None = None,
+        failed_gate: enum.Enum | None = None,
+    ) -> None:
+        """Counts one decision.
+
+        Args:
+            source: Where the decision came from.
+            reason: Why it fell back or did not route (any enum member, counted by name).
+            failed_gate: The first gate a local candidate failed (any enum member).
+        """
+        source = DecisionSource(source)
+        reason_label = None if reason is None else _label(reason)
+        gate_label = None if failed_gate is None else _label(failed_gate)
+        with self._lock:
+            self._sources[source.value] += 1
+            if reason_label is not None:
+                self._reasons[reason_label] += 1
+            if gate_label is not None:
+                self._gates[gate_label] += 1
+
+    def record_match(
+        self, module_id: str, language: str, score: float, margin: float, coverage: float
+    ) -> None:
+        """Replaces the last local match.
+
+        Raises:
+            ValueError: `module_id` is not a `namespace:path` id, `language` not a language
+                code, or a number outside 0..1; these checks keep free text out.
+        """
+        if not isinstance(module_id, str) or not _MODULE_ID.fullmatch(module_id):
+            raise ValueError("module_id must be a namespace:path module id")
+        if not isinstance(language, str) or not _LANGUAGE.fullmatch(language):
+            raise ValueError("language must be a language code such as zh or en")
+        match = LastMatch(
+            module_id,
+            language,
+            _unit("score", score),
+            _unit("margin", margin),
+            _unit("coverage", coverage),
+        )
+        with self._lock:
+            self._last = match
+
+    @property
+    def last_match(self) -> LastMatch | None:
+        with self._lock:
+            return self._last
+
+    def counts(self) -> dict[str, int]:
+        """Decisions per source, every source listed."""
+        with self._lock:
+            return {source.value: self._sources[source.value] for source in DecisionSource}
+
+    def reset(self) -> None:
+        with self._lock:
+            self._sources.clear()
+            self._reasons.clear()
+            self._gates.clear()
+            self._last = None
+
+    def snapshot(
+        self,
+        *,
+        mode: str,
+        status: str,
+        example_count: int,
+        cache_entries: int,
+        algorithm: str = ALGORITHM,
+    ) -> dict[str, Any]:
+        """Everything the admin diagnostics RPC shows, as plain data.
+
+        Args:
+            mode: ENFORCE, SHADOW or OFF.
+            status: The index's state, for example READY or DISABLED.
+            example_count: Examples in the local index.
+            cache_entries: Entries in the intent cache now.
+            algorithm: The local matcher's name.
+        """
+        with self._lock:
+            last = self._last
+            return {
+                "algorithm": algorithm,
+                "mode": mode,
+                "status": status,
+                "example_count": int(example_count),
+                "cache_entries": int(cache_entries),
+                "decisions": {s.value: self._sources[s.value] for s in DecisionSource},
+                "fallback_reasons": dict(sorted(self._reasons.items())),
+                "failed_gates": dict(sorted(self._gates.items())),
+                "last_match": None if last is None else dataclasses.asdict(last),
+            }

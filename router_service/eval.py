@@ -1,0 +1,563 @@
+"""Measures local semantic routing on a labelled corpus.
+
+```sh
+python -m router_service.eval --profiles router_service/corpus/profiles.json \\
+    --cases router_service/corpus/cases.jsonl [--split test|tune|all] \\
+    [--config system-semantic.json] [--json OUT] [--fail-under-precision 0.99]
+```
+
+A case is one JSON object a line: `{"text", "lang", "expected", "category", "split"}`, where
+`expected` is the module a perfect router would route *directly* (`ns:path`), or null when the
+text must not route directly (out of scope, a write, a trap). `lang` defaults to the profile
+set's language, `category` to `unlabelled` and `split` to `test`. The file is streamed; a
+malformed line stops the run with its line number.
+
+Figures, overall, per language and per category:
+- coverage: in-scope cases (expected not null) routed directly to the expected module;
+- precision: direct routes that are correct (a direct route of an expected-null case is wrong);
+- false-direct rate: expected-null cases routed directly;
+- writes direct: `write` cases routed directly (must be 0);
+plus the latency percentiles of `decide`, the gates that stopped in-scope cases, and every
+wrong direct route with its scores. A `shadow_direct` outcome (SHADOW mode) counts as a direct
+route: the eval measures what the matcher would route, whatever the mode does with it.
+
+Exit status: 0; 1 when `--fail-under-precision` (or `--fail-under-coverage`) is not met;
+2 on bad input (a malformed case or profile file, an unknown module id).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+__all__ = [
+    "Case",
+    "CaseError",
+    "Decision",
+    "EvalReport",
+    "evaluate",
+    "format_table",
+    "iter_cases",
+    "main",
+]
+
+SPLITS = ("tune", "test")
+DIRECT_OUTCOMES = frozenset({"direct", "shadow_direct"})
+WRITE_CATEGORY = "write"
+MAX_CONFUSIONS = 1000
+"""Wrong direct routes kept in full; beyond this only their count grows."""
+
+
+class CaseError(ValueError):
+    """A case line that cannot be evaluated; the message names the file and line."""
+
+    def __init__(self, path: str | Path, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}")
+        self.path = str(path)
+        self.line = line
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One labelled request."""
+
+    text: str
+    lang: str
+    expected: str | None
+    """Module a perfect router routes directly; None when it must not route directly."""
+    category: str
+    split: str
+    line: int
+    """1-based line number in the cases file."""
+
+
+class Decision(Protocol):
+    """What the eval reads from a decision (`router_service.semantic.LocalDecision`)."""
+
+    outcome: str
+    module_id: str | None
+
+
+Decide = Callable[[str, str], Decision]
+
+
+def iter_cases(
+    path: str | Path,
+    *,
+    split: str = "test",
+    known_modules: Iterable[str] | None = None,
+    default_lang: str = "zh",
+) -> Iterator[Case]:
+    """Streams the cases of `split` ("tune", "test" or "all") from a JSON-lines file.
+
+    Blank lines are skipped. Raises CaseError (with the line number) for a line that is not
+    a JSON object, lacks a non-empty `text`, has a bad `expected`, `lang`, `category` or
+    `split`, or expects a module not in `known_modules`.
+    """
+    if split not in (*SPLITS, "all"):
+        raise ValueError(f"split must be one of tune, test, all; got {split!r}")
+    known = frozenset(known_modules) if known_modules is not None else None
+    with open(path, encoding="utf-8") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            case = _parse_case(path, number, raw, known, default_lang)
+            if split == "all" or case.split == split:
+                yield case
+
+
+def _parse_case(
+    path: str | Path, number: int, raw: str, known: frozenset[str] | None, default_lang: str
+) -> Case:
+    def fail(message: str) -> CaseError:
+        return CaseError(path, number, message)
+
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise fail(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise fail(f"expected a JSON object, got {type(obj).__name__}")
+    text = obj.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise fail('"text" must be a non-empty string')
+    lang = obj.get("lang", default_lang)
+    if not isinstance(lang, str) or not lang:
+        raise fail('"lang" must be a language code such as "zh" or "en"')
+    if "expected" not in obj:
+        raise fail('"expected" is missing; use a module id "ns:path" or null')
+    expected = obj["expected"]
+    if expected is not None:
+        if not isinstance(expected, str) or ":" not in expected:
+            raise fail(f'"expected" must be a module id "ns:path" or null, got {expected!r}')
+        if known is not None and expected not in known:
+            raise fail(f'"expected" names {expected!r}, which is not in the profile set')
+    category = obj.get("category", "unlabelled")
+    if not isinstance(category, str) or not category:
+        raise fail('"category" must be a non-empty string')
+    split = obj.get("split", "test")
+    if split not in SPLITS:
+        raise fail(f'"split" must be "tune" or "test", got {split!r}')
+    return Case(text, lang, expected, category, split, number)
+
+
+@dataclasses.dataclass
+class Tally:
+    """Counts for one group of cases (everything, one language, one category…)."""
+
+    cases: int = 0
+    in_scope: int = 0
+    out_of_scope: int = 0
+    routed: int = 0
+    correct: int = 0
+    false_direct: int = 0
+    writes: int = 0
+    writes_direct: int = 0
+    gates: Counter[str] = dataclasses.field(default_factory=Counter)
+    """Why in-scope cases did not route to their module: the failed gate, or `wrong_module`."""
+
+    def add(self, case: Case, routed_to: str | None, gate: str | None) -> None:
+        self.cases += 1
+        if case.expected is None:
+            self.out_of_scope += 1
+            self.false_direct += routed_to is not None
+        else:
+            self.in_scope += 1
+            if routed_to == case.expected:
+                self.correct += 1
+            else:
+                self.gates["wrong_module" if routed_to else gate or "none"] += 1
+        self.routed += routed_to is not None
+        if case.category == WRITE_CATEGORY:
+            self.writes += 1
+            self.writes_direct += routed_to is not None
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "cases": self.cases,
+            "in_scope": self.in_scope,
+            "out_of_scope": self.out_of_scope,
+            "direct": self.routed,
+            "correct_direct": self.correct,
+            "wrong_direct": self.routed - self.correct,
+            "coverage": _ratio(self.correct, self.in_scope),
+            "precision": _ratio(self.correct, self.routed),
+            "false_direct": self.false_direct,
+            "false_direct_rate": _ratio(self.false_direct, self.out_of_scope),
+            "write_cases": self.writes,
+            "write_direct": self.writes_direct,
+            "missed_by_gate": dict(self.gates.most_common()),
+        }
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+@dataclasses.dataclass
+class EvalReport:
+    """Everything one run measured; `as_dict()` is the JSON document."""
+
+    split: str
+    overall: Tally = dataclasses.field(default_factory=Tally)
+    by_language: dict[str, Tally] = dataclasses.field(default_factory=dict)
+    by_category: dict[str, Tally] = dataclasses.field(default_factory=dict)
+    by_language_category: dict[str, Tally] = dataclasses.field(default_factory=dict)
+    by_module: dict[str, Tally] = dataclasses.field(default_factory=dict)
+    outcomes: Counter[str] = dataclasses.field(default_factory=Counter)
+    latencies_ns: list[int] = dataclasses.field(default_factory=list)
+    confusions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    confusion_count: int = 0
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def latency_ms(self) -> dict[str, float | None]:
+        ordered = sorted(self.latencies_ns)
+        out: dict[str, float | None] = {
+            f"p{q}": _ms(_percentile(ordered, q / 100)) for q in (50, 90, 99)
+        }
+        out["max"] = _ms(ordered[-1] if ordered else None)
+        out["mean"] = _ms(sum(ordered) / len(ordered) if ordered else None)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        def group(tallies: dict[str, Tally]) -> dict[str, Any]:
+            return {key: tallies[key].figures() for key in sorted(tallies)}
+
+        return {
+            "split": self.split,
+            **self.meta,
+            "overall": self.overall.figures(),
+            "by_language": group(self.by_language),
+            "by_category": group(self.by_category),
+            "by_language_category": group(self.by_language_category),
+            "by_expected_module": group(self.by_module),
+            "outcomes": dict(self.outcomes.most_common()),
+            "latency_ms": self.latency_ms(),
+            "wrong_direct_count": self.confusion_count,
+            "wrong_direct": self.confusions,
+        }
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile of an ascending sequence."""
+    if not ordered:
+        return None
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e6, 4)
+
+
+def evaluate(
+    decide: Decide,
+    cases: Iterable[Case],
+    *,
+    split: str = "test",
+    on_case: Callable[[], None] | None = None,
+) -> EvalReport:
+    """Routes every case with `decide(text, lang)` and tallies the outcome against its label."""
+    report = EvalReport(split=split)
+    clock = time.perf_counter_ns
+    for case in cases:
+        started = clock()
+        decision = decide(case.text, case.lang)
+        report.latencies_ns.append(clock() - started)
+        outcome = getattr(decision, "outcome", "?")
+        report.outcomes[outcome] += 1
+        routed_to = decision.module_id if outcome in DIRECT_OUTCOMES else None
+        if outcome in DIRECT_OUTCOMES and not routed_to:
+            routed_to = "?"  # a direct outcome without a module is a matcher bug; count it wrong
+        gate = getattr(decision, "gate_failed", None)
+        keys = (
+            (report.by_language, case.lang),
+            (report.by_category, case.category),
+            (report.by_language_category, f"{case.lang}/{case.category}"),
+        )
+        report.overall.add(case, routed_to, gate)
+        for tallies, key in keys:
+            tallies.setdefault(key, Tally()).add(case, routed_to, gate)
+        if case.expected is not None:
+            report.by_module.setdefault(case.expected, Tally()).add(case, routed_to, gate)
+        if routed_to is not None and routed_to != case.expected:
+            report.confusion_count += 1
+            if len(report.confusions) < MAX_CONFUSIONS:
+                report.confusions.append(_confusion(case, routed_to, decision))
+        if on_case is not None:
+            on_case()
+    return report
+
+
+def _confusion(case: Case, routed_to: str, decision: Any) -> dict[str, Any]:
+    def num(name: str) -> float | None:
+        value = getattr(decision, name, None)
+        return None if value is None else round(float(value), 4)
+
+    candidates = [_candidate(c) for c in list(getattr(decision, "candidates", None) or ())[:3]]
+    return {
+        "line": case.line,
+        "text": case.text,
+        "lang": case.lang,
+        "category": case.category,
+        "expected": case.expected,
+        "got": routed_to,
+        "s1": num("s1"),
+        "s2": num("s2"),
+        "margin": num("margin"),
+        "coverage": num("coverage"),
+        "topic_coverage": num("topic_coverage"),
+        "candidates": candidates,
+    }
+
+
+def _candidate(candidate: Any) -> dict[str, Any]:
+    """A candidate as `ModuleScore` (module_id, score, example_id) or a plain tuple."""
+    if isinstance(candidate, tuple | list):
+        module, score, example = (*candidate, None, None)[:3]
+    else:
+        module = candidate.module_id
+        score = candidate.score
+        example = getattr(candidate, "example_id", None)
+    return {"module": module, "score": round(float(score), 4), "example": example}
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def format_table(report: EvalReport, *, max_confusions: int = 50) -> str:
+    """The human-readable report: figures per group, latency, misses and wrong routes."""
+    columns = ("group", "cases", "in", "direct", "coverage", "precision", "false-direct", "writes")
+    rows: list[tuple[str, ...]] = []
+
+    def row(name: str, tally: Tally) -> None:
+        f = tally.figures()
+        rows.append(
+            (
+                name,
+                str(f["cases"]),
+                str(f["in_scope"]),
+                str(f["direct"]),
+                _pct(f["coverage"]),
+                _pct(f["precision"]),
+                f"{_pct(f['false_direct_rate'])} ({f['false_direct']}/{f['out_of_scope']})",
+                f"{f['write_direct']}/{f['write_cases']}",
+            )
+        )
+
+    row("all", report.overall)
+    for lang in sorted(report.by_language):
+        row(f"lang {lang}", report.by_language[lang])
+    for category in sorted(report.by_category):
+        row(f"  {category}", report.by_category[category])
+    widths = [max(len(r[i]) for r in (columns, *rows)) for i in range(len(columns))]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join((first, *rest))
+
+    meta = " ".join(f"{k}={v}" for k, v in report.meta.items() if not isinstance(v, dict))
+    out = [f"split={report.split} {meta}".rstrip(), line(columns)]
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in rows)
+    latency = report.latency_ms()
+    out.append("")
+    out.append(
+        "decide latency ms: "
+        + "  ".join(f"{k}={'-' if v is None else f'{v:.3f}'}" for k, v in latency.items())
+    )
+    out.append("outcomes: " + ", ".join(f"{k}={v}" for k, v in report.outcomes.most_common()))
+    gates = report.overall.gates
+    if gates:
+        out.append(
+            "in-scope misses by gate: " + ", ".join(f"{k}={v}" for k, v in gates.most_common())
+        )
+    out.append("")
+    out.append(f"wrong direct routes: {report.confusion_count}")
+    for c in report.confusions[:max_confusions]:
+        top = ", ".join(f"{x['module']} {x['score']:.2f}" for x in c["candidates"])
+        out.append(
+            f"  line {c['line']} [{c['lang']}/{c['category']}] {c['text']!r}: "
+            f"expected {c['expected']} got {c['got']} "
+            f"(s1={c['s1']} s2={c['s2']} margin={c['margin']} coverage={c['coverage']}; {top})"
+        )
+    if report.confusion_count > max_confusions:
+        out.append(f"  … {report.confusion_count - max_confusions} more in the JSON output")
+    return "\n".join(out)
+
+
+class _Progress:
+    """A one-line progress bar on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self._total = max(total, 1)
+        self._stream = stream
+        self._done = 0
+        self._drawn_at = 0.0
+
+    def tick(self) -> None:
+        self._done += 1
+        now = time.monotonic()
+        if now - self._drawn_at >= 0.1:
+            self._drawn_at = now
+            self._draw()
+
+    def _draw(self) -> None:
+        share = min(self._done / self._total, 1.0)
+        bar = "#" * int(share * 30)
+        self._stream.write(f"\reval [{bar:<30}] {self._done}/{self._total} {share:4.0%}")
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._draw()
+        self._stream.write("\n")
+        self._stream.flush()
+
+
+def _count_cases(path: str | Path, split: str) -> int:
+    """How many lines of `split` the file holds, for the progress bar (a cheap first pass)."""
+    count = 0
+    with open(path, encoding="utf-8") as lines:
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                case_split = json.loads(raw).get("split", "test")
+            except (ValueError, AttributeError):
+                case_split = None  # the real pass reports it with its line number
+            count += split == "all" or case_split == split
+    return count
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def _build_router(profiles_path: str, config_path: str | None) -> tuple[Decide, dict[str, Any]]:
+    """Loads the profile set and the matcher; returns `decide(text, lang)` and run metadata."""
+    from router_service.semantic import SemanticConfig, SemanticRouter, load_profiles
+
+    language, profiles = load_profiles(profiles_path)
+    config = _load_config(SemanticConfig, config_path)
+    started = time.perf_counter()
+    router = SemanticRouter(profiles, config)
+    built = time.perf_counter() - started
+    examples = sum(
+        len(texts)
+        for p in profiles
+        for texts in (getattr(p, "examples", None) or {}).values()
+        if isinstance(texts, list | tuple)
+    )
+    meta = {
+        "profiles": len(profiles),
+        "examples": examples,
+        "language": language,
+        "mode": str(getattr(config, "mode", "?")).rsplit(".", 1)[-1],
+        "build_seconds": round(built, 4),
+        "module_ids": [_profile_id(p) for p in profiles],
+    }
+    return (lambda text, lang: router.decide(text, lang)), meta
+
+
+def _profile_id(profile: Any) -> str:
+    for name in ("module_id", "id", "identifier"):
+        value = getattr(profile, name, None)
+        if isinstance(value, str):
+            return value
+    raise TypeError(f"cannot read the module id of profile {profile!r}")
+
+
+def _load_config(config_type: Any, path: str | None) -> Any:
+    if path is None:
+        return config_type()
+    from router_service.semantic.config import load_semantic_config
+
+    return load_semantic_config(path)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m router_service.eval",
+        description="Measure local semantic routing on a labelled corpus.",
+    )
+    parser.add_argument("--profiles", required=True, help="profile set (JSON)")
+    parser.add_argument("--cases", required=True, help="labelled cases (JSON lines)")
+    parser.add_argument("--split", choices=(*SPLITS, "all"), default="test")
+    parser.add_argument("--config", help="system-semantic.json (defaults when absent)")
+    parser.add_argument("--json", metavar="OUT", help="also write the JSON report to OUT")
+    parser.add_argument(
+        "--fail-under-precision", type=float, metavar="X", help="exit 1 when precision < X"
+    )
+    parser.add_argument(
+        "--fail-under-coverage", type=float, metavar="X", help="exit 1 when coverage < X"
+    )
+    parser.add_argument(
+        "--max-confusions", type=int, default=50, help="wrong routes listed in the table"
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    err = sys.stderr
+    try:
+        decide, meta = _build_router(args.profiles, args.config)
+        module_ids = meta.pop("module_ids")
+        cases = iter_cases(
+            args.cases, split=args.split, known_modules=module_ids, default_lang=meta["language"]
+        )
+        show = args.progress if args.progress is not None else err.isatty()
+        progress = _Progress(_count_cases(args.cases, args.split), err) if show else None
+        try:
+            report = evaluate(
+                decide, cases, split=args.split, on_case=progress.tick if progress else None
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+    except (OSError, ValueError) as exc:  # CaseError, ConfigError are ValueErrors
+        print(f"error: {exc}", file=err)
+        return 2
+    report.meta = meta
+    document = report.as_dict()
+    text = json.dumps(document, ensure_ascii=False, indent=2)
+    print(format_table(report, max_confusions=args.max_confusions))
+    print()
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    return _verdict(document["overall"], args, err)
+
+
+def _verdict(overall: dict[str, Any], args: argparse.Namespace, err: TextIO) -> int:
+    failed = False
+    for flag, key in (("fail_under_precision", "precision"), ("fail_under_coverage", "coverage")):
+        floor = getattr(args, flag)
+        value = overall[key]
+        # No direct route at all has no precision to fail; coverage then is 0 and can fail.
+        if floor is not None and value is not None and value < floor:
+            print(f"FAIL: {key} {value:.4f} is below {floor}", file=err)
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Conservative text guards: a request that negates, sets a condition, refers to something
+said before, asks for several things at once, or asks to write (claim, buy, pay, sign in...)
+never routes directly, however well it matches; the model (or the player) decides instead.
+
+Both languages' patterns apply to every text, so mixed-script requests are covered. The guards
+err on the side of firing: a false alarm costs one model call, a miss may run the wrong module.
+Item registry ids are masked first, so `minecraft:oak_sign` or `create:and_gate` never fire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from router_service.semantic.text import ITEM_ID, normalize
+
+__all__ = ["GUARDS", "Guard", "check_guards", "fired_guards"]
+
+# English words match whole (no letter or digit on either side, so `it` misses `item`); Chinese
+# markers match anywhere, Chinese having no spaces between words.
+_EN = r"(?<![a-z0-9])(?:{})(?![a-z0-9])"
+
+
+def _pattern(en: list[str], zh: list[str]) -> re.Pattern[str]:
+    """Both lists hold regular expressions; spaces in English ones match any whitespace."""
+    parts = []
+    if en:
+        parts.append(_EN.format("|".join(w.replace(" ", r"\s+") for w in en)))
+    if zh:
+        parts.append("|".join(zh))
+    return re.compile("|".join(parts))
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """One guard: its name (`guard:<name>` in a decision) and what makes it fire."""
+
+    name: str
+    pattern: re.Pattern[str]
+
+    def check(self, text: str) -> str | None:
+        """The guard's name when it fires on the normalised `text`, else None."""
+        return self.name if self.pattern.search(text) else None
+
+
+# fmt: off
+NEGATION = Guard("negation", _pattern(
+    ["not", r"no(?!\s*\.)", "never", "don't", "dont", "doesn't", "doesnt", "didn't", "didnt",
+     "won't", "wont", "can't", "cant", "cannot", "isn't", "aren't", "shouldn't", "without",
+     "nothing", "none", "neither", "nor", "stop"],
+    ["不", r"(?<![类区级性识辨告分特派])别(?!的)", "没", "勿", "莫", "甭", "休想", "无需", "毋"],
+))
+CONDITION = Guard("condition", _pattern(
+    ["if", "when", "whenever", "unless", "once", "in case", "as soon as", "until", "after",
+     "before", "provided", "otherwise"],
+    ["如果", "要是", "假如", "假设", "若是", "倘若", "万一", "的话", "除非", "只要", "一旦", "等到",
+     "之前", "之后", "以后", "否则", "当(?!前|然)"],
+))
+REFERENCE = Guard("reference", _pattern(
+    ["it", "its", "it's", "that", "this one", "these", "those", "them", "they", "their",
+     "the same", "same one", "previous", "the last one", "the other", "one more", "again",
+     "above", "him", "her", "his"],
+    ["那个", "这个", "那些", "这些", "那件", "这件", "那里", "这里", "它", "他", "她", "刚才", "刚刚",
+     "上一个", "上个", "之前那", "同样", "上面", "前面", "那样", "这样"],
+))
+COMPOUND = Guard("compound", _pattern(
+    ["and", "then", "also", "plus", "as well", "or", "after that", "too", "&"],
+    ["然后", "并且", "而且", "再", "还要", "还有", "同时", "接着", "以及", "和", "跟", "与", "及",
+     "或者", "还是", "顺便", "另外", "、", ";", r"\+"],
+))
+WRITE = Guard("write", _pattern(
+    ["claim", "buy", "purchase", "pay", "paid", "payment", "redeem", "sell", "sign in", "sign-in",
+     "signin", "check in", "check-in", "checkin", "log in", "login", "execute", "run", "submit",
+     "confirm", "accept", "abandon", "trade", "transfer", "spend", "order", "checkout",
+     "check out", "recharge", "top up", "give", "send", "delete", "remove", "clear", "reset",
+     "set", "change", "enable", "disable", "turn on", "turn off", "equip", "craft me", "collect",
+     "receive", "take", "get me", "grab"],
+    ["执行", "领取", "领", "购买", "买", "支付", "付款", "付钱", "签到", "打卡", "兑换", "出售", "卖",
+     "赠送", "送给", "转账", "提交", "确认", "下单", "充值", "交易", "删除", "清空", "清除", "修改",
+     "更改", "改成", "改为", "设为", "设置为", "开启", "关闭", "启用", "禁用", "接受", "放弃", "发送",
+     "装备上", "给我一", "送我", "拿", "收下", "提取"],
+))
+# fmt: on
+
+GUARDS: tuple[Guard, ...] = (NEGATION, CONDITION, REFERENCE, COMPOUND, WRITE)
+"""Every guard, in the order `check_guards` reports them."""
+
+
+def _prepare(text: str) -> str:
+    return ITEM_ID.sub(" <item> ", normalize(text))
+
+
+def check_guards(text: str) -> str | None:
+    """The name of the first guard that fires on `text`, or None."""
+    prepared = _prepare(text)
+    for guard in GUARDS:
+        if guard.pattern.search(prepared):
+            return guard.name
+    return None
+
+
+def fired_guards(text: str) -> list[str]:
+    """Names of every guard that fires on `text` (for diagnostics and tests)."""
+    prepared = _prepare(text)
+    return [guard.name for guard in GUARDS if guard.pattern.search(prepared)]

@@ -1,0 +1,333 @@
+"""The semantic index: sparse TF-IDF vectors of every profile's examples, one index per
+language, and cosine matching of a text against them.
+
+Examples are fitted once per language by scikit-learn's `TfidfVectorizer` over the analyzer's
+features (sublinear tf, smoothed idf, l2 norm); the fitted matrix is kept transposed (feature →
+examples, CSR), rows grouped by module. A query then touches only the examples that share one
+of its features: each of its few non-zero weights adds, in one vectorised step, into a
+per-example score array; `numpy.maximum.reduceat` takes each module's best example, and only
+the top modules are looked at in Python. No Python loop runs over examples or modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from types import MappingProxyType
+
+import numpy as np
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from router_service.semantic.config import SemanticConfig
+from router_service.semantic.profiles import Profile
+from router_service.semantic.text import Analysis, Analyzer
+from services.runtime.config import ConfigError
+
+__all__ = ["Match", "ModuleScore", "Profile", "SemanticIndex"]
+
+log = logging.getLogger("system.router.semantic")
+
+_MASK_CACHE_SIZE = 256
+_FULL_SORT_MODULES = 256  # below this, one argsort beats argpartition plus a sort
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleScore:
+    """A module's best example for one text."""
+
+    module_id: str
+    score: float
+    """Cosine similarity of the text and the example, 0..1 (not a probability). The text's
+    vector keeps its unknown unigrams, weighted with the largest idf, so they lower the score;
+    unknown bigrams are dropped."""
+    example_id: str
+    """`module@lang#n`: the n-th example of that module in that language (registered examples
+    first, then the config's extra examples)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """How one text matches the index of one language."""
+
+    language: str
+    candidates: tuple[ModuleScore, ...]
+    """Best example per module, best first, only modules scoring above 0; reject profiles
+    included (they take part in the margin)."""
+    s1: float
+    """Score of the best module (0 when none)."""
+    s2: float
+    """Score of the best *different* module (0 when none)."""
+    coverage: float
+    """Feature coverage: the share of the input's unigram feature weight that the index knows.
+    Each unigram weighs its tf-idf weight (sublinear tf × idf); a feature no example has gets
+    the largest idf the index could give (that of a feature in no example), so one unfamiliar
+    word weighs at least as much as any familiar one. 0 when the text has no features."""
+    topic_coverage: float
+    """Topic coverage: the share of the input's content features (unigrams other than generic
+    `action` words such as view/open/what; unknown words, placeholders and write words
+    included) that appear among the unigrams of the best module's best example. 0 when the
+    text has no content feature, so a bare verb never confirms a topic."""
+    seconds: float
+    """Time spent analysing and matching."""
+
+    @property
+    def margin(self) -> float:
+        """`s1 - s2`."""
+        return self.s1 - self.s2
+
+    @property
+    def top(self) -> ModuleScore | None:
+        """The best module, if any scored above 0."""
+        return self.candidates[0] if self.candidates else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _LanguageIndex:
+    language: str
+    vocabulary: Mapping[str, int]
+    idf: list[float]  # a list: scalar lookups on it are cheaper than on an array
+    unknown_idf: float
+    postings: list[tuple[np.ndarray, np.ndarray]]
+    """Per feature column, the example rows holding it and their tf-idf values (views of the
+    transposed CSR matrix)."""
+    rows: int
+    module_ids: tuple[str, ...]  # in index order
+    module_starts: np.ndarray  # first row of each module; rows of a module are contiguous
+    starts_list: list[int]
+    ends_list: list[int]
+    always: np.ndarray  # reject profiles: considered whatever the player may use
+    example_ids: tuple[str, ...]
+    example_unigrams: tuple[frozenset[str], ...]
+
+
+class SemanticIndex:
+    """Examples of every profile, vectorised per language. Immutable once built; `match` is
+    thread-safe."""
+
+    def __init__(
+        self,
+        profiles: Mapping[str, Profile],
+        languages: dict[str, _LanguageIndex],
+        analyzer: Analyzer,
+        ignored_examples: tuple[str, ...],
+        build_seconds: float,
+    ) -> None:
+        self.profiles: Mapping[str, Profile] = MappingProxyType(dict(profiles))
+        """Every profile, by module id."""
+        self.analyzer = analyzer
+        self.ignored_examples = ignored_examples
+        """Modules named in the config's `examples` that no profile declares (ignored)."""
+        self.build_seconds = build_seconds
+        self._languages = languages
+        self._masks: dict[tuple[str, frozenset[str]], np.ndarray] = {}
+
+    @classmethod
+    def build(
+        cls,
+        profiles: Iterable[Profile],
+        config: SemanticConfig,
+        analyzer: Analyzer | None = None,
+    ) -> SemanticIndex:
+        """Vectorises the profiles' examples, plus the config's extra examples, for every
+        language in `config.languages`.
+
+        Raises:
+            ConfigError: two profiles share a module id.
+        """
+        started = time.perf_counter()
+        analyzer = analyzer or Analyzer()
+        by_id: dict[str, Profile] = {}
+        for profile in profiles:
+            if profile.module_id in by_id:
+                raise ConfigError(f"module {profile.module_id} has two routing profiles")
+            by_id[profile.module_id] = profile
+        ignored = tuple(sorted(set(config.examples) - set(by_id)))
+        if ignored:
+            log.warning(
+                "system-semantic.json has examples for unregistered modules, ignored: %s",
+                ", ".join(ignored),
+            )
+        languages: dict[str, _LanguageIndex] = {}
+        for language in config.languages:
+            index = _build_language(language, by_id.values(), config, analyzer)
+            if index is not None:
+                languages[language] = index
+        return cls(by_id, languages, analyzer, ignored, time.perf_counter() - started)
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """Languages with at least one example."""
+        return tuple(self._languages)
+
+    @property
+    def example_count(self) -> int:
+        """Examples over all languages."""
+        return sum(index.rows for index in self._languages.values())
+
+    def analyze(self, text: str) -> Analysis:
+        """The features of `text`."""
+        return self.analyzer.analyze(text)
+
+    def match(
+        self,
+        text: str,
+        lang: str,
+        *,
+        allowed: Collection[str] | None = None,
+        limit: int = 5,
+    ) -> Match:
+        """Matches `text` against the examples of `lang`.
+
+        Args:
+            text: the player's text (normalised here).
+            lang: the index to use; an unknown language gives an empty match.
+            allowed: module ids the player may use; None for all. Reject profiles always take
+                part.
+            limit: how many candidates to return at most.
+        """
+        started = time.perf_counter()
+        analysis = self.analyzer.analyze(text)
+        index = self._languages.get(lang)
+        if index is None or not analysis.unigrams:
+            return Match(lang, (), 0.0, 0.0, 0.0, 0.0, time.perf_counter() - started)
+        vocabulary, idf = index.vocabulary, index.idf
+        columns: list[int] = []
+        weights: list[float] = []
+        for feature, count in Counter(analysis.features).items():
+            column = vocabulary.get(feature)
+            if column is not None:
+                columns.append(column)
+                weights.append((1.0 + math.log(count)) * idf[column])
+        known = total = unknown_squares = 0.0
+        for feature, count in Counter(analysis.unigrams).items():
+            column = vocabulary.get(feature)
+            if column is not None:
+                weight = (1.0 + math.log(count)) * idf[column]
+                known += weight
+            else:
+                weight = (1.0 + math.log(count)) * index.unknown_idf
+                unknown_squares += weight * weight
+            total += weight
+        coverage = known / total
+        if not columns:
+            return Match(lang, (), 0.0, 0.0, coverage, 0.0, time.perf_counter() - started)
+
+        # Cosine = dot product of l2-normalised vectors; only the examples holding one of the
+        # text's features get a contribution, one vectorised update per feature. Unlike
+        # TfidfVectorizer.transform, the text's norm keeps its unknown unigrams (at the largest
+        # idf): unfamiliar content lowers the score instead of vanishing. Unknown bigrams of
+        # known words are left out, as a new combination of familiar words is not new content.
+        norm = math.sqrt(sum(w * w for w in weights) + unknown_squares)
+        scores = np.zeros(index.rows)
+        for column, weight in zip(columns, weights, strict=True):
+            rows, values = index.postings[column]
+            scores[rows] += values * (weight / norm)
+        best = np.maximum.reduceat(scores, index.module_starts)
+        if allowed is not None:
+            best[~self._mask(index, allowed)] = -1.0
+        count = min(limit + 1, best.size)  # one more than asked, for s2
+        if best.size > _FULL_SORT_MODULES:
+            top = np.argpartition(-best, count - 1)[:count]
+            top = top[np.argsort(-best[top], kind="stable")]
+        else:
+            top = np.argsort(-best, kind="stable")[:count]
+        starts, ends = index.starts_list, index.ends_list
+        candidates: list[ModuleScore] = []
+        best_rows: list[int] = []
+        for position, score in zip(top.tolist(), best[top].tolist(), strict=True):
+            if score <= 1e-12:
+                break
+            row = starts[position] + int(scores[starts[position] : ends[position]].argmax())
+            best_rows.append(row)
+            candidates.append(
+                ModuleScore(index.module_ids[position], min(score, 1.0), index.example_ids[row])
+            )
+        if not candidates:
+            return Match(lang, (), 0.0, 0.0, coverage, 0.0, time.perf_counter() - started)
+        s1 = candidates[0].score
+        s2 = candidates[1].score if len(candidates) > 1 else 0.0
+        content = analysis.content
+        covered = len(content & index.example_unigrams[best_rows[0]])
+        topic = covered / len(content) if content else 0.0
+        return Match(
+            lang,
+            tuple(candidates[:limit]),
+            s1,
+            s2,
+            coverage,
+            topic,
+            time.perf_counter() - started,
+        )
+
+    def _mask(self, index: _LanguageIndex, allowed: Collection[str]) -> np.ndarray:
+        key = (index.language, frozenset(allowed))
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = index.always | np.fromiter(
+                (m in key[1] for m in index.module_ids), dtype=bool, count=len(index.module_ids)
+            )
+            if len(self._masks) >= _MASK_CACHE_SIZE:
+                self._masks.clear()
+            self._masks[key] = mask
+        return mask
+
+
+def _build_language(
+    language: str, profiles: Iterable[Profile], config: SemanticConfig, analyzer: Analyzer
+) -> _LanguageIndex | None:
+    texts: list[str] = []
+    example_ids: list[str] = []
+    module_ids: list[str] = []
+    starts: list[int] = []
+    always: list[bool] = []
+    for profile in profiles:
+        examples = (
+            *profile.examples.get(language, ()),
+            *config.examples.get(profile.module_id, {}).get(language, ()),
+        )
+        if not examples:
+            continue
+        module_ids.append(profile.module_id)
+        starts.append(len(texts))
+        always.append(profile.kind == "reject")
+        for n, example in enumerate(examples):
+            texts.append(example)
+            example_ids.append(f"{profile.module_id}@{language}#{n}")
+    if not texts:
+        log.info("no examples in %s: no semantic index for it", language)
+        return None
+    vectorizer = TfidfVectorizer(analyzer=analyzer, sublinear_tf=True, norm="l2")
+    try:
+        matrix = vectorizer.fit_transform(texts)
+    except ValueError:  # every example of the language had no features at all
+        log.warning("the %s examples have no features: no semantic index for it", language)
+        return None
+    transposed = matrix.T.tocsr()
+    transposed.sort_indices()
+    indptr, indices = transposed.indptr, transposed.indices.astype(np.intp)
+    postings = [
+        (indices[indptr[j] : indptr[j + 1]], transposed.data[indptr[j] : indptr[j + 1]])
+        for j in range(transposed.shape[0])
+    ]
+    vocabulary = {str(k): int(v) for k, v in vectorizer.vocabulary_.items()}
+    unigrams = tuple(frozenset(analyzer.analyze(t).unigrams) for t in texts)
+    return _LanguageIndex(
+        language=language,
+        vocabulary=vocabulary,
+        idf=[float(v) for v in vectorizer.idf_],
+        # smooth idf of a feature in no example: ln((1 + n) / 1) + 1
+        unknown_idf=math.log(1 + len(texts)) + 1.0,
+        postings=postings,
+        rows=len(texts),
+        module_ids=tuple(module_ids),
+        module_starts=np.asarray(starts, dtype=np.intp),
+        starts_list=starts,
+        ends_list=[*starts[1:], len(texts)],
+        always=np.asarray(always, dtype=bool),
+        example_ids=tuple(example_ids),
+        example_unigrams=unigrams,
+    )

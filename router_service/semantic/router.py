@@ -1,0 +1,284 @@
+"""The local routing decision: may this text run a module directly, without the model?
+
+`SemanticRouter.decide` applies seed 004's gates in a fixed order and names the first that
+failed, so an operator can see why a text did or did not route:
+
+| gate                 | fails when                                                        |
+|----------------------|-------------------------------------------------------------------|
+| `mode_off`           | mode is OFF, or the router started in OFF and built no index      |
+| `too_long`           | the text, raw or normalised, is over `maxCharacters`              |
+| `language`           | no index for the language                                         |
+| `empty`              | nothing is left after normalisation                               |
+| `no_candidate`       | no example shares a feature with the text                         |
+| `reject_profile`     | the best module is a reject profile                               |
+| `not_direct_profile` | the best module is hints, explicit-only, structured-only, not interactive, has write steps or write tools, or is not declared direct |
+| `score`              | its best example scores under the module's threshold              |
+| `margin`             | it leads the best different module by less than the margin        |
+| `coverage`           | the index knows too little of the text (feature coverage)         |
+| `topic_coverage`     | the best example misses some of the text's topics or unknown words |
+| `guard:<name>`       | negation, condition, reference, compound or write words           |
+| `arguments`          | the module's extractor cannot parse its input from this text      |
+
+Both coverages use `minCoverage`; thresholds come from `lexicalThresholds` (`module@lang`,
+then `module`) or `defaultThreshold`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+from router_service.semantic.config import Mode, SemanticConfig, reload_changes
+from router_service.semantic.extractors import extract
+from router_service.semantic.guards import check_guards
+from router_service.semantic.index import ModuleScore, SemanticIndex
+from router_service.semantic.profiles import Profile
+from router_service.semantic.text import Analyzer, normalize
+from services.runtime.config import ConfigError
+
+__all__ = ["ALGORITHM", "FallbackCandidate", "LocalDecision", "Outcome", "SemanticRouter"]
+
+ALGORITHM = "lexical-tfidf-v1"
+"""Name of the matching algorithm, as diagnostics report it."""
+
+MAX_CANDIDATES = 5
+_EPSILON = 1e-9  # cosine of identical texts may come out a hair under 1.0
+
+Outcome = Literal["direct", "shadow_direct", "no_direct", "off"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalDecision:
+    """What local matching decided for one text. Holds no text."""
+
+    outcome: Outcome
+    """`direct`: run `module_id` with `input`; `shadow_direct`: SHADOW mode, it would have;
+    `no_direct`: a gate failed, go on to the model; `off`: local matching is off."""
+    module_id: str | None = None
+    """The module routed (or that would have been, in SHADOW); None otherwise."""
+    input: Mapping[str, Any] | None = None
+    """The module's input as the extractor parsed it from this text; None unless routed."""
+    candidates: tuple[ModuleScore, ...] = ()
+    """Top modules (reject profiles left out), best first, at most 5."""
+    s1: float = 0.0
+    s2: float = 0.0
+    margin: float = 0.0
+    coverage: float = 0.0
+    """Feature coverage (see `Match.coverage`)."""
+    topic_coverage: float = 0.0
+    """Topic coverage (see `Match.topic_coverage`)."""
+    gate_failed: str = ""
+    """The first gate that failed (see the module docs); empty when routed."""
+    language: str = ""
+    seconds: float = 0.0
+    """Time the decision took, analysis and matching included."""
+
+    @property
+    def top_module(self) -> str | None:
+        """The best candidate's module, if any."""
+        return self.candidates[0].module_id if self.candidates else None
+
+
+@dataclasses.dataclass(frozen=True)
+class FallbackCandidate:
+    """A read-only module offered on a LOCAL_FALLBACK selection card. Clicking it is a new
+    explicit request; it never runs by itself."""
+
+    module_id: str
+    label: str
+    """The profile's `choice_label` (a translation key); may be empty."""
+    input: Mapping[str, Any]
+    """Input parsed from this text (empty for a module without arguments)."""
+    score: float
+    """Match score; 0 for a shortcut."""
+    example_id: str
+    """Matched example; empty for a shortcut."""
+    source: Literal["match", "shortcut"]
+
+
+class SemanticRouter:
+    """Local semantic routing over one frozen set of profiles.
+
+    The index is built here, once, unless the config's mode is OFF. `apply_config` swaps in a
+    reloaded config: mode, thresholds and limits apply at once; examples and languages (and
+    leaving a start-up OFF) need a new router.
+    """
+
+    def __init__(
+        self,
+        profiles: Iterable[Profile],
+        config: SemanticConfig,
+        *,
+        analyzer: Analyzer | None = None,
+    ) -> None:
+        profiles = list(profiles)
+        counts = Counter(p.module_id for p in profiles)
+        duplicates = sorted(m for m, n in counts.items() if n > 1)
+        if duplicates:
+            raise ConfigError(f"modules with two routing profiles: {', '.join(duplicates)}")
+        self._built_with = config
+        self._config = config
+        self._index = (
+            SemanticIndex.build(profiles, config, analyzer) if config.mode is not Mode.OFF else None
+        )
+        self._profiles: Mapping[str, Profile] = MappingProxyType({p.module_id: p for p in profiles})
+        self._rejects = sum(p.kind == "reject" for p in profiles)
+
+    @property
+    def config(self) -> SemanticConfig:
+        """The config in force."""
+        return self._config
+
+    @property
+    def index(self) -> SemanticIndex | None:
+        """The index; None when the router started in OFF."""
+        return self._index
+
+    @property
+    def profiles(self) -> Mapping[str, Profile]:
+        return self._profiles
+
+    @property
+    def example_count(self) -> int:
+        return self._index.example_count if self._index else 0
+
+    def apply_config(self, config: SemanticConfig) -> list[str]:
+        """Uses a reloaded config from now on; returns `reload_changes` for the operator."""
+        changes = reload_changes(self._config, config, built_with=self._built_with)
+        self._config = config
+        return changes
+
+    def decide(self, text: str, lang: str, allowed: Collection[str] | None = None) -> LocalDecision:
+        """Decides whether `text` routes directly, never raising on any string.
+
+        Args:
+            text: what the player typed.
+            lang: the player's language (`zh`, `en`).
+            allowed: module ids this player may use; None for all.
+        """
+        started = time.perf_counter()
+        config, index = self._config, self._index
+
+        def no(gate: str, **fields: Any) -> LocalDecision:
+            return LocalDecision(
+                "no_direct",
+                gate_failed=gate,
+                language=lang,
+                seconds=time.perf_counter() - started,
+                **fields,
+            )
+
+        if config.mode is Mode.OFF or index is None:
+            return LocalDecision(
+                "off", gate_failed="mode_off", language=lang, seconds=time.perf_counter() - started
+            )
+        if len(text) > config.max_characters:
+            return no("too_long")  # before normalising, so huge texts cost nothing
+        normalized = normalize(text)
+        if len(normalized) > config.max_characters:
+            return no("too_long")
+        if lang not in index.languages:
+            return no("language")
+        if not normalized:
+            return no("empty")
+        match = index.match(normalized, lang, allowed=allowed, limit=MAX_CANDIDATES + self._rejects)
+        candidates = tuple(
+            c for c in match.candidates if self._profiles[c.module_id].kind != "reject"
+        )[:MAX_CANDIDATES]
+        scores = {
+            "candidates": candidates,
+            "s1": match.s1,
+            "s2": match.s2,
+            "margin": match.margin,
+            "coverage": match.coverage,
+            "topic_coverage": match.topic_coverage,
+        }
+        top = match.top
+        if top is None:
+            return no("no_candidate", **scores)
+        profile = self._profiles[top.module_id]
+        if profile.kind == "reject":
+            return no("reject_profile", **scores)
+        if not profile.routes_directly:
+            return no("not_direct_profile", **scores)
+        threshold = config.threshold_for(profile.module_id, lang)
+        if match.s1 + _EPSILON < threshold.score:
+            return no("score", **scores)
+        if match.margin + _EPSILON < threshold.margin:
+            return no("margin", **scores)
+        if match.coverage + _EPSILON < config.min_coverage:
+            return no("coverage", **scores)
+        if match.topic_coverage + _EPSILON < config.min_coverage:
+            return no("topic_coverage", **scores)
+        guard = check_guards(normalized)
+        if guard is not None:
+            return no(f"guard:{guard}", **scores)
+        arguments = extract(profile.extractor, text)
+        if arguments is None:
+            return no("arguments", **scores)
+        return LocalDecision(
+            "direct" if config.mode is Mode.ENFORCE else "shadow_direct",
+            module_id=profile.module_id,
+            input=MappingProxyType(arguments),
+            language=lang,
+            seconds=time.perf_counter() - started,
+            **scores,
+        )
+
+    def fallback_candidates(
+        self, text: str, lang: str, allowed: Collection[str] | None = None
+    ) -> list[FallbackCandidate]:
+        """Read-only modules for a LOCAL_FALLBACK selection card, at most 5.
+
+        The top matches whose extractor parses from this text (or that take no arguments);
+        when there are none, the read-only shortcuts (`Profile.is_shortcut`: by default the
+        modules without an extractor) in registration order, without arguments. Reject, structured-only, explicit-only and write modules never
+        appear. In SHADOW and OFF, or for a text that cannot be matched (too long, another
+        language, empty), only the shortcuts: an observing router must not change what
+        players see.
+        """
+        config, index = self._config, self._index
+        found: list[FallbackCandidate] = []
+        if (
+            config.mode is Mode.ENFORCE
+            and index is not None
+            and len(text) <= config.max_characters
+            and lang in index.languages
+        ):
+            normalized = normalize(text)
+            if normalized and len(normalized) <= config.max_characters:
+                match = index.match(
+                    normalized, lang, allowed=allowed, limit=MAX_CANDIDATES + self._rejects
+                )
+                for candidate in match.candidates:
+                    profile = self._profiles[candidate.module_id]
+                    if not profile.read_only:
+                        continue
+                    arguments = extract(profile.extractor, text)
+                    if arguments is None:
+                        continue
+                    found.append(
+                        FallbackCandidate(
+                            profile.module_id,
+                            profile.choice_label,
+                            MappingProxyType(arguments),
+                            candidate.score,
+                            candidate.example_id,
+                            "match",
+                        )
+                    )
+                    if len(found) == MAX_CANDIDATES:
+                        break
+        if found:
+            return found
+        return [
+            FallbackCandidate(
+                p.module_id, p.choice_label, MappingProxyType({}), 0.0, "", "shortcut"
+            )
+            for p in self._profiles.values()
+            if p.is_shortcut and (allowed is None or p.module_id in allowed)
+        ][:MAX_CANDIDATES]

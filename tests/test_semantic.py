@@ -1,0 +1,769 @@
+"""Local semantic routing (seed 004): config validation and reload, features, TF-IDF matching,
+the direct-route gates, guards, extractors, modes, fallback candidates and the profile loader.
+Pure unit tests: no gRPC, no network, one jieba dictionary load for the module."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from router_service.semantic import (
+    GUARDS,
+    ITEM,
+    NUM,
+    Analyzer,
+    Mode,
+    Profile,
+    SemanticConfig,
+    SemanticIndex,
+    SemanticRouter,
+    Threshold,
+    check_guards,
+    detect_language,
+    extract,
+    fired_guards,
+    load_profiles,
+    load_semantic_config,
+    normalize,
+    parse_semantic_config,
+    reload_changes,
+)
+from services.runtime.config import ConfigError
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def analyzer() -> Analyzer:
+    return Analyzer()
+
+
+PROFILES = [
+    Profile(
+        "system:help",
+        "read",
+        {
+            "zh": ["帮助", "有哪些指令", "怎么用"],
+            "en": ["help", "what commands are there", "how do i use this"],
+        },
+        choice_label="choice.help",
+    ),
+    Profile(
+        "system:inbox",
+        "read",
+        {"zh": ["查看收件箱", "打开邮箱", "我的邮件"], "en": ["open my inbox", "check my mail"]},
+    ),
+    Profile(
+        "system:shop",
+        "read",
+        {"zh": ["打开商店", "逛逛商城"], "en": ["open the shop", "browse the store"]},
+    ),
+    Profile(
+        "system:item",
+        "read",
+        {
+            "zh": ["查询物品 minecraft:diamond", "minecraft:stone 是什么东西"],
+            "en": ["look up item minecraft:diamond", "what is minecraft:stone"],
+        },
+        extractor="item_id",
+        choice_label="choice.item",
+    ),
+    Profile(
+        "system:history",
+        "read",
+        {"zh": ["查看历史记录", "聊天记录"], "en": ["show my history", "chat history"]},
+    ),
+    Profile(
+        "system:quest_view",
+        "read",
+        {"zh": ["查看 1", "第3个"], "en": ["view 2", "open number 3"]},
+        extractor="list_index",
+    ),
+    Profile(
+        "system:quests",
+        "hints",
+        {"zh": ["查看任务", "任务列表"], "en": ["show my quests", "quest list"]},
+    ),
+    Profile(
+        "system:signin",
+        "read",
+        {"zh": ["签到", "每日签到"], "en": ["sign in", "daily check in"]},
+        write_steps=1,
+        read_only_tools=False,
+    ),
+    Profile(
+        "system:reject_buy",
+        "reject",
+        {"zh": ["购买钻石", "在商店买东西"], "en": ["buy diamonds", "buy something in the shop"]},
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def router(analyzer: Analyzer) -> SemanticRouter:
+    return SemanticRouter(PROFILES, SemanticConfig(), analyzer=analyzer)
+
+
+def _router(analyzer: Analyzer, profiles: list[Profile], **config: Any) -> SemanticRouter:
+    return SemanticRouter(profiles, SemanticConfig(**config), analyzer=analyzer)
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+def test_config_defaults_are_the_seeds() -> None:
+    config = SemanticConfig()
+    assert config.mode is Mode.ENFORCE
+    assert config.max_characters == 240
+    assert config.min_coverage == 0.9
+    assert config.default_threshold == Threshold(score=0.9, margin=0.15)
+    assert config.languages == ("zh", "en")
+    assert dict(config.lexical_thresholds) == {} and dict(config.examples) == {}
+    assert (config.cache_entries, config.cache_seconds, config.entries_per_player) == (
+        1024,
+        300.0,
+        32,
+    )
+    assert parse_semantic_config(config.to_json()) == config
+
+
+def test_config_file_with_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "system-semantic.json"
+    path.write_text(
+        json.dumps(
+            {
+                "mode": "shadow",
+                "minCoverage": 0.8,
+                "lexicalThresholds": {
+                    "system:shop@zh": {"score": 0.95, "margin": 0.2},
+                    "system:shop": {"margin": 0.3},
+                },
+                "examples": {"system:shop": {"zh": ["逛逛系统商铺"]}},
+                "cacheSeconds": 12.5,
+            }
+        ),
+        encoding="utf-8",
+    )
+    config = load_semantic_config(path)
+    assert config.mode is Mode.SHADOW and config.min_coverage == 0.8
+    # the language key wins over the module key, which wins over the default
+    assert config.threshold_for("system:shop", "zh") == Threshold(0.95, 0.2)
+    assert config.threshold_for("system:shop", "en") == Threshold(0.9, 0.3)  # partial override
+    assert config.threshold_for("system:help", "zh") == Threshold(0.9, 0.15)
+    assert config.examples["system:shop"]["zh"] == ("逛逛系统商铺",)
+    assert config.cache_seconds == 12.5
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"mode": "LOUD"}, "mode must be ENFORCE, SHADOW or OFF, got 'LOUD'"),
+        ({"mode": 1}, "mode must be ENFORCE, SHADOW or OFF"),
+        ({"maxCharacters": "240"}, "maxCharacters must be a positive integer, got '240'"),
+        ({"maxCharacters": 0}, "maxCharacters must be a positive integer, got 0"),
+        ({"maxCharacters": 2.5}, "maxCharacters must be a positive integer"),
+        ({"minCoverage": 0.4}, "minCoverage must be in 0.5..1, got 0.4"),
+        ({"minCoverage": True}, "minCoverage must be a number in 0.5..1, got True"),
+        ({"defaultThreshold": {"score": 1.5}}, "defaultThreshold.score must be in 0..1, got 1.5"),
+        ({"defaultThreshold": {"margin": -0.1}}, "defaultThreshold.margin must be in 0..1"),
+        ({"defaultThreshold": {"scor": 0.9}}, "defaultThreshold has unknown key(s) scor"),
+        ({"defaultThreshold": 0.9}, "defaultThreshold must be a JSON object"),
+        ({"languages": []}, "languages must be a non-empty list"),
+        ({"languages": ["zh", "ZH!"]}, "languages[] must be a lower-case language code"),
+        ({"languages": ["zh", "zh"]}, "languages lists a language twice"),
+        ({"lexicalThresholds": {"shop": {"score": 0.9}}}, "key 'shop' is not a module identifier"),
+        (
+            {"lexicalThresholds": {"system:shop@zh": {"margin": 2}}},
+            "lexicalThresholds['system:shop@zh'].margin must be in 0..1, got 2",
+        ),
+        ({"examples": {"system:shop": {"zh": "逛逛"}}}, "must be a list of non-empty strings"),
+        ({"examples": {"system:shop": {"zh": [""]}}}, "must be a list of non-empty strings"),
+        ({"cacheEntries": -1}, "cacheEntries must be a positive integer, got -1"),
+        ({"cacheSeconds": 0}, "cacheSeconds must be a positive number, got 0"),
+        ({"entriesPerPlayer": None}, "entriesPerPlayer must be a positive integer, got None"),
+        ({"cacheEntris": 10}, "unknown field(s) cacheEntris; known fields are mode"),
+        ([], "the document must be a JSON object"),
+    ],
+)
+def test_config_errors_name_the_field_and_range(document: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_semantic_config(document, "semantic.json")
+    assert message in str(error.value)
+    assert str(error.value).startswith("semantic.json: ")
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_semantic_config(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"mode": "ENFORCE",\n "maxCharacters": }', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"not valid JSON at line 2 column"):
+        load_semantic_config(bad)
+
+
+def test_reload_changes_say_what_applies_live_and_what_needs_a_restart() -> None:
+    old = SemanticConfig()
+    assert reload_changes(old, SemanticConfig()) == []
+    new = parse_semantic_config(
+        {
+            "mode": "SHADOW",
+            "minCoverage": 0.95,
+            "cacheEntries": 10,
+            "languages": ["zh"],
+            "examples": {"system:shop": {"zh": ["逛逛系统商铺"]}},
+        }
+    )
+    assert reload_changes(old, new) == [
+        "mode: applies live",
+        "minCoverage: applies live",
+        "languages: needs a restart (the index is built once at start)",
+        "examples: needs a restart (the index is built once at start)",
+        "cacheEntries: applies live",
+    ]
+    off = SemanticConfig(mode=Mode.OFF)
+    assert reload_changes(off, old)[0].startswith("mode: needs a restart (the router started")
+    # started in ENFORCE, switched OFF, back again: the index exists, so it is live
+    assert reload_changes(off, old, built_with=old) == ["mode: applies live"]
+    # started in OFF: still needs a restart after an intermediate reload
+    shadow = SemanticConfig(mode=Mode.SHADOW)
+    assert "needs a restart" in reload_changes(shadow, old, built_with=off)[0]
+
+
+# --- text and features ------------------------------------------------------------------------
+
+
+def test_normalize_folds_width_case_and_controls() -> None:
+    assert normalize("  ＯＰＥＮ\u3000the\tSHOP\x00\u200b ") == "open the shop"
+    assert normalize("don’t") == "don't"
+    assert normalize("\ud800商店") == "商店"  # a lone surrogate is dropped, not an error
+    assert detect_language("打开shop") == "zh" and detect_language("open the shop") == "en"
+
+
+def test_synonyms_map_to_one_feature_in_both_languages(analyzer: Analyzer) -> None:
+    for text in ("商店", "商城", "商铺", "shop", "store", "market", "SHOPS"):
+        assert analyzer.analyze(text).unigrams == ("shop",), text
+    assert analyzer.analyze("逛逛商铺").unigrams == analyzer.analyze("browse the store").unigrams
+    assert analyzer.analyze("查看收件箱").unigrams == analyzer.analyze("check my mailbox").unigrams
+    assert analyzer.analyze("sign in please").unigrams == ("write",)
+    assert analyzer.analyze("签到").unigrams == ("write",)
+    # phrases are joined before single words: `check in` is not `check`
+    assert analyzer.analyze("check in").unigrams == ("write",)
+    assert analyzer.analyze("check my quests").unigrams == ("view", "quest")
+
+
+def test_unknown_words_placeholders_and_bigrams(analyzer: Analyzer) -> None:
+    analysis = analyzer.analyze("查看 minecraft:diamond_sword 的钻石")
+    assert analysis.unigrams == ("view", ITEM, "钻石")
+    assert "<item> view" in analysis.features and "<item> 钻石" in analysis.features
+    assert analysis.content == frozenset({ITEM, "钻石"})  # `view` is an action, not a topic
+    assert analyzer.analyze("zorblax diamonds").unigrams == ("zorblax", "diamond")
+    assert analyzer.analyze("查看𪚥").unigrams == ("view", "𪚥")  # unknown character kept
+    assert analyzer.analyze("🛒 shop").unigrams == ("🛒", "shop")
+    for text in ("查看 1", "view 12", "第3个", "第三个"):
+        assert NUM in analyzer.analyze(text).unigrams, text
+    assert analyzer.analyze("12:30").unigrams == (NUM, NUM)  # not an item id
+    # unordered pairs: word order of two features does not change the bigram
+    assert sorted(analyzer.analyze("商铺逛逛").features) == sorted(
+        analyzer.analyze("逛逛商铺").features
+    )
+
+
+def test_analyzer_uses_a_private_jieba_dictionary(analyzer: Analyzer) -> None:
+    import jieba
+
+    assert analyzer._jieba is not jieba.dt
+
+
+# --- matching ---------------------------------------------------------------------------------
+
+
+def test_scores_are_tfidf_cosines(analyzer: Analyzer) -> None:
+    """With only known features, the score is exactly scikit-learn's cosine."""
+    index = SemanticIndex.build(PROFILES, SemanticConfig(), analyzer)
+    texts = [t for p in PROFILES for t in p.examples["en"]]
+    vectorizer = TfidfVectorizer(analyzer=analyzer, sublinear_tf=True, norm="l2")
+    matrix = vectorizer.fit_transform(texts)
+    query = "show my inbox and my mail"
+    assert all(f in vectorizer.vocabulary_ for f in analyzer.analyze(query).unigrams)
+    cosines = (matrix @ vectorizer.transform([query]).T).toarray().ravel()
+    match = index.match(query, "en")
+    assert match.s1 == pytest.approx(cosines.max())
+    assert match.top is not None and match.top.module_id == "system:inbox"
+    assert match.top.example_id in {"system:inbox@en#0", "system:inbox@en#1"}
+    assert match.coverage == 1.0 and match.topic_coverage == 1.0
+    # an unknown word lowers the score and the coverage instead of vanishing
+    unknown = index.match("show my inbox zorblax", "en")
+    assert unknown.s1 < 0.9 and unknown.coverage < 0.6 and unknown.topic_coverage == 0.5
+    assert index.match("帮助", "fr").candidates == ()
+
+
+def test_config_examples_extend_registered_profiles_only(analyzer: Analyzer) -> None:
+    config = parse_semantic_config(
+        {"examples": {"system:shop": {"zh": ["瞅一眼杂货铺"]}, "ext:missing": {"zh": ["x"]}}}
+    )
+    index = SemanticIndex.build(PROFILES, config, analyzer)
+    assert index.ignored_examples == ("ext:missing",)
+    match = index.match("瞅一眼杂货铺", "zh")
+    assert match.top is not None and match.top.example_id == "system:shop@zh#2"
+
+
+# --- direct routes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "module", "arguments"),
+    [
+        ("帮助", "zh", "system:help", {}),
+        ("help", "en", "system:help", {}),
+        ("看看我的邮件", "zh", "system:inbox", {}),
+        ("check my mailbox", "en", "system:inbox", {}),
+        ("show my inbox please", "en", "system:inbox", {}),
+        ("打开商城", "zh", "system:shop", {}),
+        ("去商铺逛逛", "zh", "system:shop", {}),
+        ("show me the market", "en", "system:shop", {}),
+        ("查询物品 minecraft:gold_ingot", "zh", "system:item", {"item_id": "minecraft:gold_ingot"}),
+        ("what is minecraft:oak_log", "en", "system:item", {"item_id": "minecraft:oak_log"}),
+        ("查看聊天记录", "zh", "system:history", {}),
+        ("show history", "en", "system:history", {}),
+        ("第三个", "zh", "system:quest_view", {"index": 3}),
+        ("view 5", "en", "system:quest_view", {"index": 5}),
+        ("ＯＰＥＮ ＴＨＥ ＳＴＯＲＥ", "en", "system:shop", {}),
+    ],
+)
+def test_clear_paraphrases_route_directly(
+    router: SemanticRouter, text: str, lang: str, module: str, arguments: dict[str, Any]
+) -> None:
+    decision = router.decide(text, lang)
+    assert (decision.outcome, decision.gate_failed) == ("direct", ""), decision
+    assert decision.module_id == module and dict(decision.input or {}) == arguments
+    assert decision.s1 >= 0.9 and decision.margin >= 0.15 and decision.coverage >= 0.9
+    assert decision.candidates[0].module_id == module
+    assert decision.candidates[0].example_id.startswith(f"{module}@{lang}#")
+
+
+def test_arguments_come_from_this_text_never_the_example(router: SemanticRouter) -> None:
+    decision = router.decide("look up item minecraft:netherite_ingot", "en")
+    assert dict(decision.input or {}) == {"item_id": "minecraft:netherite_ingot"}
+
+
+def test_margin_gate_between_two_close_modules(analyzer: Analyzer) -> None:
+    close = [
+        Profile("test:shop", "read", {"en": ["open the shop", "browse the store"]}),
+        Profile("test:market", "read", {"en": ["open the shop", "market prices"]}),
+    ]
+    decision = _router(analyzer, close).decide("open the store", "en")
+    assert decision.s1 >= 0.9 and decision.margin < 0.15
+    assert decision.gate_failed == "margin" and decision.outcome == "no_direct"
+    assert {c.module_id for c in decision.candidates} == {"test:shop", "test:market"}
+
+
+def test_reject_profile_lowers_the_margin_and_never_executes(analyzer: Analyzer) -> None:
+    shop = Profile("test:shop", "read", {"en": ["open the shop"], "zh": ["打开商店"]})
+    reject = Profile(
+        "test:no_buying", "reject", {"en": ["open the shop and buy"], "zh": ["打开商店购买"]}
+    )
+    alone = SemanticRouter(
+        [shop], SemanticConfig(default_threshold=Threshold(0.9, 0.5)), analyzer=analyzer
+    )
+    both = SemanticRouter(
+        [shop, reject], SemanticConfig(default_threshold=Threshold(0.9, 0.5)), analyzer=analyzer
+    )
+    assert alone.decide("open the shop", "en").outcome == "direct"
+    lowered = both.decide("open the shop", "en")
+    assert lowered.margin < 0.5 and lowered.gate_failed == "margin"
+    for text, lang in (("open the shop to buy", "en"), ("打开商店购买", "zh")):
+        decision = both.decide(text, lang)
+        assert decision.gate_failed == "reject_profile" and decision.module_id is None
+        assert all(c.module_id != "test:no_buying" for c in decision.candidates)
+        assert all(c.module_id != "test:no_buying" for c in both.fallback_candidates(text, lang))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"kind": "hints"},
+        {"explicit_only": True},
+        {"structured_only": True},
+        {"interactive": False},
+        {"write_steps": 1},
+        {"read_only_tools": False},
+        {"direct": False},
+    ],
+)
+def test_profiles_that_may_not_route_directly(analyzer: Analyzer, flags: dict[str, Any]) -> None:
+    fields: dict[str, Any] = {"kind": "read"} | flags
+    profile = Profile("test:quests", examples={"en": ["show my quests"]}, **fields)
+    decision = _router(analyzer, [profile]).decide("show my quests", "en")
+    assert decision.s1 == pytest.approx(1.0)
+    assert (decision.outcome, decision.gate_failed) == ("no_direct", "not_direct_profile")
+
+
+def test_hints_only_add_candidates(router: SemanticRouter) -> None:
+    decision = router.decide("查看任务", "zh")
+    assert decision.gate_failed == "not_direct_profile"
+    assert decision.candidates[0].module_id == "system:quests"
+    assert router.fallback_candidates("查看任务", "zh")[0].module_id == "system:quests"
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "guard"),
+    [
+        ("不要打开商店", "zh", "negation"),
+        ("别打开商店", "zh", "negation"),
+        ("don't open the shop", "en", "negation"),
+        ("never open the shop", "en", "negation"),
+        ("如果可以打开商店", "zh", "condition"),
+        ("要是可以打开商店", "zh", "condition"),
+        ("if you can open the shop", "en", "condition"),
+        ("when you can open the shop", "en", "condition"),
+        ("打开那个商店", "zh", "reference"),
+        ("打开他的商店", "zh", "reference"),
+        ("open that shop", "en", "reference"),
+        ("open them shop", "en", "reference"),
+        ("再打开商店", "zh", "compound"),
+        ("打开商店然后打开商店", "zh", "compound"),
+        ("also open the shop", "en", "compound"),
+        ("open the shop and then open the shop", "en", "compound"),
+    ],
+)
+def test_every_guard_blocks_a_direct_route(
+    router: SemanticRouter, text: str, lang: str, guard: str
+) -> None:
+    decision = router.decide(text, lang)
+    # the rest of the request matches well (guard words are stopwords): the guard decides
+    assert decision.s1 >= 0.9 and decision.coverage == 1.0
+    assert (decision.outcome, decision.gate_failed) == ("no_direct", f"guard:{guard}")
+
+
+@pytest.mark.parametrize(
+    ("text", "guard"),
+    [
+        ("不想看商店", "negation"),
+        ("没有邮件吗", "negation"),
+        ("I do not want the shop", "negation"),
+        ("假如有邮件", "condition"),
+        ("unless it rains", "condition"),
+        ("这个是什么", "reference"),
+        ("what is it", "reference"),
+        ("商店、邮件", "compound"),
+        ("商店和邮件", "compound"),
+        ("shop and mail", "compound"),
+        ("领取奖励", "write"),
+        ("购买钻石", "write"),
+        ("支付", "write"),
+        ("签到", "write"),
+        ("兑换礼包", "write"),
+        ("执行命令", "write"),
+        ("claim my reward", "write"),
+        ("buy a sword", "write"),
+        ("pay the bill", "write"),
+        ("purchase", "write"),
+        ("sign in", "write"),
+        ("redeem code", "write"),
+    ],
+)
+def test_guards_in_both_languages(text: str, guard: str) -> None:
+    assert guard in fired_guards(text)
+    assert check_guards(text) is not None
+
+
+def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
+    for text in (
+        "打开商店",
+        "open the shop",
+        "look up item minecraft:oak_sign",
+        "查看当前任务",
+        "show my items",
+        "查询物品类别",
+    ):
+        assert fired_guards(text) == [], text
+    assert [g.name for g in GUARDS] == ["negation", "condition", "reference", "compound", "write"]
+
+
+@pytest.mark.parametrize(
+    ("text", "lang"),
+    [
+        ("签到", "zh"),
+        ("sign in", "en"),
+        ("领取奖励", "zh"),
+        ("claim my rewards", "en"),
+        ("在商店买钻石", "zh"),
+        ("buy diamonds in the shop", "en"),
+        ("支付 minecraft:diamond", "zh"),
+        ("pay for minecraft:diamond", "en"),
+        ("兑换 minecraft:diamond", "zh"),
+        ("redeem my gift", "en"),
+    ],
+)
+def test_write_requests_never_route_directly(router: SemanticRouter, text: str, lang: str) -> None:
+    assert router.decide(text, lang).outcome == "no_direct"
+
+
+def test_write_guard_holds_even_when_an_example_is_sloppy(analyzer: Analyzer) -> None:
+    sloppy = Profile(
+        "test:price",
+        "read",
+        {"en": ["buy minecraft:diamond"], "zh": ["购买 minecraft:diamond"]},
+        extractor="item_id",
+    )
+    routed = _router(analyzer, [sloppy])
+    for text, lang in (("buy minecraft:gold_ingot", "en"), ("购买 minecraft:gold_ingot", "zh")):
+        decision = routed.decide(text, lang)
+        assert decision.s1 == pytest.approx(1.0) and decision.gate_failed == "guard:write"
+
+
+@pytest.mark.parametrize(
+    ("text", "lang"),
+    [
+        ("查询物品 minecraft:diamond minecraft:stone", "zh"),
+        ("look up item minecraft:diamond minecraft:stone", "en"),
+        ("查看 第1个 第2个", "zh"),
+    ],
+)
+def test_extractor_failures_block_direct(router: SemanticRouter, text: str, lang: str) -> None:
+    decision = router.decide(text, lang)
+    assert decision.s1 >= 0.9 and decision.gate_failed == "arguments"
+
+
+def test_extractors() -> None:
+    assert extract(None, "anything") == {}
+    assert extract("item_id", "看看 Minecraft:Diamond") == {"item_id": "minecraft:diamond"}
+    assert extract("item_id", "minecraft:stone minecraft:stone.") == {"item_id": "minecraft:stone"}
+    assert extract("item_id", "a diamond") is None
+    assert extract("item_id", "minecraft:a and minecraft:b") is None
+    assert extract("item_id", "at 12:30") is None
+    assert extract("list_index", "查看 1") == {"index": 1}
+    assert extract("list_index", "view 2") == {"index": 2}
+    assert extract("list_index", "第3个") == {"index": 3}
+    assert extract("list_index", "第十二个") == {"index": 12}
+    assert extract("list_index", "#4") == {"index": 4}
+    assert extract("list_index", "view 0") is None
+    assert extract("list_index", "view 1 or 2") is None
+    assert extract("list_index", "view minecraft:stone_2") is None
+    assert extract("list_index", "view") is None
+    assert extract("name", "查看 屠龙任务") == {"name": "屠龙任务"}
+    assert extract("name", "view Dragon Slayer please") == {"name": "Dragon Slayer"}
+    assert extract("name", 'show "Iron Man" now') == {"name": "Iron Man"}
+    assert extract("name", "查看「铁人」") == {"name": "铁人"}
+    assert extract("name", '"a" and "b"') is None
+    assert extract("name", "view A, B") is None
+    assert extract("name", "view") is None
+    assert extract("name", "hello there") is None
+
+
+# --- modes, permissions, limits ---------------------------------------------------------------
+
+
+def test_enforce_shadow_and_off(analyzer: Analyzer) -> None:
+    enforce = _router(analyzer, PROFILES)
+    assert enforce.decide("打开商城", "zh").outcome == "direct"
+    shadow = _router(analyzer, PROFILES, mode=Mode.SHADOW)
+    decision = shadow.decide("打开商城", "zh")
+    assert (decision.outcome, decision.module_id, decision.gate_failed) == (
+        "shadow_direct",
+        "system:shop",
+        "",
+    )
+    assert shadow.decide("不要打开商城", "zh").outcome == "no_direct"
+    off = _router(analyzer, PROFILES, mode=Mode.OFF)
+    assert off.index is None
+    decision = off.decide("打开商城", "zh")
+    assert (decision.outcome, decision.gate_failed, decision.candidates) == ("off", "mode_off", ())
+    # a live reload to SHADOW stops direct routes at once; leaving a start-up OFF does not
+    assert enforce.apply_config(SemanticConfig(mode=Mode.SHADOW)) == ["mode: applies live"]
+    assert enforce.decide("打开商城", "zh").outcome == "shadow_direct"
+    assert "needs a restart" in off.apply_config(SemanticConfig())[0]
+    assert off.decide("打开商城", "zh").outcome == "off"
+
+
+def test_thresholds_per_module_and_language(analyzer: Analyzer) -> None:
+    config = parse_semantic_config(
+        {
+            "lexicalThresholds": {
+                "system:shop": {"score": 1.0, "margin": 0.99},
+                "system:shop@zh": {"margin": 0.1},
+            }
+        }
+    )
+    routed = SemanticRouter(PROFILES, config, analyzer=analyzer)
+    assert routed.decide("打开商城", "zh").outcome == "direct"
+    assert routed.decide("open the store", "en").gate_failed == "margin"
+    assert routed.decide("帮助", "zh").outcome == "direct"
+
+
+def test_allowed_modules_only(router: SemanticRouter) -> None:
+    decision = router.decide("打开商城", "zh", allowed={"system:help", "system:inbox"})
+    assert decision.outcome == "no_direct"
+    assert all(c.module_id != "system:shop" for c in decision.candidates)
+    assert router.decide("打开商城", "zh", allowed={"system:shop"}).outcome == "direct"
+    # reject profiles take part whatever the player may use
+    assert router.decide("购买钻石", "zh", allowed=set()).gate_failed == "reject_profile"
+    assert router.decide("帮助", "zh", allowed=set()).gate_failed == "no_candidate"
+
+
+def test_input_limits(router: SemanticRouter) -> None:
+    assert router.decide("商" * 241, "zh").gate_failed == "too_long"
+    assert router.decide("㍿" * 100, "zh").gate_failed == "too_long"  # NFKC makes it 400
+    assert router.decide("open the shop", "fr").gate_failed == "language"
+    assert router.decide(" \t\x00 ", "en").gate_failed == "empty"
+    assert router.decide("今天天气怎么样", "zh").gate_failed == "no_candidate"
+    assert router.decide("what's the weather like", "en").gate_failed in {"score", "coverage"}
+
+
+# --- local fallback candidates ----------------------------------------------------------------
+
+
+def test_fallback_candidates_parse_arguments_from_this_text(router: SemanticRouter) -> None:
+    found = router.fallback_candidates("minecraft:diamond 这个东西怎么样", "zh")
+    assert found[0].module_id == "system:item" and found[0].source == "match"
+    assert dict(found[0].input) == {"item_id": "minecraft:diamond"}
+    assert found[0].label == "choice.item"
+    modules = {c.module_id for c in found}
+    assert modules.isdisjoint({"system:signin", "system:reject_buy"})
+
+
+def test_fallback_candidates_fall_back_to_read_only_shortcuts(
+    router: SemanticRouter, analyzer: Analyzer
+) -> None:
+    # the only match needs an item id the text does not hold
+    shortcuts = router.fallback_candidates("物品", "zh")
+    assert [c.source for c in shortcuts] == ["shortcut"] * len(shortcuts)
+    assert [c.module_id for c in shortcuts] == [
+        "system:help",
+        "system:inbox",
+        "system:shop",
+        "system:history",
+        "system:quests",
+    ]
+    limited = router.fallback_candidates("天气", "zh", allowed={"system:help", "system:item"})
+    assert [c.module_id for c in limited] == ["system:help"]
+    flagged = [
+        Profile("test:list", "read", {"zh": ["任务列表"]}, extractor="list_index", shortcut=True),
+        Profile("test:help", "read", {"zh": ["帮助"]}, shortcut=False),
+    ]
+    assert [c.module_id for c in _router(analyzer, flagged).fallback_candidates("天气", "zh")] == [
+        "test:list"
+    ]
+    shadow = _router(analyzer, PROFILES, mode=Mode.SHADOW)
+    assert {c.source for c in shadow.fallback_candidates("打开商城", "zh")} == {"shortcut"}
+
+
+# --- profile files ----------------------------------------------------------------------------
+
+
+def test_load_profiles(tmp_path: Path, analyzer: Analyzer) -> None:
+    path = tmp_path / "profiles.json"
+    path.write_text(
+        json.dumps(
+            {
+                "language": "zh",
+                "modules": [
+                    {"id": "ext:status", "examples": ["查看扩展状态"]},
+                    {
+                        "id": "ext:lookup",
+                        "examples": {"en": ["look up minecraft:stone"]},
+                        "extractor": "item_id",
+                    },
+                    {"id": "ext:tips", "kind": "hints", "examples": {"zh": ["小贴士"]}},
+                    {"id": "ext:pay", "direct": False, "writeSteps": 1, "examples": ["付款"]},
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
+    language, profiles = load_profiles(path)
+    assert language == "zh"
+    status, lookup, tips, pay = profiles
+    assert status.kind == "read" and status.routes_directly and status.examples["zh"]
+    assert lookup.extractor == "item_id" and tips.kind == "hints"
+    assert not pay.routes_directly and pay.write_steps == 1
+    routed = SemanticRouter(profiles, SemanticConfig(), analyzer=analyzer)
+    assert routed.decide("查看扩展状态", "zh").module_id == "ext:status"
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"modules": [{"id": "a:b"}]}, "language must be a language code"),
+        ({"language": "zh", "modules": []}, "modules must be a non-empty list"),
+        ({"language": "zh", "modules": [{"id": "nocolon"}]}, "'nocolon' is not `namespace:path`"),
+        ({"language": "zh", "modules": [{"id": "a:b", "kind": "write"}]}, "kind must be one of"),
+        ({"language": "zh", "modules": [{"id": "a:b", "extractor": "x"}]}, "extractor must be"),
+        ({"language": "zh", "modules": [{"id": "a:b", "exampels": []}]}, "unknown key(s) exampels"),
+        ({"language": "zh", "modules": [{"id": "a:b"}, {"id": "a:b"}]}, "a:b is listed twice"),
+        ({"language": "zh", "modules": [{"id": "a:b", "direct": "yes"}]}, "direct must be true"),
+        ({"language": "zh", "modules": [{"id": "a:b", "examples": [1]}]}, "examples must map"),
+        ({"language": "zh", "modules": [{"id": "a:b", "writeSteps": -1}]}, "writeSteps must be"),
+    ],
+)
+def test_profile_file_errors(tmp_path: Path, document: Any, message: str) -> None:
+    path = tmp_path / "profiles.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        load_profiles(path)
+    assert message in str(error.value)
+    path.write_text("{", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_profiles(path)
+
+
+def test_duplicate_profiles_are_refused(analyzer: Analyzer) -> None:
+    with pytest.raises(ConfigError, match="two routing profiles"):
+        SemanticRouter([PROFILES[0], PROFILES[0]], SemanticConfig(), analyzer=analyzer)
+
+
+# --- any text at all --------------------------------------------------------------------------
+
+ANY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
+TRICKY = st.sampled_from(
+    [
+        "打开商城",
+        "open the store",
+        "\x00\x1f\x7f",
+        "😀🛒",
+        "ＯＰＥＮ",
+        "\u200d\u200b",
+        "minecraft:x",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.one_of(ANY_TEXT, st.builds(lambda a, b: a + b, TRICKY, ANY_TEXT)))
+def test_decide_never_raises(router: SemanticRouter, text: str) -> None:
+    for lang in ("zh", "en", "xx"):
+        decision = router.decide(text, lang)
+        assert decision.outcome in {"direct", "no_direct"}
+        assert math.isfinite(decision.s1) and 0.0 <= decision.s1 <= 1.0
+        assert 0.0 <= decision.coverage <= 1.0 and 0.0 <= decision.topic_coverage <= 1.0
+        if len(text) > 240:
+            assert decision.gate_failed == "too_long"
+        assert len(router.fallback_candidates(text, lang)) <= 5
+
+
+@settings(max_examples=50, deadline=None)
+@given(text=st.text(min_size=241, max_size=2000))
+def test_over_long_text_is_refused_unread(router: SemanticRouter, text: str) -> None:
+    assert router.decide(text, "zh").gate_failed == "too_long"
+
+
+def test_surrogates_and_odd_input_do_not_crash(router: SemanticRouter) -> None:
+    weird: list[Callable[[], str]] = [
+        lambda: "\ud800\udfff商店",
+        lambda: "\U0010ffff" * 10,
+        lambda: "第" * 200,
+        lambda: ":" * 200,
+        lambda: "a:" * 100,
+    ]
+    for make in weird:
+        assert router.decide(make(), "zh").outcome in {"direct", "no_direct"}
+    assert np.isfinite(router.decide("", "zh").s1)
