@@ -1,6 +1,10 @@
 """Step receipts per second through the storage service, against the same writes made directly.
 
     python -m bench.storage [--seconds 5] [--clients 1,8,32] [--backends sqlite,postgres]
+                            [--paths direct,grpc] [--quick] [--out DIR]
+
+`--quick` is for iterating on the code: PostgreSQL only, 32 clients, 3 s per cell, results in
+a temporary folder unless `--out` is given (the full run, the default, is what gets recorded).
 
 What is written: one *step receipt* is one step of an event task as the engine journals it:
 a Commit whose one operation is a ReceiptWrite RUNNING (the intent, which must be durable
@@ -14,8 +18,9 @@ writes) and it also records the batch for idempotency by request id, so it is th
 Each cell is one database, one path and N concurrent clients, timed over `--seconds` after a
 warm-up:
 
-- gRPC: `python -m storage_service` as its own process with its production settings (INFO
-  access log, metrics on), N asyncio clients in this process sharing one channel.
+- gRPC: `python -m storage_service` as its own process with its production settings (log
+  level INFO: failed calls get an access-log line, successful ones only at DEBUG; metrics on),
+  N asyncio clients in this process sharing one channel.
 - direct: a JournalStore on the same database in this process (the object the servicer calls,
   built the same way), N threads, no gRPC, no event loop, no worker-thread hop.
 
@@ -433,7 +438,7 @@ def _database(backend: str, folder: Path) -> Iterator[str]:
 
 
 def run_backend(
-    backend: str, clients: list[int], seconds: float
+    backend: str, clients: list[int], seconds: float, paths: tuple[str, ...] = ("direct", "grpc")
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Every cell of one database, and the transport floor of its storage process."""
     cells: list[dict[str, Any]] = []
@@ -445,8 +450,10 @@ def run_backend(
             store, close = _direct_store(url)
             try:
                 for n in clients:
-                    cells.append(run_direct(store, backend, n, seconds))
-                    cells.append(asyncio.run(_run_grpc(storage, backend, n, seconds)))
+                    if "direct" in paths:
+                        cells.append(run_direct(store, backend, n, seconds))
+                    if "grpc" in paths:
+                        cells.append(asyncio.run(_run_grpc(storage, backend, n, seconds)))
             finally:
                 close()
         finally:
@@ -662,8 +669,27 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds per cell")
     parser.add_argument("--clients", default="1,8,32", help="comma-separated client counts")
     parser.add_argument("--backends", default="sqlite,postgres")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument("--paths", default="direct,grpc", help="direct and/or grpc")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the results")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one quick look while iterating: postgres, 32 clients, 3 s (unless given)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        defaults = parser.parse_args([])
+        if args.seconds == defaults.seconds:
+            args.seconds = 3.0
+        if args.clients == defaults.clients:
+            args.clients = "32"
+        if args.backends == defaults.backends:
+            args.backends = "postgres"
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="bench-storage-")) if args.quick else RESULTS
+    paths = tuple(p.strip() for p in args.paths.split(","))
+    if set(paths) - {"direct", "grpc"}:
+        parser.error(f"unknown paths {paths}; choose direct and/or grpc")
     clients = [int(n) for n in args.clients.split(",")]
     backends = [b.strip() for b in args.backends.split(",")]
     unknown = set(backends) - {"sqlite", "postgres"}
@@ -677,7 +703,7 @@ def main() -> int:
     skipped: dict[str, str] = {}
     for backend in backends:
         try:
-            backend_cells, floors[backend] = run_backend(backend, clients, args.seconds)
+            backend_cells, floors[backend] = run_backend(backend, clients, args.seconds, paths)
             cells.extend(backend_cells)
         except Exception as exc:  # one database down must not lose the other's results
             if backend == "postgres" and "connect" in str(exc).lower():

@@ -1,45 +1,90 @@
-"""Assembles the router: engine client, catalogue cache, pipeline, servicer, host."""
+"""Assembles the router: engine and model clients, catalogue, intent cache, button matcher,
+diagnostics, pipeline, servicer, host."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+
 from system.engine.v1 import engine_pb2_grpc
+from system.model.v1 import model_pb2_grpc
 from system.router.v1 import router_pb2, router_pb2_grpc
 
+from router_service.buttons import ButtonMatcher, load_phrasings
+from router_service.cache import IntentCache
 from router_service.catalog import CatalogCache
 from router_service.config import RouterConfig
+from router_service.diagnostics import RouterDiagnostics
+from router_service.model_routing import ModelRouter
 from router_service.router import Router
+from router_service.semantic import SemanticConfig, load_semantic_config
 from router_service.servicer import RouterServicer
 from services.runtime.channels import Dependency
 from services.runtime.server import ServiceHost
 
 __all__ = ["RouterApp", "create_app"]
 
+log = logging.getLogger("system.router")
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name
 
 
 class RouterApp:
     """The running router and what it owns."""
 
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: RouterConfig, semantic: SemanticConfig) -> None:
         self.engine = Dependency(
             config.engine_target,
             engine_pb2_grpc.EngineServiceStub,
             idempotent_methods=["system.engine.v1.EngineService/GetCatalog"],
         )
-        self.router = Router(
-            CatalogCache(self.engine.stub, config.catalog_refresh_seconds), config.max_text_chars
+        self.model = (
+            Dependency(config.model_target, model_pb2_grpc.ModelGatewayServiceStub)
+            if config.model_target
+            else None
         )
-        servicer = RouterServicer(self.router)
+        self.catalog = CatalogCache(self.engine.stub, config.catalog_refresh_seconds, semantic)
+        self.router = Router(
+            self.catalog,
+            IntentCache(
+                semantic.cache_entries, semantic.cache_seconds, semantic.entries_per_player
+            ),
+            ButtonMatcher(load_phrasings()),
+            RouterDiagnostics(),
+            ModelRouter(self.model.stub) if self.model else None,
+        )
+        servicer = RouterServicer(self.router, config.semantic_config)
         self.host = ServiceHost(
             "router",
             config,
             [lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server)],
             [SERVICE_NAME],
         )
+        self._warm: asyncio.Task[None] | None = None
+
+    def warm_up(self) -> None:
+        """Reads the catalogue and builds the index in the background, so the first player
+        does not wait for it (it retries on first use if the engine is not up yet)."""
+
+        async def warm() -> None:
+            with contextlib.suppress(Exception):
+                await self.catalog.get()
+
+        self._warm = asyncio.get_running_loop().create_task(warm())
 
     async def aclose(self) -> None:
+        if self._warm is not None:
+            self._warm.cancel()
         await self.engine.aclose()
+        if self.model is not None:
+            await self.model.aclose()
 
 
 async def create_app(config: RouterConfig) -> RouterApp:
-    return RouterApp(config)
+    semantic = (
+        load_semantic_config(config.semantic_config) if config.semantic_config else SemanticConfig()
+    )
+    logging.getLogger("jieba").setLevel(logging.WARNING)
+    app = RouterApp(config, semantic)
+    app.warm_up()
+    return app

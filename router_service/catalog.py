@@ -1,60 +1,139 @@
-"""Keeps the engine's module catalogue, re-read periodically, as a CommandIndex."""
+"""Keeps the engine's module catalogue, re-read periodically, with what derives from it: the
+command index and the semantic router (rebuilt off the event loop when the generation changes).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
+from system.common.v1 import catalog_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
 from router_service.commands import CommandIndex
+from router_service.semantic import Profile, SemanticConfig, SemanticRouter
 from services.runtime.errors import Unavailable
 
-__all__ = ["CatalogCache"]
+__all__ = ["Catalog", "CatalogCache", "profiles_from_catalog"]
 
 log = logging.getLogger("system.router.catalog")
 
 
+def profiles_from_catalog(
+    modules: list[catalog_pb2.ModuleDescriptor], rejects: list[catalog_pb2.RejectProfile]
+) -> list[Profile]:
+    """The semantic profiles the registry declares: READ modules may route directly, HINTS and
+    EXPLICIT_ONLY only add candidates, STRUCTURED_ONLY ones take no part; reject profiles
+    widen margins and never execute."""
+    profiles = []
+    for module in modules:
+        mode = module.routing_mode
+        if not module.HasField("semantic") or mode in (
+            catalog_pb2.ROUTING_MODE_UNSPECIFIED,
+            catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
+        ):
+            continue
+        semantic = module.semantic
+        profiles.append(
+            Profile(
+                module_id=module.module_id,
+                kind="read" if mode == catalog_pb2.ROUTING_MODE_READ else "hints",
+                examples={e.language: tuple(e.examples) for e in semantic.examples},
+                interactive=module.interactive,
+                write_steps=module.write_steps,
+                read_only_tools=semantic.read_only_tools,
+                explicit_only=mode == catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
+                extractor=semantic.extractor or None,
+                choice_label=semantic.choice_label,
+                shortcut=semantic.shortcut,
+            )
+        )
+    for reject in rejects:
+        profiles.append(
+            Profile(
+                module_id=reject.profile_id,
+                kind="reject",
+                examples={e.language: tuple(e.examples) for e in reject.examples},
+            )
+        )
+    return profiles
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    """One generation of the catalogue and what derives from it."""
+
+    generation: str
+    modules: dict[str, catalog_pb2.ModuleDescriptor]
+    commands: CommandIndex
+    semantic: SemanticRouter
+
+
 class CatalogCache:
-    """The latest catalogue. Read lazily on first use, then refreshed when older than
+    """The latest catalogue. Read on first use, then refreshed when older than
     `refresh_seconds`; if a refresh fails the previous catalogue keeps serving."""
 
-    def __init__(self, engine: engine_pb2_grpc.EngineServiceStub, refresh_seconds: float) -> None:
+    def __init__(
+        self,
+        engine: engine_pb2_grpc.EngineServiceStub,
+        refresh_seconds: float,
+        semantic_config: SemanticConfig,
+    ) -> None:
         self._engine = engine
         self._refresh_seconds = refresh_seconds
-        self._index: CommandIndex | None = None
+        self.semantic_config = semantic_config
+        self._catalog: Catalog | None = None
         self._fetched_at = 0.0
         self._lock = asyncio.Lock()
 
-    async def index(self) -> CommandIndex:
-        """The current index. Raises Unavailable when no catalogue was ever read."""
-        if self._index is not None and time.monotonic() - self._fetched_at < self._refresh_seconds:
-            return self._index
+    @property
+    def current(self) -> Catalog | None:
+        return self._catalog
+
+    async def get(self) -> Catalog:
+        """The current catalogue. Raises Unavailable when none was ever read."""
+        if (
+            self._catalog is not None
+            and time.monotonic() - self._fetched_at < self._refresh_seconds
+        ):
+            return self._catalog
         async with self._lock:
-            if self._index is None or time.monotonic() - self._fetched_at >= self._refresh_seconds:
+            if (
+                self._catalog is None
+                or time.monotonic() - self._fetched_at >= self._refresh_seconds
+            ):
                 await self._refresh()
-        assert self._index is not None
-        return self._index
+        assert self._catalog is not None
+        return self._catalog
 
     async def _refresh(self) -> None:
         try:
             response = await self._engine.GetCatalog(engine_pb2.GetCatalogRequest(), timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - any failure: keep serving the old catalogue
-            if self._index is None:
+            if self._catalog is None:
                 raise Unavailable(
                     f"the module catalogue could not be read from the engine: {exc}"
                 ) from None
-            log.warning(
-                "catalogue refresh failed, keeping generation %s: %s", self._index.generation, exc
-            )
+            log.warning("catalogue refresh failed, keeping %s: %s", self._catalog.generation, exc)
             self._fetched_at = time.monotonic()
             return
-        if self._index is None or self._index.generation != response.generation:
-            log.info(
-                "catalogue generation %s with %d modules",
-                response.generation,
-                len(response.modules),
+        if self._catalog is None or self._catalog.generation != response.generation:
+            modules = list(response.modules)
+            profiles = profiles_from_catalog(modules, list(response.reject_profiles))
+            # Building the index takes a while (jieba, vectorisers): keep the loop free.
+            semantic = await asyncio.to_thread(SemanticRouter, profiles, self.semantic_config)
+            self._catalog = Catalog(
+                generation=response.generation,
+                modules={m.module_id: m for m in modules},
+                commands=CommandIndex(modules, response.generation),
+                semantic=semantic,
             )
-            self._index = CommandIndex(list(response.modules), response.generation)
+            log.info(
+                "catalogue generation %s: %d modules, %d examples indexed",
+                response.generation,
+                len(modules),
+                semantic.example_count,
+            )
         self._fetched_at = time.monotonic()

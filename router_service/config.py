@@ -17,8 +17,11 @@ class RouterConfig(ServerConfig):
     metrics_port: int = 9102
     engine_target: str = "127.0.0.1:50053"
     """`host:port` of the engine, whose catalogue declares the commands."""
-    max_text_chars: int = 240
-    """Longest text routed; longer text is refused with INVALID_ARGUMENT."""
+    model_target: str = "127.0.0.1:50054"
+    """`host:port` of the model gateway, for the one routing call; empty for none."""
+    semantic_config: str = ""
+    """Path of `system-semantic.json` (seed 004's fields); empty for the built-in defaults.
+    Reloaded by the ReloadConfig RPC."""
     catalog_refresh_seconds: float = 30.0
     """How often the catalogue is re-read from the engine."""
 
@@ -26,7 +29,5 @@ class RouterConfig(ServerConfig):
         super().validate()
         if not self.engine_target:
             raise ConfigError("engine_target is required (host:port of the engine)")
-        if self.max_text_chars <= 0:
-            raise ConfigError(f"max_text_chars must be positive, got {self.max_text_chars}")
         if self.catalog_refresh_seconds <= 0:
             raise ConfigError("catalog_refresh_seconds must be positive")

@@ -26,6 +26,7 @@ ALGORITHM = "lexical-tfidf-v1"
 
 # Minecraft resource locations: `namespace:path`, lower case, no spaces.
 _MODULE_ID = re.compile(r"[a-z0-9_.-]{1,64}:[a-z0-9_./-]{1,128}")
+_GATE = re.compile(r"[a-z_]{1,32}(:[a-z_]{1,32})?")
 _LANGUAGE = re.compile(r"[a-z]{2,3}(?:[-_][a-z0-9]{2,8})?")
 
 
@@ -100,6 +101,18 @@ class RouterDiagnostics:
                 self._reasons[reason_label] += 1
             if gate_label is not None:
                 self._gates[gate_label] += 1
+
+    def record_gate(self, gate: str) -> None:
+        """Counts a local match stopped by `gate` (`score`, `margin`, `guard:negation`, ...).
+
+        Raises:
+            ValueError: `gate` is not a gate name (lower-case words, optionally `kind:name`);
+                the check keeps free text out.
+        """
+        if not isinstance(gate, str) or not _GATE.fullmatch(gate):
+            raise ValueError("gate must be a gate name such as score or guard:negation")
+        with self._lock:
+            self._gates[gate] += 1
 
     def record_match(
         self, module_id: str, language: str, score: float, margin: float, coverage: float

@@ -1,48 +1,355 @@
-"""The routing pipeline. This first cut has the command stage; the intent cache, local lexical
-matching and the model fallback join it in the same order (see seed 004)."""
+"""The routing pipeline, in seed 004's order:
+
+    structured button / current list number → exact command → the player's exact intent
+    cache → local lexical match → one model call → LOCAL_FALLBACK selection candidates
+
+Every decision is counted in the diagnostics; local matching reports what it saw (scores,
+candidates, the gate that stopped it) so operators can tell why a text did or did not route.
+"""
 
 from __future__ import annotations
 
-from system.common.v1 import common_pb2
+import json
+import logging
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+from system.common.v1 import catalog_pb2, common_pb2
 from system.router.v1 import router_pb2
 
-from router_service.catalog import CatalogCache
+from router_service import diagnostics as diag
+from router_service.buttons import ButtonMatcher
+from router_service.cache import ClearReason, IntentCache, PlayerScope, WriteOutcome
+from router_service.catalog import Catalog, CatalogCache
 from router_service.commands import CommandMatch, UnknownCommand
-from services.runtime.errors import InvalidArgument
+from router_service.model_routing import CLARIFY, ModelRouter
+from router_service.semantic import LocalDecision, Mode, SemanticConfig, reload_changes
+from router_service.semantic.extractors import extract
+from services.runtime.errors import InvalidArgument, PermissionDenied
+from services.runtime.permissions import module_available
 
-__all__ = ["Router"]
+__all__ = ["ADMIN_LEVEL", "Router"]
+
+log = logging.getLogger("system.router")
+
+ADMIN_LEVEL = 3
+"""Permission level needed for diagnostics and reloads."""
+
+_CLEAR_REASONS = {
+    router_pb2.CLEAR_REASON_MEMORY_CLEARED: ClearReason.MEMORY_CLEARED,
+    router_pb2.CLEAR_REASON_PREFERENCES_CHANGED: ClearReason.PREFERENCES_CHANGED,
+    router_pb2.CLEAR_REASON_REVOKED: ClearReason.REVOKED,
+    router_pb2.CLEAR_REASON_DISCONNECTED: ClearReason.DISCONNECTED,
+}
+_MEMORY_GENERATION = 0  # clearing memory bumps the player's scope, which is what matters
+
+
+def _language(player: common_pb2.PlayerContext) -> str:
+    return "zh" if player.language == "zh" else "en"
+
+
+def _scope_id(player: common_pb2.PlayerContext) -> str:
+    # Players of two game servers may share an id; the cache must never mix them.
+    return f"{player.server_id}\x1f{player.player_id}"
+
+
+def _action(module_id: str, data: dict[str, Any] | None) -> common_pb2.ModuleAction:
+    struct = struct_pb2.Struct()
+    if data:
+        struct.update(data)
+    return common_pb2.ModuleAction(module_id=module_id, input=struct)
+
+
+def _direct_allowed(module: catalog_pb2.ModuleDescriptor) -> bool:
+    return module.routing_mode == catalog_pb2.ROUTING_MODE_READ and module.HasField("semantic")
+
+
+def _read_only(module: catalog_pb2.ModuleDescriptor) -> bool:
+    return (
+        module.interactive
+        and module.write_steps == 0
+        and module.HasField("semantic")
+        and module.semantic.read_only_tools
+    )
 
 
 class Router:
     """Turns a player's text into a routing decision."""
 
-    def __init__(self, catalog: CatalogCache, max_text_chars: int) -> None:
+    def __init__(
+        self,
+        catalog: CatalogCache,
+        cache: IntentCache,
+        buttons: ButtonMatcher,
+        diagnostics: diag.RouterDiagnostics,
+        model: ModelRouter | None,
+        semantic_config_path: str = "",
+    ) -> None:
         self._catalog = catalog
-        self._max_text_chars = max_text_chars
+        self.cache = cache
+        self._buttons = buttons
+        self.diagnostics = diagnostics
+        self._model = model
+        self._config_path = semantic_config_path
 
-    async def route(self, player: common_pb2.PlayerContext, text: str) -> router_pb2.RouteResponse:
+    @property
+    def config(self) -> SemanticConfig:
+        current = self._catalog.current
+        return current.semantic.config if current else self._catalog.semantic_config
+
+    # -- Route -------------------------------------------------------------------------------
+
+    async def route(self, request: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
+        player, text = request.player, request.text
         if not player.player_id:
             raise InvalidArgument("player.player_id is required")
         if not text.strip():
             raise InvalidArgument("text is empty; send what the player typed")
-        if len(text) > self._max_text_chars:
+        limit = self.config.max_characters
+        if len(text) > limit:
             raise InvalidArgument(
-                f"text has {len(text)} characters; the router accepts at most {self._max_text_chars}"
+                f"text has {len(text)} characters; the router accepts at most {limit}"
             )
-        index = await self._catalog.index()
-        match = index.match(text, player)
+        catalog = await self._catalog.get()
+        language = _language(player)
+        allowed = {m.module_id for m in catalog.modules.values() if module_available(m, player)}
+
+        decided = self._structured(request, language)
+        if decided is None:
+            decided = self._command(catalog, text, player)
+        if decided is not None:
+            return decided
+        mode = catalog.semantic.config.mode
+        scope = self.cache.scope(_scope_id(player))
+        if mode is Mode.ENFORCE:
+            hit = self._cached(catalog, scope, language, text, allowed)
+            if hit is not None:
+                return hit
+        local = catalog.semantic.decide(text, language, allowed)
+        match = self._report(local)
+        if local.outcome == "direct" and local.module_id:
+            self.diagnostics.record_decision(diag.DecisionSource.LOCAL)
+            return router_pb2.RouteResponse(
+                source=router_pb2.DECISION_SOURCE_LOCAL,
+                action=_action(local.module_id, dict(local.input or {})),
+                local=match,
+            )
+        if local.outcome == "shadow_direct":
+            self.diagnostics.record_decision(diag.DecisionSource.SHADOW_DIRECT)
+        modeled = await self._ask_model(request, catalog, allowed, scope, match)
+        if modeled is not None:
+            return modeled
+        return self._fallback(catalog, text, language, allowed, match)
+
+    def _structured(
+        self, request: router_pb2.RouteRequest, language: str
+    ) -> router_pb2.RouteResponse | None:
+        """A visible notification button, or a number from the player's current list."""
+        if request.notification_buttons:
+            buttons = [
+                (str(i), b.label_key, b.label) for i, b in enumerate(request.notification_buttons)
+            ]
+            pressed = self._buttons.match(request.text, language, buttons)
+            if pressed.action_id is not None:
+                self.diagnostics.record_decision(diag.DecisionSource.BUTTON)
+                action = request.notification_buttons[int(pressed.action_id)].action
+                return router_pb2.RouteResponse(
+                    source=router_pb2.DECISION_SOURCE_BUTTON, action=action
+                )
+        if request.current_list:
+            picked = extract("list_index", request.text)
+            index = int(picked["index"]) if picked and "index" in picked else 0
+            if 1 <= index <= len(request.current_list):
+                self.diagnostics.record_decision(diag.DecisionSource.BUTTON)
+                return router_pb2.RouteResponse(
+                    source=router_pb2.DECISION_SOURCE_BUTTON, action=request.current_list[index - 1]
+                )
+        return None
+
+    def _command(
+        self, catalog: Catalog, text: str, player: common_pb2.PlayerContext
+    ) -> router_pb2.RouteResponse | None:
+        match = catalog.commands.match(text, player)
         if isinstance(match, CommandMatch):
+            self.diagnostics.record_decision(diag.DecisionSource.COMMAND)
             return router_pb2.RouteResponse(
                 source=router_pb2.DECISION_SOURCE_COMMAND, action=match.action
             )
         if isinstance(match, UnknownCommand):
+            self.diagnostics.record_decision(diag.DecisionSource.NONE)
             return router_pb2.RouteResponse(
                 source=router_pb2.DECISION_SOURCE_NONE,
                 no_route_reason=router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND,
                 detail=f"/{match.name} is not a command; /help lists the commands",
             )
+        return None
+
+    def _cached(
+        self, catalog: Catalog, scope: PlayerScope, language: str, text: str, allowed: set[str]
+    ) -> router_pb2.RouteResponse | None:
+        hit = self.cache.get(scope, catalog.generation, _MEMORY_GENERATION, language, text)
+        if hit is None or hit.module_id not in allowed:
+            return None
+        module = catalog.modules.get(hit.module_id)
+        if module is None or not (_read_only(module) and _direct_allowed(module)):
+            return None
+        # Arguments always come from this text again, never from the cache.
+        arguments = extract(module.semantic.extractor or None, text)
+        if arguments is None:
+            return None
+        self.diagnostics.record_decision(diag.DecisionSource.CACHE)
+        return router_pb2.RouteResponse(
+            source=router_pb2.DECISION_SOURCE_CACHE, action=_action(hit.module_id, arguments)
+        )
+
+    def _report(self, local: LocalDecision) -> router_pb2.LocalMatch:
+        match = router_pb2.LocalMatch(
+            language=local.language,
+            top_score=local.s1,
+            second_score=local.s2,
+            margin=local.margin,
+            coverage=local.coverage,
+            topic_coverage=local.topic_coverage,
+            gate_failed=local.gate_failed,
+            candidates=[
+                router_pb2.ScoredCandidate(
+                    module_id=c.module_id, score=c.score, example_id=c.example_id
+                )
+                for c in local.candidates
+            ],
+        )
+        if local.candidates and local.language:
+            top = local.candidates[0]
+            self.diagnostics.record_match(
+                top.module_id,
+                local.language,
+                min(max(local.s1, 0.0), 1.0),
+                min(max(local.margin, 0.0), 1.0),
+                min(max(local.coverage, 0.0), 1.0),
+            )
+        if local.gate_failed:
+            self.diagnostics.record_gate(local.gate_failed)
+        return match
+
+    async def _ask_model(
+        self,
+        request: router_pb2.RouteRequest,
+        catalog: Catalog,
+        allowed: set[str],
+        scope: PlayerScope,
+        match: router_pb2.LocalMatch,
+    ) -> router_pb2.RouteResponse | None:
+        if self._model is None or not request.external_enabled:
+            return None
+        modules = [catalog.modules[m] for m in catalog.modules if m in allowed]
+        choice = await self._model.choose(request.player, request.text, modules)
+        if choice is None:
+            return None  # no model configured or reachable: fall back locally
+        if choice.module_id == CLARIFY:
+            return None  # clarification shows this text's candidates first
+        self.diagnostics.record_decision(diag.DecisionSource.MODEL)
+        return router_pb2.RouteResponse(
+            source=router_pb2.DECISION_SOURCE_MODEL,
+            action=_action(choice.module_id, choice.arguments),
+            local=match,
+            cache_token=json.dumps([scope.generation, catalog.generation]),
+        )
+
+    def _fallback(
+        self,
+        catalog: Catalog,
+        text: str,
+        language: str,
+        allowed: set[str],
+        match: router_pb2.LocalMatch,
+    ) -> router_pb2.RouteResponse:
+        candidates = catalog.semantic.fallback_candidates(text, language, allowed)
+        if candidates:
+            self.diagnostics.record_decision(diag.DecisionSource.LOCAL_FALLBACK)
+            return router_pb2.RouteResponse(
+                source=router_pb2.DECISION_SOURCE_LOCAL_FALLBACK,
+                candidates=[_action(c.module_id, dict(c.input)) for c in candidates],
+                detail="not sure what you meant; pick one, or type /help",
+                local=match,
+            )
+        self.diagnostics.record_decision(diag.DecisionSource.NONE)
         return router_pb2.RouteResponse(
             source=router_pb2.DECISION_SOURCE_NONE,
             no_route_reason=router_pb2.NO_ROUTE_REASON_NO_MATCH,
             detail="no command matched; /help lists the commands",
+            local=match,
         )
+
+    # -- the other RPCs ----------------------------------------------------------------------
+
+    async def record_outcome(self, request: router_pb2.RecordOutcomeRequest) -> tuple[bool, str]:
+        player, text, action = request.player, request.text, request.action
+        if not player.player_id or not text or not action.module_id or not request.cache_token:
+            raise InvalidArgument(
+                "player.player_id, text, action.module_id and cache_token are required"
+            )
+        try:
+            scope_generation, runtime_generation = json.loads(request.cache_token)
+            scope = PlayerScope(_scope_id(player), int(scope_generation))
+        except (ValueError, TypeError):
+            raise InvalidArgument(
+                "cache_token is malformed; pass the RouteResponse's token unchanged"
+            ) from None
+        catalog = await self._catalog.get()
+        module = catalog.modules.get(action.module_id)
+        if module is None or self.config.mode is not Mode.ENFORCE:
+            return False, "not_cacheable"
+        outcome = self.cache.record_success(
+            scope,
+            runtime_generation,
+            _MEMORY_GENERATION,
+            _language(player),
+            text,
+            action.module_id,
+            json_format.MessageToDict(action.input),
+            extract(module.semantic.extractor or None, text)
+            if module.HasField("semantic")
+            else None,
+            read_only=_read_only(module),
+            direct_allowed=_direct_allowed(module),
+        )
+        return (
+            outcome is WriteOutcome.WRITTEN,
+            "" if outcome is WriteOutcome.WRITTEN else outcome.value,
+        )
+
+    def clear_player(self, player_id: str, reason: int, server_id: str = "") -> int:
+        if not player_id:
+            raise InvalidArgument("player_id is required")
+        if reason not in _CLEAR_REASONS:
+            raise InvalidArgument(
+                "reason must be MEMORY_CLEARED, PREFERENCES_CHANGED, REVOKED or DISCONNECTED"
+            )
+        return self.cache.clear_player(f"{server_id}\x1f{player_id}", _CLEAR_REASONS[reason])
+
+    def check_admin(self, player: common_pb2.PlayerContext) -> None:
+        if player.permission_level < ADMIN_LEVEL:
+            raise PermissionDenied(
+                "routing diagnostics are for administrators (permission level 3+)"
+            )
+
+    def diagnostics_snapshot(self) -> dict[str, Any]:
+        current = self._catalog.current
+        return self.diagnostics.snapshot(
+            mode=self.config.mode.value,
+            status="ready" if current else "catalogue not read yet",
+            example_count=current.semantic.example_count if current else 0,
+            cache_entries=len(self.cache),
+        )
+
+    def reload(self, new: SemanticConfig) -> list[str]:
+        """Applies a reloaded config; returns the change lines (live or needs a restart)."""
+        current = self._catalog.current
+        changes = (
+            current.semantic.apply_config(new)
+            if current
+            else reload_changes(self._catalog.semantic_config, new)
+        )
+        self._catalog.semantic_config = new
+        self.cache.resize(new.cache_entries, new.cache_seconds, new.entries_per_player)
+        return changes

@@ -2,16 +2,74 @@
 
 from __future__ import annotations
 
-from system.router.v1 import router_pb2_grpc
+import asyncio
+
+from system.router.v1 import router_pb2, router_pb2_grpc
 
 from router_service.router import Router
+from router_service.semantic import load_semantic_config
+from services.runtime.config import ConfigError
+from services.runtime.errors import FailedPrecondition
 
 __all__ = ["RouterServicer"]
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
-    def __init__(self, router: Router) -> None:
+    """Validates, delegates to the Router and converts its answers."""
+
+    def __init__(self, router: Router, semantic_config_path: str) -> None:
         self._router = router
+        self._path = semantic_config_path
 
     async def Route(self, request, context):  # type: ignore[no-untyped-def]
-        return await self._router.route(request.player, request.text)
+        return await self._router.route(request)
+
+    async def RecordOutcome(self, request, context):  # type: ignore[no-untyped-def]
+        cached, reason = await self._router.record_outcome(request)
+        return router_pb2.RecordOutcomeResponse(cached=cached, reason=reason)
+
+    async def ClearPlayerScope(self, request, context):  # type: ignore[no-untyped-def]
+        removed = self._router.clear_player(request.player_id, request.reason, request.server_id)
+        return router_pb2.ClearPlayerScopeResponse(removed=removed)
+
+    async def GetDiagnostics(self, request, context):  # type: ignore[no-untyped-def]
+        self._router.check_admin(request.player)
+        snap = self._router.diagnostics_snapshot()
+        last = snap.get("last_match") or {}
+        return router_pb2.GetDiagnosticsResponse(
+            algorithm=snap["algorithm"],
+            mode=snap["mode"],
+            status=snap["status"],
+            example_count=snap["example_count"],
+            cache_entries=snap["cache_entries"],
+            decisions=[
+                router_pb2.NamedCount(name=k, count=v) for k, v in snap["decisions"].items()
+            ],
+            gates=[
+                router_pb2.NamedCount(name=k, count=v)
+                for k, v in {**snap["failed_gates"], **snap["fallback_reasons"]}.items()
+            ],
+            last_module_id=last.get("module_id", ""),
+            last_match=router_pb2.LocalMatch(
+                language=last.get("language", ""),
+                top_score=last.get("score", 0.0),
+                margin=last.get("margin", 0.0),
+                coverage=last.get("coverage", 0.0),
+            ),
+        )
+
+    async def ReloadConfig(self, request, context):  # type: ignore[no-untyped-def]
+        self._router.check_admin(request.player)
+        if not self._path:
+            raise FailedPrecondition(
+                "no system-semantic.json is configured (setting semantic_config)"
+            )
+        try:
+            config = await asyncio.to_thread(load_semantic_config, self._path)
+        except ConfigError as exc:
+            raise FailedPrecondition(f"{exc}; the previous settings stay in force") from None
+        changes = self._router.reload(config)
+        return router_pb2.ReloadConfigResponse(
+            applied=[c for c in changes if "restart" not in c],
+            needs_restart=[c for c in changes if "restart" in c],
+        )

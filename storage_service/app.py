@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
@@ -19,7 +20,8 @@ from system.storage.v1 import (
 
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
-from storage_service.db import make_engine
+from storage_service.db import make_engine, pool_capacity
+from storage_service.dbcall import use_executor
 from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
@@ -51,6 +53,10 @@ class StorageApp:
 
     def __init__(self, config: StorageConfig, engine: Engine) -> None:
         self.engine = engine
+        # One worker thread per pooled connection: database calls never wait for a thread
+        # while a connection is free, nor hold a thread while they wait for a connection.
+        self.executor = ThreadPoolExecutor(pool_capacity(engine), thread_name_prefix="storage-db")
+        use_executor(self.executor)
         sessions = sessionmaker(engine, expire_on_commit=False)
         self.store = ConversationStore(
             sessions,
@@ -80,6 +86,8 @@ class StorageApp:
         )
 
     async def aclose(self) -> None:
+        use_executor(None, replacing=self.executor)
+        self.executor.shutdown(wait=False)
         self.engine.dispose()
 
 

@@ -25,16 +25,19 @@ batch that did land is answered as replayed and never applied twice.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import sqlite3
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from sqlalchemy import exc as sa_exc
 
 from services.runtime.errors import Unavailable
 
-__all__ = ["UNAVAILABLE_MESSAGE", "is_unavailable", "run_db"]
+__all__ = ["UNAVAILABLE_MESSAGE", "is_unavailable", "run_db", "use_executor"]
 
 log = logging.getLogger("system.storage.db")
 
@@ -58,6 +61,20 @@ _SQLITE_TRANSIENT = (
 )
 
 
+# Where run_db runs its work: None is the loop's default executor (asyncio.to_thread's), whose
+# size has nothing to do with the database pool; the service sets one sized to it.
+_executor: ThreadPoolExecutor | None = None
+
+
+def use_executor(executor: ThreadPoolExecutor | None, replacing: object = ...) -> None:
+    """Runs database work on `executor` from now on (None: the loop's default executor).
+    Size it to the engine's pool: more threads than connections only queue for one. With
+    `replacing`, only when that is the executor in use (a closing app leaves another's)."""
+    global _executor
+    if replacing is ... or _executor is replacing:
+        _executor = executor
+
+
 def _sqlite_transient(error: BaseException) -> bool:
     return any(text in str(error).lower() for text in _SQLITE_TRANSIENT)
 
@@ -78,7 +95,8 @@ def is_unavailable(error: BaseException) -> bool:
 
 
 async def run_db(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    """`await asyncio.to_thread(fn, *args, **kwargs)`, with unavailability mapped.
+    """`await asyncio.to_thread(fn, *args, **kwargs)` (on the executor given to
+    `use_executor`, if any), with unavailability mapped.
 
     Raises:
         Unavailable: the database could not be reached or used (see the module docstring);
@@ -86,7 +104,8 @@ async def run_db(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         Exception: anything else `fn` raises, unchanged (typed `ServiceError`s included).
     """
     try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(_executor, call)
     except Exception as error:
         if not is_unavailable(error):
             raise

@@ -52,15 +52,22 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     and_,
+    bindparam,
     delete,
     exists,
     func,
+    insert,
     literal,
+    literal_column,
+    null,
     or_,
     select,
     text,
+    true,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
@@ -317,7 +324,7 @@ def _stored_task_state(row: TaskRow) -> str:
     return row.state
 
 
-def _stored_step_state(row: ReceiptRow) -> str:
+def _stored_step_state(row: ReceiptRow | StoredReceipt) -> str:
     if row.state not in _STEP_STATES:
         log.error("receipt %s has unknown stored state %r", row.step_id, row.state)
         raise ServiceError(
@@ -345,7 +352,7 @@ def task_message(row: TaskRow) -> journal_pb2.EventTask:
     return task
 
 
-def receipt_message(row: ReceiptRow) -> journal_pb2.StepReceipt:
+def receipt_message(row: ReceiptRow | StoredReceipt) -> journal_pb2.StepReceipt:
     """The StepReceipt a row holds; INTERNAL (ServiceError) for an unknown stored state."""
     receipt = journal_pb2.StepReceipt(
         step_id=row.step_id,
@@ -390,14 +397,35 @@ def receipt_size(
     return _utf8(step_id, task_id, player_id, tool, codec_id) + len(result or b"")
 
 
+_PLAYER_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+_LOCKED = "system.storage.journal.locked_players"
+
+
+def _player_lock_key(player_id: str) -> str:
+    return f"journal:{player_id}"
+
+
+def _locks_held(session: Session) -> set[str]:
+    """The players whose ledger lock the session's current (innermost) transaction holds.
+    Keyed by that transaction: a lock taken in a savepoint that rolls back is released, and a
+    new transaction holds none."""
+    transaction = session.get_nested_transaction() or session.get_transaction()
+    held = session.info.get(_LOCKED)
+    if held is None or held[0] is not transaction:
+        held = (transaction, set())
+        session.info[_LOCKED] = held
+    return held[1]
+
+
 def _lock_player(session: Session, player_id: str) -> None:
     """Serializes writers of one player's ledgers until the transaction ends (PostgreSQL; on
-    SQLite BEGIN IMMEDIATE already serializes every writer)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-            {"key": f"journal:{player_id}"},
-        )
+    SQLite BEGIN IMMEDIATE already serializes every writer). Taken once per transaction."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    held = _locks_held(session)
+    if player_id not in held:
+        session.connection().execute(_PLAYER_LOCK, {"key": _player_lock_key(player_id)})
+        held.add(player_id)
 
 
 def _fits(count: int, total: int, add_count: int, add_bytes: int, limits: tuple[int, int]) -> bool:
@@ -468,6 +496,13 @@ def _make_room_for_tasks(
     return len(doomed)
 
 
+def _ledger_query(player_id: str):  # type: ignore[no-untyped-def]
+    return select(
+        func.count().label("ledger_count"),
+        func.coalesce(func.sum(ReceiptRow.size_bytes), 0).label("ledger_bytes"),
+    ).where(ReceiptRow.player_id == player_id)
+
+
 def _make_room_for_receipts(
     session: Session,
     bounds: JournalBounds,
@@ -475,15 +510,18 @@ def _make_room_for_receipts(
     add_count: int,
     add_bytes: int,
     exclude_seq: int | None = None,
+    ledger: tuple[int, int] | None = None,
 ) -> int:
     """Evicts the player's receipts whose task is terminal or gone, oldest first, until the
-    addition fits. Returns how many; STORAGE_FULL when it cannot fit (nothing deleted)."""
+    addition fits. Returns how many; STORAGE_FULL when it cannot fit (nothing deleted).
+
+    `ledger` is the (count, bytes) of the player's receipts when the caller already read them
+    in this transaction, under the player's lock; they are only read again when the addition
+    does not fit."""
     limits = (bounds.receipt_max_entries, bounds.receipt_max_bytes)
-    count, total = session.execute(
-        select(func.count(), func.coalesce(func.sum(ReceiptRow.size_bytes), 0)).where(
-            ReceiptRow.player_id == player_id
-        )
-    ).one()
+    if ledger is not None and _fits(*ledger, add_count, add_bytes, limits):
+        return 0
+    count, total = session.execute(_ledger_query(player_id)).one()
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
     query = (
@@ -563,6 +601,14 @@ def acquire_lease(
     return _take(row, owner, ttl_seconds, now)
 
 
+_LEASES = LeaseRow.__table__
+_FENCE_QUERY = (
+    select(_LEASES)
+    .where(_LEASES.c.name == bindparam("name"))  # type: ignore[attr-defined]
+    .with_for_update(read=True)
+)
+
+
 def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datetime) -> None:
     """FAILED_PRECONDITION ("stale fence") unless the fence's lease is held, unexpired, with
     the fence's token. The lease row stays share-locked until the transaction ends, so it
@@ -571,9 +617,7 @@ def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datet
         return
     _check_id(fence.lease_name, "fence.lease_name")
     _check_token(fence.token, "fence.token")
-    row = session.execute(
-        select(LeaseRow).where(LeaseRow.name == fence.lease_name).with_for_update(read=True)
-    ).scalar_one_or_none()
+    row = session.connection().execute(_FENCE_QUERY, {"name": fence.lease_name}).one_or_none()
     where = f"stale fence: lease {fence.lease_name!r} token {fence.token}"
     if row is None or row.owner is None:
         raise FailedPrecondition(f"{where} is not held by anyone; acquire the lease again")
@@ -741,7 +785,7 @@ def transition_task(
 
 
 def _check_same_step(
-    row: ReceiptRow, task_id: str, position: int, tool: str, player_id: str | None
+    row: StoredReceipt, task_id: str, position: int, tool: str, player_id: str | None
 ) -> None:
     _stored_step_state(row)
     _check_owner(row.player_id, player_id, f"step {row.step_id!r}")
@@ -757,6 +801,131 @@ def _check_same_step(
         )
 
 
+_RECEIPTS = ReceiptRow.__table__
+_RECEIPT_COLUMNS = tuple(_RECEIPTS.c)  # type: ignore[attr-defined]
+
+
+@dataclasses.dataclass
+class StoredReceipt:
+    """A receipt's columns as read or written by `record_step` and `complete_step` (they work
+    on the table, not on ORM objects: fewer statements and far less Python per write)."""
+
+    seq: int | None
+    step_id: str
+    task_id: str
+    player_id: str
+    position: int
+    tool: str
+    state: str
+    result: bytes | None
+    codec_id: str
+    size_bytes: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @classmethod
+    def of(cls, row) -> StoredReceipt:  # type: ignore[no-untyped-def]
+        return cls(**{column.name: getattr(row, column.name) for column in _RECEIPT_COLUMNS})
+
+
+def _param(name: str, type_):  # type: ignore[no-untyped-def]
+    return bindparam(name, type_=type_)
+
+
+def _record_fast():  # type: ignore[no-untyped-def]
+    """INSERT ... SELECT that records a new step in one statement when nothing stands in the
+    way: the task is the player's and unfinished, the step is new and the receipt fits the
+    ledger without eviction. It inserts nothing otherwise, and `record_step` then works out
+    why the long way (same transaction, same lock)."""
+    player = _param("p_player", String)
+    ledger = (
+        select(
+            func.count().label("entries"),
+            func.coalesce(func.sum(ReceiptRow.size_bytes), 0).label("bytes"),
+        )
+        .where(ReceiptRow.player_id == player)
+        .subquery()
+    )
+    size = _param("p_size", Integer)
+    now = _param("p_now", DateTime(timezone=True))
+    rows = (
+        select(
+            _param("p_step", String),
+            TaskRow.task_id,
+            TaskRow.player_id,
+            _param("p_position", BigInteger),
+            _param("p_tool", String),
+            literal(STEP_RUNNING, String),
+            null(),
+            literal("", String),
+            size,
+            now,
+            now,
+        )
+        .select_from(TaskRow)
+        .join(ledger, true())
+        .where(
+            TaskRow.task_id == _param("p_task", String),
+            TaskRow.player_id == player,
+            # Constants in the SQL: an IN list of parameters is expanded on every execution.
+            TaskRow.state.in_([literal_column(f"'{name}'") for name in sorted(RECOVERABLE)]),
+            ~exists().where(ReceiptRow.step_id == _param("p_step", String)),
+            ledger.c.entries + 1 <= _param("p_max_entries", Integer),
+            ledger.c.bytes + size <= _param("p_max_bytes", BigInteger),
+        )
+    )
+    columns = ["step_id", "task_id", "player_id", "position", "tool", "state", "result"]
+    columns += ["codec_id", "size_bytes", "created_at", "updated_at"]
+    return insert(_RECEIPTS).from_select(columns, rows).execution_options(preserve_rowcount=True)
+
+
+def _complete_fast():  # type: ignore[no-untyped-def]
+    """UPDATE ... RETURNING that completes a RUNNING step in one statement when its result
+    fits the ledger without eviction; it changes nothing otherwise, and `complete_step` then
+    works out why the long way. A RUNNING receipt holds no result and no codec (see
+    record_step), so its size grows by exactly the codec id's and the result's bytes."""
+    player = _param("p_player", String)
+    grows = _param("p_grows", Integer)
+    ledger_bytes = (
+        select(func.coalesce(func.sum(ReceiptRow.size_bytes), 0))
+        .where(ReceiptRow.player_id == player)
+        .scalar_subquery()
+    )
+    return (
+        update(_RECEIPTS)
+        .where(
+            ReceiptRow.step_id == _param("p_step", String),
+            ReceiptRow.player_id == player,
+            ReceiptRow.tool == _param("p_tool", String),
+            ReceiptRow.state == STEP_RUNNING,
+            ReceiptRow.codec_id == "",
+            ReceiptRow.result.is_(None),
+            ledger_bytes + grows <= _param("p_max_bytes", BigInteger),
+        )
+        .values(
+            state=STEP_DONE,
+            result=_param("p_result", LargeBinary),
+            codec_id=_param("p_codec", String),
+            size_bytes=ReceiptRow.size_bytes + grows,
+            updated_at=_param("p_now", DateTime(timezone=True)),
+        )
+        .returning(*_RECEIPT_COLUMNS)
+    )
+
+
+_RECORD_FAST = _record_fast()
+_COMPLETE_FAST = _complete_fast()
+
+
+def _find_receipt(session: Session, step_id: str) -> StoredReceipt | None:
+    row = (
+        session.connection()
+        .execute(select(*_RECEIPT_COLUMNS).where(ReceiptRow.step_id == step_id))
+        .one_or_none()
+    )
+    return None if row is None else StoredReceipt.of(row)
+
+
 def record_step(
     session: Session,
     bounds: JournalBounds,
@@ -767,9 +936,9 @@ def record_step(
     position: int,
     tool: str,
     player_id: str | None = None,
-) -> tuple[ReceiptRow, bool]:
-    """Records a step's intent (RUNNING). Returns (row, created); an existing receipt of the
-    same task, position and tool comes back with created False.
+) -> tuple[StoredReceipt, bool]:
+    """Records a step's intent (RUNNING). Returns (receipt, created); an existing receipt of
+    the same task, position and tool comes back with created False.
 
     NOT_FOUND for a missing task; FAILED_PRECONDITION for a conflicting receipt or a task
     already final; STORAGE_FULL when the player's receipts are full of unfinished tasks'.
@@ -779,36 +948,104 @@ def record_step(
     _check_id(tool, "tool")
     if not 0 <= position < 2**32:
         raise InvalidArgument(f"position must be between 0 and {2**32 - 1}")
-    find = select(ReceiptRow).where(ReceiptRow.step_id == step_id)
-    existing = session.execute(find).scalar_one_or_none()
-    if existing is not None:
+    connection = session.connection()
+    owner = player_id
+    if owner is None:
+        owner = connection.execute(
+            select(TaskRow.player_id).where(TaskRow.task_id == task_id)
+        ).scalar_one_or_none()
+        if owner is None:
+            existing = _find_receipt(session, step_id)
+            if existing is not None:
+                _check_same_step(existing, task_id, position, tool, player_id)
+                return existing, False
+            raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+    # Under the player's lock, one statement reads the rest: the receipt if it exists already
+    # (an earlier or concurrent recording), the task and the player's receipt ledger.
+    _lock_player(session, owner)
+    size = receipt_size(step_id, task_id, owner, tool, "", None)
+    if size <= bounds.receipt_max_bytes:
+        inserted = connection.execute(
+            _RECORD_FAST,
+            {
+                "p_step": step_id,
+                "p_task": task_id,
+                "p_player": owner,
+                "p_position": position,
+                "p_tool": tool,
+                "p_size": size,
+                "p_now": now,
+                "p_max_entries": bounds.receipt_max_entries,
+                "p_max_bytes": bounds.receipt_max_bytes,
+            },
+        )
+        if inserted.rowcount == 1:
+            return StoredReceipt(
+                seq=None,
+                step_id=step_id,
+                task_id=task_id,
+                player_id=owner,
+                position=position,
+                tool=tool,
+                state=STEP_RUNNING,
+                result=None,
+                codec_id="",
+                size_bytes=size,
+                created_at=now,
+                updated_at=now,
+            ), True
+    ledger = _ledger_query(owner).subquery()
+    found = connection.execute(
+        select(
+            select(ReceiptRow.seq)
+            .where(ReceiptRow.step_id == step_id)
+            .scalar_subquery()
+            .label("existing"),
+            TaskRow.player_id,
+            TaskRow.state,
+            ledger.c.ledger_count,
+            ledger.c.ledger_bytes,
+        )
+        .select_from(ledger)
+        .outerjoin(TaskRow, TaskRow.task_id == task_id)
+    ).one()
+    if found.existing is not None:
+        existing = _find_receipt(session, step_id)
+        assert existing is not None
         _check_same_step(existing, task_id, position, tool, player_id)
         return existing, False
-    task = session.execute(select(TaskRow).where(TaskRow.task_id == task_id)).scalar_one_or_none()
-    if task is None:
+    if found.state is None:
         raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
-    _check_owner(task.player_id, player_id, f"task {task_id!r}")
-    _lock_player(session, task.player_id)
-    # Another writer may have recorded it while this one waited for the lock.
-    existing = session.execute(find).scalar_one_or_none()
-    if existing is not None:
-        _check_same_step(existing, task_id, position, tool, player_id)
-        return existing, False
-    state = _stored_task_state(task)
+    _check_owner(found.player_id, player_id, f"task {task_id!r}")
+    state = found.state
+    if state not in _TASK_STATES:
+        log.error("task %s has unknown stored state %r", task_id, state)
+        raise ServiceError(
+            f"task {task_id} has an unknown stored state {state!r}; it is left as it is "
+            "and not run again (was it written by a newer version of the storage service?)"
+        )
     if state in TERMINAL:
         raise FailedPrecondition(
             f"task {task_id} is {_shown(state)}, a final state; its steps can no longer be recorded"
         )
-    size = receipt_size(step_id, task_id, task.player_id, tool, "", None)
+    size = receipt_size(step_id, task_id, found.player_id, tool, "", None)
     if size > bounds.receipt_max_bytes:
         raise InvalidArgument(
             f"the receipt encodes to {size} bytes, over the {bounds.receipt_max_bytes} byte bound"
         )
-    _make_room_for_receipts(session, bounds, task.player_id, 1, size)
-    row = ReceiptRow(
+    _make_room_for_receipts(
+        session,
+        bounds,
+        found.player_id,
+        1,
+        size,
+        ledger=(found.ledger_count, found.ledger_bytes),
+    )
+    receipt = StoredReceipt(
+        seq=None,
         step_id=step_id,
         task_id=task_id,
-        player_id=task.player_id,
+        player_id=found.player_id,
         position=position,
         tool=tool,
         state=STEP_RUNNING,
@@ -818,9 +1055,10 @@ def record_step(
         created_at=now,
         updated_at=now,
     )
-    session.add(row)
-    session.flush()
-    return row, True
+    values = dataclasses.asdict(receipt)
+    del values["seq"]
+    connection.execute(insert(_RECEIPTS), values)
+    return receipt, True
 
 
 def complete_step(
@@ -833,7 +1071,7 @@ def complete_step(
     result: bytes,
     codec_id: str,
     player_id: str | None = None,
-) -> ReceiptRow:
+) -> StoredReceipt:
     """Stores a step's result (DONE). Completing a DONE step with the same result and codec
     changes nothing.
 
@@ -847,17 +1085,45 @@ def complete_step(
         raise InvalidArgument(
             f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
         )
-    owner = session.execute(
-        select(ReceiptRow.player_id).where(ReceiptRow.step_id == step_id)
-    ).scalar_one_or_none()
-    row = None
+    connection = session.connection()
+    owner = player_id
+    if owner is None:
+        owner = connection.execute(
+            select(ReceiptRow.player_id).where(ReceiptRow.step_id == step_id)
+        ).scalar_one_or_none()
+    found = None
     if owner is not None:
         _lock_player(session, owner)
-        row = session.execute(
-            select(ReceiptRow).where(ReceiptRow.step_id == step_id).with_for_update()
-        ).scalar_one_or_none()
-    if row is None:
+        done = connection.execute(
+            _COMPLETE_FAST,
+            {
+                "p_step": step_id,
+                "p_player": owner,
+                "p_tool": tool,
+                "p_grows": len(codec_id.encode()) + len(result),
+                "p_max_bytes": bounds.receipt_max_bytes,
+                "p_result": result,
+                "p_codec": codec_id,
+                "p_now": now,
+            },
+        ).one_or_none()
+        if done is not None:
+            return StoredReceipt.of(done)
+        # The receipt, locked, with the bytes of the player's receipt ledger.
+        found = connection.execute(
+            select(
+                *_RECEIPT_COLUMNS,
+                _ledger_query(owner)
+                .with_only_columns(func.coalesce(func.sum(ReceiptRow.size_bytes), 0))
+                .scalar_subquery()
+                .label("ledger_bytes"),
+            )
+            .where(ReceiptRow.step_id == step_id)
+            .with_for_update(of=_RECEIPTS)
+        ).one_or_none()
+    if found is None:
         raise NotFound(f"no receipt for step {step_id!r}; record the step before completing it")
+    row = StoredReceipt.of(found)
     _check_owner(row.player_id, player_id, f"step {step_id!r}")
     state = _stored_step_state(row)
     if row.tool != tool:
@@ -871,15 +1137,26 @@ def complete_step(
         )
     size = receipt_size(row.step_id, row.task_id, row.player_id, row.tool, codec_id, result)
     if size > row.size_bytes:
+        # The count does not matter when nothing is added: only the bytes are checked.
         _make_room_for_receipts(
-            session, bounds, row.player_id, 0, size - row.size_bytes, exclude_seq=row.seq
+            session,
+            bounds,
+            row.player_id,
+            0,
+            size - row.size_bytes,
+            exclude_seq=row.seq,
+            ledger=(0, found.ledger_bytes),
         )
     row.state = STEP_DONE
     row.result = result
     row.codec_id = codec_id
     row.size_bytes = size
     row.updated_at = now
-    session.flush()
+    connection.execute(
+        update(_RECEIPTS)
+        .where(ReceiptRow.seq == row.seq)
+        .values(state=STEP_DONE, result=result, codec_id=codec_id, size_bytes=size, updated_at=now)
+    )
     return row
 
 
@@ -911,7 +1188,9 @@ def _decode_token(token: str) -> int:
 _OPERATIONS = "check, put, delete, transition, receipt or usage"
 
 
-def _validate_batch(request: journal_pb2.CommitRequest) -> None:
+def _validate_batch(request: journal_pb2.CommitRequest) -> bool:
+    """Checks a batch; returns whether it holds receipt or transition operations (those take
+    the player's ledger lock)."""
     _check_id(request.request_id, "request_id")
     _check_player_id(request.player_id)
     if not request.operations:
@@ -921,10 +1200,12 @@ def _validate_batch(request: journal_pb2.CommitRequest) -> None:
             f"operations holds {len(request.operations)} operations; a batch may hold at most "
             f"{MAX_OPERATIONS}"
         )
+    journal = False
     for index, operation in enumerate(request.operations):
         kind = operation.WhichOneof("op")
         if kind is None:
             raise InvalidArgument(f"operations[{index}] has no operation; set one of {_OPERATIONS}")
+        journal = journal or kind in ("receipt", "transition")
         if kind in ("check", "put", "delete"):
             key = getattr(operation, kind).key
             if key.player_id != request.player_id:
@@ -935,6 +1216,7 @@ def _validate_batch(request: journal_pb2.CommitRequest) -> None:
     if request.HasField("fence"):
         _check_id(request.fence.lease_name, "fence.lease_name")
         _check_token(request.fence.token, "fence.token")
+    return journal
 
 
 def _digest(request: journal_pb2.CommitRequest) -> bytes:
@@ -1016,6 +1298,26 @@ def _apply(
 
 
 # -- the store ---------------------------------------------------------------------------------
+
+
+# INSERT ... ON CONFLICT DO NOTHING of a batch's row, built once. The count kept: SQLAlchemy
+# reports no affected-row count for an INSERT on psycopg unless asked to.
+_BATCHES = BatchRow.__table__
+_BATCH_INSERT_SQLITE = (
+    sqlite_insert(_BATCHES).on_conflict_do_nothing().execution_options(preserve_rowcount=True)
+)
+_BATCH_INSERT_POSTGRESQL = (
+    postgresql_insert(_BATCHES).on_conflict_do_nothing().execution_options(preserve_rowcount=True)
+)
+_BATCH_INSERT_LOCKING = (
+    postgresql_insert(_BATCHES)
+    .on_conflict_do_nothing()
+    .returning(
+        func.pg_advisory_xact_lock(
+            func.hashtextextended(bindparam("p_lock_key", type_=String), 0)
+        ).is_(None)
+    )
+)
 
 
 class JournalStore:
@@ -1287,24 +1589,33 @@ class JournalStore:
         failing operation rolls everything back, that row included, so a failed batch may be
         retried with the same request id.
         """
-        _validate_batch(request)
+        locks_player = _validate_batch(request)
         digest = _digest(request)
         now = self._now()
         with self._sessions.begin() as session:
-            inserted = session.execute(
-                # Core table, and the count kept: SQLAlchemy reports no affected-row count for
-                # an ORM-enabled INSERT, nor for any INSERT on psycopg unless asked to.
-                upsert_ignore(
-                    session,
-                    BatchRow.__table__,  # type: ignore[arg-type]
-                    player_id=request.player_id,
-                    request_id=request.request_id,
-                    digest=digest,
-                    response=b"",
-                    created_at=now,
-                ).execution_options(preserve_rowcount=True)
-            )
-            if inserted.rowcount != 1:
+            values = {
+                "player_id": request.player_id,
+                "request_id": request.request_id,
+                "digest": digest,
+                "response": b"",
+                "created_at": now,
+            }
+            postgresql = session.get_bind().dialect.name == "postgresql"
+            if postgresql and locks_player:
+                # The player's ledger lock, which the batch's receipt and task operations take
+                # anyway, rides on the INSERT (one round trip less); it is evaluated only when
+                # the row was inserted, after any racing attempt of the same batch committed.
+                values["p_lock_key"] = _player_lock_key(request.player_id)
+                inserted = session.connection().execute(_BATCH_INSERT_LOCKING, values)
+                applies = inserted.first() is not None
+                if applies:
+                    _locks_held(session).add(request.player_id)
+            else:
+                inserted = session.connection().execute(
+                    _BATCH_INSERT_SQLITE if not postgresql else _BATCH_INSERT_POSTGRESQL, values
+                )
+                applies = inserted.rowcount == 1
+            if not applies:
                 return self._replay(session, request, digest)
             check_fence(session, request.fence if request.HasField("fence") else None, now)
             versions: list[int] = []
@@ -1316,7 +1627,9 @@ class JournalStore:
                 except ServiceError as error:
                     raise type(error)(f"operations[{index}] ({kind}): {error.message}") from error
             response = journal_pb2.CommitResponse(versions=versions)
-            session.execute(
+            if not versions:  # the response is empty, as stored with the row already
+                return response
+            session.connection().execute(
                 update(BatchRow)
                 .where(
                     BatchRow.player_id == request.player_id,

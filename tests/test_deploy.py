@@ -66,7 +66,7 @@ SPECS = (
         50052,
         9102,
         "system.router.v1.RouterService",
-        {"engine_target": "engine"},
+        {"engine_target": "engine", "model_target": "model-gateway"},
     ),
     Spec(
         "engine",

@@ -538,8 +538,12 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
     assert_failed(response, "system.error.invalid_input")
     assert "colour" in response.reply.result.failure.message
 
+    # Low confidence and no model: a selection card of read-only choices, nothing executed.
     response = await client.chat(MALLORY, "tell me a joke")
-    assert_failed(response, "system.error.no_match")
+    card = response.reply.result.card
+    assert card.template == "system:selection"
+    assert card.buttons and all(b.action_id == "invoke" for b in card.buttons)
+    assert {b.args["module_id"] for b in card.buttons} <= {"system:help", "system:history"}
 
     assert await history(chain, MALLORY) == []  # none of these ran a module
     invoked = await client.request(

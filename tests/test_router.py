@@ -20,11 +20,16 @@ from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
 from router_service.app import RouterApp
 from router_service.app import create_app as create_router
+from router_service.buttons import ButtonMatcher, load_phrasings
+from router_service.cache import IntentCache
 from router_service.catalog import CatalogCache
 from router_service.commands import CommandIndex, CommandMatch, UnknownCommand
 from router_service.config import RouterConfig
+from router_service.diagnostics import RouterDiagnostics
+from router_service.model_routing import ModelChoice
 from router_service.router import Router
-from services.runtime.errors import InvalidArgument, Unavailable
+from router_service.semantic import Mode, SemanticConfig
+from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailable
 
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 UNUSED = "127.0.0.1:1"  # nothing listens on port 1: connections are refused at once
@@ -335,20 +340,24 @@ def _response(generation: str, modules: list[catalog_pb2.ModuleDescriptor] | Non
     return engine_pb2.GetCatalogResponse(generation=generation, modules=modules or _catalog())
 
 
+def _semantic(**overrides: Any) -> SemanticConfig:
+    return SemanticConfig(**overrides)
+
+
 async def test_cache_without_any_catalogue_is_unavailable() -> None:
-    cache = CatalogCache(FakeEngine(ConnectionError("refused")), refresh_seconds=30)  # type: ignore[arg-type]
+    cache = CatalogCache(FakeEngine(ConnectionError("refused")), 30, _semantic())  # type: ignore[arg-type]
     with pytest.raises(Unavailable) as info:
-        await cache.index()
+        await cache.get()
     assert "catalogue could not be read" in info.value.message
     assert "refused" in info.value.message
 
 
 async def test_cache_reads_once_then_serves_until_refresh_is_due() -> None:
     engine = FakeEngine(_response("g1"))
-    cache = CatalogCache(engine, refresh_seconds=30)  # type: ignore[arg-type]
-    first = await cache.index()
+    cache = CatalogCache(engine, 30, _semantic())  # type: ignore[arg-type]
+    first = await cache.get()
     assert first.generation == "g1"
-    assert await cache.index() is first
+    assert await cache.get() is first
     assert len(engine.calls) == 1
     assert engine.calls[0] is not None  # always a bounded call
 
@@ -360,66 +369,187 @@ async def test_cache_keeps_the_old_catalogue_when_a_refresh_fails() -> None:
         _response("g1"),
         _response("g2", EXTRA),
     )
-    cache = CatalogCache(engine, refresh_seconds=0)  # type: ignore[arg-type]  # refresh every time
-    first = await cache.index()
-    assert (await cache.index()) is first  # refresh failed: still serving g1
-    assert (await cache.index()) is first  # same generation: the index is not rebuilt
-    second = await cache.index()
+    cache = CatalogCache(engine, 0, _semantic())  # type: ignore[arg-type]  # refresh every time
+    first = await cache.get()
+    assert (await cache.get()) is first  # refresh failed: still serving g1
+    assert (await cache.get()) is first  # same generation: nothing is rebuilt
+    second = await cache.get()
     assert second.generation == "g2"
-    assert len(second) == len(CommandIndex(EXTRA, "x"))
+    assert len(second.commands) == len(CommandIndex(EXTRA, "x"))
     assert len(engine.calls) == 4
 
 
 async def test_cache_retries_after_a_first_failure() -> None:
-    cache = CatalogCache(FakeEngine(ConnectionError("x"), _response("g1")), refresh_seconds=30)  # type: ignore[arg-type]
+    cache = CatalogCache(FakeEngine(ConnectionError("x"), _response("g1")), 30, _semantic())  # type: ignore[arg-type]
     with pytest.raises(Unavailable):
-        await cache.index()
-    assert (await cache.index()).generation == "g1"
+        await cache.get()
+    assert (await cache.get()).generation == "g1"
 
 
 # --- Router ----------------------------------------------------------------------------------
 
 
-def _router(max_text_chars: int = 20) -> tuple[Router, FakeEngine]:
-    engine = FakeEngine(_response("g1"))
-    return Router(CatalogCache(engine, 30), max_text_chars), engine  # type: ignore[arg-type]
+class FakeModel:
+    """Test double of ModelRouter (the router's seam to the model gateway): scripted choices."""
+
+    def __init__(self, *choices: ModelChoice | None) -> None:
+        self.choices = list(choices)
+        self.asked: list[str] = []
+
+    async def choose(self, player: Any, text: str, modules: Any) -> ModelChoice | None:
+        self.asked.append(text)
+        return self.choices.pop(0) if self.choices else None
+
+
+def _registry_response() -> engine_pb2.GetCatalogResponse:
+    registry = build_registry(EngineConfig())
+    return engine_pb2.GetCatalogResponse(
+        generation=registry.generation,
+        modules=registry.descriptors(None),
+        reject_profiles=registry.reject_profiles(),
+    )
+
+
+def _router(model: FakeModel | None = None, **semantic: Any) -> Router:
+    cache = CatalogCache(FakeEngine(_registry_response()), 30, _semantic(**semantic))  # type: ignore[arg-type]
+    return Router(cache, IntentCache(), ButtonMatcher(load_phrasings()), RouterDiagnostics(), model)  # type: ignore[arg-type]
+
+
+def _route(
+    text: str, player: common_pb2.PlayerContext = PLAYER, **extra: Any
+) -> router_pb2.RouteRequest:
+    return router_pb2.RouteRequest(player=player, text=text, **extra)
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t"])
 async def test_route_refuses_empty_text(text: str) -> None:
-    router, engine = _router()
     with pytest.raises(InvalidArgument, match="text is empty"):
-        await router.route(PLAYER, text)
-    assert engine.calls == []
+        await _router().route(_route(text))
 
 
-async def test_route_refuses_text_over_the_limit_naming_the_limit() -> None:
-    router, _ = _router(max_text_chars=20)
-    await router.route(PLAYER, "帮" * 20)  # exactly the limit is fine (characters, not bytes)
+async def test_route_refuses_text_over_max_characters_naming_the_limit() -> None:
+    router = _router(max_characters=20)
+    await router.route(_route("帮" * 20))  # exactly the limit is fine (characters, not bytes)
     with pytest.raises(InvalidArgument) as info:
-        await router.route(PLAYER, "x" * 21)
-    assert "at most 20" in info.value.message
-    assert "21 characters" in info.value.message
+        await router.route(_route("x" * 21))
+    assert "at most 20" in info.value.message and "21 characters" in info.value.message
 
 
 async def test_route_requires_a_player_id() -> None:
-    router, _ = _router()
     with pytest.raises(InvalidArgument, match="player_id"):
-        await router.route(_player(player_id=""), "help")
+        await _router().route(_route("help", _player(player_id="")))
 
 
-async def test_route_decisions() -> None:
-    router, _ = _router(max_text_chars=240)
-    command = await router.route(PLAYER, "/help history")
+async def test_commands_and_unknown_commands_come_first() -> None:
+    router = _router()
+    command = await router.route(_route("/help history"))
     assert command.source == router_pb2.DECISION_SOURCE_COMMAND
-    assert command.action.module_id == "system:help"
-    unknown = await router.route(PLAYER, "/nonsense")
-    assert unknown.source == router_pb2.DECISION_SOURCE_NONE
+    unknown = await router.route(_route("/nonsense"))
     assert unknown.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
-    assert "/nonsense" in unknown.detail
-    plain = await router.route(PLAYER, "help me find diamonds")
-    assert plain.source == router_pb2.DECISION_SOURCE_NONE
-    assert plain.no_route_reason == router_pb2.NO_ROUTE_REASON_NO_MATCH
+
+
+async def test_a_confident_paraphrase_routes_locally_and_reports_what_it_saw() -> None:
+    decision = await _router().route(_route("show me the commands"))
+    assert decision.source == router_pb2.DECISION_SOURCE_LOCAL
+    assert decision.action.module_id == "system:help"
+    assert decision.local.gate_failed == ""
+    assert decision.local.candidates[0].module_id == "system:help"
+
+
+async def test_guarded_text_never_routes_locally_and_names_the_gate() -> None:
+    decision = await _router().route(_route("don't show me the commands"))
+    assert decision.source != router_pb2.DECISION_SOURCE_LOCAL
+    assert decision.local.gate_failed.startswith("guard:")
+
+
+async def test_shadow_mode_counts_but_never_routes_locally() -> None:
+    router = _router(mode=Mode.SHADOW)
+    decision = await router.route(_route("show me the commands"))
+    assert decision.source != router_pb2.DECISION_SOURCE_LOCAL
+    assert router.diagnostics.counts()["SHADOW_DIRECT"] == 1
+
+
+async def test_a_number_picks_from_the_current_list() -> None:
+    items = [common_pb2.ModuleAction(module_id=m) for m in ("system:help", "system:history")]
+    decision = await _router().route(_route("查看 2", current_list=items))
+    assert decision.source == router_pb2.DECISION_SOURCE_BUTTON
+    assert decision.action.module_id == "system:history"
+    beyond = await _router().route(_route("查看 3", current_list=items))
+    assert beyond.source != router_pb2.DECISION_SOURCE_BUTTON
+
+
+async def test_a_notification_button_can_be_pressed_by_its_label() -> None:
+    button = router_pb2.NotificationButton(
+        action=common_pb2.ModuleAction(module_id="system:history"),
+        label_key="x.open",
+        label="打开记录",
+    )
+    decision = await _router().route(_route("打开记录", notification_buttons=[button]))
+    assert decision.source == router_pb2.DECISION_SOURCE_BUTTON
+    assert decision.action.module_id == "system:history"
+
+
+async def test_model_choice_is_cached_per_player_after_success() -> None:
+    model = FakeModel(ModelChoice("system:history", {}), ModelChoice("system:history", {}))
+    router = _router(model)
+    text = "remind me what we said"
+    first = await router.route(_route(text, external_enabled=True))
+    assert first.source == router_pb2.DECISION_SOURCE_MODEL and first.cache_token
+    cached, reason = await router.record_outcome(
+        router_pb2.RecordOutcomeRequest(
+            player=PLAYER, text=text, action=first.action, cache_token=first.cache_token
+        )
+    )
+    assert cached, reason
+    again = await router.route(_route(text, external_enabled=True))
+    assert again.source == router_pb2.DECISION_SOURCE_CACHE
+    assert again.action.module_id == "system:history"
+    other = await router.route(
+        _route(text, _player(player_id="someone-else"), external_enabled=True)
+    )
+    assert other.source == router_pb2.DECISION_SOURCE_MODEL  # players never share entries
+    router.clear_player(PLAYER.player_id, router_pb2.CLEAR_REASON_MEMORY_CLEARED, PLAYER.server_id)
+    cleared = await router.route(_route(text, external_enabled=True))
+    assert cleared.source != router_pb2.DECISION_SOURCE_CACHE
+
+
+async def test_no_model_call_when_the_player_turned_external_ai_off() -> None:
+    model = FakeModel(ModelChoice("system:history", {}))
+    decision = await _router(model).route(_route("remind me what we said", external_enabled=False))
+    assert model.asked == []
+    assert decision.source in (
+        router_pb2.DECISION_SOURCE_LOCAL_FALLBACK,
+        router_pb2.DECISION_SOURCE_NONE,
+    )
+
+
+async def test_low_confidence_without_a_model_offers_read_only_choices() -> None:
+    decision = await _router().route(_route("um what now"))
+    assert decision.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK
+    assert {c.module_id for c in decision.candidates} <= {"system:help", "system:history"}
+
+
+async def test_diagnostics_are_for_admins_and_hold_no_text() -> None:
+    router = _router()
+    await router.route(_route("show me the commands"))
+    with pytest.raises(PermissionDenied):
+        router.check_admin(PLAYER)
+    router.check_admin(_player(level=4))
+    snapshot = router.diagnostics_snapshot()
+    assert snapshot["decisions"]["LOCAL"] == 1
+    assert "show me the commands" not in repr(snapshot)
+
+
+async def test_reload_applies_mode_at_once() -> None:
+    router = _router()
+    assert (
+        await router.route(_route("show me the commands"))
+    ).source == router_pb2.DECISION_SOURCE_LOCAL
+    changes = router.reload(_semantic(mode=Mode.OFF))
+    assert any("mode" in line for line in changes)
+    assert (
+        await router.route(_route("show me the commands"))
+    ).source != router_pb2.DECISION_SOURCE_LOCAL
 
 
 # --- The router servicer in-process, in front of a real engine -------------------------------
@@ -470,8 +600,10 @@ async def test_service_unknown_command_and_no_match(
     assert unknown.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
     assert not unknown.HasField("action")
     plain = await router_stub.Route(_request("how do I find diamonds"), timeout=5)
-    assert plain.source == router_pb2.DECISION_SOURCE_NONE
-    assert plain.no_route_reason == router_pb2.NO_ROUTE_REASON_NO_MATCH
+    assert plain.source in (
+        router_pb2.DECISION_SOURCE_NONE,
+        router_pb2.DECISION_SOURCE_LOCAL_FALLBACK,
+    )
 
 
 @pytest.mark.parametrize(

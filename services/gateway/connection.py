@@ -10,6 +10,7 @@ import logging
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 
+from services.gateway.players import PlayerState
 from services.runtime.errors import AlreadyExists, NotFound, Unavailable
 
 __all__ = ["Connection", "ConnectionRegistry"]
@@ -35,6 +36,7 @@ class Connection:
         self.features = tuple(hello.features)
         self.tools = {tool.name: tool for tool in hello.tools}
         self.players: dict[str, common_pb2.PlayerContext] = {}
+        self.states: dict[str, PlayerState] = {}
         self.outbox: asyncio.Queue[gateway_pb2.ConnectResponse | None] = asyncio.Queue()
         self.running: dict[str, RunningRequest] = {}
         self.tool_calls: dict[str, asyncio.Future[gateway_pb2.ToolResult]] = {}

@@ -4,8 +4,12 @@ request's id. Failures a player can act on come back as FAILED results with a ca
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
+from collections.abc import Awaitable
+from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
@@ -18,7 +22,7 @@ from system.storage.v1 import storage_pb2, storage_pb2_grpc
 from services.results import AgentFailure, card, failed
 from services.runtime.channels import Dependency
 
-__all__ = ["PlayerRequests"]
+__all__ = ["PlayerRequests", "PlayerState"]
 
 log = logging.getLogger("system.gateway.players")
 
@@ -77,6 +81,33 @@ def rpc_failure(exc: grpc.aio.AioRpcError) -> common_pb2.AgentResult:
     return failed(failure, message)
 
 
+@dataclasses.dataclass
+class PlayerState:
+    """What the gateway remembers of a joined player between requests."""
+
+    current_list: list[common_pb2.ModuleAction] = dataclasses.field(default_factory=list)
+    """Actions of the numbered buttons on the last card shown (`查看 1` picks the first)."""
+    external_enabled: bool | None = None
+    """The player's external-services preference; None until first read from storage."""
+
+
+def _listed_actions(result: common_pb2.AgentResult) -> list[common_pb2.ModuleAction]:
+    """The actions of a card's `invoke` buttons, in order."""
+    actions = []
+    for button in result.card.buttons:
+        if button.action_id != "invoke" or not button.args.get("module_id"):
+            continue
+        data = struct_pb2.Struct()
+        try:
+            parsed = json.loads(button.args.get("input") or "{}")
+            if isinstance(parsed, dict):
+                data.update(parsed)
+        except (json.JSONDecodeError, ValueError):
+            continue
+        actions.append(common_pb2.ModuleAction(module_id=button.args["module_id"], input=data))
+    return actions
+
+
 class PlayerRequests:
     """Handles one PlayerRequest at a time; owns the channels to router, engine and storage."""
 
@@ -87,6 +118,7 @@ class PlayerRequests:
             idempotent_methods=["system.router.v1.RouterService/Route"],
         )
         self.engine = Dependency(engine_target, engine_pb2_grpc.EngineServiceStub)
+        self._background: set[asyncio.Task[None]] = set()
         self.storage = Dependency(
             storage_target,
             storage_pb2_grpc.StorageServiceStub,
@@ -99,24 +131,52 @@ class PlayerRequests:
         )
 
     async def aclose(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         for dep in (self.router, self.engine, self.storage):
             await dep.aclose()
+
+    def _in_background(self, call: Awaitable[Any], what: str) -> None:
+        """Runs a call whose answer nobody waits for; failures are logged, never raised."""
+
+        async def run() -> None:
+            try:
+                await call
+            except Exception as exc:  # noqa: BLE001 - best effort by design
+                log.info("%s failed: %s", what, exc)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def forget(self, player: common_pb2.PlayerContext, reason: int) -> None:
+        """Tells the router to drop the player's intent-cache scope."""
+        self._in_background(
+            self.router.stub.ClearPlayerScope(
+                router_pb2.ClearPlayerScopeRequest(
+                    player_id=player.player_id, server_id=player.server_id, reason=reason
+                )
+            ),
+            "clearing the player's routing scope",
+        )
 
     async def handle(
         self,
         player: common_pb2.PlayerContext,
         request: gateway_pb2.PlayerRequest,
         busy_request_id: str,
+        state: PlayerState | None = None,
     ) -> gateway_pb2.PlayerResponse:
         """The response to `request`. `busy_request_id` is another request of this player in
-        progress, if any (for State answers)."""
+        progress, if any (for State answers); `state` is what the gateway remembers of them."""
+        state = state if state is not None else PlayerState()
         response = gateway_pb2.PlayerResponse(
             request_id=request.request_id, player_id=player.player_id
         )
         kind = request.WhichOneof("body")
         try:
             if kind == "chat":
-                result, module_id = await self._chat(player, request.chat.text)
+                result, module_id = await self._chat(player, request.chat.text, state)
                 response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
             elif kind == "invoke":
                 result = await self._execute(
@@ -132,20 +192,56 @@ class PlayerRequests:
                 await self._control(player, request.control.action, response, busy_request_id)
             elif kind == "preferences":
                 await self._preferences(player, request.preferences, response, busy_request_id)
+                state.external_enabled = response.state.external_enabled
+            if response.HasField("reply") and response.reply.result.HasField("card"):
+                state.current_list = _listed_actions(response.reply.result)
         except grpc.aio.AioRpcError as exc:
             log.warning("dependency answered %s: %s", exc.code().name, exc.details())
             response.reply.CopyFrom(gateway_pb2.Reply(result=rpc_failure(exc)))
         return response
 
+    async def _external_enabled(self, player: common_pb2.PlayerContext, state: PlayerState) -> bool:
+        if state.external_enabled is None:
+            try:
+                prefs = await self.storage.stub.GetPreferences(
+                    storage_pb2.GetPreferencesRequest(player_id=player.player_id)
+                )
+                state.external_enabled = prefs.preferences.external_enabled
+            except grpc.aio.AioRpcError as exc:
+                # Unknown preference: no model call this time, ask again next time.
+                log.info("preferences unavailable (%s); routing without the model", exc.code().name)
+                return False
+        return state.external_enabled
+
     async def _chat(
-        self, player: common_pb2.PlayerContext, text: str
+        self, player: common_pb2.PlayerContext, text: str, state: PlayerState
     ) -> tuple[common_pb2.AgentResult, str]:
         decision: router_pb2.RouteResponse = await self.router.stub.Route(
-            router_pb2.RouteRequest(player=player, text=text)
+            router_pb2.RouteRequest(
+                player=player,
+                text=text,
+                current_list=state.current_list,
+                external_enabled=await self._external_enabled(player, state),
+            )
         )
         source = _SOURCES.get(decision.source)
         if source is not None:
             result = await self._execute(player, decision.action, source, text)
+            if (
+                decision.source == router_pb2.DECISION_SOURCE_MODEL
+                and result.status == common_pb2.RESULT_STATUS_SUCCEEDED
+            ):
+                self._in_background(
+                    self.router.stub.RecordOutcome(
+                        router_pb2.RecordOutcomeRequest(
+                            player=player,
+                            text=text,
+                            action=decision.action,
+                            cache_token=decision.cache_token,
+                        )
+                    ),
+                    "recording the routing outcome",
+                )
             return result, decision.action.module_id
         if decision.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK and decision.candidates:
             return self._selection(player, decision.candidates), ""
@@ -251,6 +347,7 @@ class PlayerRequests:
             cleared = await stub.ClearHistory(
                 storage_pb2.ClearHistoryRequest(player_id=player.player_id)
             )
+            self.forget(player, router_pb2.CLEAR_REASON_MEMORY_CLEARED)
             text = _pick(_CLEARED, player.language).format(n=cleared.deleted)
             response.notice.CopyFrom(
                 gateway_pb2.Notice(
@@ -273,6 +370,7 @@ class PlayerRequests:
         if prefs.HasField("external"):
             update.external_enabled = prefs.external
         updated = await self.storage.stub.UpdatePreferences(update)
+        self.forget(player, router_pb2.CLEAR_REASON_PREFERENCES_CHANGED)
         response.state.CopyFrom(_state(updated.preferences, busy_request_id))
 
 

@@ -13,10 +13,11 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Gauge
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from system.router.v1 import router_pb2
 
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
-from services.gateway.players import PlayerRequests
+from services.gateway.players import PlayerRequests, PlayerState
 from services.gateway.validation import check_hello, check_id, check_presence, normalize_language
 from services.results import AgentFailure, failed
 from services.runtime.context import new_request_id, remaining_seconds, request_scope
@@ -130,6 +131,8 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 self._dispatch(connection, frame)
         finally:
             connection.close()
+            for player in connection.players.values():
+                self._players.forget(player, router_pb2.CLEAR_REASON_DISCONNECTED)
             self._registry.remove(connection)
             CONNECTIONS.set(len(self._registry))
             PLAYERS.set(self._registry.players())
@@ -181,7 +184,10 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             if not known:
                 raise NotFound(f"player {player_id} has not joined on this connection")
             connection.cancel_player(player_id)
-            del connection.players[player_id]
+            self._players.forget(
+                connection.players.pop(player_id), router_pb2.CLEAR_REASON_DISCONNECTED
+            )
+            connection.states.pop(player_id, None)
         else:
             if presence.kind == gateway_pb2.PRESENCE_KIND_UPDATE and not known:
                 raise NotFound(f"player {player_id} has not joined; send JOIN before UPDATE")
@@ -250,7 +256,8 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
     ) -> None:
         with request_scope(new_request_id(), self._config.request_timeout_seconds):
             try:
-                response = await self._players.handle(player, request, busy)
+                state = connection.states.setdefault(player.player_id, PlayerState())
+                response = await self._players.handle(player, request, busy, state)
             except asyncio.CancelledError:
                 response = _failure_response(player, request, AgentFailure.CANCELLED, "cancelled")
             except Exception:

@@ -145,7 +145,10 @@ class Stack:
         targets = {
             "storage": {"DATABASE_URL": f"sqlite:///{self.data_dir / 'storage.db'}"},
             "engine": {"STORAGE_TARGET": self.target("storage")},
-            "router": {"ENGINE_TARGET": self.target("engine")},
+            "router": {
+                "ENGINE_TARGET": self.target("engine"),
+                "MODEL_TARGET": self.target("model"),
+            },
             "gateway": {
                 "ROUTER_TARGET": self.target("router"),
                 "ENGINE_TARGET": self.target("engine"),

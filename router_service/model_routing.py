@@ -1,0 +1,136 @@
+"""The router's one model call: the capability catalogue in, one module id (or `clarify`) out.
+
+The catalogue lists only the modules this player may use; `structuredOnly` modules are left
+out and `explicitOnly` ones are flagged, so the model is told to pick them only when it is very
+sure the current request asks for exactly that. Only ids from this catalogue decode; anything
+else (free text, an unknown id, malformed JSON) is treated as `clarify`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import grpc
+from system.common.v1 import catalog_pb2, common_pb2
+from system.model.v1 import model_pb2, model_pb2_grpc
+
+__all__ = ["CLARIFY", "ModelChoice", "ModelRouter", "capability_catalogue"]
+
+log = logging.getLogger("system.router.model")
+
+CLARIFY = "clarify"
+MODEL_TIMEOUT_SECONDS = 20.0
+
+_INSTRUCTIONS = """You route a Minecraft player's request to one capability of an in-game \
+assistant. Reply with JSON only: {"capabilityId": "<id>", "arguments": {...}}.
+Rules:
+- Choose only an id from the catalogue, or "clarify" when none fits or the request is unclear.
+- Judge the current request alone; earlier turns and similarity are not permission.
+- A capability marked "explicitOnly": true may be chosen only when the player clearly and \
+explicitly asks for exactly it; otherwise answer "clarify".
+- "arguments" holds only values the player wrote in this request, matching the inputSchema.
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChoice:
+    """What the model chose: a module and its arguments, or clarify (module_id == CLARIFY)."""
+
+    module_id: str
+    arguments: dict[str, Any]
+
+
+def capability_catalogue(
+    modules: list[catalog_pb2.ModuleDescriptor], language: str
+) -> list[dict[str, Any]]:
+    """The catalogue sent to the model: interactive modules, structuredOnly ones left out."""
+    catalogue = []
+    for module in modules:
+        if (
+            module.routing_mode
+            in (
+                catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
+                catalog_pb2.ROUTING_MODE_UNSPECIFIED,
+            )
+            or not module.interactive
+        ):
+            continue
+        text = module.description.text
+        catalogue.append(
+            {
+                "id": module.module_id,
+                "description": text.get(language) or text.get("en") or "",
+                "inputSchema": json.loads(module.input_schema or "{}"),
+                "explicitOnly": module.routing_mode == catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
+            }
+        )
+    catalogue.append({"id": CLARIFY, "description": "The request is unclear or fits nothing."})
+    return catalogue
+
+
+def decode_choice(content: str, allowed: set[str]) -> ModelChoice:
+    """Reads the model's answer; only ids in `allowed` (plus clarify) decode."""
+    text = content.strip()
+    if text.startswith("```"):  # tolerate a fenced block
+        text = text.strip("`").removeprefix("json").strip()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return ModelChoice(CLARIFY, {})
+    if not isinstance(data, dict):
+        return ModelChoice(CLARIFY, {})
+    module_id = data.get("capabilityId")
+    arguments = data.get("arguments") or {}
+    if (
+        not isinstance(module_id, str)
+        or module_id not in allowed
+        or not isinstance(arguments, dict)
+    ):
+        return ModelChoice(CLARIFY, {})
+    return ModelChoice(module_id, arguments)
+
+
+class ModelRouter:
+    """Asks the model gateway which module a text means."""
+
+    def __init__(self, stub: model_pb2_grpc.ModelGatewayServiceStub) -> None:
+        self._stub = stub
+
+    async def choose(
+        self,
+        player: common_pb2.PlayerContext,
+        text: str,
+        modules: list[catalog_pb2.ModuleDescriptor],
+    ) -> ModelChoice | None:
+        """The model's choice, or None when no model can be asked (none configured, provider
+        down, out of time): the caller then falls back locally."""
+        catalogue = capability_catalogue(modules, player.language)
+        allowed = {entry["id"] for entry in catalogue}
+        request = model_pb2.CompleteRequest(
+            player_id=player.player_id,
+            temperature=0.0,
+            max_tokens=200,
+            messages=[
+                model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_SYSTEM, content=_INSTRUCTIONS),
+                model_pb2.ChatMessage(
+                    role=model_pb2.MESSAGE_ROLE_USER,
+                    content=json.dumps(
+                        {
+                            "catalogue": catalogue,
+                            "playerLanguage": player.language,
+                            "request": text,
+                        },
+                        ensure_ascii=False,
+                    ),
+                ),
+            ],
+        )
+        try:
+            response = await self._stub.Complete(request, timeout=MODEL_TIMEOUT_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            log.info("model routing unavailable: %s %s", exc.code().name, exc.details())
+            return None
+        return decode_choice(response.content, allowed)
