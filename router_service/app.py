@@ -13,7 +13,7 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 
 from router_service.buttons import ButtonMatcher, load_phrasings
 from router_service.cache import IntentCache
-from router_service.catalog import CatalogCache
+from router_service.catalog import CatalogCache, standalone_catalog
 from router_service.config import RouterConfig
 from router_service.diagnostics import RouterDiagnostics
 from router_service.model_routing import ModelRouter
@@ -33,17 +33,29 @@ class RouterApp:
     """The running router and what it owns."""
 
     def __init__(self, config: RouterConfig, semantic: SemanticConfig) -> None:
-        self.engine = Dependency(
-            config.engine_target,
-            engine_pb2_grpc.EngineServiceStub,
-            idempotent_methods=["system.engine.v1.EngineService/GetCatalog"],
+        self.engine = (
+            Dependency(
+                config.engine_target,
+                engine_pb2_grpc.EngineServiceStub,
+                idempotent_methods=["system.engine.v1.EngineService/GetCatalog"],
+            )
+            if config.engine_target
+            else None
         )
         self.model = (
             Dependency(config.model_target, model_pb2_grpc.ModelGatewayServiceStub)
             if config.model_target
             else None
         )
-        self.catalog = CatalogCache(self.engine.stub, config.catalog_refresh_seconds, semantic)
+        static = (
+            standalone_catalog(config.profiles_file, semantic) if config.profiles_file else None
+        )
+        self.catalog = CatalogCache(
+            self.engine.stub if self.engine else None,
+            config.catalog_refresh_seconds,
+            semantic,
+            static=static,
+        )
         self.router = Router(
             self.catalog,
             IntentCache(
@@ -75,7 +87,8 @@ class RouterApp:
     async def aclose(self) -> None:
         if self._warm is not None:
             self._warm.cancel()
-        await self.engine.aclose()
+        if self.engine is not None:
+            await self.engine.aclose()
         if self.model is not None:
             await self.model.aclose()
 

@@ -6,17 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import time
+from pathlib import Path
 
 from system.common.v1 import catalog_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
 from router_service.commands import CommandIndex
-from router_service.semantic import Profile, SemanticConfig, SemanticRouter
+from router_service.semantic import Profile, SemanticConfig, SemanticRouter, load_profiles
 from services.runtime.errors import Unavailable
 
-__all__ = ["Catalog", "CatalogCache", "profiles_from_catalog"]
+__all__ = [
+    "Catalog",
+    "CatalogCache",
+    "descriptors_from_profiles",
+    "profiles_from_catalog",
+    "standalone_catalog",
+]
 
 log = logging.getLogger("system.router.catalog")
 
@@ -71,20 +79,76 @@ class Catalog:
     semantic: SemanticRouter
 
 
+def descriptors_from_profiles(profiles: list[Profile]) -> list[catalog_pb2.ModuleDescriptor]:
+    """Module descriptors for a standalone profile set (no engine): what the router needs to
+    know of each module to apply its gates, and nothing it could execute."""
+    descriptors = []
+    for profile in profiles:
+        if profile.kind == "reject":
+            continue
+        mode = (
+            catalog_pb2.ROUTING_MODE_READ
+            if profile.kind == "read"
+            else catalog_pb2.ROUTING_MODE_HINTS
+        )
+        if profile.kind == "read" and not profile.direct:
+            mode = catalog_pb2.ROUTING_MODE_HINTS
+        if profile.explicit_only:
+            mode = catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY
+        if profile.structured_only:
+            mode = catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY
+        descriptors.append(
+            catalog_pb2.ModuleDescriptor(
+                module_id=profile.module_id,
+                input_schema='{"type": "object"}',
+                routing_mode=mode,
+                interactive=profile.interactive,
+                write_steps=profile.write_steps,
+                semantic=catalog_pb2.SemanticProfile(
+                    examples=[
+                        catalog_pb2.LanguageExamples(language=lang, examples=list(texts))
+                        for lang, texts in profile.examples.items()
+                    ],
+                    extractor=profile.extractor or "",
+                    choice_label=profile.choice_label,
+                    read_only_tools=profile.read_only_tools,
+                    shortcut=bool(profile.is_shortcut),
+                ),
+            )
+        )
+    return descriptors
+
+
+def standalone_catalog(path: str, config: SemanticConfig) -> Catalog:
+    """A catalogue from a profile-set file, for running the router without the engine."""
+    _language, profiles = load_profiles(path)
+    modules = descriptors_from_profiles(profiles)
+    generation = "file-" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    return Catalog(
+        generation=generation,
+        modules={m.module_id: m for m in modules},
+        commands=CommandIndex(modules, generation),
+        semantic=SemanticRouter(profiles, config),
+    )
+
+
 class CatalogCache:
     """The latest catalogue. Read on first use, then refreshed when older than
     `refresh_seconds`; if a refresh fails the previous catalogue keeps serving."""
 
     def __init__(
         self,
-        engine: engine_pb2_grpc.EngineServiceStub,
+        engine: engine_pb2_grpc.EngineServiceStub | None,
         refresh_seconds: float,
         semantic_config: SemanticConfig,
+        static: Catalog | None = None,
     ) -> None:
+        """With `static` (a standalone profile set) the engine is never asked."""
         self._engine = engine
         self._refresh_seconds = refresh_seconds
         self.semantic_config = semantic_config
-        self._catalog: Catalog | None = None
+        self._catalog: Catalog | None = static
+        self._static = static is not None
         self._fetched_at = 0.0
         self._lock = asyncio.Lock()
 
@@ -94,9 +158,8 @@ class CatalogCache:
 
     async def get(self) -> Catalog:
         """The current catalogue. Raises Unavailable when none was ever read."""
-        if (
-            self._catalog is not None
-            and time.monotonic() - self._fetched_at < self._refresh_seconds
+        if self._catalog is not None and (
+            self._static or time.monotonic() - self._fetched_at < self._refresh_seconds
         ):
             return self._catalog
         async with self._lock:
@@ -109,6 +172,7 @@ class CatalogCache:
         return self._catalog
 
     async def _refresh(self) -> None:
+        assert self._engine is not None
         try:
             response = await self._engine.GetCatalog(engine_pb2.GetCatalogRequest(), timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - any failure: keep serving the old catalogue

@@ -22,12 +22,17 @@ class RouterConfig(ServerConfig):
     semantic_config: str = ""
     """Path of `system-semantic.json` (seed 004's fields); empty for the built-in defaults.
     Reloaded by the ReloadConfig RPC."""
+    profiles_file: str = ""
+    """Standalone use: a profile-set JSON file (see router_service/corpus/profiles.json) routed
+    without the engine. Empty: profiles and commands come from the engine's catalogue."""
     catalog_refresh_seconds: float = 30.0
     """How often the catalogue is re-read from the engine."""
 
     def validate(self) -> None:
         super().validate()
-        if not self.engine_target:
-            raise ConfigError("engine_target is required (host:port of the engine)")
+        if not self.engine_target and not self.profiles_file:
+            raise ConfigError(
+                "engine_target is required (host:port of the engine), unless profiles_file is set"
+            )
         if self.catalog_refresh_seconds <= 0:
             raise ConfigError("catalog_refresh_seconds must be positive")
