@@ -3,8 +3,13 @@
 ```sh
 python -m router_service.eval --profiles router_service/corpus/profiles.json \\
     --cases router_service/corpus/cases.jsonl [--split test|tune|all] \\
-    [--config system-semantic.json] [--json OUT] [--fail-under-precision 0.99]
+    [--config system-semantic.json] [--json OUT] [--fail-under-precision 0.99] [--compare]
 ```
+
+`--compare` routes the same cases under each scorer mode (`gates`: the seed's gates alone,
+`strict`, `calibrated`; the config's other settings and `scorer.target` kept) and prints them
+side by side; the JSON document then holds one report per mode under `compare`, and the
+`--fail-under-*` checks apply to the config's own scorer mode.
 
 A case is one JSON object a line: `{"text", "lang", "expected", "category", "split"}`, where
 `expected` is the module a perfect router would route *directly* (`ns:path`), or null when the
@@ -44,6 +49,7 @@ __all__ = [
     "Decision",
     "EvalReport",
     "evaluate",
+    "format_compare",
     "format_table",
     "iter_cases",
     "main",
@@ -399,6 +405,55 @@ def format_table(report: EvalReport, *, max_confusions: int = 50) -> str:
     return "\n".join(out)
 
 
+def format_compare(reports: dict[str, EvalReport]) -> str:
+    """The same cases under several configurations, side by side: per group, each one's
+    coverage, precision, false-direct (count/out-of-scope) and writes routed directly."""
+    names = list(reports)
+    first = reports[names[0]]
+    groups: list[tuple[str, Callable[[EvalReport], Tally | None]]] = [("all", lambda r: r.overall)]
+    groups += [
+        (f"lang {lang}", lambda r, lang=lang: r.by_language.get(lang))
+        for lang in sorted(first.by_language)
+    ]
+    groups += [
+        (f"  {cat}", lambda r, cat=cat: r.by_category.get(cat)) for cat in sorted(first.by_category)
+    ]
+    header = ["group"]
+    for name in names:
+        header += [f"{name} cov", "prec", "false-direct", "writes"]
+    rows: list[list[str]] = []
+    for label, pick in groups:
+        cells = [label]
+        for name in names:
+            tally = pick(reports[name]) or Tally()
+            f = tally.figures()
+            cells += [
+                _pct(f["coverage"]),
+                _pct(f["precision"]),
+                f"{f['false_direct']}/{f['out_of_scope']}",
+                f"{f['write_direct']}/{f['write_cases']}",
+            ]
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        first_cell = cells[0].ljust(widths[0])
+        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join((first_cell, *rest))
+
+    out = [f"split={first.split} compare: {', '.join(names)}", line(header)]
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in rows)
+    out.append("")
+    for name in names:
+        latency = reports[name].latency_ms()
+        out.append(
+            f"{name}: wrong direct {reports[name].confusion_count}; decide ms "
+            f"p50={latency['p50']} p99={latency['p99']}"
+        )
+    return "\n".join(out)
+
+
 class _Progress:
     """A one-line progress bar on stderr, redrawn at most ten times a second."""
 
@@ -465,10 +520,40 @@ def _build_router(profiles_path: str, config_path: str | None) -> tuple[Decide, 
         "examples": examples,
         "language": language,
         "mode": str(getattr(config, "mode", "?")).rsplit(".", 1)[-1],
+        "scorer": getattr(getattr(config, "scorer", None), "mode", "?"),
         "build_seconds": round(built, 4),
         "module_ids": [_profile_id(p) for p in profiles],
     }
     return (lambda text, lang: router.decide(text, lang)), meta
+
+
+def _build_routers(
+    profiles_path: str, config_path: str | None
+) -> tuple[dict[str, Decide], str, dict[str, Any]]:
+    """One router per scorer mode (the config otherwise unchanged, one analyzer shared).
+
+    Returns `{mode: decide}`, the config's own scorer mode, and run metadata."""
+    from router_service.semantic import Analyzer, SemanticConfig, SemanticRouter, load_profiles
+    from router_service.semantic.config import SCORER_MODES, Scorer
+
+    language, profiles = load_profiles(profiles_path)
+    config = _load_config(SemanticConfig, config_path)
+    analyzer = Analyzer()
+    decides: dict[str, Decide] = {}
+    meta: dict[str, Any] = {
+        "profiles": len(profiles),
+        "language": language,
+        "mode": config.mode.value,
+        "target": config.scorer.target,
+        "module_ids": [_profile_id(p) for p in profiles],
+    }
+    for mode in SCORER_MODES:
+        variant = dataclasses.replace(config, scorer=Scorer(mode, config.scorer.target))
+        started = time.perf_counter()
+        router = SemanticRouter(profiles, variant, analyzer=analyzer)
+        meta[f"build_seconds_{mode}"] = round(time.perf_counter() - started, 4)
+        decides[mode] = lambda text, lang, router=router: router.decide(text, lang)
+    return decides, config.scorer.mode, meta
 
 
 def _profile_id(profile: Any) -> str:
@@ -504,6 +589,11 @@ def _parser() -> argparse.ArgumentParser:
         "--fail-under-coverage", type=float, metavar="X", help="exit 1 when coverage < X"
     )
     parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="route the cases under each scorer mode (gates, strict, calibrated), side by side",
+    )
+    parser.add_argument(
         "--max-confusions", type=int, default=50, help="wrong routes listed in the table"
     )
     parser.add_argument(
@@ -517,6 +607,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.compare:
+        return _compare(args)
     err = sys.stderr
     try:
         decide, meta = _build_router(args.profiles, args.config)
@@ -545,6 +637,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(text + "\n", encoding="utf-8")
     return _verdict(document["overall"], args, err)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    err = sys.stderr
+    try:
+        decides, own, meta = _build_routers(args.profiles, args.config)
+        module_ids = meta.pop("module_ids")
+        cases = list(
+            iter_cases(
+                args.cases,
+                split=args.split,
+                known_modules=module_ids,
+                default_lang=meta["language"],
+            )
+        )
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    reports: dict[str, EvalReport] = {}
+    for mode, decide in decides.items():
+        report = evaluate(decide, cases, split=args.split)
+        report.meta = {**meta, "scorer": mode}
+        reports[mode] = report
+    document = {
+        "split": args.split,
+        **meta,
+        "scorer": own,
+        "compare": {mode: report.as_dict() for mode, report in reports.items()},
+    }
+    text = json.dumps(document, ensure_ascii=False, indent=2)
+    print(format_compare(reports))
+    print()
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    return _verdict(document["compare"][own]["overall"], args, err)
 
 
 def _verdict(overall: dict[str, Any], args: argparse.Namespace, err: TextIO) -> int:

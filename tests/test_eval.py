@@ -366,3 +366,24 @@ def test_cli_runs_on_the_shipped_corpus(
     assert report["overall"]["cases"] == held_out
     assert set(report["by_category"]) == CATEGORIES
     assert set(report["by_language"]) == {"zh", "en"}
+
+
+def test_compare_prints_the_modes_side_by_side(
+    tiny: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profiles, cases = tiny
+
+    def routers(profiles: str, config: str | None) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        decide, meta = _stub_router(profiles, config)
+        never = lambda text, lang: SimpleNamespace(outcome="no_direct", module_id=None)  # noqa: E731
+        return {"gates": never, "strict": never, "calibrated": decide}, "gates", meta
+
+    monkeypatch.setattr(ev, "_build_routers", routers)
+    base = ["--profiles", str(profiles), "--cases", str(cases), "--compare"]
+    assert ev.main([*base, "--fail-under-precision", "0.5"]) == 0  # judged on the own mode
+    table, report = _split_output(capsys.readouterr().out)
+    assert table.splitlines()[0] == "split=test compare: gates, strict, calibrated"
+    assert "gates cov" in table and "calibrated cov" in table
+    assert set(report["compare"]) == {"gates", "strict", "calibrated"}
+    assert report["compare"]["gates"]["overall"]["direct"] == 0
+    assert report["compare"]["calibrated"]["overall"]["direct"] == 3

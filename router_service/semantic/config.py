@@ -13,9 +13,17 @@ The file is one JSON object; every field is optional and defaults to the seed's 
   "examples": {"system:shop": {"zh": ["逛逛系统商铺"]}},
   "cacheEntries": 1024,
   "cacheSeconds": 300,
-  "entriesPerPlayer": 32
+  "entriesPerPlayer": 32,
+  "scorer": {"mode": "gates", "target": 0.8}
 }
 ```
+
+`scorer` (beyond the seed) picks how direct routes are decided: `gates` (the seed's fixed
+score/margin/coverage gates alone), `strict` (the gates and a calibrated probability of the
+top module of at least `target`), `calibrated` (that probability may also stand in for a
+failed score or margin gate). Guards, write rules, profile kinds and arguments always
+apply. `target` applies on reload; the scorer is trained at start, so leaving `gates` for another
+mode after a start in `gates` needs a restart.
 
 Mode, thresholds, text limit and cache sizes apply on reload; the index is built once at start,
 so changed examples, changed languages, or leaving an OFF the router started with, need a
@@ -38,6 +46,8 @@ from services.runtime.config import ConfigError
 
 __all__ = [
     "Mode",
+    "SCORER_MODES",
+    "Scorer",
     "SemanticConfig",
     "Threshold",
     "load_semantic_config",
@@ -70,6 +80,27 @@ class Threshold:
     """Lead of the best module over the best different module, 0..1."""
 
 
+SCORER_MODES = ("gates", "strict", "calibrated")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scorer:
+    """The supervised scorer (`router_service.semantic.classifier`) and how it takes part."""
+
+    mode: str = "gates"
+    """`gates`: the seed's gates alone; `strict`: a direct route also needs the top module's
+    calibrated probability >= `target`; `calibrated`: as strict, and a text that failed only
+    the score or margin gate routes when that probability >= `target`."""
+    target: float = 0.8
+    """Least calibrated probability of the top module for a direct route, 0.5..1."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in SCORER_MODES:
+            raise ConfigError(
+                f"scorer.mode must be one of {', '.join(SCORER_MODES)}, got {self.mode!r}"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class SemanticConfig:
     """The parsed `system-semantic.json`. Field docs give the JSON name and the allowed range."""
@@ -98,6 +129,8 @@ class SemanticConfig:
     """`cacheSeconds`: time to live of a new intent cache entry; positive."""
     entries_per_player: int = 32
     """`entriesPerPlayer`: intent cache capacity of one player; positive."""
+    scorer: Scorer = Scorer()
+    """`scorer`: `{"mode": "gates" | "strict" | "calibrated", "target": 0.5..1}`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # accept "SHADOW" from code too
@@ -129,6 +162,7 @@ class SemanticConfig:
             "cacheEntries": self.cache_entries,
             "cacheSeconds": self.cache_seconds,
             "entriesPerPlayer": self.entries_per_player,
+            "scorer": dataclasses.asdict(self.scorer),
         }
 
 
@@ -144,6 +178,7 @@ _FIELDS = {
     "cacheEntries": "cache_entries",
     "cacheSeconds": "cache_seconds",
     "entriesPerPlayer": "entries_per_player",
+    "scorer": "scorer",
 }
 
 
@@ -286,7 +321,26 @@ def parse_semantic_config(data: Any, source: str = "system-semantic.json") -> Se
         values["entries_per_player"] = _positive(
             source, "entriesPerPlayer", data["entriesPerPlayer"], integer=True
         )
+    if "scorer" in data:
+        values["scorer"] = _scorer(source, data["scorer"])
     return SemanticConfig(**values)
+
+
+def _scorer(source: str, value: Any) -> Scorer:
+    value = _object(source, "scorer", value)
+    unknown = sorted(set(value) - {"mode", "target"})
+    if unknown:
+        raise ConfigError(
+            f"{source}: scorer has unknown key(s) {', '.join(unknown)}; allowed: mode, target"
+        )
+    base = Scorer()
+    mode = value.get("mode", base.mode)
+    if not isinstance(mode, str) or mode.lower() not in SCORER_MODES:
+        raise ConfigError(
+            f"{source}: scorer.mode must be one of {', '.join(SCORER_MODES)}, got {mode!r}"
+        )
+    target = _number(source, "scorer.target", value.get("target", base.target), 0.5, 1)
+    return Scorer(mode=mode.lower(), target=target)
 
 
 def load_semantic_config(path: str | Path) -> SemanticConfig:
@@ -341,6 +395,14 @@ def reload_changes(
                 )
             elif before != after:
                 changes.append("mode: applies live")
+        elif json_name == "scorer":
+            if built.scorer.mode == "gates" and after.mode != "gates":
+                changes.append(
+                    f"scorer: needs a restart (the router started with scorer mode gates and "
+                    f"trained no scorer; {after.mode} takes effect after it)"
+                )
+            elif before != after:
+                changes.append("scorer: applies live")
         elif json_name in ("examples", "languages"):
             if getattr(built, field) != after:
                 changes.append(f"{json_name}: needs a restart (the index is built once at start)")

@@ -102,6 +102,7 @@ class _LanguageIndex:
     always: np.ndarray  # reject profiles: considered whatever the player may use
     example_ids: tuple[str, ...]
     example_unigrams: tuple[frozenset[str], ...]
+    matrix: object  # the fitted examples x features CSR matrix (training data of the scorer)
 
 
 class SemanticIndex:
@@ -172,6 +173,32 @@ class SemanticIndex:
         """The features of `text`."""
         return self.analyzer.analyze(text)
 
+    def training_set(self, lang: str) -> tuple[object, tuple[str, ...]] | None:
+        """The examples of `lang` as the index vectorised them (a CSR matrix, one l2-normalised
+        tf-idf row per example) and each row's module id; None without an index for `lang`."""
+        index = self._languages.get(lang)
+        if index is None:
+            return None
+        labels: list[str] = []
+        for module_id, start, end in zip(
+            index.module_ids, index.starts_list, index.ends_list, strict=True
+        ):
+            labels.extend([module_id] * (end - start))
+        return index.matrix, tuple(labels)
+
+    def query_vector(self, analysis: Analysis, lang: str) -> tuple[list[int], list[float]] | None:
+        """`analysis` as a sparse row over the features of `lang`: columns and values, scaled
+        exactly as `match` scales them (sublinear tf x idf, divided by a norm that keeps the
+        unknown unigrams at the largest idf). None when no feature is known."""
+        index = self._languages.get(lang)
+        if index is None or not analysis.unigrams:
+            return None
+        columns, weights, unknown_squares, _ = _weights(index, analysis)
+        if not columns:
+            return None
+        norm = math.sqrt(sum(w * w for w in weights) + unknown_squares)
+        return columns, [w / norm for w in weights]
+
     def match(
         self,
         text: str,
@@ -179,6 +206,7 @@ class SemanticIndex:
         *,
         allowed: Collection[str] | None = None,
         limit: int = 5,
+        analysis: Analysis | None = None,
     ) -> Match:
         """Matches `text` against the examples of `lang`.
 
@@ -188,31 +216,15 @@ class SemanticIndex:
             allowed: module ids the player may use; None for all. Reject profiles always take
                 part.
             limit: how many candidates to return at most.
+            analysis: `text` already analysed (the router analyses once for index and scorer).
         """
         started = time.perf_counter()
-        analysis = self.analyzer.analyze(text)
+        if analysis is None:
+            analysis = self.analyzer.analyze(text)
         index = self._languages.get(lang)
         if index is None or not analysis.unigrams:
             return Match(lang, (), 0.0, 0.0, 0.0, 0.0, time.perf_counter() - started)
-        vocabulary, idf = index.vocabulary, index.idf
-        columns: list[int] = []
-        weights: list[float] = []
-        for feature, count in Counter(analysis.features).items():
-            column = vocabulary.get(feature)
-            if column is not None:
-                columns.append(column)
-                weights.append((1.0 + math.log(count)) * idf[column])
-        known = total = unknown_squares = 0.0
-        for feature, count in Counter(analysis.unigrams).items():
-            column = vocabulary.get(feature)
-            if column is not None:
-                weight = (1.0 + math.log(count)) * idf[column]
-                known += weight
-            else:
-                weight = (1.0 + math.log(count)) * index.unknown_idf
-                unknown_squares += weight * weight
-            total += weight
-        coverage = known / total
+        columns, weights, unknown_squares, coverage = _weights(index, analysis)
         if not columns:
             return Match(lang, (), 0.0, 0.0, coverage, 0.0, time.perf_counter() - started)
 
@@ -276,6 +288,32 @@ class SemanticIndex:
         return mask
 
 
+def _weights(
+    index: _LanguageIndex, analysis: Analysis
+) -> tuple[list[int], list[float], float, float]:
+    """The text's known feature columns and their tf-idf weights (not normalised), the squared
+    weight of its unknown unigrams, and its feature coverage."""
+    vocabulary, idf = index.vocabulary, index.idf
+    columns: list[int] = []
+    weights: list[float] = []
+    for feature, count in Counter(analysis.features).items():
+        column = vocabulary.get(feature)
+        if column is not None:
+            columns.append(column)
+            weights.append((1.0 + math.log(count)) * idf[column])
+    known = total = unknown_squares = 0.0
+    for feature, count in Counter(analysis.unigrams).items():
+        column = vocabulary.get(feature)
+        if column is not None:
+            weight = (1.0 + math.log(count)) * idf[column]
+            known += weight
+        else:
+            weight = (1.0 + math.log(count)) * index.unknown_idf
+            unknown_squares += weight * weight
+        total += weight
+    return columns, weights, unknown_squares, known / total
+
+
 def _build_language(
     language: str, profiles: Iterable[Profile], config: SemanticConfig, analyzer: Analyzer
 ) -> _LanguageIndex | None:
@@ -330,4 +368,5 @@ def _build_language(
         always=np.asarray(always, dtype=bool),
         example_ids=tuple(example_ids),
         example_unigrams=unigrams,
+        matrix=matrix.tocsr(),
     )

@@ -18,9 +18,18 @@ failed, so an operator can see why a text did or did not route:
 | `topic_coverage`     | the best example misses some of the text's topics or unknown words |
 | `guard:<name>`       | negation, condition, reference, compound or write words           |
 | `arguments`          | the module's extractor cannot parse its input from this text      |
+| `probability`        | scorer `strict` or `calibrated`: the top module's calibrated probability is under `scorer.target`, or it has none |
 
 Both coverages use `minCoverage`; thresholds come from `lexicalThresholds` (`module@lang`,
 then `module`) or `defaultThreshold`.
+
+The scorer (`scorer` in the config; `classifier.ModuleScorer`, trained here at start unless the
+start config says `gates`) looks only at a text that already passed the profile-kind gates, the
+guards and the argument extractor, so it can never let a write, a guarded request, a hints,
+reject or explicit-only profile, or a module without its arguments route directly. `strict`
+adds the `probability` gate after every other; `calibrated` also lets a text whose only failed
+gates were among `SOFT_GATES` route when that probability clears the target (a text it still
+refuses names the first seed gate it failed).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
+from router_service.semantic.classifier import ModuleScorer
 from router_service.semantic.config import Mode, SemanticConfig, reload_changes
 from router_service.semantic.extractors import extract
 from router_service.semantic.guards import check_guards
@@ -46,6 +56,8 @@ ALGORITHM = "lexical-tfidf-v1"
 """Name of the matching algorithm, as diagnostics report it."""
 
 MAX_CANDIDATES = 5
+SOFT_GATES = frozenset({"score", "margin"})
+"""Seed gates a calibrated probability may stand in for (scorer mode `calibrated`)."""
 _EPSILON = 1e-9  # cosine of identical texts may come out a hair under 1.0
 
 Outcome = Literal["direct", "shadow_direct", "no_direct", "off"]
@@ -76,6 +88,9 @@ class LocalDecision:
     language: str = ""
     seconds: float = 0.0
     """Time the decision took, analysis and matching included."""
+    probability: float | None = None
+    """Calibrated probability of the top module (scorer modes `strict` and `calibrated`, when
+    the top module is one that may route directly); None otherwise."""
 
     @property
     def top_module(self) -> str | None:
@@ -127,6 +142,11 @@ class SemanticRouter:
         )
         self._profiles: Mapping[str, Profile] = MappingProxyType({p.module_id: p for p in profiles})
         self._rejects = sum(p.kind == "reject" for p in profiles)
+        self._scorer = (
+            ModuleScorer.train(self._index)
+            if self._index is not None and config.scorer.mode != "gates"
+            else None
+        )
 
     @property
     def config(self) -> SemanticConfig:
@@ -137,6 +157,12 @@ class SemanticRouter:
     def index(self) -> SemanticIndex | None:
         """The index; None when the router started in OFF."""
         return self._index
+
+    @property
+    def scorer(self) -> ModuleScorer | None:
+        """The supervised scorer; None when the router started with scorer mode `gates` (or
+        OFF). A reload to `strict` or `calibrated` without one keeps the seed's gates alone."""
+        return self._scorer
 
     @property
     def profiles(self) -> Mapping[str, Profile]:
@@ -185,11 +211,18 @@ class SemanticRouter:
             return no("language")
         if not normalized:
             return no("empty")
-        match = index.match(normalized, lang, allowed=allowed, limit=MAX_CANDIDATES + self._rejects)
+        analysis = index.analyze(normalized)
+        match = index.match(
+            normalized,
+            lang,
+            allowed=allowed,
+            limit=MAX_CANDIDATES + self._rejects,
+            analysis=analysis,
+        )
         candidates = tuple(
             c for c in match.candidates if self._profiles[c.module_id].kind != "reject"
         )[:MAX_CANDIDATES]
-        scores = {
+        scores: dict[str, Any] = {
             "candidates": candidates,
             "s1": match.s1,
             "s2": match.s2,
@@ -205,21 +238,37 @@ class SemanticRouter:
             return no("reject_profile", **scores)
         if not profile.routes_directly:
             return no("not_direct_profile", **scores)
+        scorer = self._scorer if config.scorer.mode != "gates" else None
+        if scorer is not None:
+            scores["probability"] = scorer.probability(analysis, lang, profile.module_id)
         threshold = config.threshold_for(profile.module_id, lang)
-        if match.s1 + _EPSILON < threshold.score:
-            return no("score", **scores)
-        if match.margin + _EPSILON < threshold.margin:
-            return no("margin", **scores)
-        if match.coverage + _EPSILON < config.min_coverage:
-            return no("coverage", **scores)
-        if match.topic_coverage + _EPSILON < config.min_coverage:
-            return no("topic_coverage", **scores)
+        failed = [
+            gate
+            for gate, value, least in (
+                ("score", match.s1, threshold.score),
+                ("margin", match.margin, threshold.margin),
+                ("coverage", match.coverage, config.min_coverage),
+                ("topic_coverage", match.topic_coverage, config.min_coverage),
+            )
+            if value + _EPSILON < least
+        ]
+        may_stand_in = (
+            scorer is not None
+            and config.scorer.mode == "calibrated"
+            and SOFT_GATES.issuperset(failed)
+        )
+        if failed and not may_stand_in:
+            return no(failed[0], **scores)
         guard = check_guards(normalized)
         if guard is not None:
             return no(f"guard:{guard}", **scores)
         arguments = extract(profile.extractor, text)
         if arguments is None:
             return no("arguments", **scores)
+        if scorer is not None:
+            probability = scores["probability"]
+            if probability is None or probability + _EPSILON < config.scorer.target:
+                return no(failed[0] if failed else "probability", **scores)
         return LocalDecision(
             "direct" if config.mode is Mode.ENFORCE else "shadow_direct",
             module_id=profile.module_id,
