@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
-from engine_service.clients import StorageHistory
+from engine_service.clients import GatewayGameTools, StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
@@ -34,12 +34,14 @@ class EngineApp:
 
     def __init__(self, config: EngineConfig) -> None:
         self.storage = StorageHistory(config.storage_target)
+        self.game_tools = GatewayGameTools(config.gateway_target)
         self.engine = Engine(
             build_registry(config),
             self.storage,
             BoundedExecutor("interactive", config.interactive_workers, config.interactive_queue),
             config.execute_timeout_seconds,
             config.history_timeout_seconds,
+            self.game_tools,
         )
         servicer = EngineServicer(self.engine)
         self.host = ServiceHost(
@@ -50,6 +52,7 @@ class EngineApp:
         )
 
     async def aclose(self) -> None:
+        await self.game_tools.aclose()
         await self.storage.aclose()
 
 

@@ -1,13 +1,19 @@
-"""What the engine calls: the storage service."""
+"""What the engine calls: the storage service (history) and the gateway's tool relay."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2
 from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
+from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import Dependency
 
-__all__ = ["StorageHistory"]
+__all__ = ["GatewayGameTools", "StorageHistory"]
 
 
 class StorageHistory:
@@ -33,3 +39,69 @@ class StorageHistory:
 
     async def aclose(self) -> None:
         await self._dep.aclose()
+
+
+class GatewayGameTools:
+    """GameTools over the gateway's `ToolRelayService.CallGameTool`.
+
+    Calls are never retried: a game tool may write, and the relay cannot tell whether the game
+    server ran a call whose answer was lost. Errors become catalogued module failures:
+    NOT_FOUND (player not connected, or their server does not offer the tool) is
+    TOOL_UNAVAILABLE; a lost answer of a non-idempotent tool is EFFECT_UNKNOWN, of any other
+    TIMEOUT or TOOL_UNAVAILABLE; a failure the game server reports keeps its catalogue key.
+    """
+
+    def __init__(self, target: str) -> None:
+        self._dep = Dependency(target, gateway_pb2_grpc.ToolRelayServiceStub)
+
+    async def call(
+        self,
+        player_id: str,
+        call_id: str,
+        tool_id: str,
+        data: dict[str, Any],
+        timeout: float,
+        idempotent: bool,
+    ) -> dict[str, Any]:
+        request = gateway_pb2.CallGameToolRequest(
+            call_id=call_id, player_id=player_id, tool=tool_id, input=_struct(data)
+        )
+        try:
+            response = await self._dep.stub.CallGameTool(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _failure(exc, tool_id, idempotent) from None
+        result = response.result
+        if result.WhichOneof("outcome") == "failure":
+            raise ModuleFailure(
+                AgentFailure.from_key(result.failure.key),
+                result.failure.message or f"{tool_id} failed on the game server",
+            )
+        return json_format.MessageToDict(result.output)
+
+    async def aclose(self) -> None:
+        await self._dep.aclose()
+
+
+def _struct(data: dict[str, Any]) -> struct_pb2.Struct:
+    value = struct_pb2.Struct()
+    value.update(data)
+    return value
+
+
+def _failure(exc: grpc.aio.AioRpcError, tool_id: str, idempotent: bool) -> ModuleFailure:
+    code = exc.code()
+    detail = exc.details() or code.name
+    if code == grpc.StatusCode.NOT_FOUND:
+        return ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"{tool_id} is not available: {detail}")
+    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+        if not idempotent:
+            # The game server may have run it: never guess, never repeat.
+            return ModuleFailure(
+                AgentFailure.EFFECT_UNKNOWN, f"{tool_id} may or may not have run: {detail}"
+            )
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return ModuleFailure(AgentFailure.TIMEOUT, f"{tool_id} did not answer in time")
+        return ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"{tool_id} is not reachable: {detail}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ModuleFailure(AgentFailure.INVALID_INPUT, f"{tool_id}: {detail}")
+    return ModuleFailure(AgentFailure.MODULE_FAILED, f"{tool_id} failed: {detail}")

@@ -17,6 +17,8 @@ class EngineConfig(ServerConfig):
     metrics_port: int = 9103
     storage_target: str = "127.0.0.1:50055"
     """`host:port` of the storage service."""
+    gateway_target: str = "127.0.0.1:50051"
+    """`host:port` of the gateway's ToolRelayService, through which game tools are called."""
     execute_timeout_seconds: float = 30.0
     """Longest a module may run when the caller's deadline is later (or absent)."""
     history_timeout_seconds: float = 2.0
@@ -32,6 +34,10 @@ class EngineConfig(ServerConfig):
         super().validate()
         if not self.storage_target:
             raise ConfigError("storage_target is required (host:port of the storage service)")
+        if not self.gateway_target:
+            raise ConfigError(
+                "gateway_target is required (host:port of the gateway's ToolRelayService)"
+            )
         if self.execute_timeout_seconds <= 0 or self.history_timeout_seconds <= 0:
             raise ConfigError(
                 "execute_timeout_seconds and history_timeout_seconds must be positive"

@@ -1,17 +1,21 @@
-"""One `execute` for every source: look up, authorise, check input, run under the deadline and
-the interactive queue bound, record the exchange in history. No gRPC here."""
+"""One `execute` for every source: look up, authorise, check input, run under the policy's
+budgets, the deadline and the interactive queue bound, record the exchange in history. The run
+gets an ExecutionContext (`context.py`), its only door to tools. No gRPC here."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2
 
+from engine_service.context import ExecutionContext, GameTools, partial_result
 from engine_service.registry import ModuleRegistry, struct_to_dict
 from engine_service.schema import check_input
 from services.results import AgentFailure, ModuleFailure, failed
@@ -23,9 +27,8 @@ from services.runtime.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from services.runtime.permissions import module_available
 
-__all__ = ["BoundedExecutor", "Engine", "HistoryStore", "RunContext"]
+__all__ = ["BoundedExecutor", "Engine", "HistoryStore", "PlayerSnapshots", "RunContext"]
 
 log = logging.getLogger("system.engine")
 
@@ -70,21 +73,40 @@ class BoundedExecutor:
             self._admitted -= 1
 
 
-@dataclasses.dataclass
-class RunContext:
-    """The ModuleContext one run gets."""
+RunContext = ExecutionContext
+"""The ModuleContext one run gets (older name)."""
 
-    player: common_pb2.PlayerContext
-    registry: ModuleRegistry
-    history: HistoryStore
 
-    async def list_history(self, page_size: int) -> list[common_pb2.HistoryEntry]:
-        try:
-            return await self.history.list_history(self.player.player_id, page_size)
-        except Exception as exc:  # noqa: BLE001 - any storage failure is the same to a module
-            raise ModuleFailure(
-                AgentFailure.STORAGE_UNAVAILABLE, "the history could not be read; try again later"
-            ) from exc
+class PlayerSnapshots:
+    """The latest permission snapshot of every player with a run in progress.
+
+    Each Execute brings the player's context as the game server sees it now; a later request
+    (or `update`, from a revoke or permission change) replaces the snapshot, and runs already
+    in progress re-check against it at their next tool or model call. Entries leave with the
+    player's last run, so the map is bounded by the runs in flight.
+    """
+
+    def __init__(self) -> None:
+        self._players: dict[str, common_pb2.PlayerContext] = {}
+        self._runs: Counter[str] = Counter()
+
+    def enter(self, player: common_pb2.PlayerContext) -> None:
+        self._runs[player.player_id] += 1
+        self._players[player.player_id] = player
+
+    def leave(self, player_id: str) -> None:
+        self._runs[player_id] -= 1
+        if self._runs[player_id] <= 0:
+            del self._runs[player_id]
+            self._players.pop(player_id, None)
+
+    def update(self, player: common_pb2.PlayerContext) -> None:
+        """Replaces the snapshot of a player with runs in progress; others are ignored."""
+        if player.player_id in self._players:
+            self._players[player.player_id] = player
+
+    def current(self, player: common_pb2.PlayerContext) -> common_pb2.PlayerContext:
+        return self._players.get(player.player_id, player)
 
 
 class Engine:
@@ -97,21 +119,32 @@ class Engine:
         interactive: BoundedExecutor,
         execute_timeout: float,
         history_timeout: float,
+        game_tools: GameTools | None = None,
     ) -> None:
         self.registry = registry
         self.history = history
         self.interactive = interactive
         self.execute_timeout = execute_timeout
         self.history_timeout = history_timeout
+        self.game_tools = game_tools
+        self.players = PlayerSnapshots()
+
+    def update_player(self, player: common_pb2.PlayerContext) -> None:
+        """A player's permissions changed (revoke, level, features): runs in progress see the
+        new snapshot at their next tool or model call."""
+        self.players.update(player)
 
     async def execute(
         self,
         player: common_pb2.PlayerContext,
         action: common_pb2.ModuleAction,
         request_text: str,
+        source: int = engine_pb2.ROUTE_SOURCE_UNSPECIFIED,
     ) -> common_pb2.AgentResult:
-        """Runs `action` for `player`. Module failures come back as FAILED results; bad calls
-        raise InvalidArgument, NotFound, PermissionDenied or ResourceExhausted."""
+        """Runs `action` for `player`, chosen by `source` (a `RouteSource`; write tools are
+        refused from LOCAL, CACHE and UNSPECIFIED). Module failures come back as FAILED (or
+        PARTIALLY_SUCCEEDED) results; bad calls raise InvalidArgument, NotFound,
+        PermissionDenied or ResourceExhausted; cancellation propagates."""
         if not player.player_id:
             raise InvalidArgument("player.player_id is required")
         if not action.module_id:
@@ -119,7 +152,8 @@ class Engine:
         module = self.registry.get(action.module_id)
         if module is None:
             raise NotFound(f"no module {action.module_id!r} is registered; see /help")
-        if not module_available(module.spec.descriptor(), player):
+        self.players.update(player)
+        if not self.registry.allows(action.module_id, player):
             raise PermissionDenied(f"player may not use {action.module_id}")
         if not module.spec.interactive:
             raise FailedPrecondition(f"{action.module_id} runs only from events")
@@ -128,21 +162,37 @@ class Engine:
         except ValueError as exc:  # NaN or infinity, which JSON cannot carry
             raise InvalidArgument(f"{action.module_id}: input is not valid JSON: {exc}") from None
         data = check_input(action.module_id, module.spec.input_schema, raw)
-        context = RunContext(player, self.registry, self.history)
-        timeout = remaining_seconds(self.execute_timeout)
+        timeout = min(
+            remaining_seconds(self.execute_timeout) or 0.0, float(module.spec.policy.seconds)
+        )
+        context = ExecutionContext(
+            player=player,
+            spec=module.spec,
+            registry=self.registry,
+            history=self.history,
+            source=source,
+            game_tools=self.game_tools,
+            deadline=time.monotonic() + timeout,
+            current_player=lambda: self.players.current(player),
+        )
+        self.players.enter(player)
         try:
             result = await asyncio.wait_for(
                 self.interactive.run(lambda: module.run(data, context)), timeout
             )
         except ModuleFailure as failure:
-            result = failed(failure.failure, failure.message)
+            result = _failure(context, failure.failure, failure.message)
         except TimeoutError:
-            result = failed(AgentFailure.TIMEOUT, f"{action.module_id} did not finish in time")
+            result = _failure(
+                context, AgentFailure.TIMEOUT, f"{action.module_id} did not finish in time"
+            )
         except ResourceExhausted:
             raise
         except Exception:
             log.exception("module %s failed", action.module_id)
-            result = failed(AgentFailure.MODULE_FAILED, f"{action.module_id} failed")
+            result = _failure(context, AgentFailure.MODULE_FAILED, f"{action.module_id} failed")
+        finally:
+            self.players.leave(player.player_id)
         log.info(
             "executed %s",
             action.module_id,
@@ -176,6 +226,16 @@ class Engine:
             )
         except Exception as exc:  # noqa: BLE001 - history must never block a result
             log.warning("history write failed: %s", exc)
+
+
+def _failure(
+    context: ExecutionContext, failure: AgentFailure, message: str
+) -> common_pb2.AgentResult:
+    """FAILED, or PARTIALLY_SUCCEEDED when a write step had already completed: the player must
+    learn that part of the work did happen."""
+    if context.wrote:
+        return partial_result(failure, message, context.steps)
+    return failed(failure, message)
 
 
 def _describe(action: common_pb2.ModuleAction) -> str:

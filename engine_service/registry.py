@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Iterable
 from importlib import metadata
@@ -16,11 +17,13 @@ from typing import Any, Protocol
 from google.protobuf import struct_pb2
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.tools import ToolRegistry, ToolRegistryError, ToolSpec
 from services.runtime.config import ConfigError
 from services.runtime.permissions import CORE_FEATURE, module_available
 
 __all__ = [
     "CommandSpec",
+    "ExecutionPolicy",
     "Module",
     "ModuleContext",
     "ModuleRegistry",
@@ -98,6 +101,43 @@ def _examples(examples: dict[str, tuple[str, ...]]) -> list[catalog_pb2.Language
 
 
 @dataclasses.dataclass(frozen=True)
+class ExecutionPolicy:
+    """A module's budgets for one run (seed 000's ExecutionPolicy). The execution context
+    enforces each; running out ends the run with `system.error.budget_exhausted` (or
+    `system.error.timeout` for `seconds`)."""
+
+    rounds: int = 1
+    """Reasoning rounds (ReAct iterations) a run may take."""
+    model_calls: int = 1
+    """Model calls a run may make."""
+    tool_calls: int = 8
+    """Tool calls (server and game tools together, required and optional alike)."""
+    steps: int = 16
+    """Steps in all: every tool call and every model call is one step."""
+    seconds: float = 30.0
+    """Longest a run may take; the caller's deadline wins when it is earlier."""
+    write_steps: int = 0
+    """Calls of tools that are not read-only; 0 for read-only workflows."""
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "model_calls", "tool_calls", "steps", "write_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise RegistryError(f"policy.{name} must be a whole number >= 0, not {value!r}")
+        if self.rounds < 1 or self.steps < 1:
+            raise RegistryError("policy.rounds and policy.steps must be at least 1")
+        if not (isinstance(self.seconds, int | float) and math.isfinite(self.seconds)):
+            raise RegistryError(f"policy.seconds must be a finite number, not {self.seconds!r}")
+        if self.seconds <= 0:
+            raise RegistryError("policy.seconds must be positive")
+        if self.write_steps > self.tool_calls:
+            raise RegistryError(
+                f"policy.write_steps ({self.write_steps}) cannot exceed "
+                f"policy.tool_calls ({self.tool_calls}): every write step is a tool call"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class ModuleSpec:
     """Everything a module declares about itself."""
 
@@ -111,13 +151,25 @@ class ModuleSpec:
     min_permission_level: int = 0
     interactive: bool = True
     event_allowed: bool = False
-    write_steps: int = 0
     semantic: SemanticSpec | None = None
     """Local routing profile; None when the module is reached only by commands and the model."""
+    tools: tuple[str, ...] = ()
+    """Tools the module needs (ids of server or game tools). Only declared tools may be called."""
+    optional_tools: tuple[str, ...] = ()
+    """Tools the module uses when their exporting feature is enabled for the player; their
+    absence never disables the module. Never overlaps `tools`."""
+    policy: ExecutionPolicy = dataclasses.field(default_factory=ExecutionPolicy)
+    """Budgets of one run."""
 
-    def descriptor(self) -> catalog_pb2.ModuleDescriptor:
-        # No module declares tools yet, so every declared tool is (vacuously) read-only.
-        semantic = self.semantic.profile(read_only_tools=True) if self.semantic else None
+    @property
+    def write_steps(self) -> int:
+        """Write steps the policy allows (what the catalogue publishes)."""
+        return self.policy.write_steps
+
+    def descriptor(self, read_only_tools: bool = True) -> catalog_pb2.ModuleDescriptor:
+        """The catalogue entry. `read_only_tools` says whether every declared tool is read-only;
+        the registry, which knows the tools, passes it (see `ModuleRegistry.descriptor`)."""
+        semantic = self.semantic.profile(read_only_tools=read_only_tools) if self.semantic else None
         return catalog_pb2.ModuleDescriptor(
             module_id=self.module_id,
             owner_feature=self.owner_feature,
@@ -138,6 +190,14 @@ class ModuleContext(Protocol):
 
     player: common_pb2.PlayerContext
     registry: ModuleRegistry
+    source: int
+    """How the module was chosen (`system.engine.v1.RouteSource`)."""
+
+    async def tool(self, tool_id: str, data: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+    def charge_model_call(self) -> None: ...
+
+    def partial(self, failure: Any, message: str) -> common_pb2.AgentResult: ...
 
     async def list_history(self, page_size: int) -> list[common_pb2.HistoryEntry]: ...
 
@@ -156,10 +216,16 @@ def _alias_key(alias: str) -> str:
 
 
 class ModuleRegistry:
-    """Holds modules by id. Register everything, then `freeze()`; lookups work after that."""
+    """Holds modules by id. Register everything, then `freeze()`; lookups work after that.
 
-    def __init__(self) -> None:
+    Args:
+        tools: the tool registry modules' tools are checked against; it freezes with this one.
+    """
+
+    def __init__(self, tools: ToolRegistry | None = None) -> None:
+        self.tools = tools if tools is not None else ToolRegistry()
         self._modules: dict[str, Module] = {}
+        self._descriptors: dict[str, catalog_pb2.ModuleDescriptor] = {}
         self._rejects: dict[str, dict[str, tuple[str, ...]]] = {}
         self._aliases: dict[str, str] = {}
         self._frozen = False
@@ -202,8 +268,45 @@ class ModuleRegistry:
                 raise RegistryError(
                     f"{spec.module_id}: command argument {command.argument!r} is not an input field"
                 )
+        tools = self._check_tools(spec)
+        read_only = all(tool.read_only for tool in tools)
         self._modules[spec.module_id] = module
+        self._descriptors[spec.module_id] = spec.descriptor(read_only_tools=read_only)
         self._aliases.update(seen)
+
+    def _check_tools(self, spec: ModuleSpec) -> list[ToolSpec]:
+        """Resolves the module's declared tools, checking they exist and fit its policy."""
+        overlap = sorted(set(spec.tools) & set(spec.optional_tools))
+        if overlap:
+            raise RegistryError(
+                f"{spec.module_id}: {', '.join(overlap)} declared both required and optional"
+            )
+        for group in (spec.tools, spec.optional_tools):
+            if len(set(group)) != len(group):
+                raise RegistryError(f"{spec.module_id}: a tool is declared twice")
+        try:
+            tools = [self.tools.resolve(t) for t in (*spec.tools, *spec.optional_tools)]
+        except ToolRegistryError as exc:
+            raise RegistryError(f"{spec.module_id}: {exc}") from None
+        for tool in tools:
+            if tool.tool_id in spec.optional_tools and not tool.read_only:
+                raise RegistryError(
+                    f"{spec.module_id}: optional tool {tool.tool_id} must be read-only"
+                )
+        writes = [t.tool_id for t in tools if not t.read_only]
+        if writes and spec.policy.write_steps == 0:
+            raise RegistryError(
+                f"{spec.module_id}: declares write tools ({', '.join(writes)}) "
+                "but its policy allows no write steps"
+            )
+        if spec.routing_mode == catalog_pb2.ROUTING_MODE_READ and (
+            writes or spec.policy.write_steps
+        ):
+            raise RegistryError(
+                f"{spec.module_id}: READ routing (local matches) needs read-only tools and "
+                "no write steps; use HINTS for workflows that write"
+            )
+        return tools
 
     def reject(self, profile_id: str, examples: dict[str, tuple[str, ...]]) -> None:
         """Registers a reject profile: examples that take part in routing margins and fallbacks
@@ -233,11 +336,13 @@ class ModuleRegistry:
         ]
 
     def freeze(self) -> None:
-        """Ends registration and fixes the generation (a hash of the whole catalogue)."""
+        """Ends registration (of modules and tools) and fixes the generation (a hash of the
+        whole catalogue)."""
         self._frozen = True
+        self.tools.freeze()
         digest = hashlib.sha256()
-        for module in self._modules.values():
-            digest.update(module.spec.descriptor().SerializeToString(deterministic=True))
+        for descriptor in self._descriptors.values():
+            digest.update(descriptor.SerializeToString(deterministic=True))
         for reject in self.reject_profiles():
             digest.update(reject.SerializeToString(deterministic=True))
         self._generation = digest.hexdigest()[:16]
@@ -249,6 +354,19 @@ class ModuleRegistry:
     def get(self, module_id: str) -> Module | None:
         return self._modules.get(module_id)
 
+    def descriptor(self, module_id: str) -> catalog_pb2.ModuleDescriptor:
+        """The catalogue entry of a registered module.
+
+        Raises:
+            KeyError: no such module.
+        """
+        return self._descriptors[module_id]
+
+    def allows(self, module_id: str, player: common_pb2.PlayerContext) -> bool:
+        """True when `player` may use the registered module `module_id` now."""
+        descriptor = self._descriptors.get(module_id)
+        return descriptor is not None and module_available(descriptor, player)
+
     def modules(self) -> list[Module]:
         """Every module, in registration order."""
         return list(self._modules.values())
@@ -257,12 +375,12 @@ class ModuleRegistry:
         """Modules `player` may use (all of them when player is None)."""
         if player is None:
             return self.modules()
-        return [m for m in self._modules.values() if module_available(m.spec.descriptor(), player)]
+        return [m for m in self._modules.values() if self.allows(m.spec.module_id, player)]
 
     def descriptors(
         self, player: common_pb2.PlayerContext | None
     ) -> list[catalog_pb2.ModuleDescriptor]:
-        return [m.spec.descriptor() for m in self.available(player)]
+        return [self._descriptors[m.spec.module_id] for m in self.available(player)]
 
 
 def load_entry_point_modules(disabled: Iterable[str] = ()) -> list[Module]:

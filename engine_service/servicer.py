@@ -21,7 +21,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             raise InvalidArgument("source is required (how the module was chosen)")
         if request.source not in engine_pb2.RouteSource.values():
             raise InvalidArgument(f"source {request.source} is not a known RouteSource")
-        result = await self._engine.execute(request.player, request.action, request.request_text)
+        result = await self._engine.execute(
+            request.player, request.action, request.request_text, request.source
+        )
         return engine_pb2.ExecuteResponse(result=result)
 
     async def GetCatalog(self, request, context):  # type: ignore[no-untyped-def]

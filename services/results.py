@@ -31,6 +31,9 @@ class AgentFailure(enum.Enum):
     MODEL_UNAVAILABLE = "system.error.model_unavailable"
     EFFECT_UNKNOWN = "system.error.effect_unknown"
     STORAGE_FULL = "system.error.storage_full"
+    BUDGET_EXHAUSTED = "system.error.budget_exhausted"
+    TOOL_UNAVAILABLE = "system.error.tool_unavailable"
+    WRITE_NOT_ALLOWED = "system.error.write_not_allowed"
 
     @classmethod
     def from_key(cls, key: str) -> AgentFailure:

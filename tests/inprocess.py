@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import pathlib
 import secrets
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -131,6 +132,15 @@ class Chain:
             await self.stop(name)
 
 
+def _free_port() -> int:
+    """A loopback port free now. The gateway starts last but the engine must know its address
+    first (game tools go engine -> gateway); channels connect lazily, so a port chosen up front
+    is enough."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @contextlib.asynccontextmanager
 async def running_chain(tmp_path: pathlib.Path, **gateway_overrides: Any) -> AsyncIterator[Chain]:
     """Starts storage, engine, router and gateway; stops them in reverse order on exit."""
@@ -144,7 +154,14 @@ async def running_chain(tmp_path: pathlib.Path, **gateway_overrides: Any) -> Asy
         apps["storage"] = storage
         await storage.host.start()
 
-        engine = await create_engine(EngineConfig(**_HOST, storage_target=storage.host.target))
+        gateway_port = _free_port()
+        engine = await create_engine(
+            EngineConfig(
+                **_HOST,
+                storage_target=storage.host.target,
+                gateway_target=f"127.0.0.1:{gateway_port}",
+            )
+        )
         apps["engine"] = engine
         await engine.host.start()
 
@@ -153,7 +170,7 @@ async def running_chain(tmp_path: pathlib.Path, **gateway_overrides: Any) -> Asy
         await router.host.start()
 
         config = GatewayConfig(
-            **_HOST,
+            **{**_HOST, "port": gateway_port},
             router_target=router.host.target,
             engine_target=engine.host.target,
             storage_target=storage.host.target,

@@ -172,7 +172,11 @@ def _lines(result: common_pb2.AgentResult) -> list[str]:
 
 def test_builtin_registry() -> None:
     registry = build_registry(EngineConfig())
-    assert [m.spec.module_id for m in registry.modules()] == ["system:help", "system:history"]
+    assert [m.spec.module_id for m in registry.modules()] == [
+        "system:help",
+        "system:history",
+        "system:inventory",
+    ]
     assert registry.get("system:help") is not None
     assert registry.get("system:nothing") is None
     assert len(registry.generation) == 16
@@ -268,13 +272,25 @@ def test_available_filters_by_permission_and_feature() -> None:
     def ids(player: common_pb2.PlayerContext | None) -> list[str]:
         return [m.spec.module_id for m in registry.available(player)]
 
-    assert ids(None) == ["system:help", "system:history", "test:ban", "ftbquests:quests"]
-    assert ids(_player(level=0)) == ["system:help", "system:history"]
-    assert ids(_player(level=2)) == ["system:help", "system:history", "test:ban"]
+    assert ids(None) == [
+        "system:help",
+        "system:history",
+        "system:inventory",
+        "test:ban",
+        "ftbquests:quests",
+    ]
+    assert ids(_player(level=0)) == ["system:help", "system:history", "system:inventory"]
+    assert ids(_player(level=2)) == [
+        "system:help",
+        "system:history",
+        "system:inventory",
+        "test:ban",
+    ]
     assert ids(_player(level=4, features=("ftbquests",))) == ids(None)
     assert ids(_player(features=("ftbquests",))) == [
         "system:help",
         "system:history",
+        "system:inventory",
         "ftbquests:quests",
     ]
     assert [d.module_id for d in registry.descriptors(_player(level=4))] == ids(_player(level=4))
@@ -539,8 +555,12 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
     assert any(line.startswith("/ban — The test:ban module.") for line in _lines(admin))
     assert not any("quests" in line for line in _lines(admin))  # feature not installed
     commands = {line.suggest_command for line in admin.card.lines if line.suggest_command}
-    assert commands == {"/help", "/history", "/ban"}
-    assert {b.args["module_id"] for b in admin.card.buttons} == {"system:history", "test:ban"}
+    assert commands == {"/help", "/history", "/inventory", "/ban"}
+    assert {b.args["module_id"] for b in admin.card.buttons} == {
+        "system:history",
+        "system:inventory",
+        "test:ban",
+    }
 
 
 async def test_help_language() -> None:
@@ -761,7 +781,11 @@ async def test_service_refuses_bad_requests(services: Services) -> None:
 
 async def test_service_catalog(services: Services) -> None:
     catalog = await services.engine.GetCatalog(engine_pb2.GetCatalogRequest(), timeout=5)
-    assert [m.module_id for m in catalog.modules] == ["system:help", "system:history"]
+    assert [m.module_id for m in catalog.modules] == [
+        "system:help",
+        "system:history",
+        "system:inventory",
+    ]
     assert catalog.generation == services.generation != ""
     for_player = await services.engine.GetCatalog(
         engine_pb2.GetCatalogRequest(player=_player()), timeout=5

@@ -543,7 +543,11 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
     card = response.reply.result.card
     assert card.template == "system:selection"
     assert card.buttons and all(b.action_id == "invoke" for b in card.buttons)
-    assert {b.args["module_id"] for b in card.buttons} <= {"system:help", "system:history"}
+    assert {b.args["module_id"] for b in card.buttons} <= {
+        "system:help",
+        "system:history",
+        "system:inventory",
+    }
 
     assert await history(chain, MALLORY) == []  # none of these ran a module
     invoked = await client.request(

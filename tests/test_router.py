@@ -107,7 +107,8 @@ def _invalid(text: str, player: common_pb2.PlayerContext = PLAYER) -> str:
 
 def test_index_is_built_from_the_real_catalogue() -> None:
     assert INDEX.generation == "gen-1"
-    assert len(INDEX) == 6 + 2 + 1 + 1 + 2  # help ×3, history ×3, search ×2, note, ban, quests ×2
+    # help ×3, history ×3, inventory ×3, search ×2, note, ban, quests ×2
+    assert len(INDEX) == 9 + 2 + 1 + 1 + 2
 
 
 @pytest.mark.parametrize(
@@ -526,7 +527,11 @@ async def test_no_model_call_when_the_player_turned_external_ai_off() -> None:
 async def test_low_confidence_without_a_model_offers_read_only_choices() -> None:
     decision = await _router().route(_route("um what now"))
     assert decision.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK
-    assert {c.module_id for c in decision.candidates} <= {"system:help", "system:history"}
+    assert {c.module_id for c in decision.candidates} <= {
+        "system:help",
+        "system:history",
+        "system:inventory",
+    }
 
 
 async def test_diagnostics_are_for_admins_and_hold_no_text() -> None:

@@ -99,7 +99,12 @@ async def test_unclear_text_goes_to_the_model_once_and_its_choice_is_cached(with
     assert first.action.module_id == "system:history"
     (call,) = fake.completions
     catalogue = json.loads(call.json["messages"][1]["content"])["catalogue"]
-    assert {entry["id"] for entry in catalogue} == {"system:help", "system:history", "clarify"}
+    assert {entry["id"] for entry in catalogue} == {
+        "system:help",
+        "system:history",
+        "system:inventory",
+        "clarify",
+    }
 
     recorded = await stub.RecordOutcome(
         router_pb2.RecordOutcomeRequest(

@@ -2,10 +2,11 @@
 
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
+from engine_service.modules.inventory import InventoryModule
 
-__all__ = ["BUILTIN_MODULES", "SMALL_TALK", "HelpModule", "HistoryModule"]
+__all__ = ["BUILTIN_MODULES", "SMALL_TALK", "HelpModule", "HistoryModule", "InventoryModule"]
 
-BUILTIN_MODULES = (HelpModule, HistoryModule)
+BUILTIN_MODULES = (HelpModule, HistoryModule, InventoryModule)
 """Classes of the modules every engine registers, in help order."""
 
 SMALL_TALK = {

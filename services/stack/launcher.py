@@ -144,7 +144,10 @@ class Stack:
         }
         targets = {
             "storage": {"DATABASE_URL": f"sqlite:///{self.data_dir / 'storage.db'}"},
-            "engine": {"STORAGE_TARGET": self.target("storage")},
+            "engine": {
+                "STORAGE_TARGET": self.target("storage"),
+                "GATEWAY_TARGET": self.target("gateway"),
+            },
             "router": {
                 "ENGINE_TARGET": self.target("engine"),
                 "MODEL_TARGET": self.target("model"),

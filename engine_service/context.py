@@ -1,0 +1,315 @@
+"""The execution context: what one run of a module may do, and the only door to tools.
+
+Every tool call goes through `ExecutionContext.tool`, which checks, in order:
+
+1. the run was not cancelled and its deadline has not passed (`system.error.cancelled`,
+   `system.error.timeout`);
+2. the module still may be used by the player: permission is re-read from the live snapshot
+   on every call, so a revoke or a lower permission level stops the run at its next call
+   (`system.error.permission_denied`);
+3. the tool is declared by the module, and an optional tool's exporting feature is enabled for
+   the player (`system.error.tool_unavailable`);
+4. a write (not read-only) tool was not reached from a local or cached route, and an event run
+   calls only event-allowed tools (`system.error.write_not_allowed`);
+5. the policy's budgets: tool calls, steps, write steps (`system.error.budget_exhausted`).
+
+Then it calls the server tool's handler or relays the game tool through the gateway, with the
+time left as its timeout, and records the completed step. A module that fails after a write
+step completed is reported PARTIALLY_SUCCEEDED (which still counts as failure), by the engine
+or by the module itself through `partial()`. No gRPC here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2
+
+from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
+from engine_service.schema import check_input
+from engine_service.tools import ToolKind, ToolSpec
+from services.results import AgentFailure, ModuleFailure, card
+from services.runtime.errors import InvalidArgument
+from services.runtime.permissions import CORE_FEATURE
+
+__all__ = [
+    "WRITE_SOURCES",
+    "ExecutionContext",
+    "GameTools",
+    "HistoryReader",
+    "Step",
+    "partial_result",
+]
+
+WRITE_SOURCES = frozenset(
+    {
+        engine_pb2.ROUTE_SOURCE_BUTTON,
+        engine_pb2.ROUTE_SOURCE_COMMAND,
+        engine_pb2.ROUTE_SOURCE_MODEL,
+        engine_pb2.ROUTE_SOURCE_INVOKE,
+        engine_pb2.ROUTE_SOURCE_EVENT,
+    }
+)
+"""Route sources from which write tools may run. Local matches and the intent cache (and an
+unspecified source) are not among them: a write must be asked for explicitly."""
+
+
+class GameTools(Protocol):
+    """How the engine reaches game tools (the gateway's relay in production)."""
+
+    async def call(
+        self,
+        player_id: str,
+        call_id: str,
+        tool_id: str,
+        data: dict[str, Any],
+        timeout: float,
+        idempotent: bool,
+    ) -> dict[str, Any]: ...
+
+
+class HistoryReader(Protocol):
+    async def list_history(
+        self, player_id: str, page_size: int
+    ) -> list[common_pb2.HistoryEntry]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A tool call that completed."""
+
+    call_id: str
+    tool_id: str
+    read_only: bool
+    output: dict[str, Any]
+
+
+def partial_result(
+    failure: AgentFailure, message: str, steps: list[Step], title: str = ""
+) -> common_pb2.AgentResult:
+    """A PARTIALLY_SUCCEEDED result: what failed, and the steps that did complete."""
+    done = [f"✓ {step.tool_id}" for step in steps if not step.read_only]
+    result_card = card("system:error", title or message, ([message] if title else []) + done)
+    return common_pb2.AgentResult(
+        status=common_pb2.RESULT_STATUS_PARTIALLY_SUCCEEDED,
+        failure=common_pb2.Failure(key=failure.value, message=message),
+        card=result_card,
+        text=message,
+    )
+
+
+class ExecutionContext:
+    """The ModuleContext of one run.
+
+    Args:
+        player: the player as the request described them.
+        spec: the running module's declaration (tools and policy).
+        registry: the frozen module registry (and its tool registry).
+        history: where `list_history` reads.
+        source: how the module was chosen (`RouteSource`).
+        game_tools: the relay to game servers; None when the engine has none configured.
+        deadline: absolute `time.monotonic()` deadline of the run.
+        current_player: returns the player's live permission snapshot; re-read at every tool
+            and model call. Defaults to the request's snapshot.
+        run_id: identifies the run in call ids (a fresh one by default).
+    """
+
+    def __init__(
+        self,
+        *,
+        player: common_pb2.PlayerContext,
+        spec: ModuleSpec,
+        registry: ModuleRegistry,
+        history: HistoryReader,
+        source: int,
+        game_tools: GameTools | None,
+        deadline: float,
+        current_player: Callable[[], common_pb2.PlayerContext] | None = None,
+        run_id: str = "",
+    ) -> None:
+        self.player = player
+        self.registry = registry
+        self.source = source
+        self.spec = spec
+        self.policy: ExecutionPolicy = spec.policy
+        self.deadline = deadline
+        self.run_id = run_id or uuid.uuid4().hex
+        self.steps: list[Step] = []
+        self.tool_calls = 0
+        self.model_calls = 0
+        self.step_count = 0
+        self.write_steps = 0
+        self._history = history
+        self._game_tools = game_tools
+        self._current_player = current_player or (lambda: self.player)
+        self._call_ids = itertools.count(1)
+        self._cancelled = False
+
+    # -- state -----------------------------------------------------------------------------
+
+    def remaining(self) -> float:
+        """Seconds left before the run's deadline (never negative)."""
+        return max(self.deadline - time.monotonic(), 0.0)
+
+    def cancel(self) -> None:
+        """Stops the run cooperatively: its next tool or model call fails with CANCELLED."""
+        self._cancelled = True
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def wrote(self) -> bool:
+        """True when at least one write step completed (so a failure now is partial)."""
+        return any(not step.read_only for step in self.steps)
+
+    def partial(self, failure: AgentFailure, message: str) -> common_pb2.AgentResult:
+        """A PARTIALLY_SUCCEEDED result listing the write steps that completed."""
+        return partial_result(failure, message, self.steps)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _check_running(self) -> common_pb2.PlayerContext:
+        """Cancellation, deadline and permission, checked before every tool and model call."""
+        if self._cancelled:
+            raise ModuleFailure(AgentFailure.CANCELLED, f"{self.spec.module_id} was cancelled")
+        if self.remaining() <= 0:
+            raise ModuleFailure(
+                AgentFailure.TIMEOUT, f"{self.spec.module_id} ran out of time (policy or deadline)"
+            )
+        live = self._current_player()
+        if not self.registry.allows(self.spec.module_id, live):
+            raise ModuleFailure(
+                AgentFailure.PERMISSION_DENIED,
+                f"{self.spec.module_id} is no longer available to {live.player_name or live.player_id}",
+            )
+        return live
+
+    def _spend(self, what: str, used: int, limit: int) -> None:
+        if used >= limit:
+            raise ModuleFailure(
+                AgentFailure.BUDGET_EXHAUSTED,
+                f"{self.spec.module_id} used all {limit} {what} its policy allows",
+            )
+
+    def _check_tool(self, tool_id: str, live: common_pb2.PlayerContext) -> ToolSpec:
+        spec = self.registry.tools.get(tool_id)
+        declared = tool_id in self.spec.tools or tool_id in self.spec.optional_tools
+        if spec is None or not declared:
+            raise ModuleFailure(
+                AgentFailure.TOOL_UNAVAILABLE,
+                f"{self.spec.module_id} did not declare tool {tool_id}",
+            )
+        if tool_id in self.spec.optional_tools:
+            owner = spec.owner_feature
+            if owner and owner != CORE_FEATURE and owner not in live.features:
+                raise ModuleFailure(
+                    AgentFailure.TOOL_UNAVAILABLE,
+                    f"optional tool {tool_id} needs feature {owner}, which is not enabled",
+                )
+        if self.source == engine_pb2.ROUTE_SOURCE_EVENT and not spec.event_allowed:
+            raise ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"events may not call {tool_id}")
+        if not spec.read_only and self.source not in WRITE_SOURCES:
+            raise ModuleFailure(
+                AgentFailure.WRITE_NOT_ALLOWED,
+                f"{tool_id} changes the game and cannot run from a "
+                f"{_source_name(self.source)} route; use the command or a button",
+            )
+        return spec
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def tool(self, tool_id: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Calls one tool and returns its output.
+
+        Raises:
+            ModuleFailure: any check above failed, or the tool failed (catalogued key).
+            asyncio.CancelledError: the run was cancelled while the tool ran.
+        """
+        live = self._check_running()
+        spec = self._check_tool(tool_id, live)
+        self._spend("tool calls", self.tool_calls, self.policy.tool_calls)
+        self._spend("steps", self.step_count, self.policy.steps)
+        if not spec.read_only:
+            self._spend("write steps", self.write_steps, self.policy.write_steps)
+        payload = dict(data or {})
+        try:
+            payload = check_input(tool_id, spec.input_schema, payload)
+        except InvalidArgument as exc:
+            raise ModuleFailure(AgentFailure.INVALID_INPUT, exc.message) from None
+        # Charged before the call: a call that fails or times out still used its budget.
+        self.tool_calls += 1
+        self.step_count += 1
+        if not spec.read_only:
+            self.write_steps += 1
+        call_id = f"{self.run_id}.{next(self._call_ids)}"
+        if spec.kind == ToolKind.GAME:
+            output = await self._call_game(live, call_id, spec, payload)
+        else:
+            output = await self._call_server(spec, payload)
+        self.steps.append(Step(call_id, tool_id, spec.read_only, output))
+        return output
+
+    async def _call_server(self, spec: ToolSpec, payload: dict[str, Any]) -> dict[str, Any]:
+        handler = self.registry.tools.handler(spec.tool_id)
+        if handler is None:  # registration guarantees one; guard all the same
+            raise ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"{spec.tool_id} has no handler")
+        try:
+            return await asyncio.wait_for(handler(payload), self.remaining())
+        except TimeoutError:
+            raise ModuleFailure(
+                AgentFailure.TIMEOUT if spec.idempotent else AgentFailure.EFFECT_UNKNOWN,
+                f"{spec.tool_id} did not finish in time",
+            ) from None
+
+    async def _call_game(
+        self,
+        live: common_pb2.PlayerContext,
+        call_id: str,
+        spec: ToolSpec,
+        payload: dict[str, Any],
+    ) -> dict[str, Any]:
+        if self._game_tools is None:
+            raise ModuleFailure(
+                AgentFailure.TOOL_UNAVAILABLE,
+                f"{spec.tool_id} runs on the game server, and this engine has no gateway",
+            )
+        return await self._game_tools.call(
+            live.player_id, call_id, spec.tool_id, payload, self.remaining(), spec.idempotent
+        )
+
+    def charge_model_call(self) -> None:
+        """Counts one model call against the budget (and as a step), after the same permission,
+        cancellation and deadline checks as a tool call. Call it before every model request.
+
+        Raises:
+            ModuleFailure: BUDGET_EXHAUSTED, CANCELLED, TIMEOUT or PERMISSION_DENIED.
+        """
+        self._check_running()
+        self._spend("model calls", self.model_calls, self.policy.model_calls)
+        self._spend("steps", self.step_count, self.policy.steps)
+        self.model_calls += 1
+        self.step_count += 1
+
+    async def list_history(self, page_size: int) -> list[common_pb2.HistoryEntry]:
+        try:
+            return await self._history.list_history(self.player.player_id, page_size)
+        except Exception as exc:  # noqa: BLE001 - any storage failure is the same to a module
+            raise ModuleFailure(
+                AgentFailure.STORAGE_UNAVAILABLE, "the history could not be read; try again later"
+            ) from exc
+
+
+def _source_name(source: int) -> str:
+    try:
+        return engine_pb2.RouteSource.Name(source).removeprefix("ROUTE_SOURCE_").lower()
+    except ValueError:
+        return "unknown"

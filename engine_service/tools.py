@@ -1,0 +1,214 @@
+"""The tool registry: one tool type, one handler, one behaviour.
+
+A tool is either a *server tool*, whose handler runs inside the engine (say `system:database.query`),
+or a *game tool*, which runs inside the game server on its main thread and which the engine
+reaches through the gateway's `ToolRelayService.CallGameTool`. The engine never holds a game
+tool's handler; it only knows the tool's declaration (read-only, idempotent, event-allowed) so
+it can enforce budgets and the write rules before the call leaves the engine.
+
+Tools never dispatch on an "operation" field: two behaviours are two tools. Registration is
+refused on any conflict and freezes together with the module registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from services.runtime.config import ConfigError
+from services.runtime.permissions import CORE_FEATURE
+
+__all__ = [
+    "BUILTIN_GAME_TOOLS",
+    "SERVER_TOOL_NAMESPACE",
+    "ToolHandler",
+    "ToolKind",
+    "ToolRegistry",
+    "ToolRegistryError",
+    "ToolSpec",
+]
+
+TOOL_ID = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
+SERVER_TOOL_NAMESPACE = "system"
+"""Namespace reserved for server tools; a `system:` tool must have a handler in the engine."""
+
+ToolHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+"""A server tool's one behaviour: the checked input in, a JSON-like object out. It raises
+`ModuleFailure` for a catalogued failure; anything else becomes MODULE_FAILED."""
+
+
+class ToolRegistryError(ConfigError):
+    """A tool registration conflicts with another, is malformed, or came after the freeze."""
+
+
+class ToolKind:
+    """Where a tool's handler runs."""
+
+    SERVER = "server"
+    GAME = "game"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSpec:
+    """What a tool declares about itself."""
+
+    tool_id: str
+    """Identifier, `namespace:path` (`minecraft:inventory.read`)."""
+    description: str
+    """What the tool does, for module authors and the model."""
+    input_schema: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    """JSON Schema of the input (the subset `engine_service.schema` checks)."""
+    read_only: bool = False
+    """True when the tool never changes state. Everything else is a write and counts against
+    the policy's `write_steps`; it is refused from local and cached routes."""
+    idempotent: bool = False
+    """True when running it twice with one input has the effect of running it once."""
+    event_allowed: bool = False
+    """True when event tasks may call it, not only interactive requests."""
+    owner_feature: str = CORE_FEATURE
+    """Feature exporting the tool. A module's optional tools run only for players with this
+    feature enabled."""
+    kind: str = ToolKind.SERVER
+    """`server` (handler in the engine) or `game` (relayed to the player's game server)."""
+
+
+BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        tool_id="minecraft:inventory.read",
+        description="List the items in the player's inventory.",
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+    ),
+    ToolSpec(
+        tool_id="minecraft:item.give",
+        description="Give the player some items.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "item": {"type": "string", "maxLength": 128},
+                "count": {"type": "integer", "minimum": 1},
+            },
+            "required": ["item", "count"],
+            "additionalProperties": False,
+        },
+        read_only=False,
+        idempotent=False,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+    ),
+)
+"""Game tools the gateway protocol documents for every game server; their declarations are
+known to the engine without any server connected. A game server may offer more."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    spec: ToolSpec
+    handler: ToolHandler | None
+
+
+class ToolRegistry:
+    """Tools by id. Register server tools and known game tools, then `freeze()`.
+
+    Args:
+        game_tools: game-tool declarations known up front (the documented ones by default).
+    """
+
+    def __init__(self, game_tools: Iterable[ToolSpec] = BUILTIN_GAME_TOOLS) -> None:
+        self._tools: dict[str, _Entry] = {}
+        self._frozen = False
+        for spec in game_tools:
+            self.game(spec)
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def _check(self, spec: ToolSpec) -> None:
+        if self._frozen:
+            raise ToolRegistryError(f"cannot register tool {spec.tool_id}: the registry is frozen")
+        if not TOOL_ID.match(spec.tool_id):
+            raise ToolRegistryError(f"tool id {spec.tool_id!r} is not of the form namespace:path")
+        if spec.tool_id in self._tools:
+            raise ToolRegistryError(f"tool {spec.tool_id} is already registered")
+        if spec.input_schema.get("type") != "object":
+            raise ToolRegistryError(f"tool {spec.tool_id}: input_schema must describe an object")
+        if not spec.description:
+            raise ToolRegistryError(f"tool {spec.tool_id}: a description is required")
+
+    def server(self, spec: ToolSpec, handler: ToolHandler) -> None:
+        """Registers a server tool and its one handler.
+
+        Raises:
+            ToolRegistryError: frozen, malformed or taken id, a game-tool spec, or a handler
+                already serving another tool (one handler, one behaviour).
+        """
+        self._check(spec)
+        if spec.kind != ToolKind.SERVER:
+            raise ToolRegistryError(f"tool {spec.tool_id}: a server tool needs kind 'server'")
+        # Equality, not identity: two reads of one bound method are equal, not identical.
+        owner = next((e.spec.tool_id for e in self._tools.values() if e.handler == handler), None)
+        if owner is not None:
+            raise ToolRegistryError(
+                f"tool {spec.tool_id}: its handler already serves {owner}; "
+                "one handler has one behaviour"
+            )
+        self._tools[spec.tool_id] = _Entry(spec, handler)
+
+    def game(self, spec: ToolSpec) -> None:
+        """Declares a game tool (no handler: the game server runs it).
+
+        Raises:
+            ToolRegistryError: frozen, malformed or taken id, a server-tool spec, or an id in
+                the server-tool namespace.
+        """
+        self._check(spec)
+        if spec.kind != ToolKind.GAME:
+            raise ToolRegistryError(f"tool {spec.tool_id}: a game tool needs kind 'game'")
+        if spec.tool_id.split(":", 1)[0] == SERVER_TOOL_NAMESPACE:
+            raise ToolRegistryError(
+                f"tool {spec.tool_id}: the {SERVER_TOOL_NAMESPACE}: namespace is for server tools"
+            )
+        self._tools[spec.tool_id] = _Entry(spec, None)
+
+    def resolve(self, tool_id: str) -> ToolSpec:
+        """The declaration of a tool a module names, declaring unknown game tools on the way.
+
+        A module may name a game tool the engine has no declaration for (a game server's own
+        tool): any well-formed id outside the `system:` namespace. Such a tool is taken as the
+        most restricted kind: a non-idempotent write that events may not call.
+
+        Raises:
+            ToolRegistryError: malformed id, or an unregistered `system:` (server) tool.
+        """
+        entry = self._tools.get(tool_id)
+        if entry is not None:
+            return entry.spec
+        if not TOOL_ID.match(tool_id):
+            raise ToolRegistryError(f"tool id {tool_id!r} is not of the form namespace:path")
+        if tool_id.split(":", 1)[0] == SERVER_TOOL_NAMESPACE:
+            raise ToolRegistryError(f"server tool {tool_id} is not registered")
+        spec = ToolSpec(tool_id=tool_id, description=f"Game tool {tool_id}.", kind=ToolKind.GAME)
+        self.game(spec)
+        return spec
+
+    def freeze(self) -> None:
+        self._frozen = True
+
+    def get(self, tool_id: str) -> ToolSpec | None:
+        entry = self._tools.get(tool_id)
+        return entry.spec if entry else None
+
+    def handler(self, tool_id: str) -> ToolHandler | None:
+        """The server tool's handler; None for game tools and unknown ids."""
+        entry = self._tools.get(tool_id)
+        return entry.handler if entry else None
+
+    def specs(self) -> list[ToolSpec]:
+        return [entry.spec for entry in self._tools.values()]
