@@ -53,6 +53,7 @@ test-fast: $(GEN_STAMP)
 bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.skeleton
 	$(PYTHON) -m bench.storage
+	$(PYTHON) -m bench.router
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
