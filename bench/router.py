@@ -26,7 +26,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import describe_machine
+from bench.report import progress, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -50,37 +50,6 @@ P99_TARGET_MODULES = 100
 THROUGHPUT_TARGET = 3000.0
 CLIENTS = 64
 CHANNELS = 4
-
-
-def _progress(done: int, total: int, label: str) -> None:
-    """A progress bar on stderr, redrawn at every tenth of the work."""
-    if done != total and done % max(total // 10, 1):
-        return
-    width = 30
-    filled = width * done // total
-    print(
-        f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
-        end="",
-        file=sys.stderr,
-    )
-    if done == total:
-        print(file=sys.stderr)
-
-
-def _summary(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-    return {
-        "n": len(ordered),
-        "p50_ms": round(statistics.median(ordered), 4),
-        "p90_ms": round(pct(90), 4),
-        "p99_ms": round(pct(99), 4),
-        "mean_ms": round(statistics.fmean(ordered), 4),
-        "max_ms": round(ordered[-1], 4),
-    }
 
 
 def _rss_mib() -> float:
@@ -356,7 +325,7 @@ def _time_calls(
         answer = call(text, lang)
         samples.append((clock() - start) / 1e6)
         answers.append(answer)
-        _progress(i + 1, len(queries), label)
+        progress(i + 1, len(queries), label)
     return samples, answers
 
 
@@ -392,9 +361,9 @@ def measure_in_process(sizes: tuple[int, ...], queries_per_size: int) -> dict[st
             "examples": router.example_count,
             "queries": {"in_scope": len(in_scope), "out_of_scope": len(out_scope)},
             "router": {
-                **_summary(router_ms),
-                "in_scope_ms": _summary([router_ms[i] for i in in_scope]),
-                "out_of_scope_ms": _summary([router_ms[i] for i in out_scope]),
+                **summarize(router_ms, digits=4),
+                "in_scope_ms": summarize([router_ms[i] for i in in_scope], digits=4),
+                "out_of_scope_ms": summarize([router_ms[i] for i in out_scope], digits=4),
                 **router_build,
                 "direct_correct": round(
                     sum(routed[i] == queries[i][2] for i in in_scope) / len(in_scope), 3
@@ -409,7 +378,7 @@ def measure_in_process(sizes: tuple[int, ...], queries_per_size: int) -> dict[st
                 "gates": dict(Counter(d.gate_failed or "routed" for d in decisions).most_common()),
             },
             "baseline": {
-                **_summary(baseline_ms),
+                **summarize(baseline_ms, digits=4),
                 **baseline_build,
                 "top1_correct": round(
                     sum(matches[i][0] == queries[i][2] for i in in_scope) / len(in_scope), 3
@@ -523,7 +492,7 @@ async def _load(
     async def ticker() -> None:
         steps = 10
         for step in range(steps + 1):
-            _progress(step, steps, label)
+            progress(step, steps, label)
             if step < steps:
                 await asyncio.sleep(seconds / steps)
 
@@ -535,7 +504,7 @@ async def _load(
         "seconds": round(elapsed, 2),
         "completed": len(latencies),
         "per_second": round(len(latencies) / elapsed, 1),
-        **(_summary(latencies) if latencies else {}),
+        **(summarize(latencies, digits=4) if latencies else {}),
         "errors": dict(errors),
         "answers": dict(answers.most_common()),
     }

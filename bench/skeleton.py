@@ -32,42 +32,12 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from bench.machine import describe_machine
+from bench.report import progress, summarize
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PLAYER = "00000000-0000-4000-8000-00000000be00"
-
-
-def _progress(done: int, total: int, label: str) -> None:
-    """A progress bar on stderr, redrawn at every tenth of the work."""
-    if done != total and done % max(total // 10, 1):
-        return
-    width = 30
-    filled = width * done // total
-    print(
-        f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
-        end="",
-        file=sys.stderr,
-    )
-    if done == total:
-        print(file=sys.stderr)
-
-
-def _summary(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-    return {
-        "n": len(ordered),
-        "p50_ms": round(statistics.median(ordered), 3),
-        "p90_ms": round(pct(90), 3),
-        "p99_ms": round(pct(99), 3),
-        "mean_ms": round(statistics.fmean(ordered), 3),
-        "min_ms": round(ordered[0], 3),
-    }
 
 
 async def _time(label: str, n: int, call: Callable[[], Awaitable[Any]]) -> list[float]:
@@ -78,7 +48,7 @@ async def _time(label: str, n: int, call: Callable[[], Awaitable[Any]]) -> list[
         start = time.perf_counter()
         await call()
         samples.append((time.perf_counter() - start) * 1000)
-        _progress(i + 1, n, label)
+        progress(i + 1, n, label)
     return samples
 
 
@@ -100,7 +70,7 @@ def measure_starts(count: int) -> list[float]:
             seconds.append(time.perf_counter() - began)
             asyncio.run(client.close())
             stack.stop()
-        _progress(i + 1, count, "stack start-up")
+        progress(i + 1, count, "stack start-up")
     return seconds
 
 
@@ -204,7 +174,7 @@ def main() -> int:
         finally:
             stack.stop()
 
-    summaries = {name: _summary(samples) for name, samples in paths.items()}
+    summaries = {name: summarize(samples) for name, samples in paths.items()}
     floor = summaries["gateway health check (transport floor)"]["p50_ms"]
     results = {
         "benchmark": "skeleton",

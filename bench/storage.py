@@ -44,7 +44,6 @@ import dataclasses
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +63,7 @@ from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from bench.machine import describe_machine
+from bench.report import summarize
 from services.stack.launcher import ROOT, free_port
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
@@ -181,24 +181,6 @@ class _Progress:
         self.update(self._end)
 
 
-def _summary(samples_ms: list[float]) -> dict[str, float]:
-    if not samples_ms:
-        return {"n": 0}
-    ordered = sorted(samples_ms)
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-    return {
-        "n": len(ordered),
-        "p50_ms": round(statistics.median(ordered), 3),
-        "p90_ms": round(pct(90), 3),
-        "p99_ms": round(pct(99), 3),
-        "mean_ms": round(statistics.fmean(ordered), 3),
-        "max_ms": round(ordered[-1], 3),
-    }
-
-
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far (Linux)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
@@ -223,7 +205,7 @@ def _cell_result(
         "commits": commits,
         "receipt_writes_per_s": round(commits / seconds, 1),
         "steps_per_s": round(commits / seconds / 2, 1),
-        "batch": _summary(window.samples_ms),
+        "batch": summarize(window.samples_ms),
         "cpu_ms_per_commit": {
             name: round(value * 1000 / max(commits, 1), 3) for name, value in cpu.items()
         },
@@ -411,7 +393,7 @@ async def _transport_floor(storage: _StorageProcess, calls: int = 300) -> dict[s
             began = time.perf_counter()
             await health.Check(request, timeout=10)
             samples.append((time.perf_counter() - began) * 1000)
-    return _summary(samples)
+    return summarize(samples)
 
 
 # -- databases ---------------------------------------------------------------------------------
