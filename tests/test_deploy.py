@@ -75,7 +75,7 @@ SPECS = (
         50053,
         9103,
         "system.engine.v1.EngineService",
-        {"storage_target": "storage"},
+        {"storage_target": "storage", "gateway_target": "gateway"},
     ),
     Spec(
         "model-gateway",
