@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
-from engine_service.clients import GatewayGameTools, StorageHistory
+from engine_service.clients import GatewayGameTools, JournalLeases, StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
+from engine_service.runs import PlayerRuns
 from engine_service.servicer import EngineServicer
 from services.runtime.server import ServiceHost
 
@@ -35,6 +36,7 @@ class EngineApp:
     def __init__(self, config: EngineConfig) -> None:
         self.storage = StorageHistory(config.storage_target)
         self.game_tools = GatewayGameTools(config.gateway_target)
+        self.leases = JournalLeases(config.storage_target)
         self.engine = Engine(
             build_registry(config),
             self.storage,
@@ -42,6 +44,7 @@ class EngineApp:
             config.execute_timeout_seconds,
             config.history_timeout_seconds,
             self.game_tools,
+            PlayerRuns(self.leases, config.replica_id, config.player_lease_seconds),
         )
         servicer = EngineServicer(self.engine)
         self.host = ServiceHost(
@@ -53,6 +56,7 @@ class EngineApp:
 
     async def aclose(self) -> None:
         await self.game_tools.aclose()
+        await self.leases.aclose()
         await self.storage.aclose()
 
 

@@ -1,4 +1,5 @@
-"""What the engine calls: the storage service (history) and the gateway's tool relay."""
+"""What the engine calls: the storage service (history, player leases) and the gateway's tool
+relay."""
 
 from __future__ import annotations
 
@@ -8,12 +9,69 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from system.storage.v1 import storage_pb2, storage_pb2_grpc
+from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import Dependency
+from services.runtime.errors import ResourceExhausted, Unavailable
 
-__all__ = ["GatewayGameTools", "StorageHistory"]
+__all__ = ["GatewayGameTools", "JournalLeases", "StorageHistory"]
+
+_JOURNAL = "system.storage.v1.JournalService"
+
+
+class JournalLeases:
+    """Named leases over the storage service's JournalService (PlayerLeases in the engine).
+
+    Acquire, renew and release are safe to repeat for the same owner, so transport failures
+    are retried. A lease held by another owner is BUSY (ResourceExhausted); a storage service
+    that cannot be reached is Unavailable: the caller must not run without the lease.
+    """
+
+    def __init__(self, target: str, timeout: float = 2.0) -> None:
+        self._timeout = timeout
+        self._dep = Dependency(
+            target,
+            journal_pb2_grpc.JournalServiceStub,
+            idempotent_methods=[
+                f"{_JOURNAL}/AcquireLease",
+                f"{_JOURNAL}/RenewLease",
+                f"{_JOURNAL}/ReleaseLease",
+            ],
+        )
+
+    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int:
+        """Takes the lease and returns its fencing token."""
+        try:
+            response = await self._dep.stub.AcquireLease(
+                journal_pb2.AcquireLeaseRequest(name=name, owner=owner, ttl_seconds=ttl_seconds),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise ResourceExhausted(
+                    "another request of this player is in progress; try again shortly"
+                ) from None
+            raise Unavailable(f"the player lease could not be taken: {exc.details()}") from None
+        return int(response.lease.token)
+
+    async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None:
+        """Extends the lease. Raises grpc.aio.AioRpcError when it was lost or not reachable."""
+        await self._dep.stub.RenewLease(
+            journal_pb2.RenewLeaseRequest(
+                name=name, owner=owner, token=token, ttl_seconds=ttl_seconds
+            ),
+            timeout=self._timeout,
+        )
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        await self._dep.stub.ReleaseLease(
+            journal_pb2.ReleaseLeaseRequest(name=name, owner=owner, token=token),
+            timeout=self._timeout,
+        )
+
+    async def aclose(self) -> None:
+        await self._dep.aclose()
 
 
 class StorageHistory:

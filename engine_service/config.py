@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import uuid
 
 from services.runtime.config import ConfigError, ServerConfig
 
@@ -29,6 +32,12 @@ class EngineConfig(ServerConfig):
     """Interactive requests waiting beyond the workers; more are refused as BUSY."""
     disabled_entry_points: tuple[str, ...] = ()
     """Names of `system.modules` entry points not to load."""
+    replica_id: str = dataclasses.field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    )
+    """Owner name of this replica's storage leases; unique per process by default."""
+    player_lease_seconds: int = 5
+    """Length of the `player:<id>` lease an interactive run holds (renewed every third)."""
 
     def validate(self) -> None:
         super().validate()
@@ -42,6 +51,10 @@ class EngineConfig(ServerConfig):
             raise ConfigError(
                 "execute_timeout_seconds and history_timeout_seconds must be positive"
             )
+        if not self.replica_id:
+            raise ConfigError("replica_id must not be empty")
+        if not 1 <= self.player_lease_seconds <= 3600:
+            raise ConfigError("player_lease_seconds must be between 1 and 3600")
         if self.interactive_workers < 1 or self.interactive_queue < 0:
             raise ConfigError(
                 "interactive_workers must be at least 1 and interactive_queue at least 0"

@@ -1,6 +1,7 @@
 """One `execute` for every source: look up, authorise, check input, run under the policy's
-budgets, the deadline and the interactive queue bound, record the exchange in history. The run
-gets an ExecutionContext (`context.py`), its only door to tools. No gRPC here."""
+budgets, the deadline and the interactive queue bound, one run per player at a time
+(`runs.py`: player lease, duplicates, cancel), record the exchange in history. The run gets an
+ExecutionContext (`context.py`), its only door to tools. No gRPC here."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2
 
 from engine_service.context import ExecutionContext, GameTools, partial_result
-from engine_service.registry import ModuleRegistry, struct_to_dict
+from engine_service.registry import ModuleRegistry, ModuleSpec, struct_to_dict
+from engine_service.runs import PlayerRuns, Run, fingerprint
 from engine_service.schema import check_input
 from services.results import AgentFailure, ModuleFailure, failed
 from services.runtime.context import current_request_id, remaining_seconds
@@ -120,6 +122,7 @@ class Engine:
         execute_timeout: float,
         history_timeout: float,
         game_tools: GameTools | None = None,
+        runs: PlayerRuns | None = None,
     ) -> None:
         self.registry = registry
         self.history = history
@@ -128,6 +131,7 @@ class Engine:
         self.history_timeout = history_timeout
         self.game_tools = game_tools
         self.players = PlayerSnapshots()
+        self.runs = runs if runs is not None else PlayerRuns(None, "local", 5)
 
     def update_player(self, player: common_pb2.PlayerContext) -> None:
         """A player's permissions changed (revoke, level, features): runs in progress see the
@@ -140,11 +144,14 @@ class Engine:
         action: common_pb2.ModuleAction,
         request_text: str,
         source: int = engine_pb2.ROUTE_SOURCE_UNSPECIFIED,
+        request_id: str = "",
     ) -> common_pb2.AgentResult:
         """Runs `action` for `player`, chosen by `source` (a `RouteSource`; write tools are
         refused from LOCAL, CACHE and UNSPECIFIED). Module failures come back as FAILED (or
         PARTIALLY_SUCCEEDED) results; bad calls raise InvalidArgument, NotFound,
-        PermissionDenied or ResourceExhausted; cancellation propagates."""
+        PermissionDenied, ResourceExhausted (BUSY: queue full, or another request of the
+        player in progress) or Unavailable (no player lease); cancellation propagates. A
+        request identical to the player's run in progress gets that run's result."""
         if not player.player_id:
             raise InvalidArgument("player.player_id is required")
         if not action.module_id:
@@ -162,12 +169,50 @@ class Engine:
         except ValueError as exc:  # NaN or infinity, which JSON cannot carry
             raise InvalidArgument(f"{action.module_id}: input is not valid JSON: {exc}") from None
         data = check_input(action.module_id, module.spec.input_schema, raw)
-        timeout = min(
-            remaining_seconds(self.execute_timeout) or 0.0, float(module.spec.policy.seconds)
-        )
+        print_ = fingerprint(player.player_id, action.module_id, data, request_text)
+        running = self.runs.join_or_start(player.player_id, print_)
+        if running is not None:
+            # The same request again while it runs: share its result, never run it twice.
+            running.duplicates += 1
+            return await asyncio.shield(running.result)
+        run = self.runs.start(player.player_id, request_id or current_request_id(), print_)
+        try:
+            result = await self.runs.hold(
+                run,
+                lambda: self._run(
+                    run, player, module.spec, module.run, data, request_text, action, source
+                ),
+            )
+        except BaseException as exc:
+            if not run.result.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    run.result.set_result(failed(AgentFailure.CANCELLED, "cancelled"))
+                else:
+                    run.result.set_exception(exc)
+                    run.result.exception()  # retrieved: duplicates, if any, raise it too
+            raise
+        finally:
+            self.runs.finish(run)
+        run.result.set_result(result)
+        return result
+
+    async def _run(
+        self,
+        run: Run,
+        player: common_pb2.PlayerContext,
+        spec: ModuleSpec,
+        body: Callable[[dict, ExecutionContext], Awaitable[common_pb2.AgentResult]],
+        data: dict,
+        request_text: str,
+        action: common_pb2.ModuleAction,
+        source: int,
+    ) -> common_pb2.AgentResult:
+        """One run under the player's lease: the module, then its history entry (none for a
+        cancelled run)."""
+        timeout = min(remaining_seconds(self.execute_timeout) or 0.0, float(spec.policy.seconds))
         context = ExecutionContext(
             player=player,
-            spec=module.spec,
+            spec=spec,
             registry=self.registry,
             history=self.history,
             source=source,
@@ -177,9 +222,12 @@ class Engine:
         )
         self.players.enter(player)
         try:
-            result = await asyncio.wait_for(
-                self.interactive.run(lambda: module.run(data, context)), timeout
+            if run.cancelled:
+                raise asyncio.CancelledError
+            run.job = asyncio.ensure_future(
+                asyncio.wait_for(self.interactive.run(lambda: body(data, context)), timeout)
             )
+            result = await run.job
         except ModuleFailure as failure:
             result = _failure(context, failure.failure, failure.message)
         except TimeoutError:
@@ -188,6 +236,21 @@ class Engine:
             )
         except ResourceExhausted:
             raise
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not (run.cancelled or run.lost_lease):
+                raise  # the caller went away
+            context.cancel()
+            if run.cancelled:
+                result = _failure(
+                    context, AgentFailure.CANCELLED, f"{action.module_id} was cancelled"
+                )
+            else:
+                result = _failure(
+                    context,
+                    AgentFailure.STORAGE_UNAVAILABLE,
+                    f"{action.module_id} stopped: the player's lease could not be renewed",
+                )
         except Exception:
             log.exception("module %s failed", action.module_id)
             result = _failure(context, AgentFailure.MODULE_FAILED, f"{action.module_id} failed")
@@ -201,8 +264,13 @@ class Engine:
                 "status": common_pb2.ResultStatus.Name(result.status),
             },
         )
-        await self._record(player, request_text or _describe(action), result)
+        if not run.cancelled:
+            await self._record(player, request_text or _describe(action), result)
         return result
+
+    def cancel(self, player_id: str, request_id: str = "") -> bool:
+        """Cancels the player's run on this replica (only `request_id`'s when given)."""
+        return self.runs.cancel(player_id, request_id)
 
     async def _record(
         self, player: common_pb2.PlayerContext, text: str, result: common_pb2.AgentResult

@@ -22,9 +22,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if request.source not in engine_pb2.RouteSource.values():
             raise InvalidArgument(f"source {request.source} is not a known RouteSource")
         result = await self._engine.execute(
-            request.player, request.action, request.request_text, request.source
+            request.player,
+            request.action,
+            request.request_text,
+            request.source,
+            request.request_id,
         )
         return engine_pb2.ExecuteResponse(result=result)
+
+    async def CancelRun(self, request, context):  # type: ignore[no-untyped-def]
+        if not request.player.player_id:
+            raise InvalidArgument("player.player_id is required")
+        cancelled = self._engine.cancel(request.player.player_id, request.request_id)
+        return engine_pb2.CancelRunResponse(cancelled=cancelled)
 
     async def GetCatalog(self, request, context):  # type: ignore[no-untyped-def]
         player = request.player if request.HasField("player") else None

@@ -482,8 +482,8 @@ async def test_full_interactive_queue_is_resource_exhausted() -> None:
     engine = _engine(_registry(_module("test:wait", waits)), workers=1, queue=0)
     first = asyncio.create_task(engine.execute(_player(), _action("test:wait"), ""))
     await asyncio.sleep(0.01)
-    with pytest.raises(ResourceExhausted, match="queue is full"):
-        await engine.execute(_player(), _action("system:help"), "")
+    with pytest.raises(ResourceExhausted, match="queue is full"):  # another player: the queue
+        await engine.execute(_player(player_id="p-2"), _action("system:help"), "")
     gate.set()
     assert (await first).status == SUCCEEDED
 

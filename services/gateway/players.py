@@ -160,6 +160,14 @@ class PlayerRequests:
             "clearing the player's routing scope",
         )
 
+    def cancel_runs(self, player: common_pb2.PlayerContext) -> None:
+        """Asks the engine to cancel the player's runs (a CANCEL control); the gateway's own
+        tasks for the player are cancelled by the caller."""
+        self._in_background(
+            self.engine.stub.CancelRun(engine_pb2.CancelRunRequest(player=player)),
+            "cancelling the player's engine runs",
+        )
+
     async def handle(
         self,
         player: common_pb2.PlayerContext,

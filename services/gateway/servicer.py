@@ -239,6 +239,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             )
         if kind == "control" and request.control.action == gateway_pb2.CONTROL_ACTION_CANCEL:
             connection.cancel_player(player.player_id)
+            self._players.cancel_runs(player)
         others = connection.running_for(player.player_id)
         busy = others[0].request_id if others else ""
         task = asyncio.create_task(self._serve(connection, player, request, busy))

@@ -1,0 +1,165 @@
+"""The interactive runs in progress: one per player across replicas, duplicates, cancel.
+
+A player has at most one interactive run at a time. On this replica an in-memory map keeps it
+so (checked and set without awaiting, so no lock is needed); across replicas the run holds the
+storage lease `player:<player_id>`, owned by this replica and renewed while the run lasts.
+
+- A request identical to the player's run in progress (same fingerprint: player, module,
+  input and request text) is a duplicate: it waits for that run and gets its result.
+- Any other request of the player while a run is in progress is BUSY (ResourceExhausted),
+  here or on another replica (the lease is held).
+- Storage that cannot be reached for the lease is Unavailable: nothing runs (fail closed).
+- `cancel` stops a run: its module task is cancelled and the run ends CANCELLED.
+
+No gRPC here: leases go through a `PlayerLeases` (the JournalService client in production).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from system.common.v1 import common_pb2
+
+from services.runtime.errors import ResourceExhausted
+
+__all__ = ["PlayerLeases", "PlayerRuns", "Run", "fingerprint", "lease_name"]
+
+log = logging.getLogger("system.engine")
+
+
+class PlayerLeases(Protocol):
+    """Named storage leases. `acquire` raises ResourceExhausted when another owner holds the
+    lease and Unavailable when storage cannot be asked."""
+
+    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int: ...
+
+    async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None: ...
+
+    async def release(self, name: str, owner: str, token: int) -> None: ...
+
+
+def lease_name(player_id: str) -> str:
+    return f"player:{player_id}"
+
+
+def fingerprint(player_id: str, module_id: str, data: dict[str, Any], text: str) -> str:
+    """Identifies a request by what it asks: player, module, input and request text."""
+    canonical = json.dumps(
+        [player_id, module_id, data, text], sort_keys=True, ensure_ascii=False, default=str
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class Run:
+    """One interactive run in progress."""
+
+    player_id: str
+    request_id: str
+    fingerprint: str
+    result: asyncio.Future[common_pb2.AgentResult]
+    job: asyncio.Future[Any] | None = None
+    cancelled: bool = False
+    lost_lease: bool = False
+    duplicates: int = 0
+
+
+def _detached(coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    """A task outside the request's context (its deadline must not cut lease upkeep short)."""
+    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())  # type: ignore[arg-type]
+
+
+class PlayerRuns:
+    """The runs in progress on this replica, one per player."""
+
+    def __init__(self, leases: PlayerLeases | None, owner: str, lease_seconds: int) -> None:
+        self.leases = leases
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self._runs: dict[str, Run] = {}
+
+    def running(self, player_id: str) -> Run | None:
+        return self._runs.get(player_id)
+
+    def join_or_start(self, player_id: str, print_: str) -> Run | None:
+        """None when the caller starts a new run (call `start` next, without awaiting in
+        between); the run in progress when `print_` duplicates it. Raises ResourceExhausted
+        (BUSY) when the player has a different run in progress."""
+        current = self._runs.get(player_id)
+        if current is None:
+            return None
+        if current.fingerprint == print_ and not current.cancelled:
+            return current
+        raise ResourceExhausted("another request of this player is in progress; try again shortly")
+
+    def start(self, player_id: str, request_id: str, print_: str) -> Run:
+        run = Run(player_id, request_id, print_, asyncio.get_running_loop().create_future())
+        self._runs[player_id] = run
+        return run
+
+    def finish(self, run: Run) -> None:
+        if self._runs.get(run.player_id) is run:
+            del self._runs[run.player_id]
+
+    def cancel(self, player_id: str, request_id: str = "") -> bool:
+        """Cancels the player's run (only the one with `request_id` when given)."""
+        run = self._runs.get(player_id)
+        if run is None or (request_id and run.request_id != request_id):
+            return False
+        run.cancelled = True
+        if run.job is not None:
+            run.job.cancel()
+        return True
+
+    async def hold(
+        self, run: Run, body: Callable[[], Awaitable[common_pb2.AgentResult]]
+    ) -> common_pb2.AgentResult:
+        """Runs `body` while holding the player's storage lease (renewed as it runs, released
+        after). Raises what `acquire` raises; nothing runs then."""
+        if self.leases is None:
+            return await body()
+        name = lease_name(run.player_id)
+        token = await self.leases.acquire(name, self.owner, self.lease_seconds)
+        keeper = _detached(self._keep(run, name, token))
+        try:
+            return await body()
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(BaseException):
+                await keeper
+            release = _detached(self._release(name, token))
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                # The caller went away; the release still completes in the background.
+                raise
+
+    async def _keep(self, run: Run, name: str, token: int) -> None:
+        """Renews the lease every third of its length; a lease that cannot be renewed stops
+        the run (another replica may take the player once it expires)."""
+        assert self.leases is not None
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.leases.renew(name, self.owner, token, self.lease_seconds)
+            except Exception as exc:  # noqa: BLE001 - any failure means the lease may be gone
+                log.warning("player lease %s was lost: %s", name, exc)
+                run.lost_lease = True
+                if run.job is not None:
+                    run.job.cancel()
+                return
+
+    async def _release(self, name: str, token: int) -> None:
+        assert self.leases is not None
+        try:
+            await self.leases.release(name, self.owner, token)
+        except Exception as exc:  # noqa: BLE001 - the lease expires on its own
+            log.warning("player lease %s was not released: %s", name, exc)

@@ -1,0 +1,336 @@
+"""One interactive run per player across engine replicas: two in-process engines on one storage
+service (SQLite, and PostgreSQL when a server is available) hold the `player:<id>` lease;
+duplicates share one run; CancelRun stops a run and gives the lease back; storage down fails
+closed; a player's CANCEL control through the whole chain stops a slow run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import pathlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.gateway.v1 import gateway_pb2
+from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
+
+from engine_service.app import create_app as create_engine
+from engine_service.config import EngineConfig
+from engine_service.modules import BUILTIN_MODULES
+from engine_service.registry import ModuleRegistry, ModuleSpec
+from services.results import AgentFailure, card, succeeded
+from storage_service.app import create_app as create_storage
+from storage_service.config import StorageConfig
+from tests.inprocess import running_chain
+
+HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
+SLOW = "test:slow"
+SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+
+
+class SlowModule:
+    """Waits until released (or cancelled); counts starts, finishes and cancellations."""
+
+    def __init__(self) -> None:
+        self.spec = ModuleSpec(
+            module_id=SLOW,
+            description={"en": "Waits.", "zh": "等待。"},
+            input_schema={
+                "type": "object",
+                "properties": {"n": {"type": "integer"}},
+                "additionalProperties": False,
+            },
+        )
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.runs = 0
+        self.active = 0
+        self.per_player: dict[str, int] = {}
+        self.peak = 0  # most runs of one player at once
+        self.cancelled = 0
+
+    async def run(self, data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        self.runs += 1
+        self.active += 1
+        player = ctx.player.player_id
+        self.per_player[player] = self.per_player.get(player, 0) + 1
+        self.peak = max(self.peak, self.per_player[player])
+        self.started.set()
+        try:
+            await self.gate.wait()
+            return succeeded(card("test:card", f"done {data.get('n', 0)}", []))
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+            self.per_player[player] -= 1
+
+
+def _registry(module: SlowModule) -> ModuleRegistry:
+    registry = ModuleRegistry()
+    for module_class in BUILTIN_MODULES:
+        registry.register(module_class())
+    registry.register(module)
+    registry.freeze()
+    return registry
+
+
+def _player(player_id: str = "p-1") -> common_pb2.PlayerContext:
+    return common_pb2.PlayerContext(server_id="s", player_id=player_id, language="en")
+
+
+def _request(
+    player_id: str = "p-1", n: int = 0, text: str = "", request_id: str = ""
+) -> engine_pb2.ExecuteRequest:
+    data = struct_pb2.Struct()
+    data.update({"n": n})
+    return engine_pb2.ExecuteRequest(
+        player=_player(player_id),
+        action=common_pb2.ModuleAction(module_id=SLOW, input=data),
+        source=engine_pb2.ROUTE_SOURCE_INVOKE,
+        request_text=text,
+        request_id=request_id,
+    )
+
+
+@dataclasses.dataclass
+class Replicas:
+    module: SlowModule
+    stubs: list[engine_pb2_grpc.EngineServiceStub]
+    journal: journal_pb2_grpc.JournalServiceStub
+    storage_target: str
+
+
+@contextlib.asynccontextmanager
+async def _replicas(database_url: str, count: int = 2) -> AsyncIterator[Replicas]:
+    storage = await create_storage(StorageConfig(**HOST, database_url=database_url))
+    await storage.host.start()
+    module = SlowModule()
+    engines = []
+    channels = []
+    try:
+        for i in range(count):
+            engine = await create_engine(
+                EngineConfig(
+                    **HOST,
+                    storage_target=storage.host.target,
+                    gateway_target="127.0.0.1:1",
+                    replica_id=f"replica-{i}",
+                    player_lease_seconds=2,
+                )
+            )
+            engine.engine.registry = _registry(module)
+            await engine.host.start()
+            engines.append(engine)
+            channels.append(grpc.aio.insecure_channel(engine.host.target))
+        channels.append(grpc.aio.insecure_channel(storage.host.target))
+        yield Replicas(
+            module,
+            [engine_pb2_grpc.EngineServiceStub(channel) for channel in channels[:-1]],
+            journal_pb2_grpc.JournalServiceStub(channels[-1]),
+            storage.host.target,
+        )
+    finally:
+        module.gate.set()
+        for channel in channels:
+            await channel.close()
+        for engine in reversed(engines):
+            await engine.host.stop()
+            await engine.aclose()
+        await storage.host.stop()
+        await storage.aclose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def replicas(
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path
+) -> AsyncIterator[Replicas]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'storage.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    async with _replicas(url) as running:
+        yield running
+
+
+async def _started(module: SlowModule) -> None:
+    await asyncio.wait_for(module.started.wait(), 5)
+    module.started.clear()
+
+
+async def _lease_holder(journal: journal_pb2_grpc.JournalServiceStub, player_id: str) -> str:
+    """Who holds the player's lease now, or "" (taken and released at once by a probe)."""
+    try:
+        reply = await journal.AcquireLease(
+            journal_pb2.AcquireLeaseRequest(
+                name=f"player:{player_id}", owner="probe", ttl_seconds=1
+            )
+        )
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+        return exc.details() or "held"
+    await journal.ReleaseLease(
+        journal_pb2.ReleaseLeaseRequest(
+            name=f"player:{player_id}", owner="probe", token=reply.lease.token
+        )
+    )
+    return ""
+
+
+async def test_second_replica_is_busy_while_the_player_runs_then_succeeds(
+    replicas: Replicas,
+) -> None:
+    first, second = replicas.stubs
+    running = asyncio.ensure_future(first.Execute(_request(n=1), timeout=10))
+    await _started(replicas.module)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await second.Execute(_request(n=2), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The same replica refuses a different request of the player too.
+    with pytest.raises(grpc.aio.AioRpcError) as local:
+        await first.Execute(_request(n=3), timeout=5)
+    assert local.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    replicas.module.gate.set()
+    assert (await running).result.status == SUCCEEDED
+    after = await second.Execute(_request(n=2), timeout=5)
+    assert after.result.status == SUCCEEDED
+    assert replicas.module.runs == 2
+    assert replicas.module.peak == 1  # never two runs of the player at once
+    assert await _lease_holder(replicas.journal, "p-1") == ""
+
+
+async def test_different_players_run_concurrently(replicas: Replicas) -> None:
+    first, second = replicas.stubs
+    calls = [
+        asyncio.ensure_future(first.Execute(_request("p-1"), timeout=10)),
+        asyncio.ensure_future(second.Execute(_request("p-2"), timeout=10)),
+        asyncio.ensure_future(first.Execute(_request("p-3"), timeout=10)),
+    ]
+    deadline = time.monotonic() + 5
+    while replicas.module.active < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert replicas.module.active == 3
+    replicas.module.gate.set()
+    for call in calls:
+        assert (await call).result.status == SUCCEEDED
+
+
+async def test_duplicates_share_one_run(replicas: Replicas) -> None:
+    stub = replicas.stubs[0]
+    first = asyncio.ensure_future(stub.Execute(_request("p-dup", n=7, text="again"), timeout=10))
+    await _started(replicas.module)
+    duplicates = [
+        asyncio.ensure_future(stub.Execute(_request("p-dup", n=7, text="again"), timeout=10))
+        for _ in range(3)
+    ]
+    await asyncio.sleep(0.1)
+    replicas.module.gate.set()
+    results = [(await call).result for call in [first, *duplicates]]
+    assert replicas.module.runs == 1
+    assert all(result == results[0] for result in results)
+    assert results[0].status == SUCCEEDED
+    # One exchange in history, not four.
+    async with grpc.aio.insecure_channel(replicas.storage_target) as channel:
+        page = await storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
+            storage_pb2.ListHistoryRequest(player_id="p-dup")
+        )
+    assert len(page.entries) == 2
+
+
+async def test_cancel_run_stops_the_run_and_releases_the_lease(replicas: Replicas) -> None:
+    first, second = replicas.stubs
+    running = asyncio.ensure_future(
+        first.Execute(_request("p-cancel", request_id="req-1"), timeout=10)
+    )
+    await _started(replicas.module)
+    assert await _lease_holder(replicas.journal, "p-cancel") != ""
+    wrong = await first.CancelRun(
+        engine_pb2.CancelRunRequest(player=_player("p-cancel"), request_id="other"), timeout=5
+    )
+    assert not wrong.cancelled
+    other_replica = await second.CancelRun(engine_pb2.CancelRunRequest(player=_player("p-cancel")))
+    assert not other_replica.cancelled  # runs are cancelled on the replica that runs them
+    reply = await first.CancelRun(
+        engine_pb2.CancelRunRequest(player=_player("p-cancel"), request_id="req-1"), timeout=5
+    )
+    assert reply.cancelled
+    result = (await running).result
+    assert result.status == common_pb2.RESULT_STATUS_FAILED
+    assert result.failure.key == AgentFailure.CANCELLED.value
+    assert replicas.module.cancelled == 1
+    assert await _lease_holder(replicas.journal, "p-cancel") == ""
+    # A new request of the player runs at once, on either replica.
+    replicas.module.gate.set()
+    started = time.monotonic()
+    assert (await second.Execute(_request("p-cancel", n=1), timeout=5)).result.status == SUCCEEDED
+    assert time.monotonic() - started < 1.5
+    # No history entry for the cancelled run: only the second exchange.
+    async with grpc.aio.insecure_channel(replicas.storage_target) as channel:
+        page = await storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
+            storage_pb2.ListHistoryRequest(player_id="p-cancel")
+        )
+    assert len(page.entries) == 2
+
+
+async def test_cancel_run_without_player_is_invalid(replicas: Replicas) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await replicas.stubs[0].CancelRun(engine_pb2.CancelRunRequest(), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_storage_down_is_unavailable_and_nothing_runs(tmp_path: pathlib.Path) -> None:
+    async with _replicas(f"sqlite:///{tmp_path / 'storage.db'}", count=1) as running:
+        # A third engine pointed at a storage address where nothing listens.
+        engine = await create_engine(
+            EngineConfig(
+                **HOST,
+                storage_target="127.0.0.1:1",
+                gateway_target="127.0.0.1:1",
+                player_lease_seconds=2,
+            )
+        )
+        engine.engine.registry = _registry(running.module)
+        await engine.host.start()
+        engine_target = engine.host.target
+        try:
+            async with grpc.aio.insecure_channel(engine_target) as channel:
+                stub = engine_pb2_grpc.EngineServiceStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Execute(_request(), timeout=10)
+        finally:
+            await engine.host.stop()
+            await engine.aclose()
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert running.module.runs == 0
+
+
+async def test_players_cancel_control_stops_a_slow_run(tmp_path: pathlib.Path) -> None:
+    async with running_chain(tmp_path) as chain:
+        module = SlowModule()
+        chain.apps["engine"].engine.registry = _registry(module)
+        client = await chain.client()
+        await client.join("steve", "Steve", "en")
+        invoke = gateway_pb2.Invoke(call=common_pb2.ModuleAction(module_id=SLOW))
+        pending = asyncio.ensure_future(client.request("steve", 10, invoke=invoke))
+        await _started(module)
+        await client.control("steve", gateway_pb2.CONTROL_ACTION_CANCEL)
+        response = await asyncio.wait_for(pending, 5)
+        assert response.reply.result.failure.key == AgentFailure.CANCELLED.value
+        deadline = time.monotonic() + 5
+        while module.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert module.active == 0 and module.cancelled == 1
+        # The player's lease is free again: the next run starts at once.
+        module.gate.set()
+        started = time.monotonic()
+        again = await client.request("steve", 10, invoke=invoke)
+        assert again.reply.result.status == SUCCEEDED
+        assert time.monotonic() - started < 2
