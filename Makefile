@@ -16,6 +16,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make run [SAY='帮助']   run the whole stack and chat as a player (SAY: one message, then exit)"
+	@echo "                       MODEL=offline: with a local scripted model instead of none"
 	@echo "make test              run every test (unit, in-process services, end-to-end)"
 	@echo "make bench             run the benchmarks and record results under bench/results/"
 	@echo "make protos            regenerate Python stubs in gen/ from protos/"
@@ -42,7 +43,7 @@ check-protos: $(INSTALLED)
 	$(PYTHON) scripts/gen_protos.py --check
 
 run: $(GEN_STAMP)
-	$(PYTHON) -m services.stack $(if $(SAY),--say '$(SAY)')
+	$(PYTHON) -m services.stack $(if $(SAY),--say '$(SAY)') $(if $(filter offline,$(MODEL)),--offline-model)
 
 test: $(GEN_STAMP)
 	$(PYTHON) -m pytest $(PYTEST_ARGS)

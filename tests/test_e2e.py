@@ -148,6 +148,35 @@ def test_make_run_say_prints_the_help_card(tmp_path: Path) -> None:
     assert "stack ready in" in done.stderr
 
 
+def test_make_run_offline_model_answers_through_the_scripted_model(tmp_path: Path) -> None:
+    # `make run MODEL=offline`: an unclear text reaches the model gateway, which asks the
+    # in-process scripted server; it answers clarify, so a selection card comes back.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_MODEL_")} | {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")])
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.stack",
+            "--say",
+            "blorp zzz",
+            "--free-ports",
+            "--offline-model",
+            "--data",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "offline scripted model at http://127.0.0.1:" in done.stderr
+    assert '"model call ok"' in (tmp_path / "logs" / "model.log").read_text()
+
+
 @pytest.mark.parametrize(
     ("module", "env", "config", "expected"),
     [

@@ -4,6 +4,7 @@ fake OpenAI server. Nothing here leaves loopback."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -19,7 +20,7 @@ from system.model.v1 import model_pb2, model_pb2_grpc
 from services.model_gateway.app import SERVICE_NAME, create_app
 from services.model_gateway.config import ENV_PREFIX, ModelConfig
 from services.model_gateway.provider import ChatMessage, ChatProvider
-from services.model_testserver import FakeOpenAIServer
+from services.model_testserver import FakeOpenAIServer, router_demo_reply
 from services.runtime import DeadlineExceeded, request_scope
 from services.runtime.config import ConfigError, load_config
 
@@ -106,13 +107,18 @@ async def test_status_with_key(gateway: Gateway) -> None:
     assert status.model == "deepseek-reasoner"
 
 
-async def test_complete_without_key_is_failed_precondition(
+async def test_complete_without_key_is_unavailable(
     gateway: Gateway, fake: FakeOpenAIServer
 ) -> None:
+    # UNAVAILABLE is what callers turn into their local fallback; the reason says how to fix it.
     stub = await gateway(api_key="")
+    before = _sample("model_calls_total", outcome="not_configured")
     error = await _fails(stub.Complete(_request(), timeout=5))
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "no model is configured" in error.details()
     assert "SYSTEM_MODEL_API_KEY" in error.details()
+    assert "SYSTEM_MODEL_API_KEY_FILE" in error.details()
+    assert _sample("model_calls_total", outcome="not_configured") == before + 1
     assert fake.requests == []
 
 
@@ -377,6 +383,64 @@ def test_config_validation(env: dict[str, str], expected: str) -> None:
         load_config(ModelConfig, env_prefix=ENV_PREFIX, environ=environ)
 
 
+def test_config_reads_the_key_from_a_file(tmp_path: Any) -> None:
+    secret = tmp_path / "model-api-key"
+    secret.write_text("  sk-from-file\n", encoding="utf-8")
+    config = load_config(
+        ModelConfig,
+        env_prefix=ENV_PREFIX,
+        environ={"SYSTEM_MODEL_API_KEY_FILE": str(secret)},
+    )
+    assert config.configured
+    assert config.key == "sk-from-file"
+    assert config.api_key == ""
+    assert "sk-from-file" not in repr(config)
+    assert "sk-from-file" not in str(config)
+    secret.write_text("sk-changed", encoding="utf-8")
+    assert config.key == "sk-from-file"  # read once, at start
+    assert dataclasses.replace(config, port=0).key == "sk-changed"
+
+
+async def test_gateway_uses_the_key_from_a_file(
+    gateway: Gateway, fake: FakeOpenAIServer, tmp_path: Any
+) -> None:
+    secret = tmp_path / "key"
+    secret.write_text(KEY + "\n", encoding="utf-8")
+    stub = await gateway(api_key="", api_key_file=str(secret))
+    status = await stub.GetModelStatus(model_pb2.GetModelStatusRequest(), timeout=5)
+    assert status.configured is True
+    fake.script(content="from file")
+    assert (await stub.Complete(_request(), timeout=5)).content == "from file"
+    assert fake.completions[-1].bearer == KEY
+
+
+def test_config_key_file_errors(tmp_path: Any) -> None:
+    missing = tmp_path / "absent"
+    with pytest.raises(ConfigError, match=f"api_key_file {missing}") as caught:
+        load_config(
+            ModelConfig, env_prefix=ENV_PREFIX, environ={"SYSTEM_MODEL_API_KEY_FILE": str(missing)}
+        )
+    assert "cannot be read" in str(caught.value)
+    with pytest.raises(ConfigError, match=f"api_key_file {tmp_path}"):  # a folder
+        ModelConfig(api_key_file=str(tmp_path))
+    empty = tmp_path / "empty"
+    empty.write_text("\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="is empty"):
+        ModelConfig(api_key_file=str(empty))
+    secret = tmp_path / "key"
+    secret.write_text("sk-secret-in-file", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not both") as both:
+        load_config(
+            ModelConfig,
+            env_prefix=ENV_PREFIX,
+            environ={
+                "SYSTEM_MODEL_API_KEY": "sk-secret-in-env",
+                "SYSTEM_MODEL_API_KEY_FILE": str(secret),
+            },
+        )
+    assert "sk-secret" not in str(both.value)
+
+
 def test_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         ModelConfig().api_key = "x"  # type: ignore[misc]
@@ -393,3 +457,44 @@ async def test_fake_server_lists_models_and_checks_the_key(fake: FakeOpenAIServe
         with pytest.raises(openai.AuthenticationError) as caught:
             await client.models.list()
         assert caught.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+
+
+def _routing(request: str, catalogue: list[dict[str, Any]]) -> list[dict[str, str]]:
+    payload = {"catalogue": catalogue, "playerLanguage": "en_us", "request": request}
+    return [
+        {"role": "system", "content": 'Reply with JSON only: {"capabilityId": ...}'},
+        {"role": "user", "content": json.dumps(payload)},
+    ]
+
+
+def test_router_demo_reply_matches_an_id_word_or_clarifies() -> None:
+    catalogue = [
+        {"id": "system:help", "explicitOnly": False},
+        {"id": "system:history", "explicitOnly": False},
+        {"id": "system:inventory_clear", "explicitOnly": True},
+        {"id": "clarify"},
+    ]
+    answer = json.loads(router_demo_reply(_routing("Show my HISTORY please", catalogue)) or "")
+    assert answer == {"capabilityId": "system:history", "arguments": {}}
+    for text in ("blorp", "histories", "clear inventory"):  # no whole word; explicitOnly skipped
+        answer = json.loads(router_demo_reply(_routing(text, catalogue)) or "")
+        assert answer == {"capabilityId": "clarify", "arguments": {}}, text
+    assert router_demo_reply([{"role": "user", "content": "hello"}]) is None
+
+
+async def test_fake_server_responder_answers_when_nothing_is_scripted() -> None:
+    with FakeOpenAIServer(api_key=KEY, responder=router_demo_reply) as server:
+        async with openai.AsyncOpenAI(
+            api_key=KEY, base_url=server.base_url, max_retries=0
+        ) as client:
+            messages: Any = _routing("help", [{"id": "system:help"}, {"id": "clarify"}])
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            assert json.loads(reply.choices[0].message.content or "")["capabilityId"] == (
+                "system:help"
+            )
+            server.script(content="scripted wins")
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            assert reply.choices[0].message.content == "scripted wins"
+            plain: Any = [{"role": "user", "content": "hi"}]
+            reply = await client.chat.completions.create(model="m", messages=plain)
+            assert reply.choices[0].message.content == "echo: hi"

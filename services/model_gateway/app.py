@@ -36,8 +36,8 @@ class ModelApp:
         )
         if not config.configured:
             log.warning(
-                "no API key (SYSTEM_MODEL_API_KEY); Complete answers FAILED_PRECONDITION and "
-                "callers fall back to local routing"
+                "no API key (SYSTEM_MODEL_API_KEY or SYSTEM_MODEL_API_KEY_FILE); Complete answers "
+                "UNAVAILABLE and callers fall back to local routing"
             )
 
     async def aclose(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from services.runtime.config import ConfigError, ServerConfig
 
@@ -24,8 +25,15 @@ class ModelConfig(ServerConfig):
     model: str = "deepseek-chat"
     """Model name sent with every completion."""
     api_key: str = dataclasses.field(default="", repr=False)
-    """Bearer key for the provider; empty means no model is configured. Normally set through
-    `SYSTEM_MODEL_API_KEY` rather than a file. Kept out of `repr` so it never reaches a log."""
+    """Bearer key for the provider; empty (and no `api_key_file`) means no model is configured.
+    Set it through `SYSTEM_MODEL_API_KEY` rather than the TOML file. Kept out of `repr` so it
+    never reaches a log."""
+    api_key_file: str = ""
+    """Path of a file holding the key (a mounted secret), read once at start with surrounding
+    whitespace stripped. Not together with `api_key`."""
+
+    # Not a field (no annotation): the key read from `api_key_file`, out of repr and settings.
+    _file_key = ""
     request_timeout_seconds: float = 20.0
     """Longest one provider call may take; a shorter caller deadline wins."""
     max_prompt_chars: int = 32_000
@@ -33,10 +41,34 @@ class ModelConfig(ServerConfig):
     default_max_tokens: int = 1024
     """Answer-token bound used when a request leaves `max_tokens` at 0."""
 
+    def __post_init__(self) -> None:
+        if not self.api_key_file:
+            return
+        if self.api_key:
+            raise ConfigError(
+                "set either api_key (SYSTEM_MODEL_API_KEY) or api_key_file "
+                "(SYSTEM_MODEL_API_KEY_FILE), not both"
+            )
+        path = Path(self.api_key_file)
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            # The exception's own text is left out: only the path and the reason's kind.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "unreadable"
+            raise ConfigError(f"api_key_file {path} cannot be read: {reason}") from None
+        if not key:
+            raise ConfigError(f"api_key_file {path} is empty")
+        object.__setattr__(self, "_file_key", key)
+
+    @property
+    def key(self) -> str:
+        """The API key in force: `api_key`, or the content of `api_key_file`; "" for none."""
+        return self.api_key or self._file_key
+
     @property
     def configured(self) -> bool:
         """True when an API key is set, so completions can be attempted."""
-        return bool(self.api_key)
+        return bool(self.key)
 
     def validate(self) -> None:
         super().validate()

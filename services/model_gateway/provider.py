@@ -8,6 +8,7 @@ Failure mapping (the caller decides whether to retry; the client itself never do
 
     openai.APITimeoutError                          DeadlineExceeded
     openai.RateLimitError (429)                     ResourceExhausted
+    no API key configured                           Unavailable (callers fall back locally)
     openai.AuthenticationError (401)                FailedPrecondition (the key was refused)
     openai.PermissionDeniedError (403)              FailedPrecondition (the key was refused)
     openai.APIConnectionError, InternalServerError  Unavailable
@@ -68,17 +69,21 @@ MODEL_CALLS = Counter(
 
 _OUTCOMES = {
     "INVALID_ARGUMENT": "invalid_argument",
-    "FAILED_PRECONDITION": "not_configured",
+    "FAILED_PRECONDITION": "key_refused",
     "DEADLINE_EXCEEDED": "deadline_exceeded",
     "RESOURCE_EXHAUSTED": "rate_limited",
     "UNAVAILABLE": "unavailable",
 }
 
-NO_KEY_MESSAGE = "no model is configured; set SYSTEM_MODEL_API_KEY"
+NO_KEY_MESSAGE = (
+    "no model is configured: set SYSTEM_MODEL_API_KEY (or SYSTEM_MODEL_API_KEY_FILE, a file "
+    "holding the key) on the model gateway; until then callers fall back to local routing"
+)
 
 
-class _KeyRefused(FailedPrecondition):
-    """The provider refused the key: a precondition failure, metered apart from 'no key'."""
+class _NotConfigured(Unavailable):
+    """No API key: UNAVAILABLE, which callers turn into their local fallback; metered apart
+    from a provider outage."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +120,7 @@ class ChatProvider:
 
     Args:
         config: the gateway's settings. Without an API key no client is made and every
-            completion fails with FailedPrecondition; the service still starts and answers.
+            completion fails with Unavailable (see NO_KEY_MESSAGE); the service still starts and answers.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -123,7 +128,7 @@ class ChatProvider:
         self._client: openai.AsyncOpenAI | None = None
         if config.configured:
             self._client = openai.AsyncOpenAI(
-                api_key=config.api_key,
+                api_key=config.key,
                 base_url=config.base_url,
                 timeout=config.request_timeout_seconds,
                 # Retries belong to the caller, who knows its budget; a hidden retry here
@@ -178,10 +183,11 @@ class ChatProvider:
 
         Raises:
             InvalidArgument: the request cannot be sent (see `validate`).
-            FailedPrecondition: no API key is configured, or the provider refused it.
+            FailedPrecondition: the provider refused the API key.
             DeadlineExceeded: the provider did not answer in time.
             ResourceExhausted: the provider rate-limited the call.
-            Unavailable: the provider could not be reached or failed.
+            Unavailable: no API key is configured, or the provider could not be reached or
+                failed.
         """
         started = time.perf_counter()
         outcome = "error"
@@ -189,13 +195,13 @@ class ChatProvider:
         try:
             self.validate(messages, temperature)
             if self._client is None:
-                raise FailedPrecondition(NO_KEY_MESSAGE)
+                raise _NotConfigured(NO_KEY_MESSAGE)
             result = await self._call(self._client, messages, max_tokens, temperature)
             usage = (result.prompt_tokens, result.completion_tokens)
             outcome = "ok"
             return result
-        except _KeyRefused:
-            outcome = "key_refused"
+        except _NotConfigured:
+            outcome = "not_configured"
             raise
         except ServiceError as exc:
             outcome = _OUTCOMES.get(exc.code, "error")
@@ -253,9 +259,9 @@ class ChatProvider:
             ) from None
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
             # The provider's message may echo part of the key; it is left out on purpose.
-            raise _KeyRefused(
+            raise FailedPrecondition(
                 f"the model provider refused the API key (HTTP {exc.status_code}); "
-                "check SYSTEM_MODEL_API_KEY"
+                "check SYSTEM_MODEL_API_KEY or SYSTEM_MODEL_API_KEY_FILE"
             ) from None
         except openai.InternalServerError as exc:
             raise Unavailable(

@@ -3,6 +3,12 @@
 Standard library only; see `server` for the HTTP surface and `FakeOpenAIServer` for the API.
 """
 
-from services.model_testserver.server import FakeOpenAIServer, RecordedRequest, ScriptedReply
+from services.model_testserver.server import (
+    FakeOpenAIServer,
+    RecordedRequest,
+    Responder,
+    ScriptedReply,
+    router_demo_reply,
+)
 
-__all__ = ["FakeOpenAIServer", "RecordedRequest", "ScriptedReply"]
+__all__ = ["FakeOpenAIServer", "RecordedRequest", "Responder", "ScriptedReply", "router_demo_reply"]

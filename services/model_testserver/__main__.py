@@ -1,7 +1,9 @@
-"""`python -m services.model_testserver [--host H] [--port P] [--api-key K] [--model M ...]`.
+"""`python -m services.model_testserver [--host H] [--port P] [--api-key K] [--model M ...]
+[--router-demo]`.
 
 Runs the fake OpenAI server until SIGINT or SIGTERM. With no script queued every completion
-answers `echo: <last user message>`. Point the model gateway at it with
+answers `echo: <last user message>`; with `--router-demo` the router's routing requests get a
+keyword-matched capability or `clarify` (see `router_demo_reply`). Point the model gateway at it with
 `SYSTEM_MODEL_BASE_URL=http://127.0.0.1:<port>/v1 SYSTEM_MODEL_API_KEY=<key>`.
 """
 
@@ -13,7 +15,7 @@ import signal
 import sys
 import threading
 
-from services.model_testserver.server import FakeOpenAIServer
+from services.model_testserver.server import FakeOpenAIServer, router_demo_reply
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,11 +29,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--model", action="append", dest="models", help="model listed by /v1/models (repeatable)"
     )
+    parser.add_argument(
+        "--router-demo",
+        action="store_true",
+        help="answer the router's routing requests by keyword (else clarify) instead of echoing",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     server = FakeOpenAIServer(
-        args.api_key, host=args.host, port=args.port, models=args.models or ("deepseek-chat",)
+        args.api_key,
+        host=args.host,
+        port=args.port,
+        models=args.models or ("deepseek-chat",),
+        responder=router_demo_reply if args.router_demo else None,
     )
     try:
         server.start()

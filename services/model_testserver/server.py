@@ -10,7 +10,8 @@ It speaks just enough of the OpenAI HTTP API for the real `openai` client:
 
 Replies are scripted: tests queue replies with `script(...)` and each chat completion takes the
 next one. A reply is content, or an HTTP error status (with OpenAI error JSON), optionally after
-a delay. With the queue empty the answer is `echo: <last user message>`, so runs are
+a delay. With the queue empty the optional `responder` answers (see `router_demo_reply` for the
+one `make run MODEL=offline` uses), and otherwise `echo: <last user message>`, so runs are
 deterministic. Every request received is recorded for assertions.
 
 The server runs on its own thread, so it serves the same way under sync or async tests:
@@ -34,14 +35,19 @@ import http.server
 import itertools
 import json
 import logging
+import re
 import socket
 import socketserver
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["FakeOpenAIServer", "RecordedRequest", "ScriptedReply"]
+__all__ = ["FakeOpenAIServer", "RecordedRequest", "Responder", "ScriptedReply", "router_demo_reply"]
+
+Responder = Callable[[list[Any]], "str | None"]
+"""Answers a chat completion from its `messages` when no reply is scripted; None falls back to
+the echo."""
 
 log = logging.getLogger("system.model_testserver")
 
@@ -163,6 +169,8 @@ class FakeOpenAIServer:
         host: address to listen on.
         port: port to listen on; 0 picks a free one (see `start()` and `port`).
         models: names `GET /v1/models` lists. Completions accept any model name.
+        responder: answers completions while no reply is scripted; returning None (or no
+            responder) answers `echo: <last user message>`.
     """
 
     def __init__(
@@ -172,8 +180,10 @@ class FakeOpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         models: Sequence[str] = ("deepseek-chat",),
+        responder: Responder | None = None,
     ) -> None:
         self.api_key = api_key
+        self.responder = responder
         self.host = host
         self.port = port
         self.models = tuple(models)
@@ -369,6 +379,8 @@ class FakeOpenAIServer:
             self._send_error(handler, reply.status, reply.message)
             return
         content = reply.content
+        if content is None and self.responder is not None:
+            content = self.responder(messages)
         if content is None:
             last_user = next(
                 (
@@ -425,3 +437,40 @@ class FakeOpenAIServer:
             status,
             {"error": {"message": message or default, "type": kind, "param": param, "code": code}},
         )
+
+
+_ID_PARTS = re.compile(r"[^a-z0-9]+")
+
+
+def router_demo_reply(messages: list[Any]) -> str | None:
+    """A deterministic stand-in for the router's model call, for offline demos.
+
+    It answers only routing requests: a user message that is the router's JSON, holding a
+    `catalogue` list and the player's `request` text. The answer is
+    `{"capabilityId": <id>, "arguments": {}}` for the first catalogue entry (in catalogue order,
+    `explicitOnly` entries skipped) one of whose id words appears as a whole word in the request,
+    case-insensitively; the id words are the parts after the namespace, so `system:history`
+    matches "history" and "show my history". Anything else answers `clarify`. Any other
+    request returns None (the echo).
+    """
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        try:
+            data = json.loads(message.get("content") or "")
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("catalogue"), list):
+            return None
+        words = set(_ID_PARTS.split(str(data.get("request", "")).lower()))
+        for entry in data["catalogue"]:
+            if not isinstance(entry, dict) or entry.get("explicitOnly"):
+                continue
+            module_id = entry.get("id")
+            if not isinstance(module_id, str) or module_id == "clarify":
+                continue
+            name = module_id.lower().rpartition(":")[2]
+            if any(len(part) >= 3 and part in words for part in _ID_PARTS.split(name)):
+                return json.dumps({"capabilityId": module_id, "arguments": {}})
+        return json.dumps({"capabilityId": "clarify", "arguments": {}})
+    return None

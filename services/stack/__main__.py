@@ -1,7 +1,14 @@
-"""`python -m services.stack [--say TEXT]`: the whole stack plus a simulated game server.
+"""`python -m services.stack [--say TEXT] [--offline-model]`: the whole stack plus a simulated
+game server.
 
 Without --say it opens a prompt where you chat as the player Steve. Lines starting with `:`
 are the simulator's own commands (`:help` lists them); everything else is sent as chat.
+
+With --offline-model (`make run MODEL=offline`) the launcher also runs the local
+OpenAI-compatible test server in-process, with a generated key, and points the model gateway at
+it. Its replies are scripted for a demo: a routing request picks the catalogue module whose id
+word appears in the text ("show my history" -> system:history), otherwise `clarify`; any other
+completion echoes the last user message. See `services.model_testserver.router_demo_reply`.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import re
+import secrets
 import sys
 import threading
 from pathlib import Path
@@ -18,6 +26,7 @@ from system.gateway.v1 import gateway_pb2
 
 from services.gamesim import GameServerClient, render_response
 from services.gamesim.client import FrameRefused, GatewayRefused
+from services.model_testserver import FakeOpenAIServer, router_demo_reply
 from services.stack.launcher import ROOT, SERVICES, Stack, StackError
 
 PLAYER_ID = "00000000-0000-4000-8000-000000000001"
@@ -153,8 +162,33 @@ def main() -> int:
     parser.add_argument(
         "--free-ports", action="store_true", help="use free ports instead of 50051-50055"
     )
+    parser.add_argument(
+        "--offline-model",
+        action="store_true",
+        help="run a local scripted OpenAI-compatible model and point the model gateway at it",
+    )
     args = parser.parse_args()
-    stack = Stack(Path(args.data), fixed_ports=not args.free_ports)
+    fake: FakeOpenAIServer | None = None
+    service_env: dict[str, dict[str, str]] = {}
+    if args.offline_model:
+        key = secrets.token_urlsafe(24)
+        fake = FakeOpenAIServer(key, responder=router_demo_reply)
+        fake.start()
+        service_env["model"] = {
+            "SYSTEM_MODEL_BASE_URL": fake.base_url,
+            "SYSTEM_MODEL_API_KEY": key,
+            "SYSTEM_MODEL_API_KEY_FILE": "",  # a file from the caller's environment would clash
+        }
+        print(f"offline scripted model at {fake.base_url}", file=sys.stderr, flush=True)
+    try:
+        return _run(args, service_env)
+    finally:
+        if fake is not None:
+            fake.stop()
+
+
+def _run(args: argparse.Namespace, service_env: dict[str, dict[str, str]]) -> int:
+    stack = Stack(Path(args.data), fixed_ports=not args.free_ports, service_env=service_env)
     print(
         "starting storage, model gateway, engine, router and gateway ...",
         file=sys.stderr,

@@ -103,7 +103,9 @@ class Stack:
         data_dir: folder for the SQLite database, logs and port files.
         fixed_ports: use the default ports (50051-50055) instead of free ones.
         server_id / token: the credential the simulated game server uses.
-        extra_env: more environment for every service (for example SYSTEM_MODEL_API_KEY).
+        extra_env: more environment for every service.
+        service_env: more environment for one service, by name (for example
+            `{"model": {"SYSTEM_MODEL_API_KEY": ...}}`, so the key reaches that child only).
         drain_seconds: how long each service answers NOT_SERVING after SIGTERM before stopping.
     """
 
@@ -115,12 +117,14 @@ class Stack:
         server_id: str = "sim",
         token: str | None = None,
         extra_env: dict[str, str] | None = None,
+        service_env: dict[str, dict[str, str]] | None = None,
         drain_seconds: float = 0.2,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.server_id = server_id
         self.token = token or secrets.token_urlsafe(24)
         self.extra_env = extra_env or {}
+        self.service_env = service_env or {}
         self.drain_seconds = drain_seconds
         self.ports = {
             spec.name: spec.default_port if fixed_ports else free_port() for spec in SERVICES
@@ -161,6 +165,7 @@ class Stack:
         }
         env.update({f"{p}{key}": value for key, value in targets.get(spec.name, {}).items()})
         env.update(self.extra_env)
+        env.update(self.service_env.get(spec.name, {}))
         return env
 
     def start(self, timeout: float = 30.0) -> float:
