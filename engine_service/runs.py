@@ -85,6 +85,7 @@ class PlayerRuns:
         self.owner = owner
         self.lease_seconds = lease_seconds
         self._runs: dict[str, Run] = {}
+        self._releasing: set[asyncio.Task[Any]] = set()
 
     def running(self, player_id: str) -> Run | None:
         return self._runs.get(player_id)
@@ -135,12 +136,13 @@ class PlayerRuns:
             keeper.cancel()
             with contextlib.suppress(BaseException):
                 await keeper
+            # Released in the background: the player's slot frees at once, so a request right
+            # after this one (say, after a cancel) is not refused while the release travels.
+            # A new acquisition by this replica gets a newer token, and storage refuses the old
+            # token's late release, so the two can never clash.
             release = _detached(self._release(name, token))
-            try:
-                await asyncio.shield(release)
-            except asyncio.CancelledError:
-                # The caller went away; the release still completes in the background.
-                raise
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
 
     async def _keep(self, run: Run, name: str, token: int) -> None:
         """Renews the lease every third of its length; a lease that cannot be renewed stops
