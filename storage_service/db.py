@@ -15,6 +15,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Table,
     Text,
     create_engine,
     event,
@@ -60,11 +61,23 @@ class PreferenceRow(Base):
     external_enabled: Mapped[bool] = mapped_column(Boolean)
 
 
-def upsert_ignore(session: Session, table: type[Base], **values: Any) -> Insert:
-    """INSERT that does nothing when the primary key exists, on SQLite and PostgreSQL."""
+def upsert_ignore(session: Session, table: type[Base] | Table, **values: Any) -> Insert:
+    """INSERT that does nothing when the key exists, on SQLite and PostgreSQL.
+
+    Its result's rowcount is 1 when this insert made the row and 0 when the key existed (what
+    tells a racing writer whether it won): SQLAlchemy reports no count for an INSERT unless
+    asked to preserve it, and an ORM-enabled insert never does, so the insert is made on the
+    mapped class's Core table.
+    """
     dialect = session.get_bind().dialect.name
     insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
-    return insert(table).values(**values).on_conflict_do_nothing()
+    target = table if isinstance(table, Table) else table.__table__
+    return (
+        insert(target)
+        .values(**values)
+        .on_conflict_do_nothing()
+        .execution_options(preserve_rowcount=True)
+    )
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]

@@ -16,10 +16,10 @@ from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow, upsert_ignore
+from storage_service.validation import check_player_id
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
 
-MAX_PLAYER_ID = 64
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 20
 
@@ -39,16 +39,6 @@ class Preferences:
 
     history_enabled: bool = True
     external_enabled: bool = True
-
-
-def check_player_id(player_id: str) -> None:
-    if not player_id:
-        raise InvalidArgument("player_id is required")
-    if len(player_id) > MAX_PLAYER_ID:
-        raise InvalidArgument(f"player_id is longer than {MAX_PLAYER_ID} characters")
-    if "\x00" in player_id:
-        # PostgreSQL text cannot hold NUL; reject it the same way on every database.
-        raise InvalidArgument("player_id must not contain NUL characters")
 
 
 def _encode_token(row_id: int) -> str:

@@ -87,6 +87,7 @@ from storage_service.player_data import (
     delete_document,
     put_document,
 )
+from storage_service.validation import MAX_PLAYER_ID, check_id, check_player_id
 
 __all__ = [
     "BatchRow",
@@ -110,7 +111,6 @@ __all__ = [
 
 log = logging.getLogger("system.storage.journal")
 
-MAX_PLAYER_ID = 64
 MAX_TASK_ID = 64
 MAX_ID = 128
 MAX_TTL_SECONDS = 3600
@@ -263,19 +263,7 @@ def utc_now() -> dt.datetime:
 
 
 def _check_id(value: str, field: str, limit: int = MAX_ID) -> None:
-    if not value:
-        raise InvalidArgument(f"{field} is required")
-    if len(value) > limit:
-        raise InvalidArgument(f"{field} is longer than {limit} characters")
-    if "\x00" in value:
-        # PostgreSQL text cannot hold NUL; reject it the same way on every database.
-        raise InvalidArgument(f"{field} must not contain NUL characters")
-    if not value.isprintable():
-        raise InvalidArgument(f"{field} must hold printable characters only")
-
-
-def _check_player_id(player_id: str, field: str = "player_id") -> None:
-    _check_id(player_id, field, MAX_PLAYER_ID)
+    check_id(value, field, limit)
 
 
 def _check_ttl(seconds: int, field: str) -> None:
@@ -648,7 +636,7 @@ def create_task(
 
     Returns (row, created, evicted). STORAGE_FULL when the ledger is full of unfinished tasks.
     """
-    _check_player_id(player_id)
+    check_player_id(player_id)
     _check_id(module_id, "module_id")
     _check_id(event_key, "event_key")
     if initial_state == TS.TASK_STATE_UNSPECIFIED:
@@ -1192,7 +1180,7 @@ def _validate_batch(request: journal_pb2.CommitRequest) -> bool:
     """Checks a batch; returns whether it holds receipt or transition operations (those take
     the player's ledger lock)."""
     _check_id(request.request_id, "request_id")
-    _check_player_id(request.player_id)
+    check_player_id(request.player_id)
     if not request.operations:
         raise InvalidArgument("operations must hold at least one operation")
     if len(request.operations) > MAX_OPERATIONS:
@@ -1383,7 +1371,7 @@ class JournalStore:
         self, player_id: str, states: Sequence[int] = (), page_size: int = 0, page_token: str = ""
     ) -> tuple[list[journal_pb2.EventTask], str]:
         """A page of the player's tasks, oldest first, and the token of the next page."""
-        _check_player_id(player_id)
+        check_player_id(player_id)
         names = {_state_name(state, f"states[{i}]") for i, state in enumerate(states)}
         if page_size < 0:
             raise InvalidArgument("page_size must not be negative")
@@ -1412,7 +1400,7 @@ class JournalStore:
         if len(player_ids) > MAX_CLAIM_PLAYERS:
             raise InvalidArgument(f"player_ids may name at most {MAX_CLAIM_PLAYERS} players")
         for index, player_id in enumerate(player_ids):
-            _check_player_id(player_id, f"player_ids[{index}]")
+            check_player_id(player_id, f"player_ids[{index}]")
         players = set(player_ids)
         now = self._now()
         live_lease = exists().where(

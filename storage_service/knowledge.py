@@ -68,6 +68,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.runtime.errors import InvalidArgument, NotFound
 from storage_service.db import Base, upsert_ignore
+from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 if TYPE_CHECKING:
     import jieba
@@ -87,7 +88,6 @@ __all__ = [
 
 log = logging.getLogger("system.storage.knowledge")
 
-MAX_PLAYER_ID = 64
 MAX_ENTRY_ID = 128
 MAX_TITLE = 200
 MAX_SOURCE = 2048
@@ -315,13 +315,6 @@ class KnowledgeHit:
     score: float
 
 
-def _check_player_id(player_id: str) -> None:
-    if len(player_id) > MAX_PLAYER_ID:
-        raise InvalidArgument(f"player_id is longer than {MAX_PLAYER_ID} characters")
-    if "\x00" in player_id:
-        raise InvalidArgument("player_id must not contain NUL characters")
-
-
 def _check_entry_id(entry_id: str) -> None:
     if not entry_id:
         raise InvalidArgument("entry_id is required")
@@ -389,7 +382,7 @@ class KnowledgeStore:
         source: str = "",
     ) -> tuple[KnowledgeEntry, bool]:
         """Adds or replaces an entry. Returns it and whether it was new."""
-        _check_player_id(player_id)
+        check_player_id(player_id, required=False)
         _check_entry_id(entry_id)
         if len(title) > MAX_TITLE:
             raise InvalidArgument(f"title has {len(title)} characters; the limit is {MAX_TITLE}")
@@ -429,7 +422,7 @@ class KnowledgeStore:
 
     def delete(self, player_id: str, entry_id: str) -> None:
         """Deletes an entry; NotFound when there is none in that scope."""
-        _check_player_id(player_id)
+        check_player_id(player_id, required=False)
         _check_entry_id(entry_id)
         with self._sessions.begin() as session:
             deleted = session.execute(
@@ -443,7 +436,7 @@ class KnowledgeStore:
     def clear(self, player_id: str) -> int:
         """Deletes a player's private entries (revoke/reset); the shared table is never touched.
         Returns how many went."""
-        _check_player_id(player_id)
+        check_player_id(player_id, required=False)
         if not player_id:
             raise InvalidArgument("player_id is required")
         with self._sessions.begin() as session:
@@ -459,7 +452,7 @@ class KnowledgeStore:
     ) -> list[KnowledgeHit]:
         """The player's private entries and (unless `private_only`) the shared ones that share
         a word with `query`, best first. A query without words (punctuation) finds nothing."""
-        _check_player_id(player_id)
+        check_player_id(player_id, required=False)
         stripped = query.strip()
         if not stripped:
             raise InvalidArgument("query is required")

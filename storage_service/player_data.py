@@ -34,14 +34,12 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
-from sqlalchemy.sql.dml import Insert
 from system.storage.v1 import journal_pb2, player_data_pb2
 
 from services.runtime.errors import Aborted, InvalidArgument, NotFound
-from storage_service.db import Base
+from storage_service.db import Base, upsert_ignore
+from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 __all__ = [
     "BindingRow",
@@ -58,7 +56,6 @@ __all__ = [
     "validate_key",
 ]
 
-MAX_PLAYER_ID = 64
 MAX_IDENTIFIER = 128
 MAX_CODEC_ID = 128
 MAX_USAGE_DAYS = 366
@@ -135,19 +132,6 @@ _STATES = {
 
 
 # -- validation --------------------------------------------------------------------------------
-
-
-def check_player_id(player_id: str, field: str = "player_id") -> None:
-    """Raises InvalidArgument unless the id is 1..64 printable characters."""
-    if not player_id:
-        raise InvalidArgument(f"{field} is required")
-    if len(player_id) > MAX_PLAYER_ID:
-        raise InvalidArgument(f"{field} is longer than {MAX_PLAYER_ID} characters")
-    if "\x00" in player_id:
-        # PostgreSQL text cannot hold NUL; reject it the same way on every database.
-        raise InvalidArgument(f"{field} must not contain NUL characters")
-    if not player_id.isprintable():
-        raise InvalidArgument(f"{field} must hold printable characters only")
 
 
 def _check_identifier(value: str, field: str) -> None:
@@ -231,21 +215,6 @@ def _current_version(session: Session, key: journal_pb2.DocumentKey, lock: bool 
     return int(version or 0)
 
 
-def _insert_ignore(session: Session, table: Table, **values: object) -> Insert:
-    """INSERT … ON CONFLICT DO NOTHING, as db.upsert_ignore, but with an affected-row count:
-    1 when this insert made the row, 0 when the key existed. SQLAlchemy reports no count for an
-    INSERT (rowcount -1 on psycopg) unless asked to preserve it, and an ORM-enabled insert
-    never does; the count is what tells a writer whether it won."""
-    dialect = session.get_bind().dialect.name
-    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
-    return (
-        insert(table)
-        .values(**values)
-        .on_conflict_do_nothing()
-        .execution_options(preserve_rowcount=True)
-    )
-
-
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -313,7 +282,7 @@ def put_document(
         # The primary key decides: a concurrent insert of the same key makes this one do
         # nothing (PostgreSQL waits for the other transaction, then sees its row).
         inserted = session.execute(
-            _insert_ignore(
+            upsert_ignore(
                 session,
                 _DOCS,
                 player_id=key.player_id,
@@ -374,7 +343,7 @@ def add_usage(session: Session, player_id: str, increment: journal_pb2.UsageIncr
     if not amounts:
         return
     session.execute(
-        _insert_ignore(
+        upsert_ignore(
             session,
             _USAGE,
             player_id=player_id,
@@ -494,7 +463,7 @@ class PlayerDataStore:
         now = _now()
         with self._sessions.begin() as session:
             inserted = session.execute(
-                _insert_ignore(session, _BINDINGS, player_id=player_id, state=BOUND, changed_at=now)
+                upsert_ignore(session, _BINDINGS, player_id=player_id, state=BOUND, changed_at=now)
             )
             if inserted.rowcount != 1:
                 session.execute(
@@ -542,7 +511,7 @@ class PlayerDataStore:
                 deleted += int(result.rowcount or 0)
             if mode == player_data_pb2.RESET_MODE_REVOKE:
                 inserted = session.execute(
-                    _insert_ignore(
+                    upsert_ignore(
                         session, _BINDINGS, player_id=player_id, state=REVOKED, changed_at=now
                     )
                 )
