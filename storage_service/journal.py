@@ -35,12 +35,13 @@ transaction per call, and `JournalStore.commit` applies a whole batch in one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from google.protobuf import struct_pb2
 from sqlalchemy import (
@@ -1443,6 +1444,15 @@ class JournalStore:
                 )
         return claims
 
+    @contextlib.contextmanager
+    def _fenced(self, fence: journal_pb2.Fence | None) -> Iterator[tuple[Session, dt.datetime]]:
+        """One transaction for a write made under `fence` (checked first); yields the session
+        and the time the write is stamped with."""
+        now = self._now()
+        with self._sessions.begin() as session:
+            check_fence(session, fence, now)
+            yield session, now
+
     def transition_task(
         self,
         task_id: str,
@@ -1451,9 +1461,7 @@ class JournalStore:
         result: common_pb2.AgentResult | None = None,
         fence: journal_pb2.Fence | None = None,
     ) -> journal_pb2.EventTask:
-        now = self._now()
-        with self._sessions.begin() as session:
-            check_fence(session, fence, now)
+        with self._fenced(fence) as (session, now):
             row = transition_task(
                 session,
                 self._bounds,
@@ -1475,9 +1483,7 @@ class JournalStore:
         tool: str,
         fence: journal_pb2.Fence | None = None,
     ) -> tuple[journal_pb2.StepReceipt, bool]:
-        now = self._now()
-        with self._sessions.begin() as session:
-            check_fence(session, fence, now)
+        with self._fenced(fence) as (session, now):
             row, created = record_step(
                 session,
                 self._bounds,
@@ -1497,9 +1503,7 @@ class JournalStore:
         codec_id: str,
         fence: journal_pb2.Fence | None = None,
     ) -> journal_pb2.StepReceipt:
-        now = self._now()
-        with self._sessions.begin() as session:
-            check_fence(session, fence, now)
+        with self._fenced(fence) as (session, now):
             row = complete_step(
                 session,
                 self._bounds,
