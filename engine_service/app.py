@@ -7,10 +7,12 @@ from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from engine_service.clients import GatewayGameTools, JournalLeases, StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
+from engine_service.events import EventRunner, EventTasks
 from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.runs import PlayerRuns
 from engine_service.servicer import EngineServicer
+from engine_service.task_store import TaskStore
 from services.runtime.server import ServiceHost
 
 __all__ = ["EngineApp", "build_registry", "create_app"]
@@ -46,7 +48,20 @@ class EngineApp:
             self.game_tools,
             PlayerRuns(self.leases, config.replica_id, config.player_lease_seconds),
         )
-        servicer = EngineServicer(self.engine)
+        self.tasks = TaskStore(config.storage_target)
+        self.runner = EventRunner(
+            self.engine,
+            self.tasks,
+            BoundedExecutor("event", config.event_workers, config.event_queue),
+            config.replica_id,
+            config.task_lease_seconds,
+            config.event_poll_seconds,
+        )
+        self.maintenance = BoundedExecutor(
+            "maintenance", config.maintenance_workers, config.maintenance_queue
+        )
+        self.events = EventTasks(self.engine, self.tasks, self.runner)
+        servicer = EngineServicer(self.engine, self.events, self.maintenance)
         self.host = ServiceHost(
             "engine",
             config,
@@ -55,10 +70,16 @@ class EngineApp:
         )
 
     async def aclose(self) -> None:
+        await self.runner.stop()
+        self.maintenance.shutdown()
+        self.engine.interactive.shutdown()
+        await self.tasks.aclose()
         await self.game_tools.aclose()
         await self.leases.aclose()
         await self.storage.aclose()
 
 
 async def create_app(config: EngineConfig) -> EngineApp:
-    return EngineApp(config)
+    app = EngineApp(config)
+    app.runner.start()
+    return app

@@ -11,7 +11,7 @@ from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
-from services.results import AgentFailure, ModuleFailure
+from services.results import AgentFailure, ModuleFailure, NotDelivered
 from services.runtime.channels import Dependency
 from services.runtime.errors import ResourceExhausted, Unavailable
 
@@ -104,8 +104,8 @@ class GatewayGameTools:
 
     Calls are never retried: a game tool may write, and the relay cannot tell whether the game
     server ran a call whose answer was lost. Errors become catalogued module failures:
-    NOT_FOUND (player not connected, or their server does not offer the tool) is
-    TOOL_UNAVAILABLE; a lost answer of a non-idempotent tool is EFFECT_UNKNOWN, of any other
+    FAILED_PRECONDITION (player not connected) and NOT_FOUND (their server does not offer the
+    tool) are TOOL_UNAVAILABLE, raised as `NotDelivered` since the call never left; a lost answer of a non-idempotent tool is EFFECT_UNKNOWN, of any other
     TIMEOUT or TOOL_UNAVAILABLE; a failure the game server reports keeps its catalogue key.
     """
 
@@ -149,8 +149,18 @@ def _struct(data: dict[str, Any]) -> struct_pb2.Struct:
 def _failure(exc: grpc.aio.AioRpcError, tool_id: str, idempotent: bool) -> ModuleFailure:
     code = exc.code()
     detail = exc.details() or code.name
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return NotDelivered(
+            AgentFailure.TOOL_UNAVAILABLE,
+            f"{tool_id} needs the player online: {detail}",
+            player_offline=True,
+        )
     if code == grpc.StatusCode.NOT_FOUND:
-        return ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"{tool_id} is not available: {detail}")
+        return NotDelivered(
+            AgentFailure.TOOL_UNAVAILABLE,
+            f"{tool_id} is not available: {detail}",
+            player_offline=False,
+        )
     if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
         if not idempotent:
             # The game server may have run it: never guess, never repeat.

@@ -30,6 +30,20 @@ class EngineConfig(ServerConfig):
     """Interactive modules running at once."""
     interactive_queue: int = 32
     """Interactive requests waiting beyond the workers; more are refused as BUSY."""
+    event_workers: int = 2
+    """Event tasks running at once on this replica."""
+    event_queue: int = 64
+    """Claimed event tasks waiting for a worker (their leases renewed meanwhile)."""
+    maintenance_workers: int = 2
+    """Maintenance jobs (resuming a joining player's tasks) running at once."""
+    maintenance_queue: int = 32
+    """Maintenance jobs waiting; more are refused as BUSY."""
+    task_lease_seconds: int = 30
+    """Lease of a claimed event task, renewed every third. A replica that dies holds its tasks
+    this long before another replica takes them over."""
+    event_poll_seconds: float = 1.0
+    """How often to look for event tasks nobody woke this replica for (queued by another
+    replica, or left by a dead one)."""
     disabled_entry_points: tuple[str, ...] = ()
     """Names of `system.modules` entry points not to load."""
     replica_id: str = dataclasses.field(
@@ -55,7 +69,10 @@ class EngineConfig(ServerConfig):
             raise ConfigError("replica_id must not be empty")
         if not 1 <= self.player_lease_seconds <= 3600:
             raise ConfigError("player_lease_seconds must be between 1 and 3600")
-        if self.interactive_workers < 1 or self.interactive_queue < 0:
-            raise ConfigError(
-                "interactive_workers must be at least 1 and interactive_queue at least 0"
-            )
+        for kind in ("interactive", "event", "maintenance"):
+            if getattr(self, f"{kind}_workers") < 1 or getattr(self, f"{kind}_queue") < 0:
+                raise ConfigError(f"{kind}_workers must be at least 1 and {kind}_queue at least 0")
+        if not 3 <= self.task_lease_seconds <= 3600:
+            raise ConfigError("task_lease_seconds must be between 3 and 3600")
+        if not 0.01 <= self.event_poll_seconds <= 60:
+            raise ConfigError("event_poll_seconds must be between 0.01 and 60")

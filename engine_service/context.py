@@ -14,7 +14,8 @@ Every tool call goes through `ExecutionContext.tool`, which checks, in order:
 5. the policy's budgets: tool calls, steps, write steps (`system.error.budget_exhausted`).
 
 Then it calls the server tool's handler or relays the game tool through the gateway, with the
-time left as its timeout, and records the completed step. A module that fails after a write
+time left as its timeout, and records the completed step. In an event task's run, write steps
+go through the task's step journal (`steps.py`): intent before, result after, replay on rerun. A module that fails after a write
 step completed is reported PARTIALLY_SUCCEEDED (which still counts as failure), by the engine
 or by the module itself through `partial()`. No gRPC here.
 """
@@ -34,6 +35,7 @@ from system.engine.v1 import engine_pb2
 
 from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.schema import check_input
+from engine_service.steps import TaskSteps
 from engine_service.tools import ToolKind, ToolSpec
 from services.results import AgentFailure, ModuleFailure, card
 from services.runtime.errors import InvalidArgument
@@ -119,6 +121,7 @@ class ExecutionContext:
         current_player: returns the player's live permission snapshot; re-read at every tool
             and model call. Defaults to the request's snapshot.
         run_id: identifies the run in call ids (a fresh one by default).
+        steps: the step journal of an event task's run; write steps go through it.
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class ExecutionContext:
         deadline: float,
         current_player: Callable[[], common_pb2.PlayerContext] | None = None,
         run_id: str = "",
+        steps: TaskSteps | None = None,
     ) -> None:
         self.player = player
         self.registry = registry
@@ -151,6 +155,7 @@ class ExecutionContext:
         self._current_player = current_player or (lambda: self.player)
         self._call_ids = itertools.count(1)
         self._cancelled = False
+        self._steps = steps
 
     # -- state -----------------------------------------------------------------------------
 
@@ -251,12 +256,26 @@ class ExecutionContext:
         if not spec.read_only:
             self.write_steps += 1
         call_id = f"{self.run_id}.{next(self._call_ids)}"
-        if spec.kind == ToolKind.GAME:
-            output = await self._call_game(live, call_id, spec, payload)
+        if self._steps is not None and not spec.read_only:
+            # The step id doubles as the call id, so a game server may deduplicate on it too.
+            output = await self._steps.run(
+                spec, lambda step_id: self._call(live, step_id, spec, payload)
+            )
         else:
-            output = await self._call_server(spec, payload)
+            output = await self._call(live, call_id, spec, payload)
         self.steps.append(Step(call_id, tool_id, spec.read_only, output))
         return output
+
+    async def _call(
+        self,
+        live: common_pb2.PlayerContext,
+        call_id: str,
+        spec: ToolSpec,
+        payload: dict[str, Any],
+    ) -> dict[str, Any]:
+        if spec.kind == ToolKind.GAME:
+            return await self._call_game(live, call_id, spec, payload)
+        return await self._call_server(spec, payload)
 
     async def _call_server(self, spec: ToolSpec, payload: dict[str, Any]) -> dict[str, Any]:
         handler = self.registry.tools.handler(spec.tool_id)

@@ -20,7 +20,9 @@ from engine_service.context import ExecutionContext, GameTools, partial_result
 from engine_service.registry import ModuleRegistry, ModuleSpec, struct_to_dict
 from engine_service.runs import PlayerRuns, Run, fingerprint
 from engine_service.schema import check_input
-from services.results import AgentFailure, ModuleFailure, failed
+from engine_service.steps import TaskSteps
+from engine_service.task_store import LeaseLost
+from services.results import AgentFailure, ModuleFailure, NotDelivered, failed
 from services.runtime.context import current_request_id, remaining_seconds
 from services.runtime.errors import (
     FailedPrecondition,
@@ -28,6 +30,7 @@ from services.runtime.errors import (
     NotFound,
     PermissionDenied,
     ResourceExhausted,
+    Unavailable,
 )
 
 __all__ = ["BoundedExecutor", "Engine", "HistoryStore", "PlayerSnapshots", "RunContext"]
@@ -58,21 +61,48 @@ class BoundedExecutor:
         self._slots = asyncio.Semaphore(workers)
         self._limit = workers + queue
         self._admitted = 0
+        self._queued: set[asyncio.Task[object]] = set()
+        self._closed = False
 
     @property
     def admitted(self) -> int:
         """Jobs running or waiting now."""
         return self._admitted
 
+    @property
+    def capacity(self) -> int:
+        """Workers plus queue places."""
+        return self._limit
+
     async def run(self, job: Callable[[], Awaitable[T]]) -> T:
+        if self._closed:
+            raise Unavailable(f"the {self.name} executor is shutting down")
         if self._admitted >= self._limit:
             raise ResourceExhausted(f"the {self.name} queue is full; try again shortly")
         self._admitted += 1
+        task = asyncio.current_task()
         try:
-            async with self._slots:
+            if task is not None:
+                self._queued.add(task)
+            try:
+                await self._slots.acquire()
+            finally:
+                self._queued.discard(task)  # type: ignore[arg-type]
+            try:
                 return await job()
+            finally:
+                self._slots.release()
         finally:
             self._admitted -= 1
+
+    def shutdown(self) -> int:
+        """Refuses new jobs and cancels those still queued (not yet running); returns how many
+        were cancelled. Running jobs finish or are stopped by their owners."""
+        self._closed = True
+        queued = list(self._queued)
+        for task in queued:
+            task.cancel()
+        return len(queued)
 
 
 RunContext = ExecutionContext
@@ -266,6 +296,67 @@ class Engine:
         )
         if not run.cancelled:
             await self._record(player, request_text or _describe(action), result)
+        return result
+
+    async def run_event(
+        self,
+        player: common_pb2.PlayerContext,
+        module_id: str,
+        raw: dict,
+        steps: TaskSteps,
+    ) -> common_pb2.AgentResult | None:
+        """Runs one event task's module (the same checks and budgets as `execute`, source
+        EVENT, write steps through `steps`). Returns the result to store, or None when the
+        task must wait because its player went offline before a step could be delivered.
+
+        Raises:
+            LeaseLost: another replica owns the task now; nothing more may be written.
+        """
+        module = self.registry.get(module_id)
+        if module is None:
+            return failed(AgentFailure.NOT_FOUND, f"no module {module_id!r} is registered now")
+        live = self.players.current(player)
+        if not module.spec.event_allowed or not self.registry.allows(module_id, live):
+            return failed(AgentFailure.PERMISSION_DENIED, f"{module_id} may not run for this event")
+        try:
+            data = check_input(module_id, module.spec.input_schema, raw)
+        except InvalidArgument as exc:
+            return failed(AgentFailure.INVALID_INPUT, exc.message)
+        timeout = float(module.spec.policy.seconds)
+        context = ExecutionContext(
+            player=player,
+            spec=module.spec,
+            registry=self.registry,
+            history=self.history,
+            source=engine_pb2.ROUTE_SOURCE_EVENT,
+            game_tools=self.game_tools,
+            deadline=time.monotonic() + timeout,
+            current_player=lambda: self.players.current(player),
+            steps=steps,
+        )
+        self.players.enter(player)
+        try:
+            result = await asyncio.wait_for(module.run(data, context), timeout)
+        except NotDelivered as exc:
+            if exc.player_offline:
+                return None
+            result = _failure(context, exc.failure, exc.message)
+        except ModuleFailure as exc:
+            result = _failure(context, exc.failure, exc.message)
+        except TimeoutError:
+            result = _failure(context, AgentFailure.TIMEOUT, f"{module_id} did not finish in time")
+        except LeaseLost:
+            raise
+        except Exception:
+            log.exception("event module %s failed", module_id)
+            result = _failure(context, AgentFailure.MODULE_FAILED, f"{module_id} failed")
+        finally:
+            self.players.leave(player.player_id)
+        log.info(
+            "event task ran %s",
+            module_id,
+            extra={"module_id": module_id, "status": common_pb2.ResultStatus.Name(result.status)},
+        )
         return result
 
     def cancel(self, player_id: str, request_id: str = "") -> bool:

@@ -160,6 +160,10 @@ class ModuleSpec:
     absence never disables the module. Never overlaps `tools`."""
     policy: ExecutionPolicy = dataclasses.field(default_factory=ExecutionPolicy)
     """Budgets of one run."""
+    events: tuple[str, ...] = ()
+    """Game event types (`minecraft:advancement`) the module handles: each such event becomes a
+    persisted task running this module with the event's data as input. Needs
+    `event_allowed`, and every tool it declares must be event-allowed."""
 
     @property
     def write_steps(self) -> int:
@@ -228,6 +232,7 @@ class ModuleRegistry:
         self._descriptors: dict[str, catalog_pb2.ModuleDescriptor] = {}
         self._rejects: dict[str, dict[str, tuple[str, ...]]] = {}
         self._aliases: dict[str, str] = {}
+        self._handlers: dict[str, list[str]] = {}
         self._frozen = False
         self._generation = ""
 
@@ -269,7 +274,10 @@ class ModuleRegistry:
                     f"{spec.module_id}: command argument {command.argument!r} is not an input field"
                 )
         tools = self._check_tools(spec)
+        self._check_events(spec, tools)
         read_only = all(tool.read_only for tool in tools)
+        for event_type in spec.events:
+            self._handlers.setdefault(event_type, []).append(spec.module_id)
         self._modules[spec.module_id] = module
         self._descriptors[spec.module_id] = spec.descriptor(read_only_tools=read_only)
         self._aliases.update(seen)
@@ -307,6 +315,32 @@ class ModuleRegistry:
                 "no write steps; use HINTS for workflows that write"
             )
         return tools
+
+    @staticmethod
+    def _check_events(spec: ModuleSpec, tools: list[ToolSpec]) -> None:
+        """An event handler must be allowed to run from events, with event-allowed tools
+        only: otherwise every task it gets would fail at its first step."""
+        if not spec.events:
+            return
+        if not spec.event_allowed:
+            raise RegistryError(f"{spec.module_id}: handles events but is not event_allowed")
+        if len(set(spec.events)) != len(spec.events):
+            raise RegistryError(f"{spec.module_id}: an event type is declared twice")
+        for event_type in spec.events:
+            if not IDENTIFIER.match(event_type):
+                raise RegistryError(
+                    f"{spec.module_id}: event type {event_type!r} is not of the form namespace:path"
+                )
+        refused = [t.tool_id for t in tools if not t.event_allowed]
+        if refused:
+            raise RegistryError(
+                f"{spec.module_id}: handles events but declares tools events may not call: "
+                f"{', '.join(refused)}"
+            )
+
+    def handlers(self, event_type: str) -> list[Module]:
+        """Modules handling `event_type`, in registration order."""
+        return [self._modules[m] for m in self._handlers.get(event_type, ())]
 
     def reject(self, profile_id: str, examples: dict[str, tuple[str, ...]]) -> None:
         """Registers a reject profile: examples that take part in routing margins and fallbacks

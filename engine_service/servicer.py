@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.storage.v1 import journal_pb2
 
-from engine_service.engine import Engine
+from engine_service.engine import BoundedExecutor, Engine
+from engine_service.events import EventTasks
+from engine_service.registry import struct_to_dict
 from services.runtime.errors import InvalidArgument
 
 __all__ = ["EngineServicer"]
@@ -13,8 +16,10 @@ __all__ = ["EngineServicer"]
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     """Validates requests and hands them to the Engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, events: EventTasks, maintenance: BoundedExecutor) -> None:
         self._engine = engine
+        self._events = events
+        self._maintenance = maintenance
 
     async def Execute(self, request, context):  # type: ignore[no-untyped-def]
         if request.source == engine_pb2.ROUTE_SOURCE_UNSPECIFIED:
@@ -46,3 +51,27 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             modules=registry.descriptors(player),
             reject_profiles=registry.reject_profiles(),
         )
+
+    async def SubmitEvent(self, request, context):  # type: ignore[no-untyped-def]
+        try:
+            data = struct_to_dict(request.data)
+        except ValueError as exc:
+            raise InvalidArgument(f"data is not valid JSON: {exc}") from None
+        made = await self._events.submit(
+            request.player, request.event_type, request.event_key, data, request.player_online
+        )
+        return engine_pb2.SubmitEventResponse(
+            tasks=[
+                engine_pb2.SubmittedTask(
+                    task_id=task.task_id,
+                    module_id=task.module_id,
+                    created=created,
+                    waiting=task.state == journal_pb2.TASK_STATE_WAITING,
+                )
+                for task, created in made
+            ]
+        )
+
+    async def ResumePlayerTasks(self, request, context):  # type: ignore[no-untyped-def]
+        resumed = await self._maintenance.run(lambda: self._events.resume(request.player))
+        return engine_pb2.ResumePlayerTasksResponse(resumed=resumed)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from system.common.v1 import common_pb2
 
-__all__ = ["AgentFailure", "ModuleFailure", "card", "failed", "succeeded"]
+__all__ = ["AgentFailure", "ModuleFailure", "NotDelivered", "card", "failed", "succeeded"]
 
 
 class AgentFailure(enum.Enum):
@@ -51,6 +51,20 @@ class ModuleFailure(Exception):
         super().__init__(message)
         self.failure = failure
         self.message = message
+
+
+class NotDelivered(ModuleFailure):
+    """A tool call that certainly never ran: it was refused before it reached the game server.
+    Unlike a lost answer, repeating it later cannot repeat an effect.
+
+    Args:
+        player_offline: True when the player was not connected (an event task then waits for
+            them to join); False when their server does not offer the tool.
+    """
+
+    def __init__(self, failure: AgentFailure, message: str, player_offline: bool) -> None:
+        super().__init__(failure, message)
+        self.player_offline = player_offline
 
 
 def card(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -18,13 +19,11 @@ def _admin_url() -> str:
     return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    """URL of a fresh PostgreSQL database for one test module, dropped after it.
-
-    The server comes from TEST_POSTGRES_DSN (default: the local server, database `test`); the
-    tests never touch that database's own tables, only the one made here.
-    """
+@contextlib.contextmanager
+def _postgres_database() -> Iterator[str]:
+    """Makes a PostgreSQL database, yields its URL and drops it. The server comes from
+    TEST_POSTGRES_DSN (default: the local server, database `test`); the tests never touch
+    that database's own tables, only the one made here."""
     admin = create_engine(_admin_url(), isolation_level="AUTOCOMMIT")
     name = f"system_test_{uuid.uuid4().hex[:12]}"
     try:
@@ -39,6 +38,24 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """URL of a fresh PostgreSQL database for one test module, dropped after it."""
+    with _postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh_database_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """Like `database_url`, but a new PostgreSQL database for every test: for tests whose
+    leftovers (say, unfinished tasks a later engine would claim) must not reach the next."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'storage.db'}"
+        return
+    with _postgres_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -176,6 +176,10 @@ def test_builtin_registry() -> None:
         "system:help",
         "system:history",
         "system:inventory",
+        "system:advancement_reward",
+    ]
+    assert [m.spec.module_id for m in registry.handlers("minecraft:advancement")] == [
+        "system:advancement_reward"
     ]
     assert registry.get("system:help") is not None
     assert registry.get("system:nothing") is None
@@ -272,25 +276,24 @@ def test_available_filters_by_permission_and_feature() -> None:
     def ids(player: common_pb2.PlayerContext | None) -> list[str]:
         return [m.spec.module_id for m in registry.available(player)]
 
+    BUILTIN = ("system:help", "system:history", "system:inventory", "system:advancement_reward")
+
     assert ids(None) == [
         "system:help",
         "system:history",
         "system:inventory",
+        "system:advancement_reward",
         "test:ban",
         "ftbquests:quests",
     ]
-    assert ids(_player(level=0)) == ["system:help", "system:history", "system:inventory"]
+    assert ids(_player(level=0)) == [*BUILTIN]
     assert ids(_player(level=2)) == [
-        "system:help",
-        "system:history",
-        "system:inventory",
+        *BUILTIN,
         "test:ban",
     ]
     assert ids(_player(level=4, features=("ftbquests",))) == ids(None)
     assert ids(_player(features=("ftbquests",))) == [
-        "system:help",
-        "system:history",
-        "system:inventory",
+        *BUILTIN,
         "ftbquests:quests",
     ]
     assert [d.module_id for d in registry.descriptors(_player(level=4))] == ids(_player(level=4))
@@ -785,6 +788,7 @@ async def test_service_catalog(services: Services) -> None:
         "system:help",
         "system:history",
         "system:inventory",
+        "system:advancement_reward",
     ]
     assert catalog.generation == services.generation != ""
     for_player = await services.engine.GetCatalog(

@@ -606,7 +606,7 @@ async def test_tool_relay_reaches_the_game_server(chain: Chain, client: GameServ
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await relay.CallGameTool(_tool_request("minecraft:inventory.read", player=GHOST), timeout=5)
-    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.details() == f"player {GHOST} is not connected"
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -618,7 +618,7 @@ async def test_tool_relay_reaches_the_game_server(chain: Chain, client: GameServ
     await client.leave(STEVE)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await relay.CallGameTool(_tool_request("minecraft:inventory.read"), timeout=5)
-    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 # -- a dependency that cannot be reached ----------------------------------------------------

@@ -3,10 +3,18 @@
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
+from engine_service.modules.rewards import AdvancementRewardModule
 
-__all__ = ["BUILTIN_MODULES", "SMALL_TALK", "HelpModule", "HistoryModule", "InventoryModule"]
+__all__ = [
+    "BUILTIN_MODULES",
+    "SMALL_TALK",
+    "AdvancementRewardModule",
+    "HelpModule",
+    "HistoryModule",
+    "InventoryModule",
+]
 
-BUILTIN_MODULES = (HelpModule, HistoryModule, InventoryModule)
+BUILTIN_MODULES = (HelpModule, HistoryModule, InventoryModule, AdvancementRewardModule)
 """Classes of the modules every engine registers, in help order."""
 
 SMALL_TALK = {

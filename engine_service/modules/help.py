@@ -80,7 +80,8 @@ class HelpModule:
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
         language = ctx.player.language
-        modules = ctx.registry.available(ctx.player)
+        # Event-only modules cannot be asked for; they have nothing to show in help.
+        modules = [m for m in ctx.registry.available(ctx.player) if m.spec.interactive]
         topic = str(data.get("topic", "")).strip().lstrip("/")
         if topic:
             return self._explain(topic, modules, language)

@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -142,6 +142,21 @@ class GameServerClient:
             gateway_pb2.ConnectRequest(
                 presence=gateway_pb2.PlayerPresence(
                     kind=gateway_pb2.PRESENCE_KIND_LEAVE, player_id=player_id
+                )
+            )
+        )
+
+    async def event(
+        self, player_id: str, event_type: str, event_key: str, data: dict[str, Any]
+    ) -> None:
+        """Reports a game event (an advancement, say). Not answered unless refused: a refusal
+        arrives as a FrameError (in `frame_errors`) whose request id is the event key."""
+        payload = struct_pb2.Struct()
+        payload.update(data)
+        await self.send(
+            gateway_pb2.ConnectRequest(
+                event=gateway_pb2.GameEvent(
+                    player_id=player_id, event_type=event_type, event_key=event_key, data=payload
                 )
             )
         )

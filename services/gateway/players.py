@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -167,6 +167,39 @@ class PlayerRequests:
             self.engine.stub.CancelRun(engine_pb2.CancelRunRequest(player=player)),
             "cancelling the player's engine runs",
         )
+
+    def resume_tasks(self, player: common_pb2.PlayerContext) -> None:
+        """A player joined: the engine queues their waiting event tasks."""
+        self._in_background(
+            self.engine.stub.ResumePlayerTasks(engine_pb2.ResumePlayerTasksRequest(player=player)),
+            "resuming the player's event tasks",
+        )
+
+    def submit_event(
+        self,
+        player: common_pb2.PlayerContext,
+        event: gateway_pb2.GameEvent,
+        online: bool,
+        refused: Callable[[grpc.StatusCode, str], None],
+    ) -> None:
+        """Hands a game event to the engine; `refused(code, message)` is called if the engine
+        refuses it or cannot be reached (the game server may resend with the same key)."""
+
+        async def submit() -> None:
+            try:
+                await self.engine.stub.SubmitEvent(
+                    engine_pb2.SubmitEventRequest(
+                        player=player,
+                        event_type=event.event_type,
+                        event_key=event.event_key,
+                        data=event.data,
+                        player_online=online,
+                    )
+                )
+            except grpc.aio.AioRpcError as exc:
+                refused(exc.code(), exc.details() or exc.code().name)
+
+        self._in_background(submit(), "submitting a game event")
 
     async def handle(
         self,

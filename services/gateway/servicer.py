@@ -18,7 +18,13 @@ from system.router.v1 import router_pb2
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
 from services.gateway.players import PlayerRequests, PlayerState
-from services.gateway.validation import check_hello, check_id, check_presence, normalize_language
+from services.gateway.validation import (
+    check_event,
+    check_hello,
+    check_id,
+    check_presence,
+    normalize_language,
+)
 from services.results import AgentFailure, failed
 from services.runtime.context import new_request_id, remaining_seconds, request_scope
 from services.runtime.errors import (
@@ -151,7 +157,12 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
     def _dispatch(self, connection: Connection, frame: gateway_pb2.ConnectRequest) -> None:
         """Handles one frame after the hello; a bad frame is answered with a FrameError."""
         kind = frame.WhichOneof("frame")
-        request_id = frame.request.request_id if kind == "request" else ""
+        if kind == "request":
+            request_id = frame.request.request_id
+        elif kind == "event":
+            request_id = frame.event.event_key  # what the game server knows the event by
+        else:
+            request_id = ""
         try:
             if kind == "presence":
                 self._presence(connection, frame.presence)
@@ -159,12 +170,14 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 self._request(connection, frame.request)
             elif kind == "tool_result":
                 self._tool_result(connection, frame.tool_result)
+            elif kind == "event":
+                self._event(connection, frame.event)
             elif kind == "hello":
                 raise FailedPrecondition("this connection already sent its hello")
             else:
                 raise InvalidArgument(
-                    "empty or unknown frame type; protocol 1 frames are hello, presence, request "
-                    "and tool_result"
+                    "empty or unknown frame type; protocol 1 frames are hello, presence, request, "
+                    "tool_result and event"
                 )
         except ServiceError as exc:
             log.info("frame refused: %s", exc.message, extra={"server_id": connection.server_id})
@@ -195,6 +208,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 raise ResourceExhausted(
                     f"this connection already has {self._config.max_players_per_connection} players"
                 )
+            joined = not known
             connection.players[player_id] = common_pb2.PlayerContext(
                 server_id=connection.server_id,
                 player_id=player_id,
@@ -203,7 +217,33 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 permission_level=presence.permission_level,
                 features=connection.features,
             )
+            if joined:
+                self._players.resume_tasks(connection.players[player_id])
         PLAYERS.set(self._registry.players())
+
+    def _event(self, connection: Connection, event: gateway_pb2.GameEvent) -> None:
+        check_event(event)
+        player = connection.players.get(event.player_id)
+        online = player is not None
+        if player is None:
+            # Not on this connection: the task waits until the player joins (here or on any
+            # server), under the connection's features and no operator level.
+            player = common_pb2.PlayerContext(
+                server_id=connection.server_id,
+                player_id=event.player_id,
+                features=connection.features,
+            )
+
+        def refused(code: grpc.StatusCode, message: str) -> None:
+            connection.send(
+                gateway_pb2.ConnectResponse(
+                    error=gateway_pb2.FrameError(
+                        request_id=event.event_key[:64], code=code.value[0], message=message
+                    )
+                )
+            )
+
+        self._players.submit_event(player, event, online, refused)
 
     def _request(self, connection: Connection, request: gateway_pb2.PlayerRequest) -> None:
         check_id("request.request_id", request.request_id)
@@ -314,7 +354,12 @@ class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):
         check_id("call_id", request.call_id)
         check_id("player_id", request.player_id)
         check_id("tool", request.tool)
-        connection = self._registry.for_player(request.player_id)
+        try:
+            connection = self._registry.for_player(request.player_id)
+        except NotFound as exc:
+            # Not NOT_FOUND: the engine must tell "player offline, try when they join" apart
+            # from "this server has no such tool". Neither call was sent.
+            raise FailedPrecondition(exc.message) from None
         if request.tool not in connection.tools:
             raise NotFound(f"game server {connection.server_id} does not offer tool {request.tool}")
         if request.call_id in connection.tool_calls:

@@ -79,3 +79,24 @@ def check_presence(presence: gateway_pb2.PlayerPresence) -> None:
         raise InvalidArgument(f"presence.player_name must be at most {MAX_ID} characters")
     if presence.permission_level > MAX_PERMISSION:
         raise InvalidArgument(f"presence.permission_level must be 0..{MAX_PERMISSION}")
+
+
+MAX_EVENT_KEY = 128
+MAX_EVENT_DATA_BYTES = 16 * 1024
+
+
+def check_event(event: gateway_pb2.GameEvent) -> None:
+    """A game event needs a player, a `namespace:path` type and a key of at most 128
+    characters; its data is bounded (events carry facts, not documents)."""
+    check_id("event.player_id", event.player_id)
+    check_id("event.event_type", event.event_type)
+    if ":" not in event.event_type:
+        raise InvalidArgument(
+            f"event.event_type {event.event_type!r} must be namespace:path "
+            "(for example minecraft:advancement)"
+        )
+    if not event.event_key or len(event.event_key) > MAX_EVENT_KEY:
+        raise InvalidArgument(f"event.event_key is required, at most {MAX_EVENT_KEY} characters")
+    size = event.data.ByteSize()
+    if size > MAX_EVENT_DATA_BYTES:
+        raise InvalidArgument(f"event.data is {size} bytes; the limit is {MAX_EVENT_DATA_BYTES}")

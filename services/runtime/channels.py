@@ -36,6 +36,7 @@ def open_channel(
     *,
     idempotent_methods: Sequence[str] = (),
     default_timeout: float | None = 10.0,
+    private: bool = False,
 ) -> grpc.aio.Channel:
     """An insecure aio channel to `target` with request-id and deadline propagation.
 
@@ -43,15 +44,25 @@ def open_channel(
         target: `host:port` of the dependency.
         idempotent_methods: `package.Service/Method` names retried on UNAVAILABLE.
         default_timeout: seconds for calls made outside any request deadline.
+        private: give the channel its own connections instead of sharing them with other
+            channels to the same target: a background poller's failed attempts (and the
+            reconnect backoff they cause) then never delay request traffic.
     """
+    options: list[tuple[str, object]] = [
+        ("grpc.service_config", _retry_config(idempotent_methods)),
+        ("grpc.enable_retries", 1),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        # gRPC's default backoff grows to two minutes between attempts: a dependency that was
+        # down at start (or restarted) would stay unreachable long after it is back.
+        ("grpc.initial_reconnect_backoff_ms", 250),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+    ]
+    if private:
+        options.append(("grpc.use_local_subchannel_pool", 1))
     return grpc.aio.insecure_channel(
         target,
-        options=[
-            ("grpc.service_config", _retry_config(idempotent_methods)),
-            ("grpc.enable_retries", 1),
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-        ],
+        options=options,
         interceptors=client_interceptors(default_timeout),
     )
 
@@ -66,6 +77,7 @@ class Dependency(Generic[S]):
         target: `host:port`.
         stub_factory: the generated `...Stub` class.
         idempotent_methods: `package.Service/Method` names retried on UNAVAILABLE.
+        private: connections of its own (see `open_channel`).
     """
 
     def __init__(
@@ -74,9 +86,10 @@ class Dependency(Generic[S]):
         stub_factory: Callable[[grpc.aio.Channel], S],
         *,
         idempotent_methods: Sequence[str] = (),
+        private: bool = False,
     ) -> None:
         self.target = target
-        self.channel = open_channel(target, idempotent_methods=idempotent_methods)
+        self.channel = open_channel(target, idempotent_methods=idempotent_methods, private=private)
         self.stub = stub_factory(self.channel)
 
     async def aclose(self) -> None:

@@ -1,0 +1,251 @@
+"""Event tasks: a game event becomes persisted tasks (one per handling module); the event
+runner of every replica claims runnable tasks by lease, runs them through `Engine.run_event`
+with a step journal, and stores how they ended.
+
+A task is QUEUED when its player is online and WAITING otherwise; `resume` (a player joined)
+queues the waiting ones. A running task whose player turns out to be offline before a step
+could be delivered goes back to WAITING. The lease is renewed while the task is held; when a
+renewal fails the run is stopped, since another replica may own the task from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from google.protobuf import json_format
+from system.common.v1 import common_pb2
+from system.storage.v1 import journal_pb2
+
+from engine_service.engine import BoundedExecutor, Engine
+from engine_service.registry import struct_to_dict
+from engine_service.schema import check_input
+from engine_service.steps import TaskSteps
+from engine_service.task_store import Claim, LeaseLost, TaskStore
+from services.runtime.errors import InvalidArgument, NotFound
+
+__all__ = ["EventRunner", "EventTasks", "decode_task_input", "encode_task_input"]
+
+log = logging.getLogger("system.engine.events")
+
+MAX_EVENT_KEY = 128
+"""Longest event key a game server may send (the module id is added to make the task key)."""
+
+_TERMINAL = {
+    common_pb2.RESULT_STATUS_SUCCEEDED: journal_pb2.TASK_STATE_SUCCEEDED,
+    common_pb2.RESULT_STATUS_PARTIALLY_SUCCEEDED: journal_pb2.TASK_STATE_PARTIALLY_SUCCEEDED,
+}
+
+
+def encode_task_input(player: common_pb2.PlayerContext, data: dict[str, Any]) -> dict[str, Any]:
+    """What a task stores as its input: the module's input and the player's permission
+    snapshot at the event, which the run is checked against (a fresher snapshot of the player
+    on the running replica wins)."""
+    return {"data": data, "player": json_format.MessageToDict(player)}
+
+
+def decode_task_input(
+    task: journal_pb2.EventTask,
+) -> tuple[common_pb2.PlayerContext, dict[str, Any]]:
+    stored = struct_to_dict(task.input)
+    player = common_pb2.PlayerContext()
+    json_format.ParseDict(stored.get("player") or {}, player, ignore_unknown_fields=True)
+    player.player_id = task.player_id  # storage's owner of the task is authoritative
+    data = stored.get("data")
+    return player, data if isinstance(data, dict) else {}
+
+
+class EventTasks:
+    """SubmitEvent and ResumePlayerTasks: turn events into tasks and wake waiting ones."""
+
+    def __init__(self, engine: Engine, store: TaskStore, runner: EventRunner | None) -> None:
+        self._engine = engine
+        self._store = store
+        self._runner = runner
+
+    async def submit(
+        self,
+        player: common_pb2.PlayerContext,
+        event_type: str,
+        event_key: str,
+        data: dict[str, Any],
+        online: bool,
+    ) -> list[tuple[journal_pb2.EventTask, bool]]:
+        """Persists one task per handling module the player may use; returns each task and
+        whether it is new.
+
+        Raises:
+            InvalidArgument: missing ids, an oversize key, input a handler's schema refuses.
+            NotFound: no (usable) module handles the event type.
+            ResourceExhausted, Unavailable: storage refused or could not be reached.
+        """
+        if not player.player_id:
+            raise InvalidArgument("player.player_id is required")
+        if not event_type:
+            raise InvalidArgument("event_type is required (for example minecraft:advancement)")
+        if not event_key or len(event_key) > MAX_EVENT_KEY:
+            raise InvalidArgument(f"event_key is required, at most {MAX_EVENT_KEY} characters")
+        registry = self._engine.registry
+        handlers = [
+            m for m in registry.handlers(event_type) if registry.allows(m.spec.module_id, player)
+        ]
+        if not handlers:
+            raise NotFound(f"no module this player may use handles {event_type!r} events")
+        # Check every input first: a bad event makes no task at all.
+        inputs = [check_input(m.spec.module_id, m.spec.input_schema, data) for m in handlers]
+        made = []
+        for module, checked in zip(handlers, inputs, strict=True):
+            made.append(
+                await self._store.create(
+                    player.player_id,
+                    module.spec.module_id,
+                    f"{module.spec.module_id}|{event_key}",
+                    encode_task_input(player, checked),
+                    waiting=not online,
+                )
+            )
+        if online and self._runner is not None:
+            self._runner.wake()
+        return made
+
+    async def resume(self, player: common_pb2.PlayerContext) -> int:
+        """Queues the player's WAITING tasks; returns how many."""
+        if not player.player_id:
+            raise InvalidArgument("player.player_id is required")
+        self._engine.update_player(player)
+        moved = await self._store.resume(player.player_id)
+        if moved and self._runner is not None:
+            self._runner.wake()
+        return moved
+
+
+class EventRunner:
+    """Claims runnable tasks for this replica and runs them on the event executor.
+
+    Args:
+        engine: runs each task's module.
+        store: the journal.
+        executor: the event executor (seed: 2 workers, 64 queued); claimed tasks wait in its
+            queue, their leases renewed, until a worker is free.
+        owner: this replica's lease owner name.
+        lease_seconds: task lease length; renewed every third of it.
+        poll_seconds: how often to look for work when nothing woke the runner (tasks other
+            replicas queued, or leases of dead replicas that expired).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: TaskStore,
+        executor: BoundedExecutor,
+        owner: str,
+        lease_seconds: int = 30,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._executor = executor
+        self._owner = owner
+        self._lease_seconds = lease_seconds
+        self._poll_seconds = poll_seconds
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._runs: set[asyncio.Task[None]] = set()
+        self.finished = 0
+        """Tasks this runner took to a final state (or back to WAITING)."""
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._loop(), name="event-runner")
+
+    def wake(self) -> None:
+        """New work may be runnable: claim now instead of at the next poll."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stops claiming and cancels held tasks; their leases are given back so another
+        replica can take them at once. Steps already journaled replay there."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        for run in list(self._runs):
+            run.cancel()
+        if self._runs:
+            await asyncio.gather(*self._runs, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            # Claimed tasks count from the moment they are claimed, before they reach the
+            # executor, so the runner never holds more than the executor admits.
+            free = min(self._executor.capacity - len(self._runs), 100)
+            if free <= 0:
+                await self._wait()
+                continue
+            try:
+                claims = await self._store.claim(self._owner, free, self._lease_seconds)
+            except Exception as exc:  # noqa: BLE001 - storage down: try again at the next poll
+                log.warning("claiming event tasks failed: %s", exc)
+                claims = []
+            for claim in claims:
+                run = asyncio.create_task(self._hold(claim))
+                self._runs.add(run)
+                run.add_done_callback(self._runs.discard)
+            if len(claims) < free:
+                await self._wait()  # nothing more runnable now
+
+    async def _wait(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
+        self._wake.clear()
+
+    async def _hold(self, claim: Claim) -> None:
+        """Runs one claimed task with its lease renewed; stops it if the lease is lost."""
+        run = asyncio.current_task()
+        assert run is not None
+        renewer = asyncio.create_task(self._renew(claim, run))
+        released = False
+        try:
+            await self._executor.run(lambda: self._run(claim))
+            released = True
+        except LeaseLost as exc:
+            log.warning("task %s: lease lost, left to its new owner: %s", claim.task.task_id, exc)
+        except asyncio.CancelledError:
+            if renewer.done() and not renewer.cancelled():
+                log.warning("task %s: lease could not be renewed; stopped", claim.task.task_id)
+            else:
+                raise
+        except Exception as exc:  # noqa: BLE001 - the lease expires and a replica retries
+            log.warning("task %s stopped: %s", claim.task.task_id, exc)
+        finally:
+            renewer.cancel()
+            self.wake()
+            if not released:
+                with contextlib.suppress(Exception):
+                    await self._store.release(claim, self._owner)
+
+    async def _run(self, claim: Claim) -> None:
+        player, data = decode_task_input(claim.task)
+        steps = TaskSteps(self._store, claim)
+        result = await self._engine.run_event(player, claim.task.module_id, data, steps)
+        if result is None:
+            await self._store.finish(claim, journal_pb2.TASK_STATE_WAITING)
+        else:
+            state = _TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED)
+            await self._store.finish(claim, state, result)
+        self.finished += 1
+
+    async def _renew(self, claim: Claim, run: asyncio.Task[None]) -> None:
+        """Renews the lease every third of its length; cancels the run once it fails."""
+        try:
+            while True:
+                await asyncio.sleep(self._lease_seconds / 3)
+                await self._store.renew(claim, self._owner, self._lease_seconds)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - lost or unreachable: we may no longer write
+            log.warning("task %s: lease renewal failed: %s", claim.task.task_id, exc)
+            run.cancel()

@@ -1,0 +1,264 @@
+"""The engine's side of the storage journal: event tasks and their step receipts, over the
+storage service's JournalService. The engine keeps no task state of its own; a replica that
+dies loses nothing but the leases it held, which expire and let another replica go on."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2
+from system.common.v1 import common_pb2
+from system.storage.v1 import journal_pb2, journal_pb2_grpc
+
+from services.results import AgentFailure, ModuleFailure
+from services.runtime.channels import Dependency
+from services.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
+
+__all__ = ["Claim", "LeaseLost", "TaskStore", "task_lease"]
+
+_JOURNAL = "system.storage.v1.JournalService"
+
+
+class LeaseLost(Exception):
+    """The task's lease was taken over (or expired): another replica owns the task now, and
+    this one must stop writing for it at once."""
+
+
+def task_lease(task_id: str) -> str:
+    """Name of the lease a claimed task runs under (storage's naming)."""
+    return f"task:{task_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A task this replica claimed, with the fence every write for it presents."""
+
+    task: journal_pb2.EventTask
+    fence: journal_pb2.Fence
+
+
+def _storage_error(exc: grpc.aio.AioRpcError, what: str) -> Exception:
+    """A journal RPC's failure as the engine sees it."""
+    code = exc.code()
+    detail = exc.details() or code.name
+    if code == grpc.StatusCode.FAILED_PRECONDITION and detail.startswith("stale fence"):
+        return LeaseLost(detail)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ModuleFailure(AgentFailure.STORAGE_FULL, f"{what}: {detail}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return ModuleFailure(AgentFailure.MODULE_FAILED, f"{what}: {detail}")
+    return ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, f"{what}: {detail}")
+
+
+class TaskStore:
+    """Event tasks and receipts through the storage service.
+
+    Only calls that are safe to repeat are retried on transport errors: creating a task (the
+    event key deduplicates), completing a step (the same result again changes nothing) and
+    reads. Recording a step is not: a retry of an intent that did land would look like a
+    crash's leftover and report EFFECT_UNKNOWN for nothing.
+    """
+
+    def __init__(self, target: str, timeout: float = 5.0) -> None:
+        self._timeout = timeout
+        self._dep = Dependency(
+            target,
+            journal_pb2_grpc.JournalServiceStub,
+            idempotent_methods=[
+                f"{_JOURNAL}/CreateTask",
+                f"{_JOURNAL}/CompleteStep",
+                f"{_JOURNAL}/ListTasks",
+                f"{_JOURNAL}/GetTask",
+            ],
+            # The event runner polls from start-up on, before storage may be up; its failed
+            # attempts must not put the engine's shared connection into reconnect backoff.
+            private=True,
+        )
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    async def create(
+        self,
+        player_id: str,
+        module_id: str,
+        event_key: str,
+        data: dict[str, Any],
+        waiting: bool,
+    ) -> tuple[journal_pb2.EventTask, bool]:
+        """Persists a task (QUEUED, or WAITING for an offline player); returns it and whether
+        it is new. Raises InvalidArgument, ResourceExhausted (STORAGE_FULL) or Unavailable."""
+        payload = struct_pb2.Struct()
+        payload.update(data)
+        request = journal_pb2.CreateTaskRequest(
+            player_id=player_id,
+            module_id=module_id,
+            input=payload,
+            event_key=event_key,
+            initial_state=journal_pb2.TASK_STATE_WAITING
+            if waiting
+            else journal_pb2.TASK_STATE_QUEUED,
+        )
+        try:
+            response = await self._dep.stub.CreateTask(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            detail = exc.details() or exc.code().name
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidArgument(detail) from None
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise ResourceExhausted(detail) from None
+            raise Unavailable(f"the event task could not be stored: {detail}") from None
+        return response.task, response.created
+
+    async def resume(self, player_id: str) -> int:
+        """Moves the player's WAITING tasks to QUEUED; returns how many moved. A task another
+        call moved first is skipped (the move is conditional on WAITING)."""
+        moved = 0
+        token = ""
+        try:
+            while True:
+                page = await self._dep.stub.ListTasks(
+                    journal_pb2.ListTasksRequest(
+                        player_id=player_id,
+                        states=[journal_pb2.TASK_STATE_WAITING],
+                        page_size=100,
+                        page_token=token,
+                    ),
+                    timeout=self._timeout,
+                )
+                for task in page.tasks:
+                    if await self._resume_one(task.task_id):
+                        moved += 1
+                token = page.next_page_token
+                if not token:
+                    return moved
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(f"waiting tasks could not be resumed: {exc.details()}") from None
+
+    async def _resume_one(self, task_id: str) -> bool:
+        try:
+            await self._dep.stub.TransitionTask(
+                journal_pb2.TransitionTaskRequest(
+                    task_id=task_id,
+                    state=journal_pb2.TASK_STATE_QUEUED,
+                    expected_state=journal_pb2.TASK_STATE_WAITING,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                return False  # resumed by someone else, or gone
+            raise
+        return True
+
+    async def claim(self, owner: str, max_tasks: int, lease_seconds: int) -> list[Claim]:
+        """Claims runnable tasks (QUEUED, or RUNNING whose lease expired)."""
+        response = await self._dep.stub.ClaimTasks(
+            journal_pb2.ClaimTasksRequest(
+                owner=owner, max_tasks=max_tasks, lease_seconds=lease_seconds
+            ),
+            timeout=self._timeout,
+        )
+        return [
+            Claim(
+                claim.task,
+                journal_pb2.Fence(lease_name=claim.lease.name, token=claim.lease.token),
+            )
+            for claim in response.claims
+        ]
+
+    async def renew(self, claim: Claim, owner: str, lease_seconds: int) -> None:
+        """Extends the task's lease. Raises LeaseLost when it is no longer ours."""
+        try:
+            await self._dep.stub.RenewLease(
+                journal_pb2.RenewLeaseRequest(
+                    name=claim.fence.lease_name,
+                    owner=owner,
+                    token=claim.fence.token,
+                    ttl_seconds=lease_seconds,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise LeaseLost(exc.details()) from None
+            raise
+
+    async def release(self, claim: Claim, owner: str) -> None:
+        await self._dep.stub.ReleaseLease(
+            journal_pb2.ReleaseLeaseRequest(
+                name=claim.fence.lease_name, owner=owner, token=claim.fence.token
+            ),
+            timeout=self._timeout,
+        )
+
+    async def finish(
+        self, claim: Claim, state: int, result: common_pb2.AgentResult | None = None
+    ) -> None:
+        """Moves the claimed (RUNNING) task to `state` under its fence.
+
+        Raises:
+            LeaseLost: another replica holds the task now.
+            ModuleFailure: storage refused or could not be reached.
+        """
+        try:
+            await self._dep.stub.TransitionTask(
+                journal_pb2.TransitionTaskRequest(
+                    task_id=claim.task.task_id,
+                    state=state,
+                    expected_state=journal_pb2.TASK_STATE_RUNNING,
+                    result=result,
+                    fence=claim.fence,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _storage_error(exc, f"task {claim.task.task_id} could not be finished") from None
+
+    async def get(self, task_id: str) -> journal_pb2.EventTask:
+        response = await self._dep.stub.GetTask(
+            journal_pb2.GetTaskRequest(task_id=task_id), timeout=self._timeout
+        )
+        return response.task
+
+    # -- receipts --------------------------------------------------------------------------
+
+    async def record_step(
+        self, claim: Claim, step_id: str, position: int, tool: str
+    ) -> tuple[journal_pb2.StepReceipt, bool]:
+        """Records a step's intent; returns the receipt and whether it is new."""
+        try:
+            response = await self._dep.stub.RecordStep(
+                journal_pb2.RecordStepRequest(
+                    step_id=step_id,
+                    task_id=claim.task.task_id,
+                    position=position,
+                    tool=tool,
+                    fence=claim.fence,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _storage_error(exc, f"step {step_id} could not be recorded") from None
+        return response.receipt, response.created
+
+    async def complete_step(
+        self, claim: Claim, step_id: str, tool: str, result: bytes, codec_id: str
+    ) -> None:
+        try:
+            await self._dep.stub.CompleteStep(
+                journal_pb2.CompleteStepRequest(
+                    step_id=step_id,
+                    tool=tool,
+                    result=result,
+                    codec_id=codec_id,
+                    fence=claim.fence,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _storage_error(exc, f"the result of step {step_id} could not be stored") from None
+
+    async def aclose(self) -> None:
+        await self._dep.aclose()

@@ -1,0 +1,430 @@
+"""Event tasks end to end, with real services on loopback: a game server reports an advancement
+through the gateway, the engine persists a task, claims it by lease and gives the reward through
+the gateway's tool relay, each give journaled as a step receipt. Offline players' tasks wait
+for them; resent events make nothing new; a replica killed with -9 mid-give loses nothing,
+repeats nothing, and its tasks finish on the other replica after the lease."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.gateway.v1 import gateway_pb2
+from system.storage.v1 import journal_pb2, journal_pb2_grpc
+
+from engine_service.app import EngineApp
+from engine_service.app import create_app as create_engine
+from engine_service.config import EngineConfig
+from engine_service.modules.rewards import REWARDS
+from services.gamesim.client import GameServerClient
+from services.gateway.app import create_app as create_gateway
+from services.gateway.config import GatewayConfig
+from storage_service.app import create_app as create_storage
+from storage_service.config import StorageConfig
+from tests.service_process import ServiceProcess, free_port
+
+HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
+SERVER = "sim"
+ADVANCEMENT = "minecraft:advancement"
+DIAMOND = "minecraft:story/mine_diamond"
+REWARD = Counter(dict(REWARDS[DIAMOND]))
+TERMINAL = {
+    journal_pb2.TASK_STATE_SUCCEEDED,
+    journal_pb2.TASK_STATE_FAILED,
+    journal_pb2.TASK_STATE_PARTIALLY_SUCCEEDED,
+}
+FAST_ENGINE = {"task_lease_seconds": 3, "event_poll_seconds": 0.1}
+
+
+class RecordingGame(GameServerClient):
+    """The simulated game server, recording every tool call it ran. For players in `hold` it
+    runs the call (the effect happens) but never answers: the engine is left waiting, as if it
+    died between the effect and the answer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str, str]] = []
+        self.hold: set[str] = set()
+
+    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
+        frame = super()._run_tool(call)
+        self.calls.append((call.player_id, call.tool, call.call_id))
+        return None if call.player_id in self.hold else frame  # type: ignore[return-value]
+
+    async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
+        if frame is not None:
+            await super().send(frame)
+
+    def gained(self, player_id: str) -> Counter[str]:
+        """Items given to the player by tools (their inventory minus the starting stock)."""
+        start = Counter({"minecraft:bread": 12, "minecraft:torch": 32})
+        inventory = self.world.inventory(player_id)
+        return Counter({k: inventory[k] - start[k] for k in inventory if inventory[k] > start[k]})
+
+
+@dataclasses.dataclass
+class Stack:
+    storage: Any
+    gateway: Any
+    game: RecordingGame
+    journal: journal_pb2_grpc.JournalServiceStub
+    engine_stub: engine_pb2_grpc.EngineServiceStub
+    gateway_port: int
+
+    async def tasks(self, player_id: str) -> list[journal_pb2.EventTask]:
+        response = await self.journal.ListTasks(
+            journal_pb2.ListTasksRequest(player_id=player_id), timeout=5
+        )
+        return list(response.tasks)
+
+    async def settled(
+        self, players: list[str], timeout: float = 30.0, states: set[int] = TERMINAL
+    ) -> dict[str, journal_pb2.EventTask]:
+        """Waits until every player's (single) task is in one of `states`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = {}
+            for player in players:
+                tasks = await self.tasks(player)
+                if len(tasks) == 1 and tasks[0].state in states:
+                    found[player] = tasks[0]
+            if len(found) == len(players):
+                return found
+            if time.monotonic() > deadline:
+                missing = sorted(set(players) - set(found))
+                raise AssertionError(f"tasks not settled after {timeout} s: {missing[:5]}")
+            await asyncio.sleep(0.05)
+
+
+async def _until(check: Callable[[], Awaitable[bool] | bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if not isinstance(value, bool):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _stack(database_url: str, engine_target: str, gateway_port: int) -> AsyncIterator[Stack]:
+    """Storage and gateway in process; the engine(s) are the caller's."""
+    storage = await create_storage(StorageConfig(**HOST, database_url=database_url))
+    await storage.host.start()
+    token = secrets.token_urlsafe(16)
+    config = GatewayConfig(
+        **{**HOST, "port": gateway_port},
+        router_target="127.0.0.1:1",
+        engine_target=engine_target,
+        storage_target=storage.host.target,
+        tokens=(f"{SERVER}={token}",),
+    )
+    gateway = await create_gateway(config)
+    await gateway.host.start()
+    game = RecordingGame(gateway.host.target, SERVER, token)
+    storage_channel = grpc.aio.insecure_channel(storage.host.target)
+    engine_channel = grpc.aio.insecure_channel(engine_target)
+    try:
+        await game.connect()
+        yield Stack(
+            storage,
+            gateway,
+            game,
+            journal_pb2_grpc.JournalServiceStub(storage_channel),
+            engine_pb2_grpc.EngineServiceStub(engine_channel),
+            gateway_port,
+        )
+    finally:
+        await game.close()
+        await storage_channel.close()
+        await engine_channel.close()
+        await gateway.host.stop()
+        await gateway.aclose()
+        await storage.host.stop()
+        await storage.aclose()
+
+
+async def _engine(storage_target: str, gateway_port: int, **settings: Any) -> EngineApp:
+    engine = await create_engine(
+        EngineConfig(
+            **{**HOST, **FAST_ENGINE, **settings},
+            storage_target=storage_target,
+            gateway_target=f"127.0.0.1:{gateway_port}",
+        )
+    )
+    await engine.host.start()
+    return engine
+
+
+async def _stop(engine: EngineApp) -> None:
+    await engine.host.stop()
+    await engine.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _one_engine(database_url: str, **settings: Any) -> AsyncIterator[tuple[Stack, EngineApp]]:
+    """The stack with one in-process engine (its port chosen before the gateway starts)."""
+    engine_port = free_port()
+    gateway_port = free_port()
+    async with _stack(database_url, f"127.0.0.1:{engine_port}", gateway_port) as stack:
+        engine = await _engine(
+            stack.storage.host.target, gateway_port, port=engine_port, **settings
+        )
+        try:
+            yield stack, engine
+        finally:
+            await _stop(engine)
+
+
+def _player(player_id: str) -> common_pb2.PlayerContext:
+    return common_pb2.PlayerContext(server_id=SERVER, player_id=player_id, language="en")
+
+
+def _data(**values: Any) -> struct_pb2.Struct:
+    data = struct_pb2.Struct()
+    data.update(values)
+    return data
+
+
+# -- one engine --------------------------------------------------------------------------------
+
+
+async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> None:
+    async with _one_engine(fresh_database_url) as (stack, engine):
+        await stack.game.join("steve", "Steve")
+        await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        task = (await stack.settled(["steve"]))["steve"]
+        assert task.state == journal_pb2.TASK_STATE_SUCCEEDED
+        assert task.module_id == "system:advancement_reward"
+        assert task.result.status == common_pb2.RESULT_STATUS_SUCCEEDED
+        assert [line.text for line in task.result.card.lines] == [
+            "minecraft:diamond × 1",
+            "minecraft:experience_bottle × 5",
+        ]
+        assert stack.game.gained("steve") == REWARD
+        # Call ids are the step ids: a game server may deduplicate on them too.
+        assert [c[2] for c in stack.game.calls] == [f"{task.task_id}/0", f"{task.task_id}/1"]
+
+        # The game server resends the event (unsure it arrived): nothing new happens.
+        await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        resent = await stack.engine_stub.SubmitEvent(
+            engine_pb2.SubmitEventRequest(
+                player=_player("steve"),
+                event_type=ADVANCEMENT,
+                event_key="adv-1",
+                data=_data(advancement=DIAMOND),
+                player_online=True,
+            ),
+            timeout=5,
+        )
+        assert [(t.task_id, t.created) for t in resent.tasks] == [(task.task_id, False)]
+        await asyncio.sleep(0.5)
+        assert len(await stack.tasks("steve")) == 1
+        assert stack.game.gained("steve") == REWARD
+        assert not stack.game.frame_errors
+
+
+async def test_an_offline_players_task_waits_for_them(fresh_database_url: str) -> None:
+    async with _one_engine(fresh_database_url) as (stack, engine):
+        # Alex is not on the server: the event is kept, nothing is given yet.
+        await stack.game.event("alex", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        waiting = await stack.settled(["alex"], states={journal_pb2.TASK_STATE_WAITING})
+        await asyncio.sleep(0.5)  # several polls: a waiting task is never claimed
+        assert (await stack.tasks("alex"))[0].state == journal_pb2.TASK_STATE_WAITING
+        assert stack.game.calls == []
+
+        await stack.game.join("alex", "Alex")
+        done = (await stack.settled(["alex"]))["alex"]
+        assert done.task_id == waiting["alex"].task_id
+        assert done.state == journal_pb2.TASK_STATE_SUCCEEDED
+        assert stack.game.gained("alex") == REWARD
+
+
+async def test_a_player_leaving_mid_task_resumes_it_without_repeating(
+    fresh_database_url: str,
+) -> None:
+    """The first give lands; the player leaves before the second is sent: the second call is
+    refused as not delivered, the task waits, and on their return only the second runs."""
+    async with _one_engine(fresh_database_url) as (stack, engine):
+        await stack.game.join("alex", "Alex")
+        game = stack.game
+        original = game._run_tool
+
+        def leave_after_first(call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest | None:
+            frame = original(call)
+            if len(game.calls) != 1:
+                return frame
+            # The first give happened; the player leaves before its answer goes back.
+            loop = asyncio.get_running_loop()
+            loop.create_task(game.leave("alex"))
+            loop.call_later(0.3, lambda: loop.create_task(game.send(frame)))
+            return None
+
+        game._run_tool = leave_after_first  # type: ignore[method-assign]
+        await game.event("alex", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        waiting = (await stack.settled(["alex"], states={journal_pb2.TASK_STATE_WAITING}))["alex"]
+        assert game.gained("alex") == Counter({"minecraft:diamond": 1})
+
+        game._run_tool = original  # type: ignore[method-assign]
+        await game.join("alex", "Alex")
+        done = (await stack.settled(["alex"]))["alex"]
+        assert done.task_id == waiting.task_id
+        assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
+        assert game.gained("alex") == REWARD
+        assert [tool for _, tool, _ in game.calls] == ["minecraft:item.give"] * 2
+
+
+async def test_bad_events_are_refused_and_make_no_task(fresh_database_url: str) -> None:
+    async with _one_engine(fresh_database_url) as (stack, engine):
+        cases = [
+            (
+                dict(event_type=ADVANCEMENT, event_key="", data=_data(advancement=DIAMOND)),
+                "event_key",
+            ),
+            (dict(event_type="", event_key="k", data=_data(advancement=DIAMOND)), "event_type"),
+            (dict(event_type=ADVANCEMENT, event_key="k" * 129, data=_data()), "event_key"),
+            (dict(event_type=ADVANCEMENT, event_key="k", data=_data(nope=1)), "advancement"),
+        ]
+        for fields, words in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stack.engine_stub.SubmitEvent(
+                    engine_pb2.SubmitEventRequest(player=_player("steve"), **fields), timeout=5
+                )
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, fields
+            assert words in (refused.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await stack.engine_stub.SubmitEvent(
+                engine_pb2.SubmitEventRequest(
+                    player=_player("steve"), event_type="test:nothing", event_key="k"
+                ),
+                timeout=5,
+            )
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+        # Through the gateway: a bad frame gets a FrameError naming the event key.
+        await stack.game.event("steve", ADVANCEMENT, "adv-9", {"nope": 1})
+        await stack.game.event("steve", "no-namespace", "adv-10", {})
+        await _until(lambda: len(stack.game.frame_errors) == 2)
+        errors = {e.request_id: e for e in stack.game.frame_errors}
+        assert errors["adv-9"].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "advancement" in errors["adv-9"].message
+        assert errors["adv-10"].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "namespace:path" in errors["adv-10"].message
+        assert await stack.tasks("steve") == []
+
+
+# -- crash and takeover ------------------------------------------------------------------------
+
+
+def _engine_process(stack: Stack, tmp_path: Path, name: str) -> ServiceProcess:
+    return ServiceProcess(
+        "engine_service",
+        "SYSTEM_ENGINE_",
+        {
+            "STORAGE_TARGET": stack.storage.host.target,
+            "GATEWAY_TARGET": f"127.0.0.1:{stack.gateway_port}",
+            "REPLICA_ID": name,
+            "TASK_LEASE_SECONDS": "3",
+            "EVENT_POLL_SECONDS": "0.1",
+            "LOG_LEVEL": "WARNING",
+        },
+        tmp_path / f"{name}.log",
+    )
+
+
+@pytest.mark.e2e
+async def test_kill_9_mid_give_repeats_nothing_and_the_other_replica_finishes(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    """Replica A (a process) and replica B (in process) run one stream of event tasks. A give
+    for `stuck` reaches the game and its answer never comes back; A is killed with -9 while
+    it waits, then restarted. Every task ends; no give ever happened twice; the stuck step is
+    reported EFFECT_UNKNOWN rather than repeated; every other task got exactly its reward."""
+    players = [f"p{i:02d}" for i in range(30)]
+    gateway_port = free_port()
+    b_port = free_port()
+    async with _stack(fresh_database_url, f"127.0.0.1:{b_port}", gateway_port) as stack:
+        game = stack.game
+        for player in [*players, "stuck"]:
+            await game.join(player, player)
+        replica_a = _engine_process(stack, tmp_path, "replica-a")
+        await replica_a.start()
+        b: EngineApp | None = None
+        try:
+            # Only A runs at first, so the stuck give is A's.
+            game.hold.add("stuck")
+            async with grpc.aio.insecure_channel(replica_a.target) as channel:
+                await engine_pb2_grpc.EngineServiceStub(channel).SubmitEvent(
+                    engine_pb2.SubmitEventRequest(
+                        player=_player("stuck"),
+                        event_type=ADVANCEMENT,
+                        event_key="adv",
+                        data=_data(advancement=DIAMOND),
+                        player_online=True,
+                    ),
+                    timeout=10,
+                )
+            await _until(lambda: any(c[0] == "stuck" for c in game.calls))
+            b = await _engine(stack.storage.host.target, gateway_port, port=b_port)
+            # The gateway dialled B in vain while it was down (resuming joined players' tasks);
+            # wait for its channel to reconnect rather than have events refused UNAVAILABLE.
+            await asyncio.wait_for(stack.gateway.players.engine.channel.channel_ready(), 10)
+            for player in players:
+                await game.event(player, ADVANCEMENT, "adv", {"advancement": DIAMOND})
+            await _until(lambda: len(game.calls) >= 12)
+            replica_a.kill()
+            await replica_a.start()  # the restarted replica joins B in finishing the work
+
+            settled = await stack.settled([*players, "stuck"], timeout=60)
+        finally:
+            replica_a.stop()
+            if b is not None:
+                await _stop(b)
+
+    stuck = settled["stuck"]
+    assert stuck.state == journal_pb2.TASK_STATE_FAILED
+    assert stuck.result.failure.key == "system.error.effect_unknown"
+    assert stuck.attempts == 2  # claimed by A, then once more after A's lease ran out
+    assert game.gained("stuck") == Counter({"minecraft:diamond": 1})  # the one give that ran
+
+    for player in players:
+        task = settled[player]
+        assert task.state == journal_pb2.TASK_STATE_SUCCEEDED, (player, task.result)
+        assert game.gained(player) == REWARD, player
+    gives = Counter(call_id.split(".")[0] for _, _, call_id in game.calls)
+    assert max(gives.values()) == 1  # no step id was ever sent twice
+
+
+async def test_stopping_a_replica_gives_its_tasks_back_at_once(fresh_database_url: str) -> None:
+    """A graceful stop releases the leases of claimed tasks; the next replica takes them
+    without waiting for the lease (ten minutes here) to run out."""
+    async with _one_engine(fresh_database_url, task_lease_seconds=600) as (stack, engine):
+        await stack.game.join("slow", "Slow")
+        stack.game.hold.add("slow")
+        await stack.game.event("slow", ADVANCEMENT, "adv", {"advancement": DIAMOND})
+        await _until(lambda: len(stack.game.calls) == 1)
+        await _stop(engine)
+        task = (await stack.tasks("slow"))[0]
+        assert task.state == journal_pb2.TASK_STATE_RUNNING
+        replacement = await _engine(stack.storage.host.target, stack.gateway_port)
+        try:
+            done = (await stack.settled(["slow"], timeout=30))["slow"]
+        finally:
+            await _stop(replacement)
+        assert done.result.failure.key == "system.error.effect_unknown"
+        assert stack.game.gained("slow") == Counter({"minecraft:diamond": 1})
