@@ -33,7 +33,14 @@ from services.runtime.errors import (
     Unavailable,
 )
 
-__all__ = ["BoundedExecutor", "Engine", "HistoryStore", "PlayerSnapshots", "RunContext"]
+__all__ = [
+    "Admission",
+    "BoundedExecutor",
+    "Engine",
+    "HistoryStore",
+    "PlayerSnapshots",
+    "RunContext",
+]
 
 log = logging.getLogger("system.engine")
 
@@ -74,12 +81,21 @@ class BoundedExecutor:
         """Workers plus queue places."""
         return self._limit
 
-    async def run(self, job: Callable[[], Awaitable[T]]) -> T:
+    def admit(self) -> Admission:
+        """Takes a place now (BUSY at once when none is left), for a job run later with
+        `run(job, admission)`: callers with slow preparation (a storage lease) reserve first,
+        so a burst is refused before it reaches storage."""
         if self._closed:
             raise Unavailable(f"the {self.name} executor is shutting down")
         if self._admitted >= self._limit:
             raise ResourceExhausted(f"the {self.name} queue is full; try again shortly")
         self._admitted += 1
+        return Admission(self)
+
+    async def run(self, job: Callable[[], Awaitable[T]], admission: Admission | None = None) -> T:
+        """Runs `job` when a worker is free, in a place taken now or by `admit` earlier."""
+        if admission is None:
+            admission = self.admit()
         task = asyncio.current_task()
         try:
             if task is not None:
@@ -93,7 +109,7 @@ class BoundedExecutor:
             finally:
                 self._slots.release()
         finally:
-            self._admitted -= 1
+            admission.release()
 
     def shutdown(self) -> int:
         """Refuses new jobs and cancels those still queued (not yet running); returns how many
@@ -103,6 +119,18 @@ class BoundedExecutor:
         for task in queued:
             task.cancel()
         return len(queued)
+
+
+class Admission:
+    """A place in a BoundedExecutor, given back exactly once."""
+
+    def __init__(self, executor: BoundedExecutor) -> None:
+        self._executor: BoundedExecutor | None = executor
+
+    def release(self) -> None:
+        if self._executor is not None:
+            self._executor._admitted -= 1
+            self._executor = None
 
 
 RunContext = ExecutionContext
@@ -205,12 +233,22 @@ class Engine:
             # The same request again while it runs: share its result, never run it twice.
             running.duplicates += 1
             return await asyncio.shield(running.result)
+        # The queue place first: a full engine answers BUSY before asking storage for a lease.
+        admission = self.interactive.admit()
         run = self.runs.start(player.player_id, request_id or current_request_id(), print_)
         try:
             result = await self.runs.hold(
                 run,
                 lambda: self._run(
-                    run, player, module.spec, module.run, data, request_text, action, source
+                    run,
+                    player,
+                    module.spec,
+                    module.run,
+                    data,
+                    request_text,
+                    action,
+                    source,
+                    admission,
                 ),
             )
         except BaseException as exc:
@@ -222,6 +260,7 @@ class Engine:
                     run.result.exception()  # retrieved: duplicates, if any, raise it too
             raise
         finally:
+            admission.release()
             self.runs.finish(run)
         run.result.set_result(result)
         return result
@@ -236,6 +275,7 @@ class Engine:
         request_text: str,
         action: common_pb2.ModuleAction,
         source: int,
+        admission: Admission,
     ) -> common_pb2.AgentResult:
         """One run under the player's lease: the module, then its history entry (none for a
         cancelled run)."""
@@ -255,7 +295,9 @@ class Engine:
             if run.cancelled:
                 raise asyncio.CancelledError
             run.job = asyncio.ensure_future(
-                asyncio.wait_for(self.interactive.run(lambda: body(data, context)), timeout)
+                asyncio.wait_for(
+                    self.interactive.run(lambda: body(data, context), admission), timeout
+                )
             )
             result = await run.job
         except ModuleFailure as failure:

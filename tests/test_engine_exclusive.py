@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import pathlib
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,9 +25,11 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storag
 
 from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
+from engine_service.engine import BoundedExecutor
 from engine_service.modules import BUILTIN_MODULES
 from engine_service.registry import ModuleRegistry, ModuleSpec
 from services.results import AgentFailure, card, succeeded
+from services.runtime.errors import ResourceExhausted, Unavailable
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from tests.inprocess import running_chain
@@ -107,10 +111,11 @@ class Replicas:
     stubs: list[engine_pb2_grpc.EngineServiceStub]
     journal: journal_pb2_grpc.JournalServiceStub
     storage_target: str
+    apps: list[Any] = dataclasses.field(default_factory=list)
 
 
 @contextlib.asynccontextmanager
-async def _replicas(database_url: str, count: int = 2) -> AsyncIterator[Replicas]:
+async def _replicas(database_url: str, count: int = 2, **settings: Any) -> AsyncIterator[Replicas]:
     storage = await create_storage(StorageConfig(**HOST, database_url=database_url))
     await storage.host.start()
     module = SlowModule()
@@ -125,6 +130,7 @@ async def _replicas(database_url: str, count: int = 2) -> AsyncIterator[Replicas
                     gateway_target="127.0.0.1:1",
                     replica_id=f"replica-{i}",
                     player_lease_seconds=2,
+                    **settings,
                 )
             )
             engine.engine.registry = _registry(module)
@@ -137,6 +143,7 @@ async def _replicas(database_url: str, count: int = 2) -> AsyncIterator[Replicas
             [engine_pb2_grpc.EngineServiceStub(channel) for channel in channels[:-1]],
             journal_pb2_grpc.JournalServiceStub(channels[-1]),
             storage.host.target,
+            engines,
         )
     finally:
         module.gate.set()
@@ -343,3 +350,98 @@ async def test_players_cancel_control_stops_a_slow_run(tmp_path: pathlib.Path) -
         again = await client.request("steve", 10, invoke=invoke)
         assert again.reply.result.status == SUCCEEDED
         assert time.monotonic() - started < 2
+
+
+# -- a burst ten times the queue --------------------------------------------------------------
+
+
+async def _burst(running: Replicas, size: int, tag: str) -> tuple[int, int]:
+    """Sends `size` requests of different players at once while the module holds every run.
+    Returns (busy, succeeded); asserts every BUSY answer came back while the accepted runs
+    were still held, i.e. refusals never waited for the queue."""
+    module = running.module
+    module.gate.clear()
+    stub = running.stubs[0]
+    calls = [
+        asyncio.ensure_future(stub.Execute(_request(f"{tag}-{i}", n=i), timeout=60))
+        for i in range(size)
+    ]
+    capacity = WORKERS + QUEUE
+    busy = 0
+    pending = set(calls)
+    while busy < size - capacity:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for call in done:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                call.result()
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            busy += 1
+    assert len(pending) == capacity and module.active == WORKERS  # the rest still held
+    module.gate.set()
+    results = await asyncio.gather(*pending)
+    return busy, sum(r.result.status == SUCCEEDED for r in results)
+
+
+WORKERS, QUEUE = 2, 8  # the seed's 4/32 scaled down: the burst's lease writes stay light
+
+
+async def test_a_burst_ten_times_the_queue_gets_busy_at_once_and_leaves_nothing(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with _replicas(
+        f"sqlite:///{tmp_path / 'storage.db'}",
+        count=1,
+        interactive_workers=WORKERS,
+        interactive_queue=QUEUE,
+    ) as running:
+        engine = running.apps[0].engine
+        size = 10 * (WORKERS + QUEUE)
+        expected = (size - WORKERS - QUEUE, WORKERS + QUEUE)
+        assert await _burst(running, size, "warm") == expected  # warms caches and pools
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before, _ = tracemalloc.get_traced_memory()
+            assert await _burst(running, size, "burst") == expected
+            await _until_idle(engine)
+            gc.collect()
+            after, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        # Nothing of the burst stays behind: no runs, snapshots or queue places, and memory
+        # back near where it was (allocator slack and logging buffers aside).
+        assert engine.interactive.admitted == 0
+        assert not engine.runs.active_players()
+        assert not engine.players._players
+        assert after - before < 2 * 1024 * 1024, f"{(after - before) / 1024:.0f} KiB kept"
+
+
+async def _until_idle(engine: Any) -> None:
+    for _ in range(200):
+        if engine.interactive.admitted == 0 and not engine.runs.active_players():
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
+    executor = BoundedExecutor("test", workers=1, queue=2)
+    gate = asyncio.Event()
+
+    async def job() -> str:
+        await gate.wait()
+        return "done"
+
+    running = asyncio.ensure_future(executor.run(job))
+    queued = [asyncio.ensure_future(executor.run(job)) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    with pytest.raises(ResourceExhausted):
+        await executor.run(job)
+    assert executor.shutdown() == 2
+    for call in queued:
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    with pytest.raises(Unavailable):
+        await executor.run(job)
+    gate.set()
+    assert await running == "done"  # running work finishes
+    assert executor.admitted == 0
