@@ -8,6 +8,7 @@ from engine_service.clients import GatewayGameTools, JournalLeases, StorageHisto
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventRunner, EventTasks
+from engine_service.models import ModelClient
 from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.runs import PlayerRuns
@@ -39,6 +40,7 @@ class EngineApp:
         self.storage = StorageHistory(config.storage_target)
         self.game_tools = GatewayGameTools(config.gateway_target)
         self.leases = JournalLeases(config.storage_target)
+        self.models = ModelClient(config.model_target)
         self.engine = Engine(
             build_registry(config),
             self.storage,
@@ -47,6 +49,7 @@ class EngineApp:
             config.history_timeout_seconds,
             self.game_tools,
             PlayerRuns(self.leases, config.replica_id, config.player_lease_seconds),
+            self.models,
         )
         self.tasks = TaskStore(config.storage_target)
         self.runner = EventRunner(
@@ -74,6 +77,7 @@ class EngineApp:
         self.maintenance.shutdown()
         self.engine.interactive.shutdown()
         await self.tasks.aclose()
+        await self.models.aclose()
         await self.game_tools.aclose()
         await self.leases.aclose()
         await self.storage.aclose()

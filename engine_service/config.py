@@ -20,6 +20,8 @@ class EngineConfig(ServerConfig):
     metrics_port: int = 9103
     storage_target: str = "127.0.0.1:50055"
     """`host:port` of the storage service."""
+    model_target: str = "127.0.0.1:50054"
+    """`host:port` of the model gateway (model calls, web search and fetch)."""
     gateway_target: str = "127.0.0.1:50051"
     """`host:port` of the gateway's ToolRelayService, through which game tools are called."""
     execute_timeout_seconds: float = 30.0
@@ -57,6 +59,8 @@ class EngineConfig(ServerConfig):
         super().validate()
         if not self.storage_target:
             raise ConfigError("storage_target is required (host:port of the storage service)")
+        if not self.model_target:
+            raise ConfigError("model_target is required (host:port of the model gateway)")
         if not self.gateway_target:
             raise ConfigError(
                 "gateway_target is required (host:port of the gateway's ToolRelayService)"

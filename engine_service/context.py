@@ -32,7 +32,9 @@ from typing import Any, Protocol
 
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2
+from system.model.v1 import model_pb2
 
+from engine_service.models import Completion, ModelClient
 from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.schema import check_input
 from engine_service.steps import TaskSteps
@@ -122,6 +124,7 @@ class ExecutionContext:
             and model call. Defaults to the request's snapshot.
         run_id: identifies the run in call ids (a fresh one by default).
         steps: the step journal of an event task's run; write steps go through it.
+        models: the model gateway; None when the engine has none configured.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class ExecutionContext:
         current_player: Callable[[], common_pb2.PlayerContext] | None = None,
         run_id: str = "",
         steps: TaskSteps | None = None,
+        models: ModelClient | None = None,
     ) -> None:
         self.player = player
         self.registry = registry
@@ -156,6 +160,7 @@ class ExecutionContext:
         self._call_ids = itertools.count(1)
         self._cancelled = False
         self._steps = steps
+        self._models = models
 
     # -- state -----------------------------------------------------------------------------
 
@@ -317,6 +322,41 @@ class ExecutionContext:
         self._spend("steps", self.step_count, self.policy.steps)
         self.model_calls += 1
         self.step_count += 1
+
+    async def complete(
+        self,
+        messages: list[model_pb2.ChatMessage],
+        tools: list[model_pb2.Tool] | None = None,
+        require_tool: bool = False,
+        max_tokens: int = 0,
+        json_output: bool = False,
+    ) -> Completion:
+        """One model call through the model gateway, charged to the budget first and given at
+        most the policy's per-call time (and never more than the run has left).
+
+        Raises:
+            ModuleFailure: the checks of `charge_model_call`; MODEL_UNAVAILABLE with no model
+                (or none configured), PERMISSION_DENIED when the player turned external
+                services off, BUDGET_EXHAUSTED for a spent daily budget, TIMEOUT.
+        """
+        self.charge_model_call()
+        if self._models is None:
+            raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, "this engine has no model gateway")
+        timeout = min(self.policy.model_call_seconds, self.remaining())
+        return await self._models.complete(
+            self.player.player_id,
+            messages,
+            timeout,
+            tools=tools,
+            require_tool=require_tool,
+            max_tokens=max_tokens,
+            json_output=json_output,
+        )
+
+    @property
+    def models(self) -> ModelClient | None:
+        """The model gateway client, for server tools that reach the web through it."""
+        return self._models
 
     async def list_history(self, page_size: int) -> list[common_pb2.HistoryEntry]:
         try:

@@ -17,6 +17,7 @@ from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2
 
 from engine_service.context import ExecutionContext, GameTools, partial_result
+from engine_service.models import ModelClient
 from engine_service.registry import ModuleRegistry, ModuleSpec, struct_to_dict
 from engine_service.runs import PlayerRuns, Run, fingerprint
 from engine_service.schema import check_input
@@ -181,8 +182,10 @@ class Engine:
         history_timeout: float,
         game_tools: GameTools | None = None,
         runs: PlayerRuns | None = None,
+        models: ModelClient | None = None,
     ) -> None:
         self.registry = registry
+        self.models = models
         self.history = history
         self.interactive = interactive
         self.execute_timeout = execute_timeout
@@ -289,6 +292,7 @@ class Engine:
             game_tools=self.game_tools,
             deadline=time.monotonic() + timeout,
             current_player=lambda: self.players.current(player),
+            models=self.models,
         )
         self.players.enter(player)
         try:
@@ -374,6 +378,7 @@ class Engine:
             game_tools=self.game_tools,
             deadline=time.monotonic() + timeout,
             current_player=lambda: self.players.current(player),
+            models=self.models,
             steps=steps,
         )
         self.players.enter(player)

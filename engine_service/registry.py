@@ -118,6 +118,8 @@ class ExecutionPolicy:
     """Longest a run may take; the caller's deadline wins when it is earlier."""
     write_steps: int = 0
     """Calls of tools that are not read-only; 0 for read-only workflows."""
+    model_call_seconds: float = 20.0
+    """Longest one model call may take (the run's own deadline wins when it is earlier)."""
 
     def __post_init__(self) -> None:
         for name in ("rounds", "model_calls", "tool_calls", "steps", "write_steps"):
@@ -130,6 +132,14 @@ class ExecutionPolicy:
             raise RegistryError(f"policy.seconds must be a finite number, not {self.seconds!r}")
         if self.seconds <= 0:
             raise RegistryError("policy.seconds must be positive")
+        if not (
+            isinstance(self.model_call_seconds, int | float)
+            and math.isfinite(self.model_call_seconds)
+            and self.model_call_seconds > 0
+        ):
+            raise RegistryError(
+                f"policy.model_call_seconds must be a positive number, not {self.model_call_seconds!r}"
+            )
         if self.write_steps > self.tool_calls:
             raise RegistryError(
                 f"policy.write_steps ({self.write_steps}) cannot exceed "

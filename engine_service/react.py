@@ -1,0 +1,223 @@
+"""A generic bounded ReAct loop: the model picks one tool from this step's schema (or the
+`answer` tool), the engine runs it through the execution context (budgets, permission,
+deadline, write rules all apply), the observation goes back, until an answer or the end of the
+budget. The question and reasoning modules are built on it.
+
+Only the tools offered for the step decode: a name outside the schema, arguments that are not a
+JSON object, or a tool the context refuses end the loop with what was observed so far, never
+with a guess. A paid tool (a web search) is never run twice with the same arguments: a
+repeated call ends the loop too, and the caller composes from what is there. Running out of
+rounds, model calls, tool calls or steps likewise ends it with what was found; cancellation,
+a revoked permission and a lost lease propagate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from system.model.v1 import model_pb2
+
+from engine_service.context import ExecutionContext
+from services.results import AgentFailure, ModuleFailure
+
+__all__ = ["ANSWER_TOOL", "LoopOutcome", "LoopTool", "Observation", "ReActLoop"]
+
+ANSWER_TOOL = "answer"
+
+RECOVERABLE = frozenset(
+    {
+        AgentFailure.BUDGET_EXHAUSTED,
+        AgentFailure.MODEL_UNAVAILABLE,
+        AgentFailure.TOOL_UNAVAILABLE,
+        AgentFailure.NOT_FOUND,
+        AgentFailure.INVALID_INPUT,
+        AgentFailure.TIMEOUT,
+        AgentFailure.MODULE_FAILED,
+    }
+)
+"""Failures after which the loop stops and the caller composes from what it has. Anything
+else (cancelled, permission denied, write not allowed, effect unknown) ends the run."""
+
+_ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "description": "The answer for the player."},
+        "sources": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "description": "Numbers of the observations the answer relies on.",
+        },
+    },
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopTool:
+    """A tool offered to the model for this loop."""
+
+    name: str
+    """Function name the model sees (letters, digits and `_`)."""
+    tool_id: str
+    """The engine tool it runs (declared by the module)."""
+    description: str
+    parameters: dict[str, Any]
+    """JSON Schema of the arguments."""
+    paid: bool = False
+    """Never run twice with the same arguments in one loop."""
+
+    def schema(self) -> model_pb2.Tool:
+        return model_pb2.Tool(
+            name=self.name,
+            description=self.description,
+            parameters_json=json.dumps(self.parameters, sort_keys=True),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """One tool run and what came of it (numbered from 1 in order)."""
+
+    number: int
+    tool: str
+    arguments: dict[str, Any]
+    output: dict[str, Any]
+
+
+@dataclasses.dataclass
+class LoopOutcome:
+    """How the loop ended."""
+
+    observations: list[Observation]
+    stopped: str
+    """`answer`, `rounds`, `repeat` (a paid call asked again), `refused` (a tool outside the
+    schema, or bad arguments), `failure` (a recoverable failure: see `failure`)."""
+    answer: str = ""
+    sources: tuple[int, ...] = ()
+    failure: ModuleFailure | None = None
+
+
+class ReActLoop:
+    """Runs the loop for one request.
+
+    Args:
+        ctx: the run's execution context (its budgets bound the loop too).
+        system: instructions for the model.
+        tools: the tools offered, besides `answer`.
+        rounds: most iterations; the policy's `rounds` by default.
+        observation_chars: longest observation text sent back to the model.
+    """
+
+    def __init__(
+        self,
+        ctx: ExecutionContext,
+        system: str,
+        tools: Sequence[LoopTool],
+        rounds: int | None = None,
+        observation_chars: int = 4000,
+    ) -> None:
+        names = [t.name for t in tools]
+        if ANSWER_TOOL in names or len(set(names)) != len(names):
+            raise ValueError("loop tool names must be unique and not 'answer'")
+        self._ctx = ctx
+        self._system = system
+        self._tools = {t.name: t for t in tools}
+        self._rounds = rounds if rounds is not None else ctx.policy.rounds
+        self._chars = observation_chars
+        self._schema = [t.schema() for t in tools] + [
+            model_pb2.Tool(
+                name=ANSWER_TOOL,
+                description="Give the final answer (and the observations it relies on).",
+                parameters_json=json.dumps(_ANSWER_SCHEMA, sort_keys=True),
+            )
+        ]
+
+    async def run(self, request: str, context: str = "") -> LoopOutcome:
+        messages = [
+            model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_SYSTEM, content=self._system),
+            model_pb2.ChatMessage(
+                role=model_pb2.MESSAGE_ROLE_USER,
+                content=f"{context}\n\n{request}".strip() if context else request,
+            ),
+        ]
+        observations: list[Observation] = []
+        paid: set[str] = set()
+        for _ in range(self._rounds):
+            try:
+                completion = await self._ctx.complete(messages, tools=self._schema, require_tool=True)
+            except ModuleFailure as failure:
+                return self._stopped(observations, failure)
+            if not completion.tool_calls:
+                if completion.content.strip():  # a plain answer is an answer
+                    return LoopOutcome(observations, "answer", completion.content.strip())
+                return LoopOutcome(observations, "refused")
+            call = completion.tool_calls[0]
+            arguments = _arguments(call.arguments)
+            if arguments is None:
+                return LoopOutcome(observations, "refused")
+            if call.name == ANSWER_TOOL:
+                return _answer(observations, arguments)
+            tool = self._tools.get(call.name)
+            if tool is None:
+                return LoopOutcome(observations, "refused")
+            key = f"{tool.name}:{json.dumps(arguments, sort_keys=True)}"
+            if tool.paid and key in paid:
+                return LoopOutcome(observations, "repeat")
+            paid.add(key)
+            try:
+                output = await self._ctx.tool(tool.tool_id, arguments)
+            except ModuleFailure as failure:
+                return self._stopped(observations, failure)
+            observation = Observation(len(observations) + 1, tool.name, arguments, output)
+            observations.append(observation)
+            messages.append(
+                model_pb2.ChatMessage(
+                    role=model_pb2.MESSAGE_ROLE_ASSISTANT,
+                    tool_calls=[
+                        model_pb2.ToolCall(
+                            id=call.call_id, name=call.name, arguments_json=call.arguments
+                        )
+                    ],
+                )
+            )
+            messages.append(
+                model_pb2.ChatMessage(
+                    role=model_pb2.MESSAGE_ROLE_TOOL,
+                    tool_call_id=call.call_id,
+                    content=self._render(observation),
+                )
+            )
+        return LoopOutcome(observations, "rounds")
+
+    def _render(self, observation: Observation) -> str:
+        text = json.dumps(
+            {"observation": observation.number, "output": observation.output}, ensure_ascii=False
+        )
+        return text if len(text) <= self._chars else text[: self._chars] + "…"
+
+    @staticmethod
+    def _stopped(observations: list[Observation], failure: ModuleFailure) -> LoopOutcome:
+        if failure.failure not in RECOVERABLE:
+            raise failure
+        return LoopOutcome(observations, "failure", failure=failure)
+
+
+def _arguments(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text or "{}")
+    except (json.JSONDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _answer(observations: list[Observation], arguments: dict[str, Any]) -> LoopOutcome:
+    answer = arguments.get("answer")
+    if not isinstance(answer, str) or not answer.strip():
+        return LoopOutcome(observations, "refused")
+    raw = arguments.get("sources") or []
+    sources = tuple(n for n in raw if isinstance(n, int) and not isinstance(n, bool))
+    return LoopOutcome(observations, "answer", answer.strip(), sources)
