@@ -230,12 +230,15 @@ class EventRunner:
     async def _run(self, claim: Claim) -> None:
         player, data = decode_task_input(claim.task)
         steps = TaskSteps(self._store, claim)
-        result = await self._engine.run_event(player, claim.task.module_id, data, steps)
+        try:
+            result = await self._engine.run_event(player, claim.task.module_id, data, steps)
+        except asyncio.CancelledError:
+            await asyncio.shield(steps.abandon())
+            raise
         if result is None:
-            await self._store.finish(claim, journal_pb2.TASK_STATE_WAITING)
+            await steps.finish(journal_pb2.TASK_STATE_WAITING, None)
         else:
-            state = _TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED)
-            await self._store.finish(claim, state, result)
+            await steps.finish(_TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED), result)
         self.finished += 1
 
     async def _renew(self, claim: Claim, run: asyncio.Task[None]) -> None:

@@ -13,14 +13,25 @@ outputs replay unchanged. On a second run, at each position:
 - a call refused before it reached the game server (`NotDelivered`, player offline) is closed
   with a "not delivered" receipt, and the next run tries the position again under the next
   attempt id (`<task>/<position>.<attempt>`), since nothing can have happened.
+
+Only the intent must be stored before the tool runs; a result may travel beside the next
+step's intent. So a step's result is held for at most `linger` seconds: the next step's intent
+sends it at once (the two writes go out together), the task's final transition takes it in the
+same transaction, and otherwise the timer sends it alone. A task with two write steps thus
+waits for three writes (intent, intent, result + transition) instead of five, and a crash
+inside the linger window only turns a done step into EFFECT_UNKNOWN: never into a repeat.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
 from engine_service.task_store import Claim, TaskStore
@@ -28,6 +39,8 @@ from engine_service.tools import ToolSpec
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 
 __all__ = ["JSON_CODEC", "NOT_DELIVERED_CODEC", "TaskSteps"]
+
+log = logging.getLogger("system.engine.steps")
 
 JSON_CODEC = "system:json/v1"
 """Codec of a done step's output: UTF-8 JSON of the tool's output object."""
@@ -53,12 +66,22 @@ def _decode(receipt: journal_pb2.StepReceipt) -> dict[str, Any]:
 
 
 class TaskSteps:
-    """The write-step journal of one run of one claimed task."""
+    """The write-step journal of one run of one claimed task.
 
-    def __init__(self, store: TaskStore, claim: Claim) -> None:
+    Args:
+        store: the journal.
+        claim: the task and its fence.
+        linger: longest a step's result waits for a write to travel with (seconds).
+    """
+
+    def __init__(self, store: TaskStore, claim: Claim, linger: float = 0.02) -> None:
         self._store = store
         self._claim = claim
+        self._linger = linger
         self._position = 0
+        self._held: tuple[str, str, bytes, str] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: list[asyncio.Task[None]] = []
         self.replayed = 0
         """Steps answered from receipts in this run."""
 
@@ -72,6 +95,7 @@ class TaskSteps:
                 failures; whatever the tool raised.
             LeaseLost: another replica holds the task now.
         """
+        self._send_held()  # the previous result goes out beside this intent
         position = self._position
         self._position += 1
         task_id = self._claim.task.task_id
@@ -99,11 +123,60 @@ class TaskSteps:
                     self._claim, step_id, spec.tool_id, b"", NOT_DELIVERED_CODEC
                 )
                 raise
-            await self._store.complete_step(
-                self._claim, step_id, spec.tool_id, _encode(output), JSON_CODEC
-            )
+            self._hold((step_id, spec.tool_id, _encode(output), JSON_CODEC))
             return output
         raise ModuleFailure(
             AgentFailure.MODULE_FAILED,
             f"{spec.tool_id} could not be delivered in {MAX_ATTEMPTS} attempts",
         )
+
+    def _hold(self, step: tuple[str, str, bytes, str]) -> None:
+        self._held = step
+        self._timer = asyncio.get_running_loop().call_later(self._linger, self._send_held)
+
+    def _send_held(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held is None:
+            return
+        step_id, tool, encoded, codec_id = self._held
+        self._held = None
+        self._sending.append(
+            asyncio.ensure_future(
+                self._store.complete_step(self._claim, step_id, tool, encoded, codec_id)
+            )
+        )
+
+    async def _sent(self) -> None:
+        """Waits for every result already sent; raises the first failure."""
+        sending, self._sending = self._sending, []
+        results = await asyncio.gather(*sending, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def finish(self, state: int, result: common_pb2.AgentResult | None) -> None:
+        """Stores every result and moves the task to `state` (the last result and the move
+        in one transaction).
+
+        Raises:
+            LeaseLost: another replica holds the task now.
+            ModuleFailure: storage refused or could not be reached.
+        """
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held, self._held = self._held, None
+        await self._sent()
+        if held is None:
+            await self._store.finish(self._claim, state, result)
+        else:
+            await self._store.complete_and_finish(self._claim, held, state, result)
+
+    async def abandon(self, timeout: float = 2.0) -> None:
+        """The run was stopped: sends what is held and waits a little for what was sent,
+        so done steps replay on the next claim instead of reading as unknown."""
+        self._send_held()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(self._sent()), timeout)

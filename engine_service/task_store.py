@@ -71,6 +71,7 @@ class TaskStore:
                 f"{_JOURNAL}/CompleteStep",
                 f"{_JOURNAL}/ListTasks",
                 f"{_JOURNAL}/GetTask",
+                f"{_JOURNAL}/Commit",  # only ever sent with a request id: retries replay
             ],
             # The event runner polls from start-up on, before storage may be up; its failed
             # attempts must not put the engine's shared connection into reconnect backoff.
@@ -215,6 +216,48 @@ class TaskStore:
             )
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"task {claim.task.task_id} could not be finished") from None
+
+    async def complete_and_finish(
+        self,
+        claim: Claim,
+        step: tuple[str, str, bytes, str],
+        state: int,
+        result: common_pb2.AgentResult | None,
+    ) -> None:
+        """Stores the last step's result and moves the task to `state` in one transaction
+        (one round trip instead of two). `step` is (step id, tool, result, codec id). Safe to
+        retry: the batch's request id makes a second apply a replay."""
+        step_id, tool, encoded, codec_id = step
+        task = claim.task
+        request = journal_pb2.CommitRequest(
+            request_id=f"finish:{task.task_id}:{task.attempts}",
+            player_id=task.player_id,
+            operations=[
+                journal_pb2.CommitOperation(
+                    receipt=journal_pb2.ReceiptWrite(
+                        step_id=step_id,
+                        task_id=task.task_id,
+                        tool=tool,
+                        state=journal_pb2.STEP_STATE_DONE,
+                        result=encoded,
+                        codec_id=codec_id,
+                    )
+                ),
+                journal_pb2.CommitOperation(
+                    transition=journal_pb2.TaskTransition(
+                        task_id=task.task_id,
+                        state=state,
+                        expected_state=journal_pb2.TASK_STATE_RUNNING,
+                        result=result,
+                    )
+                ),
+            ],
+            fence=claim.fence,
+        )
+        try:
+            await self._dep.stub.Commit(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _storage_error(exc, f"task {task.task_id} could not be finished") from None
 
     async def get(self, task_id: str) -> journal_pb2.EventTask:
         response = await self._dep.stub.GetTask(

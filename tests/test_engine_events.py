@@ -402,10 +402,20 @@ async def test_kill_9_mid_give_repeats_nothing_and_the_other_replica_finishes(
     assert stuck.attempts == 2  # claimed by A, then once more after A's lease ran out
     assert game.gained("stuck") == Counter({"minecraft:diamond": 1})  # the one give that ran
 
+    # A's other worker may have been between a give and its stored result when it died: that
+    # task is reported EFFECT_UNKNOWN too, and whatever it gave stays given once. Everything
+    # else completed exactly.
+    unknown = []
     for player in players:
         task = settled[player]
-        assert task.state == journal_pb2.TASK_STATE_SUCCEEDED, (player, task.result)
-        assert game.gained(player) == REWARD, player
+        if task.state == journal_pb2.TASK_STATE_SUCCEEDED:
+            assert game.gained(player) == REWARD, player
+            continue
+        assert task.result.failure.key == "system.error.effect_unknown", (player, task.result)
+        gained = game.gained(player)
+        assert all(gained[item] <= count for item, count in REWARD.items()), player
+        unknown.append(player)
+    assert len(unknown) <= 1, unknown  # A ran two tasks at a time; one was `stuck`
     gives = Counter(call_id.split(".")[0] for _, _, call_id in game.calls)
     assert max(gives.values()) == 1  # no step id was ever sent twice
 

@@ -1,0 +1,404 @@
+"""Engine overhead per execution, and event tasks per second with step receipts.
+
+    python -m bench.engine [--requests 300] [--tasks 600] [--backends sqlite,postgres]
+                           [--replicas 1,2] [--out DIR]
+
+Runs the whole stack as processes (as `make run` does) with a simulated game server in this
+process, on SQLite and on PostgreSQL (a fresh database on BENCH_POSTGRES_DSN, else
+TEST_POSTGRES_DSN, else postgresql://127.0.0.1:5432/test, dropped at the end).
+
+Overhead: `system:inventory` is a read-only module with one game tool. Its Execute through
+the engine is timed, and alternately, in the same run, the same game tool called directly
+through the gateway's relay (the path the engine takes to the game: relay, game server and
+back). Engine overhead = Execute minus the relay call, at p50 and p99: what the engine adds
+around the tool (the caller's hop, checks, the player's lease in storage, the history write).
+The transport floor (an empty health check of the engine) is measured too.
+
+Event tasks: `system:advancement_reward` for `minecraft:story/mine_diamond` makes two write
+steps (two `minecraft:item.give` calls to the game server), each journaled as an intent and a
+result. N players are online; N events are submitted (16 at a time) and the clock runs from the
+first submission until the game server has seen all 2N gives; every task is then checked to be
+SUCCEEDED with exactly its two gives. With the seed's 2 event workers per replica, a replica
+runs two tasks at a time, so throughput is bound by one task's latency: 1 and 2 replicas are
+measured. Results go to bench/results/engine.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from system.storage.v1 import journal_pb2, journal_pb2_grpc
+
+from bench.machine import describe_machine
+from bench.report import progress, summarize
+from services.gamesim import GameServerClient
+from services.stack import SERVICES, Stack
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_DSN = "postgresql://127.0.0.1:5432/test"
+DIAMOND = "minecraft:story/mine_diamond"
+SUBMITTERS = 16
+
+
+class CountingGame(GameServerClient):
+    """The simulated game server, counting the gives it ran and when the last one came."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gives = 0
+        self.last_give = 0.0
+
+    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
+        frame = super()._run_tool(call)
+        if call.tool == "minecraft:item.give":
+            self.gives += 1
+            self.last_give = time.perf_counter()
+        return frame
+
+
+@contextlib.contextmanager
+def _database(backend: str, folder: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'storage.db'}"
+        return
+    dsn = os.environ.get("BENCH_POSTGRES_DSN") or os.environ.get("TEST_POSTGRES_DSN") or DEFAULT_DSN
+    admin_url = make_url(dsn).set(drivername="postgresql+psycopg")
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"bench_engine_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _player(player_id: str) -> common_pb2.PlayerContext:
+    return common_pb2.PlayerContext(server_id="sim", player_id=player_id, language="en")
+
+
+async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict[str, Any]:
+    player_id = "bench-overhead"
+    await game.join(player_id, "Bench")
+    await asyncio.sleep(0.2)
+    engine_channel = grpc.aio.insecure_channel(stack.target("engine"))
+    gateway_channel = grpc.aio.insecure_channel(stack.target("gateway"))
+    engine = engine_pb2_grpc.EngineServiceStub(engine_channel)
+    relay = gateway_pb2_grpc.ToolRelayServiceStub(gateway_channel)
+    health = health_pb2_grpc.HealthStub(engine_channel)
+    execute = engine_pb2.ExecuteRequest(
+        player=_player(player_id),
+        action=common_pb2.ModuleAction(module_id="system:inventory", input=struct_pb2.Struct()),
+        source=engine_pb2.ROUTE_SOURCE_COMMAND,
+    )
+    samples: dict[str, list[float]] = {"execute": [], "relay": [], "floor": []}
+
+    async def timed(key: str, call: Any) -> None:
+        start = time.perf_counter()
+        await call
+        samples[key].append((time.perf_counter() - start) * 1000)
+
+    try:
+        for i in range(n + 10):
+            relay_call = relay.CallGameTool(
+                gateway_pb2.CallGameToolRequest(
+                    call_id=f"bench-{i}", player_id=player_id, tool="minecraft:inventory.read"
+                ),
+                timeout=5,
+            )
+            await timed("relay", relay_call)
+            await timed("execute", engine.Execute(execute, timeout=5))
+            await timed("floor", health.Check(health_pb2.HealthCheckRequest(), timeout=5))
+            progress(i + 1, n + 10, "engine overhead")
+    finally:
+        await engine_channel.close()
+        await gateway_channel.close()
+    samples = {key: values[10:] for key, values in samples.items()}  # drop the warm-up
+    execute_s = summarize(samples["execute"])
+    relay_s = summarize(samples["relay"])
+    return {
+        "execute": execute_s,
+        "relay_tool_call": relay_s,
+        "transport_floor": summarize(samples["floor"]),
+        "overhead_p50_ms": round(execute_s["p50_ms"] - relay_s["p50_ms"], 3),
+        "overhead_p99_ms": round(execute_s["p99_ms"] - relay_s["p99_ms"], 3),
+        "samples": samples,
+    }
+
+
+def _extra_engine(stack: Stack, index: int) -> subprocess.Popen[bytes]:
+    """Another engine replica on the same storage and gateway (its own port and owner)."""
+    spec = next(s for s in SERVICES if s.name == "engine")
+    env = stack._env(spec)
+    port = str(_free_port())
+    env.update(
+        {
+            "SYSTEM_ENGINE_PORT": port,
+            "SYSTEM_ENGINE_PORT_FILE": str(stack.data_dir / "run" / f"engine-{index}.json"),
+        }
+    )
+    log = (stack.data_dir / "logs" / f"engine-{index}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", spec.module],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _free_port() -> int:
+    from services.stack.launcher import free_port
+
+    return free_port()
+
+
+async def measure_events(
+    stack: Stack, game: CountingGame, tasks: int, label: str
+) -> dict[str, Any]:
+    players = [f"bench-{label}-{i}" for i in range(tasks)]
+    for player in players:
+        await game.join(player, player)
+    await asyncio.sleep(0.5)  # joins reach the gateway (and wake no waiting task)
+    channel = grpc.aio.insecure_channel(stack.target("engine"))
+    storage_channel = grpc.aio.insecure_channel(stack.target("storage"))
+    engine = engine_pb2_grpc.EngineServiceStub(channel)
+    journal = journal_pb2_grpc.JournalServiceStub(storage_channel)
+    gives_before = game.gives
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for player in players:
+        queue.put_nowait(player)
+
+    async def submitter() -> None:
+        while not queue.empty():
+            player = queue.get_nowait()
+            data = struct_pb2.Struct()
+            data.update({"advancement": DIAMOND})
+            await engine.SubmitEvent(
+                engine_pb2.SubmitEventRequest(
+                    player=_player(player),
+                    event_type="minecraft:advancement",
+                    event_key="bench",
+                    data=data,
+                    player_online=True,
+                ),
+                timeout=30,
+            )
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
+        submitted = time.perf_counter()
+        target = gives_before + 2 * tasks
+        deadline = time.monotonic() + 300
+        while game.gives < target:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {game.gives - gives_before} of {2 * tasks} gives came")
+            progress(min((game.gives - gives_before) // 2, tasks - 1), tasks, f"events {label}")
+            await asyncio.sleep(0.05)
+        progress(tasks, tasks, f"events {label}")
+        elapsed = game.last_give - started
+        # Every task ended SUCCEEDED, with exactly its two gives.
+        states: dict[str, int] = {}
+        for player in players:
+            listed = await journal.ListTasks(
+                journal_pb2.ListTasksRequest(player_id=player), timeout=10
+            )
+            for task in listed.tasks:
+                name = journal_pb2.TaskState.Name(task.state)
+                states[name] = states.get(name, 0) + 1
+        if game.gives != target:
+            raise RuntimeError(f"{game.gives - target} gives more than tasks * 2")
+    finally:
+        await channel.close()
+        await storage_channel.close()
+    return {
+        "tasks": tasks,
+        "seconds": round(elapsed, 3),
+        "tasks_per_s": round(tasks / elapsed, 1),
+        "submit_seconds": round(submitted - started, 3),
+        "states": states,
+    }
+
+
+async def _bench_backend(
+    backend: str, database_url: str, args: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for replicas in args.replicas:
+        stack = Stack(
+            folder / f"{backend}-{replicas}",
+            service_env={
+                "storage": {"SYSTEM_STORAGE_DATABASE_URL": database_url},
+                "engine": {"SYSTEM_ENGINE_LOG_LEVEL": "WARNING"},
+                "gateway": {"SYSTEM_GATEWAY_LOG_LEVEL": "WARNING"},
+            },
+        )
+        stack.start(timeout=90)
+        extra = [_extra_engine(stack, i) for i in range(1, replicas)]
+        game = CountingGame(stack.target("gateway"), stack.server_id, stack.token)
+        try:
+            await game.connect()
+            await asyncio.sleep(1.0 if extra else 0)  # extra replicas finish starting
+            if replicas == args.replicas[0]:
+                result["overhead"] = await measure_overhead(stack, game, args.requests)
+            result[f"events_{replicas}_replicas"] = await measure_events(
+                stack, game, args.tasks, f"{backend}-{replicas}r"
+            )
+        finally:
+            await game.close()
+            for process in extra:
+                process.terminate()
+                process.wait(10)
+            stack.stop()
+    return result
+
+
+def _plot(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    backends = list(results)
+    labels = ["engine Execute", "relay call (the tool)", "transport floor"]
+    keys = ["execute", "relay_tool_call", "transport_floor"]
+    width = 0.8 / len(backends)
+    for i, backend in enumerate(backends):
+        overhead = results[backend]["overhead"]
+        left.bar(
+            [x + i * width for x in range(len(keys))],
+            [overhead[k]["p50_ms"] for k in keys],
+            width,
+            label=f"{backend} p50",
+        )
+    left.set_xticks([x + width * (len(backends) - 1) / 2 for x in range(len(keys))], labels)
+    left.set_ylabel("ms")
+    left.set_title("inventory (one game tool): Execute vs the tool alone")
+    left.legend()
+    for i, backend in enumerate(backends):
+        runs = sorted(k for k in results[backend] if k.startswith("events_"))
+        right.bar(
+            [x + i * width for x in range(len(runs))],
+            [results[backend][k]["tasks_per_s"] for k in runs],
+            width,
+            label=backend,
+        )
+        right.set_xticks(
+            [x + width * (len(backends) - 1) / 2 for x in range(len(runs))],
+            [k.removeprefix("events_").replace("_", " ") for k in runs],
+        )
+    right.axhline(300, color="grey", linestyle="--", label="target (PostgreSQL)")
+    right.set_ylabel("event tasks / s (two write steps each)")
+    right.set_title("event tasks with receipts")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    machine = report["machine"]
+    lines = [
+        "# Engine benchmark",
+        "",
+        f"Run {report['when']} on {machine.get('cpu', '?')} "
+        f"({machine.get('cores', '?')} cores, {machine.get('memory_gib', '?')} GiB), "
+        f"load before the run {report['load_before']}. Command: `{report['command']}`.",
+        "",
+        "## Overhead per execution (read-only module, one game tool)",
+        "",
+        "| database | Execute p50 / p99 | relay call p50 / p99 | engine overhead p50 / p99 "
+        "| floor p50 |",
+        "|---|---|---|---|---|",
+    ]
+    for backend, result in report["results"].items():
+        o = result["overhead"]
+        lines.append(
+            f"| {backend} | {o['execute']['p50_ms']} / {o['execute']['p99_ms']} ms "
+            f"| {o['relay_tool_call']['p50_ms']} / {o['relay_tool_call']['p99_ms']} ms "
+            f"| **{o['overhead_p50_ms']} / {o['overhead_p99_ms']} ms** "
+            f"| {o['transport_floor']['p50_ms']} ms |"
+        )
+    lines += [
+        "",
+        "## Event tasks per second (two journaled write steps each)",
+        "",
+        "| database | replicas | tasks | seconds | tasks/s | final states |",
+        "|---|---|---|---|---|---|",
+    ]
+    for backend, result in report["results"].items():
+        for key in sorted(k for k in result if k.startswith("events_")):
+            e = result[key]
+            replicas = key.split("_")[1]
+            lines.append(
+                f"| {backend} | {replicas} | {e['tasks']} | {e['seconds']} "
+                f"| **{e['tasks_per_s']}** | {e['states']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as data:
+        folder = Path(data)
+        for backend in args.backends:
+            with _database(backend, folder) as url:
+                results[backend] = await _bench_backend(backend, url, args, folder)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--tasks", type=int, default=600)
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--replicas", default="1,2")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.backends = [b for b in args.backends.split(",") if b]
+    args.replicas = [int(r) for r in args.replicas.split(",") if r]
+    load_before = os.getloadavg()
+    results = asyncio.run(main_async(args))
+    report = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python -m bench.engine " + " ".join(argv or sys.argv[1:]),
+        "machine": describe_machine(),
+        "load_before": [round(x, 2) for x in load_before],
+        "results": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stored = json.loads(json.dumps(report))
+    for result in stored["results"].values():
+        result["overhead"].pop("samples", None)
+    (args.out / "engine.json").write_text(json.dumps(stored, indent=2) + "\n")
+    (args.out / "engine.md").write_text(_markdown(stored))
+    _plot(stored["results"], args.out / "engine.png")
+    print(_markdown(stored))
+
+
+if __name__ == "__main__":
+    main()
