@@ -75,7 +75,11 @@ SPECS = (
         50053,
         9103,
         "system.engine.v1.EngineService",
-        {"storage_target": "storage", "gateway_target": "gateway"},
+        {
+            "storage_target": "storage",
+            "gateway_target": "gateway",
+            "model_target": "model-gateway",
+        },
     ),
     Spec(
         "model-gateway",
