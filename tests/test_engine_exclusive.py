@@ -296,6 +296,24 @@ async def test_cancel_run_stops_the_run_and_releases_the_lease(replicas: Replica
     assert len(page.entries) == 2
 
 
+async def test_a_run_whose_player_lease_is_taken_over_stops(replicas: Replicas) -> None:
+    """The lease is acquired again (a newer token) behind the running replica's back, as a
+    takeover after an expiry would do: its next renewal is refused and the run stops rather
+    than go on without exclusivity."""
+    first, _ = replicas.stubs
+    running = asyncio.ensure_future(first.Execute(_request("p-lost"), timeout=15))
+    await _started(replicas.module)
+    await replicas.journal.AcquireLease(
+        journal_pb2.AcquireLeaseRequest(name="player:p-lost", owner="replica-0", ttl_seconds=30),
+        timeout=5,
+    )
+    result = (await running).result
+    assert result.status == common_pb2.RESULT_STATUS_FAILED
+    assert result.failure.key == AgentFailure.STORAGE_UNAVAILABLE.value
+    assert "lease" in result.failure.message
+    assert replicas.module.cancelled == 1
+
+
 async def test_cancel_run_without_player_is_invalid(replicas: Replicas) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await replicas.stubs[0].CancelRun(engine_pb2.CancelRunRequest(), timeout=5)
