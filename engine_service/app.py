@@ -52,9 +52,10 @@ class EngineApp:
             self.models,
         )
         self.tasks = TaskStore(config.storage_target)
+        self.runner_tasks = TaskStore(config.storage_target, private=True)
         self.runner = EventRunner(
             self.engine,
-            self.tasks,
+            self.runner_tasks,
             BoundedExecutor("event", config.event_workers, config.event_queue),
             config.replica_id,
             config.task_lease_seconds,
@@ -77,6 +78,7 @@ class EngineApp:
         self.maintenance.shutdown()
         self.engine.interactive.shutdown()
         await self.tasks.aclose()
+        await self.runner_tasks.aclose()
         await self.models.aclose()
         await self.game_tools.aclose()
         await self.leases.aclose()

@@ -161,6 +161,9 @@ class ExecutionContext:
         self._cancelled = False
         self._steps = steps
         self._models = models
+        self._web_open = False
+        self.web_urls: set[str] = set()
+        """URLs this run's web searches returned: the only ones its web fetches may ask for."""
 
     # -- state -----------------------------------------------------------------------------
 
@@ -175,6 +178,33 @@ class ExecutionContext:
     @property
     def cancelled(self) -> bool:
         return self._cancelled
+
+    def live_player(self) -> common_pb2.PlayerContext:
+        """The player's live permission snapshot (features and level as they are now)."""
+        return self._current_player()
+
+    # -- web gate --------------------------------------------------------------------------
+
+    @property
+    def web_open(self) -> bool:
+        """True once this run's web gate was opened; web tools refuse to run otherwise."""
+        return self._web_open
+
+    @property
+    def web_session(self) -> str:
+        """The model gateway's search session of this run: fetches are allowed only of URLs
+        its searches returned."""
+        return self.run_id
+
+    def open_web(self) -> bool:
+        """Opens the web gate for this run only. The caller (`web_tools.WebGate`) has checked
+        the request, the player's search feature and external-services preference; this
+        refuses what no check may override: a run started by an event never reaches the web.
+        Returns whether the gate is open."""
+        if self.source == engine_pb2.ROUTE_SOURCE_EVENT:
+            return False
+        self._web_open = True
+        return True
 
     @property
     def wrote(self) -> bool:
@@ -286,11 +316,15 @@ class ExecutionContext:
         handler = self.registry.tools.handler(spec.tool_id)
         if handler is None:  # registration guarantees one; guard all the same
             raise ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"{spec.tool_id} has no handler")
+        call = handler(payload, self) if spec.needs_context else handler(payload)
         try:
-            return await asyncio.wait_for(handler(payload), self.remaining())
+            return await asyncio.wait_for(call, self.remaining())
         except TimeoutError:
+            # A read-only tool has no effect that could be unknown (a paid web search is
+            # read-only too: it is never repeated, but its timeout is an ordinary one).
+            safe = spec.idempotent or spec.read_only
             raise ModuleFailure(
-                AgentFailure.TIMEOUT if spec.idempotent else AgentFailure.EFFECT_UNKNOWN,
+                AgentFailure.TIMEOUT if safe else AgentFailure.EFFECT_UNKNOWN,
                 f"{spec.tool_id} did not finish in time",
             ) from None
 

@@ -8,7 +8,9 @@ JSON object, or a tool the context refuses end the loop with what was observed s
 with a guess. A paid tool (a web search) is never run twice with the same arguments: a
 repeated call ends the loop too, and the caller composes from what is there. Running out of
 rounds, model calls, tool calls or steps likewise ends it with what was found; cancellation,
-a revoked permission and a lost lease propagate.
+a revoked permission and a lost lease propagate; a permission refused for one call (a page
+that may not be fetched, external services turned off meanwhile) ends the loop like any other
+recoverable failure.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from system.model.v1 import model_pb2
 from engine_service.context import ExecutionContext
 from services.results import AgentFailure, ModuleFailure
 
-__all__ = ["ANSWER_TOOL", "LoopOutcome", "LoopTool", "Observation", "ReActLoop"]
+__all__ = [
+    "ANSWER_TOOL",
+    "RECOVERABLE",
+    "LoopOutcome",
+    "LoopTool",
+    "Observation",
+    "ReActLoop",
+    "recoverable",
+]
 
 ANSWER_TOOL = "answer"
 
@@ -148,7 +158,9 @@ class ReActLoop:
         paid: set[str] = set()
         for _ in range(self._rounds):
             try:
-                completion = await self._ctx.complete(messages, tools=self._schema, require_tool=True)
+                completion = await self._ctx.complete(
+                    messages, tools=self._schema, require_tool=True
+                )
             except ModuleFailure as failure:
                 return self._stopped(observations, failure)
             if not completion.tool_calls:
@@ -199,11 +211,22 @@ class ReActLoop:
         )
         return text if len(text) <= self._chars else text[: self._chars] + "…"
 
-    @staticmethod
-    def _stopped(observations: list[Observation], failure: ModuleFailure) -> LoopOutcome:
-        if failure.failure not in RECOVERABLE:
+    def _stopped(self, observations: list[Observation], failure: ModuleFailure) -> LoopOutcome:
+        if not recoverable(self._ctx, failure):
             raise failure
         return LoopOutcome(observations, "failure", failure=failure)
+
+
+def recoverable(ctx: ExecutionContext, failure: ModuleFailure) -> bool:
+    """True when the run may still show what it has after `failure`: RECOVERABLE ones, and a
+    PERMISSION_DENIED that is not a revoke (a page that may not be fetched, the player turning
+    external services off: the live snapshot still allows the module). A cancelled run, a
+    revoked module and the rest must stop."""
+    if ctx.cancelled:
+        return False
+    if failure.failure is AgentFailure.PERMISSION_DENIED:
+        return ctx.registry.allows(ctx.spec.module_id, ctx.live_player())
+    return failure.failure in RECOVERABLE
 
 
 def _arguments(text: str) -> dict[str, Any] | None:

@@ -61,7 +61,7 @@ class TaskStore:
     crash's leftover and report EFFECT_UNKNOWN for nothing.
     """
 
-    def __init__(self, target: str, timeout: float = 5.0) -> None:
+    def __init__(self, target: str, timeout: float = 5.0, private: bool = False) -> None:
         self._timeout = timeout
         self._dep = Dependency(
             target,
@@ -73,9 +73,10 @@ class TaskStore:
                 f"{_JOURNAL}/GetTask",
                 f"{_JOURNAL}/Commit",  # only ever sent with a request id: retries replay
             ],
-            # The event runner polls from start-up on, before storage may be up; its failed
-            # attempts must not put the engine's shared connection into reconnect backoff.
-            private=True,
+            # The event runner polls from start-up on, before storage may be up: it gets
+            # connections of its own, so its failed attempts never put the request path's
+            # connection into reconnect backoff.
+            private=private,
         )
 
     # -- tasks -----------------------------------------------------------------------------

@@ -34,8 +34,9 @@ TOOL_ID = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
 SERVER_TOOL_NAMESPACE = "system"
 """Namespace reserved for server tools; a `system:` tool must have a handler in the engine."""
 
-ToolHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-"""A server tool's one behaviour: the checked input in, a JSON-like object out. It raises
+ToolHandler = Callable[..., Awaitable[dict[str, Any]]]
+"""A server tool's one behaviour: the checked input in (and, for a tool declared with
+`needs_context`, the run's execution context after it), a JSON-like object out. It raises
 `ModuleFailure` for a catalogued failure; anything else becomes MODULE_FAILED."""
 
 
@@ -74,6 +75,10 @@ class ToolSpec:
     feature enabled."""
     kind: str = ToolKind.SERVER
     """`server` (handler in the engine) or `game` (relayed to the player's game server)."""
+    needs_context: bool = False
+    """Server tools only: the handler is called as `handler(payload, ctx)` with the run's
+    execution context, for tools that act for the player or depend on the run (its web gate,
+    its search session)."""
 
 
 BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
@@ -174,6 +179,10 @@ class ToolRegistry:
         if spec.tool_id.split(":", 1)[0] == SERVER_TOOL_NAMESPACE:
             raise ToolRegistryError(
                 f"tool {spec.tool_id}: the {SERVER_TOOL_NAMESPACE}: namespace is for server tools"
+            )
+        if spec.needs_context:
+            raise ToolRegistryError(
+                f"tool {spec.tool_id}: only server tools get the execution context"
             )
         self._tools[spec.tool_id] = _Entry(spec, None)
 

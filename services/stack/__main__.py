@@ -20,6 +20,7 @@ import re
 import secrets
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 from system.gateway.v1 import gateway_pb2
@@ -38,6 +39,8 @@ SIM_HELP = """simulator commands:
   :state          ask for the assistant state
   :history        show the stored conversation
   :clear          delete the stored conversation
+  :advance ID     Steve earns an advancement (say minecraft:story/mine_diamond); its reward
+                  comes as an event task
   :quit           stop everything (Ctrl-C and Ctrl-D do too)
 anything else is sent as chat, for example: 帮助, help, /help history"""
 
@@ -92,6 +95,36 @@ async def _interactive(client: GameServerClient) -> None:
             ready.set()
 
 
+async def _advance(client: GameServerClient, advancement: str) -> None:
+    """Reports an advancement as the game would, then shows what the reward task gave."""
+    if not advancement:
+        print("(which one? for example :advance minecraft:story/mine_diamond)")
+        return
+    before = client.world.inventory(PLAYER_ID).copy()
+    await client.event(
+        PLAYER_ID,
+        "minecraft:advancement",
+        f"advancement:{advancement}",
+        {"advancement": advancement},
+    )
+    gained: Counter[str] = Counter()
+    steady = 0
+    for _ in range(50):  # the task runs in the engine and gives through the game tools
+        await asyncio.sleep(0.1)
+        now = client.world.inventory(PLAYER_ID) - before
+        steady = steady + 1 if now and now == gained else 0
+        gained = now
+        if steady >= 3:  # no more gives for a while: the task is done
+            break
+    if client.frame_errors:
+        print(f"(refused: {client.frame_errors.pop().message})")
+    elif gained:
+        items = ", ".join(f"{item} × {count}" for item, count in sorted(gained.items()))
+        print(f"(advancement {advancement}: the reward task gave {items})")
+    else:
+        print("(no reward given: earned before, or the engine is busy; try again)")
+
+
 class _Quit(Exception):
     pass
 
@@ -119,6 +152,8 @@ async def _handle_line(
         print(f"(language is now {language})")
     elif line in _CONTROLS:
         print(render_response(await client.control(PLAYER_ID, _CONTROLS[line])))
+    elif line.startswith(":advance"):
+        await _advance(client, line.removeprefix(":advance").strip())
     elif line.startswith(":press"):
         card = last.reply.result.card if last is not None and last.HasField("reply") else None
         index = line.removeprefix(":press").strip()

@@ -151,6 +151,7 @@ class Stack:
             "engine": {
                 "STORAGE_TARGET": self.target("storage"),
                 "GATEWAY_TARGET": self.target("gateway"),
+                "MODEL_TARGET": self.target("model"),
             },
             "router": {
                 "ENGINE_TARGET": self.target("engine"),
