@@ -55,6 +55,7 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.skeleton
 	$(PYTHON) -m bench.storage
 	$(PYTHON) -m bench.router
+	$(PYTHON) -m bench.model_gateway
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -31,6 +31,7 @@ from storage_service.migrate import upgrade
 from storage_service.player_data import PlayerDataStore
 from storage_service.player_data_servicer import PlayerDataServicer
 from storage_service.servicer import StorageServicer
+from storage_service.usage import UsageLedger
 
 __all__ = ["SERVICE_NAME", "SERVICE_NAMES", "StorageApp", "create_app"]
 
@@ -69,7 +70,7 @@ class StorageApp:
         self.knowledge = KnowledgeStore(sessions, config.max_knowledge_chars)
         history = StorageServicer(self.store)
         journal = JournalServicer(self.journal)
-        player_data = PlayerDataServicer(self.player_data)
+        player_data = PlayerDataServicer(self.player_data, UsageLedger(sessions))
         knowledge = KnowledgeServicer(self.knowledge)
         self.host = ServiceHost(
             "storage",

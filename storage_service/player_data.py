@@ -104,6 +104,11 @@ class UsageRow(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     model_calls: Mapped[int] = mapped_column(BigInteger, default=0)
     web_searches: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_cache_hit_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    prompt_cache_miss_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # Held by open reservations (storage_service.usage); released or settled to actual use.
+    reserved_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    reserved_web_searches: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class BindingRow(Base):
@@ -381,6 +386,8 @@ def _daily(row) -> player_data_pb2.DailyUsage:  # type: ignore[no-untyped-def]
         completion_tokens=row.completion_tokens,
         model_calls=row.model_calls,
         web_searches=row.web_searches,
+        prompt_cache_hit_tokens=row.prompt_cache_hit_tokens,
+        prompt_cache_miss_tokens=row.prompt_cache_miss_tokens,
     )
 
 

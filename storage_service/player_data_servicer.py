@@ -6,6 +6,7 @@ from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from storage_service.dbcall import run_db
 from storage_service.player_data import PlayerDataStore
+from storage_service.usage import Limits, UsageLedger
 
 __all__ = ["PlayerDataServicer"]
 
@@ -14,8 +15,9 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
     """Thin: every method delegates to PlayerDataStore in a worker thread. Typed errors the
     store raises become status codes in the server interceptor."""
 
-    def __init__(self, store: PlayerDataStore) -> None:
+    def __init__(self, store: PlayerDataStore, ledger: UsageLedger) -> None:
         self._store = store
+        self._ledger = ledger
 
     async def GetDocument(self, request, context):  # type: ignore[no-untyped-def]
         document = await run_db(self._store.get_document, request.key)
@@ -48,3 +50,21 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
         deleted, state = await run_db(self._store.reset_player, request.player_id, request.mode)
         # `deleted` is uint32 on the wire; a count past it is reported as its largest value.
         return player_data_pb2.ResetPlayerResponse(deleted=min(deleted, 2**32 - 1), state=state)
+
+    async def ReserveUsage(self, request, context):  # type: ignore[no-untyped-def]
+        day = await run_db(
+            self._ledger.reserve,
+            request.reservation_id,
+            request.player_id,
+            request.tokens,
+            request.web_searches,
+            Limits.from_proto(request.limits),
+            request.ttl_seconds,
+        )
+        return player_data_pb2.ReserveUsageResponse(day=day.isoformat())
+
+    async def SettleUsage(self, request, context):  # type: ignore[no-untyped-def]
+        found = await run_db(
+            self._ledger.settle, request.reservation_id, request.player_id, request.used
+        )
+        return player_data_pb2.SettleUsageResponse(found=found)

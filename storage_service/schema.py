@@ -6,7 +6,7 @@ checks that upgrading an empty database yields exactly it.
 
 from __future__ import annotations
 
-from storage_service import db, journal, player_data  # noqa: F401  (imported for their tables)
+from storage_service import db, journal, player_data, usage  # noqa: F401  (imported for their tables)
 from storage_service.knowledge import include_name
 
 __all__ = ["include_name", "metadata"]

@@ -88,7 +88,7 @@ SPECS = (
         50054,
         9104,
         "system.model.v1.ModelGatewayService",
-        {},
+        {"storage_target": "storage"},
     ),
     Spec(
         "storage",

@@ -18,8 +18,10 @@ from prometheus_client import REGISTRY
 from system.model.v1 import model_pb2, model_pb2_grpc
 
 from services.model_gateway.app import SERVICE_NAME, create_app
+from services.model_gateway.chat import ChatMessage, ChatRequest
 from services.model_gateway.config import ENV_PREFIX, ModelConfig
-from services.model_gateway.provider import ChatMessage, ChatProvider
+from services.model_gateway.metering import NoMeter
+from services.model_gateway.provider import ChatProvider
 from services.model_testserver import FakeOpenAIServer, router_demo_reply
 from services.runtime import DeadlineExceeded, request_scope
 from services.runtime.config import ConfigError, load_config
@@ -56,6 +58,7 @@ async def gateway(fake: FakeOpenAIServer) -> AsyncIterator[Gateway]:
             "grace_seconds": 1,
             "base_url": fake.base_url,
             "api_key": KEY,
+            "storage_target": "",  # metering has its own tests (test_model_metering.py)
         }
         config = ModelConfig(**{**settings, **overrides})
         config.validate()
@@ -98,6 +101,7 @@ async def test_status_without_key(gateway: Gateway) -> None:
     status = await stub.GetModelStatus(model_pb2.GetModelStatusRequest(), timeout=5)
     assert status.configured is False
     assert status.model == "deepseek-chat"
+    assert status.search_configured is False
 
 
 async def test_status_with_key(gateway: Gateway) -> None:
@@ -161,7 +165,11 @@ async def test_complete_returns_scripted_content_and_usage(
     ]
     assert sent.json["max_tokens"] == 77
     assert sent.json["temperature"] == 0.7
+    assert sent.json["stream"] is True
+    assert sent.json["stream_options"] == {"include_usage": True}
+    assert "tools" not in sent.json and "response_format" not in sent.json
     assert sent.headers.get("x-stainless-retry-count") == "0"
+    assert response.attempts == 1
 
 
 async def test_default_reply_echoes_and_uses_default_max_tokens(
@@ -247,12 +255,12 @@ async def test_prompt_at_the_limit_is_accepted(gateway: Gateway, fake: FakeOpenA
 async def test_provider_errors_map_to_status_codes(
     gateway: Gateway, fake: FakeOpenAIServer, status: int, code: grpc.StatusCode, expected: str
 ) -> None:
-    stub = await gateway()
+    stub = await gateway(max_attempts=1)
     fake.script(status=status)
     error = await _fails(stub.Complete(_request(), timeout=5))
     assert error.code() == code
     assert expected in error.details()
-    assert len(fake.completions) == 1  # the client never retried on its own
+    assert len(fake.completions) == 1  # the openai client never retried on its own
     await _still_serves(stub, fake)
 
 
@@ -292,24 +300,24 @@ async def test_slow_provider_past_the_callers_deadline(
 async def test_slow_provider_past_the_configured_timeout(
     gateway: Gateway, fake: FakeOpenAIServer
 ) -> None:
-    stub = await gateway(request_timeout_seconds=0.3)
+    stub = await gateway(request_timeout_seconds=0.3, first_token_timeout_seconds=0.3)
     fake.script(delay=5)
     started = time.monotonic()
     error = await _fails(stub.Complete(_request(), timeout=10))
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "did not answer within 0.3 s" in error.details()
+    assert "sent no token within 0.3 s" in error.details()
     assert time.monotonic() - started < 3
     await _still_serves(stub, fake)
 
 
 async def test_provider_timeout_is_capped_by_the_request_deadline(fake: FakeOpenAIServer) -> None:
     """Domain level: the deadline in the request context, not the 20 s default, bounds the call."""
-    provider = ChatProvider(ModelConfig(base_url=fake.base_url, api_key=KEY))
+    provider = ChatProvider(ModelConfig(base_url=fake.base_url, api_key=KEY), NoMeter())
     fake.script(delay=5)
     started = time.monotonic()
     try:
         with request_scope(timeout=0.3), pytest.raises(DeadlineExceeded):
-            await provider.complete([ChatMessage("user", "hi")])
+            await provider.complete(ChatRequest([ChatMessage("user", "hi")]))
     finally:
         await provider.aclose()
     assert time.monotonic() - started < 2

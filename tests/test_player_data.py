@@ -34,6 +34,7 @@ from storage_service.player_data import (
     put_document,
 )
 from storage_service.player_data_servicer import PlayerDataServicer
+from storage_service.usage import UsageLedger
 
 MAX = 1024
 CODEC = "test:raw"
@@ -532,7 +533,7 @@ async def service(
     engine = make_engine(database_url)
     Base.metadata.create_all(engine)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    servicer = PlayerDataServicer(PlayerDataStore(sessions))
+    servicer = PlayerDataServicer(PlayerDataStore(sessions), UsageLedger(sessions))
     host = ServiceHost(
         "storage",
         StorageConfig(

@@ -70,7 +70,7 @@ async def with_model(
     fake = FakeOpenAIServer(api_key="router-test-key")
     fake.start()
     model = await create_model(
-        ModelConfig(**HOST, base_url=fake.base_url, api_key="router-test-key")
+        ModelConfig(**HOST, base_url=fake.base_url, api_key="router-test-key", storage_target="")
     )
     await model.host.start()
     engine = await create_engine(EngineConfig(**HOST, storage_target="127.0.0.1:1"))

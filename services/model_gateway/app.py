@@ -1,4 +1,4 @@
-"""Assembles the model gateway: provider, servicer, host."""
+"""Assembles the model gateway: meter, chat provider, web tools, servicer, host."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import logging
 from system.model.v1 import model_pb2, model_pb2_grpc
 
 from services.model_gateway.config import ModelConfig
+from services.model_gateway.metering import Budgets, Meter, NoMeter, StorageMeter
 from services.model_gateway.provider import ChatProvider
 from services.model_gateway.servicer import ModelGatewayServicer
+from services.model_gateway.web import SafeFetcher, SearchSessions, SearxngProvider, WebTools
 from services.runtime.server import ServiceHost
 
 __all__ = ["ModelApp", "create_app"]
@@ -18,12 +20,43 @@ SERVICE_NAME = model_pb2.DESCRIPTOR.services_by_name["ModelGatewayService"].full
 log = logging.getLogger("system.model")
 
 
+def make_meter(config: ModelConfig) -> Meter:
+    if not config.storage_target:
+        log.warning(
+            "storage_target is empty: no metering, no daily budgets and no check of the players' "
+            "external-services preference; never run players against this gateway"
+        )
+        return NoMeter()
+    return StorageMeter(
+        config.storage_target,
+        Budgets(
+            player_tokens=config.player_daily_tokens,
+            player_web_searches=config.player_daily_web_searches,
+            global_tokens=config.global_daily_tokens,
+            global_web_searches=config.global_daily_web_searches,
+        ),
+        config.storage_timeout_seconds,
+    )
+
+
 class ModelApp:
     """The running model gateway and what it owns."""
 
     def __init__(self, config: ModelConfig) -> None:
-        self.provider = ChatProvider(config)
-        servicer = ModelGatewayServicer(self.provider)
+        self.meter = make_meter(config)
+        self.provider = ChatProvider(config, self.meter)
+        self.web = WebTools(
+            config,
+            self.meter,
+            SearxngProvider(config.search_url) if config.search_url else None,
+            SafeFetcher(
+                max_bytes=config.fetch_max_bytes,
+                max_redirects=config.fetch_max_redirects,
+                allow_loopback=config.fetch_allow_loopback,
+            ),
+            SearchSessions(config.search_session_ttl_seconds, config.max_search_sessions),
+        )
+        servicer = ModelGatewayServicer(self.provider, self.web)
         self.host = ServiceHost(
             "model-gateway",
             config,
@@ -39,9 +72,13 @@ class ModelApp:
                 "no API key (SYSTEM_MODEL_API_KEY or SYSTEM_MODEL_API_KEY_FILE); Complete answers "
                 "UNAVAILABLE and callers fall back to local routing"
             )
+        if config.fetch_allow_loopback:
+            log.warning("fetch_allow_loopback is on: WebFetch may reach loopback addresses")
 
     async def aclose(self) -> None:
         await self.provider.aclose()
+        await self.web.aclose()
+        await self.meter.aclose()
 
 
 async def create_app(config: ModelConfig) -> ModelApp:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from services.runtime.config import ConfigError, ServerConfig
 
-__all__ = ["ENV_PREFIX", "ModelConfig"]
+__all__ = ["ENV_PREFIX", "MAX_SEARCH_RESULTS", "ModelConfig"]
 
 ENV_PREFIX = "SYSTEM_MODEL_"
 
 MAX_REQUEST_TIMEOUT_SECONDS = 600.0
+MAX_SEARCH_RESULTS = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,11 +36,61 @@ class ModelConfig(ServerConfig):
     # Not a field (no annotation): the key read from `api_key_file`, out of repr and settings.
     _file_key = ""
     request_timeout_seconds: float = 20.0
-    """Longest one provider call may take; a shorter caller deadline wins."""
+    """Longest one provider call may take, from sending it to the finish reason (the total
+    timeout); a shorter caller deadline wins."""
+    first_token_timeout_seconds: float = 10.0
+    """Longest wait from sending a call to its first token; at most `request_timeout_seconds`."""
+    max_attempts: int = 3
+    """Provider calls per Complete: retries happen only on connection errors and HTTP 429/5xx
+    that came before any output, and only within the caller's deadline."""
+    retry_backoff_seconds: float = 0.25
+    """Wait before the first retry; each further retry waits twice as long (a provider's
+    Retry-After, when longer, wins up to the deadline)."""
     max_prompt_chars: int = 32_000
-    """Most characters all messages of one request may hold together."""
+    """Most characters all messages and tool schemas of one request may hold together."""
     default_max_tokens: int = 1024
     """Answer-token bound used when a request leaves `max_tokens` at 0."""
+    max_answer_tokens: int = 8192
+    """Largest `max_tokens` a request may ask for (DeepSeek's chat model allows 8192)."""
+
+    storage_target: str = "127.0.0.1:50055"
+    """`host:port` of the storage service, which keeps usage, budgets and the players'
+    preferences. Empty turns metering, budgets and the external-services check off: for
+    trying the gateway alone, never for players."""
+    storage_timeout_seconds: float = 2.0
+    """Longest a budget check (before a call) or a usage record (after it) may take; a budget
+    check is also bound by the caller's deadline. Past it the call answers UNAVAILABLE."""
+    player_daily_tokens: int = 200_000
+    """Tokens (prompt + answer) one player may use a UTC day; 0 for no limit."""
+    global_daily_tokens: int = 0
+    """Tokens everyone together may use a UTC day; 0 for no limit."""
+    player_daily_web_searches: int = 50
+    """Web searches one player may make a UTC day; 0 for no limit."""
+    global_daily_web_searches: int = 0
+    """Web searches everyone together may make a UTC day; 0 for no limit."""
+
+    search_url: str = ""
+    """Base URL of a SearXNG instance whose JSON format is enabled (`search.formats: [html,
+    json]` in its settings.yml); `/search` is appended. Empty: WebSearch answers UNAVAILABLE."""
+    search_timeout_seconds: float = 10.0
+    """Longest one search may take; a shorter caller deadline wins."""
+    search_default_results: int = 5
+    """Results a search returns when the request leaves `max_results` at 0."""
+    search_session_ttl_seconds: float = 900.0
+    """How long the URLs a search returned stay fetchable in its search session."""
+    max_search_sessions: int = 10_000
+    """Search sessions remembered at once; the least recently used is forgotten first."""
+    fetch_timeout_seconds: float = 10.0
+    """Longest one fetch may take, redirects included; a shorter caller deadline wins."""
+    fetch_max_bytes: int = 2_000_000
+    """Most bytes of a page read; the rest is cut off (the answer says `truncated`)."""
+    fetch_max_chars: int = 20_000
+    """Most characters of text a fetch returns; requests may ask for fewer."""
+    fetch_max_redirects: int = 5
+    """Redirects followed per fetch, each target checked again."""
+    fetch_allow_loopback: bool = False
+    """Allow fetching loopback addresses (127.0.0.0/8, ::1). For tests against the local test
+    server only; private, link-local and other non-public addresses stay refused."""
 
     def __post_init__(self) -> None:
         if not self.api_key_file:
@@ -81,11 +132,67 @@ class ModelConfig(ServerConfig):
         if self.api_key != self.api_key.strip():
             # A key read from a secret file often ends in a newline; the provider would refuse it.
             raise ConfigError("api_key has leading or trailing whitespace; remove it")
-        if not 0 < self.request_timeout_seconds <= MAX_REQUEST_TIMEOUT_SECONDS:
+        timeouts = (
+            "request_timeout_seconds",
+            "search_timeout_seconds",
+            "fetch_timeout_seconds",
+            "storage_timeout_seconds",
+        )
+        for name in timeouts:
+            value = getattr(self, name)
+            if not 0 < value <= MAX_REQUEST_TIMEOUT_SECONDS:
+                raise ConfigError(
+                    f"{name} must be over 0 and at most {MAX_REQUEST_TIMEOUT_SECONDS:g}, got {value}"
+                )
+        if not 0 < self.first_token_timeout_seconds <= self.request_timeout_seconds:
             raise ConfigError(
-                f"request_timeout_seconds must be over 0 and at most {MAX_REQUEST_TIMEOUT_SECONDS:g}, "
-                f"got {self.request_timeout_seconds}"
+                "first_token_timeout_seconds must be over 0 and at most request_timeout_seconds "
+                f"({self.request_timeout_seconds:g}), got {self.first_token_timeout_seconds}"
             )
-        for name in ("max_prompt_chars", "default_max_tokens"):
+        if not 1 <= self.max_attempts <= 10:
+            raise ConfigError(f"max_attempts must be between 1 and 10, got {self.max_attempts}")
+        if not 0 <= self.retry_backoff_seconds <= 60:
+            raise ConfigError(
+                f"retry_backoff_seconds must be between 0 and 60, got {self.retry_backoff_seconds}"
+            )
+        positive = (
+            "max_prompt_chars",
+            "default_max_tokens",
+            "max_answer_tokens",
+            "search_default_results",
+            "search_session_ttl_seconds",
+            "max_search_sessions",
+            "fetch_max_bytes",
+            "fetch_max_chars",
+        )
+        for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.default_max_tokens > self.max_answer_tokens:
+            raise ConfigError(
+                f"default_max_tokens ({self.default_max_tokens}) is over max_answer_tokens "
+                f"({self.max_answer_tokens})"
+            )
+        budgets = (
+            "player_daily_tokens",
+            "global_daily_tokens",
+            "player_daily_web_searches",
+            "global_daily_web_searches",
+            "fetch_max_redirects",
+        )
+        for name in budgets:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.search_default_results > MAX_SEARCH_RESULTS:
+            raise ConfigError(
+                f"search_default_results must be at most {MAX_SEARCH_RESULTS}, "
+                f"got {self.search_default_results}"
+            )
+        if self.search_url and not self.search_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"search_url must start with http:// or https://, got {self.search_url!r}"
+            )
+        if self.storage_target and ":" not in self.storage_target:
+            raise ConfigError(
+                f"storage_target must be host:port of the storage service, got {self.storage_target!r}"
+            )

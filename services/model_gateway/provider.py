@@ -1,18 +1,17 @@
-"""Chat completions through an OpenAI-compatible provider.
+"""Chat completions through an OpenAI-compatible provider, metered and retried within budget.
 
-Domain code: no gRPC here. `ChatProvider` validates a request, calls the provider through the
-real `openai.AsyncOpenAI` client with a timeout capped by the caller's deadline, maps provider
-failures to the typed errors in `services.runtime.errors`, and meters tokens and outcomes.
+Domain code: no gRPC here. `ChatProvider.complete` validates a request, reserves its worst
+case against the daily budgets (see metering), streams it from the provider through the real
+`openai.AsyncOpenAI` client (see streaming for the per-call clocks and the failure mapping),
+retries what may be retried, and settles the reservation to the actual use.
 
-Failure mapping (the caller decides whether to retry; the client itself never does):
+Time: one overall deadline, the caller's (the gRPC deadline), caps everything, retries
+included; without one, `request_timeout_seconds` is the overall bound. Each provider call also
+has its own first-token and total timeouts, cut to what is left of the overall deadline.
 
-    openai.APITimeoutError                          DeadlineExceeded
-    openai.RateLimitError (429)                     ResourceExhausted
-    no API key configured                           Unavailable (callers fall back locally)
-    openai.AuthenticationError (401)                FailedPrecondition (the key was refused)
-    openai.PermissionDeniedError (403)              FailedPrecondition (the key was refused)
-    openai.APIConnectionError, InternalServerError  Unavailable
-    any other openai.APIStatusError                 Unavailable, naming the HTTP status
+Retries: only connection errors and HTTP 429/5xx, only before any output arrived, at most
+`max_attempts` calls, with a doubling backoff (or the provider's Retry-After). A retry that
+could not finish before the deadline is not started; the last failure is reported instead.
 """
 
 from __future__ import annotations
@@ -21,59 +20,41 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any, Literal
 
 import openai
 from prometheus_client import Counter
 
+from services.model_gateway.chat import ChatRequest, Completion, Limits
 from services.model_gateway.config import ModelConfig
+from services.model_gateway.metering import BudgetExhausted, ExternalServicesOff, Meter, Used
+from services.model_gateway.streaming import AttemptFailed, stream_once
 from services.runtime.context import remaining_seconds
-from services.runtime.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    ResourceExhausted,
-    ServiceError,
-    Unavailable,
-)
+from services.runtime.errors import DeadlineExceeded, ServiceError, Unavailable
 
-__all__ = [
-    "MODEL_CALLS",
-    "MODEL_TOKENS",
-    "ChatMessage",
-    "ChatProvider",
-    "Completion",
-    "ModelStatus",
-    "Role",
-]
+__all__ = ["MODEL_CALLS", "MODEL_RETRIES", "MODEL_TOKENS", "ChatProvider", "ModelStatus"]
 
 log = logging.getLogger("system.model")
 
-Role = Literal["system", "user", "assistant"]
-ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
-
 # No player label: players are unbounded and would explode the series count. Per-player figures
-# go to the log line of each call (and to the storage service's usage records later).
+# go to the log line of each call and to the storage service's usage records.
 MODEL_TOKENS = Counter(
     "model_tokens",
-    "Tokens used by model calls, by direction (prompt or completion).",
+    "Tokens used by model calls, by direction (prompt, completion, prompt_cache_hit, "
+    "prompt_cache_miss).",
     ["direction"],
 )
 MODEL_CALLS = Counter(
     "model_calls",
     "Complete calls by outcome: ok, invalid_argument, not_configured, deadline_exceeded, "
-    "rate_limited, key_refused, unavailable, cancelled, error.",
+    "rate_limited, budget_exhausted, key_refused, external_off, unavailable, cancelled, error.",
     ["outcome"],
 )
+MODEL_RETRIES = Counter(
+    "model_retries", "Provider calls repeated after a retryable failure before any output."
+)
 
-_OUTCOMES = {
-    "INVALID_ARGUMENT": "invalid_argument",
-    "FAILED_PRECONDITION": "key_refused",
-    "DEADLINE_EXCEEDED": "deadline_exceeded",
-    "RESOURCE_EXHAUSTED": "rate_limited",
-    "UNAVAILABLE": "unavailable",
-}
+# Below this, a provider call cannot usefully start.
+MIN_CALL_SECONDS = 0.05
 
 NO_KEY_MESSAGE = (
     "no model is configured: set SYSTEM_MODEL_API_KEY (or SYSTEM_MODEL_API_KEY_FILE, a file "
@@ -84,27 +65,6 @@ NO_KEY_MESSAGE = (
 class _NotConfigured(Unavailable):
     """No API key: UNAVAILABLE, which callers turn into their local fallback; metered apart
     from a provider outage."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatMessage:
-    """One message of the conversation sent to the model."""
-
-    role: str
-    """`system`, `user` or `assistant`."""
-    content: str
-    """The text."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Completion:
-    """The model's answer and what it cost."""
-
-    content: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,19 +80,24 @@ class ChatProvider:
 
     Args:
         config: the gateway's settings. Without an API key no client is made and every
-            completion fails with Unavailable (see NO_KEY_MESSAGE); the service still starts and answers.
+            completion fails with Unavailable (see NO_KEY_MESSAGE); the service still starts
+            and answers.
+        meter: reserves and settles usage; owned by the caller.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, meter: Meter) -> None:
         self._config = config
+        self._meter = meter
+        self._limits = Limits(
+            config.max_prompt_chars, config.default_max_tokens, config.max_answer_tokens
+        )
         self._client: openai.AsyncOpenAI | None = None
         if config.configured:
             self._client = openai.AsyncOpenAI(
                 api_key=config.key,
                 base_url=config.base_url,
                 timeout=config.request_timeout_seconds,
-                # Retries belong to the caller, who knows its budget; a hidden retry here
-                # would spend the caller's deadline twice.
+                # Retries are decided here, where the output and the deadline are known.
                 max_retries=0,
             )
 
@@ -143,155 +108,143 @@ class ChatProvider:
         if self._client is not None:
             await self._client.close()
 
-    def validate(self, messages: Sequence[ChatMessage], temperature: float) -> None:
-        """Raises InvalidArgument, with a message a caller can act on, for a request that
-        cannot be sent."""
-        if not messages:
-            raise InvalidArgument("messages must hold at least one message")
-        total = 0
-        for index, message in enumerate(messages):
-            if message.role not in ROLES:
-                raise InvalidArgument(
-                    f"messages[{index}].role must be system, user or assistant, got {message.role!r}"
-                )
-            if not message.content.strip():
-                raise InvalidArgument(f"messages[{index}].content is empty")
-            total += len(message.content)
-        if total > self._config.max_prompt_chars:
-            raise InvalidArgument(
-                f"the messages hold {total} characters; the limit is {self._config.max_prompt_chars}"
-            )
-        # Written so NaN fails too.
-        if not 0.0 <= temperature <= 2.0:
-            raise InvalidArgument(f"temperature must be between 0 and 2, got {temperature:g}")
-
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        max_tokens: int = 0,
-        temperature: float = 0.0,
-        player_id: str = "",
-    ) -> Completion:
+    async def complete(self, request: ChatRequest) -> Completion:
         """Runs one completion.
 
-        Args:
-            messages: the conversation, oldest first.
-            max_tokens: upper bound on answer tokens; 0 uses `default_max_tokens`.
-            temperature: sampling temperature, 0 to 2.
-            player_id: who the call is metered to; "" for none.
-
         Raises:
-            InvalidArgument: the request cannot be sent (see `validate`).
-            FailedPrecondition: the provider refused the API key.
-            DeadlineExceeded: the provider did not answer in time.
-            ResourceExhausted: the provider rate-limited the call.
-            Unavailable: no API key is configured, or the provider could not be reached or
-                failed.
+            InvalidArgument: the request cannot be sent (see `ChatRequest.validate`).
+            FailedPrecondition: the player turned external services off, or the provider
+                refused the API key.
+            ResourceExhausted: a daily budget would be exceeded, or the provider kept
+                rate-limiting.
+            DeadlineExceeded: no first token or no finish in time, or the deadline passed.
+            Unavailable: no API key, storage unreachable, or the provider unreachable, failing,
+                or its stream broken or unfinished.
         """
         started = time.perf_counter()
         outcome = "error"
-        usage = (0, 0)
+        result: Completion | None = None
         try:
-            self.validate(messages, temperature)
+            request.validate(self._limits)
             if self._client is None:
                 raise _NotConfigured(NO_KEY_MESSAGE)
-            result = await self._call(self._client, messages, max_tokens, temperature)
-            usage = (result.prompt_tokens, result.completion_tokens)
+            result = await self._metered(self._client, request)
             outcome = "ok"
             return result
         except _NotConfigured:
             outcome = "not_configured"
             raise
         except ServiceError as exc:
-            outcome = _OUTCOMES.get(exc.code, "error")
+            outcome = _outcome(exc)
             raise
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
             MODEL_CALLS.labels(outcome).inc()
-            MODEL_TOKENS.labels("prompt").inc(usage[0])
-            MODEL_TOKENS.labels("completion").inc(usage[1])
+            if result is not None:
+                MODEL_TOKENS.labels("prompt").inc(result.prompt_tokens)
+                MODEL_TOKENS.labels("completion").inc(result.completion_tokens)
+                MODEL_TOKENS.labels("prompt_cache_hit").inc(result.prompt_cache_hit_tokens)
+                MODEL_TOKENS.labels("prompt_cache_miss").inc(result.prompt_cache_miss_tokens)
             log.info(
                 "model call %s",
                 outcome,
                 extra={
-                    "player_id": player_id,
+                    "player_id": request.player_id,
                     "outcome": outcome,
-                    "prompt_tokens": usage[0],
-                    "completion_tokens": usage[1],
+                    "prompt_tokens": result.prompt_tokens if result else 0,
+                    "completion_tokens": result.completion_tokens if result else 0,
+                    "attempts": result.attempts if result else 0,
                     "ms": round((time.perf_counter() - started) * 1000, 3),
                 },
             )
 
-    async def _call(
-        self,
-        client: openai.AsyncOpenAI,
-        messages: Sequence[ChatMessage],
-        max_tokens: int,
-        temperature: float,
-    ) -> Completion:
-        timeout = remaining_seconds(self._config.request_timeout_seconds)
-        assert timeout is not None  # a default was given
-        if timeout <= 0.001:
+    async def _metered(self, client: openai.AsyncOpenAI, request: ChatRequest) -> Completion:
+        overall = remaining_seconds(self._config.request_timeout_seconds)
+        assert overall is not None  # a default was given
+        if overall <= MIN_CALL_SECONDS:
             raise DeadlineExceeded("the caller's deadline passed before the model was called")
+        deadline = time.monotonic() + overall
+        hold = await self._meter.reserve(
+            request.player_id,
+            tokens=request.worst_case_tokens(self._limits),
+            hold_seconds=overall,
+        )
+        attempt = 0
+        result: Completion | None = None
         try:
-            response = await client.chat.completions.create(
-                model=self._config.model,
-                messages=[{"role": m.role, "content": m.content} for m in messages],  # type: ignore[misc]
-                max_tokens=max_tokens or self._config.default_max_tokens,
-                # Proto floats are 32-bit: 0.7 arrives as 0.699999988; send what was meant.
-                temperature=round(temperature, 3),
-                timeout=timeout,
-            )
-        except openai.APITimeoutError:
-            raise DeadlineExceeded(
-                f"the model provider did not answer within {timeout:.1f} s"
-            ) from None
-        except openai.APIConnectionError as exc:
-            raise Unavailable(
-                f"cannot reach the model provider at {self._config.base_url}: {exc.message}"
-            ) from None
-        except openai.RateLimitError as exc:
-            raise ResourceExhausted(
-                f"the model provider rate-limited the call (HTTP 429{_detail(exc)}); retry later"
-            ) from None
-        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-            # The provider's message may echo part of the key; it is left out on purpose.
-            raise FailedPrecondition(
-                f"the model provider refused the API key (HTTP {exc.status_code}); "
-                "check SYSTEM_MODEL_API_KEY or SYSTEM_MODEL_API_KEY_FILE"
-            ) from None
-        except openai.InternalServerError as exc:
-            raise Unavailable(
-                f"the model provider failed with HTTP {exc.status_code}{_detail(exc)}; retry later"
-            ) from None
-        except openai.APIStatusError as exc:
-            raise Unavailable(
-                f"the model provider answered HTTP {exc.status_code}{_detail(exc)}"
-            ) from None
-        except openai.APIError as exc:
-            raise Unavailable(
-                f"the model provider sent an unreadable answer: {exc.message}"
-            ) from None
-        if not response.choices:
-            raise Unavailable("the model provider answered with no choices")
-        choice = response.choices[0]
-        usage = response.usage
-        return Completion(
-            content=choice.message.content or "",
-            finish_reason=str(choice.finish_reason or ""),
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            model=response.model or self._config.model,
+            while True:
+                attempt += 1
+                try:
+                    result = await self._call(client, request, deadline, attempt)
+                    return result
+                except AttemptFailed as failure:
+                    if not self._may_retry(failure, attempt, deadline):
+                        raise failure.error from None
+                    await asyncio.sleep(self._backoff(failure, attempt, deadline))
+                    MODEL_RETRIES.inc()
+        finally:
+            # Also when the caller gave up: the hold must not stay in place.
+            self._meter.settle_later(hold, self._used(request, result, attempt))
+
+    async def _call(
+        self, client: openai.AsyncOpenAI, request: ChatRequest, deadline: float, attempt: int
+    ) -> Completion:
+        left = deadline - time.monotonic()
+        total = min(self._config.request_timeout_seconds, left)
+        return await stream_once(
+            client,
+            request.openai_params(self._config.model, self._limits),
+            first_token_timeout=min(self._config.first_token_timeout_seconds, total),
+            total_timeout=total,
+            attempt=attempt,
+            base_url=self._config.base_url,
+        )
+
+    def _may_retry(self, failure: AttemptFailed, attempt: int, deadline: float) -> bool:
+        if not failure.retryable or attempt >= self._config.max_attempts:
+            return False
+        wait = self._backoff(failure, attempt, deadline)
+        return deadline - time.monotonic() - wait > MIN_CALL_SECONDS
+
+    def _backoff(self, failure: AttemptFailed, attempt: int, deadline: float) -> float:
+        wait = self._config.retry_backoff_seconds * 2 ** (attempt - 1)
+        if failure.retry_after is not None:
+            wait = max(wait, failure.retry_after)
+        return max(0.0, min(wait, deadline - time.monotonic()))
+
+    @staticmethod
+    def _used(request: ChatRequest, result: Completion | None, calls: int) -> Used:
+        if result is None:
+            # Failed: tokens of a broken stream are not reported; the calls made are.
+            return Used(model_calls=calls)
+        prompt, completion = result.prompt_tokens, result.completion_tokens
+        if prompt == 0 and completion == 0:
+            # The provider reported no usage: count the bound held, never nothing.
+            prompt = request.prompt_chars()
+            completion = len(result.content) + sum(len(c.arguments_json) for c in result.tool_calls)
+        return Used(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            prompt_cache_hit_tokens=result.prompt_cache_hit_tokens,
+            prompt_cache_miss_tokens=result.prompt_cache_miss_tokens,
+            model_calls=calls,
         )
 
 
-def _detail(exc: openai.APIStatusError) -> str:
-    """`: <provider message>` from an OpenAI error body, shortened; "" when there is none."""
-    body: Any = exc.body
-    message = body.get("message") if isinstance(body, dict) else None
-    if not isinstance(message, str) or not message:
-        return ""
-    return f": {message[:200]}"
+_OUTCOMES = {
+    "INVALID_ARGUMENT": "invalid_argument",
+    "RESOURCE_EXHAUSTED": "rate_limited",
+    "FAILED_PRECONDITION": "key_refused",
+    "DEADLINE_EXCEEDED": "deadline_exceeded",
+    "UNAVAILABLE": "unavailable",
+}
+
+
+def _outcome(exc: ServiceError) -> str:
+    if isinstance(exc, BudgetExhausted):
+        return "budget_exhausted"
+    if isinstance(exc, ExternalServicesOff):
+        return "external_off"
+    return _OUTCOMES.get(exc.code, "error")

@@ -10,5 +10,14 @@ from services.model_testserver.server import (
     ScriptedReply,
     router_demo_reply,
 )
+from services.model_testserver.web import Page, ScriptedSearch
 
-__all__ = ["FakeOpenAIServer", "RecordedRequest", "Responder", "ScriptedReply", "router_demo_reply"]
+__all__ = [
+    "FakeOpenAIServer",
+    "Page",
+    "RecordedRequest",
+    "Responder",
+    "ScriptedReply",
+    "ScriptedSearch",
+    "router_demo_reply",
+]

@@ -2,15 +2,19 @@
 
 It speaks just enough of the OpenAI HTTP API for the real `openai` client:
 
-    POST /v1/chat/completions   non-streaming chat completion, OpenAI's response shape, with usage
+    POST /v1/chat/completions   chat completion, OpenAI's response shape, with usage; streamed
+                                as server-sent events when the request asks (`stream: true`)
     GET  /v1/models             the model list
+    GET  /search?format=json    SearXNG's JSON answer (see web.py), no key
+    GET  /pages/<path>          pages to fetch, no key
 
 (the same paths without `/v1` work too, as on DeepSeek's API). Every request must carry
 `Authorization: Bearer <api_key>`; otherwise the answer is 401 in OpenAI's error shape.
 
 Replies are scripted: tests queue replies with `script(...)` and each chat completion takes the
-next one. A reply is content, or an HTTP error status (with OpenAI error JSON), optionally after
-a delay. With the queue empty the optional `responder` answers (see `router_demo_reply` for the
+next one. A reply is content (and tool calls, cache-token usage), or an HTTP error status (with OpenAI
+error JSON), optionally after a delay; streamed replies can also be slow, end without a finish
+reason, or lose their connection mid-stream. With the queue empty the optional `responder` answers (see `router_demo_reply` for the
 one `make run MODEL=offline` uses), and otherwise `echo: <last user message>`, so runs are
 deterministic. Every request received is recorded for assertions.
 
@@ -40,8 +44,12 @@ import socket
 import socketserver
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from services.model_testserver.sse import completion_chunks
+from services.model_testserver.web import Page, ScriptedSearch, WebScript
 
 __all__ = ["FakeOpenAIServer", "RecordedRequest", "Responder", "ScriptedReply", "router_demo_reply"]
 
@@ -81,6 +89,21 @@ class ScriptedReply:
     """Reported prompt tokens; None counts about four characters a token."""
     completion_tokens: int | None = None
     """Reported completion tokens; None counts about four characters a token."""
+    prompt_cache_hit_tokens: int | None = None
+    """DeepSeek's `prompt_cache_hit_tokens` in the usage; None leaves the field out."""
+    prompt_cache_miss_tokens: int | None = None
+    """DeepSeek's `prompt_cache_miss_tokens` in the usage; None leaves the field out."""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    """Tool calls to answer with, OpenAI-shaped: `{"id", "function": {"name", "arguments"}}`."""
+    chunk_chars: int = 8
+    """Streaming: characters of content (or tool arguments) per chunk."""
+    chunk_delay: float = 0.0
+    """Streaming: seconds between chunks after the first (a slow stream)."""
+    drop_after_chunks: int | None = None
+    """Streaming: close the connection after this many chunks, with no end (an outage
+    mid-stream); None sends the whole stream."""
+    finish: bool = True
+    """Streaming: False ends the stream (with `[DONE]`) without a finish reason."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +112,12 @@ class RecordedRequest:
 
     method: str
     path: str
+    """The path without the query string."""
     headers: dict[str, str]
     """Header names in lower case."""
     body: bytes
+    target: str = ""
+    """The request target as sent: path and query string."""
 
     @property
     def json(self) -> Any:
@@ -100,6 +126,11 @@ class RecordedRequest:
             return json.loads(self.body) if self.body else None
         except ValueError:
             return None
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        """The query string's parameters, each with its values."""
+        return urllib.parse.parse_qs(urllib.parse.urlsplit(self.target).query)
 
     @property
     def bearer(self) -> str | None:
@@ -116,6 +147,8 @@ def _tokens(chars: int) -> int:
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 refuses bursts of concurrent clients.
+    request_queue_size = 256
     owner: FakeOpenAIServer
 
     def server_bind(self) -> None:
@@ -139,6 +172,9 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the openai client's connection pool expects
+    # Streamed replies are many small writes; Nagle's algorithm would hold each one back for
+    # the client's delayed ACK (~40 ms).
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -150,12 +186,40 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.server.owner._handle(self)
 
+    def start_chunked(self, status: int, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("x-request-id", f"req_{next(self.server.owner._ids)}")
+        self.end_headers()
+        self.wfile.flush()
+
+    def write_chunk(self, data: bytes) -> None:
+        """One HTTP/1.1 chunk; empty `data` ends the body."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def drop_connection(self) -> None:
+        """Closes the socket mid-response, as a failing provider or network would."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+
     def send_json(self, status: int, payload: Any) -> None:
         data = json.dumps(payload, ensure_ascii=False).encode()
+        self.send_bytes(status, data, "application/json")
+
+    def send_bytes(
+        self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("x-request-id", f"req_{next(self.server.owner._ids)}")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
         self.wfile.flush()
@@ -182,6 +246,8 @@ class FakeOpenAIServer:
         models: Sequence[str] = ("deepseek-chat",),
         responder: Responder | None = None,
     ) -> None:
+        self.web = WebScript()
+        """Scripted searches and pages (`script_search`, `add_page` are the short ways)."""
         self.api_key = api_key
         self.responder = responder
         self.host = host
@@ -259,12 +325,16 @@ class FakeOpenAIServer:
         finish_reason: str = "stop",
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        **streaming: Any,
     ) -> ScriptedReply:
-        """Queues the reply for the next chat completion; see `ScriptedReply` for the fields."""
+        """Queues the reply for the next chat completion; see `ScriptedReply` for the fields
+        (the cache-token, tool-call and streaming ones go in `streaming`)."""
         if not 100 <= status <= 599:
             raise ValueError(f"status must be an HTTP status, got {status}")
-        if delay < 0:
-            raise ValueError(f"delay must not be negative, got {delay}")
+        if delay < 0 or streaming.get("chunk_delay", 0) < 0:
+            raise ValueError("delays must not be negative")
+        if "tool_calls" in streaming:
+            streaming["tool_calls"] = tuple(streaming["tool_calls"])
         reply = ScriptedReply(
             content=content,
             status=status,
@@ -273,6 +343,7 @@ class FakeOpenAIServer:
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            **streaming,
         )
         with self._lock:
             self._script.append(reply)
@@ -296,10 +367,42 @@ class FakeOpenAIServer:
         return [r for r in self.requests if r.path.rstrip("/").endswith("/chat/completions")]
 
     def reset(self) -> None:
-        """Forgets the scripted replies and the recorded requests."""
+        """Forgets the scripted replies, searches and pages and the recorded requests."""
         with self._lock:
             self._script.clear()
             self._requests.clear()
+        self.web.clear()
+
+    def script_search(
+        self,
+        results: Sequence[dict[str, str]] | None = None,
+        *,
+        status: int = 200,
+        delay: float = 0.0,
+    ) -> None:
+        """Queues the answer of the next `/search`: hits (`url`, `title`, `content`), or an
+        error status; None results: the default hits, pages on this server."""
+        self.web.script_search(ScriptedSearch(results=results, status=status, delay=delay))
+
+    def add_page(self, path: str, body: str | bytes = b"", **fields: Any) -> str:
+        """Serves `body` at `/pages/<path>` (see `Page` for the fields). Returns its URL."""
+        data = body.encode() if isinstance(body, str) else body
+        self.web.add_page(path, Page(body=data, **fields))
+        return self.page_url(path)
+
+    def page_url(self, path: str) -> str:
+        """The URL of `/pages/<path>` on this server."""
+        return f"{self.root_url}/pages/{path.lstrip('/')}"
+
+    @property
+    def root_url(self) -> str:
+        """`http://host:port`, the SearXNG base URL of this server."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def searches(self) -> list[RecordedRequest]:
+        """The `/search` requests received so far, oldest first."""
+        return [r for r in self.requests if r.path.rstrip("/") == "/search"]
 
     # -- serving (handler threads) ---------------------------------------------------------
 
@@ -318,9 +421,17 @@ class FakeOpenAIServer:
             path=path,
             headers={k.lower(): v for k, v in handler.headers.items()},
             body=body,
+            target=handler.path,
         )
         with self._lock:
             self._requests.append(request)
+        # The web endpoints imitate SearXNG and ordinary sites: no API key.
+        if handler.command == "GET" and path.rstrip("/") == "/search":
+            self._search(handler)
+            return
+        if handler.command == "GET" and path.startswith("/pages/"):
+            self._page(handler, path.removeprefix("/pages/"))
+            return
         if request.bearer != self.api_key:
             self._send_error(handler, 401, "Incorrect API key provided.")
             return
@@ -367,9 +478,6 @@ class FakeOpenAIServer:
         if not isinstance(messages, list) or not messages:
             self._send_error(handler, 400, "messages must be a non-empty array", param="messages")
             return
-        if payload.get("stream"):
-            self._send_error(handler, 400, "streaming is not supported by the test server")
-            return
         with self._lock:
             reply = self._script.popleft() if self._script else ScriptedReply()
         if reply.delay and self._stopping.wait(reply.delay):
@@ -402,29 +510,145 @@ class FakeOpenAIServer:
         completion_tokens = (
             _tokens(len(content)) if reply.completion_tokens is None else reply.completion_tokens
         )
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if reply.prompt_cache_hit_tokens is not None:
+            usage["prompt_cache_hit_tokens"] = reply.prompt_cache_hit_tokens
+        if reply.prompt_cache_miss_tokens is not None:
+            usage["prompt_cache_miss_tokens"] = reply.prompt_cache_miss_tokens
+        completion_id = f"chatcmpl-test-{next(self._ids)}"
+        if payload.get("stream"):
+            options = payload.get("stream_options")
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            self._stream(
+                handler,
+                reply,
+                payload["model"],
+                completion_id,
+                content,
+                usage if include_usage else None,
+            )
+            return
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reply.tool_calls:
+            message["tool_calls"] = [{"type": "function", **call} for call in reply.tool_calls]
         handler.send_json(
             200,
             {
-                "id": f"chatcmpl-test-{next(self._ids)}",
+                "id": completion_id,
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": payload["model"],
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": content},
+                        "message": message,
                         "logprobs": None,
                         "finish_reason": reply.finish_reason,
                     }
                 ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                "usage": usage,
                 "system_fingerprint": "fake-openai",
             },
         )
+
+    def _stream(
+        self,
+        handler: _Handler,
+        reply: ScriptedReply,
+        model: str,
+        completion_id: str,
+        content: str,
+        usage: dict[str, Any] | None,
+    ) -> None:
+        """Sends the answer as server-sent events, with the scripted faults."""
+        chunks = completion_chunks(
+            completion_id=completion_id,
+            created=int(time.time()),
+            model=model,
+            content=content,
+            tool_calls=reply.tool_calls,
+            finish_reason=reply.finish_reason if reply.finish else None,
+            usage=usage,
+            chunk_chars=max(1, reply.chunk_chars),
+        )
+        handler.start_chunked(200, "text/event-stream; charset=utf-8")
+        try:
+            for index, chunk in enumerate(chunks):
+                if reply.drop_after_chunks is not None and index >= reply.drop_after_chunks:
+                    handler.drop_connection()
+                    return
+                if index and reply.chunk_delay and self._stopping.wait(reply.chunk_delay):
+                    handler.drop_connection()
+                    return
+                event = "data: " + json.dumps(chunk, ensure_ascii=False) + "\n\n"
+                handler.write_chunk(event.encode())
+            handler.write_chunk(b"data: [DONE]\n\n")
+            handler.write_chunk(b"")
+        except OSError:  # the client gave up (its timeout fired) mid-stream
+            handler.close_connection = True
+
+    def _search(self, handler: _Handler) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(handler.path).query)
+        text = (query.get("q") or [""])[0]
+        search = self.web.next_search()
+        if search.delay and self._stopping.wait(search.delay):
+            handler.close_connection = True
+            return
+        if search.status != 200:
+            handler.send_bytes(search.status, b"search failed", "text/plain")
+            return
+        if (query.get("format") or [""])[0] != "json":
+            handler.send_bytes(403, b"format not allowed", "text/plain")  # as SearXNG does
+            return
+        results = (
+            self.web.default_hits(self.root_url, text)
+            if search.results is None
+            else [dict(r) for r in search.results]
+        )
+        handler.send_json(
+            200,
+            {
+                "query": text,
+                "number_of_results": len(results),
+                "results": results,
+                "answers": [],
+                "suggestions": [],
+                "unresponsive_engines": [],
+            },
+        )
+
+    def _page(self, handler: _Handler, path: str) -> None:
+        page = self.web.page(path)
+        if page is None:
+            handler.send_bytes(404, b"<html><body>Not found</body></html>", "text/html")
+            return
+        if page.delay and self._stopping.wait(page.delay):
+            handler.close_connection = True
+            return
+        extra = {"Location": page.location} if page.location else {}
+        if page.declare_length and not page.chunk_delay:
+            handler.send_bytes(page.status, page.body, page.content_type, extra)
+            return
+        # No length: the body ends when the connection closes, piece by piece.
+        handler.close_connection = True
+        handler.send_response(page.status)
+        handler.send_header("Content-Type", page.content_type)
+        handler.send_header("Connection", "close")
+        for name, value in extra.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        try:
+            for start in range(0, len(page.body), 1024):
+                if start and page.chunk_delay and self._stopping.wait(page.chunk_delay):
+                    return
+                handler.wfile.write(page.body[start : start + 1024])
+                handler.wfile.flush()
+        except OSError:  # the client stopped reading (its cap or timeout)
+            return
 
     @staticmethod
     def _send_error(

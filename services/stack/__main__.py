@@ -213,6 +213,9 @@ def main() -> int:
             "SYSTEM_MODEL_BASE_URL": fake.base_url,
             "SYSTEM_MODEL_API_KEY": key,
             "SYSTEM_MODEL_API_KEY_FILE": "",  # a file from the caller's environment would clash
+            # The same server answers web searches (SearXNG's JSON) with pages of its own.
+            "SYSTEM_MODEL_SEARCH_URL": fake.root_url,
+            "SYSTEM_MODEL_FETCH_ALLOW_LOOPBACK": "true",
         }
         print(f"offline scripted model at {fake.base_url}", file=sys.stderr, flush=True)
     try:

@@ -148,6 +148,7 @@ class Stack:
         }
         targets = {
             "storage": {"DATABASE_URL": f"sqlite:///{self.data_dir / 'storage.db'}"},
+            "model": {"STORAGE_TARGET": self.target("storage")},
             "engine": {
                 "STORAGE_TARGET": self.target("storage"),
                 "GATEWAY_TARGET": self.target("gateway"),

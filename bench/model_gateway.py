@@ -1,0 +1,390 @@
+"""What the model gateway adds to a chat completion, against the `openai` client calling the
+same local test server directly, in the same run.
+
+    python -m bench.model_gateway [--calls 400] [--rounds 4] [--concurrency 1,64] [--quick]
+                                  [--out DIR]
+
+Processes, all on loopback: the local OpenAI-compatible test server
+(`python -m services.model_testserver`, echo replies), and two gateways
+(`python -m services.model_gateway`, production settings: INFO logs, metrics on) pointed at it:
+
+- `gateway`: metering off (`storage_target` empty): the gateway's own cost, gRPC hop included.
+- `gateway+metering`: metering on, through a storage service on SQLite
+  (`python -m storage_service`): every call also reserves before and settles after, two
+  storage round trips and two database transactions, as in production.
+
+The bench process runs the clients: `direct` is `openai.AsyncOpenAI` streaming the completion
+itself (`stream=True` with usage, what the gateway sends); the gateway paths call Complete over
+gRPC. Paths are measured in interleaved rounds (direct, gateway, gateway+metering, then again)
+so drift in the machine's load falls on all of them alike. Overhead = the path's percentile
+minus direct's. Each concurrency level runs that many clients at once, `--calls` calls per
+path per round in all. Everything shares the machine's cores, so `uptime` load averages are
+recorded with the figures. Results go to bench/results/model_gateway.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import openai
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from system.model.v1 import model_pb2, model_pb2_grpc
+
+from bench.machine import describe_machine
+from bench.report import progress, summarize
+from services.stack.launcher import ROOT, free_port
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KEY = "bench-key"
+MODEL = "deepseek-chat"
+TEXT = "open the shop"
+MAX_TOKENS = 64
+TARGET_OVERHEAD_P50_MS = 2.0
+CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]  # loopback only; ignore proxy settings
+PATHS = ("direct", "gateway", "gateway+metering")
+
+Call = Callable[[int], Awaitable[None]]
+
+
+class _Process:
+    """A child process on a free port, stopped with SIGTERM."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], logs: Path) -> None:
+        self.name = name
+        self.log_path = logs / f"{name}.log"
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")]),
+            **env,
+        }
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
+            raise RuntimeError(f"{self.name} exited:\n" + "\n".join(tail))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _service(
+    name: str, module: str, prefix: str, settings: dict[str, str], logs: Path
+) -> tuple[_Process, str]:
+    port = free_port()
+    env = {
+        f"{prefix}HOST": "127.0.0.1",
+        f"{prefix}PORT": str(port),
+        f"{prefix}METRICS_PORT": "0",
+        f"{prefix}DRAIN_SECONDS": "0",
+        **{f"{prefix}{key}": value for key, value in settings.items()},
+    }
+    return _Process(name, [sys.executable, "-m", module], env, logs), f"127.0.0.1:{port}"
+
+
+async def _wait_serving(process: _Process, target: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            process.check()
+            try:
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{process.name} not serving after {timeout} s")
+            await asyncio.sleep(0.1)
+
+
+async def _wait_http(process: _Process, client: openai.AsyncOpenAI, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        process.check()
+        try:
+            await client.models.list()
+            return
+        except openai.APIConnectionError:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start") from None
+            await asyncio.sleep(0.1)
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+async def _batch(call: Call, calls: int, concurrency: int, samples: list[float]) -> None:
+    """`calls` calls from `concurrency` clients at once; latencies appended to `samples`."""
+    queue = iter(range(calls))
+
+    async def client(index: int) -> None:
+        for _ in queue:
+            began = time.perf_counter()
+            await call(index)
+            samples.append((time.perf_counter() - began) * 1000)
+
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
+
+
+def _calls(
+    direct: openai.AsyncOpenAI, stubs: dict[str, model_pb2_grpc.ModelGatewayServiceStub]
+) -> dict[str, Call]:
+    async def call_direct(index: int) -> None:
+        stream = await direct.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": TEXT}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+        assert "".join(parts) == f"echo: {TEXT}"
+
+    def via(stub: model_pb2_grpc.ModelGatewayServiceStub) -> Call:
+        async def call(index: int) -> None:
+            request = model_pb2.CompleteRequest(
+                player_id=f"bench-{index}",
+                messages=[model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_USER, content=TEXT)],
+                max_tokens=MAX_TOKENS,
+            )
+            response = await stub.Complete(request, timeout=30)
+            assert response.content == f"echo: {TEXT}"
+
+        return call
+
+    return {"direct": call_direct, **{name: via(stub) for name, stub in stubs.items()}}
+
+
+async def _measure(
+    calls: dict[str, Call], concurrency: int, per_round: int, rounds: int
+) -> dict[str, Any]:
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():  # warm-up: connections, caches, the first-call costs
+        await _batch(call, max(concurrency, 20), concurrency, [])
+    load_before = _load()
+    total = rounds * len(calls)
+    done = 0
+    for _ in range(rounds):
+        for name, call in calls.items():
+            await _batch(call, per_round, concurrency, samples[name])
+            done += 1
+            progress(done, total, f"x{concurrency}")
+    summaries = {name: summarize(values) for name, values in samples.items()}
+    base = summaries["direct"]
+    overhead = {
+        name: {
+            "p50_ms": round(s["p50_ms"] - base["p50_ms"], 3),
+            "p99_ms": round(s["p99_ms"] - base["p99_ms"], 3),
+        }
+        for name, s in summaries.items()
+        if name != "direct"
+    }
+    return {
+        "concurrency": concurrency,
+        "latency": summaries,
+        "overhead": overhead,
+        "load_before": load_before,
+        "load_after": _load(),
+    }
+
+
+async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    fake_port = free_port()
+    fake = _Process(
+        "testserver",
+        [
+            sys.executable,
+            "-m",
+            "services.model_testserver",
+            "--port",
+            str(fake_port),
+            "--api-key",
+            KEY,
+        ],
+        {},
+        logs,
+    )
+    base_url = f"http://127.0.0.1:{fake_port}/v1"
+    storage, storage_target = _service(
+        "storage",
+        "storage_service",
+        "SYSTEM_STORAGE_",
+        {"DATABASE_URL": f"sqlite:///{logs / 'storage.db'}"},
+        logs,
+    )
+    # Budgets off (the reservation is still made); a budget check waits as long as the call.
+    common = {
+        "BASE_URL": base_url,
+        "API_KEY": KEY,
+        "PLAYER_DAILY_TOKENS": "0",
+        "STORAGE_TIMEOUT_SECONDS": "30",
+    }
+    plain, plain_target = _service(
+        "gateway", "services.model_gateway", "SYSTEM_MODEL_", {**common, "STORAGE_TARGET": ""}, logs
+    )
+    metered, metered_target = _service(
+        "gateway-metered",
+        "services.model_gateway",
+        "SYSTEM_MODEL_",
+        {**common, "STORAGE_TARGET": storage_target},
+        logs,
+    )
+    processes = [fake, storage, plain, metered]
+    try:
+        direct = openai.AsyncOpenAI(api_key=KEY, base_url=base_url, max_retries=0)
+        await _wait_http(fake, direct)
+        for process, target in (
+            (storage, storage_target),
+            (plain, plain_target),
+            (metered, metered_target),
+        ):
+            await _wait_serving(process, target)
+        channels = {
+            "gateway": grpc.aio.insecure_channel(plain_target, options=CHANNEL_OPTIONS),
+            "gateway+metering": grpc.aio.insecure_channel(metered_target, options=CHANNEL_OPTIONS),
+        }
+        stubs = {name: model_pb2_grpc.ModelGatewayServiceStub(c) for name, c in channels.items()}
+        calls = _calls(direct, stubs)
+        cells = []
+        for concurrency in args.concurrency:
+            per_round = max(args.calls, concurrency * 4)
+            cells.append(await _measure(calls, concurrency, per_round, args.rounds))
+        for channel in channels.values():
+            await channel.close()
+        await direct.close()
+    finally:
+        for process in processes:
+            process.stop()
+    return {
+        "benchmark": "model_gateway",
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": describe_machine(),
+        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+        "settings": {
+            "calls_per_round": args.calls,
+            "rounds": args.rounds,
+            "request": {"text": TEXT, "max_tokens": MAX_TOKENS, "stream": True},
+            "target_overhead_p50_ms": TARGET_OVERHEAD_P50_MS,
+        },
+        "cells": cells,
+    }
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# Model gateway overhead",
+        "",
+        f"Run {result['when']} on {result['machine']['cpu']} ({result['machine']['cores']} cores), "
+        f"Python {result['machine']['python']}. `uptime` at the end: `{result['uptime']}`.",
+        "",
+        "A chat completion against the local test server (echo reply, streamed): the `openai` "
+        "client calling it directly, versus Complete through the gateway without metering and "
+        "with metering through the storage service (SQLite). Overhead is the path's figure "
+        "minus direct's, in the same run; target: under "
+        f"{result['settings']['target_overhead_p50_ms']} ms added at p50.",
+        "",
+        "| concurrency | path | calls | p50 ms | p99 ms | added p50 ms | added p99 ms | load 1/5/15 min |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for cell in result["cells"]:
+        load = "/".join(str(x) for x in cell["load_after"])
+        for path, s in cell["latency"].items():
+            added = cell["overhead"].get(path, {"p50_ms": "", "p99_ms": ""})
+            lines.append(
+                f"| {cell['concurrency']} | {path} | {s['n']} | {s['p50_ms']} | {s['p99_ms']} "
+                f"| {added['p50_ms']} | {added['p99_ms']} | {load} |"
+            )
+    lines += [
+        "",
+        "All processes (test server, storage, two gateways, the clients) share the machine's "
+        "cores, and other work ran beside them (see the load); at 64 concurrent calls the "
+        "figures are mostly queueing for those cores.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(result["cells"]), figsize=(5 * len(result["cells"]), 4))
+    if len(result["cells"]) == 1:
+        axes = [axes]
+    for axis, cell in zip(axes, result["cells"], strict=True):
+        names = list(cell["latency"])
+        p50 = [cell["latency"][n]["p50_ms"] for n in names]
+        p99 = [cell["latency"][n]["p99_ms"] for n in names]
+        x = range(len(names))
+        axis.bar([i - 0.2 for i in x], p50, width=0.4, label="p50")
+        axis.bar([i + 0.2 for i in x], p99, width=0.4, label="p99")
+        axis.set_xticks(list(x), names)
+        axis.set_ylabel("ms per completion")
+        axis.set_title(f"{cell['concurrency']} concurrent")
+        axis.legend()
+    figure.suptitle("Chat completion latency: direct vs through the model gateway")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.model_gateway", description=__doc__)
+    parser.add_argument("--calls", type=int, default=400, help="calls per path per round")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds")
+    parser.add_argument(
+        "--concurrency",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[1, 64],
+        help="comma-separated client counts",
+    )
+    parser.add_argument("--quick", action="store_true", help="100 calls, 2 rounds, temp output")
+    parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.calls, args.rounds = 100, 2
+    out = args.out or (Path(tempfile.mkdtemp(prefix="bench-model-")) if args.quick else RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-model-logs-") as logs:
+        result = asyncio.run(run(args, Path(logs)))
+    (out / "model_gateway.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "model_gateway.md").write_text(_markdown(result))
+    _plot(result, out / "model_gateway.png")
+    print(_markdown(result))
+    print(f"results in {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

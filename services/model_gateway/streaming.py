@@ -1,0 +1,244 @@
+"""One streamed provider call: send, wait for the first token, collect to the finish reason.
+
+Domain code: no gRPC. `stream_once` runs a single attempt under two clocks: the first token
+must come within `first_token_timeout`, and the finish reason within `total_timeout`, both
+counted from sending. It returns a Completion, or raises AttemptFailed saying what went wrong
+(as a typed error), whether any output had arrived, and whether a retry may help.
+
+Failure mapping:
+
+    no first token / no finish in time                  DeadlineExceeded
+    openai.APIConnectionError (connect, reset, drop)    Unavailable   retryable before output
+    openai.RateLimitError (429)                         ResourceExhausted  retryable
+    openai.InternalServerError (5xx)                    Unavailable   retryable
+    openai.AuthenticationError / PermissionDeniedError  FailedPrecondition (the key was refused)
+    any other openai.APIStatusError                     Unavailable, naming the HTTP status
+    stream ended without a finish reason                Unavailable
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import openai
+
+from services.model_gateway.chat import Completion, ToolCall
+from services.runtime.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+)
+
+__all__ = ["AttemptFailed", "stream_once"]
+
+# Longest Retry-After honoured; beyond it the deadline would be spent waiting anyway.
+MAX_RETRY_AFTER_SECONDS = 10.0
+
+
+class AttemptFailed(Exception):
+    """One provider call failed.
+
+    Attributes:
+        error: what the caller is told if nothing better follows.
+        output_started: True when tokens had arrived before the failure (never retried).
+        retryable: True for connection errors and HTTP 429/5xx before any output.
+        retry_after: seconds the provider asked to wait, if it said.
+    """
+
+    def __init__(
+        self,
+        error: ServiceError,
+        *,
+        output_started: bool,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.output_started = output_started
+        self.retryable = retryable and not output_started
+        self.retry_after = retry_after
+
+
+@dataclasses.dataclass
+class _Collected:
+    """What the stream delivered so far."""
+
+    content: list[str] = dataclasses.field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    finish_reason: str = ""
+    usage: Any = None
+    model: str = ""
+    output_started: bool = False
+
+    def add(self, chunk: Any) -> None:
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta is not None:
+                if delta.content:
+                    self.content.append(delta.content)
+                    self.output_started = True
+                if getattr(delta, "reasoning_content", None):  # DeepSeek's reasoner
+                    self.output_started = True
+                for call in delta.tool_calls or ():
+                    self._add_call(call)
+            if choice.finish_reason:
+                self.finish_reason = str(choice.finish_reason)
+
+    def _add_call(self, call: Any) -> None:
+        self.output_started = True
+        entry = self.calls.setdefault(call.index, {"id": "", "name": "", "arguments": []})
+        if call.id:
+            entry["id"] = call.id
+        if call.function is not None:
+            if call.function.name:
+                entry["name"] = call.function.name
+            if call.function.arguments:
+                entry["arguments"].append(call.function.arguments)
+
+    def completion(self, fallback_model: str, attempts: int) -> Completion:
+        usage = self.usage
+        extra = getattr(usage, "model_extra", None) or {}
+        return Completion(
+            content="".join(self.content),
+            finish_reason=self.finish_reason,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            prompt_cache_hit_tokens=int(extra.get("prompt_cache_hit_tokens") or 0),
+            prompt_cache_miss_tokens=int(extra.get("prompt_cache_miss_tokens") or 0),
+            model=self.model or fallback_model,
+            tool_calls=tuple(
+                ToolCall(c["id"], c["name"], "".join(c["arguments"]))
+                for _, c in sorted(self.calls.items())
+            ),
+            attempts=attempts,
+        )
+
+
+async def stream_once(
+    client: openai.AsyncOpenAI,
+    params: dict[str, Any],
+    *,
+    first_token_timeout: float,
+    total_timeout: float,
+    attempt: int,
+    base_url: str,
+) -> Completion:
+    """Runs one streamed call (see the module docstring). `attempt` counts from 1."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first_token_timeout = min(first_token_timeout, total_timeout)
+    collected = _Collected()
+    stream: Any = None
+    timer = asyncio.timeout(first_token_timeout)
+    try:
+        async with timer:
+            # The client's own timeout is a backstop; the clocks above decide.
+            stream = await client.chat.completions.create(**params, timeout=total_timeout)
+            async for chunk in stream:
+                was_started = collected.output_started
+                collected.add(chunk)
+                if collected.output_started and not was_started:
+                    timer.reschedule(started + total_timeout)
+    except TimeoutError:
+        if collected.output_started:
+            message = f"the model provider did not finish within {total_timeout:.1f} s"
+        else:
+            message = f"the model provider sent no token within {first_token_timeout:.1f} s"
+        raise AttemptFailed(
+            DeadlineExceeded(message), output_started=collected.output_started
+        ) from None
+    except openai.APIError as exc:
+        raise _failed(exc, collected.output_started, base_url) from None
+    finally:
+        if stream is not None:
+            await stream.close()
+    if not collected.finish_reason:
+        raise AttemptFailed(
+            Unavailable(
+                "the model provider's stream ended without a finish reason; the answer may be "
+                "cut short, so it is not used"
+            ),
+            output_started=collected.output_started,
+        )
+    return collected.completion(str(params.get("model", "")), attempt)
+
+
+def _failed(exc: openai.APIError, output_started: bool, base_url: str) -> AttemptFailed:
+    after = " after the answer had begun" if output_started else ""
+    if isinstance(exc, openai.APITimeoutError):
+        return AttemptFailed(
+            DeadlineExceeded(f"the model provider timed out{after}"),
+            output_started=output_started,
+        )
+    if isinstance(exc, openai.APIConnectionError):
+        return AttemptFailed(
+            Unavailable(f"cannot reach the model provider at {base_url}{after}: {exc.message}"),
+            output_started=output_started,
+            retryable=True,
+        )
+    if isinstance(exc, openai.RateLimitError):
+        return AttemptFailed(
+            ResourceExhausted(
+                f"the model provider rate-limited the call (HTTP 429{_detail(exc)}); retry later"
+            ),
+            output_started=output_started,
+            retryable=True,
+            retry_after=_retry_after(exc),
+        )
+    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+        # The provider's message may echo part of the key; it is left out on purpose.
+        return AttemptFailed(
+            FailedPrecondition(
+                f"the model provider refused the API key (HTTP {exc.status_code}); "
+                "check SYSTEM_MODEL_API_KEY or SYSTEM_MODEL_API_KEY_FILE"
+            ),
+            output_started=output_started,
+        )
+    if isinstance(exc, openai.InternalServerError):
+        return AttemptFailed(
+            Unavailable(
+                f"the model provider failed with HTTP {exc.status_code}{_detail(exc)}; retry later"
+            ),
+            output_started=output_started,
+            retryable=True,
+            retry_after=_retry_after(exc),
+        )
+    if isinstance(exc, openai.APIStatusError):
+        return AttemptFailed(
+            Unavailable(f"the model provider answered HTTP {exc.status_code}{_detail(exc)}"),
+            output_started=output_started,
+        )
+    return AttemptFailed(
+        Unavailable(f"the model provider sent an unreadable answer{after}: {exc.message}"),
+        output_started=output_started,
+    )
+
+
+def _detail(exc: openai.APIStatusError) -> str:
+    """`: <provider message>` from an OpenAI error body, shortened; "" when there is none."""
+    body: Any = exc.body
+    message = body.get("message") if isinstance(body, dict) else None
+    if not isinstance(message, str) or not message:
+        return ""
+    return f": {message[:200]}"
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after") if exc.response is not None else None
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: rare from model providers, and the backoff covers it
+    if seconds is None or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER_SECONDS)
