@@ -8,12 +8,14 @@ from engine_service.clients import GatewayGameTools, JournalLeases, StorageHisto
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventRunner, EventTasks
+from engine_service.knowledge_tools import StorageKnowledge
 from engine_service.models import ModelClient
-from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
+from engine_service.modules import SMALL_TALK, BuiltinServices, register_builtins
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.runs import PlayerRuns
 from engine_service.servicer import EngineServicer
 from engine_service.task_store import TaskStore
+from engine_service.web_tools import StoragePreferences
 from services.runtime.server import ServiceHost
 
 __all__ = ["EngineApp", "build_registry", "create_app"]
@@ -21,13 +23,14 @@ __all__ = ["EngineApp", "build_registry", "create_app"]
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name
 
 
-def build_registry(config: EngineConfig) -> ModuleRegistry:
-    """Registers the built-in modules and those installed through entry points, then freezes."""
+def build_registry(config: EngineConfig, services: BuiltinServices | None = None) -> ModuleRegistry:
+    """Registers the built-in tools and modules and those installed through entry points, then
+    freezes. Without `services` the knowledge and web tools have nothing to reach (they fail
+    as unavailable): enough for catalogue and routing checks."""
     registry = ModuleRegistry()
-    for module_class in BUILTIN_MODULES:
-        registry.register(module_class())
-    for module in load_entry_point_modules(config.disabled_entry_points):
-        registry.register(module)
+    register_builtins(
+        registry, services, extra=load_entry_point_modules(config.disabled_entry_points)
+    )
     registry.reject("system:small_talk", SMALL_TALK)
     registry.freeze()
     return registry
@@ -41,8 +44,10 @@ class EngineApp:
         self.game_tools = GatewayGameTools(config.gateway_target)
         self.leases = JournalLeases(config.storage_target)
         self.models = ModelClient(config.model_target)
+        self.knowledge = StorageKnowledge(config.storage_target)
+        self.preferences = StoragePreferences(config.storage_target)
         self.engine = Engine(
-            build_registry(config),
+            build_registry(config, BuiltinServices(self.knowledge, self.preferences)),
             self.storage,
             BoundedExecutor("interactive", config.interactive_workers, config.interactive_queue),
             config.execute_timeout_seconds,
@@ -80,6 +85,8 @@ class EngineApp:
         await self.tasks.aclose()
         await self.runner_tasks.aclose()
         await self.models.aclose()
+        await self.preferences.aclose()
+        await self.knowledge.aclose()
         await self.game_tools.aclose()
         await self.leases.aclose()
         await self.storage.aclose()

@@ -13,11 +13,15 @@ Every tool call goes through `ExecutionContext.tool`, which checks, in order:
    calls only event-allowed tools (`system.error.write_not_allowed`);
 5. the policy's budgets: tool calls, steps, write steps (`system.error.budget_exhausted`).
 
-Then it calls the server tool's handler or relays the game tool through the gateway, with the
-time left as its timeout, and records the completed step. In an event task's run, write steps
-go through the task's step journal (`steps.py`): intent before, result after, replay on rerun. A module that fails after a write
-step completed is reported PARTIALLY_SUCCEEDED (which still counts as failure), by the engine
-or by the module itself through `partial()`. No gRPC here.
+Then it calls the server tool's handler (with the context itself when the tool declares
+`needs_context`) or relays the game tool through the gateway, with the time left as its
+timeout, and records the completed step. The run's web gate (`open_web`, closed by default,
+never opened for an event run) is what the web tools check; `web_tools.WebGate` decides.
+
+In an event task's run, write steps go through the task's step journal (`steps.py`): intent
+before, result after, replay on rerun. A module that fails after a write step completed is
+reported PARTIALLY_SUCCEEDED (which still counts as failure), by the engine or by the module
+itself through `partial()`. No gRPC here.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from engine_service.app import build_registry
 from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
-from engine_service.modules import BUILTIN_MODULES, SMALL_TALK
+from engine_service.modules import BUILTIN_MODULES, SMALL_TALK, register_builtins
 from engine_service.registry import (
     CommandSpec,
     ModuleRegistry,
@@ -94,12 +94,11 @@ QUESTS = _module(
 def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
     registry = ModuleRegistry()
     if builtins:
-        for module_class in BUILTIN_MODULES:
-            registry.register(module_class())
-    for module in modules:
-        registry.register(module)
-    if builtins:
+        register_builtins(registry, extra=modules)
         registry.reject("system:small_talk", SMALL_TALK)
+    else:
+        for module in modules:
+            registry.register(module)
     registry.freeze()
     return registry
 
@@ -177,6 +176,9 @@ def test_builtin_registry() -> None:
         "system:history",
         "system:inventory",
         "system:advancement_reward",
+        "system:question",
+        "system:search",
+        "system:reasoning",
     ]
     assert [m.spec.module_id for m in registry.handlers("minecraft:advancement")] == [
         "system:advancement_reward"
@@ -276,25 +278,30 @@ def test_available_filters_by_permission_and_feature() -> None:
     def ids(player: common_pb2.PlayerContext | None) -> list[str]:
         return [m.spec.module_id for m in registry.available(player)]
 
-    BUILTIN = ("system:help", "system:history", "system:inventory", "system:advancement_reward")
-
-    assert ids(None) == [
+    BUILTIN = (
         "system:help",
         "system:history",
         "system:inventory",
         "system:advancement_reward",
+        "system:question",
+    )
+    # `system:search` belongs to the `system:search` feature, granted explicitly; reasoning
+    # registers last, after every other module.
+
+    assert ids(None) == [
+        *BUILTIN,
+        "system:search",
         "test:ban",
         "ftbquests:quests",
+        "system:reasoning",
     ]
-    assert ids(_player(level=0)) == [*BUILTIN]
-    assert ids(_player(level=2)) == [
-        *BUILTIN,
-        "test:ban",
-    ]
-    assert ids(_player(level=4, features=("ftbquests",))) == ids(None)
+    assert ids(_player(level=0)) == [*BUILTIN, "system:reasoning"]
+    assert ids(_player(level=2)) == [*BUILTIN, "test:ban", "system:reasoning"]
+    assert ids(_player(level=4, features=("ftbquests", "system:search"))) == ids(None)
     assert ids(_player(features=("ftbquests",))) == [
         *BUILTIN,
         "ftbquests:quests",
+        "system:reasoning",
     ]
     assert [d.module_id for d in registry.descriptors(_player(level=4))] == ids(_player(level=4))
 
@@ -558,7 +565,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
     assert any(line.startswith("/ban — The test:ban module.") for line in _lines(admin))
     assert not any("quests" in line for line in _lines(admin))  # feature not installed
     commands = {line.suggest_command for line in admin.card.lines if line.suggest_command}
-    assert commands == {"/help", "/history", "/inventory", "/ban"}
+    assert commands == {"/help", "/history", "/inventory", "/question", "/ban", "/reason"}
     assert {b.args["module_id"] for b in admin.card.buttons} == {
         "system:history",
         "system:inventory",
@@ -688,7 +695,11 @@ def test_entry_point_modules_are_loaded_and_broken_ones_skipped(
 
 def test_entry_point_modules_join_the_registry_unless_disabled(entry_points: list[str]) -> None:
     registry = build_registry(EngineConfig())
-    assert [m.spec.module_id for m in registry.modules()][-1] == "plugin:hello"
+    # Entry-point modules come after the built-ins, before reasoning (which sees their tools).
+    assert [m.spec.module_id for m in registry.modules()][-2:] == [
+        "plugin:hello",
+        "system:reasoning",
+    ]
     assert registry.generation != _registry().generation
     assert load_entry_point_modules(["hello"]) == []
     disabled = build_registry(EngineConfig(disabled_entry_points=("hello", "broken")))
@@ -789,13 +800,19 @@ async def test_service_catalog(services: Services) -> None:
         "system:history",
         "system:inventory",
         "system:advancement_reward",
+        "system:question",
+        "system:search",
+        "system:reasoning",
     ]
     assert catalog.generation == services.generation != ""
     for_player = await services.engine.GetCatalog(
         engine_pb2.GetCatalogRequest(player=_player()), timeout=5
     )
     assert for_player.generation == catalog.generation
-    assert list(for_player.modules) == list(catalog.modules)
+    # The web search feature is granted explicitly; without it /search appears nowhere.
+    assert list(for_player.modules) == [
+        m for m in catalog.modules if m.module_id != "system:search"
+    ]
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await services.engine.GetCatalog(
             engine_pb2.GetCatalogRequest(player=common_pb2.PlayerContext(language="en")), timeout=5

@@ -99,10 +99,13 @@ async def test_unclear_text_goes_to_the_model_once_and_its_choice_is_cached(with
     assert first.action.module_id == "system:history"
     (call,) = fake.completions
     catalogue = json.loads(call.json["messages"][1]["content"])["catalogue"]
+    # /search is missing: it belongs to the `system:search` feature, which Steve lacks.
     assert {entry["id"] for entry in catalogue} == {
         "system:help",
         "system:history",
         "system:inventory",
+        "system:question",
+        "system:reasoning",
         "clarify",
     }
 

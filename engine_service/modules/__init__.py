@@ -1,21 +1,43 @@
-"""Built-in modules, all owned by the core feature."""
+"""Built-in modules and the server tools they need.
 
+The core modules (help, history, inventory, the advancement reward) need nothing but the
+registry. The question, search and reasoning modules need server tools whose handlers hold
+clients (`BuiltinServices`); `register_builtins` registers tools and modules together, with
+`system:reasoning` last so it sees every other module's read-only tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
+from engine_service.modules.question import QuestionModule
+from engine_service.modules.reasoning import ReasoningModule
 from engine_service.modules.rewards import AdvancementRewardModule
+from engine_service.modules.search import SearchModule
+from engine_service.registry import Module, ModuleRegistry
+from engine_service.web_tools import ExternalPreference, WebGate, WebTools
 
 __all__ = [
     "BUILTIN_MODULES",
     "SMALL_TALK",
     "AdvancementRewardModule",
+    "BuiltinServices",
     "HelpModule",
     "HistoryModule",
     "InventoryModule",
+    "QuestionModule",
+    "ReasoningModule",
+    "SearchModule",
+    "register_builtins",
 ]
 
 BUILTIN_MODULES = (HelpModule, HistoryModule, InventoryModule, AdvancementRewardModule)
-"""Classes of the modules every engine registers, in help order."""
+"""Classes of the core modules, which need no services, in help order."""
 
 SMALL_TALK = {
     "zh": ("你好", "谢谢", "哈哈", "今天天气怎么样", "你是谁", "晚安", "好无聊啊"),
@@ -23,3 +45,35 @@ SMALL_TALK = {
 }
 """Examples of the reject profile `system:small_talk`: chatter that resembles no module and
 must widen margins rather than route anywhere."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltinServices:
+    """What the built-in server tools reach. None means not configured: knowledge queries then
+    fail as STORAGE_UNAVAILABLE and the web gate never opens (external services cannot be
+    confirmed)."""
+
+    knowledge: KnowledgeSearch | None = None
+    """The knowledge search (storage's KnowledgeService)."""
+    preferences: ExternalPreference | None = None
+    """The players' external-services preference (storage's GetPreferences)."""
+
+
+def register_builtins(
+    registry: ModuleRegistry,
+    services: BuiltinServices | None = None,
+    extra: Iterable[Module] = (),
+) -> None:
+    """Registers the built-in server tools and modules, then `extra` (entry-point modules),
+    then `system:reasoning`, which offers the read-only tools of all of them."""
+    services = services or BuiltinServices()
+    gate = WebGate(services.preferences)
+    KnowledgeTools(services.knowledge).register(registry.tools)
+    WebTools(gate).register(registry.tools)
+    for module_class in BUILTIN_MODULES:
+        registry.register(module_class())
+    registry.register(QuestionModule(gate))
+    registry.register(SearchModule(gate))
+    for module in extra:
+        registry.register(module)
+    registry.register(ReasoningModule.over(registry))
