@@ -24,7 +24,7 @@ class EngineConfig(ServerConfig):
     """`host:port` of the model gateway (model calls, web search and fetch)."""
     gateway_target: str = "127.0.0.1:50051"
     """`host:port` of the gateway's ToolRelayService, through which game tools are called."""
-    execute_timeout_seconds: float = 30.0
+    execute_timeout_seconds: float = 120.0
     """Longest a module may run when the caller's deadline is later (or absent)."""
     history_timeout_seconds: float = 2.0
     """Longest the history write after a run may take; it never blocks the result."""

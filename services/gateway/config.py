@@ -27,7 +27,7 @@ class GatewayConfig(ServerConfig):
     """Game-server credentials as `server_id=token` pairs (env: comma-separated). Secret."""
     max_text_chars: int = 240
     """Longest chat text accepted from a player."""
-    request_timeout_seconds: float = 30.0
+    request_timeout_seconds: float = 120.0
     """Deadline of one player request across router, engine and storage."""
     max_players_per_connection: int = 1000
     """Players one game server may have joined at once."""
