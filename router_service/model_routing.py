@@ -93,6 +93,26 @@ def decode_choice(content: str, allowed: set[str]) -> ModelChoice:
     return ModelChoice(module_id, arguments)
 
 
+def with_text_argument(
+    choice: ModelChoice, modules: list[catalog_pb2.ModuleDescriptor], text: str
+) -> ModelChoice:
+    """A module whose command takes free text (`/question <text>`) gets the player's words
+    when the model chose it without filling that field: the choice is the model's, the
+    argument is what the player wrote in this request."""
+    if choice.module_id == CLARIFY:
+        return choice
+    module = next((m for m in modules if m.module_id == choice.module_id), None)
+    for command in module.commands if module is not None else ():
+        field = command.argument_field
+        if (
+            command.argument_kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT
+            and field
+            and field not in choice.arguments
+        ):
+            return ModelChoice(choice.module_id, {**choice.arguments, field: text})
+    return choice
+
+
 class ModelRouter:
     """Asks the model gateway which module a text means."""
 
@@ -133,4 +153,4 @@ class ModelRouter:
         except grpc.aio.AioRpcError as exc:
             log.info("model routing unavailable: %s %s", exc.code().name, exc.details())
             return None
-        return decode_choice(response.content, allowed)
+        return with_text_argument(decode_choice(response.content, allowed), modules, text)
