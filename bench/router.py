@@ -8,10 +8,14 @@
    build time and memory (tracemalloc peak and retained, RSS growth) per size. Baseline, in the
    same run over the same examples and queries: a plain scikit-learn TF-IDF nearest-example
    matcher (char 1-2-grams, cosine by sparse dot product, argmax).
-2. Over gRPC: the router as its own process (with a real engine process for the catalogue),
-   64 asyncio clients on 4 channels sending commands, local paraphrases and unmatched texts
-   from the routing corpus for a fixed time; routes/s and p50/p99. Baseline: the same load of
-   health Checks against the same server (the transport floor).
+2. Over gRPC (`bench/router_grpc.py`): the router as its own process (with a real engine
+   process for the catalogue), as shipped (1 process, asyncio) and with 2 workers on uvloop
+   (asyncio when uvloop is not installed); 64 calls in flight from each load generator in
+   `bench/loadgen.py`: Python grpc.aio clients in 2 processes, and h2load (C; used when
+   installed: `apt-get install nghttp2-client`), sending commands, local paraphrases and
+   unmatched texts from the routing corpus for a fixed time; routes/s, p50/p99, the router's
+   and the generator's CPU per call, the load average. Baseline: the same load of health
+   Checks against the same server (the transport floor). `--grpc-only` prints this part.
 
 Targets (issue 3): p99 under 1 ms in process at 100 modules; at least 3,000 routes/s through
 gRPC on the 2-core dev machine. Results go to bench/results/router.{json,md,png}.
@@ -20,24 +24,20 @@ gRPC on the 2-core dev machine. Results go to bench/results/router.{json,md,png}
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
-import os
 import random
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.machine import describe_machine
 from bench.report import progress, summarize
+from bench.router_grpc import CLIENTS, measure_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -48,8 +48,53 @@ EXAMPLES = 20
 P99_TARGET_MS = 1.0
 P99_TARGET_MODULES = 100
 THROUGHPUT_TARGET = 3000.0
-CLIENTS = 64
-CHANNELS = 4
+GRPC_NOTES = [
+    "How to read it. The machine has 2 cores and every process above shares them: the load "
+    "generator's CPU is taken from the router. A Python gRPC client spends 0.2-0.35 ms of CPU "
+    "per call, about what the server spends on an empty call, so with Python clients even the "
+    "health floor stays under the target; h2load (C) spends a fraction of that and leaves the "
+    "cores to the router, so its rows are what the target is judged on. 'Router CPU ms per call' counts every router "
+    "process (supervisor and workers) and hardly depends on the generator; 'router cores busy' "
+    "shows how much of the machine it got. 'Ceiling' is the cores divided by router plus "
+    "generator CPU per call: what a quiet machine would reach at these costs. The load average "
+    "is the machine's, other work included: a 1-minute figure well above 2 means the run was "
+    "shared and the calls/s are low (the CPU per call much less so).",
+    "",
+    "Where a Route's CPU goes: the gRPC server's own cost per call is the health row (0.4-0.5 "
+    "ms on asyncio, a little less on uvloop); routing in process costs about 0.15 ms per "
+    "request of this mix (measured with cProfile off: `SemanticRouter.decide`, plus for the "
+    "three quarters that fall back the selection card, which now reuses decide's match "
+    "instead of analysing and matching the text again — 0.30 ms before); the interceptor about "
+    "0.05 ms. What changed: the fallback reuses the match (0.30 → 0.15 ms per request in "
+    "process); the access log (one JSON line per call, kept) is written in batches at most "
+    "0.1 s late instead of one write per line, which in a server whose gRPC threads wait for "
+    "the interpreter lock also handed the lock over and back on every call, and each line is "
+    "built more cheaply (60 → 37 µs); the intent-cache lookup no longer hashes the text for a "
+    "player with no cached entry. Paired A/B under the same h2load load (16 connections, 6 s "
+    "each, the tree of commit e80a564 against this one, alternated five times, load average "
+    "3.4-8.7): router CPU per Route 0.97-1.15 ms before, 0.83-0.97 ms after (1 process, "
+    "asyncio), 0.74-0.76 ms with 2 workers on uvloop; Route calls/s 1,030-1,180 before, "
+    "1,130-1,390 after, 2,200-2,340 with 2 workers on uvloop. The first recorded run "
+    "(2026-11-30 01:02, quiet machine, one Python client process) had 0.96 ms and 1,212/s.",
+    "",
+    "Server models compared before choosing (bare health servers, no interceptor, h2load with "
+    "64 streams, same day, load average 3-5): grpc.aio on asyncio 0.42-0.45 ms of CPU per call "
+    "(one process 2,326/s, two 3,934/s); on uvloop 0.31-0.34 ms (2,873/s, two 4,478/s); the "
+    "sync server with a thread pool of 8 0.30 ms in two processes (5,623/s) but 0.51 ms in one, "
+    "where its threads fight over the interpreter lock. The sync server would need every "
+    "servicer rewritten as blocking code (the router awaits the engine's catalogue and the "
+    "model gateway); uvloop gives the same cost per call with no change to any service, so "
+    "the host offers `event_loop` and `workers` rather than a second server model.",
+    "",
+    "Why 3,000/s is not reached on this machine: the router's CPU per Route times 3,000 is "
+    "more than the 2 cores (see the ceiling column), even with a load generator that costs "
+    "nothing; the empty health call alone, at 0.4-0.5 ms, tops out around 3,500-5,000/s. "
+    "3,000 routes/s on 2 cores needs the router under about 0.62 ms per call, that is at most "
+    "about 0.2 ms on top of what the Python gRPC server spends on an empty call. With "
+    "`workers` the router scales with cores (each worker is a full replica, see the router "
+    "README for what that means for the intent cache): at these costs 3,000/s needs about "
+    "2.2-2.6 free cores.",
+]
 
 
 def _rss_mib() -> float:
@@ -393,234 +438,6 @@ def measure_in_process(sizes: tuple[int, ...], queries_per_size: int) -> dict[st
     return out
 
 
-# -- over gRPC -----------------------------------------------------------------------------
-
-
-def _start(module: str, prefix: str, env: dict[str, str], run: Path, log: Path) -> Any:
-    name = module.split(".")[0]
-    port_file = run / f"{name}.json"
-    full = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")]),
-        f"{prefix}HOST": "127.0.0.1",
-        f"{prefix}PORT": "0",
-        f"{prefix}METRICS_PORT": "-1",
-        f"{prefix}DRAIN_SECONDS": "0",
-        f"{prefix}PORT_FILE": str(port_file),
-        **{f"{prefix}{k}": v for k, v in env.items()},
-    }
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", module],
-            cwd=ROOT,
-            env=full,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(
-                f"{module} did not start:\n{log.read_text(errors='replace')[-2000:]}"
-            )
-        time.sleep(0.05)
-    return process, f"127.0.0.1:{json.loads(port_file.read_text())['grpc_port']}"
-
-
-def _route_requests() -> list[Any]:
-    """Commands, local paraphrases and unmatched texts from the corpus, in a fixed mix."""
-    from system.common.v1 import common_pb2
-    from system.router.v1 import router_pb2
-
-    cases = [json.loads(line) for line in (CORPUS / "cases.jsonl").read_text().splitlines()]
-    rng = random.Random(SEED)
-    local = [c for c in cases if c["expected"] and c["category"] in ("plain", "paraphrase")]
-    unmatched = [c for c in cases if c["expected"] is None and c["category"] == "out_of_scope"]
-    commands = [("/help", "en"), ("help", "en"), ("帮助", "zh"), ("/system help", "en")]
-    texts: list[tuple[str, str]] = []
-    for i in range(600):  # 20 % commands, 50 % local paraphrases, 30 % unmatched
-        kind = i % 10
-        if kind < 2:
-            texts.append(rng.choice(commands))
-        elif kind < 7:
-            c = rng.choice(local)
-            texts.append((c["text"], c["lang"]))
-        else:
-            c = rng.choice(unmatched)
-            texts.append((c["text"], c["lang"]))
-    rng.shuffle(texts)
-    return [
-        router_pb2.RouteRequest(
-            player=common_pb2.PlayerContext(
-                server_id="bench",
-                player_id=f"00000000-0000-4000-8000-{i % CLIENTS:012d}",
-                language=lang,
-            ),
-            text=text,
-        )
-        for i, (text, lang) in enumerate(texts)
-    ]
-
-
-async def _load(
-    label: str, seconds: float, calls: list[Callable[[int], Awaitable[Any]]]
-) -> dict[str, Any]:
-    """CLIENTS tasks calling back to back for `seconds`; each task uses calls[i % len]."""
-    latencies: list[float] = []
-    errors: Counter[str] = Counter()
-    answers: Counter[str] = Counter()
-    stop_at = 0.0
-
-    async def client(i: int) -> None:
-        call = calls[i % len(calls)]
-        n = i
-        clock = time.perf_counter
-        while clock() < stop_at:
-            start = clock()
-            try:
-                answer = await call(n)
-            except Exception as exc:  # grpc.aio.AioRpcError and friends
-                errors[type(exc).__name__ + ":" + str(getattr(exc, "code", lambda: "")())] += 1
-            else:
-                latencies.append((clock() - start) * 1000)
-                answers[answer] += 1
-            n += CLIENTS
-
-    async def ticker() -> None:
-        steps = 10
-        for step in range(steps + 1):
-            progress(step, steps, label)
-            if step < steps:
-                await asyncio.sleep(seconds / steps)
-
-    stop_at = time.perf_counter() + seconds
-    began = time.perf_counter()
-    await asyncio.gather(ticker(), *(client(i) for i in range(CLIENTS)))
-    elapsed = time.perf_counter() - began
-    return {
-        "seconds": round(elapsed, 2),
-        "completed": len(latencies),
-        "per_second": round(len(latencies) / elapsed, 1),
-        **(summarize(latencies, digits=4) if latencies else {}),
-        "errors": dict(errors),
-        "answers": dict(answers.most_common()),
-    }
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU time the process has used so far."""
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _measured(pid: int, run: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    """`run`'s result plus the server process's CPU per call and its implied capacity."""
-    before = _cpu_seconds(pid)
-    result = await run
-    cpu = _cpu_seconds(pid) - before
-    result["server_cpu_s"] = round(cpu, 2)
-    if result["completed"]:
-        per_call = cpu / result["completed"]
-        result["server_cpu_ms_per_call"] = round(per_call * 1000, 4)
-        result["server_calls_per_cpu_second"] = round(1 / per_call, 0) if per_call else None
-    return result
-
-
-async def _drive(target: str, seconds: float, pid: int) -> dict[str, Any]:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from system.router.v1 import router_pb2, router_pb2_grpc
-
-    requests = _route_requests()
-    channels = [
-        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(CHANNELS)
-    ]
-    try:
-        routers = [router_pb2_grpc.RouterServiceStub(c) for c in channels]
-        healths = [health_pb2_grpc.HealthStub(c) for c in channels]
-        # Wait until the router has read the catalogue and built its index.
-        deadline = time.monotonic() + 60
-        probe = router_pb2.RouteRequest(player=requests[0].player, text="查看帮助")
-        while True:
-            response = await routers[0].Route(probe, timeout=10)
-            if response.source == router_pb2.DECISION_SOURCE_LOCAL:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the router never routed locally: {response}")
-            await asyncio.sleep(0.2)
-        source_name = router_pb2.DecisionSource.Name
-        check = health_pb2.HealthCheckRequest()
-
-        def route_call(stub: Any) -> Callable[[int], Awaitable[str]]:
-            async def call(n: int) -> str:
-                response = await stub.Route(requests[n % len(requests)], timeout=10)
-                return source_name(response.source).removeprefix("DECISION_SOURCE_")
-
-            return call
-
-        def health_call(stub: Any) -> Callable[[int], Awaitable[str]]:
-            async def call(n: int) -> str:
-                await stub.Check(check, timeout=10)
-                return "SERVING"
-
-            return call
-
-        await _load("warm-up", min(2.0, seconds / 2), [route_call(s) for s in routers])
-        return {
-            "route": await _measured(
-                pid, _load("gRPC Route", seconds, [route_call(s) for s in routers])
-            ),
-            "health": await _measured(
-                pid, _load("gRPC health (floor)", seconds, [health_call(s) for s in healths])
-            ),
-        }
-    finally:
-        for channel in channels:
-            await channel.close()
-
-
-def measure_grpc(seconds: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as data:
-        run = Path(data)
-        processes = []
-        try:
-            engine, engine_target = _start(
-                "engine_service",
-                "SYSTEM_ENGINE_",
-                {"STORAGE_TARGET": "127.0.0.1:1"},  # GetCatalog needs no storage
-                run,
-                run / "engine.log",
-            )
-            processes.append(engine)
-            router, target = _start(
-                "router_service",
-                "SYSTEM_ROUTER_",
-                {"ENGINE_TARGET": engine_target, "MODEL_TARGET": ""},
-                run,
-                run / "router.log",
-            )
-            processes.append(router)
-            result = asyncio.run(_drive(target, seconds, router.pid))
-            result["clients"] = CLIENTS
-            result["channels"] = CHANNELS
-            return result
-        finally:
-            for process in reversed(processes):
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            for process in processes:
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-
-
 # -- report --------------------------------------------------------------------------------
 
 
@@ -648,15 +465,25 @@ def _plot(results: dict[str, Any], out: Path) -> None:
     left.legend(fontsize=8)
     grpc_results = results.get("grpc")
     if grpc_results:
-        labels = ["Route", "health Check\n(transport floor)"]
-        values = [grpc_results["route"]["per_second"], grpc_results["health"]["per_second"]]
-        right.bar(labels, values, color=["tab:blue", "tab:gray"])
-        right.axhline(THROUGHPUT_TARGET, color="tab:red", linestyle=":", label="target 3,000/s")
-        for i, v in enumerate(values):
-            right.text(i, v, f"{v:,.0f}/s", ha="center", va="bottom")
-        right.set_ylabel("calls per second")
-        right.set_title(f"gRPC, {CLIENTS} concurrent clients")
-        right.legend(fontsize=8)
+        labels, routes, floors = [], [], []
+        for setting, runs in grpc_results["settings"].items():
+            for generator in ("python", "h2load"):
+                if generator in runs:
+                    labels.append(f"{setting}\n{generator} clients")
+                    routes.append(runs[generator]["route"]["per_second"])
+                    floors.append(runs[generator]["health"]["per_second"])
+        ys = range(len(labels))
+        right.barh([y + 0.2 for y in ys], routes, height=0.4, color="tab:blue", label="Route")
+        right.barh([y - 0.2 for y in ys], floors, height=0.4, color="tab:gray",
+                   label="health Check (floor)")  # fmt: skip
+        for y, v in zip(ys, routes, strict=True):
+            right.text(v, y + 0.2, f" {v:,.0f}/s", va="center", fontsize=7)
+        right.axvline(THROUGHPUT_TARGET, color="tab:red", linestyle=":", label="target 3,000/s")
+        right.set_yticks(list(ys), labels, fontsize=7)
+        right.invert_yaxis()
+        right.set_xlabel("calls per second")
+        right.set_title(f"gRPC, {CLIENTS} calls in flight")
+        right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
@@ -668,7 +495,8 @@ def _report(results: dict[str, Any]) -> list[str]:
         f"# Router benchmark — {results['date']}" + (" (quick run)" if results["quick"] else ""),
         "",
         "Machine: {cpu}, {cores} cores, {memory_gib} GiB, {os}, Python {python}".format(**machine),
-        "(shared with other work while it ran: figures are upper bounds of the quiet machine)",
+        "(shared with other work while it ran: latencies are upper and throughputs lower bounds of "
+        "the quiet machine's; see the load averages)",
         "",
         "## Targets",
         "",
@@ -715,34 +543,54 @@ def _report(results: dict[str, Any]) -> list[str]:
     ]
     grpc_results = results.get("grpc")
     if grpc_results:
-        lines += [
-            f"## gRPC ({CLIENTS} asyncio clients on {CHANNELS} channels, one client process; "
-            "router and engine in their own processes)",
-            "",
-            "| call | seconds | completed | per second | p50 ms | p99 ms | max ms | errors | "
-            "router CPU ms per call | calls per router CPU-second |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for name, key in (("Route", "route"), ("health Check (transport floor)", "health")):
-            g = grpc_results[key]
-            lines.append(
-                f"| {name} | {g['seconds']} | {g['completed']} | {g['per_second']} | "
-                f"{g.get('p50_ms', '-')} | {g.get('p99_ms', '-')} | {g.get('max_ms', '-')} | "
-                f"{sum(g['errors'].values())} | {g.get('server_cpu_ms_per_call', '-')} | "
-                f"{g.get('server_calls_per_cpu_second', '-')} |"
-            )
-        lines += [
-            "",
-            "Route answers: "
-            + ", ".join(f"{k} {v}" for k, v in grpc_results["route"]["answers"].items())
-            + " (20 % commands, 50 % corpus paraphrases, 30 % corpus out-of-scope; no model).",
-            "",
-            "The client (one Python process, one event loop) shares the 2 cores with the router: "
-            "when the health-check floor is itself near or under the target, the client and the "
-            "transport, not routing, bound the figure. 'Calls per router CPU-second' is what one "
-            "fully busy router core would serve at that cost per call.",
-            "",
-        ]
+        lines += _grpc_report(grpc_results, machine["cores"] or 1)
+    return lines
+
+
+def _ceiling(run: dict[str, Any], cores: int) -> str:
+    """Calls/s if router and generator had every core and nothing else ran: cores divided
+    by their CPU per call together."""
+    server, client = run.get("server_cpu_ms_per_call"), run.get("client_cpu_ms_per_call")
+    if not server or client is None:
+        return "-"
+    return f"{cores * 1000 / (server + client):,.0f}"
+
+
+def _grpc_report(grpc_results: dict[str, Any], cores: int) -> list[str]:
+    lines = [
+        f"## gRPC ({CLIENTS} calls in flight; router and engine in their own processes)",
+        "",
+        "| router setting | load generator | call | per second | p50 ms | p99 ms | errors | "
+        "router CPU ms per call | router cores busy | generator CPU ms per call | "
+        "ceiling on all cores, calls/s | load avg before → after |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for setting, runs in grpc_results["settings"].items():
+        for generator in ("python", "h2load"):
+            for call, name in (("route", "Route"), ("health", "health Check (floor)")):
+                if generator not in runs:
+                    continue
+                g = runs[generator][call]
+                lines.append(
+                    f"| {setting} | {g['generator']} | {name} | {g['per_second']:,.0f} | "
+                    f"{g.get('p50_ms', '-')} | {g.get('p99_ms', '-')} | "
+                    f"{sum(g['errors'].values())} | {g.get('server_cpu_ms_per_call', '-')} | "
+                    f"{g.get('server_cores', '-')} | {g.get('client_cpu_ms_per_call', '-')} | "
+                    f"{_ceiling(g, cores)} | {g['loadavg_before'][0]} → {g['loadavg_after'][0]} |"
+                )
+    first = next(iter(grpc_results["settings"].values()))
+    lines += [
+        "",
+        "Route answers over the 600 requests the Python clients cycle through: "
+        + ", ".join(f"{k} {v}" for k, v in first["answers"].items())
+        + " (20 % commands, 50 % corpus paraphrases, 30 % corpus out-of-scope; no model). "
+        "h2load sends the first 16 of them, one per connection: "
+        + ", ".join(f"{k} {v}" for k, v in first["h2load_answers"].items())
+        + ".",
+        "",
+        *GRPC_NOTES,
+        "",
+    ]
     return lines
 
 
@@ -754,9 +602,15 @@ def main() -> int:
     parser.add_argument("--queries", type=int, help="texts per module count (default 2000)")
     parser.add_argument("--seconds", type=float, help="gRPC load per call type (default 8)")
     parser.add_argument("--no-grpc", action="store_true", help="in-process part only")
+    parser.add_argument(
+        "--grpc-only", action="store_true", help="gRPC part only; prints JSON, records nothing"
+    )
     args = parser.parse_args()
     queries = args.queries or (400 if args.quick else 2000)
     seconds = args.seconds or (2.0 if args.quick else 8.0)
+    if args.grpc_only:
+        print(json.dumps(measure_grpc(seconds), indent=2, ensure_ascii=False))
+        return 0
 
     results: dict[str, Any] = {
         "benchmark": "router",
@@ -776,12 +630,23 @@ def main() -> int:
         }
     }
     if "grpc" in results:
-        route = results["grpc"]["route"]
+        runs = [
+            (f"{setting}, {runs[g]['route']['generator']}", runs[g])
+            for setting, runs in results["grpc"]["settings"].items()
+            for g in ("h2load", "python")
+            if g in runs
+        ]
+        shipped = next(iter(results["grpc"]["settings"].values()))["python"]
+        label, best = max(
+            runs, key=lambda r: (not r[1]["route"]["errors"], r[1]["route"]["per_second"])
+        )
         targets["grpc_throughput"] = {
-            "what": f"at least {THROUGHPUT_TARGET:,.0f} routes/s through gRPC ({CLIENTS} clients)",
-            "measured": f"{route['per_second']:,.0f} routes/s "
-            f"(floor {results['grpc']['health']['per_second']:,.0f}/s)",
-            "met": route["per_second"] >= THROUGHPUT_TARGET and not route["errors"],
+            "what": f"at least {THROUGHPUT_TARGET:,.0f} routes/s through gRPC ({CLIENTS} in flight)",
+            "measured": f"{best['route']['per_second']:,.0f} routes/s with {label} "
+            f"(health floor {best['health']['per_second']:,.0f}/s); shipped default with "
+            f"Python clients: {shipped['route']['per_second']:,.0f} routes/s "
+            f"(floor {shipped['health']['per_second']:,.0f}/s)",
+            "met": best["route"]["per_second"] >= THROUGHPUT_TARGET and not best["route"]["errors"],
         }
     results["targets"] = targets
     RESULTS.mkdir(parents=True, exist_ok=True)

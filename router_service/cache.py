@@ -299,22 +299,24 @@ class IntentCache:
     ) -> CachedIntent | None:
         """The cached intent for this exact text, or None. A hit becomes the most recently
         used entry; an expired entry is removed and counts as a miss."""
-        key = self._key(scope, runtime_generation, memory_generation, language, text)
         with self._lock:
             state = self._current(scope)
             entry = None
+            key = None
             if (
-                key is not None
-                and state is not None
+                state is not None
                 and runtime_generation == self._current_runtime(runtime_generation)
                 and self._observe_memory(state, memory_generation)
+                and state.keys  # most players have no entry: skip normalising and hashing
             ):
+                key = self._key(scope, runtime_generation, memory_generation, language, text)
+            if key is not None:
                 entry = self._entries.get(key)
                 if entry is not None and entry.expires_at <= self._clock():
                     self._remove(key)
                     self._expirations += 1
                     entry = None
-            if entry is None or state is None:
+            if entry is None or state is None or key is None:
                 self._misses += 1
                 return None
             self._entries.move_to_end(key)

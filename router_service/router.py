@@ -139,7 +139,7 @@ class Router:
         modeled = await self._ask_model(request, catalog, allowed, scope, match)
         if modeled is not None:
             return modeled
-        return self._fallback(catalog, text, language, allowed, match)
+        return self._fallback(catalog, text, language, allowed, match, local)
 
     def _structured(
         self, request: router_pb2.RouteRequest, language: str
@@ -262,8 +262,9 @@ class Router:
         language: str,
         allowed: set[str],
         match: router_pb2.LocalMatch,
+        local: LocalDecision,
     ) -> router_pb2.RouteResponse:
-        candidates = catalog.semantic.fallback_candidates(text, language, allowed)
+        candidates = catalog.semantic.fallback_candidates(text, language, allowed, local)
         if candidates:
             self.diagnostics.record_decision(diag.DecisionSource.LOCAL_FALLBACK)
             return router_pb2.RouteResponse(

@@ -91,6 +91,12 @@ class LocalDecision:
     probability: float | None = None
     """Calibrated probability of the top module (scorer modes `strict` and `calibrated`, when
     the top module is one that may route directly); None otherwise."""
+    matched: tuple[ModuleScore, ...] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+    """Every candidate the index returned, reject profiles included; None when no match was
+    made (mode off, too long, another language, empty). `fallback_candidates` reuses it so a
+    text that falls back is not analysed and matched twice."""
 
     @property
     def top_module(self) -> str | None:
@@ -223,6 +229,7 @@ class SemanticRouter:
             c for c in match.candidates if self._profiles[c.module_id].kind != "reject"
         )[:MAX_CANDIDATES]
         scores: dict[str, Any] = {
+            "matched": match.candidates,
             "candidates": candidates,
             "s1": match.s1,
             "s2": match.s2,
@@ -279,7 +286,11 @@ class SemanticRouter:
         )
 
     def fallback_candidates(
-        self, text: str, lang: str, allowed: Collection[str] | None = None
+        self,
+        text: str,
+        lang: str,
+        allowed: Collection[str] | None = None,
+        decided: LocalDecision | None = None,
     ) -> list[FallbackCandidate]:
         """Read-only modules for a LOCAL_FALLBACK selection card, at most 5.
 
@@ -289,6 +300,9 @@ class SemanticRouter:
         appear. In SHADOW and OFF, or for a text that cannot be matched (too long, another
         language, empty), only the shortcuts: an observing router must not change what
         players see.
+
+        `decided`, the `decide` answer for this same text, language and `allowed`, lends its
+        match instead of matching again (the same index gives the same candidates).
         """
         config, index = self._config, self._index
         found: list[FallbackCandidate] = []
@@ -298,30 +312,25 @@ class SemanticRouter:
             and len(text) <= config.max_characters
             and lang in index.languages
         ):
-            normalized = normalize(text)
-            if normalized and len(normalized) <= config.max_characters:
-                match = index.match(
-                    normalized, lang, allowed=allowed, limit=MAX_CANDIDATES + self._rejects
-                )
-                for candidate in match.candidates:
-                    profile = self._profiles[candidate.module_id]
-                    if not profile.read_only:
-                        continue
-                    arguments = extract(profile.extractor, text)
-                    if arguments is None:
-                        continue
-                    found.append(
-                        FallbackCandidate(
-                            profile.module_id,
-                            profile.choice_label,
-                            MappingProxyType(arguments),
-                            candidate.score,
-                            candidate.example_id,
-                            "match",
-                        )
+            for candidate in self._matched(text, lang, allowed, decided):
+                profile = self._profiles[candidate.module_id]
+                if not profile.read_only:
+                    continue
+                arguments = extract(profile.extractor, text)
+                if arguments is None:
+                    continue
+                found.append(
+                    FallbackCandidate(
+                        profile.module_id,
+                        profile.choice_label,
+                        MappingProxyType(arguments),
+                        candidate.score,
+                        candidate.example_id,
+                        "match",
                     )
-                    if len(found) == MAX_CANDIDATES:
-                        break
+                )
+                if len(found) == MAX_CANDIDATES:
+                    break
         if found:
             return found
         return [
@@ -331,3 +340,21 @@ class SemanticRouter:
             for p in self._profiles.values()
             if p.is_shortcut and (allowed is None or p.module_id in allowed)
         ][:MAX_CANDIDATES]
+
+    def _matched(
+        self,
+        text: str,
+        lang: str,
+        allowed: Collection[str] | None,
+        decided: LocalDecision | None,
+    ) -> tuple[ModuleScore, ...]:
+        """The index's candidates for `text`: `decided`'s when it made a match, else a new one."""
+        if decided is not None and decided.language == lang:
+            return decided.matched or ()
+        index, limit = self._index, self._config.max_characters
+        normalized = normalize(text)
+        if index is None or not normalized or len(normalized) > limit:
+            return ()
+        return index.match(
+            normalized, lang, allowed=allowed, limit=MAX_CANDIDATES + self._rejects
+        ).candidates

@@ -7,12 +7,13 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from services.runtime.config import ConfigError, ServerConfig, load_config
 from services.runtime.logging import configure_logging
 from services.runtime.server import ServiceHost
+from services.runtime.workers import supervise
 
 __all__ = ["App", "run_service"]
 
@@ -55,20 +56,43 @@ async def _serve(create_app: Callable[[C], Awaitable[App]], config: C) -> None:
         await app.aclose()
 
 
+def _loop_runner(event_loop: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    if event_loop == "uvloop":
+        import uvloop  # optional; config validation checked it is installed
+
+        return uvloop.run  # type: ignore[no-any-return]
+    return asyncio.run
+
+
+def _run(name: str, create_app: Callable[[C], Awaitable[App]], config: C) -> int:
+    """Runs one serving process to completion; returns its exit status."""
+    try:
+        _loop_runner(config.event_loop)(_serve(create_app, config))
+    except ConfigError as exc:  # found while assembling, e.g. conflicting module registrations
+        print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        logging.getLogger("system.server").error("%s", exc)
+        return 1
+    return 0
+
+
 def run_service(
     name: str,
     config_cls: type[C],
     env_prefix: str,
     create_app: Callable[[C], Awaitable[App]],
 ) -> None:
-    """Runs one service process to completion."""
+    """Runs one service to completion: in this process, or in `workers` forked ones."""
     config = parse_config(name, config_cls, env_prefix)
     configure_logging(name, config.log_level)
-    try:
-        asyncio.run(_serve(create_app, config))
-    except ConfigError as exc:  # found while assembling, e.g. conflicting module registrations
-        print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except OSError as exc:
-        logging.getLogger("system.server").error("%s", exc)
-        raise SystemExit(1) from None
+    if config.workers > 1:
+        try:
+            code = supervise(name, config, lambda worker: _run(name, create_app, worker))
+        except OSError as exc:
+            logging.getLogger("system.server").error("%s: %s", name, exc)
+            code = 1
+    else:
+        code = _run(name, create_app, config)
+    if code:
+        raise SystemExit(code)

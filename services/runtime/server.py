@@ -4,6 +4,10 @@ reflection and Prometheus metrics, started on a port (0 for any) and stopped gra
 Shutdown order on SIGTERM/SIGINT: health flips to NOT_SERVING (so load balancers and probes
 stop sending work), the host waits `drain_seconds`, then the server stops accepting and gives
 running calls `grace_seconds` to finish.
+
+With `workers > 1` each of the forked workers (`workers.py`) runs one ServiceHost; they bind
+the same port with `SO_REUSEPORT`, which stays off otherwise so that a second server on a
+taken port fails instead of silently sharing it.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class ServiceHost:
         self.server = grpc.aio.server(
             interceptors=[ServerInterceptor()],
             options=[
-                ("grpc.so_reuseport", 0),
+                # Only workers share a port; otherwise a second server must fail to bind.
+                ("grpc.so_reuseport", 1 if config.workers > 1 else 0),
                 ("grpc.max_receive_message_length", 4 * 1024 * 1024),
             ],
         )
