@@ -5,17 +5,21 @@ same local test server directly, in the same run.
                                   [--out DIR]
 
 Processes, all on loopback: the local OpenAI-compatible test server
-(`python -m services.model_testserver`, echo replies), and two gateways
+(`python -m services.model_testserver`, echo replies), and three gateways
 (`python -m services.model_gateway`, production settings: INFO logs, metrics on) pointed at it:
 
 - `gateway`: metering off (`storage_target` empty): the gateway's own cost, gRPC hop included.
-- `gateway+metering`: metering on, through a storage service on SQLite
-  (`python -m storage_service`): every call also reserves before and settles after, two
-  storage round trips and two database transactions, as in production.
+- `gateway+metering`: metering on, as in production, through a storage service on SQLite
+  (`python -m storage_service`), with budget leases (the default settings): a player's first
+  call reserves a block of budget in storage, later calls draw on it in the gateway's memory,
+  and use is written in the background about once a second per player.
+- `gateway+metering/call`: the same with leases off (`lease_tokens` 0): every call reserves in
+  storage before it is sent and settles after, two round trips and two transactions per call
+  (the design before leases), for comparison.
 
 The bench process runs the clients: `direct` is `openai.AsyncOpenAI` streaming the completion
 itself (`stream=True` with usage, what the gateway sends); the gateway paths call Complete over
-gRPC. Paths are measured in interleaved rounds (direct, gateway, gateway+metering, then again)
+gRPC. Paths are measured in interleaved rounds (direct, gateway, gateway+metering, ..., then again)
 so drift in the machine's load falls on all of them alike. Overhead = the path's percentile
 minus direct's. Each concurrency level runs that many clients at once, `--calls` calls per
 path per round in all. Everything shares the machine's cores, so `uptime` load averages are
@@ -53,7 +57,7 @@ TEXT = "open the shop"
 MAX_TOKENS = 64
 TARGET_OVERHEAD_P50_MS = 2.0
 CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]  # loopback only; ignore proxy settings
-PATHS = ("direct", "gateway", "gateway+metering")
+PATHS = ("direct", "gateway", "gateway+metering", "gateway+metering/call")
 
 Call = Callable[[int], Awaitable[None]]
 
@@ -218,7 +222,12 @@ async def _measure(
     }
 
 
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    uptime_start = _uptime()
     fake_port = free_port()
     fake = _Process(
         "testserver",
@@ -259,7 +268,19 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         {**common, "STORAGE_TARGET": storage_target},
         logs,
     )
-    processes = [fake, storage, plain, metered]
+    per_call, per_call_target = _service(
+        "gateway-per-call",
+        "services.model_gateway",
+        "SYSTEM_MODEL_",
+        {
+            **common,
+            "STORAGE_TARGET": storage_target,
+            "LEASE_TOKENS": "0",
+            "LEASE_WEB_SEARCHES": "0",
+        },
+        logs,
+    )
+    processes = [fake, storage, plain, metered, per_call]
     try:
         direct = openai.AsyncOpenAI(api_key=KEY, base_url=base_url, max_retries=0)
         await _wait_http(fake, direct)
@@ -267,11 +288,15 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
             (storage, storage_target),
             (plain, plain_target),
             (metered, metered_target),
+            (per_call, per_call_target),
         ):
             await _wait_serving(process, target)
         channels = {
             "gateway": grpc.aio.insecure_channel(plain_target, options=CHANNEL_OPTIONS),
             "gateway+metering": grpc.aio.insecure_channel(metered_target, options=CHANNEL_OPTIONS),
+            "gateway+metering/call": grpc.aio.insecure_channel(
+                per_call_target, options=CHANNEL_OPTIONS
+            ),
         }
         stubs = {name: model_pb2_grpc.ModelGatewayServiceStub(c) for name, c in channels.items()}
         calls = _calls(direct, stubs)
@@ -289,7 +314,8 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         "benchmark": "model_gateway",
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": describe_machine(),
-        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+        "uptime_start": uptime_start,
+        "uptime": _uptime(),
         "settings": {
             "calls_per_round": args.calls,
             "rounds": args.rounds,
@@ -305,12 +331,15 @@ def _markdown(result: dict[str, Any]) -> str:
         "# Model gateway overhead",
         "",
         f"Run {result['when']} on {result['machine']['cpu']} ({result['machine']['cores']} cores), "
-        f"Python {result['machine']['python']}. `uptime` at the end: `{result['uptime']}`.",
+        f"Python {result['machine']['python']}. `uptime` at the start: "
+        f"`{result.get('uptime_start', '?')}`; at the end: `{result['uptime']}`.",
         "",
         "A chat completion against the local test server (echo reply, streamed): the `openai` "
-        "client calling it directly, versus Complete through the gateway without metering and "
-        "with metering through the storage service (SQLite). Overhead is the path's figure "
-        "minus direct's, in the same run; target: under "
+        "client calling it directly, versus Complete through the gateway without metering, "
+        "with metering through the storage service (SQLite) on budget leases (production "
+        "settings), and with metering making a reservation and a settle in storage per call "
+        "(`lease_tokens` 0, the design before leases). Overhead is the path's figure minus "
+        "direct's, in the same run; target: under "
         f"{result['settings']['target_overhead_p50_ms']} ms added at p50.",
         "",
         "| concurrency | path | calls | p50 ms | p99 ms | added p50 ms | added p99 ms | load 1/5/15 min |",
@@ -326,7 +355,7 @@ def _markdown(result: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "All processes (test server, storage, two gateways, the clients) share the machine's "
+        "All processes (test server, storage, three gateways, the clients) share the machine's "
         "cores, and other work ran beside them (see the load); at 64 concurrent calls the "
         "figures are mostly queueing for those cores.",
         "",
@@ -340,7 +369,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(result["cells"]), figsize=(5 * len(result["cells"]), 4))
+    figure, axes = plt.subplots(1, len(result["cells"]), figsize=(6.5 * len(result["cells"]), 4.5))
     if len(result["cells"]) == 1:
         axes = [axes]
     for axis, cell in zip(axes, result["cells"], strict=True):
@@ -350,7 +379,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
         x = range(len(names))
         axis.bar([i - 0.2 for i in x], p50, width=0.4, label="p50")
         axis.bar([i + 0.2 for i in x], p99, width=0.4, label="p99")
-        axis.set_xticks(list(x), names)
+        axis.set_xticks(list(x), names, rotation=12, fontsize=8)
         axis.set_ylabel("ms per completion")
         axis.set_title(f"{cell['concurrency']} concurrent")
         axis.legend()

@@ -6,7 +6,7 @@ from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from storage_service.dbcall import run_db
 from storage_service.player_data import PlayerDataStore
-from storage_service.usage import Limits, UsageLedger
+from storage_service.usage import AMOUNT_FIELDS, Limits, Settled, SettleItem, UsageLedger
 
 __all__ = ["PlayerDataServicer"]
 
@@ -52,7 +52,7 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
         return player_data_pb2.ResetPlayerResponse(deleted=min(deleted, 2**32 - 1), state=state)
 
     async def ReserveUsage(self, request, context):  # type: ignore[no-untyped-def]
-        day = await run_db(
+        grant = await run_db(
             self._ledger.reserve,
             request.reservation_id,
             request.player_id,
@@ -60,11 +60,39 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
             request.web_searches,
             Limits.from_proto(request.limits),
             request.ttl_seconds,
+            extra_tokens=request.extra_tokens,
+            extra_web_searches=request.extra_web_searches,
         )
-        return player_data_pb2.ReserveUsageResponse(day=day.isoformat())
+        return player_data_pb2.ReserveUsageResponse(
+            day=grant.day.isoformat(), tokens=grant.tokens, web_searches=grant.web_searches
+        )
 
     async def SettleUsage(self, request, context):  # type: ignore[no-untyped-def]
-        found = await run_db(
-            self._ledger.settle, request.reservation_id, request.player_id, request.used
-        )
-        return player_data_pb2.SettleUsageResponse(found=found)
+        [settled] = await run_db(self._ledger.settle_many, [_settle_item(request)])
+        return _settled(settled)
+
+    async def SettleUsageBatch(self, request, context):  # type: ignore[no-untyped-def]
+        items = [_settle_item(settle) for settle in request.settles]
+        outcomes = await run_db(self._ledger.settle_many, items)
+        return player_data_pb2.SettleUsageBatchResponse(results=[_settled(o) for o in outcomes])
+
+
+def _settle_item(request: player_data_pb2.SettleUsageRequest) -> SettleItem:
+    return SettleItem(
+        reservation_id=request.reservation_id,
+        player_id=request.player_id,
+        used={name: getattr(request.used, name) for name in AMOUNT_FIELDS},
+        sequence=request.sequence,
+        keep=(request.keep_tokens, request.keep_web_searches) if request.keep_open else None,
+        ttl_seconds=request.ttl_seconds,
+    )
+
+
+def _settled(settled: Settled) -> player_data_pb2.SettleUsageResponse:
+    return player_data_pb2.SettleUsageResponse(
+        found=settled.found,
+        duplicate=settled.duplicate,
+        held_tokens=settled.held_tokens,
+        held_web_searches=settled.held_web_searches,
+        external_enabled=settled.external_enabled,
+    )

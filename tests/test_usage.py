@@ -21,7 +21,15 @@ from services.runtime.errors import FailedPrecondition, InvalidArgument, Resourc
 from storage_service.db import PreferenceRow, make_engine
 from storage_service.migrate import upgrade
 from storage_service.player_data import PlayerDataStore, UsageRow
-from storage_service.usage import Limits, ReservationRow, UsageLedger, UsageTotalRow
+from storage_service.usage import (
+    AMOUNT_FIELDS,
+    Grant,
+    Limits,
+    ReservationRow,
+    SettleItem,
+    UsageLedger,
+    UsageTotalRow,
+)
 
 
 @pytest.fixture
@@ -61,8 +69,8 @@ def test_reserve_then_settle_records_actual_use(sessions: sessionmaker[Session])
     ledger = UsageLedger(sessions)
     player, rid = _player(), _rid()
     before = _totals_or_zero(sessions)
-    day = ledger.reserve(rid, player, 500, 0, Limits(player_tokens=1000), 60)
-    assert day == dt.datetime.now(dt.UTC).date()
+    grant = ledger.reserve(rid, player, 500, 0, Limits(player_tokens=1000), 60)
+    assert grant == Grant(dt.datetime.now(dt.UTC).date(), 500, 0)
     assert (_row(sessions, player).reserved_tokens, _row(sessions, player).prompt_tokens) == (
         500,
         0,
@@ -74,7 +82,7 @@ def test_reserve_then_settle_records_actual_use(sessions: sessionmaker[Session])
         prompt_cache_miss_tokens=20,
         model_calls=1,
     )
-    assert ledger.settle(rid, player, used) is True
+    assert ledger.settle(rid, player, used).found is True
     row = _row(sessions, player)
     assert (row.reserved_tokens, row.prompt_tokens, row.completion_tokens) == (0, 120, 30)
     assert (row.prompt_cache_hit_tokens, row.prompt_cache_miss_tokens, row.model_calls) == (
@@ -87,8 +95,9 @@ def test_reserve_then_settle_records_actual_use(sessions: sessionmaker[Session])
     # GetUsage reports the new columns too.
     [daily] = PlayerDataStore(sessions).get_usage(player)
     assert (daily.prompt_cache_hit_tokens, daily.prompt_cache_miss_tokens) == (100, 20)
-    # A second settle finds nothing held and records again (settle is not idempotent).
-    assert ledger.settle(rid, player, _used()) is False
+    # A second settle without a sequence finds nothing held and records again.
+    assert ledger.settle(rid, player, _used(model_calls=1)).found is False
+    assert _row(sessions, player).model_calls == 2
 
 
 def _totals_or_zero(sessions: sessionmaker[Session]) -> tuple[int, int]:
@@ -123,7 +132,7 @@ def test_release_on_failure_and_idempotent_reserve(sessions: sessionmaker[Sessio
     ledger.reserve(rid, player, 300, 0, Limits(), 60)
     ledger.reserve(rid, player, 300, 0, Limits(), 60)  # a retried request holds once
     assert _row(sessions, player).reserved_tokens == 300
-    assert ledger.settle(rid, player, _used()) is True  # nothing used: released
+    assert ledger.settle(rid, player, _used()).found is True  # nothing used: released
     row = _row(sessions, player)
     assert (row.reserved_tokens, row.prompt_tokens, row.model_calls) == (0, 0, 0)
 
@@ -176,7 +185,7 @@ def test_expired_holds_are_released_by_a_later_reservation(
     ledger.reserve(_rid(), player, 900, 0, limits, 60)
     assert _row(sessions, player).reserved_tokens == 900
     # The late settle of the expired hold still records its use.
-    assert ledger.settle(stale, player, _used(prompt_tokens=5)) is False
+    assert ledger.settle(stale, player, _used(prompt_tokens=5)).found is False
     assert _row(sessions, player).prompt_tokens == 5
 
 
@@ -243,3 +252,199 @@ def test_concurrent_reservations_never_exceed_the_budget(
     assert len(granted) == 10
     assert refused == 32 * 5 - 10
     assert row.prompt_tokens + row.completion_tokens + row.reserved_tokens == 1000
+
+
+# -- leases: blocks held beyond one call, settled in batches --------------------------------------
+
+
+def test_lease_extras_are_granted_as_far_as_the_limits_leave_room(
+    sessions: sessionmaker[Session],
+) -> None:
+    ledger = UsageLedger(sessions)
+    player = _player()
+    limits = Limits(player_tokens=1000, player_web_searches=3)
+    first = ledger.reserve(
+        _rid(), player, 100, 0, limits, 60, extra_tokens=500, extra_web_searches=2
+    )
+    assert (first.tokens, first.web_searches) == (600, 2)
+    # 400 left for the player: the call's 100 and 300 of the 500 extra.
+    second = ledger.reserve(
+        _rid(), player, 100, 1, limits, 60, extra_tokens=500, extra_web_searches=5
+    )
+    assert (second.tokens, second.web_searches) == (400, 1)
+    assert _row(sessions, player).reserved_tokens == 1000
+    with pytest.raises(ResourceExhausted):  # the call's own worst case must fit
+        ledger.reserve(_rid(), player, 1, 0, limits, 60, extra_tokens=500)
+    # No limit: all of it.
+    unlimited = ledger.reserve(_rid(), _player(), 10, 0, Limits(), 60, extra_tokens=5000)
+    assert unlimited.tokens == 5010
+
+
+def test_lease_extras_respect_the_global_budget(sessions: sessionmaker[Session]) -> None:
+    ledger = UsageLedger(sessions)
+    already = _totals_or_zero(sessions)[1]
+    limits = Limits(player_tokens=10_000, global_tokens=already + 700)
+    grant = ledger.reserve(_rid(), _player(), 100, 0, limits, 60, extra_tokens=5000)
+    assert grant.tokens == 700
+
+
+def test_keep_open_settles_record_use_and_keep_the_rest(sessions: sessionmaker[Session]) -> None:
+    ledger = UsageLedger(sessions)
+    player, rid = _player(), _rid()
+    ledger.reserve(rid, player, 100, 0, Limits(player_tokens=5000), 60, extra_tokens=900)
+    used = _used(
+        prompt_tokens=150, completion_tokens=50, prompt_cache_hit_tokens=100, model_calls=2
+    )
+    settled = ledger.settle(rid, player, used, sequence=1, keep=(800, 0), ttl_seconds=120)
+    assert (settled.found, settled.duplicate, settled.held_tokens) == (True, False, 800)
+    assert settled.external_enabled is True
+    row = _row(sessions, player)
+    assert (row.prompt_tokens, row.completion_tokens, row.reserved_tokens) == (150, 50, 800)
+    assert (row.prompt_cache_hit_tokens, row.model_calls) == (100, 2)
+    with sessions() as session:  # renewed
+        hold = session.get(ReservationRow, rid)
+        assert hold is not None and not hold.closed and hold.settled_sequence == 1
+        left = hold.expires_at.replace(tzinfo=dt.UTC) - dt.datetime.now(dt.UTC)
+        assert dt.timedelta(seconds=100) < left <= dt.timedelta(seconds=120)
+    # A keep above what is held never grows it.
+    assert (
+        ledger.settle(rid, player, _used(), sequence=2, keep=(5000, 3), ttl_seconds=60).held_tokens
+        == 800
+    )
+    assert _row(sessions, player).reserved_tokens == 800
+    closed = ledger.settle(rid, player, _used(prompt_tokens=10, model_calls=1), sequence=3)
+    assert (closed.found, closed.held_tokens) == (True, 0)
+    row = _row(sessions, player)
+    assert (row.prompt_tokens, row.reserved_tokens, row.model_calls) == (160, 0, 3)
+
+
+def test_a_retried_settle_is_applied_once(sessions: sessionmaker[Session]) -> None:
+    ledger = UsageLedger(sessions)
+    player, rid = _player(), _rid()
+    ledger.reserve(rid, player, 100, 0, Limits(), 60, extra_tokens=900)
+    batch = _used(prompt_tokens=30, completion_tokens=20, model_calls=1)
+    for _ in range(3):  # the answer was lost twice: sent three times
+        ledger.settle(rid, player, batch, sequence=1, keep=(950, 0), ttl_seconds=60)
+    row = _row(sessions, player)
+    assert (row.prompt_tokens, row.completion_tokens, row.model_calls) == (30, 20, 1)
+    assert row.reserved_tokens == 950
+    repeat = ledger.settle(rid, player, batch, sequence=1, keep=(950, 0), ttl_seconds=60)
+    assert (repeat.duplicate, repeat.held_tokens) == (True, 950)
+    # The closing settle, retried after it was applied, changes nothing either.
+    ledger.settle(rid, player, _used(prompt_tokens=5, model_calls=1), sequence=2)
+    again = ledger.settle(rid, player, _used(prompt_tokens=5, model_calls=1), sequence=2)
+    assert (again.duplicate, again.found) == (True, False)
+    row = _row(sessions, player)
+    assert (row.prompt_tokens, row.model_calls, row.reserved_tokens) == (35, 2, 0)
+
+
+def test_an_expired_lease_is_released_and_late_use_still_recorded(
+    sessions: sessionmaker[Session],
+) -> None:
+    ledger = UsageLedger(sessions, sweep_interval_seconds=0)
+    player, lease = _player(), _rid()
+    limits = Limits(player_tokens=1000)
+    ledger.reserve(lease, player, 100, 0, limits, 60, extra_tokens=900)
+    _expire(sessions, lease)  # its replica died: no renewal came
+    ledger.reserve(_rid(), player, 900, 0, limits, 60)  # the sweep released it first
+    assert _row(sessions, player).reserved_tokens == 900
+    # A settle that comes late records its use and learns the lease is gone.
+    late = ledger.settle(
+        lease, player, _used(prompt_tokens=40), sequence=1, keep=(500, 0), ttl_seconds=60
+    )
+    assert (late.found, late.held_tokens) == (False, 0)
+    row = _row(sessions, player)
+    assert (row.prompt_tokens, row.reserved_tokens) == (40, 900)
+    # A closed reservation is remembered (for retries), then deleted by a later sweep.
+    _expire(sessions, lease)
+    ledger.reserve(_rid(), _player(), 1, 0, Limits(), 60)
+    with sessions() as session:
+        assert session.get(ReservationRow, lease) is None
+
+
+def test_settle_reports_the_external_services_preference(sessions: sessionmaker[Session]) -> None:
+    ledger = UsageLedger(sessions)
+    player, rid = _player(), _rid()
+    ledger.reserve(rid, player, 10, 0, Limits(), 60, extra_tokens=100)
+    with sessions.begin() as session:
+        session.add(PreferenceRow(player_id=player, history_enabled=True, external_enabled=False))
+    settled = ledger.settle(rid, player, _used(), sequence=1, keep=(110, 0), ttl_seconds=60)
+    assert (settled.found, settled.external_enabled) == (True, False)
+
+
+def test_concurrent_leases_never_exceed_the_budget(sessions: sessionmaker[Session]) -> None:
+    """16 threads (as if on several replicas) take leases of up to 300 tokens against a
+    2,000-token budget, use them in batches and close them: used and held never pass it."""
+    ledger = UsageLedger(sessions)
+    player = _player()
+    limits = Limits(player_tokens=2000)
+    used_total = 0
+    lock = threading.Lock()
+
+    def worker() -> None:
+        nonlocal used_total
+        for _ in range(4):
+            rid = _rid()
+            try:
+                grant = ledger.reserve(rid, player, 50, 0, limits, 60, extra_tokens=250)
+            except ResourceExhausted:
+                continue
+            held = grant.tokens
+            for sequence in (1, 2):
+                spend = min(held, 40)
+                ledger.settle(
+                    rid,
+                    player,
+                    _used(prompt_tokens=spend),
+                    sequence=sequence,
+                    keep=(held - spend, 0),
+                    ttl_seconds=60,
+                )
+                held -= spend
+                with lock:
+                    used_total += spend
+            ledger.settle(rid, player, _used(), sequence=3)
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    row = _row(sessions, player)
+    assert row.reserved_tokens == 0
+    assert row.prompt_tokens == used_total <= 2000
+
+
+def _expire(sessions: sessionmaker[Session], reservation_id: str) -> None:
+    with sessions.begin() as session:
+        session.execute(
+            update(ReservationRow)
+            .where(ReservationRow.reservation_id == reservation_id)
+            .values(expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=2))
+        )
+
+
+def test_a_batch_of_settles_applies_each_once(sessions: sessionmaker[Session]) -> None:
+    ledger = UsageLedger(sessions)
+    players = [_player() for _ in range(3)]
+    rids = [_rid() for _ in players]
+    for player, rid in zip(players, rids, strict=True):
+        ledger.reserve(rid, player, 100, 0, Limits(), 60, extra_tokens=400)
+    used = {**dict.fromkeys(AMOUNT_FIELDS, 0), "prompt_tokens": 30, "model_calls": 1}
+    items = [
+        SettleItem(rid, player, used, sequence=1, keep=(470, 0), ttl_seconds=60)
+        for player, rid in zip(players, rids, strict=True)
+    ]
+    items.append(SettleItem(_rid(), "", used))  # never reserved: recorded on today anyway
+    outcomes = ledger.settle_many(items)
+    assert [o.found for o in outcomes] == [True, True, True, False]
+    assert [o.held_tokens for o in outcomes[:3]] == [470] * 3
+    assert ledger.settle_many(items[:3])[1].duplicate  # resent: nothing applied again
+    for player in players:
+        row = _row(sessions, player)
+        assert (row.prompt_tokens, row.reserved_tokens, row.model_calls) == (30, 470, 1)
+    # One bad item refuses the whole batch.
+    wrong = SettleItem(rids[0], "someone-else", used, sequence=2)
+    with pytest.raises(InvalidArgument, match="belongs to player"):
+        ledger.settle_many([SettleItem(rids[1], players[1], used, sequence=2), wrong])
+    assert _row(sessions, players[1]).prompt_tokens == 30

@@ -7,9 +7,11 @@ import logging
 from system.model.v1 import model_pb2, model_pb2_grpc
 
 from services.model_gateway.config import ModelConfig
-from services.model_gateway.metering import Budgets, Meter, NoMeter, StorageMeter
+from services.model_gateway.leasing import LeaseMeter, LeasePolicy
+from services.model_gateway.metering import Budgets, Meter, NoMeter
 from services.model_gateway.provider import ChatProvider
 from services.model_gateway.servicer import ModelGatewayServicer
+from services.model_gateway.usage_store import UsageStore
 from services.model_gateway.web import SafeFetcher, SearchSessions, SearxngProvider, WebTools
 from services.runtime.server import ServiceHost
 
@@ -27,7 +29,7 @@ def make_meter(config: ModelConfig) -> Meter:
             "external-services preference; never run players against this gateway"
         )
         return NoMeter()
-    return StorageMeter(
+    store = UsageStore(
         config.storage_target,
         Budgets(
             player_tokens=config.player_daily_tokens,
@@ -36,6 +38,16 @@ def make_meter(config: ModelConfig) -> Meter:
             global_web_searches=config.global_daily_web_searches,
         ),
         config.storage_timeout_seconds,
+    )
+    return LeaseMeter(
+        store,
+        LeasePolicy(
+            tokens=config.lease_tokens,
+            web_searches=config.lease_web_searches,
+            refresh_seconds=config.lease_refresh_seconds,
+            idle_seconds=config.lease_idle_seconds,
+            ttl_seconds=config.lease_ttl_seconds,
+        ),
     )
 
 

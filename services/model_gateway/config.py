@@ -68,6 +68,22 @@ class ModelConfig(ServerConfig):
     """Web searches one player may make a UTC day; 0 for no limit."""
     global_daily_web_searches: int = 0
     """Web searches everyone together may make a UTC day; 0 for no limit."""
+    lease_tokens: int = 16_384
+    """Tokens of a player's daily budget (and of the global one) this replica reserves at once
+    and then draws on for that player's calls without a storage round trip; never more than
+    the budgets have left. 0 (with `lease_web_searches` 0): a reservation per call."""
+    lease_web_searches: int = 4
+    """Web searches a lease reserves at once, like `lease_tokens`."""
+    lease_refresh_seconds: float = 1.0
+    """How often each lease in use writes its use to storage, renews itself and re-reads the
+    player's external-services preference. A lease not in contact with storage for 3 times
+    this serves no call until it is: a player who turns external services off is refused on
+    every replica within that time."""
+    lease_idle_seconds: float = 10.0
+    """A lease no call used for this long is closed: its use written, its rest released."""
+    lease_ttl_seconds: int = 60
+    """Storage releases a lease not renewed for this long: what a replica that died held.
+    Calls that could outlast it get a reservation of their own."""
 
     search_url: str = ""
     """Base URL of a SearXNG instance whose JSON format is enabled (`search.formats: [html,
@@ -183,6 +199,24 @@ class ModelConfig(ServerConfig):
         for name in budgets:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        for name in ("lease_tokens", "lease_web_searches"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if not 0 < self.lease_refresh_seconds <= 60:
+            raise ConfigError(
+                f"lease_refresh_seconds must be over 0 and at most 60, got "
+                f"{self.lease_refresh_seconds}"
+            )
+        if self.lease_idle_seconds < self.lease_refresh_seconds:
+            raise ConfigError(
+                f"lease_idle_seconds ({self.lease_idle_seconds}) must be at least "
+                f"lease_refresh_seconds ({self.lease_refresh_seconds})"
+            )
+        if not 4 * self.lease_refresh_seconds <= self.lease_ttl_seconds <= 3600:
+            raise ConfigError(
+                "lease_ttl_seconds must be at least 4 times lease_refresh_seconds (renewals "
+                f"come that often) and at most 3600, got {self.lease_ttl_seconds}"
+            )
         if self.search_default_results > MAX_SEARCH_RESULTS:
             raise ConfigError(
                 f"search_default_results must be at most {MAX_SEARCH_RESULTS}, "
