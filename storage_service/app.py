@@ -22,6 +22,7 @@ from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine, pool_capacity
 from storage_service.dbcall import use_executor
+from storage_service.group_commit import GroupCommitter
 from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
@@ -34,6 +35,9 @@ from storage_service.servicer import StorageServicer
 from storage_service.usage import UsageLedger
 
 __all__ = ["SERVICE_NAME", "SERVICE_NAMES", "StorageApp", "create_app"]
+
+# Connections the group committer's writer thread holds (one at a time).
+COMMIT_CONNECTIONS = 1
 
 
 def _name(module: object, service: str) -> str:
@@ -54,9 +58,12 @@ class StorageApp:
 
     def __init__(self, config: StorageConfig, engine: Engine) -> None:
         self.engine = engine
-        # One worker thread per pooled connection: database calls never wait for a thread
-        # while a connection is free, nor hold a thread while they wait for a connection.
-        self.executor = ThreadPoolExecutor(pool_capacity(engine), thread_name_prefix="storage-db")
+        # One worker thread per pooled connection but the group committer's: database calls
+        # never wait for a thread while a connection is free, nor hold a thread while they
+        # wait for a connection.
+        self.executor = ThreadPoolExecutor(
+            max(1, pool_capacity(engine) - COMMIT_CONNECTIONS), thread_name_prefix="storage-db"
+        )
         use_executor(self.executor)
         sessions = sessionmaker(engine, expire_on_commit=False)
         self.store = ConversationStore(
@@ -66,10 +73,11 @@ class StorageApp:
             ),
         )
         self.journal = JournalStore(sessions, JournalBounds.from_config(config))
+        self.committer = GroupCommitter(sessions, config.commit_group_max)
         self.player_data = PlayerDataStore(sessions)
         self.knowledge = KnowledgeStore(sessions, config.max_knowledge_chars)
         history = StorageServicer(self.store)
-        journal = JournalServicer(self.journal)
+        journal = JournalServicer(self.journal, self.committer)
         player_data = PlayerDataServicer(self.player_data, UsageLedger(sessions))
         knowledge = KnowledgeServicer(self.knowledge)
         self.host = ServiceHost(
@@ -89,11 +97,12 @@ class StorageApp:
     async def aclose(self) -> None:
         use_executor(None, replacing=self.executor)
         self.executor.shutdown(wait=False)
+        await asyncio.to_thread(self.committer.close)
         self.engine.dispose()
 
 
 async def create_app(config: StorageConfig) -> StorageApp:
-    engine = make_engine(config.database_url)
+    engine = make_engine(config.database_url, extra_connections=COMMIT_CONNECTIONS)
     if config.run_migrations:
         await asyncio.to_thread(upgrade, engine)
     await asyncio.to_thread(warm_up)  # load jieba's dictionary now, not on the first search

@@ -37,6 +37,9 @@ class StorageConfig(ServerConfig):
     """Largest encoded step result or task result."""
     max_knowledge_chars: int = 20_000
     """Longest knowledge entry body."""
+    commit_group_max: int = 48
+    """Most Commit calls applied together in one database transaction (group commit: a
+    writer thread takes every Commit waiting when it is free). 1 gives each its own."""
     run_migrations: bool = True
     """Bring the database schema up to date at start (`python -m storage_service.migrate` does
     it alone)."""
@@ -58,6 +61,10 @@ class StorageConfig(ServerConfig):
             "max_document_bytes",
             "max_result_bytes",
             "max_knowledge_chars",
+            "commit_group_max",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.commit_group_max > 64:
+            # PostgreSQL slows down past 64 subtransactions (savepoints) in one transaction.
+            raise ConfigError(f"commit_group_max must be at most 64, got {self.commit_group_max}")

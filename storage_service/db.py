@@ -104,9 +104,10 @@ def _sqlite_begin(connection) -> None:  # type: ignore[no-untyped-def]
 POSTGRES_POOL_SIZE = 8
 
 
-def make_engine(database_url: str) -> Engine:
+def make_engine(database_url: str, extra_connections: int = 0) -> Engine:
     """Creates the engine (no schema: see storage_service.migrate). Plain `postgresql://` URLs
-    use psycopg 3."""
+    use psycopg 3. `extra_connections` are added to the PostgreSQL pool for threads that
+    hold one beside the worker threads (the group committer)."""
     url = make_url(database_url)
     if url.drivername == "postgresql":
         url = url.set(drivername="postgresql+psycopg")
@@ -120,7 +121,9 @@ def make_engine(database_url: str) -> Engine:
         # No pool_pre_ping: it costs a round trip on every checkout. A connection that died
         # in the pool fails its first statement instead; SQLAlchemy then invalidates the
         # pool's connections and run_db answers UNAVAILABLE, which clients retry.
-        engine = create_engine(url, pool_size=POSTGRES_POOL_SIZE, max_overflow=0)
+        engine = create_engine(
+            url, pool_size=POSTGRES_POOL_SIZE + extra_connections, max_overflow=0
+        )
     return engine
 
 

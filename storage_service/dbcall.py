@@ -37,7 +37,7 @@ from sqlalchemy import exc as sa_exc
 
 from services.runtime.errors import Unavailable
 
-__all__ = ["UNAVAILABLE_MESSAGE", "is_unavailable", "run_db", "use_executor"]
+__all__ = ["UNAVAILABLE_MESSAGE", "is_unavailable", "map_unavailable", "run_db", "use_executor"]
 
 log = logging.getLogger("system.storage.db")
 
@@ -94,6 +94,23 @@ def is_unavailable(error: BaseException) -> bool:
     return _PsycopgOperationalError is not None and isinstance(error, _PsycopgOperationalError)
 
 
+def map_unavailable(error: Exception, where: str) -> Exception:
+    """`Unavailable` (the original chained, one warning logged) when `error` means the database
+    could not be reached or used (see the module docstring); `error` itself otherwise."""
+    if not is_unavailable(error):
+        return error
+    # One line, no traceback: an outage makes many of these and the cause is the same.
+    log.warning(
+        "database unavailable in %s: %s: %s",
+        where,
+        type(error).__name__,
+        str(error).splitlines()[0] if str(error) else "",
+    )
+    unavailable = Unavailable(UNAVAILABLE_MESSAGE)
+    unavailable.__cause__ = error
+    return unavailable
+
+
 async def run_db(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
     """`await asyncio.to_thread(fn, *args, **kwargs)` (on the executor given to
     `use_executor`, if any), with unavailability mapped.
@@ -107,13 +124,7 @@ async def run_db(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(_executor, call)
     except Exception as error:
-        if not is_unavailable(error):
+        mapped = map_unavailable(error, getattr(fn, "__qualname__", repr(fn)))
+        if mapped is error:
             raise
-        # One line, no traceback: an outage makes many of these and the cause is the same.
-        log.warning(
-            "database unavailable in %s: %s: %s",
-            getattr(fn, "__qualname__", repr(fn)),
-            type(error).__name__,
-            str(error).splitlines()[0] if str(error) else "",
-        )
-        raise Unavailable(UNAVAILABLE_MESSAGE) from error
+        raise mapped from error

@@ -29,19 +29,23 @@ LOCKED and takes each task's lease under a row lock.
 
 Session-level functions (`create_task`, `transition_task`, `record_step`, `complete_step`,
 `check_fence`, `acquire_lease`) run inside a caller's transaction; `JournalStore` opens one
-transaction per call, and `JournalStore.commit` applies a whole batch in one.
+transaction per call, and `JournalStore.commit` applies a whole batch in one. The writes an
+engine makes per step also come as units for a transaction the caller owns
+(`JournalStore.commit_unit`, `record_step_in`, `complete_step_in`, `transition_task_in`): the
+service runs many of them in one transaction (storage_service.group_commit).
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 from google.protobuf import struct_pb2
 from sqlalchemy import (
@@ -63,7 +67,6 @@ from sqlalchemy import (
     null,
     or_,
     select,
-    text,
     true,
     update,
 )
@@ -81,6 +84,8 @@ from services.runtime.errors import (
     ServiceError,
 )
 from storage_service.db import Base, upsert_ignore
+from storage_service.fastsql import FastStatement
+from storage_service.group_commit import run_group
 from storage_service.player_data import (
     KEEP_ON_RESET,
     add_usage,
@@ -111,6 +116,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("system.storage.journal")
+
+T = TypeVar("T")
 
 MAX_TASK_ID = 64
 MAX_ID = 128
@@ -386,7 +393,9 @@ def receipt_size(
     return _utf8(step_id, task_id, player_id, tool, codec_id) + len(result or b"")
 
 
-_PLAYER_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+_PLAYER_LOCK = FastStatement(
+    select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("key", type_=String), 0)))
+)
 _LOCKED = "system.storage.journal.locked_players"
 
 
@@ -413,7 +422,7 @@ def _lock_player(session: Session, player_id: str) -> None:
         return
     held = _locks_held(session)
     if player_id not in held:
-        session.connection().execute(_PLAYER_LOCK, {"key": _player_lock_key(player_id)})
+        _PLAYER_LOCK.execute(session, {"key": _player_lock_key(player_id)})
         held.add(player_id)
 
 
@@ -560,7 +569,7 @@ def _lease_row(session: Session, name: str) -> LeaseRow:
     return row
 
 
-def _live(row: LeaseRow, now: dt.datetime) -> bool:
+def _live(row: LeaseRow | _FencedLease, now: dt.datetime) -> bool:
     return row.owner is not None and row.expires_at is not None and _aware(row.expires_at) > now
 
 
@@ -591,11 +600,18 @@ def acquire_lease(
 
 
 _LEASES = LeaseRow.__table__
-_FENCE_QUERY = (
-    select(_LEASES)
-    .where(_LEASES.c.name == bindparam("name"))  # type: ignore[attr-defined]
+_FENCE_QUERY = FastStatement(
+    select(_LEASES.c.name, _LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at)  # type: ignore[attr-defined]
+    .where(_LEASES.c.name == bindparam("name", type_=String))  # type: ignore[attr-defined]
     .with_for_update(read=True)
 )
+
+
+class _FencedLease(NamedTuple):
+    name: str
+    owner: str | None
+    token: int
+    expires_at: dt.datetime | None
 
 
 def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datetime) -> None:
@@ -606,7 +622,8 @@ def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datet
         return
     _check_id(fence.lease_name, "fence.lease_name")
     _check_token(fence.token, "fence.token")
-    row = session.connection().execute(_FENCE_QUERY, {"name": fence.lease_name}).one_or_none()
+    found = _FENCE_QUERY.execute(session, {"name": fence.lease_name}).first()
+    row = None if found is None else _FencedLease(*found)
     where = f"stale fence: lease {fence.lease_name!r} token {fence.token}"
     if row is None or row.owner is None:
         raise FailedPrecondition(f"{where} is not held by anyone; acquire the lease again")
@@ -684,11 +701,8 @@ def create_task(
 
 def _locked_task(session: Session, task_id: str) -> TaskRow:
     """The task, locked FOR UPDATE after its player's ledger lock; NOT_FOUND when missing."""
-    player_id = session.execute(
-        select(TaskRow.player_id).where(TaskRow.task_id == task_id)
-    ).scalar_one_or_none()
+    player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
     if player_id is not None:
-        _lock_player(session, player_id)
         row = session.execute(
             select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()
         ).scalar_one_or_none()
@@ -821,7 +835,7 @@ def _param(name: str, type_):  # type: ignore[no-untyped-def]
     return bindparam(name, type_=type_)
 
 
-def _record_fast():  # type: ignore[no-untyped-def]
+def _record_fast() -> FastStatement:
     """INSERT ... SELECT that records a new step in one statement when nothing stands in the
     way: the task is the player's and unfinished, the step is new and the receipt fits the
     ledger without eviction. It inserts nothing otherwise, and `record_step` then works out
@@ -865,10 +879,10 @@ def _record_fast():  # type: ignore[no-untyped-def]
     )
     columns = ["step_id", "task_id", "player_id", "position", "tool", "state", "result"]
     columns += ["codec_id", "size_bytes", "created_at", "updated_at"]
-    return insert(_RECEIPTS).from_select(columns, rows).execution_options(preserve_rowcount=True)
+    return FastStatement(insert(_RECEIPTS).from_select(columns, rows))
 
 
-def _complete_fast():  # type: ignore[no-untyped-def]
+def _complete_fast() -> FastStatement:
     """UPDATE ... RETURNING that completes a RUNNING step in one statement when its result
     fits the ledger without eviction; it changes nothing otherwise, and `complete_step` then
     works out why the long way. A RUNNING receipt holds no result and no codec (see
@@ -880,7 +894,7 @@ def _complete_fast():  # type: ignore[no-untyped-def]
         .where(ReceiptRow.player_id == player)
         .scalar_subquery()
     )
-    return (
+    return FastStatement(
         update(_RECEIPTS)
         .where(
             ReceiptRow.step_id == _param("p_step", String),
@@ -904,6 +918,38 @@ def _complete_fast():  # type: ignore[no-untyped-def]
 
 _RECORD_FAST = _record_fast()
 _COMPLETE_FAST = _complete_fast()
+
+
+def _owner_queries(column, key):  # type: ignore[no-untyped-def]
+    """The owner of the row whose `key` is :p_key: plainly, and (PostgreSQL) with the owner's
+    ledger lock taken in the same statement, one round trip instead of two."""
+    where = key == _param("p_key", String)
+    lock = func.pg_advisory_xact_lock(
+        func.hashtextextended(literal(_player_lock_key(""), String) + column, 0)
+    ).is_(None)
+    return FastStatement(select(column).where(where)), FastStatement(
+        select(column, lock).where(where)
+    )
+
+
+_TASK_OWNER, _TASK_OWNER_LOCKING = _owner_queries(TaskRow.player_id, TaskRow.task_id)
+_STEP_OWNER, _STEP_OWNER_LOCKING = _owner_queries(ReceiptRow.player_id, ReceiptRow.step_id)
+
+
+def _owner_locked(
+    session: Session, queries: tuple[FastStatement, FastStatement], key: str
+) -> str | None:
+    """The player owning the task or receipt `key`, with the player's ledger lock held (see
+    _lock_player); None when there is no such row (and no lock is taken)."""
+    plain, locking = queries
+    if session.get_bind().dialect.name != "postgresql":
+        row = plain.execute(session, {"p_key": key}).first()
+        return None if row is None else row[0]
+    row = locking.execute(session, {"p_key": key}).first()
+    if row is None:
+        return None
+    _locks_held(session).add(row[0])
+    return row[0]
 
 
 def _find_receipt(session: Session, step_id: str) -> StoredReceipt | None:
@@ -940,9 +986,7 @@ def record_step(
     connection = session.connection()
     owner = player_id
     if owner is None:
-        owner = connection.execute(
-            select(TaskRow.player_id).where(TaskRow.task_id == task_id)
-        ).scalar_one_or_none()
+        owner = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
         if owner is None:
             existing = _find_receipt(session, step_id)
             if existing is not None:
@@ -954,8 +998,8 @@ def record_step(
     _lock_player(session, owner)
     size = receipt_size(step_id, task_id, owner, tool, "", None)
     if size <= bounds.receipt_max_bytes:
-        inserted = connection.execute(
-            _RECORD_FAST,
+        inserted = _RECORD_FAST.execute(
+            session,
             {
                 "p_step": step_id,
                 "p_task": task_id,
@@ -1077,14 +1121,12 @@ def complete_step(
     connection = session.connection()
     owner = player_id
     if owner is None:
-        owner = connection.execute(
-            select(ReceiptRow.player_id).where(ReceiptRow.step_id == step_id)
-        ).scalar_one_or_none()
+        owner = _owner_locked(session, (_STEP_OWNER, _STEP_OWNER_LOCKING), step_id)
     found = None
     if owner is not None:
         _lock_player(session, owner)
-        done = connection.execute(
-            _COMPLETE_FAST,
+        done = _COMPLETE_FAST.execute(
+            session,
             {
                 "p_step": step_id,
                 "p_player": owner,
@@ -1095,9 +1137,9 @@ def complete_step(
                 "p_codec": codec_id,
                 "p_now": now,
             },
-        ).one_or_none()
+        ).first()
         if done is not None:
-            return StoredReceipt.of(done)
+            return StoredReceipt(*done)
         # The receipt, locked, with the bytes of the player's receipt ledger.
         found = connection.execute(
             select(
@@ -1217,6 +1259,21 @@ def _digest(request: journal_pb2.CommitRequest) -> bytes:
     return content.digest()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """A Commit request that passed validation, with what applying it needs."""
+
+    request: journal_pb2.CommitRequest
+    locks_player: bool
+    """Whether it holds receipt or transition operations (they take the player's lock)."""
+    digest: bytes
+
+    @classmethod
+    def of(cls, request: journal_pb2.CommitRequest) -> _Batch:
+        """Validates `request`; INVALID_ARGUMENT when it is not a batch that may be applied."""
+        return cls(request, _validate_batch(request), _digest(request))
+
+
 def _apply(
     session: Session,
     bounds: JournalBounds,
@@ -1289,28 +1346,31 @@ def _apply(
 # -- the store ---------------------------------------------------------------------------------
 
 
-# INSERT ... ON CONFLICT DO NOTHING of a batch's row, built once. The count kept: SQLAlchemy
-# reports no affected-row count for an INSERT on psycopg unless asked to.
+# INSERT ... ON CONFLICT DO NOTHING of a batch's row, built once; its row count (1: inserted,
+# 0: the batch was there) tells whether this attempt applies the batch.
 _BATCHES = BatchRow.__table__
-_BATCH_INSERT_SQLITE = (
-    sqlite_insert(_BATCHES).on_conflict_do_nothing().execution_options(preserve_rowcount=True)
+_BATCH_COLUMNS = ["player_id", "request_id", "digest", "response", "created_at"]
+_BATCH_INSERT_SQLITE = FastStatement(
+    sqlite_insert(_BATCHES).on_conflict_do_nothing(), column_keys=_BATCH_COLUMNS
 )
-_BATCH_INSERT_POSTGRESQL = (
-    postgresql_insert(_BATCHES).on_conflict_do_nothing().execution_options(preserve_rowcount=True)
+_BATCH_INSERT_POSTGRESQL = FastStatement(
+    postgresql_insert(_BATCHES).on_conflict_do_nothing(), column_keys=_BATCH_COLUMNS
 )
-_BATCH_INSERT_LOCKING = (
+_BATCH_INSERT_LOCKING = FastStatement(
     postgresql_insert(_BATCHES)
     .on_conflict_do_nothing()
     .returning(
         func.pg_advisory_xact_lock(
             func.hashtextextended(bindparam("p_lock_key", type_=String), 0)
         ).is_(None)
-    )
+    ),
+    column_keys=_BATCH_COLUMNS,
 )
 
 
 class JournalStore:
-    """Tasks, receipts, leases and batches. Each method is one transaction.
+    """Tasks, receipts, leases and batches. Each method is one transaction, except the `*_in`
+    methods and `commit_unit`, which do their work in a transaction the caller owns.
 
     Args:
         sessions: makes sessions on the storage engine.
@@ -1444,14 +1504,11 @@ class JournalStore:
                 )
         return claims
 
-    @contextlib.contextmanager
-    def _fenced(self, fence: journal_pb2.Fence | None) -> Iterator[tuple[Session, dt.datetime]]:
-        """One transaction for a write made under `fence` (checked first); yields the session
-        and the time the write is stamped with."""
-        now = self._now()
+    def transaction(self, unit: Callable[[Session], T]) -> T:
+        """Runs `unit` in a transaction of its own (see `storage_service.group_commit` for
+        several in one)."""
         with self._sessions.begin() as session:
-            check_fence(session, fence, now)
-            yield session, now
+            return unit(session)
 
     def transition_task(
         self,
@@ -1461,17 +1518,40 @@ class JournalStore:
         result: common_pb2.AgentResult | None = None,
         fence: journal_pb2.Fence | None = None,
     ) -> journal_pb2.EventTask:
-        with self._fenced(fence) as (session, now):
-            row = transition_task(
-                session,
-                self._bounds,
-                now,
+        return self.transaction(
+            functools.partial(
+                self.transition_task_in,
                 task_id=task_id,
                 state=state,
                 expected_state=expected_state,
                 result=result,
+                fence=fence,
             )
-            return task_message(row)
+        )
+
+    def transition_task_in(
+        self,
+        session: Session,
+        *,
+        task_id: str,
+        state: int,
+        expected_state: int = TS.TASK_STATE_UNSPECIFIED,
+        result: common_pb2.AgentResult | None = None,
+        fence: journal_pb2.Fence | None = None,
+    ) -> journal_pb2.EventTask:
+        """`transition_task` inside the session's transaction."""
+        now = self._now()
+        check_fence(session, fence, now)
+        row = transition_task(
+            session,
+            self._bounds,
+            now,
+            task_id=task_id,
+            state=state,
+            expected_state=expected_state,
+            result=result,
+        )
+        return task_message(row)
 
     # -- receipts ------------------------------------------------------------------------------
 
@@ -1483,17 +1563,40 @@ class JournalStore:
         tool: str,
         fence: journal_pb2.Fence | None = None,
     ) -> tuple[journal_pb2.StepReceipt, bool]:
-        with self._fenced(fence) as (session, now):
-            row, created = record_step(
-                session,
-                self._bounds,
-                now,
+        return self.transaction(
+            functools.partial(
+                self.record_step_in,
                 step_id=step_id,
                 task_id=task_id,
                 position=position,
                 tool=tool,
+                fence=fence,
             )
-            return receipt_message(row), created
+        )
+
+    def record_step_in(
+        self,
+        session: Session,
+        *,
+        step_id: str,
+        task_id: str,
+        position: int,
+        tool: str,
+        fence: journal_pb2.Fence | None = None,
+    ) -> tuple[journal_pb2.StepReceipt, bool]:
+        """`record_step` inside the session's transaction."""
+        now = self._now()
+        check_fence(session, fence, now)
+        row, created = record_step(
+            session,
+            self._bounds,
+            now,
+            step_id=step_id,
+            task_id=task_id,
+            position=position,
+            tool=tool,
+        )
+        return receipt_message(row), created
 
     def complete_step(
         self,
@@ -1503,17 +1606,40 @@ class JournalStore:
         codec_id: str,
         fence: journal_pb2.Fence | None = None,
     ) -> journal_pb2.StepReceipt:
-        with self._fenced(fence) as (session, now):
-            row = complete_step(
-                session,
-                self._bounds,
-                now,
+        return self.transaction(
+            functools.partial(
+                self.complete_step_in,
                 step_id=step_id,
                 tool=tool,
                 result=result,
                 codec_id=codec_id,
+                fence=fence,
             )
-            return receipt_message(row)
+        )
+
+    def complete_step_in(
+        self,
+        session: Session,
+        *,
+        step_id: str,
+        tool: str,
+        result: bytes,
+        codec_id: str,
+        fence: journal_pb2.Fence | None = None,
+    ) -> journal_pb2.StepReceipt:
+        """`complete_step` inside the session's transaction."""
+        now = self._now()
+        check_fence(session, fence, now)
+        row = complete_step(
+            session,
+            self._bounds,
+            now,
+            step_id=step_id,
+            tool=tool,
+            result=result,
+            codec_id=codec_id,
+        )
+        return receipt_message(row)
 
     def get_step(self, step_id: str, tool: str) -> journal_pb2.StepReceipt:
         """The receipt for replay; FAILED_PRECONDITION when it was recorded for another tool."""
@@ -1581,55 +1707,82 @@ class JournalStore:
         failing operation rolls everything back, that row included, so a failed batch may be
         retried with the same request id.
         """
-        locks_player = _validate_batch(request)
-        digest = _digest(request)
+        return self.transaction(self.commit_unit(request))
+
+    def commit_unit(
+        self, request: journal_pb2.CommitRequest
+    ) -> Callable[[Session], journal_pb2.CommitResponse]:
+        """`commit` as work for a caller's transaction (a group: see
+        storage_service.group_commit). The request is validated now: INVALID_ARGUMENT here
+        costs no transaction."""
+        return functools.partial(self._apply_batch, batch=_Batch.of(request))
+
+    def commit_group(
+        self, requests: Sequence[journal_pb2.CommitRequest]
+    ) -> list[journal_pb2.CommitResponse | Exception]:
+        """Applies several batches in one transaction, each with the outcome `commit` would
+        have given it alone (see `storage_service.group_commit.run_group`); an invalid one is
+        refused without reaching the database."""
+        outcomes: list[journal_pb2.CommitResponse | Exception | None] = [None] * len(requests)
+        units: dict[int, Callable[[Session], journal_pb2.CommitResponse]] = {}
+        for index, request in enumerate(requests):
+            try:
+                units[index] = self.commit_unit(request)
+            except ServiceError as error:
+                outcomes[index] = error
+        ran = run_group(self._sessions, list(units.values()))
+        for index, outcome in zip(units, ran, strict=True):
+            outcomes[index] = outcome
+        return outcomes  # type: ignore[return-value]
+
+    def _apply_batch(self, session: Session, *, batch: _Batch) -> journal_pb2.CommitResponse:
+        """Applies one validated batch inside the session's current transaction."""
+        request = batch.request
         now = self._now()
-        with self._sessions.begin() as session:
-            values = {
-                "player_id": request.player_id,
-                "request_id": request.request_id,
-                "digest": digest,
-                "response": b"",
-                "created_at": now,
-            }
-            postgresql = session.get_bind().dialect.name == "postgresql"
-            if postgresql and locks_player:
-                # The player's ledger lock, which the batch's receipt and task operations take
-                # anyway, rides on the INSERT (one round trip less); it is evaluated only when
-                # the row was inserted, after any racing attempt of the same batch committed.
-                values["p_lock_key"] = _player_lock_key(request.player_id)
-                inserted = session.connection().execute(_BATCH_INSERT_LOCKING, values)
-                applies = inserted.first() is not None
-                if applies:
-                    _locks_held(session).add(request.player_id)
-            else:
-                inserted = session.connection().execute(
-                    _BATCH_INSERT_SQLITE if not postgresql else _BATCH_INSERT_POSTGRESQL, values
-                )
-                applies = inserted.rowcount == 1
-            if not applies:
-                return self._replay(session, request, digest)
-            check_fence(session, request.fence if request.HasField("fence") else None, now)
-            versions: list[int] = []
-            for index, operation in enumerate(request.operations):
-                kind = operation.WhichOneof("op")
-                assert kind is not None
-                try:
-                    _apply(session, self._bounds, now, request.player_id, operation, kind, versions)
-                except ServiceError as error:
-                    raise type(error)(f"operations[{index}] ({kind}): {error.message}") from error
-            response = journal_pb2.CommitResponse(versions=versions)
-            if not versions:  # the response is empty, as stored with the row already
-                return response
-            session.connection().execute(
-                update(BatchRow)
-                .where(
-                    BatchRow.player_id == request.player_id,
-                    BatchRow.request_id == request.request_id,
-                )
-                .values(response=response.SerializeToString())
+        values = {
+            "player_id": request.player_id,
+            "request_id": request.request_id,
+            "digest": batch.digest,
+            "response": b"",
+            "created_at": now,
+        }
+        postgresql = session.get_bind().dialect.name == "postgresql"
+        if postgresql and batch.locks_player:
+            # The player's ledger lock, which the batch's receipt and task operations take
+            # anyway, rides on the INSERT (one round trip less); it is evaluated only when
+            # the row was inserted, after any racing attempt of the same batch committed.
+            values["p_lock_key"] = _player_lock_key(request.player_id)
+            applies = _BATCH_INSERT_LOCKING.execute(session, values).first() is not None
+            if applies:
+                _locks_held(session).add(request.player_id)
+        else:
+            inserted = (_BATCH_INSERT_POSTGRESQL if postgresql else _BATCH_INSERT_SQLITE).execute(
+                session, values
             )
+            applies = inserted.rowcount == 1
+        if not applies:
+            return self._replay(session, request, batch.digest)
+        check_fence(session, request.fence if request.HasField("fence") else None, now)
+        versions: list[int] = []
+        for index, operation in enumerate(request.operations):
+            kind = operation.WhichOneof("op")
+            assert kind is not None
+            try:
+                _apply(session, self._bounds, now, request.player_id, operation, kind, versions)
+            except ServiceError as error:
+                raise type(error)(f"operations[{index}] ({kind}): {error.message}") from error
+        response = journal_pb2.CommitResponse(versions=versions)
+        if not versions:  # the response is empty, as stored with the row already
             return response
+        session.connection().execute(
+            update(BatchRow)
+            .where(
+                BatchRow.player_id == request.player_id,
+                BatchRow.request_id == request.request_id,
+            )
+            .values(response=response.SerializeToString())
+        )
+        return response
 
     @staticmethod
     def _replay(

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from storage_service.dbcall import run_db
+from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalStore
 
 __all__ = ["JournalServicer"]
+
+T = TypeVar("T")
 
 
 def _fence(request) -> journal_pb2.Fence | None:  # type: ignore[no-untyped-def]
@@ -17,10 +25,24 @@ def _fence(request) -> journal_pb2.Fence | None:  # type: ignore[no-untyped-def]
 class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
     """Thin: every method delegates to JournalStore in a worker thread. Typed errors the store
     raises become status codes in the server interceptor; an unreachable database becomes
-    UNAVAILABLE (see storage_service.dbcall)."""
+    UNAVAILABLE (see storage_service.dbcall).
 
-    def __init__(self, store: JournalStore) -> None:
+    Args:
+        store: the journal.
+        committer: runs the writes an engine makes for every step (Commit, RecordStep,
+            CompleteStep, TransitionTask) in shared transactions (see
+            storage_service.group_commit); without one each is a transaction of its own on
+            a worker thread.
+    """
+
+    def __init__(self, store: JournalStore, committer: GroupCommitter | None = None) -> None:
         self._store = store
+        self._committer = committer
+
+    async def _write(self, unit: Callable[[Session], T]) -> T:
+        if self._committer is not None:
+            return await self._committer.run(unit)
+        return await run_db(self._store.transaction, unit)
 
     async def CreateTask(self, request, context):  # type: ignore[no-untyped-def]
         task, created, evicted = await run_db(
@@ -58,35 +80,41 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         return journal_pb2.ClaimTasksResponse(claims=claims)
 
     async def TransitionTask(self, request, context):  # type: ignore[no-untyped-def]
-        task = await run_db(
-            self._store.transition_task,
-            request.task_id,
-            request.state,
-            request.expected_state,
-            request.result if request.HasField("result") else None,
-            _fence(request),
+        task = await self._write(
+            functools.partial(
+                self._store.transition_task_in,
+                task_id=request.task_id,
+                state=request.state,
+                expected_state=request.expected_state,
+                result=request.result if request.HasField("result") else None,
+                fence=_fence(request),
+            )
         )
         return journal_pb2.TransitionTaskResponse(task=task)
 
     async def RecordStep(self, request, context):  # type: ignore[no-untyped-def]
-        receipt, created = await run_db(
-            self._store.record_step,
-            request.step_id,
-            request.task_id,
-            request.position,
-            request.tool,
-            _fence(request),
+        receipt, created = await self._write(
+            functools.partial(
+                self._store.record_step_in,
+                step_id=request.step_id,
+                task_id=request.task_id,
+                position=request.position,
+                tool=request.tool,
+                fence=_fence(request),
+            )
         )
         return journal_pb2.RecordStepResponse(receipt=receipt, created=created)
 
     async def CompleteStep(self, request, context):  # type: ignore[no-untyped-def]
-        receipt = await run_db(
-            self._store.complete_step,
-            request.step_id,
-            request.tool,
-            request.result,
-            request.codec_id,
-            _fence(request),
+        receipt = await self._write(
+            functools.partial(
+                self._store.complete_step_in,
+                step_id=request.step_id,
+                tool=request.tool,
+                result=request.result,
+                codec_id=request.codec_id,
+                fence=_fence(request),
+            )
         )
         return journal_pb2.CompleteStepResponse(receipt=receipt)
 
@@ -117,4 +145,5 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         return journal_pb2.ReleaseLeaseResponse(released=released)
 
     async def Commit(self, request, context):  # type: ignore[no-untyped-def]
-        return await run_db(self._store.commit, request)
+        # Validated here: a malformed batch is refused without waiting for a transaction.
+        return await self._write(self._store.commit_unit(request))

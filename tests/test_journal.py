@@ -31,6 +31,7 @@ from services.runtime.errors import (
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
+from storage_service.group_commit import GroupCommitter
 from storage_service.journal import (
     JournalBounds,
     JournalStore,
@@ -1104,12 +1105,16 @@ def test_bounded_task_ledger_matches_the_model(
 # -- the service in-process on port 0 -------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(params=["group-commit", "own-transactions"])
 async def stub(
+    request: pytest.FixtureRequest,
     database_url: str,
     sessions: sessionmaker,  # type: ignore[type-arg]
 ) -> AsyncIterator[journal_pb2_grpc.JournalServiceStub]:
-    servicer = JournalServicer(JournalStore(sessions, JournalBounds(task_max_entries=2)))
+    """The service as the app runs it (writes through the group committer) and with each
+    write in a transaction of its own."""
+    committer = GroupCommitter(sessions) if request.param == "group-commit" else None
+    servicer = JournalServicer(JournalStore(sessions, JournalBounds(task_max_entries=2)), committer)
     config = StorageConfig(port=0, metrics_port=-1, drain_seconds=0, database_url=database_url)
     host = ServiceHost(
         "storage",
@@ -1123,6 +1128,8 @@ async def stub(
             yield journal_pb2_grpc.JournalServiceStub(channel)
     finally:
         await host.stop()
+        if committer is not None:
+            committer.close()
 
 
 async def test_service_round_trip(stub: journal_pb2_grpc.JournalServiceStub) -> None:
