@@ -56,6 +56,7 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.storage
 	$(PYTHON) -m bench.router
 	$(PYTHON) -m bench.model_gateway
+	$(PYTHON) -m bench.engine
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
