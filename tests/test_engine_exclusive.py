@@ -394,7 +394,13 @@ async def _burst(running: Replicas, size: int, tag: str) -> tuple[int, int]:
                 call.result()
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             busy += 1
-    assert len(pending) == capacity and module.active == WORKERS  # the rest still held
+    # Every refusal came back while all accepted runs were still held.
+    assert len(pending) == capacity and not any(call.done() for call in pending)
+    for _ in range(100):  # the accepted ones reach the workers once their leases are taken
+        if module.active == WORKERS:
+            break
+        await asyncio.sleep(0.05)
+    assert module.active == WORKERS
     module.gate.set()
     results = await asyncio.gather(*pending)
     return busy, sum(r.result.status == SUCCEEDED for r in results)
