@@ -29,28 +29,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from bench.databases import database
 from bench.machine import describe_machine
 from bench.report import progress, summarize
 from engine_service.app import EngineApp
@@ -60,7 +56,6 @@ from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_DSN = "postgresql://127.0.0.1:5432/test"
 DIAMOND = "minecraft:story/mine_diamond"
 SUBMITTERS = 16
 
@@ -79,25 +74,6 @@ class CountingGame(GameServerClient):
             self.gives += 1
             self.last_give = time.perf_counter()
         return frame
-
-
-@contextlib.contextmanager
-def _database(backend: str, folder: Path) -> Iterator[str]:
-    if backend == "sqlite":
-        yield f"sqlite:///{folder / 'storage.db'}"
-        return
-    dsn = os.environ.get("BENCH_POSTGRES_DSN") or os.environ.get("TEST_POSTGRES_DSN") or DEFAULT_DSN
-    admin_url = make_url(dsn).set(drivername="postgresql+psycopg")
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    name = f"bench_engine_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _player(player_id: str) -> common_pb2.PlayerContext:
@@ -447,7 +423,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as data:
         folder = Path(data)
         for backend in args.backends:
-            with _database(backend, folder) as url:
+            with database(backend, folder, "bench_engine") as url:
                 results[backend] = await _bench_backend(backend, url, args, folder)
     return results
 

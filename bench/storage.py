@@ -63,18 +63,16 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from bench.databases import database
 from bench.machine import describe_machine
 from bench.report import summarize
 from services.stack.launcher import ROOT, free_port
@@ -92,7 +90,6 @@ WARMUP_SECONDS = 0.5
 TARGET_RECEIPTS_PER_S = 2000
 TARGET_OVERHEAD_P50_MS = 1.0
 CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]  # loopback only; ignore proxy settings
-DEFAULT_DSN = "postgresql://127.0.0.1:5432/test"
 
 # -- the writes -------------------------------------------------------------------------------
 
@@ -577,26 +574,6 @@ async def _overhead_probe(
 # -- databases ---------------------------------------------------------------------------------
 
 
-@contextmanager
-def _database(backend: str, folder: Path) -> Iterator[str]:
-    """The URL of an empty database for one backend; a PostgreSQL one is dropped afterwards."""
-    if backend == "sqlite":
-        yield f"sqlite:///{folder / 'bench.db'}"
-        return
-    dsn = os.environ.get("BENCH_POSTGRES_DSN") or os.environ.get("TEST_POSTGRES_DSN") or DEFAULT_DSN
-    admin_url = make_url(dsn).set(drivername="postgresql+psycopg")
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    name = f"bench_storage_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def run_backend(
     backend: str,
     clients: list[int],
@@ -607,7 +584,10 @@ def run_backend(
     """Every cell of one database, the transport figures of its storage process and, when
     both paths are measured, the interleaved one-client overhead probe."""
     cells: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as folder, _database(backend, Path(folder)) as url:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        database(backend, Path(folder), "bench_storage") as url,
+    ):
         storage = _StorageProcess(url, Path(folder) / "storage.log", settings)
         try:
             storage.wait_serving()  # it also creates the schema the direct store then finds

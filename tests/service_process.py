@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.stack.launcher import free_port
+
 __all__ = ["ServiceProcess", "free_port"]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ServiceProcess:
@@ -43,15 +38,22 @@ class ServiceProcess:
         self.port = free_port()
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
-        self._env = {
+        self._prefix = env_prefix
+        self._settings = settings
+
+    def _env(self) -> dict[str, str]:
+        """Built at each start, so a process given another port (say, a restart taking over
+        the port of the one it replaces) listens there."""
+        p = self._prefix
+        return {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")]),
-            f"{env_prefix}HOST": "127.0.0.1",
-            f"{env_prefix}PORT": str(self.port),
-            f"{env_prefix}METRICS_PORT": "-1",
-            f"{env_prefix}DRAIN_SECONDS": "0",
-            f"{env_prefix}GRACE_SECONDS": "1",
-            **{f"{env_prefix}{key}": value for key, value in settings.items()},
+            f"{p}HOST": "127.0.0.1",
+            f"{p}PORT": str(self.port),
+            f"{p}METRICS_PORT": "-1",
+            f"{p}DRAIN_SECONDS": "0",
+            f"{p}GRACE_SECONDS": "1",
+            **{f"{p}{key}": value for key, value in self._settings.items()},
         }
 
     @property
@@ -64,13 +66,15 @@ class ServiceProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", self.package],
                 cwd=ROOT,
-                env=self._env,
+                env=self._env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout
-        async with grpc.aio.insecure_channel(self.target) as channel:
+        # Loopback: never through a proxy the environment may name.
+        options = [("grpc.enable_http_proxy", 0)]
+        async with grpc.aio.insecure_channel(self.target, options=options) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self.process.poll() is not None:

@@ -22,11 +22,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -42,9 +39,10 @@ from sqlalchemy import exc as sa_exc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, player_data_pb2, player_data_pb2_grpc
 
 from services.runtime.errors import InvalidArgument, Unavailable
-from services.stack.launcher import ROOT, free_port
+from services.stack.launcher import free_port
 from storage_service.dbcall import UNAVAILABLE_MESSAGE, is_unavailable, run_db
 from tests.pgcluster import PgCluster
+from tests.service_process import ServiceProcess
 
 JOURNAL = "system.storage.v1.JournalService"
 PLAYER_DATA = "system.storage.v1.PlayerDataService"
@@ -163,86 +161,18 @@ async def test_run_db_real_refused_postgres_connection_is_unavailable() -> None:
 # -- the storage process ----------------------------------------------------------------------
 
 
-class StorageProcess:
+class StorageProcess(ServiceProcess):
     """`python -m storage_service` as a child process on a fixed port, so a restarted process
     answers on the address the clients' channels already dial."""
 
-    command = [sys.executable, "-m", "storage_service"]
-
     def __init__(self, database_url: str, workdir: Path) -> None:
+        super().__init__(
+            "storage_service",
+            "SYSTEM_STORAGE_",
+            {"DATABASE_URL": database_url, "LOG_LEVEL": "WARNING"},
+            workdir / "storage.log",
+        )
         self.database_url = database_url
-        self.port = free_port()
-        self.log_path = workdir / "storage.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _env(self) -> dict[str, str]:
-        p = "SYSTEM_STORAGE_"
-        return {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")]),
-            f"{p}HOST": "127.0.0.1",
-            f"{p}PORT": str(self.port),
-            f"{p}METRICS_PORT": "-1",
-            f"{p}DRAIN_SECONDS": "0",
-            f"{p}GRACE_SECONDS": "1",
-            f"{p}DATABASE_URL": self.database_url,
-            f"{p}LOG_LEVEL": "WARNING",
-        }
-
-    async def start(self, timeout: float = 30.0) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                cwd=ROOT,
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout
-        async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.process.poll() is not None:
-                    raise AssertionError(
-                        f"storage exited with {self.process.returncode}:\n{self.log_tail()}"
-                    )
-                try:
-                    response = await health.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-                    if response.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.aio.AioRpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"storage not serving after {timeout} s:\n{self.log_tail()}"
-                    )
-                await asyncio.sleep(0.05)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs, open transactions die with the process."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
 
 @dataclasses.dataclass
