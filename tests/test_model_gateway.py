@@ -7,7 +7,7 @@ import dataclasses
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import grpc
@@ -25,6 +25,7 @@ from services.model_gateway.provider import ChatProvider
 from services.model_testserver import FakeOpenAIServer, router_demo_reply
 from services.runtime import DeadlineExceeded, request_scope
 from services.runtime.config import ConfigError, load_config
+from tests.model_gateways import Gateway, gateways
 
 KEY = "test-key"
 USER = model_pb2.MESSAGE_ROLE_USER
@@ -42,37 +43,11 @@ def fake() -> Iterator[FakeOpenAIServer]:
         yield server
 
 
-Gateway = Callable[..., Awaitable[model_pb2_grpc.ModelGatewayServiceStub]]
-
-
 @pytest.fixture
 async def gateway(fake: FakeOpenAIServer) -> AsyncIterator[Gateway]:
     """Starts a gateway (pointed at `fake`, keyed with KEY unless overridden) and returns a stub."""
-    started: list[tuple[Any, grpc.aio.Channel]] = []
-
-    async def start(**overrides: Any) -> model_pb2_grpc.ModelGatewayServiceStub:
-        settings: dict[str, Any] = {
-            "port": 0,
-            "metrics_port": -1,
-            "drain_seconds": 0,
-            "grace_seconds": 1,
-            "base_url": fake.base_url,
-            "api_key": KEY,
-            "storage_target": "",  # metering has its own tests (test_model_metering.py)
-        }
-        config = ModelConfig(**{**settings, **overrides})
-        config.validate()
-        app = await create_app(config)
-        await app.host.start()
-        channel = grpc.aio.insecure_channel(app.host.target)
-        started.append((app, channel))
-        return model_pb2_grpc.ModelGatewayServiceStub(channel)
-
-    yield start
-    for app, channel in started:
-        await channel.close()
-        await app.host.stop()
-        await app.aclose()
+    async with gateways(base_url=fake.base_url, api_key=KEY) as start:
+        yield start
 
 
 async def _fails(call: Awaitable[Any]) -> grpc.aio.AioRpcError:

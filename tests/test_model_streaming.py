@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import grpc
 import pytest
-from system.model.v1 import model_pb2, model_pb2_grpc
+from system.model.v1 import model_pb2
 
-from services.model_gateway.app import create_app
-from services.model_gateway.config import ModelConfig
 from services.model_gateway.failures import failure_for
 from services.model_testserver import FakeOpenAIServer
 from services.results import AgentFailure
+from tests.model_gateways import Gateway, gateways
 
 KEY = "test-key"
 USER = model_pb2.MESSAGE_ROLE_USER
@@ -46,37 +45,10 @@ def fake() -> Iterator[FakeOpenAIServer]:
         yield server
 
 
-Gateway = Callable[..., Awaitable[model_pb2_grpc.ModelGatewayServiceStub]]
-
-
 @pytest.fixture
 async def gateway(fake: FakeOpenAIServer) -> AsyncIterator[Gateway]:
-    started: list[tuple[Any, grpc.aio.Channel]] = []
-
-    async def start(**overrides: Any) -> model_pb2_grpc.ModelGatewayServiceStub:
-        settings: dict[str, Any] = {
-            "port": 0,
-            "metrics_port": -1,
-            "drain_seconds": 0,
-            "grace_seconds": 1,
-            "base_url": fake.base_url,
-            "api_key": KEY,
-            "storage_target": "",
-            "retry_backoff_seconds": 0.01,
-        }
-        config = ModelConfig(**{**settings, **overrides})
-        config.validate()
-        app = await create_app(config)
-        await app.host.start()
-        channel = grpc.aio.insecure_channel(app.host.target)
-        started.append((app, channel))
-        return model_pb2_grpc.ModelGatewayServiceStub(channel)
-
-    yield start
-    for app, channel in started:
-        await channel.close()
-        await app.host.stop()
-        await app.aclose()
+    async with gateways(base_url=fake.base_url, api_key=KEY, retry_backoff_seconds=0.01) as start:
+        yield start
 
 
 async def _fails(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
