@@ -30,6 +30,8 @@ __all__ = ["EventRunner", "EventTasks", "decode_task_input", "encode_task_input"
 
 log = logging.getLogger("system.engine.events")
 
+CLAIM_GATHER_SECONDS = 0.02
+"""How long a woken runner waits before claiming, to claim work that arrives together at once."""
 MAX_EVENT_KEY = 128
 """Longest event key a game server may send (the module id is added to make the task key)."""
 
@@ -200,6 +202,9 @@ class EventRunner:
     async def _wait(self) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
+            # Woken by new work: let a little more arrive, so one claim (a locking query in
+            # storage) takes a batch instead of one task per submission.
+            await asyncio.sleep(CLAIM_GATHER_SECONDS)
         self._wake.clear()
 
     async def _hold(self, claim: Claim) -> None:
