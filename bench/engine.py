@@ -54,6 +54,7 @@ from engine_service.app import create_app as create_engine_app
 from engine_service.config import EngineConfig
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
+from services.stack.launcher import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DIAMOND = "minecraft:story/mine_diamond"
@@ -187,7 +188,7 @@ def _extra_engine(stack: Stack, index: int) -> subprocess.Popen[bytes]:
     """Another engine replica on the same storage and gateway (its own port and owner)."""
     spec = next(s for s in SERVICES if s.name == "engine")
     env = stack._env(spec)
-    port = str(_free_port())
+    port = str(free_port())
     env.update(
         {
             "SYSTEM_ENGINE_PORT": port,
@@ -203,12 +204,6 @@ def _extra_engine(stack: Stack, index: int) -> subprocess.Popen[bytes]:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-
-
-def _free_port() -> int:
-    from services.stack.launcher import free_port
-
-    return free_port()
 
 
 async def measure_events(

@@ -155,8 +155,6 @@ class EventRunner:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._runs: set[asyncio.Task[None]] = set()
-        self.finished = 0
-        """Tasks this runner took to a final state (or back to WAITING)."""
 
     def start(self) -> None:
         if self._loop_task is None:
@@ -212,11 +210,14 @@ class EventRunner:
         run = asyncio.current_task()
         assert run is not None
         renewer = asyncio.create_task(self._renew(claim, run))
-        released = False
+        # Given back unless the task reached its next state (then the lease no longer
+        # matters) or another replica already holds it (then our token is stale anyway).
+        give_back = True
         try:
             await self._executor.run(lambda: self._run(claim))
-            released = True
+            give_back = False
         except LeaseLost as exc:
+            give_back = False
             log.warning("task %s: lease lost, left to its new owner: %s", claim.task.task_id, exc)
         except asyncio.CancelledError:
             if renewer.done() and not renewer.cancelled():
@@ -228,7 +229,7 @@ class EventRunner:
         finally:
             renewer.cancel()
             self.wake()
-            if not released:
+            if give_back:
                 with contextlib.suppress(Exception):
                     await self._store.release(claim, self._owner)
 
@@ -244,7 +245,6 @@ class EventRunner:
             await steps.finish(journal_pb2.TASK_STATE_WAITING, None)
         else:
             await steps.finish(_TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED), result)
-        self.finished += 1
 
     async def _renew(self, claim: Claim, run: asyncio.Task[None]) -> None:
         """Renews the lease every third of its length; cancels the run once it fails."""
@@ -252,8 +252,6 @@ class EventRunner:
             while True:
                 await asyncio.sleep(self._lease_seconds / 3)
                 await self._store.renew(claim, self._owner, self._lease_seconds)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - lost or unreachable: we may no longer write
             log.warning("task %s: lease renewal failed: %s", claim.task.task_id, exc)
             run.cancel()

@@ -96,15 +96,6 @@ class ModelClient:
             response.finish_reason,
         )
 
-    async def configured(self) -> bool:
-        try:
-            status = await self._dep.stub.GetModelStatus(
-                model_pb2.GetModelStatusRequest(), timeout=2
-            )
-        except grpc.aio.AioRpcError:
-            return False
-        return status.configured
-
     async def web_search(
         self, player_id: str, session: str, query: str, language: str, timeout: float
     ) -> list[dict[str, Any]]:

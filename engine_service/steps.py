@@ -82,8 +82,6 @@ class TaskSteps:
         self._held: tuple[str, str, bytes, str] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._sending: list[asyncio.Task[None]] = []
-        self.replayed = 0
-        """Steps answered from receipts in this run."""
 
     async def run(
         self, spec: ToolSpec, call: Callable[[str], Awaitable[dict[str, Any]]]
@@ -108,7 +106,6 @@ class TaskSteps:
                 if receipt.state == journal_pb2.STEP_STATE_DONE:
                     if receipt.codec_id == NOT_DELIVERED_CODEC:
                         continue
-                    self.replayed += 1
                     return _decode(receipt)
                 if not spec.idempotent:
                     raise ModuleFailure(

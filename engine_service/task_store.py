@@ -260,12 +260,6 @@ class TaskStore:
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"task {task.task_id} could not be finished") from None
 
-    async def get(self, task_id: str) -> journal_pb2.EventTask:
-        response = await self._dep.stub.GetTask(
-            journal_pb2.GetTaskRequest(task_id=task_id), timeout=self._timeout
-        )
-        return response.task
-
     # -- receipts --------------------------------------------------------------------------
 
     async def record_step(

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import pathlib
 import secrets
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +30,7 @@ from router_service.config import RouterConfig
 from services.gamesim.client import GameServerClient
 from services.gateway.app import create_app as create_gateway
 from services.gateway.config import GatewayConfig
+from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 
@@ -132,15 +132,6 @@ class Chain:
             await self.stop(name)
 
 
-def _free_port() -> int:
-    """A loopback port free now. The gateway starts last but the engine must know its address
-    first (game tools go engine -> gateway); channels connect lazily, so a port chosen up front
-    is enough."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def running_chain(tmp_path: pathlib.Path, **gateway_overrides: Any) -> AsyncIterator[Chain]:
     """Starts storage, engine, router and gateway; stops them in reverse order on exit."""
@@ -154,7 +145,9 @@ async def running_chain(tmp_path: pathlib.Path, **gateway_overrides: Any) -> Asy
         apps["storage"] = storage
         await storage.host.start()
 
-        gateway_port = _free_port()
+        # The engine must know the gateway's address before the gateway starts (game tools go
+        # engine -> gateway); channels connect lazily, so a port chosen up front is enough.
+        gateway_port = free_port()
         engine = await create_engine(
             EngineConfig(
                 **_HOST,

@@ -20,7 +20,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
+
+from services.stack.launcher import free_port
 
 __all__ = ["PgCluster", "find_pg_bin"]
 
@@ -61,12 +62,6 @@ def find_pg_bin() -> Path | None:
         if all((folder / tool).is_file() for tool in ("initdb", "pg_ctl", "postgres")):
             return folder
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgCluster:
@@ -105,7 +100,7 @@ class PgCluster:
                 pytest.skip("running as root and `runuser` is missing; cannot drop to postgres")
             run_as = _SUPERUSER
         root = Path(tempfile.mkdtemp(prefix="pgcluster-"))
-        cluster = cls(bin_dir, root, _free_port(), run_as)
+        cluster = cls(bin_dir, root, free_port(), run_as)
         try:
             cluster.socket_dir.mkdir()
             if run_as:

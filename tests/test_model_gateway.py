@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
@@ -25,6 +24,7 @@ from services.model_gateway.provider import ChatProvider
 from services.model_testserver import FakeOpenAIServer, router_demo_reply
 from services.runtime import DeadlineExceeded, request_scope
 from services.runtime.config import ConfigError, load_config
+from services.stack.launcher import free_port
 from tests.model_gateways import Gateway, gateways
 
 KEY = "test-key"
@@ -251,9 +251,7 @@ async def test_wrong_key_is_refused_without_leaking_it(
 
 
 async def test_unreachable_provider_is_unavailable(gateway: Gateway) -> None:
-    with socket.socket() as probe:  # a port that was free a moment ago, now closed
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # free a moment ago: nothing listens there
     stub = await gateway(base_url=f"http://127.0.0.1:{port}/v1")
     error = await _fails(stub.Complete(_request(), timeout=5))
     assert error.code() == grpc.StatusCode.UNAVAILABLE

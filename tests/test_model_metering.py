@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from services.model_gateway.metering import Budgets, ExternalServicesOff, Used
 from services.model_gateway.usage_store import UsageStore
 from services.model_testserver import FakeOpenAIServer
 from services.runtime.errors import Unavailable
+from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from tests.service_process import ServiceProcess
@@ -237,9 +237,7 @@ async def test_external_services_off_is_refused(
 
 
 async def test_storage_down_is_unavailable_and_nothing_is_sent(fake: FakeOpenAIServer) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # free a moment ago: nothing listens there
     config = ModelConfig(
         **HOST, base_url=fake.base_url, api_key=KEY, storage_target=f"127.0.0.1:{port}"
     )

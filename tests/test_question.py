@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -47,6 +46,7 @@ from services.model_gateway.config import ModelConfig
 from services.model_testserver import FakeOpenAIServer
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.errors import PermissionDenied
+from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 
@@ -67,12 +67,6 @@ class MemoryHistory:
 
     async def list_history(self, player_id: str, page_size: int) -> list[common_pb2.HistoryEntry]:
         return []
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclasses.dataclass
@@ -345,7 +339,7 @@ async def test_a_composing_failure_shows_the_raw_findings(stack: Stack) -> None:
 
 
 async def test_a_database_error_is_an_error_not_nothing_found(stack: Stack) -> None:
-    engine = stack.engine(knowledge_target=f"127.0.0.1:{_free_port()}")
+    engine = stack.engine(knowledge_target=f"127.0.0.1:{free_port()}")
     await stack.external(True)
     result = await _ask(engine, UNKNOWN, "system:search", features=(SEARCH_FEATURE,))
     assert result.status == FAILED

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import socket
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from services.model_gateway.web.text import html_to_text
 from services.model_testserver import FakeOpenAIServer
 from services.results import AgentFailure
 from services.runtime.errors import PermissionDenied
+from services.stack.launcher import free_port
 from tests.model_gateways import Gateway, gateways
 
 KEY = "test-key"
@@ -146,9 +146,7 @@ async def test_no_search_provider_is_unavailable(gateway: Gateway) -> None:
 
 
 async def test_unreachable_search_provider(gateway: Gateway) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # free a moment ago: nothing listens there
     stub = await gateway(search_url=f"http://127.0.0.1:{port}")
     error = await _fails(stub.WebSearch(_search(), timeout=5))
     assert error.code() == grpc.StatusCode.UNAVAILABLE
