@@ -82,6 +82,7 @@ class EngineApp:
         await self.runner.stop()
         self.maintenance.shutdown()
         self.engine.interactive.shutdown()
+        await self.engine.flush_history()  # exchanges already answered still reach history
         await self.tasks.aclose()
         await self.runner_tasks.aclose()
         await self.models.aclose()

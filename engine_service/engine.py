@@ -193,6 +193,8 @@ class Engine:
         self.game_tools = game_tools
         self.players = PlayerSnapshots()
         self.runs = runs if runs is not None else PlayerRuns(None, "local", 5)
+        # The history write of each player's latest exchange while it travels (see _record).
+        self._writing: dict[str, asyncio.Task[None]] = {}
 
     def update_player(self, player: common_pb2.PlayerContext) -> None:
         """A player's permissions changed (revoke, level, features): runs in progress see the
@@ -296,6 +298,8 @@ class Engine:
         )
         self.players.enter(player)
         try:
+            # The player's previous exchange is in history before this run can read it.
+            await self._written(player.player_id)
             if run.cancelled:
                 raise asyncio.CancelledError
             run.job = asyncio.ensure_future(
@@ -341,7 +345,7 @@ class Engine:
             },
         )
         if not run.cancelled:
-            await self._record(player, request_text or _describe(action), result)
+            run.written = self._record(player, request_text or _describe(action), result)
         return result
 
     async def run_event(
@@ -410,10 +414,47 @@ class Engine:
         """Cancels the player's run on this replica (only `request_id`'s when given)."""
         return self.runs.cancel(player_id, request_id)
 
-    async def _record(
+    async def _written(self, player_id: str) -> None:
+        """Waits for the player's history write in flight, if any (it is bounded by
+        history_timeout and never raises)."""
+        writing = self._writing.get(player_id)
+        if writing is not None:
+            await asyncio.wait([writing])
+
+    async def flush_history(self) -> None:
+        """Waits for every history write in flight (at shutdown, and in tests)."""
+        while self._writing:
+            await asyncio.wait(list(self._writing.values()))
+
+    def _record(
         self, player: common_pb2.PlayerContext, text: str, result: common_pb2.AgentResult
+    ) -> asyncio.Task[None]:
+        """Writes the exchange to history after the result has gone back: the player does not
+        wait for it. Order is kept: a player's writes go one after the other, the player's
+        next run on this replica waits for it before it starts (`_written`), and the player's
+        lease is released only once it is done (`Run.written`), so a run on another replica
+        cannot start before it either. A failure is logged and never reaches the player."""
+        player_id = player.player_id
+        previous = self._writing.get(player_id)
+        task = asyncio.ensure_future(self._write(previous, player, text, result))
+        self._writing[player_id] = task
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._writing.get(player_id) is done:
+                del self._writing[player_id]
+
+        task.add_done_callback(forget)
+        return task
+
+    async def _write(
+        self,
+        previous: asyncio.Task[None] | None,
+        player: common_pb2.PlayerContext,
+        text: str,
+        result: common_pb2.AgentResult,
     ) -> None:
-        """Writes the exchange to history; a failure is logged and never reaches the player."""
+        if previous is not None:
+            await asyncio.wait([previous])
         request_id = current_request_id()
         entries = [
             common_pb2.HistoryEntry(

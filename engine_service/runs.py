@@ -7,7 +7,7 @@ storage lease `player:<player_id>`, owned by this replica and renewed while the 
 - A request identical to the player's run in progress (same fingerprint: player, module,
   input and request text) is a duplicate: it waits for that run and gets its result.
 - Any other request of the player while a run is in progress is BUSY (ResourceExhausted),
-  here or on another replica (the lease is held).
+  here at once, on another replica once the lease has stayed held for `busy_wait`.
 - Storage that cannot be reached for the lease is Unavailable: nothing runs (fail closed).
 - `cancel` stops a run: its module task is cancelled and the run ends CANCELLED.
 
@@ -70,6 +70,8 @@ class Run:
     cancelled: bool = False
     lost_lease: bool = False
     duplicates: int = 0
+    # What must finish before the player's lease is given back (the run's history write).
+    written: asyncio.Future[Any] | None = None
 
 
 def _detached(coro: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -80,10 +82,17 @@ def _detached(coro: Awaitable[Any]) -> asyncio.Task[Any]:
 class PlayerRuns:
     """The runs in progress on this replica, one per player."""
 
-    def __init__(self, leases: PlayerLeases | None, owner: str, lease_seconds: int) -> None:
+    def __init__(
+        self,
+        leases: PlayerLeases | None,
+        owner: str,
+        lease_seconds: int,
+        busy_wait: float = 0.5,
+    ) -> None:
         self.leases = leases
         self.owner = owner
         self.lease_seconds = lease_seconds
+        self.busy_wait = busy_wait
         self._runs: dict[str, Run] = {}
         self._releasing: set[asyncio.Task[Any]] = set()
 
@@ -132,7 +141,7 @@ class PlayerRuns:
         if self.leases is None:
             return await body()
         name = lease_name(run.player_id)
-        token = await self.leases.acquire(name, self.owner, self.lease_seconds)
+        token = await self._acquire(name)
         keeper = _detached(self._keep(run, name, token))
         try:
             return await body()
@@ -140,13 +149,33 @@ class PlayerRuns:
             keeper.cancel()
             with contextlib.suppress(BaseException):
                 await keeper
-            # Released in the background: the player's slot frees at once, so a request right
-            # after this one (say, after a cancel) is not refused while the release travels.
+            # Released in the background (after the run's history write): the player's slot
+            # on this replica frees at once, so a request right after this one (say, after a
+            # cancel) is not refused while the write and the release travel.
             # A new acquisition by this replica gets a newer token, and storage refuses the old
             # token's late release, so the two can never clash.
-            release = _detached(self._release(name, token))
+            release = _detached(self._release(name, token, run.written))
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
+
+    async def _acquire(self, name: str) -> int:
+        """Takes the player's lease, asking again for up to `busy_wait` seconds while another
+        replica holds it: a replica gives the lease back just after its reply (once the
+        exchange is in history), so a player's next request that lands on another replica
+        right away waits those milliseconds instead of being refused. A run really in
+        progress elsewhere is BUSY after `busy_wait`."""
+        assert self.leases is not None
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.busy_wait
+        delay = 0.005
+        while True:
+            try:
+                return await self.leases.acquire(name, self.owner, self.lease_seconds)
+            except ResourceExhausted:
+                if loop.time() + delay > give_up:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     async def _keep(self, run: Run, name: str, token: int) -> None:
         """Renews the lease every third of its length; a lease that cannot be renewed stops
@@ -163,8 +192,12 @@ class PlayerRuns:
                     run.job.cancel()
                 return
 
-    async def _release(self, name: str, token: int) -> None:
+    async def _release(self, name: str, token: int, after: asyncio.Future[Any] | None) -> None:
         assert self.leases is not None
+        if after is not None:
+            # Until the run's history write is stored, no other replica may start a run of
+            # this player that could read the history without it.
+            await asyncio.wait([after])
         try:
             await self.leases.release(name, self.owner, token)
         except Exception as exc:  # noqa: BLE001 - the lease expires on its own

@@ -580,26 +580,80 @@ def _take(row: LeaseRow, owner: str, ttl_seconds: int, now: dt.datetime) -> Leas
     return row
 
 
-def acquire_lease(
-    session: Session, name: str, owner: str, ttl_seconds: int, now: dt.datetime
-) -> LeaseRow:
-    """Takes `name` for `owner` until now + ttl when it is free, expired or already the
-    owner's; every acquisition gets a larger token. FAILED_PRECONDITION when someone else
-    holds it."""
-    _check_id(name, "name")
-    _check_id(owner, "owner")
-    _check_ttl(ttl_seconds, "ttl_seconds")
-    row = _lease_row(session, name)
-    if _live(row, now) and row.owner != owner:
-        assert row.expires_at is not None
-        raise FailedPrecondition(
-            f"lease {name!r} is held by {row.owner!r} until "
-            f"{_aware(row.expires_at).isoformat()}; try again after it expires"
-        )
-    return _take(row, owner, ttl_seconds, now)
+def _acquire_statement(dialect_insert, greatest) -> FastStatement:  # type: ignore[no-untyped-def]
+    """One statement that makes the row or takes it over when it is free, expired or already
+    the owner's, returning the new token; no row comes back when someone else holds it."""
+    inserted = dialect_insert(_LEASES).values(
+        name=bindparam("name", type_=String),
+        owner=bindparam("owner", type_=String),
+        token=bindparam("token", type_=BigInteger),
+        expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type),
+    )
+    return FastStatement(
+        inserted.on_conflict_do_update(
+            index_elements=[_LEASES.c.name],
+            set_={
+                "owner": inserted.excluded.owner,
+                "token": greatest(_LEASES.c.token + 1, inserted.excluded.token),
+                "expires_at": inserted.excluded.expires_at,
+            },
+            where=or_(
+                _LEASES.c.owner.is_(None),
+                _LEASES.c.expires_at.is_(None),
+                _LEASES.c.expires_at <= bindparam("now", type_=_LEASES.c.expires_at.type),
+                _LEASES.c.owner == inserted.excluded.owner,
+            ),
+        ).returning(_LEASES.c.token)
+    )
 
 
 _LEASES = LeaseRow.__table__
+# SQLite's two-argument max() is PostgreSQL's greatest().
+_ACQUIRE_SQLITE = _acquire_statement(sqlite_insert, func.max)
+_ACQUIRE_POSTGRESQL = _acquire_statement(postgresql_insert, func.greatest)
+
+
+def acquire_lease(
+    session: Session, name: str, owner: str, ttl_seconds: int, now: dt.datetime
+) -> journal_pb2.Lease:
+    """Takes `name` for `owner` until now + ttl when it is free, expired or already the
+    owner's; every acquisition gets a larger token (see _next_token). FAILED_PRECONDITION when
+    someone else holds it.
+
+    One statement (an upsert that only updates a row it may take, returning the token): the
+    player's lease is taken before every interactive run, so its cost is on every request's
+    critical path."""
+    _check_id(name, "name")
+    _check_id(owner, "owner")
+    _check_ttl(ttl_seconds, "ttl_seconds")
+    expires_at = now + dt.timedelta(seconds=ttl_seconds)
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    taken = (
+        (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL)
+        .execute(
+            session,
+            {
+                "name": name,
+                "owner": owner,
+                "token": _micros(now),
+                "expires_at": expires_at,
+                "now": now,
+            },
+        )
+        .first()
+    )
+    if taken is None:
+        holder = session.get(LeaseRow, name)
+        assert holder is not None and holder.expires_at is not None
+        raise FailedPrecondition(
+            f"lease {name!r} is held by {holder.owner!r} until "
+            f"{_aware(holder.expires_at).isoformat()}; try again after it expires"
+        )
+    lease = journal_pb2.Lease(name=name, owner=owner, token=int(taken[0]))
+    lease.expires_at.FromDatetime(expires_at)
+    return lease
+
+
 _FENCE_QUERY = FastStatement(
     select(_LEASES.c.name, _LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at)  # type: ignore[attr-defined]
     .where(_LEASES.c.name == bindparam("name", type_=String))  # type: ignore[attr-defined]
@@ -1663,7 +1717,7 @@ class JournalStore:
     def acquire_lease(self, name: str, owner: str, ttl_seconds: int) -> journal_pb2.Lease:
         now = self._now()
         with self._sessions.begin() as session:
-            return _lease_message(acquire_lease(session, name, owner, ttl_seconds, now))
+            return acquire_lease(session, name, owner, ttl_seconds, now)
 
     def renew_lease(self, name: str, owner: str, token: int, ttl_seconds: int) -> journal_pb2.Lease:
         """Extends a lease the caller holds (also after it expired, if nobody took it since)."""

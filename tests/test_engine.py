@@ -32,6 +32,7 @@ from engine_service.registry import (
     RegistryError,
     load_entry_point_modules,
 )
+from engine_service.runs import PlayerRuns
 from engine_service.schema import check_input
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 from services.runtime.context import request_scope
@@ -455,6 +456,7 @@ async def test_execute_records_the_exchange_in_history() -> None:
     with request_scope("req-1"):
         result = await engine.execute(_player(), _action("system:help"), "帮助")
     assert result.status == SUCCEEDED
+    await engine.flush_history()  # written after the result went back
     player_entry, assistant_entry = history.entries["p-1"]
     assert player_entry.role == common_pb2.HISTORY_ROLE_PLAYER
     assert player_entry.text == "帮助"
@@ -469,6 +471,7 @@ async def test_history_describes_an_action_without_text() -> None:
     engine = _engine(history=history)
     await engine.execute(_player(), _action("system:help"), "")
     await engine.execute(_player(), _action("system:help", topic="历史"), "")
+    await engine.flush_history()
     texts = [e.text for e in history.entries["p-1"] if e.role == common_pb2.HISTORY_ROLE_PLAYER]
     assert texts == ["system:help", 'system:help {"topic": "历史"}']
 
@@ -479,7 +482,60 @@ async def test_failing_history_does_not_fail_the_result(history: MemoryHistory) 
     started = time.monotonic()
     result = await engine.execute(_player(), _action("system:help"), "help")
     assert result.status == SUCCEEDED
+    # The player's next request waits for the failing write only as long as history_timeout.
+    result = await engine.execute(_player(), _action("system:help"), "help again")
+    assert result.status == SUCCEEDED
+    await engine.flush_history()
     assert time.monotonic() - started < 2  # bounded by history_timeout
+
+
+class GatedHistory(MemoryHistory):
+    """Holds every write until `open` is set, so a test sees what waits for history."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = asyncio.Event()
+        self.writes = 0
+
+    async def append_history(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> None:
+        self.writes += 1
+        await self.open.wait()
+        await super().append_history(player_id, entries)
+
+
+async def test_the_result_does_not_wait_for_the_history_write() -> None:
+    history = GatedHistory()
+    engine = _engine(history=history)
+    result = await asyncio.wait_for(engine.execute(_player(), _action("system:help"), "a"), 2)
+    assert result.status == SUCCEEDED
+    await asyncio.sleep(0)
+    assert history.writes == 1 and history.entries == {}  # still in flight
+    history.open.set()
+    await engine.flush_history()
+    assert len(history.entries["p-1"]) == 2
+
+
+async def test_a_players_next_run_reads_history_with_the_previous_exchange() -> None:
+    """The next run of the player starts only once the previous exchange is stored, and
+    writes keep the order of the exchanges."""
+    history = GatedHistory()
+    seen: list[list[str]] = []
+
+    async def reads(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        seen.append([e.text for e in await history.list_history("p-1", 10)])
+        return await _ok(data, ctx)
+
+    engine = _engine(_registry(_module("test:reads", reads)), history)
+    await engine.execute(_player(), _action("test:reads"), "first")
+    second = asyncio.ensure_future(engine.execute(_player(), _action("test:reads"), "second"))
+    await asyncio.sleep(0.05)
+    assert not second.done() and seen == [[]]  # waits for "first" to be stored
+    history.open.set()
+    await second
+    await engine.flush_history()
+    assert seen[1][0] == "first"
+    players = [e.text for e in history.entries["p-1"] if e.role == common_pb2.HISTORY_ROLE_PLAYER]
+    assert players == ["first", "second"]
 
 
 async def test_full_interactive_queue_is_resource_exhausted() -> None:
@@ -757,18 +813,20 @@ async def test_service_executes_and_records_history(services: Services) -> None:
     assert response.result.status == SUCCEEDED
     assert response.result.card.template == "system:help"
     assert response.result.card.title == "助手帮助"
+    # The exchange is written after the reply; the player's next run waits for it, so the
+    # history module, asked right away, shows it.
+    shown = await services.engine.Execute(_execute("system:history", "历史"), timeout=10)
+    assert shown.result.status == SUCCEEDED
+    assert [line.text for line in shown.result.card.lines][0] == "你: 帮助"
     listed = await services.storage.ListHistory(
         storage_pb2.ListHistoryRequest(player_id="steve", page_size=10), timeout=5
     )
-    assert [e.role for e in listed.entries] == [
+    assert [e.role for e in listed.entries][:2] == [
         common_pb2.HISTORY_ROLE_PLAYER,
         common_pb2.HISTORY_ROLE_ASSISTANT,
     ]
     assert listed.entries[0].text == "帮助"
     assert listed.entries[1].result.card.title == "助手帮助"
-    shown = await services.engine.Execute(_execute("system:history", "历史"), timeout=10)
-    assert shown.result.status == SUCCEEDED
-    assert [line.text for line in shown.result.card.lines][0] == "你: 帮助"
 
 
 async def test_service_refuses_bad_requests(services: Services) -> None:
@@ -843,3 +901,51 @@ def test_semantic_profiles_reach_the_catalogue() -> None:
     examples = {e.language: list(e.examples) for e in profile.examples}
     assert "帮助" in examples["zh"] and "help" in examples["en"]
     assert profile.read_only_tools and profile.shortcut
+
+
+class RecordingLeases:
+    """PlayerLeases in memory, recording what happened in order."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.token = 0
+
+    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int:
+        self.token += 1
+        self.log.append(f"acquire {self.token}")
+        return self.token
+
+    async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None:
+        pass
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        self.log.append(f"release {token}")
+
+
+async def test_the_player_lease_is_given_back_only_after_the_history_write() -> None:
+    """Another replica cannot start a run of the player before the exchange is stored."""
+    events: list[str] = []
+
+    class LoggedHistory(GatedHistory):
+        async def append_history(self, player_id: str, entries: Any) -> None:
+            await super().append_history(player_id, entries)
+            events.append("history")
+
+    history = LoggedHistory()
+    engine = Engine(
+        _registry(),
+        history,
+        BoundedExecutor("interactive", 4, 8),
+        execute_timeout=5.0,
+        history_timeout=1.0,
+        runs=PlayerRuns(RecordingLeases(events), "replica-a", 5),
+    )
+    result = await engine.execute(_player(), _action("system:help"), "help")
+    assert result.status == SUCCEEDED
+    await asyncio.sleep(0.05)
+    assert events == ["acquire 1"]  # answered; the write and so the release still wait
+    history.open.set()
+    await engine.flush_history()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert events == ["acquire 1", "history", "release 1"]

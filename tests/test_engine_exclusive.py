@@ -253,7 +253,8 @@ async def test_duplicates_share_one_run(replicas: Replicas) -> None:
     assert replicas.module.runs == 1
     assert all(result == results[0] for result in results)
     assert results[0].status == SUCCEEDED
-    # One exchange in history, not four.
+    # One exchange in history, not four (written before the lease is released).
+    assert await _lease_freed(replicas.journal, "p-dup")
     async with grpc.aio.insecure_channel(replicas.storage_target) as channel:
         page = await storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
             storage_pb2.ListHistoryRequest(player_id="p-dup")
@@ -289,6 +290,7 @@ async def test_cancel_run_stops_the_run_and_releases_the_lease(replicas: Replica
     assert (await second.Execute(_request("p-cancel", n=1), timeout=5)).result.status == SUCCEEDED
     assert time.monotonic() - started < 1.5
     # No history entry for the cancelled run: only the second exchange.
+    assert await _lease_freed(replicas.journal, "p-cancel")
     async with grpc.aio.insecure_channel(replicas.storage_target) as channel:
         page = await storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
             storage_pb2.ListHistoryRequest(player_id="p-cancel")

@@ -91,9 +91,16 @@ async def next_error(
 
 
 async def history(chain: Chain, player: str) -> list[common_pb2.HistoryEntry]:
-    page = await chain.storage_stub().ListHistory(
-        storage_pb2.ListHistoryRequest(player_id=player, page_size=100), timeout=5
-    )
+    """The player's stored history once it has settled: the engine writes each exchange just
+    after its reply, so two reads 50 ms apart must agree."""
+    request = storage_pb2.ListHistoryRequest(player_id=player, page_size=100)
+    page = await chain.storage_stub().ListHistory(request, timeout=5)
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        again = await chain.storage_stub().ListHistory(request, timeout=5)
+        if again == page:
+            break
+        page = again
     return list(page.entries)
 
 
