@@ -613,6 +613,18 @@ _ACQUIRE_SQLITE = _acquire_statement(sqlite_insert, func.max)
 _ACQUIRE_POSTGRESQL = _acquire_statement(postgresql_insert, func.greatest)
 
 
+# Every interactive run gives its player's lease back: one statement on the driver's cursor.
+_RELEASE = FastStatement(
+    update(_LEASES)
+    .where(
+        _LEASES.c.name == bindparam("name", type_=String),
+        _LEASES.c.owner == bindparam("holder", type_=String),
+        _LEASES.c.token == bindparam("held_token", type_=BigInteger),
+    )
+    .values(owner=None, expires_at=None)
+)
+
+
 def acquire_lease(
     session: Session, name: str, owner: str, ttl_seconds: int, now: dt.datetime
 ) -> journal_pb2.Lease:
@@ -1744,10 +1756,8 @@ class JournalStore:
         _check_id(owner, "owner")
         _check_token(token)
         with self._sessions.begin() as session:
-            released = session.execute(
-                update(LeaseRow)
-                .where(LeaseRow.name == name, LeaseRow.owner == owner, LeaseRow.token == token)
-                .values(owner=None, expires_at=None)
+            released = _RELEASE.execute(
+                session, {"name": name, "holder": owner, "held_token": token}
             )
             return released.rowcount == 1
 
