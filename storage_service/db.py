@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +94,64 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.close()
 
 
+# How long a transaction waits for another to end before "database is locked" (busy_timeout).
+SQLITE_BUSY_SECONDS = 5.0
+
+
+class _SerializedConnection(sqlite3.Connection):
+    """A SQLite connection whose transactions queue on a lock shared by the engine's
+    connections before BEGIN IMMEDIATE, and give it back once COMMIT or ROLLBACK is done.
+
+    Every transaction here takes SQLite's write lock at its start (see _sqlite_begin), so only
+    one runs at a time anyway; what this changes is how the others wait. SQLite's busy
+    handler polls with sleeps of 1, 2, 5, ... up to 100 ms, so under concurrent writes (the
+    group committer beside worker threads) a waiting transaction slept far longer than the
+    one it waited for; a thread blocked on this lock wakes as soon as it is free. SQLite still
+    enforces the locking itself (another process on the same file, say): the lock only
+    orders this engine's threads.
+    """
+
+    _write_lock: threading.Lock  # set per engine by make_engine's subclass
+    _holds_write_lock = False
+
+    def begin_immediate(self) -> None:
+        if not self._write_lock.acquire(timeout=SQLITE_BUSY_SECONDS):
+            raise sqlite3.OperationalError("database is locked")
+        self._holds_write_lock = True
+        try:
+            self.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._release_write_lock()
+            raise
+
+    def _release_write_lock(self) -> None:
+        if self._holds_write_lock:
+            self._holds_write_lock = False
+            self._write_lock.release()
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        finally:
+            self._release_write_lock()
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:
+            self._release_write_lock()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._release_write_lock()
+
+
 def _sqlite_begin(connection) -> None:  # type: ignore[no-untyped-def]
     # IMMEDIATE takes the write lock at the start, so two transactions that read then write
-    # wait for each other (busy_timeout) instead of failing on the lock upgrade.
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # wait for each other instead of failing on the lock upgrade.
+    connection.connection.driver_connection.begin_immediate()
 
 
 # PostgreSQL connections, and threads working on them (see app.py). Sized for throughput on a
@@ -114,7 +170,11 @@ def make_engine(database_url: str, extra_connections: int = 0) -> Engine:
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False})
+        # One lock per engine, shared by its connections (see _SerializedConnection).
+        factory = type(
+            "SerializedConnection", (_SerializedConnection,), {"_write_lock": threading.Lock()}
+        )
+        engine = create_engine(url, connect_args={"check_same_thread": False, "factory": factory})
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
     else:
