@@ -23,7 +23,12 @@ from services.runtime import context as request_context
 from services.runtime.channels import open_channel
 from services.runtime.config import ConfigError, ServerConfig, load_config
 from services.runtime.errors import InvalidArgument
-from services.runtime.logging import JsonFormatter
+from services.runtime.logging import (
+    ACCESS_LOGGER,
+    BatchingStreamHandler,
+    JsonFormatter,
+    access_handler,
+)
 from services.runtime.server import ServiceHost
 
 # --- config -----------------------------------------------------------------------------------
@@ -250,6 +255,53 @@ def test_json_log_lines_carry_service_request_id_and_extras() -> None:
     assert hello["ts"].endswith("Z")
     assert explicit["request_id"] == "other"
     assert "ValueError: boom" in failed["exc"]
+
+
+def test_access_line_is_the_line_a_log_record_would_make() -> None:
+    """The access log's fast path writes exactly what logging would have, timestamp aside."""
+    formatter = JsonFormatter("storage")
+    record = logging.getLogger(ACCESS_LOGGER).makeRecord(
+        ACCESS_LOGGER,
+        logging.INFO,
+        "",
+        0,
+        "rpc %s %s",
+        ("/a.B/C", "NOT_FOUND"),
+        None,
+        extra={"rpc": "/a.B/C", "code": "NOT_FOUND", "ms": 1.25},
+    )
+    for request_id in ('req-"1"\\', ""):
+        with request_context.request_scope(request_id or None):
+            slow = json.loads(formatter.format(record))
+            if not request_id:
+                slow.pop("request_id")
+        fast = json.loads(formatter.access_line("/a.B/C", "NOT_FOUND", 1.25, request_id))
+        slow.pop("ts"), fast.pop("ts")
+        assert list(fast.items()) == list(slow.items())
+
+
+def test_access_lines_go_through_logging_when_anything_else_listens() -> None:
+    stream = io.StringIO()
+    handler = BatchingStreamHandler(stream, interval=60)
+    handler.setFormatter(JsonFormatter("router"))
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    try:
+        root.handlers[:] = [handler]
+        assert access_handler() is handler
+        handler.append('{"msg": "x"}')
+        handler.flush()
+        assert stream.getvalue() == '{"msg": "x"}\n'
+        capture = logging.StreamHandler(io.StringIO())
+        root.handlers.append(capture)  # a test's capture, say: it must see every record
+        assert access_handler() is None
+        root.handlers.remove(capture)
+        logging.getLogger(ACCESS_LOGGER).addHandler(capture)
+        assert access_handler() is None
+        logging.getLogger(ACCESS_LOGGER).removeHandler(capture)
+    finally:
+        root.handlers[:] = saved
+        handler.close()
 
 
 # --- in-process gRPC --------------------------------------------------------------------------
