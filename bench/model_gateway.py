@@ -57,7 +57,8 @@ TEXT = "open the shop"
 MAX_TOKENS = 64
 TARGET_OVERHEAD_P50_MS = 2.0
 CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]  # loopback only; ignore proxy settings
-PATHS = ("direct", "gateway", "gateway+metering", "gateway+metering/call")
+PATHS = ("direct", "direct, raw chunks", "gateway", "gateway+metering", "gateway+metering/call")
+DIRECT_PATHS = ("direct", "direct, raw chunks")
 
 Call = Callable[[int], Awaitable[None]]
 
@@ -82,6 +83,14 @@ class _Process:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+
+    def cpu_seconds(self) -> float | None:
+        """User and system CPU time the process has used so far; None where /proc is missing."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def check(self) -> None:
         if self.process.poll() is not None:
@@ -174,6 +183,30 @@ def _calls(
         parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
         assert "".join(parts) == f"echo: {TEXT}"
 
+    async def call_direct_raw(index: int) -> None:
+        # What the gateway itself does with the provider (services/model_gateway/streaming.py):
+        # the same request through the client's `post`, chunks read as plain JSON.
+        stream = await direct.post(
+            "/chat/completions",
+            body={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": TEXT}],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            cast_to=object,
+            stream=True,
+            stream_cls=openai.AsyncStream[object],
+        )
+        parts = [
+            c["choices"][0]["delta"].get("content") or ""
+            async for c in stream
+            if c.get("choices")  # type: ignore[attr-defined]
+        ]
+        assert "".join(parts) == f"echo: {TEXT}"
+
     def via(stub: model_pb2_grpc.ModelGatewayServiceStub) -> Call:
         async def call(index: int) -> None:
             request = model_pb2.CompleteRequest(
@@ -186,13 +219,31 @@ def _calls(
 
         return call
 
-    return {"direct": call_direct, **{name: via(stub) for name, stub in stubs.items()}}
+    return {
+        "direct": call_direct,
+        "direct, raw chunks": call_direct_raw,
+        **{name: via(stub) for name, stub in stubs.items()},
+    }
+
+
+def _add_cpu(spent: float | None, before: float | None, after: float | None) -> float | None:
+    if spent is None or before is None or after is None:
+        return None
+    return spent + after - before
 
 
 async def _measure(
-    calls: dict[str, Call], concurrency: int, per_round: int, rounds: int
+    calls: dict[str, Call],
+    concurrency: int,
+    per_round: int,
+    rounds: int,
+    servers: dict[str, _Process],
 ) -> dict[str, Any]:
+    """Latency per path; for the gateway paths also the CPU time the gateway process spent per
+    call (`servers`: the gateway of each path), read between batches, outside the timings."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    # None where the CPU time cannot be read (no /proc).
+    cpu: dict[str, float | None] = {name: 0.0 for name in servers}
     for call in calls.values():  # warm-up: connections, caches, the first-call costs
         await _batch(call, max(concurrency, 20), concurrency, [])
     load_before = _load()
@@ -200,23 +251,35 @@ async def _measure(
     done = 0
     for _ in range(rounds):
         for name, call in calls.items():
+            before = servers[name].cpu_seconds() if name in servers else None
             await _batch(call, per_round, concurrency, samples[name])
+            if name in servers:
+                cpu[name] = _add_cpu(cpu[name], before, servers[name].cpu_seconds())
             done += 1
             progress(done, total, f"x{concurrency}")
     summaries = {name: summarize(values) for name, values in samples.items()}
-    base = summaries["direct"]
-    overhead = {
-        name: {
-            "p50_ms": round(s["p50_ms"] - base["p50_ms"], 3),
-            "p99_ms": round(s["p99_ms"] - base["p99_ms"], 3),
+    for name, seconds in cpu.items():
+        per_call = None if seconds is None else round(seconds * 1000 / (rounds * per_round), 3)
+        summaries[name]["server_cpu_ms_per_call"] = per_call  # type: ignore[assignment]
+
+    def added(baseline: str) -> dict[str, dict[str, float]]:
+        base = summaries[baseline]
+        return {
+            name: {
+                "p50_ms": round(s["p50_ms"] - base["p50_ms"], 3),
+                "p99_ms": round(s["p99_ms"] - base["p99_ms"], 3),
+            }
+            for name, s in summaries.items()
+            if name not in DIRECT_PATHS
         }
-        for name, s in summaries.items()
-        if name != "direct"
-    }
+
     return {
         "concurrency": concurrency,
         "latency": summaries,
-        "overhead": overhead,
+        "overhead": added("direct"),
+        # Against the client doing what the gateway does with the provider: the gateway's own
+        # cost (gRPC hop, checks, metering), without its cheaper chunk reading.
+        "overhead_raw": added("direct, raw chunks"),
         "load_before": load_before,
         "load_after": _load(),
     }
@@ -300,10 +363,11 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         }
         stubs = {name: model_pb2_grpc.ModelGatewayServiceStub(c) for name, c in channels.items()}
         calls = _calls(direct, stubs)
+        servers = {"gateway": plain, "gateway+metering": metered, "gateway+metering/call": per_call}
         cells = []
         for concurrency in args.concurrency:
             per_round = max(args.calls, concurrency * 4)
-            cells.append(await _measure(calls, concurrency, per_round, args.rounds))
+            cells.append(await _measure(calls, concurrency, per_round, args.rounds, servers))
         for channel in channels.values():
             await channel.close()
         await direct.close()
@@ -335,29 +399,39 @@ def _markdown(result: dict[str, Any]) -> str:
         f"`{result.get('uptime_start', '?')}`; at the end: `{result['uptime']}`.",
         "",
         "A chat completion against the local test server (echo reply, streamed): the `openai` "
-        "client calling it directly, versus Complete through the gateway without metering, "
+        "client calling it directly (`chat.completions.create`, chunks parsed into its models, "
+        "as an application would; and, as a second baseline, the client's `post` with chunks "
+        "read as plain JSON, which is what the gateway itself does with the provider), versus "
+        "Complete through the gateway without metering, "
         "with metering through the storage service (SQLite) on budget leases (production "
         "settings), and with metering making a reservation and a settle in storage per call "
         "(`lease_tokens` 0, the design before leases). Overhead is the path's figure minus "
         "direct's, in the same run; target: under "
         f"{result['settings']['target_overhead_p50_ms']} ms added at p50.",
         "",
-        "| concurrency | path | calls | p50 ms | p99 ms | added p50 ms | added p99 ms | load 1/5/15 min |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
+        "| concurrency | path | calls | p50 ms | p99 ms | added p50 ms | added p99 ms "
+        "| added p50 / p99 ms vs raw chunks | gateway CPU ms/call | load 1/5/15 min |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for cell in result["cells"]:
         load = "/".join(str(x) for x in cell["load_after"])
         for path, s in cell["latency"].items():
             added = cell["overhead"].get(path, {"p50_ms": "", "p99_ms": ""})
+            raw = cell.get("overhead_raw", {}).get(path)
+            versus_raw = f"{raw['p50_ms']} / {raw['p99_ms']}" if raw else ""
+            cpu = s.get("server_cpu_ms_per_call")
             lines.append(
                 f"| {cell['concurrency']} | {path} | {s['n']} | {s['p50_ms']} | {s['p99_ms']} "
-                f"| {added['p50_ms']} | {added['p99_ms']} | {load} |"
+                f"| {added['p50_ms']} | {added['p99_ms']} | {versus_raw} "
+                f"| {'' if cpu is None else cpu} | {load} |"
             )
     lines += [
         "",
         "All processes (test server, storage, three gateways, the clients) share the machine's "
         "cores, and other work ran beside them (see the load); at 64 concurrent calls the "
-        "figures are mostly queueing for those cores.",
+        "figures are mostly queueing for those cores. Gateway CPU is the user and system CPU "
+        "time the path's gateway process used per call (storage's is not included), read "
+        "from /proc between batches: steadier than latency on a shared machine.",
         "",
     ]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
@@ -237,6 +238,24 @@ async def test_provider_errors_map_to_status_codes(
     assert expected in error.details()
     assert len(fake.completions) == 1  # the openai client never retried on its own
     await _still_serves(stub, fake)
+
+
+async def test_provider_request_lines_only_for_failures(
+    gateway: Gateway, fake: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """httpx2's line per provider request repeats the gateway's own `model call` line: it is
+    dropped for successful requests and kept for failed ones."""
+    stub = await gateway(max_attempts=1)
+    caplog.set_level(logging.INFO)
+    await stub.Complete(_request(), timeout=5)
+    fake.script(status=500)
+    await _fails(stub.Complete(_request(), timeout=5))
+    lines = [r.getMessage() for r in caplog.records if r.name == "httpx2"]
+    assert len(lines) == 1 and "500" in lines[0]
+    calls = [r for r in caplog.records if r.getMessage().startswith("model call")]
+    assert [r.getMessage() for r in calls] == ["model call ok", "model call unavailable"]
+    failed = calls[-1].__dict__
+    assert (failed["player_id"], failed["outcome"], failed["attempts"]) == ("p1", "unavailable", 0)
 
 
 async def test_wrong_key_is_refused_without_leaking_it(

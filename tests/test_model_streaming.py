@@ -11,10 +11,21 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import grpc
+import httpx2
+import openai
 import pytest
 from system.model.v1 import model_pb2
 
+from services.model_gateway.chat import (
+    ChatMessage,
+    ChatRequest,
+    Limits,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+)
 from services.model_gateway.failures import failure_for
+from services.model_gateway.streaming import AttemptFailed, stream_once
 from services.model_testserver import FakeOpenAIServer
 from services.results import AgentFailure
 from tests.model_gateways import Gateway, gateways
@@ -348,6 +359,135 @@ async def test_invalid_tool_messages(
     error = await _fails(stub.Complete(request, timeout=5))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in error.details()
+
+
+# -- the raw stream: the same request as the typed client, the same reading of the answer ------
+
+
+def _rich_request() -> ChatRequest:
+    return ChatRequest(
+        messages=[
+            ChatMessage("system", "Answer with one JSON object."),
+            ChatMessage("user", "怎么合成钻石剑?"),
+            ChatMessage("assistant", "", (ToolCall("call_1", "web_search", '{"q": "x"}'),)),
+            ChatMessage("tool", "2 钻石 + 1 木棍", (), "call_1"),
+        ],
+        max_tokens=50,
+        temperature=0.7,
+        tools=[ToolSpec("web_search", "Search the web.", SEARCH_TOOL.parameters_json)],
+        tool_choice=ToolChoice("tool", "web_search"),
+        response_format="json_object",
+    )
+
+
+async def test_sends_what_the_typed_client_sends(fake: FakeOpenAIServer) -> None:
+    """The gateway posts through `client.post` to skip the per-call body transform; the body,
+    path and headers must stay what `chat.completions.create` sends."""
+    params = _rich_request().openai_params("deepseek-chat", Limits(10_000, 100, 1000))
+    async with openai.AsyncOpenAI(api_key=KEY, base_url=fake.base_url, max_retries=0) as client:
+        stream = await client.chat.completions.create(**params, timeout=5.0)
+        async for _ in stream:
+            pass
+        await stream_once(
+            client, params, first_token_timeout=5, total_timeout=5, attempt=1, base_url=""
+        )
+    typed, raw = fake.completions[-2:]
+    assert (raw.path, raw.json) == (typed.path, typed.json)
+    assert raw.headers.keys() == typed.headers.keys()
+    for name in ("authorization", "content-type", "accept", "user-agent"):
+        assert raw.headers[name] == typed.headers[name]
+
+
+def _sse(*events: Any) -> bytes:
+    lines = [f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events]
+    return "".join(lines).encode()
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None, **fields: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [choice],
+        **fields,
+    }
+
+
+async def _stream(body: bytes) -> Any:
+    """stream_once against a provider answering `body` as its event stream."""
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    async with openai.AsyncOpenAI(
+        api_key=KEY, base_url="http://provider.test/v1", http_client=http, max_retries=0
+    ) as client:
+        params = ChatRequest([ChatMessage("user", "hi")]).openai_params("m", Limits(100, 10, 10))
+        return await stream_once(
+            client, params, first_token_timeout=5, total_timeout=5, attempt=1, base_url=""
+        )
+
+
+async def test_raw_stream_assembles_content_tool_calls_and_usage() -> None:
+    usage = {
+        "prompt_tokens": 7,
+        "completion_tokens": 3,
+        "prompt_cache_hit_tokens": 5,
+        "prompt_cache_miss_tokens": 2,
+    }
+    call = {"index": 0, "id": "call_1", "type": "function"}
+    result = await _stream(
+        _sse(
+            _chunk({"role": "assistant", "content": ""}),
+            _chunk({"content": "he"}),
+            _chunk({"content": "llo"}),
+            _chunk({"tool_calls": [{**call, "function": {"name": "f", "arguments": '{"a"'}}]}),
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}),
+            _chunk({"content": "ignored"}, None) | {"choices": [{"index": 1, "delta": {}}]},
+            _chunk({}, "tool_calls"),
+            {"id": "c", "model": "m", "choices": [], "usage": usage},
+            "[DONE]",
+        )
+    )
+    assert (result.content, result.finish_reason, result.model) == ("hello", "tool_calls", "m")
+    assert [(c.id, c.name, c.arguments_json) for c in result.tool_calls] == [
+        ("call_1", "f", '{"a": 1}')
+    ]
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 3)
+    assert (result.prompt_cache_hit_tokens, result.prompt_cache_miss_tokens) == (5, 2)
+
+
+async def test_error_event_mid_stream_fails_after_output() -> None:
+    error = {"error": {"message": "overloaded", "type": "server_error"}}
+    with pytest.raises(AttemptFailed) as caught:
+        await _stream(_sse(_chunk({"content": "partial"}), error))
+    assert caught.value.output_started and not caught.value.retryable
+    assert caught.value.error.code == "UNAVAILABLE"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        [1, 2],
+        {"choices": "nope"},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "x"}]}}]},
+    ],
+)
+async def test_unreadable_chunk_is_unavailable(event: Any) -> None:
+    with pytest.raises(AttemptFailed) as caught:
+        await _stream(_sse(_chunk({"content": "x"}), event, _chunk({}, "stop"), "[DONE]"))
+    assert caught.value.error.code == "UNAVAILABLE"
+    assert "unreadable" in caught.value.error.message
+    assert not caught.value.retryable
+
+
+async def test_unreadable_usage_is_unavailable() -> None:
+    usage = {"id": "c", "model": "m", "choices": [], "usage": {"prompt_tokens": "many"}}
+    with pytest.raises(AttemptFailed) as caught:
+        await _stream(_sse(_chunk({"content": "x"}, "stop"), usage, "[DONE]"))
+    assert "unreadable" in caught.value.error.message
 
 
 def test_failure_catalogue_mapping() -> None:

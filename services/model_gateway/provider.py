@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from typing import Any
 
 import openai
 from prometheus_client import Counter
@@ -53,6 +54,13 @@ MODEL_RETRIES = Counter(
     "model_retries", "Provider calls repeated after a retryable failure before any output."
 )
 
+# Series looked up once: a labelled series costs a locked dictionary lookup per call otherwise.
+_TOKENS = {
+    direction: MODEL_TOKENS.labels(direction)
+    for direction in ("prompt", "completion", "prompt_cache_hit", "prompt_cache_miss")
+}
+_CALLS: dict[str, Any] = {}
+
 # Below this, a provider call cannot usefully start.
 MIN_CALL_SECONDS = 0.05
 
@@ -60,6 +68,57 @@ NO_KEY_MESSAGE = (
     "no model is configured: set SYSTEM_MODEL_API_KEY (or SYSTEM_MODEL_API_KEY_FILE, a file "
     "holding the key) on the model gateway; until then callers fall back to local routing"
 )
+
+
+def _count_call(outcome: str) -> None:
+    counter = _CALLS.get(outcome)
+    if counter is None:
+        counter = _CALLS[outcome] = MODEL_CALLS.labels(outcome)
+    counter.inc()
+
+
+def _count_tokens(result: Completion) -> None:
+    _TOKENS["prompt"].inc(result.prompt_tokens)
+    _TOKENS["completion"].inc(result.completion_tokens)
+    _TOKENS["prompt_cache_hit"].inc(result.prompt_cache_hit_tokens)
+    _TOKENS["prompt_cache_miss"].inc(result.prompt_cache_miss_tokens)
+
+
+def _log_call(request: ChatRequest, outcome: str, result: Completion | None, ms: float) -> None:
+    """The call's INFO line, built with makeRecord + handle as the access log's is: skips
+    Logger.info's stack walk for the caller, once per call."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    extra = {
+        "player_id": request.player_id,
+        "outcome": outcome,
+        "prompt_tokens": result.prompt_tokens if result else 0,
+        "completion_tokens": result.completion_tokens if result else 0,
+        "attempts": result.attempts if result else 0,
+        "ms": ms,
+    }
+    log.handle(
+        log.makeRecord(
+            log.name, logging.INFO, "", 0, "model call %s", (outcome,), None, extra=extra
+        )
+    )
+
+
+class _ProviderRequestLines(logging.Filter):
+    """Drops httpx2's INFO line for each successful request to the model provider: the
+    gateway's own `model call` line records every call, and the second line per call was a
+    measurable part of the gateway's CPU. Failed requests, and the web tools' requests, are
+    still logged."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__()
+        self._base_url = base_url.rstrip("/") + "/"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) != 5 or not isinstance(args[3], int):
+            return True  # not the request line this filter knows
+        return args[3] >= 400 or not str(args[1]).startswith(self._base_url)
 
 
 class _NotConfigured(Unavailable):
@@ -92,7 +151,9 @@ class ChatProvider:
             config.max_prompt_chars, config.default_max_tokens, config.max_answer_tokens
         )
         self._client: openai.AsyncOpenAI | None = None
+        self._quiet = _ProviderRequestLines(config.base_url)
         if config.configured:
+            logging.getLogger("httpx2").addFilter(self._quiet)
             self._client = openai.AsyncOpenAI(
                 api_key=config.key,
                 base_url=config.base_url,
@@ -105,6 +166,7 @@ class ChatProvider:
         return ModelStatus(configured=self._client is not None, model=self._config.model)
 
     async def aclose(self) -> None:
+        logging.getLogger("httpx2").removeFilter(self._quiet)
         if self._client is not None:
             await self._client.close()
 
@@ -141,24 +203,10 @@ class ChatProvider:
             outcome = "cancelled"
             raise
         finally:
-            MODEL_CALLS.labels(outcome).inc()
+            _count_call(outcome)
             if result is not None:
-                MODEL_TOKENS.labels("prompt").inc(result.prompt_tokens)
-                MODEL_TOKENS.labels("completion").inc(result.completion_tokens)
-                MODEL_TOKENS.labels("prompt_cache_hit").inc(result.prompt_cache_hit_tokens)
-                MODEL_TOKENS.labels("prompt_cache_miss").inc(result.prompt_cache_miss_tokens)
-            log.info(
-                "model call %s",
-                outcome,
-                extra={
-                    "player_id": request.player_id,
-                    "outcome": outcome,
-                    "prompt_tokens": result.prompt_tokens if result else 0,
-                    "completion_tokens": result.completion_tokens if result else 0,
-                    "attempts": result.attempts if result else 0,
-                    "ms": round((time.perf_counter() - started) * 1000, 3),
-                },
-            )
+                _count_tokens(result)
+            _log_call(request, outcome, result, round((time.perf_counter() - started) * 1000, 3))
 
     async def _metered(self, client: openai.AsyncOpenAI, request: ChatRequest) -> Completion:
         overall = remaining_seconds(self._config.request_timeout_seconds)
