@@ -9,13 +9,15 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import String, bindparam, delete, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow, upsert_ignore
+from storage_service.fastsql import FastStatement
 from storage_service.validation import check_player_id
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
@@ -63,6 +65,22 @@ def _decode_token(token: str) -> int:
         ) from None
 
 
+_HISTORY = HistoryRow.__table__
+_PREFERENCES = PreferenceRow.__table__
+_HISTORY_ENABLED = FastStatement(
+    select(_PREFERENCES.c.history_enabled).where(  # type: ignore[attr-defined]
+        _PREFERENCES.c.player_id == bindparam("player_id", type_=String)  # type: ignore[attr-defined]
+    )
+)
+_ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
+_INSERT_ENTRY = FastStatement(insert(_HISTORY), column_keys=_ENTRY_COLUMNS)
+_LEDGER = FastStatement(
+    select(func.count(), func.coalesce(func.sum(_HISTORY.c.size_bytes), 0)).where(  # type: ignore[attr-defined]
+        _HISTORY.c.player_id == bindparam("player_id", type_=String)  # type: ignore[attr-defined]
+    )
+)
+
+
 class ConversationStore:
     """Reads and writes history and preferences. Each method is one transaction."""
 
@@ -108,14 +126,17 @@ class ConversationStore:
         if not entries:
             raise InvalidArgument("entries must hold at least one entry")
         rows = [self._row(player_id, i, entry) for i, entry in enumerate(entries)]
+        # Every interactive request appends its exchange: statements on the driver's cursor
+        # (storage_service.fastsql) rather than ORM objects and a flush.
         with self._sessions.begin() as session:
-            if not _preferences(session.get(PreferenceRow, player_id)).history_enabled:
+            enabled = _HISTORY_ENABLED.execute(session, {"player_id": player_id}).first()
+            if enabled is not None and not enabled[0]:
                 return False, 0
-            session.add_all(rows)
-            session.flush()
+            for row in rows:
+                _INSERT_ENTRY.execute(session, row)
             return True, self._evict(session, player_id)
 
-    def _row(self, player_id: str, index: int, entry: common_pb2.HistoryEntry) -> HistoryRow:
+    def _row(self, player_id: str, index: int, entry: common_pb2.HistoryEntry) -> dict[str, Any]:
         if entry.role not in (common_pb2.HISTORY_ROLE_PLAYER, common_pb2.HISTORY_ROLE_ASSISTANT):
             raise InvalidArgument(f"entries[{index}].role must be PLAYER or ASSISTANT")
         if len(entry.text) > self._bounds.max_text_chars:
@@ -132,23 +153,21 @@ class ConversationStore:
             raise InvalidArgument(
                 f"entries[{index}] encodes to {size} bytes, over the {self._bounds.max_bytes} byte bound"
             )
-        return HistoryRow(
-            player_id=player_id,
-            role=entry.role,
-            text=entry.text,
-            result=result,
-            request_id=entry.request_id[:64],
-            size_bytes=size,
-            created_at=dt.datetime.now(dt.UTC),
-        )
+        return {
+            "player_id": player_id,
+            "role": entry.role,
+            "text": entry.text,
+            "result": result,
+            "request_id": entry.request_id[:64],
+            "size_bytes": size,
+            "created_at": dt.datetime.now(dt.UTC),
+        }
 
     def _evict(self, session: Session, player_id: str) -> int:
         """Deletes the player's oldest entries until both bounds hold; returns how many."""
-        count, total = session.execute(
-            select(func.count(), func.coalesce(func.sum(HistoryRow.size_bytes), 0)).where(
-                HistoryRow.player_id == player_id
-            )
-        ).one()
+        found = _LEDGER.execute(session, {"player_id": player_id}).first()
+        assert found is not None
+        count, total = found
         if count <= self._bounds.max_entries and total <= self._bounds.max_bytes:
             return 0
         oldest = session.execute(
