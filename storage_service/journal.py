@@ -84,8 +84,8 @@ from services.runtime.errors import (
     ServiceError,
 )
 from storage_service.db import Base, upsert_ignore
-from storage_service.fastsql import FastStatement
-from storage_service.group_commit import run_group
+from storage_service.fastsql import FastResult, FastStatement, Sent
+from storage_service.group_commit import NotApplied, run_group
 from storage_service.player_data import (
     KEEP_ON_RESET,
     add_usage,
@@ -986,6 +986,72 @@ _RECORD_FAST = _record_fast()
 _COMPLETE_FAST = _complete_fast()
 
 
+def _check_record(step_id: str, task_id: str, position: int, tool: str) -> None:
+    _check_id(step_id, "step_id")
+    _check_id(task_id, "task_id", MAX_TASK_ID)
+    _check_id(tool, "tool")
+    if not 0 <= position < 2**32:
+        raise InvalidArgument(f"position must be between 0 and {2**32 - 1}")
+
+
+def _record_params(
+    bounds: JournalBounds,
+    now: dt.datetime,
+    step_id: str,
+    task_id: str,
+    player_id: str,
+    position: int,
+    tool: str,
+    size: int,
+) -> dict[str, object]:
+    """The parameters of _RECORD_FAST."""
+    return {
+        "p_step": step_id,
+        "p_task": task_id,
+        "p_player": player_id,
+        "p_position": position,
+        "p_tool": tool,
+        "p_size": size,
+        "p_now": now,
+        "p_max_entries": bounds.receipt_max_entries,
+        "p_max_bytes": bounds.receipt_max_bytes,
+    }
+
+
+def _check_complete(
+    bounds: JournalBounds, step_id: str, tool: str, result: bytes, codec_id: str
+) -> None:
+    _check_id(step_id, "step_id")
+    _check_id(tool, "tool")
+    _check_id(codec_id, "codec_id")
+    if len(result) > bounds.max_result_bytes:
+        raise InvalidArgument(
+            f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
+        )
+
+
+def _complete_params(
+    bounds: JournalBounds,
+    now: dt.datetime,
+    step_id: str,
+    player_id: str,
+    tool: str,
+    result: bytes,
+    codec_id: str,
+) -> dict[str, object]:
+    """The parameters of _COMPLETE_FAST."""
+    return {
+        "p_step": step_id,
+        "p_player": player_id,
+        "p_tool": tool,
+        "p_grows": len(codec_id.encode()) + len(result),
+        "p_max_bytes": bounds.receipt_max_bytes,
+        "p_result": result,
+        "p_codec": codec_id,
+        "p_now": now,
+    }
+
+
 def _owner_queries(column, key):  # type: ignore[no-untyped-def]
     """The owner of the row whose `key` is :p_key: plainly, and (PostgreSQL) with the owner's
     ledger lock taken in the same statement, one round trip instead of two."""
@@ -1044,11 +1110,7 @@ def record_step(
     NOT_FOUND for a missing task; FAILED_PRECONDITION for a conflicting receipt or a task
     already final; STORAGE_FULL when the player's receipts are full of unfinished tasks'.
     """
-    _check_id(step_id, "step_id")
-    _check_id(task_id, "task_id", MAX_TASK_ID)
-    _check_id(tool, "tool")
-    if not 0 <= position < 2**32:
-        raise InvalidArgument(f"position must be between 0 and {2**32 - 1}")
+    _check_record(step_id, task_id, position, tool)
     connection = session.connection()
     owner = player_id
     if owner is None:
@@ -1065,18 +1127,7 @@ def record_step(
     size = receipt_size(step_id, task_id, owner, tool, "", None)
     if size <= bounds.receipt_max_bytes:
         inserted = _RECORD_FAST.execute(
-            session,
-            {
-                "p_step": step_id,
-                "p_task": task_id,
-                "p_player": owner,
-                "p_position": position,
-                "p_tool": tool,
-                "p_size": size,
-                "p_now": now,
-                "p_max_entries": bounds.receipt_max_entries,
-                "p_max_bytes": bounds.receipt_max_bytes,
-            },
+            session, _record_params(bounds, now, step_id, task_id, owner, position, tool, size)
         )
         if inserted.rowcount == 1:
             return StoredReceipt(
@@ -1177,13 +1228,7 @@ def complete_step(
     NOT_FOUND without a receipt; FAILED_PRECONDITION for another tool or a different result;
     STORAGE_FULL when the result does not fit the player's bound.
     """
-    _check_id(step_id, "step_id")
-    _check_id(tool, "tool")
-    _check_id(codec_id, "codec_id")
-    if len(result) > bounds.max_result_bytes:
-        raise InvalidArgument(
-            f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
-        )
+    _check_complete(bounds, step_id, tool, result, codec_id)
     connection = session.connection()
     owner = player_id
     if owner is None:
@@ -1192,17 +1237,7 @@ def complete_step(
     if owner is not None:
         _lock_player(session, owner)
         done = _COMPLETE_FAST.execute(
-            session,
-            {
-                "p_step": step_id,
-                "p_player": owner,
-                "p_tool": tool,
-                "p_grows": len(codec_id.encode()) + len(result),
-                "p_max_bytes": bounds.receipt_max_bytes,
-                "p_result": result,
-                "p_codec": codec_id,
-                "p_now": now,
-            },
+            session, _complete_params(bounds, now, step_id, owner, tool, result, codec_id)
         ).first()
         if done is not None:
             return StoredReceipt(*done)
@@ -1285,9 +1320,8 @@ def _decode_token(token: str) -> int:
 _OPERATIONS = "check, put, delete, transition, receipt or usage"
 
 
-def _validate_batch(request: journal_pb2.CommitRequest) -> bool:
-    """Checks a batch; returns whether it holds receipt or transition operations (those take
-    the player's ledger lock)."""
+def _validate_batch(request: journal_pb2.CommitRequest) -> list[str]:
+    """Checks a batch; returns the kind of each of its operations."""
     _check_id(request.request_id, "request_id")
     check_player_id(request.player_id)
     if not request.operations:
@@ -1297,12 +1331,12 @@ def _validate_batch(request: journal_pb2.CommitRequest) -> bool:
             f"operations holds {len(request.operations)} operations; a batch may hold at most "
             f"{MAX_OPERATIONS}"
         )
-    journal = False
+    kinds = []
     for index, operation in enumerate(request.operations):
         kind = operation.WhichOneof("op")
         if kind is None:
             raise InvalidArgument(f"operations[{index}] has no operation; set one of {_OPERATIONS}")
-        journal = journal or kind in ("receipt", "transition")
+        kinds.append(kind)
         if kind in ("check", "put", "delete"):
             key = getattr(operation, kind).key
             if key.player_id != request.player_id:
@@ -1313,7 +1347,7 @@ def _validate_batch(request: journal_pb2.CommitRequest) -> bool:
     if request.HasField("fence"):
         _check_id(request.fence.lease_name, "fence.lease_name")
         _check_token(request.fence.token, "fence.token")
-    return journal
+    return kinds
 
 
 def _digest(request: journal_pb2.CommitRequest) -> bytes:
@@ -1333,11 +1367,98 @@ class _Batch:
     locks_player: bool
     """Whether it holds receipt or transition operations (they take the player's lock)."""
     digest: bytes
+    receipts: tuple[journal_pb2.ReceiptWrite, ...] | None
+    """Its receipt writes when it holds nothing else (such a batch may be sent ahead)."""
 
     @classmethod
     def of(cls, request: journal_pb2.CommitRequest) -> _Batch:
         """Validates `request`; INVALID_ARGUMENT when it is not a batch that may be applied."""
-        return cls(request, _validate_batch(request), _digest(request))
+        kinds = _validate_batch(request)
+        receipts = None
+        if all(kind == "receipt" for kind in kinds):
+            receipts = tuple(operation.receipt for operation in request.operations)
+        locks_player = any(kind in ("receipt", "transition") for kind in kinds)
+        return cls(request, locks_player, _digest(request), receipts)
+
+
+def _batch_values(batch: _Batch, now: dt.datetime) -> dict[str, object]:
+    """The batch's row, its response empty until one with versions is known."""
+    request = batch.request
+    return {
+        "player_id": request.player_id,
+        "request_id": request.request_id,
+        "digest": batch.digest,
+        "response": b"",
+        "created_at": now,
+    }
+
+
+def _apply_operation(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    request: journal_pb2.CommitRequest,
+    index: int,
+    versions: list[int],
+) -> None:
+    """Applies operations[index], its errors naming it."""
+    operation = request.operations[index]
+    kind = operation.WhichOneof("op")
+    assert kind is not None
+    try:
+        _apply(session, bounds, now, request.player_id, operation, kind, versions)
+    except ServiceError as error:
+        raise type(error)(f"operations[{index}] ({kind}): {error.message}") from error
+
+
+# The enum numbers as plain ints: each lookup on the enum wrapper is a Python __getattr__.
+_SS_RUNNING = int(SS.STEP_STATE_RUNNING)
+_SS_DONE = int(SS.STEP_STATE_DONE)
+
+
+def _receipt_fast(
+    bounds: JournalBounds, now: dt.datetime, player_id: str, write: journal_pb2.ReceiptWrite
+) -> tuple[FastStatement, dict[str, object]] | None:
+    """The one statement that applies `write` when nothing stands in the way (_RECORD_FAST,
+    _COMPLETE_FAST); None when the write is invalid or too large for it (the long way then
+    says why, or makes room)."""
+    try:
+        if write.state == _SS_RUNNING and not (write.result or write.codec_id):
+            _check_record(write.step_id, write.task_id, write.position, write.tool)
+            size = receipt_size(write.step_id, write.task_id, player_id, write.tool, "", None)
+            if size > bounds.receipt_max_bytes:
+                return None
+            params = _record_params(
+                bounds, now, write.step_id, write.task_id, player_id, write.position, write.tool,
+                size,
+            )  # fmt: skip
+            return _RECORD_FAST, params
+        if write.state == _SS_DONE:
+            _check_complete(bounds, write.step_id, write.tool, write.result, write.codec_id)
+            params = _complete_params(
+                bounds, now, write.step_id, player_id, write.tool, write.result, write.codec_id
+            )
+            return _COMPLETE_FAST, params
+    except ServiceError:
+        pass
+    return None
+
+
+def _receipt_applied(write: journal_pb2.ReceiptWrite, result: FastResult) -> bool:
+    """Whether _receipt_fast's statement applied the write (else it changed nothing)."""
+    if write.state == _SS_RUNNING:
+        return result.rowcount == 1
+    return result.first() is not None
+
+
+def _fence_holds(
+    found: tuple[object, ...] | None, fence: journal_pb2.Fence, now: dt.datetime
+) -> bool:
+    """Whether _FENCE_QUERY's row says `fence` holds (check_fence says why it does not)."""
+    if found is None:
+        return False
+    row = _FencedLease(*found)  # type: ignore[arg-type]
+    return row.owner is not None and row.token == fence.token and _live(row, now)
 
 
 def _apply(
@@ -1434,6 +1555,68 @@ _BATCH_INSERT_LOCKING = FastStatement(
 )
 
 
+# Rows per statement of _batch_rows_insert: psycopg parses a statement once and caches it only
+# when it has at most 50 parameters (5 a row); a longer one is parsed again at every execution,
+# which costs more than the statements it replaces.
+_ROWS_PER_INSERT = 10
+
+
+@functools.cache
+def _batch_rows_insert(count: int) -> FastStatement:
+    """_BATCH_INSERT_LOCKING for `count` batch rows in one statement (see _BatchRows): it
+    returns the key of each row it inserted, with the row's player's ledger lock taken."""
+    columns = _BATCHES.c  # type: ignore[attr-defined]
+    rows = [
+        {name: bindparam(f"p{row}_{name}", type_=columns[name].type) for name in _BATCH_COLUMNS}
+        for row in range(count)
+    ]
+    # Constants in the SQL, not parameters: only the rows' count against psycopg's limit.
+    key = literal_column(f"'{_player_lock_key('')}'", String) + columns.player_id
+    lock = func.pg_advisory_xact_lock(func.hashtextextended(key, literal_column("0")))
+    return FastStatement(
+        postgresql_insert(_BATCHES)
+        .values(rows)
+        .on_conflict_do_nothing()
+        .returning(columns.player_id, columns.request_id, lock.is_(None))
+    )
+
+
+class _BatchRows:
+    """The rows of the batches of a group, sent ahead: _ROWS_PER_INSERT a statement on
+    PostgreSQL, one each on SQLite (where each runs as it is sent, so fewer statements would
+    save little)."""
+
+    def __init__(
+        self, session: Session, batches: Sequence[_Batch], now: dt.datetime, postgresql: bool
+    ) -> None:
+        self._inserted: set[tuple[str, str]] | None = None
+        self._each: dict[tuple[str, str], Sent] = {}
+        self._all: list[Sent] = []
+        if postgresql:
+            for first in range(0, len(batches), _ROWS_PER_INSERT):
+                chunk = batches[first : first + _ROWS_PER_INSERT]
+                params: dict[str, object] = {}
+                for row, batch in enumerate(chunk):
+                    for name, value in _batch_values(batch, now).items():
+                        params[f"p{row}_{name}"] = value
+                self._all.append(_batch_rows_insert(len(chunk)).send(session, params))
+        else:
+            for batch in batches:
+                key = (batch.request.player_id, batch.request.request_id)
+                self._each[key] = _BATCH_INSERT_SQLITE.send(session, _batch_values(batch, now))
+
+    def inserted(self, batch: _Batch) -> bool:
+        """Whether the batch's row was inserted now (else it was there: a replay)."""
+        key = (batch.request.player_id, batch.request.request_id)
+        if not self._all:
+            return self._each[key].result().rowcount == 1
+        if self._inserted is None:
+            self._inserted = {
+                (player, request) for sent in self._all for player, request, _ in sent.result().rows
+            }
+        return key in self._inserted
+
+
 class JournalStore:
     """Tasks, receipts, leases and batches. Each method is one transaction, except the `*_in`
     methods and `commit_unit`, which do their work in a transaction the caller owns.
@@ -1453,6 +1636,7 @@ class JournalStore:
         self._sessions = sessions
         self._bounds = bounds
         self._clock = clock
+        self._sender = _CommitSender(self)
 
     def _now(self) -> dt.datetime:
         now = self._clock()
@@ -1779,7 +1963,10 @@ class JournalStore:
         """`commit` as work for a caller's transaction (a group: see
         storage_service.group_commit). The request is validated now: INVALID_ARGUMENT here
         costs no transaction."""
-        return functools.partial(self._apply_batch, batch=_Batch.of(request))
+        batch = _Batch.of(request)
+        if batch.receipts is not None:
+            return _SendableCommit(self._sender, batch)
+        return functools.partial(self._apply_batch, batch=batch)
 
     def commit_group(
         self, requests: Sequence[journal_pb2.CommitRequest]
@@ -1803,13 +1990,7 @@ class JournalStore:
         """Applies one validated batch inside the session's current transaction."""
         request = batch.request
         now = self._now()
-        values = {
-            "player_id": request.player_id,
-            "request_id": request.request_id,
-            "digest": batch.digest,
-            "response": b"",
-            "created_at": now,
-        }
+        values = _batch_values(batch, now)
         postgresql = session.get_bind().dialect.name == "postgresql"
         if postgresql and batch.locks_player:
             # The player's ledger lock, which the batch's receipt and task operations take
@@ -1828,13 +2009,8 @@ class JournalStore:
             return self._replay(session, request, batch.digest)
         check_fence(session, request.fence if request.HasField("fence") else None, now)
         versions: list[int] = []
-        for index, operation in enumerate(request.operations):
-            kind = operation.WhichOneof("op")
-            assert kind is not None
-            try:
-                _apply(session, self._bounds, now, request.player_id, operation, kind, versions)
-            except ServiceError as error:
-                raise type(error)(f"operations[{index}] ({kind}): {error.message}") from error
+        for index in range(len(request.operations)):
+            _apply_operation(session, self._bounds, now, request, index, versions)
         response = journal_pb2.CommitResponse(versions=versions)
         if not versions:  # the response is empty, as stored with the row already
             return response
@@ -1847,6 +2023,84 @@ class JournalStore:
             .values(response=response.SerializeToString())
         )
         return response
+
+    def _send_batches(
+        self, session: Session, batches: Sequence[_Batch]
+    ) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
+        """Sends batches of receipt writes ahead (group_commit.Sender): first their rows,
+        with their players' locks on PostgreSQL (_BatchRows), then for each its fence's read
+        and each write's one-statement form, in the order `_apply_batch` runs them. A row
+        touches nothing a write or a fence reads, so sending every row first gives each batch
+        the result it would have had in turn. None for a batch with a write that has no such
+        form, and for a batch already in the group (it replays the first, the long way)."""
+        now = self._now()
+        plans: list[list[tuple[FastStatement, dict[str, object]]] | None] = []
+        keys: set[tuple[str, str]] = set()
+        for batch in batches:
+            assert batch.receipts is not None
+            player, key = (
+                batch.request.player_id,
+                (batch.request.player_id, batch.request.request_id),
+            )
+            fast = [_receipt_fast(self._bounds, now, player, write) for write in batch.receipts]
+            if key in keys or any(plan is None for plan in fast):
+                plans.append(None)
+                continue
+            keys.add(key)
+            plans.append(fast)  # type: ignore[arg-type]
+        sent = [batch for batch, plan in zip(batches, plans, strict=True) if plan is not None]
+        if not sent:
+            return [None] * len(batches)
+        postgresql = session.get_bind().dialect.name == "postgresql"
+        rows = _BatchRows(session, sent, now, postgresql)
+        finishers: list[Callable[[], journal_pb2.CommitResponse] | None] = []
+        for batch, plan in zip(batches, plans, strict=True):
+            if plan is None:
+                finishers.append(None)
+                continue
+            request = batch.request
+            fenced = None
+            if request.HasField("fence"):
+                fenced = _FENCE_QUERY.send(session, {"name": request.fence.lease_name})
+            writes = [statement.send(session, params) for statement, params in plan]
+            finishers.append(
+                functools.partial(
+                    self._finish_batch, session, batch, now, postgresql, rows, fenced, writes
+                )
+            )
+        return finishers
+
+    def _finish_batch(
+        self,
+        session: Session,
+        batch: _Batch,
+        now: dt.datetime,
+        postgresql: bool,
+        rows: _BatchRows,
+        fenced: Sent | None,
+        writes: list[Sent],
+    ) -> journal_pb2.CommitResponse:
+        """The answer of a batch sent ahead, once its results came; NotApplied when what was
+        sent may not stand (a retried batch, a stale fence, a write that did not apply with
+        another sent after it): `_apply_batch` then runs it the long way."""
+        request = batch.request
+        assert batch.receipts is not None
+        if not rows.inserted(batch):
+            raise NotApplied  # the batch was there already: a replay
+        if postgresql:
+            _locks_held(session).add(request.player_id)
+        if fenced is not None and not _fence_holds(fenced.result().first(), request.fence, now):
+            raise NotApplied
+        last = len(writes) - 1
+        for index, (write, sent) in enumerate(zip(batch.receipts, writes, strict=True)):
+            if _receipt_applied(write, sent.result()):
+                continue
+            if index != last:
+                raise NotApplied  # the writes after it ran already, as if it had applied
+            # The last write goes on the long way (eviction, or the reason it is refused),
+            # right where it would have run.
+            _apply_operation(session, self._bounds, now, request, index, [])
+        return journal_pb2.CommitResponse()
 
     @staticmethod
     def _replay(
@@ -1862,3 +2116,32 @@ class JournalStore:
         response = journal_pb2.CommitResponse.FromString(row.response)
         response.replayed = True
         return response
+
+
+class _CommitSender:
+    """Sends the receipt batches of a group ahead together (storage_service.group_commit
+    .Sender)."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: JournalStore) -> None:
+        self._store = store
+
+    def send(
+        self, session: Session, units: Sequence[_SendableCommit]
+    ) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
+        return self._store._send_batches(session, [unit.batch for unit in units])  # noqa: SLF001
+
+
+class _SendableCommit:
+    """`JournalStore.commit_unit` of a batch of receipt writes: a unit that can also be sent
+    ahead with the rest of its group (storage_service.group_commit.SendableUnit)."""
+
+    __slots__ = ("batch", "sender")
+
+    def __init__(self, sender: _CommitSender, batch: _Batch) -> None:
+        self.sender = sender
+        self.batch = batch
+
+    def __call__(self, session: Session) -> journal_pb2.CommitResponse:
+        return self.sender._store._apply_batch(session, batch=self.batch)  # noqa: SLF001

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from storage_service.db import make_engine
 from storage_service.dbcall import is_unavailable
-from storage_service.fastsql import FastStatement
+from storage_service.fastsql import FastStatement, pipelined
 
 metadata = MetaData()
 things = Table(
@@ -100,5 +100,35 @@ def test_a_statement_rolled_back_with_its_session_leaves_nothing(engine: Engine)
         with session.begin():
             INSERT.execute(session, {"id": 1, "name": "a", "data": None, "at": WHEN})
             session.rollback()
+        with session.begin():
+            assert FIND.execute(session, {"p_at": WHEN}).rows == []
+
+
+def test_statements_sent_in_a_pipeline_answer_in_order(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        with pipelined(session):
+            inserted = [
+                INSERT.send(session, {"id": n, "name": f"n{n}", "data": None, "at": WHEN})
+                for n in range(3)
+            ]
+            renamed = RENAME.send(session, {"p_id": 1, "p_name": "one"})
+            missing = RENAME.send(session, {"p_id": 9, "p_name": "nine"})
+        assert [sent.result().rowcount for sent in inserted] == [1, 1, 1]
+        row = renamed.result().first()
+        assert row is not None and row[1] == "one"  # it saw the insert sent before it
+        assert missing.result().first() is None
+        # Cursors are reused once read, and read again correctly.
+        found = FIND.execute(session, {"p_at": WHEN}).rows
+        assert sorted(name for name, _ in found) == ["n0", "n2", "one"]
+
+
+def test_a_failed_statement_in_a_pipeline_fails_it_wrapped(engine: Engine) -> None:
+    with Session(engine) as session:
+        session.begin()
+        with pytest.raises(sa_exc.IntegrityError), pipelined(session):
+            INSERT.send(session, {"id": 1, "name": "a", "data": None, "at": WHEN})
+            INSERT.send(session, {"id": 2, "name": "a", "data": None, "at": WHEN})
+            RENAME.send(session, {"p_id": 1, "p_name": "b"})
+        session.rollback()
         with session.begin():
             assert FIND.execute(session, {"p_at": WHEN}).rows == []

@@ -423,3 +423,270 @@ def test_a_connection_killed_mid_group_is_rerun_or_unavailable(
     finally:
         engine.dispose()
     assert calls == ([1, 1, 1] if kills == 1 else [0, 0, 0])
+
+
+# -- batches of receipt writes, sent ahead in one pipeline ------------------------------------
+
+
+def _running(
+    player: str,
+    task_id: str,
+    step: str,
+    request_id: str | None = None,
+    fence: journal_pb2.Fence | None = None,
+) -> journal_pb2.CommitRequest:
+    write = _receipt(step, task_id, journal_pb2.STEP_STATE_RUNNING)
+    request = _commit(player, write, request_id=request_id)
+    if fence is not None:
+        request.fence.CopyFrom(fence)
+    return request
+
+
+def _done(player: str, step: str, result: bytes = b"r") -> journal_pb2.CommitRequest:
+    write = _receipt(step, "", journal_pb2.STEP_STATE_DONE, result=result, codec_id="c:c")
+    return _commit(player, write)
+
+
+def _tasks(store: JournalStore, count: int) -> list[tuple[str, str]]:
+    """(player, task id) of `count` new players with a task each."""
+    made = []
+    for _ in range(count):
+        player = _player()
+        task, _, _ = store.create_task(player, "system:event", None, "e-1")
+        made.append((player, task.task_id))
+    return made
+
+
+def test_receipt_batches_are_sent_ahead_and_share_the_transaction(
+    store: JournalStore, engine: Engine
+) -> None:
+    tasks = _tasks(store, 4)
+    other = _player()
+    ends = _count_commits(engine)
+    requests = [_running(p, t, f"{t}/0") for p, t in tasks] + [_commit(other, _put(other, 0))]
+    outcomes = store.commit_group(requests)
+    assert ends == ["commit"]
+    assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
+    assert list(outcomes[-1].versions) == [1]  # type: ignore[union-attr]
+    outcomes = store.commit_group([_done(p, f"{t}/0", result=p.encode()) for p, t in tasks])
+    assert ends == ["commit", "commit"]
+    assert all(isinstance(o, journal_pb2.CommitResponse) and not o.replayed for o in outcomes)
+    for player, task_id in tasks:
+        receipt = store.get_step(f"{task_id}/0", "t.t")
+        assert receipt.state == journal_pb2.STEP_STATE_DONE and receipt.result == player.encode()
+
+
+def test_a_retried_batch_in_a_sent_group_is_replayed_and_the_others_applied(
+    store: JournalStore, engine: Engine
+) -> None:
+    (a, task_a), (b, task_b) = _tasks(store, 2)
+    first = _running(a, task_a, f"{task_a}/0")
+    store.commit(first)
+    reused = _running(a, task_a, f"{task_a}/1", request_id=first.request_id)
+    ends = _count_commits(engine)
+    outcomes = store.commit_group([first, _running(b, task_b, f"{task_b}/0"), reused])
+    # The fast form did not hold for the retries: rolled back and run the ordinary way, where
+    # the reused request id fails, so once more with a savepoint per batch.
+    assert ends == ["rollback", "rollback", "commit"]
+    assert isinstance(outcomes[0], journal_pb2.CommitResponse) and outcomes[0].replayed
+    assert isinstance(outcomes[1], journal_pb2.CommitResponse) and not outcomes[1].replayed
+    assert isinstance(outcomes[2], InvalidArgument)  # the same request id, another batch
+    assert store.get_step(f"{task_b}/0", "t.t").state == journal_pb2.STEP_STATE_RUNNING
+    with pytest.raises(NotFound):
+        store.get_step(f"{task_a}/1", "t.t")
+
+
+def test_a_stale_fence_in_a_sent_group_fails_only_its_batch(
+    store: JournalStore, engine: Engine
+) -> None:
+    (a, task_a), (b, task_b) = _tasks(store, 2)
+    (claim,) = store.claim_tasks("engine-a", 1, 30, [a])
+    good = journal_pb2.Fence(lease_name=claim.lease.name, token=claim.lease.token)
+    stale = journal_pb2.Fence(lease_name=claim.lease.name, token=claim.lease.token - 1)
+    fenced = _running(a, task_a, f"{task_a}/0", fence=good)
+    refused = _running(a, task_a, f"{task_a}/1", fence=stale)
+    ends = _count_commits(engine)
+    outcomes = store.commit_group([fenced, refused, _running(b, task_b, f"{task_b}/0")])
+    assert ends == ["rollback", "rollback", "commit"]  # sent, plain, then isolated
+    assert isinstance(outcomes[0], journal_pb2.CommitResponse)
+    assert isinstance(outcomes[1], FailedPrecondition) and "stale fence" in str(outcomes[1])
+    assert isinstance(outcomes[2], journal_pb2.CommitResponse)
+    with pytest.raises(NotFound):
+        store.get_step(f"{task_a}/1", "t.t")
+    # Sent alone, under its valid fence, a fenced batch applies at the first try.
+    ends.clear()
+    (outcome,) = store.commit_group([_running(a, task_a, f"{task_a}/2", fence=good)])
+    assert isinstance(outcome, journal_pb2.CommitResponse) and ends == ["commit"]
+
+
+def test_a_sent_batch_refused_the_long_way_fails_alone(store: JournalStore, engine: Engine) -> None:
+    (a, task_a), (b, task_b) = _tasks(store, 2)
+    ends = _count_commits(engine)
+    outcomes = store.commit_group([_done(a, f"{task_a}/9"), _running(b, task_b, f"{task_b}/0")])
+    assert isinstance(outcomes[0], NotFound)
+    assert str(outcomes[0]).startswith("operations[0] (receipt): ")  # as `commit` words it
+    assert isinstance(outcomes[1], journal_pb2.CommitResponse)
+    assert ends == ["rollback", "commit"]  # a refusal, not a fast form that did not hold
+
+
+def test_a_lone_receipt_batch_is_not_sent_ahead(
+    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline costs about what it saves for a single batch: a lone one runs plainly."""
+    sent: list[int] = []
+
+    def send(_store: JournalStore, _session: Session, batches: Sequence[Any]) -> list[None]:
+        sent.append(len(batches))
+        return [None] * len(batches)  # nothing sent: they run the ordinary way
+
+    monkeypatch.setattr(JournalStore, "_send_batches", send)
+    tasks = _tasks(store, 2)
+    (outcome,) = store.commit_group([_running(p, t, f"{t}/0") for p, t in tasks[:1]])
+    assert isinstance(outcome, journal_pb2.CommitResponse) and sent == []
+    outcomes = store.commit_group([_running(p, t, f"{t}/1") for p, t in tasks])
+    assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
+    assert sent == [2]  # both offered to the pipeline together
+
+
+def test_the_same_batch_twice_in_a_sent_group_is_applied_once(
+    store: JournalStore, engine: Engine
+) -> None:
+    (a, task_a), (b, task_b) = _tasks(store, 2)
+    request = _running(a, task_a, f"{task_a}/0")
+    ends = _count_commits(engine)
+    outcomes = store.commit_group([request, _running(b, task_b, f"{task_b}/0"), request])
+    assert ends == ["commit"]  # the second copy was not sent: it replays the first
+    assert isinstance(outcomes[0], journal_pb2.CommitResponse) and not outcomes[0].replayed
+    assert isinstance(outcomes[1], journal_pb2.CommitResponse)
+    assert isinstance(outcomes[2], journal_pb2.CommitResponse) and outcomes[2].replayed
+
+
+def test_a_group_recording_one_step_twice_stores_it_once(
+    store: JournalStore, engine: Engine
+) -> None:
+    ((player, task_id),) = _tasks(store, 1)
+    step = f"{task_id}/0"
+    ends = _count_commits(engine)
+    outcomes = store.commit_group([_running(player, task_id, step) for _ in range(2)])
+    assert ends == ["commit"]
+    assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
+    assert store.get_step(step, "t.t").state == journal_pb2.STEP_STATE_RUNNING
+
+
+def test_a_sent_batch_of_several_writes_keeps_their_order(
+    store: JournalStore, engine: Engine
+) -> None:
+    ((player, task_id),) = _tasks(store, 1)
+    step, missing, other = f"{task_id}/0", f"{task_id}/1", f"{task_id}/2"
+    both = _commit(
+        player,
+        _receipt(step, task_id, journal_pb2.STEP_STATE_RUNNING),
+        _receipt(step, task_id, journal_pb2.STEP_STATE_DONE, result=b"r", codec_id="c:c"),
+    )
+    # DONE before RUNNING: refused as `commit` alone refuses it, though the RUNNING sent
+    # after it applied in the pipeline.
+    backwards = _commit(
+        player,
+        _receipt(missing, task_id, journal_pb2.STEP_STATE_DONE, result=b"r", codec_id="c:c"),
+        _receipt(other, task_id, journal_pb2.STEP_STATE_RUNNING),
+    )
+    outcomes = store.commit_group([both, backwards])
+    assert isinstance(outcomes[0], journal_pb2.CommitResponse)
+    assert isinstance(outcomes[1], NotFound) and str(outcomes[1]).startswith("operations[0]")
+    assert store.get_step(step, "t.t").result == b"r"
+    with pytest.raises(NotFound):
+        store.get_step(other, "t.t")
+
+
+def test_a_sent_write_that_needs_room_evicts_where_it_would_have(engine: Engine) -> None:
+    store = JournalStore(
+        sessionmaker(engine, expire_on_commit=False), JournalBounds(receipt_max_entries=2)
+    )
+    ((player, task_id),) = _tasks(store, 1)
+    store.commit(_running(player, task_id, f"{task_id}/0"))
+    store.commit(_running(player, task_id, f"{task_id}/1"))
+    store.transition_task(task_id, journal_pb2.TASK_STATE_RUNNING)
+    store.transition_task(task_id, journal_pb2.TASK_STATE_SUCCEEDED)
+    second, _, _ = store.create_task(player, "system:event", None, "e-2")
+    ((other, other_task),) = _tasks(store, 1)
+    ends = _count_commits(engine)
+    outcomes = store.commit_group(
+        [
+            _running(player, second.task_id, f"{second.task_id}/0"),
+            _running(other, other_task, f"{other_task}/0"),
+        ]
+    )
+    assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
+    assert ends == ["commit"]  # the fast form did not fit; the long way evicted, same run
+    with pytest.raises(NotFound):
+        store.get_step(f"{task_id}/0", "t.t")  # the oldest finished receipt made room
+    assert store.get_step(f"{second.task_id}/0", "t.t").state == journal_pb2.STEP_STATE_RUNNING
+
+
+def test_a_connection_lost_after_the_pipeline_stores_nothing(postgres_url: str) -> None:
+    """The group's statements were sent; then its connection ends before COMMIT: the group
+    fails as a whole as UNAVAILABLE, with nothing stored."""
+    engine = make_engine(postgres_url)
+    Base.metadata.create_all(engine)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    store = JournalStore(sessions, JournalBounds())
+    tasks = _tasks(store, 2)
+
+    def kill_mine(session: Session) -> None:
+        mine = session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f"SELECT pg_terminate_backend({int(mine)})")
+
+    units = [store.commit_unit(_running(p, t, f"{t}/0")) for p, t in tasks]
+    try:
+        with pytest.raises(sa_exc.DBAPIError) as raised:
+            run_group(sessions, [units[0], kill_mine, units[1]])
+        assert is_unavailable(raised.value)
+        for _, task_id in tasks:
+            with pytest.raises(NotFound):
+                store.get_step(f"{task_id}/0", "t.t")
+    finally:
+        engine.dispose()
+
+
+def test_a_connection_lost_before_the_pipeline_is_rerun_on_a_fresh_one(postgres_url: str) -> None:
+    """The pooled connection the group gets died while idle (a server restart): sending fails,
+    the pool is emptied of the dead connections, and the group runs again on a new one."""
+    engine = make_engine(postgres_url)
+    Base.metadata.create_all(engine)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    store = JournalStore(sessions, JournalBounds())
+    tasks = _tasks(store, 3)
+    with engine.connect() as connection:  # the pool's one idle connection, used again next
+        mine = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    killer = make_engine(postgres_url)
+    try:
+        with killer.connect() as connection:
+            connection.exec_driver_sql(f"SELECT pg_terminate_backend({int(mine)})")
+        outcomes = run_group(
+            sessions, [store.commit_unit(_running(p, t, f"{t}/0")) for p, t in tasks]
+        )
+        assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
+        for _, task_id in tasks:
+            assert store.get_step(f"{task_id}/0", "t.t").state == journal_pb2.STEP_STATE_RUNNING
+    finally:
+        killer.dispose()
+        engine.dispose()
+
+
+def test_a_large_sent_group_applies_every_batch_once(store: JournalStore, engine: Engine) -> None:
+    """More batches than one statement inserts rows for (journal._ROWS_PER_INSERT)."""
+    tasks = _tasks(store, 23)
+    retried = _running(*tasks[17], f"{tasks[17][1]}/0")
+    store.commit(retried)
+    requests = [_running(p, t, f"{t}/0") for p, t in tasks]
+    requests[17] = retried
+    ends = _count_commits(engine)
+    outcomes = store.commit_group(requests)
+    assert ends == ["rollback", "commit"]  # the retry's row was there: once more, plainly
+    assert [o.replayed for o in outcomes] == [i == 17 for i in range(23)]  # type: ignore[union-attr]
+    ends.clear()
+    outcomes = store.commit_group([_done(p, f"{t}/0", result=p.encode()) for p, t in tasks])
+    assert ends == ["commit"] and not any(o.replayed for o in outcomes)  # type: ignore[union-attr]
+    for player, task_id in tasks:
+        assert store.get_step(f"{task_id}/0", "t.t").result == player.encode()
