@@ -14,10 +14,10 @@ outputs replay unchanged. On a second run, at each position:
   with a "not delivered" receipt, and the next run tries the position again under the next
   attempt id (`<task>/<position>.<attempt>`), since nothing can have happened.
 
-Only the intent must be stored before the tool runs; a result may travel beside the next
+Only the intent must be stored before the tool runs; a result may travel with the next
 step's intent. So a step's result is held for at most `linger` seconds: the next step's intent
-sends it at once (the two writes go out together), the task's final transition takes it in the
-same transaction, and otherwise the timer sends it alone. A task with two write steps thus
+carries it (`RecordStep.completed`: stored first, in the same transaction), the task's final
+transition takes it in the same transaction, and otherwise the timer sends it alone. A task with two write steps thus
 waits for three writes (intent, intent, result + transition) instead of five, and a crash
 inside the linger window only turns a done step into EFFECT_UNKNOWN: never into a repeat.
 """
@@ -65,6 +65,10 @@ def _decode(receipt: journal_pb2.StepReceipt) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
+def _unpack(step: journal_pb2.CompletedStep) -> tuple[str, str, bytes, str]:
+    return (step.step_id, step.tool, step.result, step.codec_id)
+
+
 class TaskSteps:
     """The write-step journal of one run of one claimed task.
 
@@ -93,15 +97,21 @@ class TaskSteps:
                 failures; whatever the tool raised.
             LeaseLost: another replica holds the task now.
         """
-        self._send_held()  # the previous result goes out beside this intent
+        previous = self._take_held()  # the previous result travels with this intent
         position = self._position
         self._position += 1
         task_id = self._claim.task.task_id
         for attempt in range(MAX_ATTEMPTS):
             step_id = f"{task_id}/{position}" + (f".{attempt}" if attempt else "")
-            receipt, created = await self._store.record_step(
-                self._claim, step_id, position, spec.tool_id
-            )
+            try:
+                receipt, created = await self._store.record_step(
+                    self._claim, step_id, position, spec.tool_id, previous
+                )
+            except BaseException:
+                if previous is not None:  # not stored: `finish` or `abandon` sends it
+                    self._held = _unpack(previous)
+                raise
+            previous = None
             if not created:
                 if receipt.state == journal_pb2.STEP_STATE_DONE:
                     if receipt.codec_id == NOT_DELIVERED_CODEC:
@@ -130,6 +140,19 @@ class TaskSteps:
     def _hold(self, step: tuple[str, str, bytes, str]) -> None:
         self._held = step
         self._timer = asyncio.get_running_loop().call_later(self._linger, self._send_held)
+
+    def _take_held(self) -> journal_pb2.CompletedStep | None:
+        """The held result, no longer held (its timer stopped), to send with a write."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held, self._held = self._held, None
+        if held is None:
+            return None
+        step_id, tool, encoded, codec_id = held
+        return journal_pb2.CompletedStep(
+            step_id=step_id, tool=tool, result=encoded, codec_id=codec_id
+        )
 
     def _send_held(self) -> None:
         if self._timer is not None:

@@ -263,9 +263,15 @@ class TaskStore:
     # -- receipts --------------------------------------------------------------------------
 
     async def record_step(
-        self, claim: Claim, step_id: str, position: int, tool: str
+        self,
+        claim: Claim,
+        step_id: str,
+        position: int,
+        tool: str,
+        completed: journal_pb2.CompletedStep | None = None,
     ) -> tuple[journal_pb2.StepReceipt, bool]:
-        """Records a step's intent; returns the receipt and whether it is new."""
+        """Records a step's intent (with an earlier step's result stored first in the same
+        transaction, when given); returns the receipt and whether it is new."""
         try:
             response = await self._dep.stub.RecordStep(
                 journal_pb2.RecordStepRequest(
@@ -274,6 +280,7 @@ class TaskStore:
                     position=position,
                     tool=tool,
                     fence=claim.fence,
+                    completed=[completed] if completed is not None else [],
                 ),
                 timeout=self._timeout,
             )

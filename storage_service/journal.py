@@ -1833,10 +1833,28 @@ class JournalStore:
         position: int,
         tool: str,
         fence: journal_pb2.Fence | None = None,
+        completed: Sequence[journal_pb2.CompletedStep] = (),
     ) -> tuple[journal_pb2.StepReceipt, bool]:
-        """`record_step` inside the session's transaction."""
+        """`record_step` inside the session's transaction; `completed` results of earlier
+        steps of the task are stored first (DONE, as `complete_step` does)."""
         now = self._now()
         check_fence(session, fence, now)
+        for index, step in enumerate(completed):
+            done = complete_step(
+                session,
+                self._bounds,
+                now,
+                step_id=step.step_id,
+                tool=step.tool,
+                result=step.result,
+                codec_id=step.codec_id,
+            )
+            if done.task_id != task_id:
+                raise InvalidArgument(
+                    f"completed[{index}]: step {step.step_id!r} belongs to task "
+                    f"{done.task_id!r}, not {task_id!r}; a step's result travels only with "
+                    "a write of its own task"
+                )
         row, created = record_step(
             session,
             self._bounds,

@@ -101,6 +101,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
                 position=request.position,
                 tool=request.tool,
                 fence=_fence(request),
+                completed=list(request.completed),
             )
         )
         return journal_pb2.RecordStepResponse(receipt=receipt, created=created)

@@ -393,6 +393,54 @@ def test_receipts_record_complete_replay(store: JournalStore, clock: Clock) -> N
     assert store.get_step(step, "economy.credit") == done
 
 
+def _completed(step: str, result: bytes = b"ok") -> journal_pb2.CompletedStep:
+    return journal_pb2.CompletedStep(
+        step_id=step, tool="economy.credit", result=result, codec_id="system:json/v1"
+    )
+
+
+def test_a_result_travels_with_the_next_intent(store: JournalStore, sessions: sessionmaker) -> None:  # type: ignore[type-arg]
+    """RecordStep's `completed`: the earlier step's result is stored in the same transaction,
+    before the intent; all or nothing."""
+    task = _task(store, _player(), RUNNING)
+    first, second = f"{task.task_id}/0", f"{task.task_id}/1"
+    store.record_step(first, task.task_id, 0, "economy.credit")
+
+    def record(step: str, position: int, *done: journal_pb2.CompletedStep) -> Any:
+        with sessions.begin() as session:
+            return store.record_step_in(
+                session,
+                step_id=step,
+                task_id=task.task_id,
+                position=position,
+                tool="economy.credit",
+                completed=list(done),
+            )
+
+    receipt, created = record(second, 1, _completed(first))
+    assert created and receipt.state == SS.STEP_STATE_RUNNING
+    stored = store.get_step(first, "economy.credit")
+    assert (stored.state, stored.result) == (SS.STEP_STATE_DONE, b"ok")
+    # Again (a retry whose answer was lost): the same result is accepted, nothing changes.
+    again, created = record(second, 1, _completed(first))
+    assert not created and again == receipt
+    # A conflicting result fails the whole write: the intent of a third step is not stored.
+    third = f"{task.task_id}/2"
+    with pytest.raises(FailedPrecondition, match="different result"):
+        record(third, 2, _completed(first, b"other"))
+    with pytest.raises(NotFound):
+        store.get_step(third, "economy.credit")
+    # A step of another task never travels with this one.
+    other = _task(store, task.player_id, RUNNING)
+    foreign = f"{other.task_id}/0"
+    store.record_step(foreign, other.task_id, 0, "economy.credit")
+    with pytest.raises(InvalidArgument, match="belongs to task"):
+        record(third, 2, _completed(foreign))
+    assert store.get_step(foreign, "economy.credit").state == SS.STEP_STATE_RUNNING
+    with pytest.raises(NotFound):
+        store.get_step(third, "economy.credit")
+
+
 def test_receipt_conflicts_are_failed_precondition(store: JournalStore) -> None:
     player = _player()
     task, other = _task(store, player, RUNNING), _task(store, player, RUNNING)
