@@ -459,15 +459,19 @@ def _make_room_for_tasks(
     add_count: int,
     add_bytes: int,
     exclude_seq: int | None = None,
+    ledger: tuple[int, int] | None = None,
 ) -> int:
     """Evicts the player's terminal tasks, oldest first, until the addition fits. Returns how
-    many; STORAGE_FULL when it cannot fit (nothing deleted)."""
+    many; STORAGE_FULL when it cannot fit (nothing deleted). `ledger`: the player's task
+    count and bytes when the caller has read them."""
     limits = (bounds.task_max_entries, bounds.task_max_bytes)
-    count, total = session.execute(
-        select(func.count(), func.coalesce(func.sum(TaskRow.size_bytes), 0)).where(
-            TaskRow.player_id == player_id
-        )
-    ).one()
+    if ledger is None:
+        ledger = session.execute(
+            select(func.count(), func.coalesce(func.sum(TaskRow.size_bytes), 0)).where(
+                TaskRow.player_id == player_id
+            )
+        ).one()
+    count, total = ledger
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
     query = (
@@ -705,6 +709,36 @@ def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datet
 # -- tasks -------------------------------------------------------------------------------------
 
 
+# CreateTask runs for every event: its statements are rendered once (see fastsql).
+_TASKS = TaskRow.__table__
+_TASK_COLUMN_NAMES = [
+    "seq",
+    "task_id",
+    "player_id",
+    "module_id",
+    "event_key",
+    "state",
+    "input",
+    "result",
+    "attempts",
+    "size_bytes",
+    "created_at",
+    "updated_at",
+]
+_TASK_BY_EVENT = FastStatement(
+    select(*(_TASKS.c[name] for name in _TASK_COLUMN_NAMES)).where(  # type: ignore[attr-defined]
+        _TASKS.c.player_id == bindparam("player_id", type_=String),  # type: ignore[attr-defined]
+        _TASKS.c.event_key == bindparam("event_key", type_=String),  # type: ignore[attr-defined]
+    )
+)
+_TASK_LEDGER = FastStatement(
+    select(func.count(), func.coalesce(func.sum(_TASKS.c.size_bytes), 0)).where(  # type: ignore[attr-defined]
+        _TASKS.c.player_id == bindparam("player_id", type_=String)  # type: ignore[attr-defined]
+    )
+)
+_TASK_INSERT = FastStatement(insert(_TASKS), column_keys=_TASK_COLUMN_NAMES[1:])
+
+
 def create_task(
     session: Session,
     bounds: JournalBounds,
@@ -740,29 +774,37 @@ def create_task(
             "player's task ledger; pass a smaller input"
         )
     _lock_player(session, player_id)
-    existing = session.execute(
-        select(TaskRow).where(TaskRow.player_id == player_id, TaskRow.event_key == event_key)
-    ).scalar_one_or_none()
-    if existing is not None:
+    found = _TASK_BY_EVENT.execute(
+        session, {"player_id": player_id, "event_key": event_key}
+    ).first()
+    if found is not None:
+        existing = TaskRow(**dict(zip(_TASK_COLUMN_NAMES, found, strict=True)))
         _stored_task_state(existing)
         return existing, False, 0
-    evicted = _make_room_for_tasks(session, bounds, player_id, 1, size)
-    row = TaskRow(
-        task_id=task_id,
-        player_id=player_id,
-        module_id=module_id,
-        event_key=event_key,
-        state=state,
-        input=data,
-        result=None,
-        attempts=0,
-        size_bytes=size,
-        created_at=now,
-        updated_at=now,
+    evicted = _make_room_for_tasks(
+        session,
+        bounds,
+        player_id,
+        1,
+        size,
+        ledger=_TASK_LEDGER.execute(session, {"player_id": player_id}).first(),
     )
-    session.add(row)
-    session.flush()
-    return row, True, evicted
+    values = {
+        "task_id": task_id,
+        "player_id": player_id,
+        "module_id": module_id,
+        "event_key": event_key,
+        "state": state,
+        "input": data,
+        "result": None,
+        "attempts": 0,
+        "size_bytes": size,
+        "created_at": now,
+        "updated_at": now,
+    }
+    _TASK_INSERT.execute(session, values)
+    # Not added to the session: the caller only reads it (task_message).
+    return TaskRow(**values), True, evicted
 
 
 def _locked_task(session: Session, task_id: str) -> TaskRow:
