@@ -605,6 +605,13 @@ def main() -> int:
     parser.add_argument(
         "--grpc-only", action="store_true", help="gRPC part only; prints JSON, records nothing"
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="folder for router.{json,md,png} (default bench/results; a scratch folder for "
+        "trial runs)",
+    )
     args = parser.parse_args()
     queries = args.queries or (400 if args.quick else 2000)
     seconds = args.seconds or (2.0 if args.quick else 8.0)
@@ -649,11 +656,12 @@ def main() -> int:
             "met": best["route"]["per_second"] >= THROUGHPUT_TARGET and not best["route"]["errors"],
         }
     results["targets"] = targets
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "router.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "router.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     lines = _report(results)
-    (RESULTS / "router.md").write_text("\n".join(lines))
-    _plot(results, RESULTS / "router.png")
+    (out / "router.md").write_text("\n".join(lines))
+    _plot(results, out / "router.png")
     print("\n".join(lines))
     return 0
 

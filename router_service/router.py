@@ -42,6 +42,7 @@ _CLEAR_REASONS = {
     router_pb2.CLEAR_REASON_DISCONNECTED: ClearReason.DISCONNECTED,
 }
 _MEMORY_GENERATION = 0  # clearing memory bumps the player's scope, which is what matters
+_ALLOWED_SETS = 256  # distinct (permission level, features) pairs remembered per catalogue
 
 
 def _language(player: common_pb2.PlayerContext) -> str:
@@ -58,6 +59,21 @@ def _action(module_id: str, data: dict[str, Any] | None) -> common_pb2.ModuleAct
     if data:
         struct.update(data)
     return common_pb2.ModuleAction(module_id=module_id, input=struct)
+
+
+_BARE_ACTIONS: dict[str, common_pb2.ModuleAction] = {}
+_BARE_ACTIONS_MAX = 1024
+
+
+def _bare_action(module_id: str) -> common_pb2.ModuleAction:
+    """`_action(module_id, None)`, built once per module: selection cards offer the same
+    argument-less shortcuts again and again. Never mutated (a response copies it)."""
+    action = _BARE_ACTIONS.get(module_id)
+    if action is None:
+        if len(_BARE_ACTIONS) >= _BARE_ACTIONS_MAX:
+            _BARE_ACTIONS.clear()
+        action = _BARE_ACTIONS[module_id] = _action(module_id, None)
+    return action
 
 
 def _direct_allowed(module: catalog_pb2.ModuleDescriptor) -> bool:
@@ -91,6 +107,10 @@ class Router:
         self.diagnostics = diagnostics
         self._model = model
         self._config_path = semantic_config_path
+        # The modules a player may use depend only on the catalogue, their permission level
+        # and their server's features: worked out once per such combination, not per call.
+        self._allowed_catalog: Catalog | None = None
+        self._allowed_sets: dict[tuple[int, tuple[str, ...]], frozenset[str]] = {}
 
     @property
     def config(self) -> SemanticConfig:
@@ -112,13 +132,12 @@ class Router:
             )
         catalog = await self._catalog.get()
         language = _language(player)
-        allowed = {m.module_id for m in catalog.modules.values() if module_available(m, player)}
-
         decided = self._structured(request, language)
         if decided is None:
             decided = self._command(catalog, text, player)
         if decided is not None:
             return decided
+        allowed = self._allowed(catalog, player)
         mode = catalog.semantic.config.mode
         scope = self.cache.scope(_scope_id(player))
         if mode is Mode.ENFORCE:
@@ -126,20 +145,36 @@ class Router:
             if hit is not None:
                 return hit
         local = catalog.semantic.decide(text, language, allowed)
-        match = self._report(local)
+        # Every answer from here on reports the match: it is written into the response in
+        # place (building a LocalMatch and copying it in costs twice as much).
+        response = router_pb2.RouteResponse()
+        self._report(local, response.local)
         if local.outcome == "direct" and local.module_id:
             self.diagnostics.record_decision(diag.DecisionSource.LOCAL)
-            return router_pb2.RouteResponse(
-                source=router_pb2.DECISION_SOURCE_LOCAL,
-                action=_action(local.module_id, dict(local.input or {})),
-                local=match,
-            )
+            response.source = router_pb2.DECISION_SOURCE_LOCAL
+            response.action.CopyFrom(_action(local.module_id, dict(local.input or {})))
+            return response
         if local.outcome == "shadow_direct":
             self.diagnostics.record_decision(diag.DecisionSource.SHADOW_DIRECT)
-        modeled = await self._ask_model(request, catalog, allowed, scope, match)
-        if modeled is not None:
-            return modeled
-        return self._fallback(catalog, text, language, allowed, match, local)
+        if await self._ask_model(request, catalog, allowed, scope, response):
+            return response
+        return self._fallback(catalog, text, language, allowed, response, local)
+
+    def _allowed(self, catalog: Catalog, player: common_pb2.PlayerContext) -> frozenset[str]:
+        """Ids of the modules `player` may use (`module_available`)."""
+        if self._allowed_catalog is not catalog:
+            self._allowed_catalog = catalog
+            self._allowed_sets = {}
+        key = (player.permission_level, tuple(player.features))
+        allowed = self._allowed_sets.get(key)
+        if allowed is None:
+            allowed = frozenset(
+                m.module_id for m in catalog.modules.values() if module_available(m, player)
+            )
+            if len(self._allowed_sets) >= _ALLOWED_SETS:
+                self._allowed_sets.clear()
+            self._allowed_sets[key] = allowed
+        return allowed
 
     def _structured(
         self, request: router_pb2.RouteRequest, language: str
@@ -185,7 +220,12 @@ class Router:
         return None
 
     def _cached(
-        self, catalog: Catalog, scope: PlayerScope, language: str, text: str, allowed: set[str]
+        self,
+        catalog: Catalog,
+        scope: PlayerScope,
+        language: str,
+        text: str,
+        allowed: frozenset[str],
     ) -> router_pb2.RouteResponse | None:
         hit = self.cache.get(scope, catalog.generation, _MEMORY_GENERATION, language, text)
         if hit is None or hit.module_id not in allowed:
@@ -202,22 +242,19 @@ class Router:
             source=router_pb2.DECISION_SOURCE_CACHE, action=_action(hit.module_id, arguments)
         )
 
-    def _report(self, local: LocalDecision) -> router_pb2.LocalMatch:
-        match = router_pb2.LocalMatch(
-            language=local.language,
-            top_score=local.s1,
-            second_score=local.s2,
-            margin=local.margin,
-            coverage=local.coverage,
-            topic_coverage=local.topic_coverage,
-            gate_failed=local.gate_failed,
-            candidates=[
-                router_pb2.ScoredCandidate(
-                    module_id=c.module_id, score=c.score, example_id=c.example_id
-                )
-                for c in local.candidates
-            ],
-        )
+    def _report(self, local: LocalDecision, match: router_pb2.LocalMatch) -> None:
+        """Writes what local matching saw into `match` and counts it."""
+        match.SetInParent()  # present even when every field keeps its default
+        match.language = local.language
+        match.top_score = local.s1
+        match.second_score = local.s2
+        match.margin = local.margin
+        match.coverage = local.coverage
+        match.topic_coverage = local.topic_coverage
+        match.gate_failed = local.gate_failed
+        add = match.candidates.add
+        for c in local.candidates:
+            add(module_id=c.module_id, score=c.score, example_id=c.example_id)
         if local.candidates and local.language:
             top = local.candidates[0]
             self.diagnostics.record_match(
@@ -229,57 +266,57 @@ class Router:
             )
         if local.gate_failed:
             self.diagnostics.record_gate(local.gate_failed)
-        return match
 
     async def _ask_model(
         self,
         request: router_pb2.RouteRequest,
         catalog: Catalog,
-        allowed: set[str],
+        allowed: frozenset[str],
         scope: PlayerScope,
-        match: router_pb2.LocalMatch,
-    ) -> router_pb2.RouteResponse | None:
+        response: router_pb2.RouteResponse,
+    ) -> bool:
+        """Asks the model; True when it chose a module, written into `response`."""
         if self._model is None or not request.external_enabled:
-            return None
+            return False
         modules = [catalog.modules[m] for m in catalog.modules if m in allowed]
         choice = await self._model.choose(request.player, request.text, modules)
         if choice is None:
-            return None  # no model configured or reachable: fall back locally
+            return False  # no model configured or reachable: fall back locally
         if choice.module_id == CLARIFY:
-            return None  # clarification shows this text's candidates first
+            return False  # clarification shows this text's candidates first
         self.diagnostics.record_decision(diag.DecisionSource.MODEL)
-        return router_pb2.RouteResponse(
-            source=router_pb2.DECISION_SOURCE_MODEL,
-            action=_action(choice.module_id, choice.arguments),
-            local=match,
-            cache_token=json.dumps([scope.generation, catalog.generation]),
-        )
+        response.source = router_pb2.DECISION_SOURCE_MODEL
+        response.action.CopyFrom(_action(choice.module_id, choice.arguments))
+        response.cache_token = json.dumps([scope.generation, catalog.generation])
+        return True
 
     def _fallback(
         self,
         catalog: Catalog,
         text: str,
         language: str,
-        allowed: set[str],
-        match: router_pb2.LocalMatch,
+        allowed: frozenset[str],
+        response: router_pb2.RouteResponse,
         local: LocalDecision,
     ) -> router_pb2.RouteResponse:
+        """A selection card of read-only candidates, or no route; `response` holds the match."""
         candidates = catalog.semantic.fallback_candidates(text, language, allowed, local)
         if candidates:
             self.diagnostics.record_decision(diag.DecisionSource.LOCAL_FALLBACK)
-            return router_pb2.RouteResponse(
-                source=router_pb2.DECISION_SOURCE_LOCAL_FALLBACK,
-                candidates=[_action(c.module_id, dict(c.input)) for c in candidates],
-                detail="not sure what you meant; pick one, or type /help",
-                local=match,
+            response.source = router_pb2.DECISION_SOURCE_LOCAL_FALLBACK
+            response.candidates.extend(
+                [
+                    _action(c.module_id, dict(c.input)) if c.input else _bare_action(c.module_id)
+                    for c in candidates
+                ]
             )
+            response.detail = "not sure what you meant; pick one, or type /help"
+            return response
         self.diagnostics.record_decision(diag.DecisionSource.NONE)
-        return router_pb2.RouteResponse(
-            source=router_pb2.DECISION_SOURCE_NONE,
-            no_route_reason=router_pb2.NO_ROUTE_REASON_NO_MATCH,
-            detail="no command matched; /help lists the commands",
-            local=match,
-        )
+        response.source = router_pb2.DECISION_SOURCE_NONE
+        response.no_route_reason = router_pb2.NO_ROUTE_REASON_NO_MATCH
+        response.detail = "no command matched; /help lists the commands"
+        return response
 
     # -- the other RPCs ----------------------------------------------------------------------
 

@@ -6,7 +6,11 @@ features (sublinear tf, smoothed idf, l2 norm); the fitted matrix is kept transp
 examples, CSR), rows grouped by module. A query then touches only the examples that share one
 of its features: each of its few non-zero weights adds, in one vectorised step, into a
 per-example score array; `numpy.maximum.reduceat` takes each module's best example, and only
-the top modules are looked at in Python. No Python loop runs over examples or modules.
+the top modules are looked at in Python. When the text's features touch few examples (a small
+catalogue, or rare features), the same sums are made in plain Python over the touched examples
+only: each numpy call costs about a microsecond whatever its size, more than a few dozen
+additions. Both ways add the same products in the same order, so they give identical scores,
+ranks and examples (tested).
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import dataclasses
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
@@ -33,6 +36,13 @@ log = logging.getLogger("system.router.semantic")
 
 _MASK_CACHE_SIZE = 256
 _FULL_SORT_MODULES = 256  # below this, one argsort beats argpartition plus a sort
+SPARSE_ROWS = 1024
+"""Languages with at most this many examples also keep their postings as Python tuples (about
+70 bytes a posting), for the plain-Python scoring; bigger ones score with numpy only."""
+SPARSE_POSTINGS = 64
+"""Up to this many (example, feature) postings touched by a text (and at most
+`_FULL_SORT_MODULES` modules), `match` scores in plain Python; above it, with numpy (measured:
+about where the two cost the same)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +104,12 @@ class _LanguageIndex:
     postings: list[tuple[np.ndarray, np.ndarray]]
     """Per feature column, the example rows holding it and their tf-idf values (views of the
     transposed CSR matrix)."""
+    posting_lists: list[tuple[tuple[int, ...], tuple[float, ...]]] | None
+    """The same postings as Python rows and values, for the plain-Python scoring; None above
+    `SPARSE_ROWS` examples."""
+    posting_sizes: list[int]
+    row_modules: list[int]
+    """Module position of each example row."""
     rows: int
     module_ids: tuple[str, ...]  # in index order
     module_starts: np.ndarray  # first row of each module; rows of a module are contiguous
@@ -124,7 +140,7 @@ class SemanticIndex:
         """Modules named in the config's `examples` that no profile declares (ignored)."""
         self.build_seconds = build_seconds
         self._languages = languages
-        self._masks: dict[tuple[str, frozenset[str]], np.ndarray] = {}
+        self._masks: dict[tuple[str, frozenset[str]], _Mask] = {}
 
     @classmethod
     def build(
@@ -229,35 +245,27 @@ class SemanticIndex:
             return Match(lang, (), 0.0, 0.0, coverage, 0.0, time.perf_counter() - started)
 
         # Cosine = dot product of l2-normalised vectors; only the examples holding one of the
-        # text's features get a contribution, one vectorised update per feature. Unlike
-        # TfidfVectorizer.transform, the text's norm keeps its unknown unigrams (at the largest
-        # idf): unfamiliar content lowers the score instead of vanishing. Unknown bigrams of
-        # known words are left out, as a new combination of familiar words is not new content.
+        # text's features get a contribution. Unlike TfidfVectorizer.transform, the text's norm
+        # keeps its unknown unigrams (at the largest idf): unfamiliar content lowers the score
+        # instead of vanishing. Unknown bigrams of known words are left out, as a new
+        # combination of familiar words is not new content.
         norm = math.sqrt(sum(w * w for w in weights) + unknown_squares)
-        scores = np.zeros(index.rows)
-        for column, weight in zip(columns, weights, strict=True):
-            rows, values = index.postings[column]
-            scores[rows] += values * (weight / norm)
-        best = np.maximum.reduceat(scores, index.module_starts)
-        if allowed is not None:
-            best[~self._mask(index, allowed)] = -1.0
-        count = min(limit + 1, best.size)  # one more than asked, for s2
-        if best.size > _FULL_SORT_MODULES:
-            top = np.argpartition(-best, count - 1)[:count]
-            top = top[np.argsort(-best[top], kind="stable")]
+        mask = None if allowed is None else self._mask(index, allowed)
+        count = min(limit + 1, len(index.module_ids))  # one more than asked, for s2
+        sizes = index.posting_sizes
+        if (
+            index.posting_lists is not None
+            and len(index.module_ids) <= _FULL_SORT_MODULES
+            and sum(sizes[c] for c in columns) <= SPARSE_POSTINGS
+        ):
+            ranked = _rank_sparse(index, columns, weights, norm, mask, count)
         else:
-            top = np.argsort(-best, kind="stable")[:count]
-        starts, ends = index.starts_list, index.ends_list
-        candidates: list[ModuleScore] = []
-        best_rows: list[int] = []
-        for position, score in zip(top.tolist(), best[top].tolist(), strict=True):
-            if score <= 1e-12:
-                break
-            row = starts[position] + int(scores[starts[position] : ends[position]].argmax())
-            best_rows.append(row)
-            candidates.append(
-                ModuleScore(index.module_ids[position], min(score, 1.0), index.example_ids[row])
-            )
+            ranked = _rank_dense(index, columns, weights, norm, mask, count)
+        candidates = [
+            ModuleScore(index.module_ids[position], min(score, 1.0), index.example_ids[row])
+            for position, score, row in ranked
+        ]
+        best_rows = [row for _, _, row in ranked]
         if not candidates:
             return Match(lang, (), 0.0, 0.0, coverage, 0.0, time.perf_counter() - started)
         s1 = candidates[0].score
@@ -275,17 +283,111 @@ class SemanticIndex:
             time.perf_counter() - started,
         )
 
-    def _mask(self, index: _LanguageIndex, allowed: Collection[str]) -> np.ndarray:
+    def _mask(self, index: _LanguageIndex, allowed: Collection[str]) -> _Mask:
         key = (index.language, frozenset(allowed))
         mask = self._masks.get(key)
         if mask is None:
-            mask = index.always | np.fromiter(
+            array = index.always | np.fromiter(
                 (m in key[1] for m in index.module_ids), dtype=bool, count=len(index.module_ids)
             )
+            mask = _Mask(array, array.tolist())
             if len(self._masks) >= _MASK_CACHE_SIZE:
                 self._masks.clear()
             self._masks[key] = mask
         return mask
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mask:
+    """Modules a player's `allowed` set lets take part (reject profiles always do)."""
+
+    array: np.ndarray
+    flags: list[bool]  # the same, for scalar lookups from Python
+
+
+_Ranked = list[tuple[int, float, int]]
+"""(module position, best score, best example row), best first, scores above 0 only."""
+
+
+def _rank_dense(
+    index: _LanguageIndex,
+    columns: list[int],
+    weights: list[float],
+    norm: float,
+    mask: _Mask | None,
+    count: int,
+) -> _Ranked:
+    """The top `count` modules, one vectorised update per feature (large postings)."""
+    scores = np.zeros(index.rows)
+    for column, weight in zip(columns, weights, strict=True):
+        rows, values = index.postings[column]
+        scores[rows] += values * (weight / norm)
+    best = np.maximum.reduceat(scores, index.module_starts)
+    if mask is not None:
+        best[~mask.array] = -1.0
+    if best.size > _FULL_SORT_MODULES:
+        top = np.argpartition(-best, count - 1)[:count]
+        top = top[np.argsort(-best[top], kind="stable")]
+    else:
+        top = np.argsort(-best, kind="stable")[:count]
+    starts, ends = index.starts_list, index.ends_list
+    ranked: _Ranked = []
+    for position, score in zip(top.tolist(), best[top].tolist(), strict=True):
+        if score <= 1e-12:
+            break
+        row = starts[position] + int(scores[starts[position] : ends[position]].argmax())
+        ranked.append((position, score, row))
+    return ranked
+
+
+def _rank_sparse(
+    index: _LanguageIndex,
+    columns: list[int],
+    weights: list[float],
+    norm: float,
+    mask: _Mask | None,
+    count: int,
+) -> _Ranked:
+    """What `_rank_dense` returns, in plain Python over the touched rows only (few postings).
+
+    The same products are added in the same order, so every score is bit-identical; an
+    untouched row scores 0 and never ranks; ties go to the lower module position (the stable
+    argsort) and, within a module, to the lower row (argmax).
+    """
+    postings = index.posting_lists
+    assert postings is not None
+    scores: dict[int, float] = {}
+    get = scores.get
+    for column, weight in zip(columns, weights, strict=True):
+        scale = weight / norm
+        rows, values = postings[column]
+        for row, value in zip(rows, values, strict=True):
+            scores[row] = get(row, 0.0) + value * scale
+    row_modules = index.row_modules
+    best: dict[int, tuple[float, int]] = {}
+    for row, score in scores.items():
+        position = row_modules[row]
+        held = best.get(position)
+        if held is None or score > held[0] or (score == held[0] and row < held[1]):
+            best[position] = (score, row)
+    flags = mask.flags if mask is not None else None
+    ranked = [
+        (position, score, row)
+        for position, (score, row) in best.items()
+        if score > 1e-12 and (flags is None or flags[position])
+    ]
+    ranked.sort(key=lambda r: (-r[1], r[0]))
+    return ranked[:count]
+
+
+def _count(items: tuple[str, ...]) -> dict[str, int]:
+    """Occurrences in first-seen order, like `Counter` (whose set-up costs more than counting
+    a text's few features)."""
+    counts: dict[str, int] = {}
+    get = counts.get
+    for item in items:
+        counts[item] = get(item, 0) + 1
+    return counts
 
 
 def _weights(
@@ -296,13 +398,13 @@ def _weights(
     vocabulary, idf = index.vocabulary, index.idf
     columns: list[int] = []
     weights: list[float] = []
-    for feature, count in Counter(analysis.features).items():
+    for feature, count in _count(analysis.features).items():
         column = vocabulary.get(feature)
         if column is not None:
             columns.append(column)
             weights.append((1.0 + math.log(count)) * idf[column])
     known = total = unknown_squares = 0.0
-    for feature, count in Counter(analysis.unigrams).items():
+    for feature, count in _count(analysis.unigrams).items():
         column = vocabulary.get(feature)
         if column is not None:
             weight = (1.0 + math.log(count)) * idf[column]
@@ -351,6 +453,10 @@ def _build_language(
         (indices[indptr[j] : indptr[j + 1]], transposed.data[indptr[j] : indptr[j + 1]])
         for j in range(transposed.shape[0])
     ]
+    ends = [*starts[1:], len(texts)]
+    row_modules = [
+        p for p, (a, b) in enumerate(zip(starts, ends, strict=True)) for _ in range(a, b)
+    ]
     vocabulary = {str(k): int(v) for k, v in vectorizer.vocabulary_.items()}
     unigrams = tuple(frozenset(analyzer.analyze(t).unigrams) for t in texts)
     return _LanguageIndex(
@@ -360,11 +466,16 @@ def _build_language(
         # smooth idf of a feature in no example: ln((1 + n) / 1) + 1
         unknown_idf=math.log(1 + len(texts)) + 1.0,
         postings=postings,
+        posting_lists=[(tuple(r.tolist()), tuple(v.tolist())) for r, v in postings]
+        if len(texts) <= SPARSE_ROWS
+        else None,
+        posting_sizes=[len(r) for r, _ in postings],
+        row_modules=row_modules,
         rows=len(texts),
         module_ids=tuple(module_ids),
         module_starts=np.asarray(starts, dtype=np.intp),
         starts_list=starts,
-        ends_list=[*starts[1:], len(texts)],
+        ends_list=ends,
         always=np.asarray(always, dtype=bool),
         example_ids=tuple(example_ids),
         example_unigrams=unigrams,

@@ -59,6 +59,7 @@ MAX_CANDIDATES = 5
 SOFT_GATES = frozenset({"score", "margin"})
 """Seed gates a calibrated probability may stand in for (scorer mode `calibrated`)."""
 _EPSILON = 1e-9  # cosine of identical texts may come out a hair under 1.0
+_SHORTCUT_SETS = 256  # allowed sets whose shortcut list is remembered
 
 Outcome = Literal["direct", "shadow_direct", "no_direct", "off"]
 
@@ -148,6 +149,7 @@ class SemanticRouter:
         )
         self._profiles: Mapping[str, Profile] = MappingProxyType({p.module_id: p for p in profiles})
         self._rejects = sum(p.kind == "reject" for p in profiles)
+        self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
         self._scorer = (
             ModuleScorer.train(self._index)
             if self._index is not None and config.scorer.mode != "gates"
@@ -333,13 +335,25 @@ class SemanticRouter:
                     break
         if found:
             return found
-        return [
-            FallbackCandidate(
-                p.module_id, p.choice_label, MappingProxyType({}), 0.0, "", "shortcut"
-            )
-            for p in self._profiles.values()
-            if p.is_shortcut and (allowed is None or p.module_id in allowed)
-        ][:MAX_CANDIDATES]
+        return list(self._shortcuts(allowed))
+
+    def _shortcuts(self, allowed: Collection[str] | None) -> tuple[FallbackCandidate, ...]:
+        """The read-only shortcuts `allowed` lets a player see, in registration order, at most
+        5; worked out once per allowed set (profiles never change)."""
+        key = None if allowed is None else frozenset(allowed)
+        shortcuts = self._shortcut_cache.get(key)
+        if shortcuts is None:
+            shortcuts = tuple(
+                FallbackCandidate(
+                    p.module_id, p.choice_label, MappingProxyType({}), 0.0, "", "shortcut"
+                )
+                for p in self._profiles.values()
+                if p.is_shortcut and (allowed is None or p.module_id in allowed)
+            )[:MAX_CANDIDATES]
+            if len(self._shortcut_cache) >= _SHORTCUT_SETS:
+                self._shortcut_cache.clear()
+            self._shortcut_cache[key] = shortcuts
+        return shortcuts
 
     def _matched(
         self,

@@ -204,6 +204,8 @@ class Analyzer:
         self._zh_stop = self.lexicon.stopwords.get("zh", frozenset())
         self._en_stop = self.lexicon.stopwords.get("en", frozenset())
         self._phrase_len = max((w.count(" ") + 1 for w in self._en), default=1)
+        # First words of the multi-word phrases: a phrase is only looked up where one starts.
+        self._phrase_starts = frozenset(w.split(" ", 1)[0] for w in self._en if " " in w)
         self._action = frozenset(f for f, c in self.lexicon.classes.items() if c == "action")
         # A private tokenizer: adding the domain words must not change jieba for anyone else.
         self._jieba = jieba.Tokenizer()
@@ -262,7 +264,10 @@ class Analyzer:
     def _words(self, words: list[str], out: list[str]) -> None:
         i = 0
         while i < len(words):
-            for n in range(min(self._phrase_len, len(words) - i), 1, -1):
+            longest = (
+                min(self._phrase_len, len(words) - i) if words[i] in self._phrase_starts else 1
+            )
+            for n in range(longest, 1, -1):
                 feature = self._en.get(" ".join(words[i : i + n]))
                 if feature is not None:
                     out.append(feature)
