@@ -11,6 +11,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+import services  # noqa: F401 - turns gRPC fork support off before any gRPC import
+
 DEFAULT_DSN = "postgresql://127.0.0.1:5432/test"
 
 
