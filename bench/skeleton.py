@@ -108,7 +108,7 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
                     router_pb2.RouteRequest(player=player, text="help"), timeout=5
                 ),
             ),
-            "engine Execute (with history write)": await _time(
+            "engine Execute (its history written after the reply)": await _time(
                 "engine Execute",
                 n,
                 lambda: engine.Execute(

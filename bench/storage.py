@@ -2,7 +2,7 @@
 
     python -m bench.storage [--seconds 5] [--clients 1,8,32] [--backends sqlite,postgres]
                             [--paths direct,grpc] [--quick] [--out DIR]
-                            [--server-setting NAME=VALUE ...]
+                            [--server-setting NAME=VALUE ...] [--connections N]
 
 `--quick` is for iterating on the code: PostgreSQL only, 32 clients, 3 s per cell, results in
 a temporary folder unless `--out` is given (the full run, the default, is what gets recorded).
@@ -421,17 +421,30 @@ class _StorageProcess:
                 self.process.wait()
 
 
+def _connections(target: str, count: int) -> list[grpc.aio.Channel]:
+    """`count` channels, each on a TCP connection of its own (gRPC otherwise shares one
+    connection between channels with the same settings): with `workers`, the kernel spreads
+    connections, not calls, over the storage processes, as it would spread the connections
+    of several engine replicas and gateways."""
+    if count == 1:
+        return [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)]
+    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    return [grpc.aio.insecure_channel(target, options=options) for _ in range(count)]
+
+
 async def _run_grpc(
-    storage: _StorageProcess, backend: str, clients: int, seconds: float
+    storage: _StorageProcess, backend: str, clients: int, seconds: float, connections: int = 1
 ) -> dict[str, Any]:
     label = f"{backend} gRPC x{clients}"
-    async with grpc.aio.insecure_channel(storage.target, options=CHANNEL_OPTIONS) as channel:
-        stub = journal_pb2_grpc.JournalServiceStub(channel)
-        await channel.channel_ready()
+    channels = _connections(storage.target, min(connections, clients))
+    try:
+        stubs = [journal_pb2_grpc.JournalServiceStub(channel) for channel in channels]
+        await asyncio.gather(*(channel.channel_ready() for channel in channels))
         now = time.perf_counter()
         window = _Window(now + WARMUP_SECONDS, now + WARMUP_SECONDS + seconds)
 
         async def client(index: int) -> None:
+            stub = stubs[index % len(stubs)]
             players = _Players(f"{backend}-grpc-{clients}", index)
             while time.perf_counter() < window.end:
                 player = players.next()
@@ -455,6 +468,9 @@ async def _run_grpc(
         await asyncio.gather(progress(), *(client(i) for i in range(clients)))
         bar.done()
         cpu = meter.used()
+    finally:
+        for channel in channels:
+            await channel.close()
     return _cell_result(backend, "grpc", clients, window, cpu)
 
 
@@ -580,6 +596,7 @@ def run_backend(
     seconds: float,
     paths: tuple[str, ...] = ("direct", "grpc"),
     settings: dict[str, str] | None = None,
+    connections: int = 1,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None]:
     """Every cell of one database, the transport figures of its storage process and, when
     both paths are measured, the interleaved one-client overhead probe."""
@@ -601,7 +618,9 @@ def run_backend(
                     if "direct" in paths:
                         cells.append(run_direct(store, backend, n, seconds))
                     if "grpc" in paths:
-                        cells.append(asyncio.run(_run_grpc(storage, backend, n, seconds)))
+                        cells.append(
+                            asyncio.run(_run_grpc(storage, backend, n, seconds, connections))
+                        )
             finally:
                 close()
         finally:
@@ -610,6 +629,10 @@ def run_backend(
 
 
 # -- report ------------------------------------------------------------------------------------
+
+
+def _connections_text(count: int) -> str:
+    return "one channel" if count == 1 else f"{count} channels, a TCP connection each"
 
 
 def _comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -721,7 +744,7 @@ def _markdown(results: dict[str, Any]) -> str:
         "A receipt write is one Commit holding one ReceiptWrite; a step is two of them "
         "(RUNNING, then DONE with a 64-byte result). gRPC: `python -m storage_service` as its "
         "own process (production settings: group commit, INFO access log, metrics), N asyncio "
-        "clients on one channel. Direct: the same JournalStore in the bench process, N "
+        f"clients on {_connections_text(results.get('connections', 1))}. Direct: the same JournalStore in the bench process, N "
         "threads, each write its own transaction (`JournalStore.commit`). "
         f"{results['seconds_per_cell']} s per cell after a {WARMUP_SECONDS} s warm-up. "
         + (
@@ -937,6 +960,12 @@ def main() -> int:
         "recorded with the results",
     )
     parser.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="TCP connections the gRPC clients spread over (with workers=N: N or more)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="one quick look while iterating: postgres, 32 clients, 3 s (unless given)",
@@ -973,7 +1002,7 @@ def main() -> int:
     for backend in backends:
         try:
             backend_cells, transport[backend], probe = run_backend(
-                backend, clients, args.seconds, paths, settings
+                backend, clients, args.seconds, paths, settings, args.connections
             )
             cells.extend(backend_cells)
             if probe is not None:
@@ -991,6 +1020,7 @@ def main() -> int:
         "machine": describe_machine(),
         "seconds_per_cell": args.seconds,
         "server_settings": settings,
+        "connections": args.connections,
         "steps_per_task": STEPS_PER_TASK,
         "wall_seconds": round(time.perf_counter() - started, 1),
         # 1-minute load average before and after: other work on the machine skews every cell.
