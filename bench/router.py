@@ -60,22 +60,20 @@ GRPC_NOTES = [
     "is the machine's, other work included: a 1-minute figure well above 2 means the run was "
     "shared and the calls/s are low (the CPU per call much less so).",
     "",
-    "Where a Route's CPU goes: the gRPC server's own cost per call is the health row (0.4-0.5 "
-    "ms on asyncio, a little less on uvloop); routing in process costs about 0.15 ms per "
-    "request of this mix (measured with cProfile off: `SemanticRouter.decide`, plus for the "
-    "three quarters that fall back the selection card, which now reuses decide's match "
-    "instead of analysing and matching the text again — 0.30 ms before); the interceptor about "
-    "0.05 ms. What changed: the fallback reuses the match (0.30 → 0.15 ms per request in "
-    "process); the access log (one JSON line per call, kept) is written in batches at most "
-    "0.1 s late instead of one write per line, which in a server whose gRPC threads wait for "
-    "the interpreter lock also handed the lock over and back on every call, and each line is "
-    "built more cheaply (60 → 37 µs); the intent-cache lookup no longer hashes the text for a "
-    "player with no cached entry. Paired A/B under the same h2load load (16 connections, 6 s "
-    "each, the tree of commit e80a564 against this one, alternated five times, load average "
-    "3.4-8.7): router CPU per Route 0.97-1.15 ms before, 0.83-0.97 ms after (1 process, "
-    "asyncio), 0.74-0.76 ms with 2 workers on uvloop; Route calls/s 1,030-1,180 before, "
-    "1,130-1,390 after, 2,200-2,340 with 2 workers on uvloop. The first recorded run "
-    "(2026-11-30 01:02, quiet machine, one Python client process) had 0.96 ms and 1,212/s.",
+    "Where a Route's CPU goes (2026-11-30, after the changes below; py-spy on a worker under "
+    "h2load): about 72 % of the time a worker holds the interpreter lock is gRPC's and the "
+    "event loop's own C code, the Route handler about 16 %, the interceptor 7-10 %; with no "
+    "routing at all a Route would still cost about 0.36 ms on the earlier machine. What "
+    "changed over time: the fallback reuses decide's match (0.30 -> 0.15 ms per request in "
+    "process); the access log is written in batches and its line is built directly, without "
+    "a LogRecord; the intent-cache lookup does not hash the text for a player with no cached "
+    "entry; `match` scores small indexes (the engine's catalogue) in plain Python, where "
+    "numpy's fixed cost per call dominated, with bit-identical scores; the allowed-module set "
+    "and the selection card's shortcuts are remembered per catalogue and permission snapshot; "
+    "the match report is written into the response rather than copied. Instructions per "
+    "Route under callgrind for the 16 texts h2load sends: about 470k -> 356k (-22 %). Earlier "
+    "paired A/B runs (commit e80a564 against its successor, load average 3.4-8.7): router CPU "
+    "per Route 0.97-1.15 -> 0.83-0.97 ms in one process, 0.74-0.76 ms with 2 workers on uvloop.",
     "",
     "Server models compared before choosing (bare health servers, no interceptor, h2load with "
     "64 streams, same day, load average 3-5): grpc.aio on asyncio 0.42-0.45 ms of CPU per call "
@@ -86,14 +84,13 @@ GRPC_NOTES = [
     "model gateway); uvloop gives the same cost per call with no change to any service, so "
     "the host offers `event_loop` and `workers` rather than a second server model.",
     "",
-    "Why 3,000/s is not reached on this machine: the router's CPU per Route times 3,000 is "
-    "more than the 2 cores (see the ceiling column), even with a load generator that costs "
-    "nothing; the empty health call alone, at 0.4-0.5 ms, tops out around 3,500-5,000/s. "
-    "3,000 routes/s on 2 cores needs the router under about 0.62 ms per call, that is at most "
-    "about 0.2 ms on top of what the Python gRPC server spends on an empty call. With "
-    "`workers` the router scales with cores (each worker is a full replica, see the router "
-    "README for what that means for the intent cache): at these costs 3,000/s needs about "
-    "2.2-2.6 free cores.",
+    "The 3,000/s target: 3,000 routes/s on 2 cores needs the router's CPU per Route plus the "
+    "load generator's under about 0.67 ms (see the ceiling column). On the machine of the "
+    "earlier runs a Route cost 0.72 ms with 2 workers on uvloop and the empty call alone "
+    "0.41 ms, so the target stayed out of reach there (2,012/s); on this run's machine the "
+    "same call costs about half, and with the changes above a Route costs about 0.36 ms with "
+    "2 workers on uvloop. With `workers` the router scales with cores (each worker is a full "
+    "replica; see the router README for what that means for the intent cache).",
 ]
 
 
