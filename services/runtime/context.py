@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import random
 import time
-import uuid
 from collections.abc import Iterator
 
 __all__ = [
     "REQUEST_ID_KEY",
     "current_deadline",
     "current_request_id",
+    "enter_request",
+    "leave_request",
     "new_request_id",
     "remaining_seconds",
     "request_scope",
@@ -29,8 +31,10 @@ _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("deadli
 
 
 def new_request_id() -> str:
-    """A fresh request id: 32 hex characters."""
-    return uuid.uuid4().hex
+    """A fresh request id: 32 hex characters. Made for every call that arrives without one,
+    so from the `random` module's generator (reseeded in forked children) rather than
+    uuid4's system call: it names a request in logs and is not a secret."""
+    return f"{random.getrandbits(128):032x}"
 
 
 def current_request_id() -> str:
@@ -52,21 +56,34 @@ def remaining_seconds(default: float | None = None) -> float | None:
     return left if default is None else min(left, default)
 
 
+RequestTokens = tuple[contextvars.Token[str], contextvars.Token[float | None]]
+
+
+def enter_request(request_id: str | None = None, timeout: float | None = None) -> RequestTokens:
+    """`request_scope` without the context manager (the server interceptor's hot path): sets
+    the id and deadline; `leave_request` with the returned tokens restores what was there."""
+    rid = request_id or _request_id.get() or new_request_id()
+    deadline = _deadline.get()
+    if timeout is not None:
+        mine = time.monotonic() + timeout
+        deadline = mine if deadline is None else min(deadline, mine)
+    return _request_id.set(rid), _deadline.set(deadline)
+
+
+def leave_request(tokens: RequestTokens) -> None:
+    id_token, deadline_token = tokens
+    _deadline.reset(deadline_token)
+    _request_id.reset(id_token)
+
+
 @contextlib.contextmanager
 def request_scope(request_id: str | None = None, timeout: float | None = None) -> Iterator[str]:
     """Runs a block as one request: sets its id and, if given, a deadline `timeout` from now.
 
     A deadline already in force is never extended: the earlier one wins.
     """
-    rid = request_id or _request_id.get() or new_request_id()
-    deadline = _deadline.get()
-    if timeout is not None:
-        mine = time.monotonic() + timeout
-        deadline = mine if deadline is None else min(deadline, mine)
-    id_token = _request_id.set(rid)
-    deadline_token = _deadline.set(deadline)
+    tokens = enter_request(request_id, timeout)
     try:
-        yield rid
+        yield _request_id.get()
     finally:
-        _deadline.reset(deadline_token)
-        _request_id.reset(id_token)
+        leave_request(tokens)
