@@ -95,6 +95,9 @@ class PlayerRuns:
         self.busy_wait = busy_wait
         self._runs: dict[str, Run] = {}
         self._releasing: set[asyncio.Task[Any]] = set()
+        # Per player, how many times this replica has taken the lease (while a release is
+        # pending): a release superseded by a newer acquisition is not sent (see _release).
+        self._taken: dict[str, int] = {}
 
     def running(self, player_id: str) -> Run | None:
         return self._runs.get(player_id)
@@ -142,6 +145,7 @@ class PlayerRuns:
             return await body()
         name = lease_name(run.player_id)
         token = await self._acquire(name)
+        taken = self._taken[run.player_id] = self._taken.get(run.player_id, 0) + 1
         keeper = _detached(self._keep(run, name, token))
         try:
             return await body()
@@ -154,7 +158,7 @@ class PlayerRuns:
             # cancel) is not refused while the write and the release travel.
             # A new acquisition by this replica gets a newer token, and storage refuses the old
             # token's late release, so the two can never clash.
-            release = _detached(self._release(name, token, run.written))
+            release = _detached(self._release(run.player_id, token, taken, run.written))
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
 
@@ -192,12 +196,21 @@ class PlayerRuns:
                     run.job.cancel()
                 return
 
-    async def _release(self, name: str, token: int, after: asyncio.Future[Any] | None) -> None:
+    async def _release(
+        self, player_id: str, token: int, taken: int, after: asyncio.Future[Any] | None
+    ) -> None:
         assert self.leases is not None
         if after is not None:
             # Until the run's history write is stored, no other replica may start a run of
             # this player that could read the history without it.
             await asyncio.wait([after])
+        if self._taken.get(player_id) != taken:
+            # This replica took the lease again meanwhile (the player's next request): storage
+            # would refuse the older token's release anyway, and sending it would only wait on
+            # the lease row the newer acquisition holds. The newer run releases it.
+            return
+        del self._taken[player_id]
+        name = lease_name(player_id)
         try:
             await self.leases.release(name, self.owner, token)
         except Exception as exc:  # noqa: BLE001 - the lease expires on its own

@@ -949,3 +949,35 @@ async def test_the_player_lease_is_given_back_only_after_the_history_write() -> 
     for _ in range(20):
         await asyncio.sleep(0.01)
     assert events == ["acquire 1", "history", "release 1"]
+
+
+async def test_a_release_superseded_by_the_players_next_run_is_not_sent() -> None:
+    """The player's next request took the lease again before the first run's release went
+    out: that release (of an older token, which storage would refuse) is dropped, and only
+    the newer run gives the lease back."""
+    events: list[str] = []
+
+    class LoggedHistory(GatedHistory):
+        async def append_history(self, player_id: str, entries: Any) -> None:
+            await super().append_history(player_id, entries)
+            events.append("history")
+
+    history = LoggedHistory()
+    engine = Engine(
+        _registry(),
+        history,
+        BoundedExecutor("interactive", 4, 8),
+        execute_timeout=5.0,
+        history_timeout=1.0,
+        runs=PlayerRuns(RecordingLeases(events), "replica-a", 5),
+    )
+    await engine.execute(_player(), _action("system:help"), "first")
+    second = asyncio.ensure_future(engine.execute(_player(), _action("system:help"), "second"))
+    await asyncio.sleep(0.05)
+    assert events == ["acquire 1", "acquire 2"]  # the second waits for the first's history
+    history.open.set()
+    await second
+    await engine.flush_history()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert events == ["acquire 1", "acquire 2", "history", "history", "release 2"]
