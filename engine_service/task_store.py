@@ -14,7 +14,13 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import Dependency
-from services.runtime.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.runtime.errors import (
+    STALE_FENCE,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    error_reason,
+)
 
 __all__ = ["Claim", "LeaseLost", "TaskStore", "task_lease"]
 
@@ -43,7 +49,7 @@ def _storage_error(exc: grpc.aio.AioRpcError, what: str) -> Exception:
     """A journal RPC's failure as the engine sees it."""
     code = exc.code()
     detail = exc.details() or code.name
-    if code == grpc.StatusCode.FAILED_PRECONDITION and detail.startswith("stale fence"):
+    if error_reason(exc) == STALE_FENCE:
         return LeaseLost(detail)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return ModuleFailure(AgentFailure.STORAGE_FULL, f"{what}: {detail}")

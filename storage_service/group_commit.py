@@ -296,6 +296,7 @@ def _copy(error: Exception) -> Exception:
         copy = type(error)(*error.args)
     except Exception:  # noqa: BLE001 - an exception type with another signature
         return error
+    copy.__dict__.update(error.__dict__)  # attributes beyond args (a ServiceError's reason)
     copy.__cause__ = error.__cause__ or error
     return copy
 

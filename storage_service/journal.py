@@ -77,6 +77,7 @@ from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import (
+    STALE_FENCE,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -696,14 +697,17 @@ def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datet
     row = None if found is None else _FencedLease(*found)
     where = f"stale fence: lease {fence.lease_name!r} token {fence.token}"
     if row is None or row.owner is None:
-        raise FailedPrecondition(f"{where} is not held by anyone; acquire the lease again")
+        raise FailedPrecondition(
+            f"{where} is not held by anyone; acquire the lease again", STALE_FENCE
+        )
     if row.token != fence.token:
         raise FailedPrecondition(
             f"{where} was replaced by token {row.token} ({row.owner!r} holds it); stop and let "
-            "the current holder write"
+            "the current holder write",
+            STALE_FENCE,
         )
     if not _live(row, now):
-        raise FailedPrecondition(f"{where} has expired; acquire the lease again")
+        raise FailedPrecondition(f"{where} has expired; acquire the lease again", STALE_FENCE)
 
 
 # -- tasks -------------------------------------------------------------------------------------

@@ -21,12 +21,14 @@ from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.errors import (
+    STALE_FENCE,
     Aborted,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
     ServiceError,
+    error_reason,
 )
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
@@ -746,8 +748,9 @@ def test_stale_fence_is_refused_on_every_fenced_write(store: JournalStore, clock
 
     for fence, words in [(stale, "was replaced by token"), (missing, "not held by anyone")]:
         for write in writes(fence):
-            with pytest.raises(FailedPrecondition, match=f"stale fence: .*{words}"):
+            with pytest.raises(FailedPrecondition, match=f"stale fence: .*{words}") as refused:
                 write()
+            assert refused.value.reason == STALE_FENCE
     clock.advance(31)  # the current token expired
     for write in writes(good):
         with pytest.raises(FailedPrecondition, match="stale fence: .*has expired"):
@@ -1178,6 +1181,34 @@ async def stub(
         await host.stop()
         if committer is not None:
             committer.close()
+
+
+async def test_a_stale_fence_says_so_in_trailing_metadata(
+    stub: journal_pb2_grpc.JournalServiceStub,
+) -> None:
+    """Callers tell a stale fence from other FAILED_PRECONDITIONs by `x-error-reason`."""
+    player = _player()
+    created = await stub.CreateTask(
+        journal_pb2.CreateTaskRequest(
+            player_id=player, module_id=MODULE, input=_input(n=1), event_key="e1"
+        )
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as stale:
+        await stub.TransitionTask(
+            journal_pb2.TransitionTaskRequest(
+                task_id=created.task.task_id,
+                state=RUNNING,
+                fence=journal_pb2.Fence(lease_name="task:nobody", token=1),
+            )
+        )
+    assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(stale.value) == STALE_FENCE
+    with pytest.raises(grpc.aio.AioRpcError) as invalid_move:
+        await stub.TransitionTask(
+            journal_pb2.TransitionTaskRequest(task_id=created.task.task_id, state=SUCCEEDED)
+        )
+    assert invalid_move.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(invalid_move.value) == ""
 
 
 async def test_service_round_trip(stub: journal_pb2_grpc.JournalServiceStub) -> None:

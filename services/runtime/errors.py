@@ -4,6 +4,8 @@ to its status code, so servicers stay thin and domain modules stay testable alon
 from __future__ import annotations
 
 __all__ = [
+    "ERROR_REASON_KEY",
+    "STALE_FENCE",
     "Aborted",
     "AlreadyExists",
     "DeadlineExceeded",
@@ -15,17 +17,37 @@ __all__ = [
     "ServiceError",
     "Unauthenticated",
     "Unavailable",
+    "error_reason",
 ]
 
 
+# Trailing-metadata key of a machine-readable reason, for errors a caller must tell apart from
+# others with the same status code (the protos document which reasons a method can give).
+ERROR_REASON_KEY = "x-error-reason"
+
+STALE_FENCE = "STALE_FENCE"
+"""FAILED_PRECONDITION reason: the write's lease fence is stale; stop writing for that work."""
+
+
 class ServiceError(Exception):
-    """Base of errors that become a gRPC status. `code` is the grpc.StatusCode name."""
+    """Base of errors that become a gRPC status. `code` is the grpc.StatusCode name; `reason`,
+    when set, travels as the `x-error-reason` trailing metadata."""
 
     code = "INTERNAL"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, reason: str = "") -> None:
         super().__init__(message)
         self.message = message
+        self.reason = reason
+
+
+def error_reason(error: object) -> str:
+    """The `x-error-reason` of a failed call (a grpc.aio.AioRpcError or grpc.RpcError), or ""."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == ERROR_REASON_KEY:
+            return str(value)
+    return ""
 
 
 class InvalidArgument(ServiceError):

@@ -23,7 +23,7 @@ import grpc
 
 from services.runtime import context as request_context
 from services.runtime.context import current_request_id
-from services.runtime.errors import ServiceError
+from services.runtime.errors import ERROR_REASON_KEY, ServiceError
 from services.runtime.logging import ACCESS_LOGGER, JsonFormatter, access_handler
 from services.runtime.metrics import RPC_HANDLED, RPC_LATENCY
 
@@ -76,7 +76,11 @@ class _Call:
         """Aborts the call with the status `exc` maps to. Always raises."""
         if isinstance(exc, ServiceError):
             self.code = exc.code
-            await self.context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            await self.context.abort(
+                getattr(grpc.StatusCode, exc.code),
+                exc.message,
+                ((ERROR_REASON_KEY, exc.reason),) if exc.reason else (),
+            )
         if isinstance(exc, asyncio.CancelledError):
             self.code = "CANCELLED"
             raise exc
