@@ -922,9 +922,9 @@ class RecordingLeases:
         self.log.append(f"release {token}")
 
 
-async def test_the_player_lease_is_given_back_only_after_the_history_write() -> None:
-    """Another replica cannot start a run of the player before the exchange is stored."""
-    events: list[str] = []
+def _leased_engine(events: list[str]) -> tuple[Engine, GatedHistory]:
+    """An engine on recording player leases whose history writes wait for `history.open`;
+    both record into `events` in the order things happen."""
 
     class LoggedHistory(GatedHistory):
         async def append_history(self, player_id: str, entries: Any) -> None:
@@ -940,6 +940,13 @@ async def test_the_player_lease_is_given_back_only_after_the_history_write() -> 
         history_timeout=1.0,
         runs=PlayerRuns(RecordingLeases(events), "replica-a", 5),
     )
+    return engine, history
+
+
+async def test_the_player_lease_is_given_back_only_after_the_history_write() -> None:
+    """Another replica cannot start a run of the player before the exchange is stored."""
+    events: list[str] = []
+    engine, history = _leased_engine(events)
     result = await engine.execute(_player(), _action("system:help"), "help")
     assert result.status == SUCCEEDED
     await asyncio.sleep(0.05)
@@ -956,21 +963,7 @@ async def test_a_release_superseded_by_the_players_next_run_is_not_sent() -> Non
     out: that release (of an older token, which storage would refuse) is dropped, and only
     the newer run gives the lease back."""
     events: list[str] = []
-
-    class LoggedHistory(GatedHistory):
-        async def append_history(self, player_id: str, entries: Any) -> None:
-            await super().append_history(player_id, entries)
-            events.append("history")
-
-    history = LoggedHistory()
-    engine = Engine(
-        _registry(),
-        history,
-        BoundedExecutor("interactive", 4, 8),
-        execute_timeout=5.0,
-        history_timeout=1.0,
-        runs=PlayerRuns(RecordingLeases(events), "replica-a", 5),
-    )
+    engine, history = _leased_engine(events)
     await engine.execute(_player(), _action("system:help"), "first")
     second = asyncio.ensure_future(engine.execute(_player(), _action("system:help"), "second"))
     await asyncio.sleep(0.05)
