@@ -421,6 +421,13 @@ class Engine:
         if writing is not None:
             await asyncio.wait([writing])
 
+    async def settle_history(self, player_id: str) -> bool:
+        """Returns once every exchange of the player already answered is in history, on any
+        replica; False when a run of the player is still in progress (see
+        PlayerRuns.settle)."""
+        await self._written(player_id)
+        return await self.runs.settle(player_id)
+
     async def flush_history(self) -> None:
         """Waits for every history write in flight (at shutdown, and in tests)."""
         while self._writing:

@@ -162,6 +162,29 @@ class PlayerRuns:
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
 
+    async def settle(self, player_id: str) -> bool:
+        """Takes the player's lease and gives it back at once: returns once no run of the
+        player holds it on any replica (each keeps it until its exchange is in history), or
+        False when one still does after `busy_wait`. Raises Unavailable without storage."""
+        if player_id in self._runs:
+            return False
+        if self.leases is None:
+            return True
+        name = lease_name(player_id)
+        try:
+            token = await self._acquire(name)
+        except ResourceExhausted:
+            return False
+        await self._release_now(name, token)
+        return True
+
+    async def _release_now(self, name: str, token: int) -> None:
+        assert self.leases is not None
+        try:
+            await self.leases.release(name, self.owner, token)
+        except Exception as exc:  # noqa: BLE001 - the lease expires on its own
+            log.warning("player lease %s was not released: %s", name, exc)
+
     async def _acquire(self, name: str) -> int:
         """Takes the player's lease, asking again for up to `busy_wait` seconds while another
         replica holds it: a replica gives the lease back just after its reply (once the
@@ -210,8 +233,4 @@ class PlayerRuns:
             # the lease row the newer acquisition holds. The newer run releases it.
             return
         del self._taken[player_id]
-        name = lease_name(player_id)
-        try:
-            await self.leases.release(name, self.owner, token)
-        except Exception as exc:  # noqa: BLE001 - the lease expires on its own
-            log.warning("player lease %s was not released: %s", name, exc)
+        await self._release_now(lease_name(player_id), token)

@@ -41,6 +41,12 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         cancelled = self._engine.cancel(request.player.player_id, request.request_id)
         return engine_pb2.CancelRunResponse(cancelled=cancelled)
 
+    async def SettleHistory(self, request, context):  # type: ignore[no-untyped-def]
+        if not request.player.player_id:
+            raise InvalidArgument("player.player_id is required")
+        settled = await self._engine.settle_history(request.player.player_id)
+        return engine_pb2.SettleHistoryResponse(settled=settled)
+
     async def GetCatalog(self, request, context):  # type: ignore[no-untyped-def]
         player = request.player if request.HasField("player") else None
         if player is not None and not player.player_id:

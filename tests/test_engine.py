@@ -974,3 +974,39 @@ async def test_a_release_superseded_by_the_players_next_run_is_not_sent() -> Non
     for _ in range(20):
         await asyncio.sleep(0.01)
     assert events == ["acquire 1", "acquire 2", "history", "history", "release 2"]
+
+
+async def test_settle_history_waits_for_the_answered_exchange() -> None:
+    """SettleHistory returns once the exchange already answered is stored (and the lease it
+    took is given back); with a run of the player in progress it answers False."""
+    events: list[str] = []
+    engine, history = _leased_engine(events)
+    await engine.execute(_player(), _action("system:help"), "help")
+    settle = asyncio.ensure_future(engine.settle_history("p-1"))
+    await asyncio.sleep(0.05)
+    assert not settle.done() and "history" not in events
+    history.open.set()
+    assert await settle is True
+    assert events.index("history") < events.index("acquire 2")
+    assert events[-1] == "release 2"
+
+    gate = asyncio.Event()
+
+    async def waits(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        await gate.wait()
+        return await _ok(data, ctx)
+
+    busy = Engine(
+        _registry(_module("test:wait", waits)),
+        MemoryHistory(),
+        BoundedExecutor("interactive", 4, 8),
+        execute_timeout=5.0,
+        history_timeout=1.0,
+        runs=PlayerRuns(RecordingLeases([]), "replica-a", 5),
+    )
+    running = asyncio.ensure_future(busy.execute(_player(), _action("test:wait"), "wait"))
+    await asyncio.sleep(0.05)
+    assert await busy.settle_history("p-1") is False
+    gate.set()
+    await running
+    assert await busy.settle_history("p-1") is True

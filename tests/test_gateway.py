@@ -203,6 +203,29 @@ async def test_card_action_the_gateway_does_not_know(client: GameServerClient) -
     await serves(client)
 
 
+async def test_history_controls_right_after_a_reply_see_its_exchange(
+    chain: Chain, client: GameServerClient
+) -> None:
+    """The engine writes an exchange just after its reply; HISTORY and CLEAR_HISTORY first
+    have the engine settle the player's history, so neither misses the exchange just shown.
+    Each history write is made 100 ms slow here, so a control that did not wait would."""
+    store = chain.apps["engine"].engine.history
+    write = store.append_history
+
+    async def slow_write(player_id: str, entries: list[common_pb2.HistoryEntry]) -> None:
+        await asyncio.sleep(0.1)
+        await write(player_id, entries)
+
+    store.append_history = slow_write
+    for round_ in range(3):
+        assert_help(await client.chat(STEVE, "help"), "助手帮助")
+        shown = await client.control(STEVE, gateway_pb2.CONTROL_ACTION_HISTORY)
+        assert [e.text for e in shown.history.entries][-2] == "help", round_
+        assert_help(await client.chat(STEVE, "help"), "助手帮助")
+        await client.control(STEVE, gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY)
+        assert await history(chain, STEVE) == [], round_  # nothing landed after the clear
+
+
 async def test_controls_and_preferences(chain: Chain, client: GameServerClient) -> None:
     state = await client.control(ALEX, gateway_pb2.CONTROL_ACTION_STATE)
     assert state.state == gateway_pb2.State(busy=False, history_enabled=True, external_enabled=True)

@@ -48,6 +48,9 @@ _RPC_FAILURES = {
 
 MAX_INPUT_DEPTH = 32
 """Deepest nesting of a button's JSON input; deeper inputs could not be decoded downstream."""
+# Longest a history control waits for the engine to settle the player's history (the engine
+# itself waits at most half a second for a run finishing elsewhere).
+SETTLE_SECONDS = 2.0
 
 
 def _depth(value: object) -> int:
@@ -159,6 +162,17 @@ class PlayerRequests:
             ),
             "clearing the player's routing scope",
         )
+
+    async def _settle_history(self, player: common_pb2.PlayerContext) -> None:
+        """Waits for the player's answered exchanges to be in history (the engine writes each
+        just after its reply), so that reading or clearing it now misses none. Best effort:
+        without the engine the control still works on what storage holds."""
+        try:
+            await self.engine.stub.SettleHistory(
+                engine_pb2.SettleHistoryRequest(player=player), timeout=SETTLE_SECONDS
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("history not settled before a history control: %s", exc.details())
 
     def cancel_runs(self, player: common_pb2.PlayerContext) -> None:
         """Asks the engine to cancel the player's runs (a CANCEL control); the gateway's own
@@ -380,11 +394,13 @@ class PlayerRequests:
             )
             response.state.CopyFrom(_state(prefs.preferences, busy_request_id))
         elif action == gateway_pb2.CONTROL_ACTION_HISTORY:
+            await self._settle_history(player)
             page = await stub.ListHistory(
                 storage_pb2.ListHistoryRequest(player_id=player.player_id)
             )
             response.history.CopyFrom(gateway_pb2.History(entries=page.entries))
         elif action == gateway_pb2.CONTROL_ACTION_CLEAR_HISTORY:
+            await self._settle_history(player)
             cleared = await stub.ClearHistory(
                 storage_pb2.ClearHistoryRequest(player_id=player.player_id)
             )
