@@ -3,7 +3,6 @@ gateway and player Steve asks for help; the router, engine and storage each do t
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 from system.common.v1 import common_pb2
+from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from services.gamesim import GameServerClient
@@ -59,16 +59,17 @@ async def test_help_through_all_five_services(stack: Stack) -> None:
         await client.close()
 
     # Storage recorded each exchange in Steve's history: his words and the card he got (the
-    # last one is written just after its reply went back).
-    deadline = time.monotonic() + 5
+    # last one is written just after its reply went back: settling waits for it).
+    with grpc.insecure_channel(stack.target("engine")) as channel:
+        settled = engine_pb2_grpc.EngineServiceStub(channel).SettleHistory(
+            engine_pb2.SettleHistoryRequest(player=common_pb2.PlayerContext(player_id=PLAYER)),
+            timeout=5,
+        )
+    assert settled.settled
     with grpc.insecure_channel(stack.target("storage")) as channel:
-        while True:
-            page = storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
-                storage_pb2.ListHistoryRequest(player_id=PLAYER, page_size=20), timeout=5
-            )
-            if len(page.entries) >= 6 or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.05)
+        page = storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
+            storage_pb2.ListHistoryRequest(player_id=PLAYER, page_size=20), timeout=5
+        )
     texts = [entry.text for entry in page.entries if entry.role == common_pb2.HISTORY_ROLE_PLAYER]
     assert texts == ["帮助", "help", "/help"]
     answers = [e for e in page.entries if e.role == common_pb2.HISTORY_ROLE_ASSISTANT]

@@ -91,16 +91,12 @@ async def next_error(
 
 
 async def history(chain: Chain, player: str) -> list[common_pb2.HistoryEntry]:
-    """The player's stored history once it has settled: the engine writes each exchange just
-    after its reply, so two reads 50 ms apart must agree."""
-    request = storage_pb2.ListHistoryRequest(player_id=player, page_size=100)
-    page = await chain.storage_stub().ListHistory(request, timeout=5)
-    for _ in range(100):
-        await asyncio.sleep(0.05)
-        again = await chain.storage_stub().ListHistory(request, timeout=5)
-        if again == page:
-            break
-        page = again
+    """The player's stored history with every exchange already answered in it (the engine
+    writes each just after its reply; settling waits for that, as the gateway's controls do)."""
+    assert await chain.apps["engine"].engine.settle_history(player)
+    page = await chain.storage_stub().ListHistory(
+        storage_pb2.ListHistoryRequest(player_id=player, page_size=100), timeout=5
+    )
     return list(page.entries)
 
 
