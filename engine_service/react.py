@@ -33,6 +33,7 @@ __all__ = [
     "Observation",
     "ReActLoop",
     "recoverable",
+    "rounds_sparing_one_call",
 ]
 
 ANSWER_TOOL = "answer"
@@ -227,6 +228,14 @@ def recoverable(ctx: ExecutionContext, failure: ModuleFailure) -> bool:
     if failure.failure is AgentFailure.PERMISSION_DENIED:
         return ctx.registry.allows(ctx.spec.module_id, ctx.live_player())
     return failure.failure in RECOVERABLE
+
+
+def rounds_sparing_one_call(ctx: ExecutionContext) -> int:
+    """Loop rounds that leave one model call of the run's budget to compose from what was
+    found when the loop ends without an answer (a repeat, a failure, rounds spent); at least
+    one, at most the policy's rounds."""
+    calls_left = ctx.policy.model_calls - ctx.model_calls
+    return max(1, min(ctx.policy.rounds, calls_left - 1))
 
 
 def _arguments(text: str) -> dict[str, Any] | None:

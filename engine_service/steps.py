@@ -65,8 +65,9 @@ def _decode(receipt: journal_pb2.StepReceipt) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-def _unpack(step: journal_pb2.CompletedStep) -> tuple[str, str, bytes, str]:
-    return (step.step_id, step.tool, step.result, step.codec_id)
+def _completed(held: tuple[str, str, bytes, str]) -> journal_pb2.CompletedStep:
+    step_id, tool, encoded, codec_id = held
+    return journal_pb2.CompletedStep(step_id=step_id, tool=tool, result=encoded, codec_id=codec_id)
 
 
 class TaskSteps:
@@ -97,7 +98,8 @@ class TaskSteps:
                 failures; whatever the tool raised.
             LeaseLost: another replica holds the task now.
         """
-        previous = self._take_held()  # the previous result travels with this intent
+        held = self._take()  # the previous result travels with this intent
+        previous = _completed(held) if held is not None else None
         position = self._position
         self._position += 1
         task_id = self._claim.task.task_id
@@ -109,7 +111,7 @@ class TaskSteps:
                 )
             except BaseException:
                 if previous is not None:  # not stored: `finish` or `abandon` sends it
-                    self._held = _unpack(previous)
+                    self._held = held
                 raise
             previous = None
             if not created:
@@ -141,27 +143,19 @@ class TaskSteps:
         self._held = step
         self._timer = asyncio.get_running_loop().call_later(self._linger, self._send_held)
 
-    def _take_held(self) -> journal_pb2.CompletedStep | None:
-        """The held result, no longer held (its timer stopped), to send with a write."""
+    def _take(self) -> tuple[str, str, bytes, str] | None:
+        """The held result, no longer held (its timer stopped), for a write to carry."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         held, self._held = self._held, None
-        if held is None:
-            return None
-        step_id, tool, encoded, codec_id = held
-        return journal_pb2.CompletedStep(
-            step_id=step_id, tool=tool, result=encoded, codec_id=codec_id
-        )
+        return held
 
     def _send_held(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._held is None:
+        held = self._take()
+        if held is None:
             return
-        step_id, tool, encoded, codec_id = self._held
-        self._held = None
+        step_id, tool, encoded, codec_id = held
         self._sending.append(
             asyncio.ensure_future(
                 self._store.complete_step(self._claim, step_id, tool, encoded, codec_id)
@@ -184,10 +178,7 @@ class TaskSteps:
             LeaseLost: another replica holds the task now.
             ModuleFailure: storage refused or could not be reached.
         """
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        held, self._held = self._held, None
+        held = self._take()
         await self._sent()
         if held is None:
             await self._store.finish(self._claim, state, result)

@@ -10,6 +10,7 @@ outage mid-loop."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -110,6 +111,36 @@ class Stack:
         preferences = StoragePreferences(self.storage_target)
         self.closers += [knowledge, preferences]
         return BuiltinServices(knowledge, preferences)
+
+    def context(
+        self, module_id: str, source: int = COMMAND, with_model: bool = True
+    ) -> ExecutionContext:
+        """A context for a run of a built-in module by a player with the search feature, its
+        tools reaching the stack (and the model gateway, `with_model`)."""
+        registry = build_registry(EngineConfig(), self.services())
+        models = ModelClient(self.model_target) if with_model else None
+        if models is not None:
+            self.closers.append(models)
+        return ExecutionContext(
+            player=_player(SEARCH_FEATURE),
+            spec=registry.get(module_id).spec,  # type: ignore[union-attr]
+            registry=registry,
+            history=MemoryHistory(),
+            source=source,
+            game_tools=None,
+            deadline=time.monotonic() + 10,
+            models=models,
+        )
+
+    @contextlib.asynccontextmanager
+    async def unconfigured_engine(self) -> AsyncIterator[Engine]:
+        """An engine whose model gateway has no provider key: no model is available."""
+        gateway = await _model_gateway(self.fake, self.storage_target, api_key="")
+        try:
+            yield self.engine(model_target=gateway.host.target)
+        finally:
+            await gateway.host.stop()
+            await gateway.aclose()
 
     async def put(self, entry_id: str, title: str, body: str, private: bool = False) -> None:
         await self.knowledge.PutKnowledge(
@@ -305,13 +336,8 @@ async def test_with_no_model_the_raw_findings_are_shown_and_the_web_is_not_tried
 ) -> None:
     await stack.put(*SMELTING)
     await stack.external(True)
-    unconfigured = await _model_gateway(fake, stack.storage_target, api_key="")
-    try:
-        engine = stack.engine(model_target=unconfigured.host.target)
+    async with stack.unconfigured_engine() as engine:
         result = await _ask(engine, "smelt iron ore", "system:search", features=(SEARCH_FEATURE,))
-    finally:
-        await unconfigured.host.stop()
-        await unconfigured.aclose()
     assert result.status == SUCCEEDED
     lines = _lines(result)
     assert lines[0] == "No model is available; here is what was found."
@@ -428,16 +454,7 @@ async def test_local_findings_keep_search_off_the_web(stack: Stack) -> None:
 
 
 async def test_events_never_open_the_web(stack: Stack) -> None:
-    registry = build_registry(EngineConfig(), stack.services())
-    ctx = ExecutionContext(
-        player=_player(SEARCH_FEATURE),
-        spec=registry.get("system:question").spec,  # type: ignore[union-attr]
-        registry=registry,
-        history=MemoryHistory(),
-        source=engine_pb2.ROUTE_SOURCE_EVENT,
-        game_tools=None,
-        deadline=time.monotonic() + 10,
-    )
+    ctx = stack.context("system:question", engine_pb2.ROUTE_SOURCE_EVENT, with_model=False)
     await stack.external(True)
     gate = WebGate(stack.services().preferences)
     assert await gate.open(ctx, requested=True, found_locally=0) is GateRefusal.EVENT
@@ -465,18 +482,7 @@ async def test_events_never_open_the_web(stack: Stack) -> None:
 
 
 async def test_web_tools_refuse_while_the_gate_is_closed(stack: Stack) -> None:
-    registry = build_registry(EngineConfig(), stack.services())
-    ctx = ExecutionContext(
-        player=_player(SEARCH_FEATURE),
-        spec=registry.get("system:search").spec,  # type: ignore[union-attr]
-        registry=registry,
-        history=MemoryHistory(),
-        source=COMMAND,
-        game_tools=None,
-        deadline=time.monotonic() + 10,
-        models=ModelClient(stack.model_target),
-    )
-    stack.closers.append(ctx.models)
+    ctx = stack.context("system:search")
     with pytest.raises(ModuleFailure) as caught:
         await ctx.tool(WEB_SEARCH, {"query": "x"})
     assert caught.value.failure is AgentFailure.PERMISSION_DENIED
@@ -603,18 +609,7 @@ async def test_every_web_call_reads_the_preference_again(stack: Stack) -> None:
     """A player who turns external services off after the gate opened stops the next web
     call before it leaves the engine."""
     await stack.external(True)
-    registry = build_registry(EngineConfig(), stack.services())
-    ctx = ExecutionContext(
-        player=_player(SEARCH_FEATURE),
-        spec=registry.get("system:search").spec,  # type: ignore[union-attr]
-        registry=registry,
-        history=MemoryHistory(),
-        source=COMMAND,
-        game_tools=None,
-        deadline=time.monotonic() + 10,
-        models=ModelClient(stack.model_target),
-    )
-    stack.closers.append(ctx.models)
+    ctx = stack.context("system:search")
     gate = WebGate(stack.services().preferences)
     assert await gate.open(ctx, requested=True, found_locally=0) is None and ctx.web_open
     first = await ctx.tool(WEB_SEARCH, {"query": "zorblax"})
@@ -644,13 +639,8 @@ async def test_with_no_model_web_research_stops_before_any_search(
     stack: Stack, fake: FakeOpenAIServer
 ) -> None:
     await stack.external(True)
-    unconfigured = await _model_gateway(fake, stack.storage_target, api_key="")
-    try:
-        engine = stack.engine(model_target=unconfigured.host.target)
+    async with stack.unconfigured_engine() as engine:
         result = await _ask(engine, UNKNOWN, "system:search", features=(SEARCH_FEATURE,))
-    finally:
-        await unconfigured.host.stop()
-        await unconfigured.aclose()
     assert result.status == SUCCEEDED
     lines = _lines(result)
     assert lines[0] == "The knowledge base has nothing on this."
@@ -678,15 +668,8 @@ async def test_reasoning_offers_read_only_tools_and_never_the_web(stack: Stack) 
     assert stack.fake.searches == []
 
 
-async def test_reasoning_without_a_model_fails_as_model_unavailable(
-    stack: Stack, fake: FakeOpenAIServer
-) -> None:
-    unconfigured = await _model_gateway(fake, stack.storage_target, api_key="")
-    try:
-        engine = stack.engine(model_target=unconfigured.host.target)
+async def test_reasoning_without_a_model_fails_as_model_unavailable(stack: Stack) -> None:
+    async with stack.unconfigured_engine() as engine:
         result = await _ask(engine, "Can I smelt iron?", "system:reasoning")
-    finally:
-        await unconfigured.host.stop()
-        await unconfigured.aclose()
     assert result.status == FAILED
     assert result.failure.key == AgentFailure.MODEL_UNAVAILABLE.value
