@@ -460,18 +460,14 @@ def _make_room_for_tasks(
     add_count: int,
     add_bytes: int,
     exclude_seq: int | None = None,
-    ledger: tuple[int, int] | None = None,
 ) -> int:
     """Evicts the player's terminal tasks, oldest first, until the addition fits. Returns how
-    many; STORAGE_FULL when it cannot fit (nothing deleted). `ledger`: the player's task
-    count and bytes when the caller has read them."""
+    many; STORAGE_FULL when it cannot fit (nothing deleted)."""
     limits = (bounds.task_max_entries, bounds.task_max_bytes)
-    if ledger is None:
-        ledger = session.execute(
-            select(func.count(), func.coalesce(func.sum(TaskRow.size_bytes), 0)).where(
-                TaskRow.player_id == player_id
-            )
-        ).one()
+    # Raw cursor, so no autoflush: callers must not hold unflushed task changes here
+    # (transition_task changes its row only after this).
+    ledger = _TASK_LEDGER.execute(session, {"player_id": player_id}).first()
+    assert ledger is not None  # an aggregate always returns a row
     count, total = ledger
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
@@ -785,14 +781,7 @@ def create_task(
         existing = TaskRow(**dict(zip(_TASK_COLUMN_NAMES, found, strict=True)))
         _stored_task_state(existing)
         return existing, False, 0
-    evicted = _make_room_for_tasks(
-        session,
-        bounds,
-        player_id,
-        1,
-        size,
-        ledger=_TASK_LEDGER.execute(session, {"player_id": player_id}).first(),
-    )
+    evicted = _make_room_for_tasks(session, bounds, player_id, 1, size)
     values = {
         "task_id": task_id,
         "player_id": player_id,

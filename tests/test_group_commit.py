@@ -8,7 +8,7 @@ import asyncio
 import functools
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -191,6 +191,13 @@ def _submit(
     return asyncio.ensure_future(committer.run(store.commit_unit(request)))
 
 
+def _queue(
+    committer: GroupCommitter, unit: Callable[..., Any], **arguments: Any
+) -> asyncio.Future[Any]:
+    """Queues `unit` (a JournalStore `*_in` method) with its keyword arguments."""
+    return asyncio.ensure_future(committer.run(functools.partial(unit, **arguments)))
+
+
 async def test_calls_waiting_while_the_writer_is_busy_share_one_transaction(
     store: JournalStore,
 ) -> None:
@@ -221,51 +228,39 @@ async def test_every_journal_write_of_a_step_can_share_a_group(store: JournalSto
     try:
         blocker = _submit(committer, store, _commit(player, _usage()))
         await asyncio.to_thread(committer.started.wait, 10)
-        record = asyncio.ensure_future(
-            committer.run(
-                functools.partial(
-                    store.record_step_in,
-                    step_id=step,
-                    task_id=task.task_id,
-                    position=0,
-                    tool="t.t",
-                    fence=fence,
-                )
-            )
+        record = _queue(
+            committer,
+            store.record_step_in,
+            step_id=step,
+            task_id=task.task_id,
+            position=0,
+            tool="t.t",
+            fence=fence,
         )
-        complete = asyncio.ensure_future(
-            committer.run(
-                functools.partial(
-                    store.complete_step_in,
-                    step_id=step,
-                    tool="t.t",
-                    result=b"r",
-                    codec_id="c:c",
-                    fence=fence,
-                )
-            )
+        complete = _queue(
+            committer,
+            store.complete_step_in,
+            step_id=step,
+            tool="t.t",
+            result=b"r",
+            codec_id="c:c",
+            fence=fence,
         )
-        stale = asyncio.ensure_future(
-            committer.run(
-                functools.partial(
-                    store.record_step_in,
-                    step_id=other,
-                    task_id=task.task_id,
-                    position=1,
-                    tool="t.t",
-                    fence=journal_pb2.Fence(lease_name=claim.lease.name, token=1),
-                )
-            )
+        stale = _queue(
+            committer,
+            store.record_step_in,
+            step_id=other,
+            task_id=task.task_id,
+            position=1,
+            tool="t.t",
+            fence=journal_pb2.Fence(lease_name=claim.lease.name, token=1),
         )
-        finish = asyncio.ensure_future(
-            committer.run(
-                functools.partial(
-                    store.transition_task_in,
-                    task_id=task.task_id,
-                    state=journal_pb2.TASK_STATE_SUCCEEDED,
-                    fence=fence,
-                )
-            )
+        finish = _queue(
+            committer,
+            store.transition_task_in,
+            task_id=task.task_id,
+            state=journal_pb2.TASK_STATE_SUCCEEDED,
+            fence=fence,
         )
         await asyncio.sleep(0.05)
         committer.gate.set()
