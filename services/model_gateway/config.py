@@ -189,17 +189,16 @@ class ModelConfig(ServerConfig):
                 f"default_max_tokens ({self.default_max_tokens}) is over max_answer_tokens "
                 f"({self.max_answer_tokens})"
             )
-        budgets = (
+        counts = (
             "player_daily_tokens",
             "global_daily_tokens",
             "player_daily_web_searches",
             "global_daily_web_searches",
             "fetch_max_redirects",
+            "lease_tokens",
+            "lease_web_searches",
         )
-        for name in budgets:
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
-        for name in ("lease_tokens", "lease_web_searches"):
+        for name in counts:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if not 0 < self.lease_refresh_seconds <= 60:

@@ -7,7 +7,7 @@ call failed. The budgets are kept by the storage service; `leasing.LeaseMeter` d
 of them held there (leases), so most calls need no storage round trip. `NoMeter` is metering
 off.
 
-Storage failures map to typed errors (`reserve_error`): a refused reservation keeps its code
+Storage failures map to typed errors (`usage_store._reserve_error`): a refused reservation keeps its code
 (RESOURCE_EXHAUSTED, FAILED_PRECONDITION, INVALID_ARGUMENT) and message; storage being
 unreachable is UNAVAILABLE, which callers turn into their local fallback.
 """

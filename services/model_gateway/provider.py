@@ -31,6 +31,7 @@ from services.model_gateway.metering import BudgetExhausted, ExternalServicesOff
 from services.model_gateway.streaming import AttemptFailed, stream_once
 from services.runtime.context import remaining_seconds
 from services.runtime.errors import DeadlineExceeded, ServiceError, Unavailable
+from services.runtime.logging import log_info
 
 __all__ = ["MODEL_CALLS", "MODEL_RETRIES", "MODEL_TOKENS", "ChatProvider", "ModelStatus"]
 
@@ -85,8 +86,7 @@ def _count_tokens(result: Completion) -> None:
 
 
 def _log_call(request: ChatRequest, outcome: str, result: Completion | None, ms: float) -> None:
-    """The call's INFO line, built with makeRecord + handle as the access log's is: skips
-    Logger.info's stack walk for the caller, once per call."""
+    """The call's INFO line (written once per call, hence `log_info`)."""
     if not log.isEnabledFor(logging.INFO):
         return
     extra = {
@@ -97,11 +97,7 @@ def _log_call(request: ChatRequest, outcome: str, result: Completion | None, ms:
         "attempts": result.attempts if result else 0,
         "ms": ms,
     }
-    log.handle(
-        log.makeRecord(
-            log.name, logging.INFO, "", 0, "model call %s", (outcome,), None, extra=extra
-        )
-    )
+    log_info(log, "model call %s", (outcome,), extra)
 
 
 class _ProviderRequestLines(logging.Filter):

@@ -24,7 +24,7 @@ import grpc
 from services.runtime import context as request_context
 from services.runtime.context import current_request_id
 from services.runtime.errors import ERROR_REASON_KEY, ServiceError
-from services.runtime.logging import ACCESS_LOGGER, JsonFormatter, access_handler
+from services.runtime.logging import ACCESS_LOGGER, JsonFormatter, access_handler, log_info
 from services.runtime.metrics import RPC_HANDLED, RPC_LATENCY
 
 __all__ = ["ContextClientInterceptor", "ServerInterceptor", "client_interceptors"]
@@ -68,12 +68,18 @@ class _Call:
         for key, value in context.invocation_metadata() or ():
             if key == request_context.REQUEST_ID_KEY:
                 self.request_id = str(value)
-        self.timeout = context.time_remaining()
         self.started = time.perf_counter()
         self.code = "OK"
+        # The call runs in its request scope from here until `finish`.
+        self._tokens = request_context.enter_request(
+            self.request_id or None, context.time_remaining()
+        )
 
     async def fail(self, exc: BaseException) -> None:
-        """Aborts the call with the status `exc` maps to. Always raises."""
+        """Aborts the call with the status `exc` maps to. Always raises; an abort the handler
+        made itself passes through as it is."""
+        if _is_abort(exc):
+            raise exc
         if isinstance(exc, ServiceError):
             self.code = exc.code
             await self.context.abort(
@@ -88,10 +94,17 @@ class _Call:
         self.code = "INTERNAL"
         await self.context.abort(
             grpc.StatusCode.INTERNAL,
-            f"internal error; quote request id {request_context.current_request_id()} when reporting it",
+            f"internal error; quote request id {current_request_id()} when reporting it",
         )
 
     def finish(self) -> None:
+        """Records the end (metrics, access line) and leaves the request scope."""
+        try:
+            self._record()
+        finally:
+            request_context.leave_request(self._tokens)
+
+    def _record(self) -> None:
         code = self.code
         if code == "OK":
             status = self.context.code()
@@ -114,18 +127,11 @@ class _Call:
                 )
             )
         else:
-            # Built with makeRecord + handle, skipping Logger.log's stack walk for the caller.
-            log.handle(
-                log.makeRecord(
-                    log.name,
-                    logging.INFO,
-                    "",
-                    0,
-                    "rpc %s %s",
-                    (self.method, code),
-                    None,
-                    extra={"rpc": self.method, "code": code, "ms": round(elapsed * 1000, 3)},
-                )
+            log_info(
+                log,
+                "rpc %s %s",
+                (self.method, code),
+                {"rpc": self.method, "code": code, "ms": round(elapsed * 1000, 3)},
             )
 
 
@@ -192,16 +198,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             # What _guard does, written out: this runs for every call, and an async context
             # manager costs an async generator and two more awaits per call.
             call = _Call(method, context)
-            tokens = request_context.enter_request(call.request_id or None, call.timeout)
             try:
                 return await behavior(request, context)
             except BaseException as exc:
-                if _is_abort(exc):
-                    raise
                 await call.fail(exc)
             finally:
                 call.finish()
-                request_context.leave_request(tokens)
 
         return wrapper
 
@@ -222,16 +224,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 async def _guard(method: _Method, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
     """Runs one call's body inside its request scope, mapping errors and recording the end."""
     call = _Call(method, context)
-    tokens = request_context.enter_request(call.request_id or None, call.timeout)
     try:
         yield
     except BaseException as exc:
-        if _is_abort(exc):
-            raise
         await call.fail(exc)
     finally:
         call.finish()
-        request_context.leave_request(tokens)
 
 
 class ContextClientInterceptor(

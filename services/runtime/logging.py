@@ -13,7 +13,13 @@ from typing import Any, TextIO
 
 from services.runtime.context import current_request_id
 
-__all__ = ["BatchingStreamHandler", "JsonFormatter", "access_handler", "configure_logging"]
+__all__ = [
+    "BatchingStreamHandler",
+    "JsonFormatter",
+    "access_handler",
+    "configure_logging",
+    "log_info",
+]
 
 # The access log's logger: one INFO line per RPC (services.runtime.interceptors).
 ACCESS_LOGGER = "system.rpc"
@@ -159,6 +165,15 @@ def configure_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def log_info(
+    logger: logging.Logger, msg: str, args: tuple[Any, ...], extra: dict[str, Any]
+) -> None:
+    """`logger.info(msg, *args, extra=extra)` without Logger.log's stack walk for the caller
+    (file and line stay empty): for lines written once per call. The caller checks
+    `isEnabledFor(INFO)` first."""
+    logger.handle(logger.makeRecord(logger.name, logging.INFO, "", 0, msg, args, None, extra=extra))
 
 
 def access_handler() -> BatchingStreamHandler | None:

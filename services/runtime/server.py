@@ -19,6 +19,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,7 +29,7 @@ from services.runtime.config import ServerConfig
 from services.runtime.interceptors import ServerInterceptor
 from services.runtime.metrics import start_metrics_server
 
-__all__ = ["ServiceHost"]
+__all__ = ["ServiceHost", "write_port_file"]
 
 log = logging.getLogger("system.server")
 
@@ -99,7 +100,10 @@ class ServiceHost:
         for service in ["", *self.service_names]:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.config.port_file:
-            self._write_port_file(Path(self.config.port_file))
+            write_port_file(
+                Path(self.config.port_file),
+                {"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()},
+            )
         log.info(
             "%s serving on %s:%d",
             self.name,
@@ -108,16 +112,6 @@ class ServiceHost:
             extra={"grpc_port": self.port, "metrics_port": self.metrics_port},
         )
         return self.port
-
-    def _write_port_file(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(
-            json.dumps(
-                {"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()}
-            )
-        )
-        tmp.replace(path)  # atomic: readers never see half a file
 
     async def stop(self) -> None:
         """Drains and stops. Safe to call twice."""
@@ -147,3 +141,11 @@ class ServiceHost:
             loop.add_signal_handler(sig, self.request_stop)
         await self._stopping.wait()
         await self.stop()
+
+
+def write_port_file(path: Path, content: dict[str, Any]) -> None:
+    """Writes `content` as JSON to `path` (the `port_file` setting), creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(content))
+    tmp.replace(path)  # atomic: readers never see half a file

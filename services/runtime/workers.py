@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from services.runtime.config import ServerConfig
+from services.runtime.server import write_port_file
 
 __all__ = ["reserve_port", "supervise", "worker_metrics_port"]
 
@@ -200,17 +201,12 @@ def _write_port_file(config: ServerConfig, port: int, files: list[Path]) -> None
     for file in files:
         entry = json.loads(file.read_text())
         workers.append({"pid": entry["pid"], "metrics_port": entry["metrics_port"]})
-    path = Path(config.port_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "grpc_port": port,
-                "metrics_port": workers[0]["metrics_port"],
-                "pid": os.getpid(),
-                "workers": workers,
-            }
-        )
+    write_port_file(
+        Path(config.port_file),
+        {
+            "grpc_port": port,
+            "metrics_port": workers[0]["metrics_port"],
+            "pid": os.getpid(),
+            "workers": workers,
+        },
     )
-    tmp.replace(path)  # atomic: readers never see half a file
