@@ -42,6 +42,7 @@ import dataclasses
 import datetime as dt
 import functools
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -56,7 +57,6 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
-    and_,
     bindparam,
     delete,
     exists,
@@ -67,9 +67,11 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     true,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
@@ -800,15 +802,32 @@ def create_task(
     return TaskRow(**values), True, evicted
 
 
+_TASK_FOR_UPDATE = FastStatement(
+    select(*(_TASKS.c[name] for name in _TASK_COLUMN_NAMES))  # type: ignore[attr-defined]
+    .where(_TASKS.c.task_id == bindparam("task_id", type_=String))  # type: ignore[attr-defined]
+    .with_for_update()
+)
+# Every finished event task moves once: one UPDATE on the driver's cursor, no ORM flush.
+_TASK_MOVE = FastStatement(
+    update(_TASKS)
+    .where(_TASKS.c.seq == bindparam("p_seq", type_=_ID))  # type: ignore[attr-defined]
+    .values(
+        state=bindparam("p_state", type_=String),
+        result=bindparam("p_result", type_=LargeBinary),
+        size_bytes=bindparam("p_size", type_=Integer),
+        updated_at=bindparam("p_now", type_=_TASKS.c.updated_at.type),  # type: ignore[attr-defined]
+    )
+)
+
+
 def _locked_task(session: Session, task_id: str) -> TaskRow:
-    """The task, locked FOR UPDATE after its player's ledger lock; NOT_FOUND when missing."""
+    """The task (a detached row: change it with statements, not the session), locked FOR
+    UPDATE after its player's ledger lock; NOT_FOUND when missing."""
     player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
     if player_id is not None:
-        row = session.execute(
-            select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()
-        ).scalar_one_or_none()
-        if row is not None:
-            return row
+        found = _TASK_FOR_UPDATE.execute(session, {"task_id": task_id}).first()
+        if found is not None:
+            return TaskRow(**dict(zip(_TASK_COLUMN_NAMES, found, strict=True)))
     raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
 
 
@@ -877,11 +896,14 @@ def transition_task(
         _make_room_for_tasks(
             session, bounds, row.player_id, 0, size - row.size_bytes, exclude_seq=row.seq
         )
+    _TASK_MOVE.execute(
+        session,
+        {"p_seq": row.seq, "p_state": target, "p_result": encoded, "p_size": size, "p_now": now},
+    )
     row.state = target
     row.result = encoded
     row.size_bytes = size
     row.updated_at = now
-    session.flush()
     return row
 
 
@@ -1652,6 +1674,185 @@ class _BatchRows:
         return key in self._inserted
 
 
+# -- claims ------------------------------------------------------------------------------------
+
+# ClaimTasks runs whenever an event replica has a free worker, so it is a few statements on
+# the driver's cursor (see fastsql) instead of an ORM load, a lease row per task and a flush
+# (about 6 ms of Python per claim on PostgreSQL before, 3.7 ms on SQLite).
+#
+# Runnable: QUEUED (of the given players, when some are given), or RUNNING with no live
+# lease (its replica died), oldest first. A claimed task becomes RUNNING, attempts + 1, and
+# its lease `task:<task_id>` is taken for the claimer with a larger token: a leftover lease of
+# a QUEUED task is taken over (its holder's fence goes stale), a RUNNING task's lease only
+# when it is still free or expired when the upsert reaches it.
+_RUNNABLE = """(
+    (t.state = 'queued'{players})
+    OR (t.state = 'running' AND NOT EXISTS (
+        SELECT 1 FROM leases AS dead
+        WHERE dead.name = 'task:' || t.task_id
+          AND dead.owner IS NOT NULL AND dead.expires_at > :now))
+)"""
+_TAKE_LEASE = """ON CONFLICT (name) DO UPDATE SET
+        owner = excluded.owner,
+        token = {greatest}(l.token + 1, excluded.token),
+        expires_at = excluded.expires_at"""
+_CLAIMED_COLUMNS = ", ".join(f"t.{name}" for name in _TASK_COLUMN_NAMES)
+
+
+def _claim_columns(statement):  # type: ignore[no-untyped-def]
+    """The statement's result: the task's columns, then the lease's token and expiry."""
+    return statement.columns(
+        *(_TASKS.c[name] for name in _TASK_COLUMN_NAMES),  # type: ignore[attr-defined]
+        literal_column("lease_token", BigInteger),
+        literal_column("lease_expires_at", _LEASES.c.expires_at.type),  # type: ignore[attr-defined]
+    )
+
+
+def _claim_binds(players: str):  # type: ignore[no-untyped-def]
+    binds = [
+        bindparam("now", type_=_LEASES.c.expires_at.type),  # type: ignore[attr-defined]
+        bindparam("expires_at", type_=_LEASES.c.expires_at.type),  # type: ignore[attr-defined]
+        bindparam("owner", type_=String),
+        bindparam("token", type_=BigInteger),
+        bindparam("max_tasks", type_=Integer),
+    ]
+    return binds + ([bindparam("players", type_=players)] if players else [])
+
+
+def _claim_postgresql(players: bool) -> FastStatement:
+    """One statement: lock the oldest runnable tasks (skipping rows another replica is
+    claiming), take their leases, mark them RUNNING. The lease upsert sees the newest lease
+    row even where the statement's snapshot does not, so a RUNNING task another replica
+    claimed just before is left alone (its lease is live again) and not marked here."""
+    runnable = _RUNNABLE.format(players=" AND t.player_id = ANY(:players)" if players else "")
+    sql = f"""
+WITH picked AS (
+    SELECT t.seq, t.task_id, t.state FROM journal_tasks AS t
+    WHERE {runnable}
+    ORDER BY t.seq LIMIT :max_tasks
+    FOR UPDATE OF t SKIP LOCKED
+), leased AS (
+    INSERT INTO leases AS l (name, owner, token, expires_at)
+    SELECT 'task:' || picked.task_id, :owner, :token, :expires_at FROM picked
+    {_TAKE_LEASE.format(greatest="greatest")}
+    WHERE l.owner IS NULL OR l.expires_at IS NULL OR l.expires_at <= :now
+       OR l.name IN (SELECT 'task:' || queued.task_id FROM picked AS queued
+                     WHERE queued.state = 'queued')
+    RETURNING l.name, l.token, l.expires_at
+), claimed AS (
+    UPDATE journal_tasks AS t
+    SET state = 'running', attempts = t.attempts + 1, updated_at = :now
+    FROM picked JOIN leased ON leased.name = 'task:' || picked.task_id
+    WHERE t.seq = picked.seq
+    RETURNING {_CLAIMED_COLUMNS}, leased.token AS lease_token,
+              leased.expires_at AS lease_expires_at
+)
+SELECT * FROM claimed ORDER BY seq"""
+    array = ARRAY(String) if players else None
+    return FastStatement(_claim_columns(text(sql).bindparams(*_claim_binds(array))))
+
+
+# SQLite runs one write transaction at a time (storage_service.db), so nothing can claim
+# between its three statements: pick, take the leases, mark the tasks.
+_PICK_SQLITE = {
+    players: FastStatement(
+        text(
+            "SELECT t.seq FROM journal_tasks AS t WHERE "
+            + _RUNNABLE.format(
+                players=" AND t.player_id IN (SELECT value FROM json_each(:players))"
+                if players
+                else ""
+            )
+            + " ORDER BY t.seq LIMIT :max_tasks"
+        )
+        .bindparams(
+            *(
+                b
+                for b in _claim_binds(String if players else "")
+                if b.key in ("now", "max_tasks", "players")
+            )
+        )
+        .columns(_TASKS.c.seq)  # type: ignore[attr-defined]
+    )
+    for players in (False, True)
+}
+_LEASE_SQLITE = FastStatement(
+    text(
+        "INSERT INTO leases AS l (name, owner, token, expires_at) "
+        "SELECT 'task:' || t.task_id, :owner, :token, :expires_at FROM journal_tasks AS t "
+        "WHERE t.seq IN (SELECT value FROM json_each(:seqs)) "
+        + _TAKE_LEASE.format(greatest="max")
+        + " RETURNING name, token, expires_at"
+    )
+    .bindparams(
+        *(b for b in _claim_binds("") if b.key in ("owner", "token", "expires_at")),
+        bindparam("seqs", type_=String),
+    )
+    .columns(_LEASES.c.name, _LEASES.c.token, _LEASES.c.expires_at)  # type: ignore[attr-defined]
+)
+_MARK_SQLITE = FastStatement(
+    text(
+        # SQLite's RETURNING names the table's columns bare, never through an alias.
+        "UPDATE journal_tasks SET state = 'running', attempts = attempts + 1, updated_at = :now "
+        "WHERE seq IN (SELECT value FROM json_each(:seqs)) "
+        f"RETURNING {', '.join(_TASK_COLUMN_NAMES)}"
+    )
+    .bindparams(
+        bindparam("now", type_=_LEASES.c.expires_at.type),  # type: ignore[attr-defined]
+        bindparam("seqs", type_=String),
+    )
+    .columns(*(_TASKS.c[name] for name in _TASK_COLUMN_NAMES))  # type: ignore[attr-defined]
+)
+_CLAIM_POSTGRESQL = {players: _claim_postgresql(players) for players in (False, True)}
+
+
+def claim_tasks(
+    session: Session,
+    now: dt.datetime,
+    *,
+    owner: str,
+    max_tasks: int,
+    lease_seconds: int,
+    player_ids: Sequence[str],
+) -> list[journal_pb2.TaskClaim]:
+    """Claims up to `max_tasks` runnable tasks in the session's transaction (see above)."""
+    players = sorted(set(player_ids))
+    params: dict[str, object] = {
+        "now": now,
+        "expires_at": now + dt.timedelta(seconds=lease_seconds),
+        "owner": owner,
+        "token": _micros(now),
+        "max_tasks": max_tasks,
+    }
+    if session.get_bind().dialect.name == "postgresql":
+        if players:
+            params["players"] = players
+        rows = _CLAIM_POSTGRESQL[bool(players)].execute(session, params).rows
+    else:
+        if players:
+            params["players"] = json.dumps(players)
+        picked = _PICK_SQLITE[bool(players)].execute(session, params).rows
+        if not picked:
+            return []
+        params["seqs"] = json.dumps([row[0] for row in picked])
+        leases = {
+            name: (token, expires_at)
+            for name, token, expires_at in _LEASE_SQLITE.execute(session, params).rows
+        }
+        rows = [
+            (*row, *leases[f"task:{row[1]}"])
+            for row in sorted(_MARK_SQLITE.execute(session, params).rows)
+        ]
+    claims = []
+    width = len(_TASK_COLUMN_NAMES)
+    for row in rows:
+        task = TaskRow(**dict(zip(_TASK_COLUMN_NAMES, row[:width], strict=True)))
+        lease = journal_pb2.Lease(name=f"task:{task.task_id}", owner=owner, token=row[width])
+        lease.expires_at.FromDatetime(_aware(row[width + 1]))
+        claims.append(journal_pb2.TaskClaim(task=task_message(task), lease=lease))
+    return claims
+
+
 class JournalStore:
     """Tasks, receipts, leases and batches. Each method is one transaction, except the `*_in`
     methods and `commit_unit`, which do their work in a transaction the caller owns.
@@ -1747,47 +1948,16 @@ class JournalStore:
             raise InvalidArgument(f"player_ids may name at most {MAX_CLAIM_PLAYERS} players")
         for index, player_id in enumerate(player_ids):
             check_player_id(player_id, f"player_ids[{index}]")
-        players = set(player_ids)
         now = self._now()
-        live_lease = exists().where(
-            LeaseRow.name == literal("task:", String) + TaskRow.task_id,
-            LeaseRow.owner.is_not(None),
-            LeaseRow.expires_at > now,
-        )
-        queued = TaskRow.state == QUEUED
-        if players:
-            queued = and_(queued, TaskRow.player_id.in_(sorted(players)))
-        query = (
-            select(TaskRow)
-            .where(or_(queued, and_(TaskRow.state == RUNNING, ~live_lease)))
-            .order_by(TaskRow.seq)
-            .limit(max_tasks)
-            # Replicas claiming at once skip each other's rows instead of waiting for them.
-            .with_for_update(skip_locked=True, of=TaskRow)
-        )
-        claims: list[journal_pb2.TaskClaim] = []
         with self._sessions.begin() as session:
-            for row in session.scalars(query).all():
-                # The row is locked now and holds its newest values; look again, since it may
-                # have been claimed between the query's snapshot and the lock.
-                if row.state == QUEUED and (not players or row.player_id in players):
-                    # A lease left over from an earlier run is taken over: its token grows,
-                    # so the earlier holder's fence is stale from now on.
-                    lease = _lease_row(session, f"task:{row.task_id}")
-                elif row.state == RUNNING:
-                    lease = _lease_row(session, f"task:{row.task_id}")
-                    if _live(lease, now):
-                        continue
-                else:
-                    continue
-                _take(lease, owner, lease_seconds, now)
-                row.state = RUNNING
-                row.attempts += 1
-                row.updated_at = now
-                claims.append(
-                    journal_pb2.TaskClaim(task=task_message(row), lease=_lease_message(lease))
-                )
-        return claims
+            return claim_tasks(
+                session,
+                now,
+                owner=owner,
+                max_tasks=max_tasks,
+                lease_seconds=lease_seconds,
+                player_ids=player_ids,
+            )
 
     def transaction(self, unit: Callable[[Session], T]) -> T:
         """Runs `unit` in a transaction of its own (see `storage_service.group_commit` for

@@ -856,6 +856,50 @@ def test_concurrent_claimers_never_share_a_task(store: JournalStore) -> None:
     assert set(claimed) == tasks
 
 
+def test_concurrent_claimers_share_no_orphaned_task(store: JournalStore, clock: Clock) -> None:
+    """A dead replica's RUNNING tasks, claimed again by four replicas at once: each goes to
+    exactly one of them, with a token above the dead replica's."""
+    players = [_player() for _ in range(5)]
+    for i in range(40):
+        _task(store, players[i % 5], QUEUED)
+    dead = {c.task.task_id: c.lease.token for c in store.claim_tasks("engine-dead", 40, 60)}
+    assert len(dead) == 40
+    clock.advance(61)
+    barrier = threading.Barrier(4)
+
+    def claimer(owner: str) -> list[journal_pb2.TaskClaim]:
+        barrier.wait()
+        got: list[journal_pb2.TaskClaim] = []
+        while claims := store.claim_tasks(owner, 3, 60):
+            got += claims
+        return got
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(claimer, [f"engine-{i}" for i in range(4)]))
+    claimed = [claim for result in results for claim in result]
+    assert sorted(c.task.task_id for c in claimed) == sorted(dead)
+    for claim in claimed:
+        assert claim.task.attempts == 2 and claim.lease.token > dead[claim.task.task_id]
+        assert store.get_task(claim.task.task_id).state == RUNNING
+
+
+def test_claim_takes_over_a_queued_tasks_leftover_lease(store: JournalStore) -> None:
+    """A task moved back to QUEUED while its lease was still held is claimable at once; the
+    earlier holder's fence goes stale."""
+    task = _task(store, _player(), QUEUED)
+    (first,) = store.claim_tasks("engine-a", 1, 60)
+    store.transition_task(task.task_id, QUEUED, expected_state=RUNNING)
+    (second,) = store.claim_tasks("engine-b", 1, 60)
+    assert second.task.task_id == task.task_id and second.task.attempts == 2
+    assert second.lease.owner == "engine-b" and second.lease.token > first.lease.token
+    with pytest.raises(FailedPrecondition, match="stale fence"):
+        store.transition_task(
+            task.task_id,
+            SUCCEEDED,
+            fence=journal_pb2.Fence(lease_name=first.lease.name, token=first.lease.token),
+        )
+
+
 # -- commit --------------------------------------------------------------------------------------
 
 
