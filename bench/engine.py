@@ -47,6 +47,7 @@ from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from bench.cpu import cpu_seconds, postgres_cpu_seconds
 from bench.databases import database
 from bench.machine import describe_machine
 from bench.report import progress, summarize
@@ -221,8 +222,40 @@ def _extra_engine(stack: Stack, index: int) -> subprocess.Popen[bytes]:
     )
 
 
+class _StackCpu:
+    """CPU used by each process of the stack (engine replicas summed), the bench process
+    (the simulated game server and the submitters) and local PostgreSQL."""
+
+    def __init__(self, stack: Stack, extra: list[subprocess.Popen[bytes]]) -> None:
+        self._pids = {name: [proc.process.pid] for name, proc in stack.processes.items()}
+        self._pids.setdefault("engine", []).extend(process.pid for process in extra)
+        self._start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        now = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in self._pids.items()}
+        now["bench (game server)"] = time.process_time()
+        database = postgres_cpu_seconds()
+        if database is not None:
+            now["postgres"] = database
+        return now
+
+    def per_task_ms(self, tasks: int) -> dict[str, float]:
+        end = self._read()
+        used = {
+            name: round(1000 * (end[name] - self._start[name]) / tasks, 2)
+            for name in end
+            if name in self._start and end[name] - self._start[name] > 0
+        }
+        used["all"] = round(sum(used.values()), 2)
+        return used
+
+
 async def measure_events(
-    stack: Stack, game: CountingGame, tasks: int, label: str
+    stack: Stack,
+    game: CountingGame,
+    tasks: int,
+    label: str,
+    extra: list[subprocess.Popen[bytes]] | None = None,
 ) -> dict[str, Any]:
     players = [f"bench-{label}-{i}" for i in range(tasks)]
     for player in players:
@@ -254,6 +287,7 @@ async def measure_events(
             )
 
     try:
+        meter = _StackCpu(stack, extra or [])
         started = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
         submitted = time.perf_counter()
@@ -266,6 +300,7 @@ async def measure_events(
             await asyncio.sleep(0.05)
         progress(tasks, tasks, f"events {label}")
         elapsed = game.last_give - started
+        cpu = meter.per_task_ms(tasks)
         # Every task ended SUCCEEDED, with exactly its two gives.
         states: dict[str, int] = {}
         for player in players:
@@ -285,6 +320,7 @@ async def measure_events(
         "seconds": round(elapsed, 3),
         "tasks_per_s": round(tasks / elapsed, 1),
         "submit_seconds": round(submitted - started, 3),
+        "cpu_ms_per_task": cpu,
         "states": states,
     }
 
@@ -311,7 +347,7 @@ async def _bench_backend(
             if replicas == args.replicas[0]:
                 result["overhead"] = await measure_overhead(stack, game, args.requests)
             result[f"events_{replicas}_replicas"] = await measure_events(
-                stack, game, args.tasks, f"{backend}-{replicas}r"
+                stack, game, args.tasks, f"{backend}-{replicas}r", extra
             )
         finally:
             await game.close()
@@ -399,16 +435,18 @@ def _markdown(report: dict[str, Any]) -> str:
         "",
         "## Event tasks per second (two journaled write steps each)",
         "",
-        "| database | replicas | tasks | seconds | tasks/s | final states |",
-        "|---|---|---|---|---|---|",
+        "| database | replicas | tasks | seconds | tasks/s | CPU ms per task | final states |",
+        "|---|---|---|---|---|---|---|",
     ]
     for backend, result in report["results"].items():
         for key in sorted(k for k in result if k.startswith("events_")):
             e = result[key]
             replicas = key.split("_")[1]
+            cpu = e.get("cpu_ms_per_task", {})
+            spent = ", ".join(f"{name} {ms}" for name, ms in cpu.items() if name != "all")
             lines.append(
                 f"| {backend} | {replicas} | {e['tasks']} | {e['seconds']} "
-                f"| **{e['tasks_per_s']}** | {e['states']} |"
+                f"| **{e['tasks_per_s']}** | {cpu.get('all', '?')} ({spent}) | {e['states']} |"
             )
     lines += [
         "",

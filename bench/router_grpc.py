@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import cpu_seconds
 from bench.loadgen import h2load_available, h2load_load, loadavg, python_load
 
 __all__ = ["CLIENTS", "measure_grpc", "server_settings"]
@@ -89,13 +90,6 @@ def _stop(process: Any) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU time the process has used so far."""
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def route_requests() -> list[Any]:
@@ -164,9 +158,9 @@ def _answers(target: str, requests: list[Any]) -> tuple[list[int], list[str]]:
 def _measured(pids: list[int], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """`run`'s result plus the router's CPU per call (all its processes) and the load."""
     load_before = loadavg()
-    before = sum(_cpu_seconds(p) for p in pids)
+    before = sum(cpu_seconds(p) for p in pids)
     result = run()
-    cpu = sum(_cpu_seconds(p) for p in pids) - before
+    cpu = sum(cpu_seconds(p) for p in pids) - before
     result["server_cpu_s"] = round(cpu, 2)
     result["server_cores"] = round(cpu / result["seconds"], 2) if result["seconds"] else None
     if result["completed"]:

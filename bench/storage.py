@@ -72,6 +72,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from bench.cpu import postgres_cpu_seconds, tree_cpu_seconds
 from bench.databases import database
 from bench.machine import describe_machine
 from bench.report import summarize
@@ -194,54 +195,6 @@ class _Progress:
         self.update(self._end)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process and of every process below it so far (a storage process running
-    `workers` forks them)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            total += _cpu_seconds(current)
-        except OSError:  # it exited meanwhile
-            continue
-        todo.extend(children.get(current, []))
-    return total
-
-
-def _postgres_cpu_seconds() -> float | None:
-    """User + system CPU of every `postgres` process on this machine so far (Linux; None when
-    there is none, e.g. a remote server): what the database spends is part of what a write
-    costs on a machine that runs it beside the service."""
-    total, found = 0.0, False
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "comm").read_text().strip() != "postgres":
-                continue
-            total += _cpu_seconds(int(entry.name))
-            found = True
-        except OSError:  # it exited meanwhile
-            continue
-    return total if found else None
-
-
 class _CpuMeter:
     """CPU used during a cell by the bench process, the storage process (if any) and the
     PostgreSQL server (if local)."""
@@ -254,9 +207,9 @@ class _CpuMeter:
     def _read(self) -> dict[str, float]:
         now = {"bench_process": time.process_time()}
         if self._server_pid is not None:
-            now["server_process"] = _tree_cpu_seconds(self._server_pid)
+            now["server_process"] = tree_cpu_seconds(self._server_pid)
         if self._postgres:
-            database = _postgres_cpu_seconds()
+            database = postgres_cpu_seconds()
             if database is not None:
                 now["database"] = database
         return now
