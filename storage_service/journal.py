@@ -1853,6 +1853,19 @@ def claim_tasks(
     return claims
 
 
+def _one_statement_sessions(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    """Sessions for work that is a single statement (a lease taken or given back, a claim):
+    on PostgreSQL in autocommit, so the statement is its own transaction and costs one round
+    trip instead of three (BEGIN, the statement, COMMIT; measured: acquire + release 3.5 ->
+    2.4 ms, the database's CPU for them halved). SQLite keeps its transactions: its writers
+    take turns at BEGIN (storage_service.db)."""
+    bind = sessions.kw.get("bind")
+    if bind is None or bind.dialect.name != "postgresql":
+        return sessions
+    kw = {k: v for k, v in sessions.kw.items() if k != "bind"}
+    return sessionmaker(bind.execution_options(isolation_level="AUTOCOMMIT"), **kw)
+
+
 class JournalStore:
     """Tasks, receipts, leases and batches. Each method is one transaction, except the `*_in`
     methods and `commit_unit`, which do their work in a transaction the caller owns.
@@ -1873,6 +1886,7 @@ class JournalStore:
         self._bounds = bounds
         self._clock = clock
         self._sender = _CommitSender(self)
+        self._one_statement = _one_statement_sessions(sessions)
 
     def _now(self) -> dt.datetime:
         now = self._clock()
@@ -1949,7 +1963,9 @@ class JournalStore:
         for index, player_id in enumerate(player_ids):
             check_player_id(player_id, f"player_ids[{index}]")
         now = self._now()
-        with self._sessions.begin() as session:
+        # One statement on PostgreSQL (see _one_statement_sessions); three in a transaction on
+        # SQLite.
+        with self._one_statement.begin() as session:
             return claim_tasks(
                 session,
                 now,
@@ -2135,7 +2151,7 @@ class JournalStore:
 
     def acquire_lease(self, name: str, owner: str, ttl_seconds: int) -> journal_pb2.Lease:
         now = self._now()
-        with self._sessions.begin() as session:
+        with self._one_statement.begin() as session:
             return acquire_lease(session, name, owner, ttl_seconds, now)
 
     def renew_lease(self, name: str, owner: str, token: int, ttl_seconds: int) -> journal_pb2.Lease:
@@ -2162,7 +2178,7 @@ class JournalStore:
         _check_id(name, "name")
         _check_id(owner, "owner")
         _check_token(token)
-        with self._sessions.begin() as session:
+        with self._one_statement.begin() as session:
             released = _RELEASE.execute(
                 session, {"name": name, "holder": owner, "held_token": token}
             )
