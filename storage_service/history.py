@@ -11,7 +11,18 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import String, bindparam, delete, func, insert, select
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    String,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+)
 from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 
@@ -67,18 +78,50 @@ def _decode_token(token: str) -> int:
 
 _HISTORY = HistoryRow.__table__
 _PREFERENCES = PreferenceRow.__table__
-_HISTORY_ENABLED = FastStatement(
-    select(_PREFERENCES.c.history_enabled).where(  # type: ignore[attr-defined]
-        _PREFERENCES.c.player_id == bindparam("player_id", type_=String)  # type: ignore[attr-defined]
-    )
-)
 _ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
 _INSERT_ENTRY = FastStatement(insert(_HISTORY), column_keys=_ENTRY_COLUMNS)
-_LEDGER = FastStatement(
-    select(func.count(), func.coalesce(func.sum(_HISTORY.c.size_bytes), 0)).where(  # type: ignore[attr-defined]
-        _HISTORY.c.player_id == bindparam("player_id", type_=String)  # type: ignore[attr-defined]
+# Every interactive request appends its exchange, so the append is three statements: the first
+# entry inserted only if the player has not turned history off (its row count says which),
+# the others, and one DELETE of what no longer fits.
+_INSERT_IF_ENABLED = FastStatement(
+    insert(_HISTORY).from_select(
+        _ENTRY_COLUMNS,
+        select(
+            *(bindparam(name, type_=_HISTORY.c[name].type) for name in _ENTRY_COLUMNS)  # type: ignore[attr-defined]
+        ).where(
+            ~exists().where(
+                _PREFERENCES.c.player_id == bindparam("player_id", type_=String),  # type: ignore[attr-defined]
+                _PREFERENCES.c.history_enabled.is_(False),  # type: ignore[attr-defined]
+            )
+        ),
     )
 )
+
+
+def _evict_statement() -> FastStatement:
+    """Deletes the player's oldest entries until both bounds hold: counted from the newest, an
+    entry goes when the entries or bytes up to it exceed a bound (both only grow with age, so
+    what goes is always the oldest ones)."""
+    newest_first = _HISTORY.c.id.desc()  # type: ignore[attr-defined]
+    ranked = (
+        select(
+            _HISTORY.c.id,  # type: ignore[attr-defined]
+            func.count().over(order_by=newest_first).label("entries"),
+            func.sum(_HISTORY.c.size_bytes).over(order_by=newest_first).label("bytes"),  # type: ignore[attr-defined]
+        )
+        .where(_HISTORY.c.player_id == bindparam("player_id", type_=String))  # type: ignore[attr-defined]
+        .subquery()
+    )
+    over = or_(
+        ranked.c.entries > bindparam("max_entries", type_=Integer),
+        ranked.c.bytes > bindparam("max_bytes", type_=BigInteger),
+    )
+    return FastStatement(
+        delete(_HISTORY).where(_HISTORY.c.id.in_(select(ranked.c.id).where(over)))  # type: ignore[attr-defined]
+    )
+
+
+_EVICT = _evict_statement()
 
 
 class ConversationStore:
@@ -129,10 +172,9 @@ class ConversationStore:
         # Every interactive request appends its exchange: statements on the driver's cursor
         # (storage_service.fastsql) rather than ORM objects and a flush.
         with self._sessions.begin() as session:
-            enabled = _HISTORY_ENABLED.execute(session, {"player_id": player_id}).first()
-            if enabled is not None and not enabled[0]:
-                return False, 0
-            for row in rows:
+            if _INSERT_IF_ENABLED.execute(session, rows[0]).rowcount == 0:
+                return False, 0  # the player turned history off
+            for row in rows[1:]:
                 _INSERT_ENTRY.execute(session, row)
             return True, self._evict(session, player_id)
 
@@ -165,25 +207,12 @@ class ConversationStore:
 
     def _evict(self, session: Session, player_id: str) -> int:
         """Deletes the player's oldest entries until both bounds hold; returns how many."""
-        found = _LEDGER.execute(session, {"player_id": player_id}).first()
-        assert found is not None
-        count, total = found
-        if count <= self._bounds.max_entries and total <= self._bounds.max_bytes:
-            return 0
-        oldest = session.execute(
-            select(HistoryRow.id, HistoryRow.size_bytes)
-            .where(HistoryRow.player_id == player_id)
-            .order_by(HistoryRow.id)
-        )
-        doomed: list[int] = []
-        for row_id, size in oldest:
-            if count <= self._bounds.max_entries and total <= self._bounds.max_bytes:
-                break
-            doomed.append(row_id)
-            count -= 1
-            total -= size
-        session.execute(delete(HistoryRow).where(HistoryRow.id.in_(doomed)))
-        return len(doomed)
+        params = {
+            "player_id": player_id,
+            "max_entries": self._bounds.max_entries,
+            "max_bytes": self._bounds.max_bytes,
+        }
+        return _EVICT.execute(session, params).rowcount
 
     def list(
         self, player_id: str, page_size: int, page_token: str
