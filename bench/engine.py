@@ -55,6 +55,7 @@ from engine_service.app import EngineApp
 from engine_service.app import create_app as create_engine_app
 from engine_service.config import EngineConfig
 from services.gamesim import GameServerClient
+from services.gateway.config import GatewayConfig
 from services.stack import SERVICES, Stack
 from services.stack.launcher import free_port
 
@@ -487,6 +488,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", default="1,2")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    # Every task's player is online on the one simulated game server's connection.
+    players = GatewayConfig().max_players_per_connection
+    if not 1 <= args.tasks <= players:
+        parser.error(
+            f"--tasks must be between 1 and {players}: each task has its own player, all on one "
+            f"game-server connection, which the gateway holds to {players} players"
+        )
     args.backends = [b for b in args.backends.split(",") if b]
     args.replicas = [int(r) for r in args.replicas.split(",") if r]
     load_before = os.getloadavg()
