@@ -66,6 +66,7 @@ class BoundedExecutor:
 
     def __init__(self, name: str, workers: int, queue: int) -> None:
         self.name = name
+        self.workers = workers
         self._slots = asyncio.Semaphore(workers)
         self._limit = workers + queue
         self._admitted = 0

@@ -32,6 +32,9 @@ log = logging.getLogger("system.engine.events")
 
 CLAIM_GATHER_SECONDS = 0.02
 """How long a woken runner waits before claiming, to claim work that arrives together at once."""
+REFILL_WORKERS = 2
+"""The runner claims more once no more than this many workers' worth of claimed tasks is left
+(running or waiting): enough that new claims arrive before the workers run dry."""
 MAX_EVENT_KEY = 128
 """Longest event key a game server may send (the module id is added to make the task key)."""
 
@@ -181,8 +184,14 @@ class EventRunner:
         while True:
             # Claimed tasks count from the moment they are claimed, before they reach the
             # executor, so the runner never holds more than the executor admits.
-            free = min(self._executor.capacity - len(self._runs), 100)
-            if free <= 0:
+            held = len(self._runs)
+            free = min(self._executor.capacity - held, 100)
+            # While more than a worker's worth of claimed tasks still wait behind the running
+            # ones, a task claimed now would only wait behind them too (the queue is first in,
+            # first out): claim again once they run low, many at once, instead of one claim
+            # (a locking query in storage) per finished task; meanwhile other replicas may
+            # take what is queued.
+            if free <= 0 or held > REFILL_WORKERS * self._executor.workers:
                 await self._wait()
                 continue
             try:

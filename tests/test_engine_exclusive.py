@@ -247,7 +247,13 @@ async def test_duplicates_share_one_run(replicas: Replicas) -> None:
         asyncio.ensure_future(stub.Execute(_request("p-dup", n=7, text="again"), timeout=10))
         for _ in range(3)
     ]
-    await asyncio.sleep(0.1)
+    # The duplicates must reach the run before it ends (a fixed pause is too short on a busy
+    # machine): the engine counts each one it joins to the run.
+    run = replicas.apps[0].engine.runs.running("p-dup")
+    deadline = time.monotonic() + 5
+    while run.duplicates < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert run.duplicates == 3
     replicas.module.gate.set()
     results = [(await call).result for call in [first, *duplicates]]
     assert replicas.module.runs == 1
