@@ -87,7 +87,7 @@ from services.runtime.errors import (
     ServiceError,
 )
 from storage_service.db import Base, upsert_ignore
-from storage_service.fastsql import FastResult, FastStatement, Sent
+from storage_service.fastsql import FastResult, FastStatement, Sent, pipelined
 from storage_service.group_commit import NotApplied, run_group
 from storage_service.player_data import (
     KEEP_ON_RESET,
@@ -462,14 +462,18 @@ def _make_room_for_tasks(
     add_count: int,
     add_bytes: int,
     exclude_seq: int | None = None,
+    ledger: tuple[int, int] | None = None,
 ) -> int:
     """Evicts the player's terminal tasks, oldest first, until the addition fits. Returns how
-    many; STORAGE_FULL when it cannot fit (nothing deleted)."""
+    many; STORAGE_FULL when it cannot fit (nothing deleted). `ledger`: the player's task
+    count and bytes, when the caller read them already under the player's lock."""
     limits = (bounds.task_max_entries, bounds.task_max_bytes)
-    # Raw cursor, so no autoflush: callers must not hold unflushed task changes here
-    # (transition_task changes its row only after this).
-    ledger = _TASK_LEDGER.execute(session, {"player_id": player_id}).first()
-    assert ledger is not None  # an aggregate always returns a row
+    if ledger is None:
+        # Raw cursor, so no autoflush: callers must not hold unflushed task changes here
+        # (transition_task changes its row only after this).
+        found = _TASK_LEDGER.execute(session, {"player_id": player_id}).first()
+        assert found is not None  # an aggregate always returns a row
+        ledger = (found[0], found[1])
     count, total = ledger
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
@@ -787,15 +791,27 @@ def create_task(
             f"the task encodes to {size} bytes, over the {bounds.task_max_bytes} byte bound of a "
             "player's task ledger; pass a smaller input"
         )
-    _lock_player(session, player_id)
-    found = _TASK_BY_EVENT.execute(
-        session, {"player_id": player_id, "event_key": event_key}
-    ).first()
+    # Every event makes a task: the player's lock and both reads go to PostgreSQL together
+    # (one round trip, not three); the server still runs them in turn, so the reads see
+    # everything committed before the lock was granted.
+    locking = session.get_bind().dialect.name == "postgresql"
+    with pipelined(session):
+        lock = _PLAYER_LOCK.send(session, {"key": _player_lock_key(player_id)}) if locking else None
+        by_event = _TASK_BY_EVENT.send(session, {"player_id": player_id, "event_key": event_key})
+        ledger = _TASK_LEDGER.send(session, {"player_id": player_id})
+    if lock is not None:
+        lock.result()
+        _locks_held(session).add(player_id)
+    found = by_event.result().first()
     if found is not None:
         existing = TaskRow(**dict(zip(_TASK_COLUMN_NAMES, found, strict=True)))
         _stored_task_state(existing)
         return existing, False, 0
-    evicted = _make_room_for_tasks(session, bounds, player_id, 1, size)
+    counted = ledger.result().first()
+    assert counted is not None  # an aggregate always returns a row
+    evicted = _make_room_for_tasks(
+        session, bounds, player_id, 1, size, ledger=(counted[0], counted[1])
+    )
     values = {
         "task_id": task_id,
         "player_id": player_id,
