@@ -620,28 +620,24 @@ _ACQUIRE_SQLITE = _acquire_statement(sqlite_insert, func.max)
 _ACQUIRE_POSTGRESQL = _acquire_statement(postgresql_insert, func.greatest)
 
 
-# Every interactive run gives its player's lease back: one statement on the driver's cursor.
-_RELEASE = FastStatement(
-    update(_LEASES)
-    .where(
-        _LEASES.c.name == bindparam("name", type_=String),
-        _LEASES.c.owner == bindparam("holder", type_=String),
-        _LEASES.c.token == bindparam("held_token", type_=BigInteger),
+def _held_lease_update(**values):  # type: ignore[no-untyped-def]
+    """UPDATE of a lease the caller holds (name, owner and token match); its row count says
+    whether it was still theirs."""
+    return FastStatement(
+        update(_LEASES)
+        .where(
+            _LEASES.c.name == bindparam("name", type_=String),
+            _LEASES.c.owner == bindparam("holder", type_=String),
+            _LEASES.c.token == bindparam("held_token", type_=BigInteger),
+        )
+        .values(**values)
     )
-    .values(owner=None, expires_at=None)
-)
 
 
-# Held leases (tasks, long runs) are renewed every third of their length: one statement too.
-_RENEW = FastStatement(
-    update(_LEASES)
-    .where(
-        _LEASES.c.name == bindparam("name", type_=String),
-        _LEASES.c.owner == bindparam("holder", type_=String),
-        _LEASES.c.token == bindparam("held_token", type_=BigInteger),
-    )
-    .values(expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type))
-)
+# Every interactive run gives its player's lease back, and held leases (tasks, long runs) are
+# renewed every third of their length: one statement each on the driver's cursor.
+_RELEASE = _held_lease_update(owner=None, expires_at=None)
+_RENEW = _held_lease_update(expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type))
 
 
 def acquire_lease(
