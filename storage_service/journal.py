@@ -1732,15 +1732,14 @@ def _claim_columns(statement):  # type: ignore[no-untyped-def]
     )
 
 
-def _claim_binds(players: str):  # type: ignore[no-untyped-def]
-    binds = [
-        bindparam("now", type_=_LEASES.c.expires_at.type),  # type: ignore[attr-defined]
-        bindparam("expires_at", type_=_LEASES.c.expires_at.type),  # type: ignore[attr-defined]
-        bindparam("owner", type_=String),
-        bindparam("token", type_=BigInteger),
-        bindparam("max_tasks", type_=Integer),
-    ]
-    return binds + ([bindparam("players", type_=players)] if players else [])
+def _claim_binds(*names: str, players=None):  # type: ignore[no-untyped-def]
+    """The typed parameters `names` of a claim statement (SQLite stores times as text, so
+    their type matters); `players` is the type of the player filter, when there is one."""
+    when = _LEASES.c.expires_at.type  # type: ignore[attr-defined]
+    types = {"now": when, "expires_at": when, "owner": String, "token": BigInteger}
+    types |= {"max_tasks": Integer, "seqs": String}
+    binds = [bindparam(name, type_=types[name]) for name in names]
+    return binds + ([bindparam("players", type_=players)] if players is not None else [])
 
 
 def _claim_postgresql(players: bool) -> FastStatement:
@@ -1772,8 +1771,15 @@ WITH picked AS (
               leased.expires_at AS lease_expires_at
 )
 SELECT * FROM claimed ORDER BY seq"""
-    array = ARRAY(String) if players else None
-    return FastStatement(_claim_columns(text(sql).bindparams(*_claim_binds(array))))
+    binds = _claim_binds(
+        "now",
+        "expires_at",
+        "owner",
+        "token",
+        "max_tasks",
+        players=ARRAY(String) if players else None,
+    )
+    return FastStatement(_claim_columns(text(sql).bindparams(*binds)))
 
 
 # SQLite runs one write transaction at a time (storage_service.db), so nothing can claim
@@ -1789,13 +1795,7 @@ _PICK_SQLITE = {
             )
             + " ORDER BY t.seq LIMIT :max_tasks"
         )
-        .bindparams(
-            *(
-                b
-                for b in _claim_binds(String if players else "")
-                if b.key in ("now", "max_tasks", "players")
-            )
-        )
+        .bindparams(*_claim_binds("now", "max_tasks", players=String if players else None))
         .columns(_TASKS.c.seq)  # type: ignore[attr-defined]
     )
     for players in (False, True)
@@ -1808,10 +1808,7 @@ _LEASE_SQLITE = FastStatement(
         + _TAKE_LEASE.format(greatest="max")
         + " RETURNING name, token, expires_at"
     )
-    .bindparams(
-        *(b for b in _claim_binds("") if b.key in ("owner", "token", "expires_at")),
-        bindparam("seqs", type_=String),
-    )
+    .bindparams(*_claim_binds("owner", "token", "expires_at", "seqs"))
     .columns(_LEASES.c.name, _LEASES.c.token, _LEASES.c.expires_at)  # type: ignore[attr-defined]
 )
 _MARK_SQLITE = FastStatement(
@@ -1821,10 +1818,7 @@ _MARK_SQLITE = FastStatement(
         "WHERE seq IN (SELECT value FROM json_each(:seqs)) "
         f"RETURNING {', '.join(_TASK_COLUMN_NAMES)}"
     )
-    .bindparams(
-        bindparam("now", type_=_LEASES.c.expires_at.type),  # type: ignore[attr-defined]
-        bindparam("seqs", type_=String),
-    )
+    .bindparams(*_claim_binds("now", "seqs"))
     .columns(*(_TASKS.c[name] for name in _TASK_COLUMN_NAMES))  # type: ignore[attr-defined]
 )
 _CLAIM_POSTGRESQL = {players: _claim_postgresql(players) for players in (False, True)}
