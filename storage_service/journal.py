@@ -844,10 +844,13 @@ _TASK_MOVE = FastStatement(
 )
 
 
-def _locked_task(session: Session, task_id: str) -> TaskRow:
+def _locked_task(session: Session, task_id: str, player_id: str | None = None) -> TaskRow:
     """The task (a detached row: change it with statements, not the session), locked FOR
-    UPDATE after its player's ledger lock; NOT_FOUND when missing."""
-    player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
+    UPDATE after its player's ledger lock; NOT_FOUND when missing. `player_id`: the player
+    the caller expects (a Commit's, whose lock the batch took already: then the owner is not
+    looked up first; the caller checks that the task is that player's)."""
+    if player_id is None or player_id not in _locks_held(session):
+        player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
     if player_id is not None:
         found = _TASK_FOR_UPDATE.execute(session, {"task_id": task_id}).first()
         if found is not None:
@@ -898,7 +901,7 @@ def transition_task(
                 f"result encodes to {len(encoded)} bytes, over the {bounds.max_result_bytes} "
                 "byte limit"
             )
-    row = _locked_task(session, task_id)
+    row = _locked_task(session, task_id, player_id)
     _check_owner(row.player_id, player_id, f"task {task_id!r}")
     current = _stored_task_state(row)
     if expected is not None and current != expected:
