@@ -2081,6 +2081,7 @@ class JournalStore:
         steps of the task are stored first (DONE, as `complete_step` does)."""
         now = self._now()
         check_fence(session, fence, now)
+        owner = None  # the task's player, once known (its ledger lock is held then)
         for index, step in enumerate(completed):
             done = complete_step(
                 session,
@@ -2097,6 +2098,7 @@ class JournalStore:
                     f"{done.task_id!r}, not {task_id!r}; a step's result travels only with "
                     "a write of its own task"
                 )
+            owner = done.player_id
         row, created = record_step(
             session,
             self._bounds,
@@ -2105,6 +2107,7 @@ class JournalStore:
             task_id=task_id,
             position=position,
             tool=tool,
+            player_id=owner,
         )
         return receipt_message(row), created
 
