@@ -640,6 +640,11 @@ _RELEASE = _held_lease_update(owner=None, expires_at=None)
 _RENEW = _held_lease_update(expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type))
 
 
+ACQUIRE_ATTEMPTS = 3
+"""Times AcquireLease asks for a lease that was held, then free again before it could say by
+whom (the holder gave it back in between)."""
+
+
 def acquire_lease(
     session: Session, name: str, owner: str, ttl_seconds: int, now: dt.datetime
 ) -> journal_pb2.Lease:
@@ -655,30 +660,31 @@ def acquire_lease(
     _check_ttl(ttl_seconds, "ttl_seconds")
     expires_at = now + dt.timedelta(seconds=ttl_seconds)
     sqlite = session.get_bind().dialect.name == "sqlite"
-    taken = (
-        (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL)
-        .execute(
-            session,
-            {
-                "name": name,
-                "owner": owner,
-                "token": _micros(now),
-                "expires_at": expires_at,
-                "now": now,
-            },
-        )
-        .first()
+    params = {
+        "name": name,
+        "owner": owner,
+        "token": _micros(now),
+        "expires_at": expires_at,
+        "now": now,
+    }
+    for _ in range(ACQUIRE_ATTEMPTS):
+        taken = (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL).execute(session, params)
+        if taken.rows:
+            lease = journal_pb2.Lease(name=name, owner=owner, token=int(taken.rows[0][0]))
+            lease.expires_at.FromDatetime(expires_at)
+            return lease
+        # Someone held it. Read who, to say so; in autocommit (PostgreSQL) the holder may have
+        # given it back between the two statements, and then it is asked for again.
+        holder = session.get(LeaseRow, name, populate_existing=True)
+        if holder is not None and _live(holder, now):
+            assert holder.expires_at is not None
+            raise FailedPrecondition(
+                f"lease {name!r} is held by {holder.owner!r} until "
+                f"{_aware(holder.expires_at).isoformat()}; try again after it expires"
+            )
+    raise FailedPrecondition(
+        f"lease {name!r} changed hands {ACQUIRE_ATTEMPTS} times while being taken; try again"
     )
-    if taken is None:
-        holder = session.get(LeaseRow, name)
-        assert holder is not None and holder.expires_at is not None
-        raise FailedPrecondition(
-            f"lease {name!r} is held by {holder.owner!r} until "
-            f"{_aware(holder.expires_at).isoformat()}; try again after it expires"
-        )
-    lease = journal_pb2.Lease(name=name, owner=owner, token=int(taken[0]))
-    lease.expires_at.FromDatetime(expires_at)
-    return lease
 
 
 _FENCE_QUERY = FastStatement(

@@ -31,6 +31,7 @@ from services.runtime.errors import (
     error_reason,
 )
 from services.runtime.server import ServiceHost
+from storage_service import journal as journal_module
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
 from storage_service.group_commit import GroupCommitter
@@ -639,6 +640,37 @@ def test_lease_acquire_renew_release_expiry(store: JournalStore, clock: Clock) -
     # After a release the counter is kept: the next token is larger still.
     again = store.acquire_lease("player:p1", "engine-a", 30)
     assert again.token > taken.token
+
+
+def test_acquire_asks_again_when_the_holder_lets_go_meanwhile(
+    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is held when the upsert runs and given back before AcquireLease reads who
+    holds it (in autocommit on PostgreSQL, a release can commit in between): it is asked for
+    again and taken, not refused or failed."""
+    first = store.acquire_lease("player:race", "engine-a", 30)
+    released: list[bool] = []
+
+    def racing(statement: Any) -> Any:
+        real = statement.execute
+
+        def execute(session: Any, params: Any) -> Any:
+            result = real(session, params)
+            if not released:
+                released.append(True)
+                journal_module._RELEASE.execute(
+                    session,
+                    {"name": "player:race", "holder": "engine-a", "held_token": first.token},
+                )
+            return result
+
+        return execute
+
+    for statement in (journal_module._ACQUIRE_SQLITE, journal_module._ACQUIRE_POSTGRESQL):
+        monkeypatch.setattr(statement, "execute", racing(statement))
+    second = store.acquire_lease("player:race", "engine-b", 30)
+    assert released == [True]
+    assert second.owner == "engine-b" and second.token > first.token
 
 
 def test_lease_token_grows_even_if_the_row_is_deleted(
