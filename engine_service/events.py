@@ -186,11 +186,11 @@ class EventRunner:
             # executor, so the runner never holds more than the executor admits.
             held = len(self._runs)
             free = min(self._executor.capacity - held, 100)
-            # While more than a worker's worth of claimed tasks still wait behind the running
-            # ones, a task claimed now would only wait behind them too (the queue is first in,
-            # first out): claim again once they run low, many at once, instead of one claim
-            # (a locking query in storage) per finished task; meanwhile other replicas may
-            # take what is queued.
+            # While more than REFILL_WORKERS workers' worth of claimed tasks are held, a task
+            # claimed now would only wait behind them (the queue is first in, first out):
+            # claim again once they run low, many at once, instead of one claim (a locking
+            # query in storage) per finished task; meanwhile other replicas may take what is
+            # queued.
             if free <= 0 or held > REFILL_WORKERS * self._executor.workers:
                 await self._wait()
                 continue

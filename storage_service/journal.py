@@ -86,7 +86,7 @@ from services.runtime.errors import (
     ResourceExhausted,
     ServiceError,
 )
-from storage_service.db import Base, upsert_ignore
+from storage_service.db import Base
 from storage_service.fastsql import FastResult, FastStatement, Sent, pipelined
 from storage_service.group_commit import NotApplied, run_group
 from storage_service.player_data import (
@@ -368,13 +368,6 @@ def receipt_message(row: ReceiptRow | StoredReceipt) -> journal_pb2.StepReceipt:
     return receipt
 
 
-def _lease_message(row: LeaseRow) -> journal_pb2.Lease:
-    lease = journal_pb2.Lease(name=row.name, owner=row.owner or "", token=row.token)
-    if row.expires_at is not None:
-        lease.expires_at.FromDatetime(_aware(row.expires_at))
-    return lease
-
-
 # -- sizes and bounds --------------------------------------------------------------------------
 
 
@@ -496,7 +489,7 @@ def _make_room_for_tasks(
         )
     names = [f"task:{c.task_id}" for c in candidates[: len(doomed)]]
     session.execute(delete(TaskRow).where(TaskRow.seq.in_(doomed)))
-    # The leases of evicted tasks go too (tokens stay increasing: see _next_token).
+    # The leases of evicted tasks go too (tokens stay increasing: see _micros).
     session.execute(delete(LeaseRow).where(LeaseRow.name.in_(names)))
     return len(doomed)
 
@@ -557,34 +550,14 @@ def _make_room_for_receipts(
 
 
 def _micros(now: dt.datetime) -> int:
+    """The time in microseconds: every taking of a lease gets token max(previous token + 1,
+    this), so a lease row deleted and made again never hands out a token seen before (the
+    rule of _acquire_statement and of _TAKE_LEASE, the claims' form of it)."""
     return int((now - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
-
-
-def _next_token(previous: int, now: dt.datetime) -> int:
-    # Larger than the previous token of the name, and at least the time in microseconds: a
-    # lease row deleted and made again still never hands out a token seen before.
-    return max(previous + 1, _micros(now))
-
-
-def _lease_row(session: Session, name: str) -> LeaseRow:
-    """The lease row, made if missing, locked FOR UPDATE until the transaction ends."""
-    session.execute(
-        upsert_ignore(session, LeaseRow, name=name, owner=None, token=0, expires_at=None)
-    )
-    row = session.get(LeaseRow, name, with_for_update=True, populate_existing=True)
-    assert row is not None
-    return row
 
 
 def _live(row: LeaseRow | _FencedLease, now: dt.datetime) -> bool:
     return row.owner is not None and row.expires_at is not None and _aware(row.expires_at) > now
-
-
-def _take(row: LeaseRow, owner: str, ttl_seconds: int, now: dt.datetime) -> LeaseRow:
-    row.token = _next_token(row.token, now)
-    row.owner = owner
-    row.expires_at = now + dt.timedelta(seconds=ttl_seconds)
-    return row
 
 
 def _acquire_statement(dialect_insert, greatest) -> FastStatement:  # type: ignore[no-untyped-def]
@@ -649,7 +622,7 @@ def acquire_lease(
     session: Session, name: str, owner: str, ttl_seconds: int, now: dt.datetime
 ) -> journal_pb2.Lease:
     """Takes `name` for `owner` until now + ttl when it is free, expired or already the
-    owner's; every acquisition gets a larger token (see _next_token). FAILED_PRECONDITION when
+    owner's; every acquisition gets a larger token (see _micros). FAILED_PRECONDITION when
     someone else holds it.
 
     One statement (an upsert that only updates a row it may take, returning the token): the
@@ -745,8 +718,17 @@ _TASK_COLUMN_NAMES = [
     "created_at",
     "updated_at",
 ]
+_TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]  # type: ignore[attr-defined]
+
+
+def _task_row(values: Sequence[object]) -> TaskRow:
+    """A detached task row from a statement's columns in _TASK_COLUMN_NAMES order (read it;
+    change the table with statements, not through a session)."""
+    return TaskRow(**dict(zip(_TASK_COLUMN_NAMES, values, strict=True)))
+
+
 _TASK_BY_EVENT = FastStatement(
-    select(*(_TASKS.c[name] for name in _TASK_COLUMN_NAMES)).where(  # type: ignore[attr-defined]
+    select(*_TASK_COLUMNS).where(
         _TASKS.c.player_id == bindparam("player_id", type_=String),  # type: ignore[attr-defined]
         _TASKS.c.event_key == bindparam("event_key", type_=String),  # type: ignore[attr-defined]
     )
@@ -806,7 +788,7 @@ def create_task(
         _locks_held(session).add(player_id)
     found = by_event.result().first()
     if found is not None:
-        existing = TaskRow(**dict(zip(_TASK_COLUMN_NAMES, found, strict=True)))
+        existing = _task_row(found)
         _stored_task_state(existing)
         return existing, False, 0
     counted = ledger.result().first()
@@ -833,7 +815,7 @@ def create_task(
 
 
 _TASK_FOR_UPDATE = FastStatement(
-    select(*(_TASKS.c[name] for name in _TASK_COLUMN_NAMES))  # type: ignore[attr-defined]
+    select(*_TASK_COLUMNS)
     .where(_TASKS.c.task_id == bindparam("task_id", type_=String))  # type: ignore[attr-defined]
     .with_for_update()
 )
@@ -860,7 +842,7 @@ def _locked_task(session: Session, task_id: str, player_id: str | None = None) -
     if player_id is not None:
         found = _TASK_FOR_UPDATE.execute(session, {"task_id": task_id}).first()
         if found is not None:
-            return TaskRow(**dict(zip(_TASK_COLUMN_NAMES, found, strict=True)))
+            return _task_row(found)
     raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
 
 
@@ -1732,15 +1714,6 @@ _TAKE_LEASE = """ON CONFLICT (name) DO UPDATE SET
 _CLAIMED_COLUMNS = ", ".join(f"t.{name}" for name in _TASK_COLUMN_NAMES)
 
 
-def _claim_columns(statement):  # type: ignore[no-untyped-def]
-    """The statement's result: the task's columns, then the lease's token and expiry."""
-    return statement.columns(
-        *(_TASKS.c[name] for name in _TASK_COLUMN_NAMES),  # type: ignore[attr-defined]
-        literal_column("lease_token", BigInteger),
-        literal_column("lease_expires_at", _LEASES.c.expires_at.type),  # type: ignore[attr-defined]
-    )
-
-
 def _claim_binds(*names: str, players=None):  # type: ignore[no-untyped-def]
     """The typed parameters `names` of a claim statement (SQLite stores times as text, so
     their type matters); `players` is the type of the player filter, when there is one."""
@@ -1788,7 +1761,15 @@ SELECT * FROM claimed ORDER BY seq"""
         "max_tasks",
         players=ARRAY(String) if players else None,
     )
-    return FastStatement(_claim_columns(text(sql).bindparams(*binds)))
+    return FastStatement(
+        text(sql)
+        .bindparams(*binds)
+        .columns(
+            *_TASK_COLUMNS,
+            literal_column("lease_token", BigInteger),
+            literal_column("lease_expires_at", _LEASES.c.expires_at.type),  # type: ignore[attr-defined]
+        )
+    )
 
 
 # SQLite runs one write transaction at a time (storage_service.db), so nothing can claim
@@ -1828,7 +1809,7 @@ _MARK_SQLITE = FastStatement(
         f"RETURNING {', '.join(_TASK_COLUMN_NAMES)}"
     )
     .bindparams(*_claim_binds("now", "seqs"))
-    .columns(*(_TASKS.c[name] for name in _TASK_COLUMN_NAMES))  # type: ignore[attr-defined]
+    .columns(*_TASK_COLUMNS)
 )
 _CLAIM_POSTGRESQL = {players: _claim_postgresql(players) for players in (False, True)}
 
@@ -1873,7 +1854,7 @@ def claim_tasks(
     claims = []
     width = len(_TASK_COLUMN_NAMES)
     for row in rows:
-        task = TaskRow(**dict(zip(_TASK_COLUMN_NAMES, row[:width], strict=True)))
+        task = _task_row(row[:width])
         lease = journal_pb2.Lease(name=f"task:{task.task_id}", owner=owner, token=row[width])
         lease.expires_at.FromDatetime(_aware(row[width + 1]))
         claims.append(journal_pb2.TaskClaim(task=task_message(task), lease=lease))

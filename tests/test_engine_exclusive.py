@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import struct_pb2
-from system.common.v1 import common_pb2
+from system.common.v1 import catalog_pb2, common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
@@ -78,11 +78,35 @@ class SlowModule:
             self.per_player[player] -= 1
 
 
-def _registry(module: SlowModule) -> ModuleRegistry:
+class TickModule:
+    """Handles `test:tick` events; every run waits until released and counts itself."""
+
+    def __init__(self) -> None:
+        self.spec = ModuleSpec(
+            module_id="test:tick",
+            description={"en": "Ticks.", "zh": "计时。"},
+            input_schema={"type": "object", "additionalProperties": True},
+            routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
+            interactive=False,
+            event_allowed=True,
+            events=("test:tick",),
+        )
+        self.gate = asyncio.Event()
+        self.runs = 0
+
+    async def run(self, data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        await self.gate.wait()
+        self.runs += 1
+        return succeeded(card("test:card", "tick", []))
+
+
+def _registry(module: SlowModule, *more: Any) -> ModuleRegistry:
     registry = ModuleRegistry()
     for module_class in BUILTIN_MODULES:
         registry.register(module_class())
     registry.register(module)
+    for extra in more:
+        registry.register(extra)
     registry.freeze()
     return registry
 
@@ -115,7 +139,9 @@ class Replicas:
 
 
 @contextlib.asynccontextmanager
-async def _replicas(database_url: str, count: int = 2, **settings: Any) -> AsyncIterator[Replicas]:
+async def _replicas(
+    database_url: str, count: int = 2, more: tuple[Any, ...] = (), **settings: Any
+) -> AsyncIterator[Replicas]:
     storage = await create_storage(StorageConfig(**HOST, database_url=database_url))
     await storage.host.start()
     module = SlowModule()
@@ -133,7 +159,7 @@ async def _replicas(database_url: str, count: int = 2, **settings: Any) -> Async
                     **settings,
                 )
             )
-            engine.engine.registry = _registry(module)
+            engine.engine.registry = _registry(module, *more)
             await engine.host.start()
             engines.append(engine)
             channels.append(grpc.aio.insecure_channel(engine.host.target))
@@ -477,3 +503,43 @@ async def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
     gate.set()
     assert await running == "done"  # running work finishes
     assert executor.admitted == 0
+
+
+async def test_an_event_backlog_is_claimed_in_batches(database_url: str) -> None:
+    """Claimed tasks wait their turn in the event executor's queue, so the runner claims again
+    only once they run low (decision 0007): a backlog takes a few claims, not one per finished
+    task."""
+    ticks = TickModule()
+    async with _replicas(database_url, count=1, more=(ticks,)) as running:
+        store = running.apps[0].runner_tasks
+        claims: list[int] = []  # tasks each claim got
+        real_claim = store.claim
+
+        async def counted_claim(*args: Any, **kwargs: Any) -> Any:
+            got = await real_claim(*args, **kwargs)
+            claims.append(len(got))
+            return got
+
+        store.claim = counted_claim  # type: ignore[method-assign]
+        tasks = 40
+        player = _player("p-ticks")
+        for i in range(tasks):
+            await running.stubs[0].SubmitEvent(
+                engine_pb2.SubmitEventRequest(
+                    player=player, event_type="test:tick", event_key=f"k{i}", player_online=True
+                ),
+                timeout=5,
+            )
+        # Nothing finishes yet: the runner holds what it claimed while it had room, the rest
+        # stays in storage, where another replica could take it.
+        await asyncio.sleep(0.3)
+        held = sum(claims)
+        assert 0 < held < tasks
+        ticks.gate.set()
+        deadline = time.monotonic() + 10
+        while ticks.runs < tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert ticks.runs == tasks and sum(claims) == tasks
+        # One claim per finished task would make 40 and more; claiming only once four or
+        # fewer are left makes a handful (the last ones find nothing, a poll may add one).
+        assert len(claims) <= 12, claims
