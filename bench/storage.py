@@ -76,6 +76,7 @@ from bench.cpu import postgres_cpu_seconds, tree_cpu_seconds
 from bench.databases import database
 from bench.machine import describe_machine
 from bench.report import summarize
+from services.runtime.multiplex import MultiplexClient
 from services.stack.launcher import ROOT, free_port
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
@@ -386,13 +387,26 @@ def _connections(target: str, count: int) -> list[grpc.aio.Channel]:
 
 
 async def _run_grpc(
-    storage: _StorageProcess, backend: str, clients: int, seconds: float, connections: int = 1
+    storage: _StorageProcess,
+    backend: str,
+    clients: int,
+    seconds: float,
+    connections: int = 1,
+    path: str = "grpc",
 ) -> dict[str, Any]:
-    label = f"{backend} gRPC x{clients}"
+    """`clients` concurrent clients making step Commits: each its own unary call (`grpc`), or
+    as calls on one JournalService.Multiplex stream per channel, shared by the clients on
+    it as an engine replica shares its stream (`stream`)."""
+    label = f"{backend} {'gRPC' if path == 'grpc' else 'gRPC stream'} x{clients}"
     channels = _connections(storage.target, min(connections, clients))
+    streams: list[MultiplexClient] = []
     try:
         stubs = [journal_pb2_grpc.JournalServiceStub(channel) for channel in channels]
         await asyncio.gather(*(channel.channel_ready() for channel in channels))
+        if path == "stream":
+            streams = [
+                MultiplexClient(stub.Multiplex, journal_pb2.MultiplexRequest) for stub in stubs
+            ]
         now = time.perf_counter()
         window = _Window(now + WARMUP_SECONDS, now + WARMUP_SECONDS + seconds)
 
@@ -407,7 +421,12 @@ async def _run_grpc(
                         break
                     for request in _step_requests(player, created.task.task_id, position):
                         began = time.perf_counter()
-                        await stub.Commit(request, timeout=30)
+                        if streams:
+                            await streams[index % len(streams)].call(
+                                "commit", request, timeout=30, idempotent=True
+                            )
+                        else:
+                            await stub.Commit(request, timeout=30)
                         window.record(began, time.perf_counter())
 
         bar = _Progress(label, now, window.end)
@@ -422,9 +441,11 @@ async def _run_grpc(
         bar.done()
         cpu = meter.used()
     finally:
+        for stream in streams:
+            await stream.aclose()
         for channel in channels:
             await channel.close()
-    return _cell_result(backend, "grpc", clients, window, cpu)
+    return _cell_result(backend, path, clients, window, cpu)
 
 
 async def _transport(storage: _StorageProcess, clients: int, seconds: float) -> dict[str, Any]:
@@ -570,10 +591,13 @@ def run_backend(
                 for n in clients:
                     if "direct" in paths:
                         cells.append(run_direct(store, backend, n, seconds))
-                    if "grpc" in paths:
-                        cells.append(
-                            asyncio.run(_run_grpc(storage, backend, n, seconds, connections))
-                        )
+                    for path in ("grpc", "stream"):
+                        if path in paths:
+                            cells.append(
+                                asyncio.run(
+                                    _run_grpc(storage, backend, n, seconds, connections, path)
+                                )
+                            )
             finally:
                 close()
         finally:
@@ -935,8 +959,8 @@ def main() -> int:
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="bench-storage-")) if args.quick else RESULTS
     paths = tuple(p.strip() for p in args.paths.split(","))
-    if set(paths) - {"direct", "grpc"}:
-        parser.error(f"unknown paths {paths}; choose direct and/or grpc")
+    if set(paths) - {"direct", "grpc", "stream"}:
+        parser.error(f"unknown paths {paths}; choose from direct, grpc and stream")
     clients = [int(n) for n in args.clients.split(",")]
     settings = dict(item.split("=", 1) for item in args.server_setting if "=" in item)
     if len(settings) != len(args.server_setting):

@@ -9,6 +9,7 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from services.runtime.multiplex import MultiplexServer
 from storage_service.dbcall import run_db
 from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalStore
@@ -16,6 +17,8 @@ from storage_service.journal import JournalStore
 __all__ = ["JournalServicer"]
 
 T = TypeVar("T")
+
+_SERVICE = journal_pb2.DESCRIPTOR.services_by_name["JournalService"].full_name
 
 
 def _fence(request) -> journal_pb2.Fence | None:  # type: ignore[no-untyped-def]
@@ -38,6 +41,18 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
     def __init__(self, store: JournalStore, committer: GroupCommitter | None = None) -> None:
         self._store = store
         self._committer = committer
+        self._multiplex = MultiplexServer(
+            _SERVICE,
+            journal_pb2.MultiplexResponse,
+            {
+                "commit": ("Commit", self.Commit),
+                "record_step": ("RecordStep", self.RecordStep),
+                "complete_step": ("CompleteStep", self.CompleteStep),
+                "acquire_lease": ("AcquireLease", self.AcquireLease),
+                "renew_lease": ("RenewLease", self.RenewLease),
+                "release_lease": ("ReleaseLease", self.ReleaseLease),
+            },
+        )
 
     async def _write(self, unit: Callable[[Session], T]) -> T:
         if self._committer is not None:
@@ -148,3 +163,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
     async def Commit(self, request, context):  # type: ignore[no-untyped-def]
         # Validated here: a malformed batch is refused without waiting for a transaction.
         return await self._write(self._store.commit_unit(request))
+
+    async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        # The calls above, many on one stream (services.runtime.multiplex); each handler
+        # ignores its context, so a call on the stream runs exactly as the unary one.
+        async for response in self._multiplex.serve(request_iterator):
+            yield response

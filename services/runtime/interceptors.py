@@ -27,7 +27,14 @@ from services.runtime.errors import ERROR_REASON_KEY, ServiceError
 from services.runtime.logging import ACCESS_LOGGER, JsonFormatter, access_handler, log_info
 from services.runtime.metrics import RPC_HANDLED, RPC_LATENCY
 
-__all__ = ["ContextClientInterceptor", "ServerInterceptor", "client_interceptors"]
+__all__ = [
+    "ContextClientInterceptor",
+    "Method",
+    "ServerInterceptor",
+    "client_interceptors",
+    "error_status",
+    "record_call",
+]
 
 log = logging.getLogger(ACCESS_LOGGER)
 
@@ -40,7 +47,7 @@ def _split(method: str) -> tuple[str, str]:
     return service, name
 
 
-class _Method:
+class Method:
     """What every call of one method shares: its names and its metric series, looked up once
     (a labelled series costs a locked dictionary lookup per call otherwise)."""
 
@@ -60,7 +67,7 @@ class _Method:
 class _Call:
     """Bookkeeping for one server call: context variables, error mapping, log and metrics."""
 
-    def __init__(self, method: _Method, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, method: Method, context: grpc.aio.ServicerContext) -> None:
         self.info = method
         self.method = method.method
         self.context = context
@@ -80,21 +87,15 @@ class _Call:
         made itself passes through as it is."""
         if _is_abort(exc):
             raise exc
-        if isinstance(exc, ServiceError):
-            self.code = exc.code
-            await self.context.abort(
-                getattr(grpc.StatusCode, exc.code),
-                exc.message,
-                ((ERROR_REASON_KEY, exc.reason),) if exc.reason else (),
-            )
         if isinstance(exc, asyncio.CancelledError):
             self.code = "CANCELLED"
             raise exc
-        log.exception("unhandled error in %s", self.method, exc_info=exc)
-        self.code = "INTERNAL"
+        code, message, reason = error_status(exc, self.method)
+        self.code = code
         await self.context.abort(
-            grpc.StatusCode.INTERNAL,
-            f"internal error; quote request id {current_request_id()} when reporting it",
+            getattr(grpc.StatusCode, code),
+            message,
+            ((ERROR_REASON_KEY, reason),) if reason else (),
         )
 
     def finish(self) -> None:
@@ -110,29 +111,47 @@ class _Call:
             status = self.context.code()
             if status is not None and status != grpc.StatusCode.OK:
                 code = status.name
-        elapsed = time.perf_counter() - self.started
-        self.info.handled(code).inc()
-        self.info.latency.observe(elapsed)
-        # One INFO line per call: it is how one request is followed across services by its id.
-        if not log.isEnabledFor(logging.INFO):
-            return
-        handler = access_handler()
-        if handler is not None:
-            # The usual case in a service: the line is made directly (a LogRecord and its
-            # formatting cost about as much as the rest of this interceptor).
-            formatter: JsonFormatter = handler.formatter  # type: ignore[assignment]
-            handler.append(
-                formatter.access_line(
-                    self.method, code, round(elapsed * 1000, 3), current_request_id()
-                )
+        record_call(self.info, code, time.perf_counter() - self.started)
+
+
+def record_call(method: Method, code: str, elapsed: float) -> None:
+    """Metrics and the access line of one finished call (`code`: a grpc.StatusCode name)."""
+    method.handled(code).inc()
+    method.latency.observe(elapsed)
+    # One INFO line per call: it is how one request is followed across services by its id.
+    if not log.isEnabledFor(logging.INFO):
+        return
+    handler = access_handler()
+    if handler is not None:
+        # The usual case in a service: the line is made directly (a LogRecord and its
+        # formatting cost about as much as the rest of this interceptor).
+        formatter: JsonFormatter = handler.formatter  # type: ignore[assignment]
+        handler.append(
+            formatter.access_line(
+                method.method, code, round(elapsed * 1000, 3), current_request_id()
             )
-        else:
-            log_info(
-                log,
-                "rpc %s %s",
-                (self.method, code),
-                {"rpc": self.method, "code": code, "ms": round(elapsed * 1000, 3)},
-            )
+        )
+    else:
+        log_info(
+            log,
+            "rpc %s %s",
+            (method.method, code),
+            {"rpc": method.method, "code": code, "ms": round(elapsed * 1000, 3)},
+        )
+
+
+def error_status(exc: BaseException, method: str) -> tuple[str, str, str]:
+    """The status a handler's exception answers with: (grpc.StatusCode name, message,
+    reason). A ServiceError says its own; anything else is INTERNAL, logged here with its
+    traceback and never shown to the caller beyond the request id to quote."""
+    if isinstance(exc, ServiceError):
+        return exc.code, exc.message, exc.reason
+    log.exception("unhandled error in %s", method, exc_info=exc)
+    return (
+        "INTERNAL",
+        f"internal error; quote request id {current_request_id()} when reporting it",
+        "",
+    )
 
 
 def _is_abort(exc: BaseException) -> bool:
@@ -160,11 +179,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, _Method(method))
+        wrapped = self._wrap(handler, Method(method))
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: _Method) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: Method) -> grpc.RpcMethodHandler:
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(handler.unary_unary, method),
@@ -190,7 +209,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         )
 
     @staticmethod
-    def _unary(behavior: Callable[..., Any], method: _Method) -> Callable[..., Any]:
+    def _unary(behavior: Callable[..., Any], method: Method) -> Callable[..., Any]:
         """Wraps a handler that is a coroutine (unary responses, or streams written with
         context.write)."""
 
@@ -208,7 +227,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return wrapper
 
     @classmethod
-    def _streaming(cls, behavior: Callable[..., Any], method: _Method) -> Callable[..., Any]:
+    def _streaming(cls, behavior: Callable[..., Any], method: Method) -> Callable[..., Any]:
         if not inspect.isasyncgenfunction(behavior):
             return cls._unary(behavior, method)
 
@@ -221,7 +240,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
 
 @contextlib.asynccontextmanager
-async def _guard(method: _Method, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+async def _guard(method: Method, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
     """Runs one call's body inside its request scope, mapping errors and recording the end."""
     call = _Call(method, context)
     try:

@@ -1,0 +1,402 @@
+"""JournalService.Multiplex: the journal's hot calls as messages on one stream
+(services.runtime.multiplex), against the real servicer on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import sessionmaker
+from system.storage.v1 import journal_pb2, journal_pb2_grpc
+
+from services.runtime.errors import STALE_FENCE, error_reason
+from services.runtime.metrics import RPC_HANDLED
+from services.runtime.multiplex import MultiplexClient, MultiplexServer
+from services.runtime.server import ServiceHost
+from storage_service.config import StorageConfig
+from storage_service.db import Base, make_engine
+from storage_service.group_commit import GroupCommitter
+from storage_service.journal import JournalBounds, JournalStore
+from storage_service.journal_servicer import JournalServicer
+
+JOURNAL = "system.storage.v1.JournalService"
+RUNNING = journal_pb2.STEP_STATE_RUNNING
+DONE = journal_pb2.STEP_STATE_DONE
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = make_engine(database_url)
+    Base.metadata.create_all(engine)
+    with engine.begin() as conn:  # the PostgreSQL database is shared by this module's tests
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+class _Service:
+    """The journal servicer behind a real gRPC server on loopback, with its group committer."""
+
+    def __init__(self, engine: Engine, servicer_type: type[JournalServicer] = JournalServicer):
+        sessions = sessionmaker(engine, expire_on_commit=False)
+        self.committer = GroupCommitter(sessions)
+        self.servicer = servicer_type(JournalStore(sessions, JournalBounds()), self.committer)
+        self.host: ServiceHost | None = None
+
+    async def start(self, port: int = 0) -> str:
+        config = StorageConfig(port=port, metrics_port=-1, drain_seconds=0)
+        servicer = self.servicer
+        self.host = ServiceHost(
+            "storage",
+            config,
+            [
+                lambda server: journal_pb2_grpc.add_JournalServiceServicer_to_server(
+                    servicer, server
+                )
+            ],
+            [JOURNAL],
+        )
+        await self.host.start()
+        return self.host.target
+
+    async def stop(self) -> None:
+        if self.host is not None:
+            await self.host.stop()
+            self.host = None
+
+
+@pytest.fixture
+async def service(engine: Engine) -> AsyncIterator[_Service]:
+    service = _Service(engine)
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+        service.committer.close()
+
+
+@pytest.fixture
+async def channel(service: _Service) -> AsyncIterator[grpc.aio.Channel]:
+    assert service.host is not None
+    async with grpc.aio.insecure_channel(service.host.target) as channel:
+        yield channel
+
+
+def _client(channel: grpc.aio.Channel) -> MultiplexClient:
+    return MultiplexClient(
+        journal_pb2_grpc.JournalServiceStub(channel).Multiplex, journal_pb2.MultiplexRequest
+    )
+
+
+async def _task(channel: grpc.aio.Channel, player: str) -> journal_pb2.EventTask:
+    created = await journal_pb2_grpc.JournalServiceStub(channel).CreateTask(
+        journal_pb2.CreateTaskRequest(player_id=player, module_id="system:test", event_key="e1")
+    )
+    return created.task
+
+
+def _receipt_commit(
+    player: str, task_id: str, step: str, state: int, fence: journal_pb2.Fence | None = None
+) -> journal_pb2.CommitRequest:
+    write = journal_pb2.ReceiptWrite(step_id=step, task_id=task_id, tool="test:write", state=state)
+    if state == DONE:
+        write.result = b"result"
+        write.codec_id = "test"
+    return journal_pb2.CommitRequest(
+        request_id=f"{step}-{state}",
+        player_id=player,
+        operations=[journal_pb2.CommitOperation(receipt=write)],
+        fence=fence,
+    )
+
+
+async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> None:
+    stub = journal_pb2_grpc.JournalServiceStub(channel)
+    client = _client(channel)
+    player = f"p-{uuid.uuid4()}"
+    task = await _task(channel, player)
+    try:
+        lease = await client.call(
+            "acquire_lease",
+            journal_pb2.AcquireLeaseRequest(
+                name=f"task:{task.task_id}", owner="r1", ttl_seconds=30
+            ),
+            timeout=10,
+        )
+        fence = journal_pb2.Fence(lease_name=lease.lease.name, token=lease.lease.token)
+        recorded = await client.call(
+            "record_step",
+            journal_pb2.RecordStepRequest(
+                step_id="s1", task_id=task.task_id, position=0, tool="test:write", fence=fence
+            ),
+            timeout=10,
+        )
+        assert recorded.created and recorded.receipt.state == RUNNING
+        completed = await client.call(
+            "complete_step",
+            journal_pb2.CompleteStepRequest(
+                step_id="s1", tool="test:write", result=b"r", codec_id="c", fence=fence
+            ),
+            timeout=10,
+        )
+        assert completed.receipt.state == DONE and completed.receipt.result == b"r"
+        committed = await client.call(
+            "commit", _receipt_commit(player, task.task_id, "s2", RUNNING, fence), timeout=10
+        )
+        assert not committed.replayed
+        again = await client.call(
+            "commit", _receipt_commit(player, task.task_id, "s2", RUNNING, fence), timeout=10
+        )
+        assert again.replayed  # the same request id applies once, as on the unary RPC
+        renewed = await client.call(
+            "renew_lease",
+            journal_pb2.RenewLeaseRequest(
+                name=fence.lease_name, owner="r1", token=fence.token, ttl_seconds=60
+            ),
+            timeout=10,
+        )
+        assert renewed.lease.token == fence.token
+        released = await client.call(
+            "release_lease",
+            journal_pb2.ReleaseLeaseRequest(name=fence.lease_name, owner="r1", token=fence.token),
+            timeout=10,
+        )
+        assert released.released
+    finally:
+        await client.aclose()
+    # What the stream wrote is what the unary reads see.
+    step = await stub.GetStep(journal_pb2.GetStepRequest(step_id="s2", tool="test:write"))
+    assert step.receipt.state == RUNNING and step.receipt.task_id == task.task_id
+
+
+async def test_a_failing_call_answers_its_status_and_the_stream_goes_on(
+    channel: grpc.aio.Channel,
+) -> None:
+    client = _client(channel)
+    player = f"p-{uuid.uuid4()}"
+    task = await _task(channel, player)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as invalid:
+            await client.call(
+                "commit", journal_pb2.CommitRequest(request_id="r", player_id=player), timeout=10
+            )
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "operation" in (invalid.value.details() or "")
+        stale = journal_pb2.Fence(lease_name=f"task:{task.task_id}", token=1)
+        with pytest.raises(grpc.aio.AioRpcError) as fenced:
+            await client.call(
+                "commit", _receipt_commit(player, task.task_id, "s1", RUNNING, stale), timeout=10
+            )
+        assert fenced.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_reason(fenced.value) == STALE_FENCE
+        with pytest.raises(grpc.aio.AioRpcError) as held:
+            await client.call(
+                "acquire_lease",
+                journal_pb2.AcquireLeaseRequest(name="player:x", owner="a", ttl_seconds=30),
+                timeout=10,
+            )
+            await client.call(
+                "acquire_lease",
+                journal_pb2.AcquireLeaseRequest(name="player:x", owner="b", ttl_seconds=30),
+                timeout=10,
+            )
+        assert held.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        stream = client._stream  # noqa: SLF001 - the same stream carried every call
+        answer = await client.call(
+            "commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=10
+        )
+        assert not answer.replayed
+        assert client._stream is stream  # noqa: SLF001
+    finally:
+        await client.aclose()
+
+
+async def test_concurrent_calls_share_the_stream_and_group_commits(
+    service: _Service, channel: grpc.aio.Channel
+) -> None:
+    client = _client(channel)
+    handled = RPC_HANDLED.labels(JOURNAL, "Multiplex/Commit", "OK")
+    before_calls = handled._value.get()  # noqa: SLF001 - the counter's current value
+    player = f"p-{uuid.uuid4()}"
+    task = await _task(channel, player)
+    groups_before = service.committer.groups
+    try:
+        answers = await asyncio.gather(
+            *(
+                client.call(
+                    "commit", _receipt_commit(player, task.task_id, f"s{i}", RUNNING), timeout=30
+                )
+                for i in range(40)
+            )
+        )
+    finally:
+        await client.aclose()
+    assert all(not answer.replayed for answer in answers)
+    assert handled._value.get() - before_calls == 40  # noqa: SLF001
+    # Calls in flight together reached the writer together: fewer transactions than calls.
+    assert service.committer.groups - groups_before < 40
+    listed = await journal_pb2_grpc.JournalServiceStub(channel).GetStep(
+        journal_pb2.GetStepRequest(step_id="s39", tool="test:write")
+    )
+    assert listed.receipt.state == RUNNING
+
+
+class _GatedServicer(JournalServicer):
+    """Commits wait for `gate` (tests of calls still in flight)."""
+
+    gate: asyncio.Event
+
+    async def Commit(self, request, context):  # type: ignore[no-untyped-def]
+        await self.gate.wait()
+        return await super().Commit(request, context)
+
+
+async def test_a_call_past_its_timeout_fails_alone(engine: Engine) -> None:
+    service = _Service(engine, _GatedServicer)
+    service.servicer.gate = asyncio.Event()  # type: ignore[attr-defined]
+    target = await service.start()
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            client = _client(channel)
+            player = f"p-{uuid.uuid4()}"
+            task = await _task(channel, player)
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await client.call(
+                    "commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=0.2
+                )
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            service.servicer.gate.set()  # type: ignore[attr-defined]
+            # The late call's answer comes and is dropped; the stream serves the next call.
+            lease = await client.call(
+                "acquire_lease",
+                journal_pb2.AcquireLeaseRequest(name="player:t", owner="a", ttl_seconds=30),
+                timeout=10,
+            )
+            assert lease.lease.owner == "a"
+            await client.aclose()
+    finally:
+        await service.stop()
+        service.committer.close()
+
+
+async def test_a_broken_stream_fails_its_calls_and_the_next_call_reopens_it(
+    engine: Engine,
+) -> None:
+    service = _Service(engine, _GatedServicer)
+    service.servicer.gate = asyncio.Event()  # type: ignore[attr-defined]
+    target = await service.start()
+    port = int(target.rsplit(":", 1)[1])
+    async with grpc.aio.insecure_channel(target) as channel:
+        client = _client(channel)
+        player = f"p-{uuid.uuid4()}"
+        task = await _task(channel, player)
+        stuck = asyncio.ensure_future(
+            client.call("commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=30)
+        )
+        await asyncio.sleep(0.2)
+        await service.stop()  # the service goes away with the call in flight
+        with pytest.raises(grpc.aio.AioRpcError) as cut:
+            await stuck
+        assert cut.value.code() == grpc.StatusCode.UNAVAILABLE
+        service.servicer.gate.set()  # type: ignore[attr-defined]
+        await service.start(port)
+        try:
+            # Idempotent calls are retried while the channel reconnects.
+            lease = await client.call(
+                "acquire_lease",
+                journal_pb2.AcquireLeaseRequest(name="player:r", owner="a", ttl_seconds=30),
+                timeout=10,
+                idempotent=True,
+            )
+            assert lease.lease.owner == "a"
+            # The cut call may or may not have applied; retried with its request id, once.
+            retried = await client.call(
+                "commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=10
+            )
+            assert retried.versions == []
+        finally:
+            await client.aclose()
+            await service.stop()
+            service.committer.close()
+
+
+# -- the server loop alone ---------------------------------------------------------------------
+
+
+async def _requests(*requests: journal_pb2.MultiplexRequest) -> AsyncIterator[Any]:
+    for request in requests:
+        yield request
+        await asyncio.sleep(0)
+
+
+async def test_bad_envelopes_are_refused_per_call() -> None:
+    gate = asyncio.Event()
+
+    async def acquire(request: Any, context: Any) -> journal_pb2.AcquireLeaseResponse:
+        await gate.wait()
+        return journal_pb2.AcquireLeaseResponse(lease=journal_pb2.Lease(name=request.name))
+
+    server = MultiplexServer(
+        JOURNAL,
+        journal_pb2.MultiplexResponse,
+        {"acquire_lease": ("AcquireLease", acquire)},
+        max_in_flight=2,
+    )
+
+    def lease(call_id: int, name: str) -> journal_pb2.MultiplexRequest:
+        return journal_pb2.MultiplexRequest(
+            call_id=call_id, acquire_lease=journal_pb2.AcquireLeaseRequest(name=name)
+        )
+
+    requests = _requests(
+        journal_pb2.MultiplexRequest(call_id=1),  # no call
+        lease(2, "a"),
+        lease(2, "again"),  # id in flight
+        lease(3, "b"),
+        lease(4, "c"),  # a third in flight
+        journal_pb2.MultiplexRequest(
+            call_id=5, commit=journal_pb2.CommitRequest()
+        ),  # no handler for it here
+    )
+    answers: dict[int, list[journal_pb2.MultiplexResponse]] = {}
+    stream = server.serve(requests)
+    for _ in range(4):
+        answer = await anext(stream)
+        answers.setdefault(answer.call_id, []).append(answer)
+    gate.set()
+    async for answer in stream:
+        answers.setdefault(answer.call_id, []).append(answer)
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert answers[1][0].error.code == invalid
+    assert [a.WhichOneof("outcome") for a in answers[2]] == ["error", "acquire_lease"]
+    assert answers[2][0].error.code == invalid and "in flight" in answers[2][0].error.message
+    assert answers[2][1].acquire_lease.lease.name == "a"
+    assert answers[3][0].acquire_lease.lease.name == "b"
+    assert answers[4][0].error.code == exhausted
+    assert answers[5][0].error.code == invalid
+
+
+async def test_an_unexpected_error_is_internal_with_the_request_id() -> None:
+    async def broken(request: Any, context: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    server = MultiplexServer(
+        JOURNAL, journal_pb2.MultiplexResponse, {"release_lease": ("ReleaseLease", broken)}
+    )
+    request = journal_pb2.MultiplexRequest(
+        call_id=7, request_id="rid-123", release_lease=journal_pb2.ReleaseLeaseRequest()
+    )
+    answers = [answer async for answer in server.serve(_requests(request))]
+    assert len(answers) == 1 and answers[0].call_id == 7
+    assert answers[0].error.code == grpc.StatusCode.INTERNAL.value[0]
+    assert "rid-123" in answers[0].error.message and "a bug" not in answers[0].error.message
