@@ -12,12 +12,62 @@ from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
 from services.results import AgentFailure, ModuleFailure, NotDelivered
-from services.runtime.channels import Dependency
+from services.runtime.channels import Dependency, open_channel
 from services.runtime.errors import ResourceExhausted, Unavailable
+from services.runtime.multiplex import MultiplexClient
 
-__all__ = ["GatewayGameTools", "JournalLeases", "StorageHistory"]
+__all__ = ["GatewayGameTools", "JournalLeases", "JournalStream", "StorageHistory"]
 
 _JOURNAL = "system.storage.v1.JournalService"
+
+# The unary RPC of each call JournalService.Multiplex carries.
+_UNARY = {
+    "commit": "Commit",
+    "record_step": "RecordStep",
+    "complete_step": "CompleteStep",
+    "acquire_lease": "AcquireLease",
+    "renew_lease": "RenewLease",
+    "release_lease": "ReleaseLease",
+}
+
+
+class JournalStream:
+    """The engine's hot journal calls (every step's receipts, every run's player lease) as
+    messages on one `JournalService.Multiplex` stream, which costs both processes a fraction
+    of a unary call each (services.runtime.multiplex). The stream has a channel of its own,
+    without interceptors: it outlives every request, and each call carries its request id.
+
+    A storage service without the stream (an older version during a rolling upgrade) answers
+    UNIMPLEMENTED; from then on the calls go as unary RPCs on `unary`, the owner's stub.
+    """
+
+    def __init__(
+        self, target: str, unary: journal_pb2_grpc.JournalServiceStub, private: bool = False
+    ) -> None:
+        self._unary = unary
+        self._streamed = True
+        self._channel = open_channel(target, interceptors=False, private=private)
+        self._client = MultiplexClient(
+            journal_pb2_grpc.JournalServiceStub(self._channel).Multiplex,
+            journal_pb2.MultiplexRequest,
+        )
+
+    async def call(self, field: str, request: Any, timeout: float, idempotent: bool) -> Any:
+        """The answer of the call `field` (`commit`, `acquire_lease`, ...); raises
+        grpc.aio.AioRpcError as the unary RPC does. `idempotent` calls are retried on
+        UNAVAILABLE (unary ones by their channel's retry policy)."""
+        if self._streamed:
+            try:
+                return await self._client.call(field, request, timeout, idempotent)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._streamed = False
+        return await getattr(self._unary, _UNARY[field])(request, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await self._channel.close()
 
 
 class JournalLeases:
@@ -39,13 +89,16 @@ class JournalLeases:
                 f"{_JOURNAL}/ReleaseLease",
             ],
         )
+        self._calls = JournalStream(target, self._dep.stub)
 
     async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int:
         """Takes the lease and returns its fencing token."""
         try:
-            response = await self._dep.stub.AcquireLease(
+            response = await self._calls.call(
+                "acquire_lease",
                 journal_pb2.AcquireLeaseRequest(name=name, owner=owner, ttl_seconds=ttl_seconds),
-                timeout=self._timeout,
+                self._timeout,
+                idempotent=True,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -57,20 +110,25 @@ class JournalLeases:
 
     async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None:
         """Extends the lease. Raises grpc.aio.AioRpcError when it was lost or not reachable."""
-        await self._dep.stub.RenewLease(
+        await self._calls.call(
+            "renew_lease",
             journal_pb2.RenewLeaseRequest(
                 name=name, owner=owner, token=token, ttl_seconds=ttl_seconds
             ),
-            timeout=self._timeout,
+            self._timeout,
+            idempotent=True,
         )
 
     async def release(self, name: str, owner: str, token: int) -> None:
-        await self._dep.stub.ReleaseLease(
+        await self._calls.call(
+            "release_lease",
             journal_pb2.ReleaseLeaseRequest(name=name, owner=owner, token=token),
-            timeout=self._timeout,
+            self._timeout,
+            idempotent=True,
         )
 
     async def aclose(self) -> None:
+        await self._calls.aclose()
         await self._dep.aclose()
 
 

@@ -12,6 +12,7 @@ from google.protobuf import struct_pb2
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from engine_service.clients import JournalStream
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import Dependency
 from services.runtime.errors import (
@@ -84,6 +85,8 @@ class TaskStore:
             # connection into reconnect backoff.
             private=private,
         )
+        # Receipts, finishing commits and the task lease's upkeep: on one stream.
+        self._calls = JournalStream(target, self._dep.stub, private=private)
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -179,14 +182,16 @@ class TaskStore:
     async def renew(self, claim: Claim, owner: str, lease_seconds: int) -> None:
         """Extends the task's lease. Raises LeaseLost when it is no longer ours."""
         try:
-            await self._dep.stub.RenewLease(
+            await self._calls.call(
+                "renew_lease",
                 journal_pb2.RenewLeaseRequest(
                     name=claim.fence.lease_name,
                     owner=owner,
                     token=claim.fence.token,
                     ttl_seconds=lease_seconds,
                 ),
-                timeout=self._timeout,
+                self._timeout,
+                idempotent=False,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -194,11 +199,13 @@ class TaskStore:
             raise
 
     async def release(self, claim: Claim, owner: str) -> None:
-        await self._dep.stub.ReleaseLease(
+        await self._calls.call(
+            "release_lease",
             journal_pb2.ReleaseLeaseRequest(
                 name=claim.fence.lease_name, owner=owner, token=claim.fence.token
             ),
-            timeout=self._timeout,
+            self._timeout,
+            idempotent=False,
         )
 
     async def finish(
@@ -262,7 +269,7 @@ class TaskStore:
             fence=claim.fence,
         )
         try:
-            await self._dep.stub.Commit(request, timeout=self._timeout)
+            await self._calls.call("commit", request, self._timeout, idempotent=True)
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"task {task.task_id} could not be finished") from None
 
@@ -279,7 +286,8 @@ class TaskStore:
         """Records a step's intent (with an earlier step's result stored first in the same
         transaction, when given); returns the receipt and whether it is new."""
         try:
-            response = await self._dep.stub.RecordStep(
+            response = await self._calls.call(
+                "record_step",
                 journal_pb2.RecordStepRequest(
                     step_id=step_id,
                     task_id=claim.task.task_id,
@@ -288,7 +296,8 @@ class TaskStore:
                     fence=claim.fence,
                     completed=[completed] if completed is not None else [],
                 ),
-                timeout=self._timeout,
+                self._timeout,
+                idempotent=False,
             )
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"step {step_id} could not be recorded") from None
@@ -298,7 +307,8 @@ class TaskStore:
         self, claim: Claim, step_id: str, tool: str, result: bytes, codec_id: str
     ) -> None:
         try:
-            await self._dep.stub.CompleteStep(
+            await self._calls.call(
+                "complete_step",
                 journal_pb2.CompleteStepRequest(
                     step_id=step_id,
                     tool=tool,
@@ -306,10 +316,12 @@ class TaskStore:
                     codec_id=codec_id,
                     fence=claim.fence,
                 ),
-                timeout=self._timeout,
+                self._timeout,
+                idempotent=True,
             )
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"the result of step {step_id} could not be stored") from None
 
     async def aclose(self) -> None:
+        await self._calls.aclose()
         await self._dep.aclose()

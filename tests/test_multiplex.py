@@ -400,3 +400,49 @@ async def test_an_unexpected_error_is_internal_with_the_request_id() -> None:
     assert len(answers) == 1 and answers[0].call_id == 7
     assert answers[0].error.code == grpc.StatusCode.INTERNAL.value[0]
     assert "rid-123" in answers[0].error.message and "a bug" not in answers[0].error.message
+
+
+async def test_the_engine_falls_back_to_unary_calls_on_a_service_without_the_stream() -> None:
+    """A storage service of an older version (no Multiplex) during a rolling upgrade."""
+    from engine_service.clients import JournalStream
+
+    asked: list[str] = []
+
+    async def acquire(request: Any, context: Any) -> journal_pb2.AcquireLeaseResponse:
+        asked.append(request.name)
+        return journal_pb2.AcquireLeaseResponse(lease=journal_pb2.Lease(name=request.name, token=9))
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                JOURNAL,
+                {
+                    "AcquireLease": grpc.unary_unary_rpc_method_handler(
+                        acquire,
+                        request_deserializer=journal_pb2.AcquireLeaseRequest.FromString,
+                        response_serializer=journal_pb2.AcquireLeaseResponse.SerializeToString,
+                    )
+                },
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            calls = JournalStream(f"127.0.0.1:{port}", journal_pb2_grpc.JournalServiceStub(channel))
+            try:
+                for name in ("player:a", "player:b"):
+                    answer = await calls.call(
+                        "acquire_lease",
+                        journal_pb2.AcquireLeaseRequest(name=name, owner="o", ttl_seconds=5),
+                        timeout=5,
+                        idempotent=True,
+                    )
+                    assert answer.lease.token == 9
+            finally:
+                await calls.aclose()
+    finally:
+        await server.stop(0)
+    assert asked == ["player:a", "player:b"]

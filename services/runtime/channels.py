@@ -37,6 +37,7 @@ def open_channel(
     idempotent_methods: Sequence[str] = (),
     default_timeout: float | None = 10.0,
     private: bool = False,
+    interceptors: bool = True,
 ) -> grpc.aio.Channel:
     """An insecure aio channel to `target` with request-id and deadline propagation.
 
@@ -47,6 +48,9 @@ def open_channel(
         private: give the channel its own connections instead of sharing them with other
             channels to the same target: a background poller's failed attempts (and the
             reconnect backoff they cause) then never delay request traffic.
+        interceptors: with request-id and deadline propagation; without, for a long-lived
+            stream that outlives every request (services.runtime.multiplex), whose messages
+            carry their request ids themselves.
     """
     options: list[tuple[str, object]] = [
         ("grpc.service_config", _retry_config(idempotent_methods)),
@@ -63,7 +67,7 @@ def open_channel(
     return grpc.aio.insecure_channel(
         target,
         options=options,
-        interceptors=client_interceptors(default_timeout),
+        interceptors=client_interceptors(default_timeout) if interceptors else None,
     )
 
 

@@ -284,9 +284,13 @@ class _Stream:
             async with self._write_lock:  # one write at a time on a stream
                 await self._call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            # The stream has ended: say what it ended with (UNIMPLEMENTED: the service has
+            # no such stream, and the caller falls back to unary calls).
+            status = await self._call.code()
             self._break(exc)
+            code = status if status == grpc.StatusCode.UNIMPLEMENTED else None
             raise _rpc_error(
-                grpc.StatusCode.UNAVAILABLE, f"the stream to the service broke: {exc}"
+                code or grpc.StatusCode.UNAVAILABLE, f"the stream to the service broke: {exc}"
             ) from None
 
     async def _read(self) -> None:
@@ -308,13 +312,17 @@ class _Stream:
 
     def _break(self, error: BaseException | None) -> None:
         self.broken = True
-        detail = f": {error.details()}" if isinstance(error, grpc.aio.AioRpcError) else ""
+        code = grpc.StatusCode.UNAVAILABLE
+        detail = ""
+        if isinstance(error, grpc.aio.AioRpcError):
+            detail = f": {error.details()}"
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                code = error.code()  # a service without the stream: the caller falls back
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(
                     _rpc_error(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"the stream to the service ended before the answer came{detail}",
+                        code, f"the stream to the service ended before the answer came{detail}"
                     )
                 )
         self._waiting.clear()
