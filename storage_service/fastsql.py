@@ -91,12 +91,24 @@ class FastStatement:
     Args:
         statement: the statement, with `bindparam`s for what changes per execution.
         column_keys: for an INSERT without `.values()`, the columns every execution gives.
+        planned_each_time: never a prepared statement on PostgreSQL (psycopg prepares a
+            statement run five times, and the server may then keep one generic plan for
+            it). For a statement whose right plan depends on its arguments or on how much
+            the tables have grown since they were last analyzed: a generic plan made while
+            they were nearly empty scans them whole, and stays.
     """
 
-    def __init__(self, statement: ClauseElement, column_keys: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        statement: ClauseElement,
+        column_keys: Sequence[str] | None = None,
+        planned_each_time: bool = False,
+    ) -> None:
         self._statement = statement
         self._column_keys = list(column_keys) if column_keys is not None else None
         self._rendered: dict[str, _Rendered] = {}
+        # psycopg's `prepare`: None lets it decide, False never prepares.
+        self._prepare: bool | None = False if planned_each_time else None
 
     def _render(self, dialect: Dialect) -> _Rendered:
         rendered = self._rendered.get(dialect.name)
@@ -139,7 +151,10 @@ class FastStatement:
         args = rendered.args(params)
         cursor = _cursor(connection)
         try:
-            cursor.execute(rendered.sql, args)
+            if self._prepare is None or connection.dialect.name != "postgresql":
+                cursor.execute(rendered.sql, args)
+            else:
+                cursor.execute(rendered.sql, args, prepare=self._prepare)
         except connection.dialect.loaded_dbapi.Error as error:
             cursor.close()
             raise _wrapped(connection, rendered.sql, args, error, cursor) from error

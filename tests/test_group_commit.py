@@ -22,6 +22,7 @@ from services.runtime.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     Unavailable,
 )
 from storage_service.db import Base, make_engine
@@ -616,6 +617,55 @@ def test_a_sent_write_that_needs_room_evicts_where_it_would_have(engine: Engine)
     with pytest.raises(NotFound):
         store.get_step(f"{task_id}/0", "t.t")  # the oldest finished receipt made room
     assert store.get_step(f"{second.task_id}/0", "t.t").state == journal_pb2.STEP_STATE_RUNNING
+
+
+def test_one_players_writes_in_a_sent_group_each_see_the_ledger_the_last_left(
+    engine: Engine,
+) -> None:
+    """On PostgreSQL a group's receipt writes go as one statement per chunk; a player's second
+    write must still see the first's receipt in the ledger (its own chunk), so the third of
+    three new steps over a bound of two is refused as it would be alone."""
+    store = JournalStore(
+        sessionmaker(engine, expire_on_commit=False), JournalBounds(receipt_max_entries=2)
+    )
+    ((player, task_id),) = _tasks(store, 1)
+    others = _tasks(store, 2)
+    requests = [_running(player, task_id, f"{task_id}/{n}") for n in range(3)]
+    requests += [_running(other, other_task, f"{other_task}/0") for other, other_task in others]
+    outcomes = store.commit_group(requests)
+    assert isinstance(outcomes[0], journal_pb2.CommitResponse)
+    assert isinstance(outcomes[1], journal_pb2.CommitResponse)
+    assert isinstance(outcomes[2], ResourceExhausted)  # STORAGE_FULL: nothing terminal to evict
+    assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes[3:])
+    with pytest.raises(NotFound):
+        store.get_step(f"{task_id}/2", "t.t")
+    for _other, other_task in others:
+        assert store.get_step(f"{other_task}/0", "t.t").state == journal_pb2.STEP_STATE_RUNNING
+
+
+def test_fenced_batches_in_a_sent_group_each_check_their_own_lease(
+    store: JournalStore, engine: Engine
+) -> None:
+    """The fences of a group are read in one statement on PostgreSQL: each batch is checked
+    against its own lease, a stale one fails alone."""
+    tasks = _tasks(store, 3)
+    fences = []
+    for _, task_id in tasks:
+        lease = store.acquire_lease(f"task:{task_id}", "replica-a", 30)
+        fences.append(journal_pb2.Fence(lease_name=lease.name, token=lease.token))
+    stale = journal_pb2.Fence(lease_name=fences[1].lease_name, token=fences[1].token - 1)
+    outcomes = store.commit_group(
+        [
+            _running(tasks[0][0], tasks[0][1], f"{tasks[0][1]}/0", fence=fences[0]),
+            _running(tasks[1][0], tasks[1][1], f"{tasks[1][1]}/0", fence=stale),
+            _running(tasks[2][0], tasks[2][1], f"{tasks[2][1]}/0", fence=fences[2]),
+        ]
+    )
+    assert isinstance(outcomes[0], journal_pb2.CommitResponse)
+    assert isinstance(outcomes[1], FailedPrecondition)
+    assert isinstance(outcomes[2], journal_pb2.CommitResponse)
+    with pytest.raises(NotFound):
+        store.get_step(f"{tasks[1][1]}/0", "t.t")
 
 
 def test_a_connection_lost_after_the_pipeline_stores_nothing(postgres_url: str) -> None:
