@@ -51,6 +51,7 @@ from typing import NamedTuple, TypeVar
 from google.protobuf import struct_pb2
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Index,
     Integer,
@@ -1627,36 +1628,36 @@ _BATCH_INSERT_LOCKING = FastStatement(
 )
 
 
-# Rows per statement of _batch_rows_insert: psycopg parses a statement once and caches it only
-# when it has at most 50 parameters (5 a row); a longer one is parsed again at every execution,
-# which costs more than the statements it replaces.
-_ROWS_PER_INSERT = 10
-
-
-@functools.cache
-def _batch_rows_insert(count: int) -> FastStatement:
-    """_BATCH_INSERT_LOCKING for `count` batch rows in one statement (see _BatchRows): it
-    returns the key of each row it inserted, with the row's player's ledger lock taken."""
-    columns = _BATCHES.c  # type: ignore[attr-defined]
-    rows = [
-        {name: bindparam(f"p{row}_{name}", type_=columns[name].type) for name in _BATCH_COLUMNS}
-        for row in range(count)
-    ]
-    # Constants in the SQL, not parameters: only the rows' count against psycopg's limit.
-    key = literal_column(f"'{_player_lock_key('')}'", String) + columns.player_id
-    lock = func.pg_advisory_xact_lock(func.hashtextextended(key, literal_column("0")))
-    return FastStatement(
-        postgresql_insert(_BATCHES)
-        .values(rows)
-        .on_conflict_do_nothing()
-        .returning(columns.player_id, columns.request_id, lock.is_(None))
+# The rows of a group's batches in one statement (PostgreSQL): each inserted row returns its
+# key, with its player's ledger lock taken (as _BATCH_INSERT_LOCKING does for one row).
+_BATCH_ROWS_MANY = FastStatement(
+    text(
+        f"""
+INSERT INTO journal_batches (player_id, request_id, digest, response, created_at)
+SELECT v.player_id, v.request_id, v.digest, ''::bytea, :now
+FROM unnest(:players, :requests, :digests) AS v(player_id, request_id, digest)
+ON CONFLICT DO NOTHING
+RETURNING player_id, request_id,
+          pg_advisory_xact_lock(hashtextextended('{_player_lock_key("")}' || player_id, 0))
+          IS NULL"""
     )
+    .bindparams(
+        bindparam("players", type_=ARRAY(String)),
+        bindparam("requests", type_=ARRAY(String)),
+        bindparam("digests", type_=ARRAY(LargeBinary)),
+        bindparam("now", type_=DateTime(timezone=True)),
+    )
+    .columns(
+        _BATCHES.c.player_id,  # type: ignore[attr-defined]
+        _BATCHES.c.request_id,  # type: ignore[attr-defined]
+        literal_column("locked", Boolean),
+    )
+)
 
 
 class _BatchRows:
-    """The rows of the batches of a group, sent ahead: _ROWS_PER_INSERT a statement on
-    PostgreSQL, one each on SQLite (where each runs as it is sent, so fewer statements would
-    save little)."""
+    """The rows of the batches of a group, sent ahead: one statement on PostgreSQL, one each
+    on SQLite (where each runs as it is sent, so fewer statements would save little)."""
 
     def __init__(
         self, session: Session, batches: Sequence[_Batch], now: dt.datetime, postgresql: bool
@@ -1665,13 +1666,13 @@ class _BatchRows:
         self._each: dict[tuple[str, str], Sent] = {}
         self._all: list[Sent] = []
         if postgresql:
-            for first in range(0, len(batches), _ROWS_PER_INSERT):
-                chunk = batches[first : first + _ROWS_PER_INSERT]
-                params: dict[str, object] = {}
-                for row, batch in enumerate(chunk):
-                    for name, value in _batch_values(batch, now).items():
-                        params[f"p{row}_{name}"] = value
-                self._all.append(_batch_rows_insert(len(chunk)).send(session, params))
+            params: dict[str, object] = {
+                "players": [batch.request.player_id for batch in batches],
+                "requests": [batch.request.request_id for batch in batches],
+                "digests": [batch.digest for batch in batches],
+                "now": now,
+            }
+            self._all.append(_BATCH_ROWS_MANY.send(session, params))
         else:
             for batch in batches:
                 key = (batch.request.player_id, batch.request.request_id)
@@ -1695,69 +1696,63 @@ class _BatchRows:
 # thread gives up the interpreter lock for each wait: with the event loop busy, getting it
 # back cost more than the statement (a group of 13 receipt Commits spent 3.5 ms queueing 15
 # statements, 1 ms of it CPU). So on PostgreSQL the receipt writes of a group go as one
-# statement per kind per chunk, over arrays (unnest), each row checked exactly as
-# _RECORD_FAST or _COMPLETE_FAST checks its one row. A chunk holds at most one write per
-# player and per step id, so no row of a statement sees, or should have seen, another's
-# effect: the ledgers are per player, and a step id is one receipt. Both are planned at every
+# statement per chunk, over arrays (unnest), each row checked exactly as _RECORD_FAST or
+# _COMPLETE_FAST checks its one row. A chunk holds at most one write per player and per step
+# id, so no row sees, or should have seen, another's effect (the ledgers are per player, a
+# step id is one receipt), and the statement's two parts, which see one snapshot, need no
+# order between them. Both are planned at every
 # execution: over an array the generic plan, made once while the tables are small, joins by
 # scanning them whole (seen: PostgreSQL's CPU per Commit doubled as a bench's tables grew).
 _RECEIPT_STATES = ", ".join(f"'{name}'" for name in sorted(RECOVERABLE))
-_RECORD_MANY = FastStatement(
+_RECEIPTS_MANY = FastStatement(
     text(
         f"""
-INSERT INTO journal_receipts (step_id, task_id, player_id, position, tool, state, result,
-                              codec_id, size_bytes, created_at, updated_at)
-SELECT v.step_id, t.task_id, t.player_id, v.position, v.tool, '{STEP_RUNNING}', NULL, '',
-       v.size_bytes, :now, :now
-FROM unnest(:steps, :tasks, :players, :positions, :tools, :sizes)
-     AS v(step_id, task_id, player_id, position, tool, size_bytes)
-JOIN journal_tasks AS t ON t.task_id = v.task_id AND t.player_id = v.player_id
-CROSS JOIN LATERAL (
-    SELECT count(*) AS entries, coalesce(sum(r.size_bytes), 0) AS bytes
-    FROM journal_receipts AS r WHERE r.player_id = v.player_id
-) AS ledger
-WHERE t.state IN ({_RECEIPT_STATES})
-  AND NOT EXISTS (SELECT 1 FROM journal_receipts AS e WHERE e.step_id = v.step_id)
-  AND ledger.entries + 1 <= :max_entries
-  AND ledger.bytes + v.size_bytes <= :max_bytes
-RETURNING step_id"""
+WITH recorded AS (
+    INSERT INTO journal_receipts (step_id, task_id, player_id, position, tool, state, result,
+                                  codec_id, size_bytes, created_at, updated_at)
+    SELECT v.step_id, t.task_id, t.player_id, v.position, v.tool, '{STEP_RUNNING}', NULL, '',
+           v.size_bytes, :now, :now
+    FROM unnest(:r_steps, :r_tasks, :r_players, :r_positions, :r_tools, :r_sizes)
+         AS v(step_id, task_id, player_id, position, tool, size_bytes)
+    JOIN journal_tasks AS t ON t.task_id = v.task_id AND t.player_id = v.player_id
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS entries, coalesce(sum(r.size_bytes), 0) AS bytes
+        FROM journal_receipts AS r WHERE r.player_id = v.player_id
+    ) AS ledger
+    WHERE t.state IN ({_RECEIPT_STATES})
+      AND NOT EXISTS (SELECT 1 FROM journal_receipts AS e WHERE e.step_id = v.step_id)
+      AND ledger.entries + 1 <= :max_entries
+      AND ledger.bytes + v.size_bytes <= :max_bytes
+    RETURNING step_id
+), completed AS (
+    UPDATE journal_receipts AS r
+    SET state = '{STEP_DONE}', result = v.result, codec_id = v.codec_id,
+        size_bytes = r.size_bytes + v.grows, updated_at = :now
+    FROM unnest(:c_steps, :c_players, :c_tools, :c_grows, :c_results, :c_codecs)
+         AS v(step_id, player_id, tool, grows, result, codec_id)
+    WHERE r.step_id = v.step_id AND r.player_id = v.player_id AND r.tool = v.tool
+      AND r.state = '{STEP_RUNNING}' AND r.codec_id = '' AND r.result IS NULL
+      AND (SELECT coalesce(sum(x.size_bytes), 0) FROM journal_receipts AS x
+           WHERE x.player_id = v.player_id) + v.grows <= :max_bytes
+    RETURNING r.step_id
+)
+SELECT step_id FROM recorded UNION ALL SELECT step_id FROM completed"""
     )
     .bindparams(
-        bindparam("steps", type_=ARRAY(String)),
-        bindparam("tasks", type_=ARRAY(String)),
-        bindparam("players", type_=ARRAY(String)),
-        bindparam("positions", type_=ARRAY(BigInteger)),
-        bindparam("tools", type_=ARRAY(String)),
-        bindparam("sizes", type_=ARRAY(Integer)),
+        bindparam("r_steps", type_=ARRAY(String)),
+        bindparam("r_tasks", type_=ARRAY(String)),
+        bindparam("r_players", type_=ARRAY(String)),
+        bindparam("r_positions", type_=ARRAY(BigInteger)),
+        bindparam("r_tools", type_=ARRAY(String)),
+        bindparam("r_sizes", type_=ARRAY(Integer)),
+        bindparam("c_steps", type_=ARRAY(String)),
+        bindparam("c_players", type_=ARRAY(String)),
+        bindparam("c_tools", type_=ARRAY(String)),
+        bindparam("c_grows", type_=ARRAY(Integer)),
+        bindparam("c_results", type_=ARRAY(LargeBinary)),
+        bindparam("c_codecs", type_=ARRAY(String)),
         bindparam("now", type_=DateTime(timezone=True)),
         bindparam("max_entries", type_=Integer),
-        bindparam("max_bytes", type_=BigInteger),
-    )
-    .columns(_RECEIPTS.c.step_id),  # type: ignore[attr-defined]
-    planned_each_time=True,
-)
-_COMPLETE_MANY = FastStatement(
-    text(
-        f"""
-UPDATE journal_receipts AS r
-SET state = '{STEP_DONE}', result = v.result, codec_id = v.codec_id,
-    size_bytes = r.size_bytes + v.grows, updated_at = :now
-FROM unnest(:steps, :players, :tools, :grows, :results, :codecs)
-     AS v(step_id, player_id, tool, grows, result, codec_id)
-WHERE r.step_id = v.step_id AND r.player_id = v.player_id AND r.tool = v.tool
-  AND r.state = '{STEP_RUNNING}' AND r.codec_id = '' AND r.result IS NULL
-  AND (SELECT coalesce(sum(x.size_bytes), 0) FROM journal_receipts AS x
-       WHERE x.player_id = v.player_id) + v.grows <= :max_bytes
-RETURNING r.step_id"""
-    )
-    .bindparams(
-        bindparam("steps", type_=ARRAY(String)),
-        bindparam("players", type_=ARRAY(String)),
-        bindparam("tools", type_=ARRAY(String)),
-        bindparam("grows", type_=ARRAY(Integer)),
-        bindparam("results", type_=ARRAY(LargeBinary)),
-        bindparam("codecs", type_=ARRAY(String)),
-        bindparam("now", type_=DateTime(timezone=True)),
         bindparam("max_bytes", type_=BigInteger),
     )
     .columns(_RECEIPTS.c.step_id),  # type: ignore[attr-defined]
@@ -1786,14 +1781,16 @@ class _Applied:
 
 
 class _ReceiptChunks:
-    """The receipt writes of a group, sent as _RECORD_MANY and _COMPLETE_MANY per chunk (see
-    above); `applied(i)` is whether the i-th write added applied."""
+    """The receipt writes of a group, sent as one _RECEIPTS_MANY per chunk (see above);
+    `applied(i)` is whether the i-th write added applied."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: JournalBounds, now: dt.datetime) -> None:
+        self._bounds = bounds
+        self._now = now
         self._chunks: list[tuple[list[dict[str, object]], list[dict[str, object]]]] = []
         self._seen: set[str] = set()
-        self._where: list[tuple[int, bool, str]] = []  # (chunk, record?, step id) per write
-        self._sent: list[tuple[_Applied | None, _Applied | None]] = []
+        self._where: list[tuple[int, str]] = []  # (chunk, step id) of each write
+        self._sent: list[_Applied] = []
 
     def add(self, statement: FastStatement, params: dict[str, object]) -> int:
         player, step = f"p:{params['p_player']}", f"s:{params['p_step']}"
@@ -1801,57 +1798,34 @@ class _ReceiptChunks:
             self._chunks.append(([], []))
             self._seen = set()
         self._seen.update((player, step))
-        record = statement is _RECORD_FAST
-        self._chunks[-1][0 if record else 1].append(params)
-        self._where.append((len(self._chunks) - 1, record, str(params["p_step"])))
+        self._chunks[-1][0 if statement is _RECORD_FAST else 1].append(params)
+        self._where.append((len(self._chunks) - 1, str(params["p_step"])))
         return len(self._where) - 1
 
     def send(self, session: Session) -> None:
         for records, completes in self._chunks:
-            self._sent.append(
-                (
-                    _Applied(_RECORD_MANY.send(session, _record_arrays(records)))
-                    if records
-                    else None,
-                    _Applied(_COMPLETE_MANY.send(session, _complete_arrays(completes)))
-                    if completes
-                    else None,
-                )
-            )
+            params: dict[str, object] = {
+                "r_steps": [row["p_step"] for row in records],
+                "r_tasks": [row["p_task"] for row in records],
+                "r_players": [row["p_player"] for row in records],
+                "r_positions": [row["p_position"] for row in records],
+                "r_tools": [row["p_tool"] for row in records],
+                "r_sizes": [row["p_size"] for row in records],
+                "c_steps": [row["p_step"] for row in completes],
+                "c_players": [row["p_player"] for row in completes],
+                "c_tools": [row["p_tool"] for row in completes],
+                "c_grows": [row["p_grows"] for row in completes],
+                "c_results": [row["p_result"] for row in completes],
+                "c_codecs": [row["p_codec"] for row in completes],
+                "now": self._now,
+                "max_entries": self._bounds.receipt_max_entries,
+                "max_bytes": self._bounds.receipt_max_bytes,
+            }
+            self._sent.append(_Applied(_RECEIPTS_MANY.send(session, params)))
 
     def applied(self, index: int) -> bool:
-        chunk, record, step = self._where[index]
-        changed = self._sent[chunk][0 if record else 1]
-        return changed is not None and step in changed
-
-
-def _record_arrays(rows: list[dict[str, object]]) -> dict[str, object]:
-    first = rows[0]
-    return {
-        "steps": [row["p_step"] for row in rows],
-        "tasks": [row["p_task"] for row in rows],
-        "players": [row["p_player"] for row in rows],
-        "positions": [row["p_position"] for row in rows],
-        "tools": [row["p_tool"] for row in rows],
-        "sizes": [row["p_size"] for row in rows],
-        "now": first["p_now"],
-        "max_entries": first["p_max_entries"],
-        "max_bytes": first["p_max_bytes"],
-    }
-
-
-def _complete_arrays(rows: list[dict[str, object]]) -> dict[str, object]:
-    first = rows[0]
-    return {
-        "steps": [row["p_step"] for row in rows],
-        "players": [row["p_player"] for row in rows],
-        "tools": [row["p_tool"] for row in rows],
-        "grows": [row["p_grows"] for row in rows],
-        "results": [row["p_result"] for row in rows],
-        "codecs": [row["p_codec"] for row in rows],
-        "now": first["p_now"],
-        "max_bytes": first["p_max_bytes"],
-    }
+        chunk, step = self._where[index]
+        return step in self._sent[chunk]
 
 
 # -- claims ------------------------------------------------------------------------------------
@@ -2483,7 +2457,7 @@ class JournalStore:
                 {b.request.fence.lease_name for b in sent if b.request.HasField("fence")}
             )
             fences = _Fences(_FENCES_QUERY.send(session, {"names": names}) if names else None)
-            chunks = _ReceiptChunks()
+            chunks = _ReceiptChunks(self._bounds, now)
             indexes = [
                 [chunks.add(statement, params) for statement, params in plan] if plan else None
                 for plan in plans

@@ -720,7 +720,8 @@ def test_a_connection_lost_before_the_pipeline_is_rerun_on_a_fresh_one(postgres_
 
 
 def test_a_large_sent_group_applies_every_batch_once(store: JournalStore, engine: Engine) -> None:
-    """More batches than one statement inserts rows for (journal._ROWS_PER_INSERT)."""
+    """A group of many batches, one of them a retry (on PostgreSQL their rows go in one
+    statement, and their writes in one too)."""
     tasks = _tasks(store, 23)
     retried = _running(*tasks[17], f"{tasks[17][1]}/0")
     store.commit(retried)
