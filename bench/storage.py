@@ -405,7 +405,10 @@ async def _run_grpc(
         await asyncio.gather(*(channel.channel_ready() for channel in channels))
         if path == "stream":
             streams = [
-                MultiplexClient(stub.Multiplex, journal_pb2.MultiplexRequest) for stub in stubs
+                MultiplexClient(
+                    stub.Multiplex, journal_pb2.MultiplexRequest, journal_pb2.MultiplexCall
+                )
+                for stub in stubs
             ]
         now = time.perf_counter()
         window = _Window(now + WARMUP_SECONDS, now + WARMUP_SECONDS + seconds)

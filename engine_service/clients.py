@@ -50,6 +50,7 @@ class JournalStream:
         self._client = MultiplexClient(
             journal_pb2_grpc.JournalServiceStub(self._channel).Multiplex,
             journal_pb2.MultiplexRequest,
+            journal_pb2.MultiplexCall,
         )
 
     async def call(self, field: str, request: Any, timeout: float, idempotent: bool) -> Any:

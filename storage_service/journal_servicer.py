@@ -44,6 +44,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         self._multiplex = MultiplexServer(
             _SERVICE,
             journal_pb2.MultiplexResponse,
+            journal_pb2.MultiplexAnswer,
             {
                 "commit": ("Commit", self.Commit),
                 "record_step": ("RecordStep", self.RecordStep),

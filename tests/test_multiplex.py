@@ -93,7 +93,9 @@ async def channel(service: _Service) -> AsyncIterator[grpc.aio.Channel]:
 
 def _client(channel: grpc.aio.Channel) -> MultiplexClient:
     return MultiplexClient(
-        journal_pb2_grpc.JournalServiceStub(channel).Multiplex, journal_pb2.MultiplexRequest
+        journal_pb2_grpc.JournalServiceStub(channel).Multiplex,
+        journal_pb2.MultiplexRequest,
+        journal_pb2.MultiplexCall,
     )
 
 
@@ -338,7 +340,7 @@ async def _requests(*requests: journal_pb2.MultiplexRequest) -> AsyncIterator[An
         await asyncio.sleep(0)
 
 
-async def test_bad_envelopes_are_refused_per_call() -> None:
+async def test_bad_calls_are_refused_one_by_one() -> None:
     gate = asyncio.Event()
 
     async def acquire(request: Any, context: Any) -> journal_pb2.AcquireLeaseResponse:
@@ -348,33 +350,45 @@ async def test_bad_envelopes_are_refused_per_call() -> None:
     server = MultiplexServer(
         JOURNAL,
         journal_pb2.MultiplexResponse,
+        journal_pb2.MultiplexAnswer,
         {"acquire_lease": ("AcquireLease", acquire)},
         max_in_flight=2,
     )
 
-    def lease(call_id: int, name: str) -> journal_pb2.MultiplexRequest:
-        return journal_pb2.MultiplexRequest(
+    def lease(call_id: int, name: str) -> journal_pb2.MultiplexCall:
+        return journal_pb2.MultiplexCall(
             call_id=call_id, acquire_lease=journal_pb2.AcquireLeaseRequest(name=name)
         )
 
     requests = _requests(
-        journal_pb2.MultiplexRequest(call_id=1),  # no call
-        lease(2, "a"),
-        lease(2, "again"),  # id in flight
-        lease(3, "b"),
-        lease(4, "c"),  # a third in flight
+        # Several calls in one message, and one alone.
         journal_pb2.MultiplexRequest(
-            call_id=5, commit=journal_pb2.CommitRequest()
-        ),  # no handler for it here
+            calls=[
+                journal_pb2.MultiplexCall(call_id=1),  # no call
+                lease(2, "a"),
+                lease(2, "again"),  # id in flight
+                lease(3, "b"),
+            ]
+        ),
+        journal_pb2.MultiplexRequest(
+            calls=[
+                lease(4, "c"),  # a third in flight
+                journal_pb2.MultiplexCall(
+                    call_id=5, commit=journal_pb2.CommitRequest()
+                ),  # no handler
+            ]
+        ),
     )
-    answers: dict[int, list[journal_pb2.MultiplexResponse]] = {}
+    answers: dict[int, list[journal_pb2.MultiplexAnswer]] = {}
     stream = server.serve(requests)
-    for _ in range(4):
-        answer = await anext(stream)
-        answers.setdefault(answer.call_id, []).append(answer)
+    while sum(len(a) for a in answers.values()) < 4:  # the refusals come at once
+        for answer in (await anext(stream)).answers:
+            answers.setdefault(answer.call_id, []).append(answer)
+    assert not any(a.WhichOneof("outcome") == "acquire_lease" for v in answers.values() for a in v)
     gate.set()
-    async for answer in stream:
-        answers.setdefault(answer.call_id, []).append(answer)
+    async for response in stream:
+        for answer in response.answers:
+            answers.setdefault(answer.call_id, []).append(answer)
     invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
     exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     assert answers[1][0].error.code == invalid
@@ -391,12 +405,23 @@ async def test_an_unexpected_error_is_internal_with_the_request_id() -> None:
         raise RuntimeError("a bug")
 
     server = MultiplexServer(
-        JOURNAL, journal_pb2.MultiplexResponse, {"release_lease": ("ReleaseLease", broken)}
+        JOURNAL,
+        journal_pb2.MultiplexResponse,
+        journal_pb2.MultiplexAnswer,
+        {"release_lease": ("ReleaseLease", broken)},
     )
     request = journal_pb2.MultiplexRequest(
-        call_id=7, request_id="rid-123", release_lease=journal_pb2.ReleaseLeaseRequest()
+        calls=[
+            journal_pb2.MultiplexCall(
+                call_id=7, request_id="rid-123", release_lease=journal_pb2.ReleaseLeaseRequest()
+            )
+        ]
     )
-    answers = [answer async for answer in server.serve(_requests(request))]
+    answers = [
+        a
+        for response in [r async for r in server.serve(_requests(request))]
+        for a in response.answers
+    ]
     assert len(answers) == 1 and answers[0].call_id == 7
     assert answers[0].error.code == grpc.StatusCode.INTERNAL.value[0]
     assert "rid-123" in answers[0].error.message and "a bug" not in answers[0].error.message
@@ -446,3 +471,56 @@ async def test_the_engine_falls_back_to_unary_calls_on_a_service_without_the_str
     finally:
         await server.stop(0)
     assert asked == ["player:a", "player:b"]
+
+
+class _SlowStream:
+    """A stream call whose writes take a while (as on a busy connection), answering every
+    call it is sent with an empty lease."""
+
+    def __init__(self) -> None:
+        self.written: list[journal_pb2.MultiplexRequest] = []
+        self._answers: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def write(self, message: journal_pb2.MultiplexRequest) -> None:
+        self.written.append(message)
+        await asyncio.sleep(0.02)
+        self._answers.put_nowait(
+            journal_pb2.MultiplexResponse(
+                answers=[
+                    journal_pb2.MultiplexAnswer(
+                        call_id=call.call_id,
+                        acquire_lease=journal_pb2.AcquireLeaseResponse(
+                            lease=journal_pb2.Lease(name=call.acquire_lease.name)
+                        ),
+                    )
+                    for call in message.calls
+                ]
+            )
+        )
+
+    async def read(self) -> Any:
+        return await self._answers.get()
+
+    def cancel(self) -> None:
+        self._answers.put_nowait(grpc.aio.EOF)
+
+
+async def test_calls_made_while_a_message_is_written_go_together_in_the_next() -> None:
+    stream = _SlowStream()
+    client = MultiplexClient(
+        lambda: stream, journal_pb2.MultiplexRequest, journal_pb2.MultiplexCall
+    )
+
+    def call(i: int) -> Any:
+        return client.call(
+            "acquire_lease", journal_pb2.AcquireLeaseRequest(name=f"n{i}"), timeout=5
+        )
+
+    try:
+        first = asyncio.ensure_future(call(0))
+        await asyncio.sleep(0.005)  # its message is being written
+        answers = [*await asyncio.gather(first, *(call(i) for i in range(1, 20)))]
+    finally:
+        await client.aclose()
+    assert [a.lease.name for a in answers] == [f"n{i}" for i in range(20)]
+    assert [len(message.calls) for message in stream.written] == [1, 19]

@@ -5,7 +5,9 @@ In Python gRPC a unary call costs each end a few hundred microseconds of its own
 already open costs a fraction of that (measured: about three times the messages per second for
 the same CPU). A client that calls one service all the time (an engine replica writing receipts
 and taking leases) sends its calls as messages on one stream instead; each carries an id the
-client chose, and its answer, or the status it failed with, comes back with that id.
+client chose, and its answer, or the status it failed with, comes back with that id. Calls
+made while a message is being written go together in the next one, and answers ready together
+go back together, so under load a message carries several.
 
 Server: `MultiplexServer.serve` runs each call on the stream as its own task through the
 handler its unary RPC uses, so a call does and answers exactly what the unary call would; per
@@ -54,10 +56,11 @@ class MultiplexServer:
     Args:
         service: the full service name (`system.storage.v1.JournalService`), for logs and
             metrics.
-        response_type: the stream's response message: `call_id`, an `error` (CallStatus) and
-            one answer field per call, named as the request's.
-        handlers: per request field (`commit`), the unary RPC's handler (`Commit`) and its
-            method name; each is called as `handler(request, None)`.
+        response_type: the stream's response message, whose `answers` holds answers.
+        answer_type: one answer: `call_id`, an `error` (CallStatus) and one field per call,
+            named as the call's.
+        handlers: per call field (`commit`), the unary RPC's method name (`Commit`) and its
+            handler; each is called as `handler(request, None)`.
         max_in_flight: calls one stream may have in flight.
     """
 
@@ -65,10 +68,12 @@ class MultiplexServer:
         self,
         service: str,
         response_type: type[Any],
+        answer_type: type[Any],
         handlers: Mapping[str, tuple[str, Handler]],
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self._response_type = response_type
+        self._answer_type = answer_type
         self._routes = {
             field: (handler, Method(f"/{service}/Multiplex/{name}"))
             for field, (name, handler) in handlers.items()
@@ -76,12 +81,12 @@ class MultiplexServer:
         self._max_in_flight = max_in_flight
 
     def _error(self, call_id: int, code: str, message: str, reason: str = "") -> Any:
-        response = self._response_type(call_id=call_id)
-        error = response.error
+        answer = self._answer_type(call_id=call_id)
+        error = answer.error
         error.code = _CODE_NUMBERS[code]
         error.message = message
         error.reason = reason
-        return response
+        return answer
 
     async def serve(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """The answers to the calls read from `requests`, as they finish. Ends once the client
@@ -96,53 +101,55 @@ class MultiplexServer:
             started = time.perf_counter()
             code = "OK"
             try:
-                answer = await handler(request, None)
-                response = self._response_type(call_id=call_id, **{field: answer})
+                response = await handler(request, None)
+                answer = self._answer_type(call_id=call_id, **{field: response})
             except asyncio.CancelledError:
                 code = "CANCELLED"
                 raise
             except Exception as exc:  # noqa: BLE001 - becomes this call's status
                 code, message, reason = error_status(exc, method.method)
-                response = self._error(call_id, code, message, reason)
+                answer = self._error(call_id, code, message, reason)
             finally:
                 del in_flight[call_id]
                 record_call(method, code, time.perf_counter() - started)
                 request_context.leave_request(tokens)
-            answers.put_nowait(response)
+            answers.put_nowait(answer)
+
+        def start(call: Any) -> None:
+            call_id = call.call_id
+            field = call.WhichOneof("call")
+            if field is None or field not in self._routes:
+                answers.put_nowait(self._error(call_id, "INVALID_ARGUMENT", "the call is empty"))
+            elif call_id in in_flight:
+                answers.put_nowait(
+                    self._error(
+                        call_id,
+                        "INVALID_ARGUMENT",
+                        f"call id {call_id} is already in flight on this stream; "
+                        "give each call in flight its own id",
+                    )
+                )
+            elif len(in_flight) >= self._max_in_flight:
+                answers.put_nowait(
+                    self._error(
+                        call_id,
+                        "RESOURCE_EXHAUSTED",
+                        f"{self._max_in_flight} calls are in flight on this stream; "
+                        "wait for answers before sending more",
+                    )
+                )
+            else:
+                # A context of its own per call: its request scope is its own.
+                in_flight[call_id] = loop.create_task(
+                    run(call_id, field, getattr(call, field), call.request_id),
+                    context=contextvars.Context(),
+                )
 
         async def read() -> None:
             try:
                 async for request in requests:
-                    call_id = request.call_id
-                    field = request.WhichOneof("call")
-                    if field is None or field not in self._routes:
-                        answers.put_nowait(
-                            self._error(call_id, "INVALID_ARGUMENT", "the request holds no call")
-                        )
-                    elif call_id in in_flight:
-                        answers.put_nowait(
-                            self._error(
-                                call_id,
-                                "INVALID_ARGUMENT",
-                                f"call id {call_id} is already in flight on this stream; "
-                                "give each call in flight its own id",
-                            )
-                        )
-                    elif len(in_flight) >= self._max_in_flight:
-                        answers.put_nowait(
-                            self._error(
-                                call_id,
-                                "RESOURCE_EXHAUSTED",
-                                f"{self._max_in_flight} calls are in flight on this stream; "
-                                "wait for answers before sending more",
-                            )
-                        )
-                    else:
-                        # A context of its own per call: its request scope is its own.
-                        in_flight[call_id] = loop.create_task(
-                            run(call_id, field, getattr(request, field), request.request_id),
-                            context=contextvars.Context(),
-                        )
+                    for call in request.calls:
+                        start(call)
                 while in_flight:
                     await asyncio.wait(list(in_flight.values()))
             finally:
@@ -150,11 +157,16 @@ class MultiplexServer:
 
         reader = loop.create_task(read())
         try:
-            while True:
-                answer = await answers.get()
-                if answer is _DONE:
-                    break
-                yield answer
+            done = False
+            while not done:
+                ready = [await answers.get()]
+                while not answers.empty():  # what finished together goes together
+                    ready.append(answers.get_nowait())
+                if ready[-1] is _DONE:
+                    done = True
+                    ready.pop()
+                if ready:
+                    yield self._response_type(answers=ready)
             await reader  # the request stream's own failure, if it failed
         finally:
             reader.cancel()
@@ -167,7 +179,8 @@ class MultiplexClient:
 
     Args:
         open_stream: starts the stream RPC (a stub's `Multiplex`, called with no arguments).
-        request_type: the stream's request message.
+        request_type: the stream's request message, whose `calls` holds calls.
+        call_type: one call: `call_id`, `request_id` and one field per call.
         retries: attempts after the first for calls marked idempotent that failed UNAVAILABLE.
     """
 
@@ -175,10 +188,12 @@ class MultiplexClient:
         self,
         open_stream: Callable[[], Any],
         request_type: type[Any],
+        call_type: type[Any],
         retries: int = 2,
     ) -> None:
         self._open_stream = open_stream
         self._request_type = request_type
+        self._call_type = call_type
         self._retries = retries
         self._stream: _Stream | None = None
         self._next_id = 0
@@ -213,12 +228,16 @@ class MultiplexClient:
             raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
         stream = self._stream
         if stream is None or stream.broken:
-            stream = self._stream = _Stream(self._open_stream())
+            stream = self._stream = _Stream(self._open_stream(), self._request_type)
         self._next_id += 1
         call_id = self._next_id
         future = stream.expect(call_id)
-        message = self._request_type(
-            call_id=call_id, request_id=request_context.current_request_id(), **{field: request}
+        stream.submit(
+            self._call_type(
+                call_id=call_id,
+                request_id=request_context.current_request_id(),
+                **{field: request},
+            )
         )
         timer = None
         if timeout is not None:
@@ -226,7 +245,6 @@ class MultiplexClient:
                 timeout, stream.expire, call_id, "deadline exceeded"
             )
         try:
-            await stream.send(message)
             response = await future
         finally:
             if timer is not None:
@@ -252,12 +270,15 @@ def _rpc_error(code: grpc.StatusCode, message: str, reason: str = "") -> grpc.ai
 
 
 class _Stream:
-    """One open stream: the calls waiting for answers, and the task that reads them."""
+    """One open stream: the calls waiting for answers, the calls waiting to be written, and
+    the tasks that write and read."""
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, request_type: type[Any]) -> None:
         self._call = call
+        self._request_type = request_type
         self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._write_lock = asyncio.Lock()
+        self._unsent: list[Any] = []
+        self._writer: asyncio.Task[None] | None = None
         self.broken = False
         # Detached: the reader outlives the request that happened to open the stream.
         self._reader = asyncio.get_running_loop().create_task(
@@ -266,7 +287,12 @@ class _Stream:
 
     def expect(self, call_id: int) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[call_id] = future
+        if self.broken:
+            future.set_exception(
+                _rpc_error(grpc.StatusCode.UNAVAILABLE, "the stream to the service broke")
+            )
+        else:
+            self._waiting[call_id] = future
         return future
 
     def forget(self, call_id: int) -> None:
@@ -277,21 +303,29 @@ class _Stream:
         if future is not None and not future.done():
             future.set_exception(_rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, message))
 
-    async def send(self, message: Any) -> None:
+    def submit(self, call: Any) -> None:
+        """Queues a call for the next message: one message at a time is written, and what
+        was queued meanwhile goes in the one after."""
         if self.broken:
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the stream to the service broke")
+            return  # its future has failed already (expect)
+        self._unsent.append(call)
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write(), context=contextvars.Context()
+            )
+
+    async def _write(self) -> None:
         try:
-            async with self._write_lock:  # one write at a time on a stream
-                await self._call.write(message)
+            while self._unsent:
+                calls, self._unsent = self._unsent, []
+                await self._call.write(self._request_type(calls=calls))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             # The stream has ended: say what it ended with (UNIMPLEMENTED: the service has
             # no such stream, and the caller falls back to unary calls).
             status = await self._call.code()
-            self._break(exc)
-            code = status if status == grpc.StatusCode.UNIMPLEMENTED else None
-            raise _rpc_error(
-                code or grpc.StatusCode.UNAVAILABLE, f"the stream to the service broke: {exc}"
-            ) from None
+            self._break(exc, status)
+        finally:
+            self._writer = None
 
     async def _read(self) -> None:
         error: BaseException | None = None
@@ -300,24 +334,23 @@ class _Stream:
                 response = await self._call.read()
                 if response is grpc.aio.EOF:
                     break
-                future = self._waiting.get(response.call_id)
-                if future is not None and not future.done():
-                    future.set_result(response)
+                for answer in response.answers:
+                    future = self._waiting.get(answer.call_id)
+                    if future is not None and not future.done():
+                        future.set_result(answer)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every waiting call hears of it below
             error = exc
         finally:
-            self._break(error)
+            self._break(error, error.code() if isinstance(error, grpc.aio.AioRpcError) else None)
 
-    def _break(self, error: BaseException | None) -> None:
+    def _break(self, error: BaseException | None, status: grpc.StatusCode | None) -> None:
         self.broken = True
-        code = grpc.StatusCode.UNAVAILABLE
-        detail = ""
-        if isinstance(error, grpc.aio.AioRpcError):
-            detail = f": {error.details()}"
-            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
-                code = error.code()  # a service without the stream: the caller falls back
+        self._unsent.clear()
+        # A service without the stream answers UNIMPLEMENTED, and the caller falls back.
+        code = status if status == grpc.StatusCode.UNIMPLEMENTED else grpc.StatusCode.UNAVAILABLE
+        detail = f": {error.details()}" if isinstance(error, grpc.aio.AioRpcError) else ""
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(
@@ -328,8 +361,10 @@ class _Stream:
         self._waiting.clear()
 
     async def close(self) -> None:
-        self._break(None)
+        self._break(None, None)
         self._call.cancel()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        for task in (self._reader, self._writer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
