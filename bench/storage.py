@@ -931,7 +931,8 @@ def _plot(results: dict[str, Any], out: Path) -> None:
         )
     left.set_ylabel("receipt writes per second")
     left.set_title("Throughput (one Commit = one receipt write)")
-    left.legend(fontsize=8)
+    left.set_ylim(top=left.get_ylim()[1] * 1.3)  # room for the legend above the bars
+    left.legend(fontsize=7, ncol=3, loc="upper left")
     right.set_ylabel("ms per Commit")
     right.set_yscale("log")
     right.set_title("Batch latency: p50 (solid), p99 (light)")
