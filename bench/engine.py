@@ -457,11 +457,13 @@ def _markdown(report: dict[str, Any]) -> str:
         "Engine overhead is what an execution spends outside its tool: the checks and the",
         "context (a few tenths of a millisecond), and one storage round trip on the critical",
         "path, the player's lease (`AcquireLease`, one upsert statement, for one run per player",
-        "across replicas). The history write goes out just after the reply (decision 0006: in",
+        "across replicas; a call on the engine's `JournalService.Multiplex` stream, decision",
+        "0008). The history write goes out just after the reply (decision 0006: in",
         "order per player, the player's next run and the lease's release wait for it), and the",
         "lease's release is sent in the background. An event task with two write steps waits",
         "for three journal writes (intent; intent with the first result; last result with the",
-        "final transition) and two game-tool calls through the gateway. With the seed's two",
+        "final transition; all three on the stream) and two game-tool calls through the",
+        "gateway. With the seed's two",
         "event workers per replica (`TaskExecutor` 2/64, which the seed says not to change) a",
         "replica runs two tasks at a time, so its throughput is two over one task's latency:",
         "300 tasks/s on two replicas needs a task in under 7 ms, five sequential round trips",
@@ -469,7 +471,7 @@ def _markdown(report: dict[str, Any]) -> str:
         "the simulated game server in the bench process, PostgreSQL) shares the same two cores.",
         "*CPU ms per task* is the CPU each process spent from the first submission to the last",
         "give, over the tasks: the machine's cores over its sum bound tasks/s however many",
-        "workers or replicas run (two cores at 30 ms a task: about 67 tasks/s at most).",
+        "workers or replicas run (two cores at 20 ms a task: about 100 tasks/s at most).",
     ]
     return "\n".join(lines) + "\n"
 
