@@ -16,7 +16,7 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.errors import STALE_FENCE, error_reason
 from services.runtime.metrics import RPC_HANDLED
-from services.runtime.multiplex import MultiplexClient, MultiplexServer
+from services.runtime.multiplex import MAX_ITEM_BYTES, PACK_BYTES, MultiplexClient, MultiplexServer
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
@@ -524,3 +524,65 @@ async def test_calls_made_while_a_message_is_written_go_together_in_the_next() -
         await client.aclose()
     assert [a.lease.name for a in answers] == [f"n{i}" for i in range(20)]
     assert [len(message.calls) for message in stream.written] == [1, 19]
+
+
+async def test_calls_are_packed_into_messages_of_bounded_size() -> None:
+    stream = _SlowStream()
+    client = MultiplexClient(
+        lambda: stream, journal_pb2.MultiplexRequest, journal_pb2.MultiplexCall
+    )
+    big = "x" * (PACK_BYTES // 4)
+
+    def call(i: int) -> Any:
+        return client.call(
+            "acquire_lease", journal_pb2.AcquireLeaseRequest(name=f"{i}{big}"), timeout=5
+        )
+
+    try:
+        answers = await asyncio.gather(*(call(i) for i in range(10)))
+        with pytest.raises(grpc.aio.AioRpcError) as huge:
+            await client.call(
+                "acquire_lease",
+                journal_pb2.AcquireLeaseRequest(name="y" * (MAX_ITEM_BYTES + 1)),
+                timeout=5,
+            )
+        assert huge.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        after = await call(10)  # the stream goes on
+    finally:
+        await client.aclose()
+    assert [a.lease.name[:1] for a in answers] == [str(i) for i in range(10)]
+    assert after.lease.name.startswith("10")
+    sizes = [message.ByteSize() for message in stream.written]
+    assert len(sizes) >= 3 and max(sizes) <= PACK_BYTES + 1024
+    assert sum(len(message.calls) for message in stream.written) == 11  # the huge one not sent
+
+
+async def test_an_answer_too_large_for_a_message_is_refused_alone() -> None:
+    async def record(request: Any, context: Any) -> journal_pb2.RecordStepResponse:
+        size = MAX_ITEM_BYTES + 1 if request.step_id == "huge" else 10
+        return journal_pb2.RecordStepResponse(
+            receipt=journal_pb2.StepReceipt(step_id=request.step_id, result=b"r" * size)
+        )
+
+    server = MultiplexServer(
+        JOURNAL,
+        journal_pb2.MultiplexResponse,
+        journal_pb2.MultiplexAnswer,
+        {"record_step": ("RecordStep", record)},
+    )
+    request = journal_pb2.MultiplexRequest(
+        calls=[
+            journal_pb2.MultiplexCall(
+                call_id=n, record_step=journal_pb2.RecordStepRequest(step_id=step)
+            )
+            for n, step in enumerate(["small", "huge", "also-small"])
+        ]
+    )
+    answers = {
+        answer.call_id: answer
+        async for response in server.serve(_requests(request))
+        for answer in response.answers
+    }
+    assert answers[0].record_step.receipt.step_id == "small"
+    assert answers[1].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert answers[2].record_step.receipt.step_id == "also-small"

@@ -27,7 +27,8 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -36,18 +37,47 @@ from services.runtime import context as request_context
 from services.runtime.errors import ERROR_REASON_KEY
 from services.runtime.interceptors import Method, error_status, record_call
 
-__all__ = ["MAX_IN_FLIGHT", "MultiplexClient", "MultiplexServer"]
+__all__ = [
+    "MAX_IN_FLIGHT",
+    "MAX_ITEM_BYTES",
+    "PACK_BYTES",
+    "MultiplexClient",
+    "MultiplexServer",
+]
 
 log = logging.getLogger("system.multiplex")
 
 MAX_IN_FLIGHT = 1024
 """Calls one stream may have in flight on the server; more are refused RESOURCE_EXHAUSTED."""
 
+MAX_ITEM_BYTES = 4 * 1024 * 1024 - 1024
+"""The largest call or answer a message carries: gRPC's default limit on a received message
+(4 MiB), less room for the envelope. A larger one would end the whole stream at the receiver,
+so it is refused alone, RESOURCE_EXHAUSTED, as its unary call would have been."""
+
+PACK_BYTES = 1024 * 1024
+"""Calls or answers are packed into one message up to this size (one larger goes alone)."""
+
 _DONE = object()
 _CODE_NUMBERS = {code.name: code.value[0] for code in grpc.StatusCode}
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+def _packed(items: list[tuple[Any, int]]) -> Iterator[list[Any]]:
+    """`items` (each with its size) in consecutive groups of at most PACK_BYTES, each group
+    holding at least one item."""
+    group: list[Any] = []
+    size = 0
+    for item, item_size in items:
+        if group and size + item_size > PACK_BYTES:
+            yield group
+            group, size = [], 0
+        group.append(item)
+        size += item_size
+    if group:
+        yield group
 
 
 class MultiplexServer:
@@ -87,6 +117,19 @@ class MultiplexServer:
         error.message = message
         error.reason = reason
         return answer
+
+    def _sized(self, answer: Any) -> tuple[Any, int]:
+        """The answer and its size; an answer too large for a message becomes the error its
+        unary call's caller would have seen."""
+        size = answer.ByteSize()
+        if size <= MAX_ITEM_BYTES:
+            return answer, size
+        error = self._error(
+            answer.call_id,
+            "RESOURCE_EXHAUSTED",
+            f"the answer is {size} bytes, more than a message carries ({MAX_ITEM_BYTES})",
+        )
+        return error, error.ByteSize()
 
     async def serve(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """The answers to the calls read from `requests`, as they finish. Ends once the client
@@ -165,8 +208,8 @@ class MultiplexServer:
                 if ready[-1] is _DONE:
                     done = True
                     ready.pop()
-                if ready:
-                    yield self._response_type(answers=ready)
+                for answers_ in _packed([self._sized(answer) for answer in ready]):
+                    yield self._response_type(answers=answers_)
             await reader  # the request stream's own failure, if it failed
         finally:
             reader.cancel()
@@ -203,12 +246,17 @@ class MultiplexClient:
         self, field: str, request: Any, timeout: float | None, idempotent: bool = False
     ) -> Any:
         """The answer to `request` sent as the call `field`; raises grpc.aio.AioRpcError as
-        the unary RPC would. `timeout` is capped by the current request's deadline."""
+        the unary RPC would. `timeout` (for all attempts together) is capped by the current
+        request's deadline."""
+        loop = asyncio.get_running_loop()
+        timeout = request_context.remaining_seconds(timeout)
+        deadline = None if timeout is None else loop.time() + timeout
         delay = 0.05
         attempt = 0
         while True:
+            left = None if deadline is None else deadline - loop.time()
             try:
-                return await self._call_once(field, request, timeout)
+                return await self._call_once(field, request, left)
             except grpc.aio.AioRpcError as exc:
                 if (
                     not idempotent
@@ -222,8 +270,7 @@ class MultiplexClient:
 
     async def _call_once(self, field: str, request: Any, timeout: float | None) -> Any:
         if self._closed:
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the client is closed")
-        timeout = request_context.remaining_seconds(timeout)
+            raise _rpc_error(grpc.StatusCode.CANCELLED, "the client is closed")
         if timeout is not None and timeout <= 0:
             raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
         stream = self._stream
@@ -277,7 +324,7 @@ class _Stream:
         self._call = call
         self._request_type = request_type
         self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._unsent: list[Any] = []
+        self._unsent: deque[tuple[Any, int]] = deque()
         self._writer: asyncio.Task[None] | None = None
         self.broken = False
         # Detached: the reader outlives the request that happened to open the stream.
@@ -308,7 +355,18 @@ class _Stream:
         was queued meanwhile goes in the one after."""
         if self.broken:
             return  # its future has failed already (expect)
-        self._unsent.append(call)
+        size = call.ByteSize()
+        if size > MAX_ITEM_BYTES:
+            future = self._waiting.pop(call.call_id, None)
+            if future is not None and not future.done():
+                future.set_exception(
+                    _rpc_error(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"the call is {size} bytes, more than a message carries ({MAX_ITEM_BYTES})",
+                    )
+                )
+            return
+        self._unsent.append((call, size))
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(
                 self._write(), context=contextvars.Context()
@@ -317,8 +375,9 @@ class _Stream:
     async def _write(self) -> None:
         try:
             while self._unsent:
-                calls, self._unsent = self._unsent, []
-                await self._call.write(self._request_type(calls=calls))
+                waiting, self._unsent = list(self._unsent), deque()
+                for calls in _packed(waiting):
+                    await self._call.write(self._request_type(calls=calls))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             # The stream has ended: say what it ended with (UNIMPLEMENTED: the service has
             # no such stream, and the caller falls back to unary calls).
@@ -346,6 +405,13 @@ class _Stream:
             self._break(error, error.code() if isinstance(error, grpc.aio.AioRpcError) else None)
 
     def _break(self, error: BaseException | None, status: grpc.StatusCode | None) -> None:
+        if error is not None and not self.broken:
+            log.warning(
+                "stream %s ended: %s; its %d calls in flight fail and the next call opens it again",
+                getattr(self._call, "_method", b"").decode() or "Multiplex",
+                error.details() if isinstance(error, grpc.aio.AioRpcError) else repr(error),
+                len(self._waiting),
+            )
         self.broken = True
         self._unsent.clear()
         # A service without the stream answers UNIMPLEMENTED, and the caller falls back.
