@@ -136,6 +136,7 @@ class Replicas:
     journal: journal_pb2_grpc.JournalServiceStub
     storage_target: str
     apps: list[Any] = dataclasses.field(default_factory=list)
+    storage: Any = None
 
 
 @contextlib.asynccontextmanager
@@ -164,13 +165,16 @@ async def _replicas(
             engines.append(engine)
             channels.append(grpc.aio.insecure_channel(engine.host.target))
         channels.append(grpc.aio.insecure_channel(storage.host.target))
-        yield Replicas(
+        running = Replicas(
             module,
             [engine_pb2_grpc.EngineServiceStub(channel) for channel in channels[:-1]],
             journal_pb2_grpc.JournalServiceStub(channels[-1]),
             storage.host.target,
             engines,
+            storage,
         )
+        yield running
+        storage = running.storage  # a test may have restarted it
     finally:
         module.gate.set()
         for channel in channels:
@@ -378,6 +382,27 @@ async def test_storage_down_is_unavailable_and_nothing_runs(tmp_path: pathlib.Pa
             await engine.aclose()
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert running.module.runs == 0
+
+
+async def test_a_restarted_storage_serves_the_next_run(tmp_path: pathlib.Path) -> None:
+    """The engine's journal calls travel on one stream (decision 0008): when storage restarts,
+    the stream ends, and the next run's lease goes out on a new one."""
+    url = f"sqlite:///{tmp_path / 'storage.db'}"
+    async with _replicas(url, count=1) as running:
+        running.module.gate.set()
+        (stub,) = running.stubs
+        assert (await stub.Execute(_request(n=1), timeout=10)).result.status == SUCCEEDED
+        assert await _lease_freed(running.journal, "p-1")
+        port = int(running.storage_target.rsplit(":", 1)[1])
+        old = running.storage
+        await old.host.stop()
+        await old.aclose()
+        again = await create_storage(StorageConfig(**{**HOST, "port": port}, database_url=url))
+        await again.host.start()
+        running.storage = again
+        after = await stub.Execute(_request(n=2), timeout=10)
+        assert after.result.status == SUCCEEDED
+        assert running.module.runs == 2
 
 
 async def test_players_cancel_control_stops_a_slow_run(tmp_path: pathlib.Path) -> None:
