@@ -12,63 +12,40 @@ from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
 from services.results import AgentFailure, ModuleFailure, NotDelivered
-from services.runtime.channels import Dependency, open_channel
+from services.runtime.channels import Dependency
 from services.runtime.errors import ResourceExhausted, Unavailable
-from services.runtime.multiplex import MultiplexClient
+from services.runtime.multiplex import StreamedCalls
 
 __all__ = ["GatewayGameTools", "JournalLeases", "JournalStream", "StorageHistory"]
 
 _JOURNAL = "system.storage.v1.JournalService"
 
-# The unary RPC of each call JournalService.Multiplex carries.
-_UNARY = {
-    "commit": "Commit",
-    "record_step": "RecordStep",
-    "complete_step": "CompleteStep",
-    "acquire_lease": "AcquireLease",
-    "renew_lease": "RenewLease",
-    "release_lease": "ReleaseLease",
-}
 
-
-class JournalStream:
-    """The engine's hot journal calls (every step's receipts, every run's player lease) as
-    messages on one `JournalService.Multiplex` stream, which costs both processes a fraction
-    of a unary call each (services.runtime.multiplex). The stream has a channel of its own,
-    without interceptors: it outlives every request, and each call carries its request id.
-
-    A storage service without the stream (an older version during a rolling upgrade) answers
-    UNIMPLEMENTED; from then on the calls go as unary RPCs on `unary`, the owner's stub.
-    """
+class JournalStream(StreamedCalls):
+    """The engine's hot journal calls (every step's receipts, every run's player lease) on
+    one `JournalService.Multiplex` stream, which costs both processes a fraction of a unary
+    call each (services.runtime.multiplex, decision 0008); unary calls on a storage service
+    without the stream."""
 
     def __init__(
         self, target: str, unary: journal_pb2_grpc.JournalServiceStub, private: bool = False
     ) -> None:
-        self._unary = unary
-        self._streamed = True
-        self._channel = open_channel(target, interceptors=False, private=private)
-        self._client = MultiplexClient(
-            journal_pb2_grpc.JournalServiceStub(self._channel).Multiplex,
+        super().__init__(
+            target,
+            journal_pb2_grpc.JournalServiceStub,
             journal_pb2.MultiplexRequest,
             journal_pb2.MultiplexCall,
+            unary,
+            {
+                "commit": "Commit",
+                "record_step": "RecordStep",
+                "complete_step": "CompleteStep",
+                "acquire_lease": "AcquireLease",
+                "renew_lease": "RenewLease",
+                "release_lease": "ReleaseLease",
+            },
+            private=private,
         )
-
-    async def call(self, field: str, request: Any, timeout: float, idempotent: bool) -> Any:
-        """The answer of the call `field` (`commit`, `acquire_lease`, ...); raises
-        grpc.aio.AioRpcError as the unary RPC does. `idempotent` calls are retried on
-        UNAVAILABLE (unary ones by their channel's retry policy)."""
-        if self._streamed:
-            try:
-                return await self._client.call(field, request, timeout, idempotent)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                self._streamed = False
-        return await getattr(self._unary, _UNARY[field])(request, timeout=timeout)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-        await self._channel.close()
 
 
 class JournalLeases:
@@ -170,6 +147,15 @@ class GatewayGameTools:
 
     def __init__(self, target: str) -> None:
         self._dep = Dependency(target, gateway_pb2_grpc.ToolRelayServiceStub)
+        # Every call on one ToolRelayService.Multiplex stream, its deadline carried with it.
+        self._calls = StreamedCalls(
+            target,
+            gateway_pb2_grpc.ToolRelayServiceStub,
+            gateway_pb2.MultiplexRequest,
+            gateway_pb2.MultiplexCall,
+            self._dep.stub,
+            {"call_game_tool": "CallGameTool"},
+        )
 
     async def call(
         self,
@@ -184,7 +170,7 @@ class GatewayGameTools:
             call_id=call_id, player_id=player_id, tool=tool_id, input=_struct(data)
         )
         try:
-            response = await self._dep.stub.CallGameTool(request, timeout=timeout)
+            response = await self._calls.call("call_game_tool", request, timeout, idempotent=False)
         except grpc.aio.AioRpcError as exc:
             raise _failure(exc, tool_id, idempotent) from None
         result = response.result
@@ -196,6 +182,7 @@ class GatewayGameTools:
         return json_format.MessageToDict(result.output)
 
     async def aclose(self) -> None:
+        await self._calls.aclose()
         await self._dep.aclose()
 
 

@@ -17,6 +17,7 @@ from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import storage_pb2
 
 from services.gamesim.client import FrameRefused, GameServerClient, GatewayRefused
+from services.runtime.multiplex import MultiplexClient
 from tests.inprocess import Chain, running_chain
 
 STEVE = "00000000-0000-4000-8000-000000000001"
@@ -645,6 +646,43 @@ async def test_tool_relay_reaches_the_game_server(chain: Chain, client: GameServ
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await relay.CallGameTool(_tool_request("minecraft:inventory.read"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_tool_relay_stream_answers_as_the_unary_relay(
+    chain: Chain, client: GameServerClient
+) -> None:
+    """ToolRelayService.Multiplex: the engine's game-tool calls on one stream."""
+    relay = chain.relay_stub()
+    calls = MultiplexClient(
+        relay.Multiplex, gateway_pb2.MultiplexRequest, gateway_pb2.MultiplexCall
+    )
+    try:
+        read, given = await asyncio.gather(
+            calls.call("call_game_tool", _tool_request("minecraft:inventory.read"), 5),
+            calls.call(
+                "call_game_tool",
+                _tool_request(
+                    "minecraft:item.give", call_id="c2", item="minecraft:diamond", count=3
+                ),
+                5,
+            ),
+        )
+        assert read.result.call_id == "c1" and read.result.WhichOneof("outcome") == "output"
+        assert json_format.MessageToDict(given.result.output) == {
+            "item": "minecraft:diamond",
+            "count": 3,
+        }
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await calls.call("call_game_tool", _tool_request("minecraft:nope"), 5)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert caught.value.details() == "game server sim does not offer tool minecraft:nope"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await calls.call(
+                "call_game_tool", _tool_request("minecraft:inventory.read", player=GHOST), 5
+            )
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await calls.aclose()
 
 
 # -- a dependency that cannot be reached ----------------------------------------------------

@@ -586,3 +586,58 @@ async def test_an_answer_too_large_for_a_message_is_refused_alone() -> None:
     assert answers[0].record_step.receipt.step_id == "small"
     assert answers[1].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     assert answers[2].record_step.receipt.step_id == "also-small"
+
+
+async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
+    """Where the envelope has `timeout_ms` (the gateway's relay), the client sends each call's
+    timeout and the handler sees it as its request's deadline, as on a unary call."""
+    from system.gateway.v1 import gateway_pb2
+
+    from services.runtime.context import remaining_seconds
+
+    seen: list[float | None] = []
+
+    async def call_tool(request: Any, context: Any) -> gateway_pb2.CallGameToolResponse:
+        seen.append(remaining_seconds())
+        return gateway_pb2.CallGameToolResponse()
+
+    server = MultiplexServer(
+        "system.gateway.v1.ToolRelayService",
+        gateway_pb2.MultiplexResponse,
+        gateway_pb2.MultiplexAnswer,
+        {"call_game_tool": ("CallGameTool", call_tool)},
+    )
+    written: list[gateway_pb2.MultiplexRequest] = []
+
+    class Loopback:
+        """A stream call served by `server` in this process."""
+
+        def __init__(self) -> None:
+            self._in: asyncio.Queue[Any] = asyncio.Queue()
+            self._out = server.serve(self._requests())
+
+        async def _requests(self) -> AsyncIterator[Any]:
+            while (request := await self._in.get()) is not None:
+                yield request
+
+        async def write(self, message: gateway_pb2.MultiplexRequest) -> None:
+            written.append(message)
+            self._in.put_nowait(message)
+
+        async def read(self) -> Any:
+            return await anext(self._out)
+
+        def cancel(self) -> None:
+            self._in.put_nowait(None)
+
+    client = MultiplexClient(Loopback, gateway_pb2.MultiplexRequest, gateway_pb2.MultiplexCall)
+    try:
+        request = gateway_pb2.CallGameToolRequest(call_id="c", player_id="p", tool="t")
+        await client.call("call_game_tool", request, timeout=0.5)
+        await client.call("call_game_tool", request, timeout=None)
+    finally:
+        await client.aclose()
+    sent = [call.timeout_ms for m in written for call in m.calls]
+    assert 400 < sent[0] <= 500 and sent[1] == 0
+    assert seen[0] is not None and 0.3 < seen[0] <= 0.5
+    assert seen[1] is None

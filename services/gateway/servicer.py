@@ -37,6 +37,7 @@ from services.runtime.errors import (
     ServiceError,
     Unauthenticated,
 )
+from services.runtime.multiplex import MultiplexServer
 
 __all__ = ["GatewayServicer", "ToolRelayServicer"]
 
@@ -349,6 +350,18 @@ class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):
     def __init__(self, config: GatewayConfig, registry: ConnectionRegistry) -> None:
         self._config = config
         self._registry = registry
+        self._multiplex = MultiplexServer(
+            gateway_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name,
+            gateway_pb2.MultiplexResponse,
+            gateway_pb2.MultiplexAnswer,
+            {"call_game_tool": ("CallGameTool", self.CallGameTool)},
+        )
+
+    async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        # CallGameTool, many on one stream (services.runtime.multiplex); the handler reads
+        # its deadline from the request scope, which each call's timeout_ms sets.
+        async for response in self._multiplex.serve(request_iterator):
+            yield response
 
     async def CallGameTool(self, request, context):  # type: ignore[no-untyped-def]
         check_id("call_id", request.call_id)

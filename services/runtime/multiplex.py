@@ -11,7 +11,8 @@ go back together, so under load a message carries several.
 
 Server: `MultiplexServer.serve` runs each call on the stream as its own task through the
 handler its unary RPC uses, so a call does and answers exactly what the unary call would; per
-call it keeps what the server interceptor keeps for a unary call (request scope, error mapping,
+call it keeps what the server interceptor keeps for a unary call (request scope with the
+call's request id and, where the envelope has `timeout_ms`, its deadline; error mapping,
 metrics, one access-log line, named `<Service>/Multiplex/<Method>`).
 
 Client: `MultiplexClient` opens the stream on first use and again after it broke, and raises
@@ -34,6 +35,7 @@ from typing import Any
 import grpc
 
 from services.runtime import context as request_context
+from services.runtime.channels import open_channel
 from services.runtime.errors import ERROR_REASON_KEY
 from services.runtime.interceptors import Method, error_status, record_call
 
@@ -43,6 +45,7 @@ __all__ = [
     "PACK_BYTES",
     "MultiplexClient",
     "MultiplexServer",
+    "StreamedCalls",
 ]
 
 log = logging.getLogger("system.multiplex")
@@ -138,9 +141,11 @@ class MultiplexServer:
         answers: asyncio.Queue[Any] = asyncio.Queue()
         in_flight: dict[int, asyncio.Task[None]] = {}
 
-        async def run(call_id: int, field: str, request: Any, request_id: str) -> None:
+        async def run(
+            call_id: int, field: str, request: Any, request_id: str, timeout: float | None
+        ) -> None:
             handler, method = self._routes[field]
-            tokens = request_context.enter_request(request_id or None)
+            tokens = request_context.enter_request(request_id or None, timeout)
             started = time.perf_counter()
             code = "OK"
             try:
@@ -182,9 +187,16 @@ class MultiplexServer:
                     )
                 )
             else:
-                # A context of its own per call: its request scope is its own.
+                # A context of its own per call: its request scope (id, deadline) is its own.
+                timeout_ms = getattr(call, "timeout_ms", 0)  # where the envelope has one
                 in_flight[call_id] = loop.create_task(
-                    run(call_id, field, getattr(call, field), call.request_id),
+                    run(
+                        call_id,
+                        field,
+                        getattr(call, field),
+                        call.request_id,
+                        timeout_ms / 1000 if timeout_ms else None,
+                    ),
                     context=contextvars.Context(),
                 )
 
@@ -237,6 +249,8 @@ class MultiplexClient:
         self._open_stream = open_stream
         self._request_type = request_type
         self._call_type = call_type
+        # An envelope with `timeout_ms` carries each call's deadline to the server.
+        self._sends_deadline = "timeout_ms" in call_type.DESCRIPTOR.fields_by_name
         self._retries = retries
         self._stream: _Stream | None = None
         self._next_id = 0
@@ -279,13 +293,12 @@ class MultiplexClient:
         self._next_id += 1
         call_id = self._next_id
         future = stream.expect(call_id)
-        stream.submit(
-            self._call_type(
-                call_id=call_id,
-                request_id=request_context.current_request_id(),
-                **{field: request},
-            )
+        call = self._call_type(
+            call_id=call_id, request_id=request_context.current_request_id(), **{field: request}
         )
+        if self._sends_deadline and timeout is not None:
+            call.timeout_ms = max(1, int(timeout * 1000))
+        stream.submit(call)
         timer = None
         if timeout is not None:
             timer = asyncio.get_running_loop().call_later(
@@ -309,6 +322,58 @@ class MultiplexClient:
         self._closed = True
         if self._stream is not None:
             await self._stream.close()
+
+
+class StreamedCalls:
+    """A client's calls to one service on that service's `Multiplex` stream, on a channel of
+    its own, without interceptors: the stream outlives every request, and each call carries
+    its request id (and deadline, where the envelope has one) itself.
+
+    A service without the stream (an older version during a rolling upgrade) answers
+    UNIMPLEMENTED; from then on the calls go as unary RPCs on `unary`, the owner's stub.
+
+    Args:
+        target: `host:port` of the service.
+        stub_type: the generated stub class (its `Multiplex` opens the stream).
+        request_type: the stream's request message (`calls`).
+        call_type: one call in it.
+        unary: the owner's stub, for the fallback.
+        methods: per call field (`commit`), the unary RPC's name (`Commit`).
+        private: connections of its own (see services.runtime.channels.open_channel).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        stub_type: Callable[[grpc.aio.Channel], Any],
+        request_type: type[Any],
+        call_type: type[Any],
+        unary: Any,
+        methods: Mapping[str, str],
+        private: bool = False,
+    ) -> None:
+        self._unary = unary
+        self._methods = dict(methods)
+        self._streamed = True
+        self._channel = open_channel(target, interceptors=False, private=private)
+        self._client = MultiplexClient(stub_type(self._channel).Multiplex, request_type, call_type)
+
+    async def call(self, field: str, request: Any, timeout: float, idempotent: bool) -> Any:
+        """The answer of the call `field`; raises grpc.aio.AioRpcError as the unary RPC does.
+        `idempotent` calls are retried on UNAVAILABLE (unary ones by their channel's retry
+        policy)."""
+        if self._streamed:
+            try:
+                return await self._client.call(field, request, timeout, idempotent)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._streamed = False
+        return await getattr(self._unary, self._methods[field])(request, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await self._channel.close()
 
 
 def _rpc_error(code: grpc.StatusCode, message: str, reason: str = "") -> grpc.aio.AioRpcError:
