@@ -24,27 +24,23 @@ _JOURNAL = "system.storage.v1.JournalService"
 class JournalStream(StreamedCalls):
     """The engine's hot journal calls (every step's receipts, every run's player lease) on
     one `JournalService.Multiplex` stream, which costs both processes a fraction of a unary
-    call each (services.runtime.multiplex, decision 0008); unary calls on a storage service
-    without the stream."""
+    call each (services.runtime.multiplex, decision 0008); unary calls on `journal`'s stub
+    against a storage service without the stream."""
 
-    def __init__(
-        self, target: str, unary: journal_pb2_grpc.JournalServiceStub, private: bool = False
-    ) -> None:
+    def __init__(self, journal: Dependency[journal_pb2_grpc.JournalServiceStub]) -> None:
         super().__init__(
-            target,
+            journal,
             journal_pb2_grpc.JournalServiceStub,
             journal_pb2.MultiplexRequest,
             journal_pb2.MultiplexCall,
-            unary,
             {
-                "commit": "Commit",
-                "record_step": "RecordStep",
-                "complete_step": "CompleteStep",
-                "acquire_lease": "AcquireLease",
-                "renew_lease": "RenewLease",
-                "release_lease": "ReleaseLease",
+                "commit": f"{_JOURNAL}/Commit",
+                "record_step": f"{_JOURNAL}/RecordStep",
+                "complete_step": f"{_JOURNAL}/CompleteStep",
+                "acquire_lease": f"{_JOURNAL}/AcquireLease",
+                "renew_lease": f"{_JOURNAL}/RenewLease",
+                "release_lease": f"{_JOURNAL}/ReleaseLease",
             },
-            private=private,
         )
 
 
@@ -67,7 +63,7 @@ class JournalLeases:
                 f"{_JOURNAL}/ReleaseLease",
             ],
         )
-        self._calls = JournalStream(target, self._dep.stub)
+        self._calls = JournalStream(self._dep)
 
     async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int:
         """Takes the lease and returns its fencing token."""
@@ -76,7 +72,6 @@ class JournalLeases:
                 "acquire_lease",
                 journal_pb2.AcquireLeaseRequest(name=name, owner=owner, ttl_seconds=ttl_seconds),
                 self._timeout,
-                idempotent=True,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -94,7 +89,6 @@ class JournalLeases:
                 name=name, owner=owner, token=token, ttl_seconds=ttl_seconds
             ),
             self._timeout,
-            idempotent=True,
         )
 
     async def release(self, name: str, owner: str, token: int) -> None:
@@ -102,7 +96,6 @@ class JournalLeases:
             "release_lease",
             journal_pb2.ReleaseLeaseRequest(name=name, owner=owner, token=token),
             self._timeout,
-            idempotent=True,
         )
 
     async def aclose(self) -> None:
@@ -149,12 +142,11 @@ class GatewayGameTools:
         self._dep = Dependency(target, gateway_pb2_grpc.ToolRelayServiceStub)
         # Every call on one ToolRelayService.Multiplex stream, its deadline carried with it.
         self._calls = StreamedCalls(
-            target,
+            self._dep,
             gateway_pb2_grpc.ToolRelayServiceStub,
             gateway_pb2.MultiplexRequest,
             gateway_pb2.MultiplexCall,
-            self._dep.stub,
-            {"call_game_tool": "CallGameTool"},
+            {"call_game_tool": "system.gateway.v1.ToolRelayService/CallGameTool"},
         )
 
     async def call(
@@ -170,7 +162,7 @@ class GatewayGameTools:
             call_id=call_id, player_id=player_id, tool=tool_id, input=_struct(data)
         )
         try:
-            response = await self._calls.call("call_game_tool", request, timeout, idempotent=False)
+            response = await self._calls.call("call_game_tool", request, timeout)
         except grpc.aio.AioRpcError as exc:
             raise _failure(exc, tool_id, idempotent) from None
         result = response.result

@@ -86,7 +86,7 @@ class TaskStore:
             private=private,
         )
         # Receipts, finishing commits and the task lease's upkeep: on one stream.
-        self._calls = JournalStream(target, self._dep.stub, private=private)
+        self._calls = JournalStream(self._dep)
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -191,7 +191,6 @@ class TaskStore:
                     ttl_seconds=lease_seconds,
                 ),
                 self._timeout,
-                idempotent=False,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -205,7 +204,6 @@ class TaskStore:
                 name=claim.fence.lease_name, owner=owner, token=claim.fence.token
             ),
             self._timeout,
-            idempotent=False,
         )
 
     async def finish(
@@ -269,7 +267,7 @@ class TaskStore:
             fence=claim.fence,
         )
         try:
-            await self._calls.call("commit", request, self._timeout, idempotent=True)
+            await self._calls.call("commit", request, self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"task {task.task_id} could not be finished") from None
 
@@ -297,7 +295,6 @@ class TaskStore:
                     completed=[completed] if completed is not None else [],
                 ),
                 self._timeout,
-                idempotent=False,
             )
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"step {step_id} could not be recorded") from None
@@ -317,7 +314,6 @@ class TaskStore:
                     fence=claim.fence,
                 ),
                 self._timeout,
-                idempotent=True,
             )
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"the result of step {step_id} could not be stored") from None

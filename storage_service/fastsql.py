@@ -107,8 +107,7 @@ class FastStatement:
         self._statement = statement
         self._column_keys = list(column_keys) if column_keys is not None else None
         self._rendered: dict[str, _Rendered] = {}
-        # psycopg's `prepare`: None lets it decide, False never prepares.
-        self._prepare: bool | None = False if planned_each_time else None
+        self._planned_each_time = planned_each_time
 
     def _render(self, dialect: Dialect) -> _Rendered:
         rendered = self._rendered.get(dialect.name)
@@ -151,10 +150,10 @@ class FastStatement:
         args = rendered.args(params)
         cursor = _cursor(connection)
         try:
-            if self._prepare is None or connection.dialect.name != "postgresql":
-                cursor.execute(rendered.sql, args)
+            if self._planned_each_time and connection.dialect.name == "postgresql":
+                cursor.execute(rendered.sql, args, prepare=False)  # psycopg: never prepare
             else:
-                cursor.execute(rendered.sql, args, prepare=self._prepare)
+                cursor.execute(rendered.sql, args)
         except connection.dialect.loaded_dbapi.Error as error:
             cursor.close()
             raise _wrapped(connection, rendered.sql, args, error, cursor) from error

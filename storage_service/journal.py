@@ -1664,7 +1664,7 @@ class _BatchRows:
     ) -> None:
         self._inserted: set[tuple[str, str]] | None = None
         self._each: dict[tuple[str, str], Sent] = {}
-        self._all: list[Sent] = []
+        self._all: Sent | None = None
         if postgresql:
             params: dict[str, object] = {
                 "players": [batch.request.player_id for batch in batches],
@@ -1672,7 +1672,7 @@ class _BatchRows:
                 "digests": [batch.digest for batch in batches],
                 "now": now,
             }
-            self._all.append(_BATCH_ROWS_MANY.send(session, params))
+            self._all = _BATCH_ROWS_MANY.send(session, params)
         else:
             for batch in batches:
                 key = (batch.request.player_id, batch.request.request_id)
@@ -1681,12 +1681,10 @@ class _BatchRows:
     def inserted(self, batch: _Batch) -> bool:
         """Whether the batch's row was inserted now (else it was there: a replay)."""
         key = (batch.request.player_id, batch.request.request_id)
-        if not self._all:
+        if self._all is None:
             return self._each[key].result().rowcount == 1
         if self._inserted is None:
-            self._inserted = {
-                (player, request) for sent in self._all for player, request, _ in sent.result().rows
-            }
+            self._inserted = {(player, request) for player, request, _ in self._all.result().rows}
         return key in self._inserted
 
 

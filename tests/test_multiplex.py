@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from services.runtime.channels import Dependency
 from services.runtime.errors import STALE_FENCE, error_reason
 from services.runtime.metrics import RPC_HANDLED
 from services.runtime.multiplex import MAX_ITEM_BYTES, PACK_BYTES, MultiplexClient, MultiplexServer
@@ -454,21 +455,19 @@ async def test_the_engine_falls_back_to_unary_calls_on_a_service_without_the_str
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    journal = Dependency(f"127.0.0.1:{port}", journal_pb2_grpc.JournalServiceStub)
+    calls = JournalStream(journal)
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            calls = JournalStream(f"127.0.0.1:{port}", journal_pb2_grpc.JournalServiceStub(channel))
-            try:
-                for name in ("player:a", "player:b"):
-                    answer = await calls.call(
-                        "acquire_lease",
-                        journal_pb2.AcquireLeaseRequest(name=name, owner="o", ttl_seconds=5),
-                        timeout=5,
-                        idempotent=True,
-                    )
-                    assert answer.lease.token == 9
-            finally:
-                await calls.aclose()
+        for name in ("player:a", "player:b"):
+            answer = await calls.call(
+                "acquire_lease",
+                journal_pb2.AcquireLeaseRequest(name=name, owner="o", ttl_seconds=5),
+                timeout=5,
+            )
+            assert answer.lease.token == 9
     finally:
+        await calls.aclose()
+        await journal.aclose()
         await server.stop(0)
     assert asked == ["player:a", "player:b"]
 

@@ -93,6 +93,8 @@ class Dependency(Generic[S]):
         private: bool = False,
     ) -> None:
         self.target = target
+        self.idempotent_methods = frozenset(idempotent_methods)
+        self.private = private
         self.channel = open_channel(target, idempotent_methods=idempotent_methods, private=private)
         self.stub = stub_factory(self.channel)
 

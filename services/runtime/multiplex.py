@@ -28,14 +28,13 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
 
 from services.runtime import context as request_context
-from services.runtime.channels import open_channel
+from services.runtime.channels import Dependency, open_channel
 from services.runtime.errors import ERROR_REASON_KEY
 from services.runtime.interceptors import Method, error_status, record_call
 
@@ -140,6 +139,8 @@ class MultiplexServer:
         loop = asyncio.get_running_loop()
         answers: asyncio.Queue[Any] = asyncio.Queue()
         in_flight: dict[int, asyncio.Task[None]] = {}
+        # Whether this envelope's calls carry `timeout_ms`, known from the first call.
+        with_deadline: bool | None = None
 
         async def run(
             call_id: int, field: str, request: Any, request_id: str, timeout: float | None
@@ -164,6 +165,9 @@ class MultiplexServer:
             answers.put_nowait(answer)
 
         def start(call: Any) -> None:
+            nonlocal with_deadline
+            if with_deadline is None:
+                with_deadline = "timeout_ms" in call.DESCRIPTOR.fields_by_name
             call_id = call.call_id
             field = call.WhichOneof("call")
             if field is None or field not in self._routes:
@@ -188,7 +192,7 @@ class MultiplexServer:
                 )
             else:
                 # A context of its own per call: its request scope (id, deadline) is its own.
-                timeout_ms = getattr(call, "timeout_ms", 0)  # where the envelope has one
+                timeout_ms = call.timeout_ms if with_deadline else 0
                 in_flight[call_id] = loop.create_task(
                     run(
                         call_id,
@@ -220,8 +224,8 @@ class MultiplexServer:
                 if ready[-1] is _DONE:
                     done = True
                     ready.pop()
-                for answers_ in _packed([self._sized(answer) for answer in ready]):
-                    yield self._response_type(answers=answers_)
+                for packed in _packed([self._sized(answer) for answer in ready]):
+                    yield self._response_type(answers=packed)
             await reader  # the request stream's own failure, if it failed
         finally:
             reader.cancel()
@@ -329,42 +333,48 @@ class StreamedCalls:
     its own, without interceptors: the stream outlives every request, and each call carries
     its request id (and deadline, where the envelope has one) itself.
 
-    A service without the stream (an older version during a rolling upgrade) answers
-    UNIMPLEMENTED; from then on the calls go as unary RPCs on `unary`, the owner's stub.
+    Everything else comes from the owner's `Dependency` on the service: its target, whether
+    its connections are private, which methods are idempotent (those calls are retried on
+    UNAVAILABLE, as its channel's retry policy retries them), and its stub, on which the calls
+    go as unary RPCs once the service answered UNIMPLEMENTED (an older version without the
+    stream, during a rolling upgrade).
 
     Args:
-        target: `host:port` of the service.
+        dependency: the owner's channel and stub to the service.
         stub_type: the generated stub class (its `Multiplex` opens the stream).
         request_type: the stream's request message (`calls`).
         call_type: one call in it.
-        unary: the owner's stub, for the fallback.
-        methods: per call field (`commit`), the unary RPC's name (`Commit`).
-        private: connections of its own (see services.runtime.channels.open_channel).
+        methods: per call field (`commit`), the unary RPC's full name
+            (`system.storage.v1.JournalService/Commit`).
     """
 
     def __init__(
         self,
-        target: str,
+        dependency: Dependency[Any],
         stub_type: Callable[[grpc.aio.Channel], Any],
         request_type: type[Any],
         call_type: type[Any],
-        unary: Any,
         methods: Mapping[str, str],
-        private: bool = False,
     ) -> None:
-        self._unary = unary
-        self._methods = dict(methods)
+        self._unary = dependency.stub
+        self._methods = {field: name.rpartition("/")[2] for field, name in methods.items()}
+        self._idempotent = {
+            field for field, name in methods.items() if name in dependency.idempotent_methods
+        }
         self._streamed = True
-        self._channel = open_channel(target, interceptors=False, private=private)
+        self._channel = open_channel(
+            dependency.target, interceptors=False, private=dependency.private
+        )
         self._client = MultiplexClient(stub_type(self._channel).Multiplex, request_type, call_type)
 
-    async def call(self, field: str, request: Any, timeout: float, idempotent: bool) -> Any:
-        """The answer of the call `field`; raises grpc.aio.AioRpcError as the unary RPC does.
-        `idempotent` calls are retried on UNAVAILABLE (unary ones by their channel's retry
-        policy)."""
+    async def call(self, field: str, request: Any, timeout: float) -> Any:
+        """The answer of the call `field`; raises grpc.aio.AioRpcError as the unary RPC
+        does."""
         if self._streamed:
             try:
-                return await self._client.call(field, request, timeout, idempotent)
+                return await self._client.call(
+                    field, request, timeout, idempotent=field in self._idempotent
+                )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
@@ -389,7 +399,7 @@ class _Stream:
         self._call = call
         self._request_type = request_type
         self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._unsent: deque[tuple[Any, int]] = deque()
+        self._unsent: list[tuple[Any, int]] = []
         self._writer: asyncio.Task[None] | None = None
         self.broken = False
         # Detached: the reader outlives the request that happened to open the stream.
@@ -398,13 +408,10 @@ class _Stream:
         )
 
     def expect(self, call_id: int) -> asyncio.Future[Any]:
+        """The future of a call about to be submitted (on a stream that is not broken: the
+        client opens a new one first)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if self.broken:
-            future.set_exception(
-                _rpc_error(grpc.StatusCode.UNAVAILABLE, "the stream to the service broke")
-            )
-        else:
-            self._waiting[call_id] = future
+        self._waiting[call_id] = future
         return future
 
     def forget(self, call_id: int) -> None:
@@ -418,8 +425,6 @@ class _Stream:
     def submit(self, call: Any) -> None:
         """Queues a call for the next message: one message at a time is written, and what
         was queued meanwhile goes in the one after."""
-        if self.broken:
-            return  # its future has failed already (expect)
         size = call.ByteSize()
         if size > MAX_ITEM_BYTES:
             future = self._waiting.pop(call.call_id, None)
@@ -440,7 +445,7 @@ class _Stream:
     async def _write(self) -> None:
         try:
             while self._unsent:
-                waiting, self._unsent = list(self._unsent), deque()
+                waiting, self._unsent = self._unsent, []
                 for calls in _packed(waiting):
                     await self._call.write(self._request_type(calls=calls))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
@@ -472,8 +477,8 @@ class _Stream:
     def _break(self, error: BaseException | None, status: grpc.StatusCode | None) -> None:
         if error is not None and not self.broken:
             log.warning(
-                "stream %s ended: %s; its %d calls in flight fail and the next call opens it again",
-                getattr(self._call, "_method", b"").decode() or "Multiplex",
+                "a Multiplex stream ended: %s; its %d calls in flight fail, the next call "
+                "opens a new stream",
                 error.details() if isinstance(error, grpc.aio.AioRpcError) else repr(error),
                 len(self._waiting),
             )
