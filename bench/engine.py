@@ -494,12 +494,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", default="1,2")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    # Every task's player is online on the one simulated game server's connection.
-    players = GatewayConfig().max_players_per_connection
+    # Every task's player is online on the one simulated game server's connection, beside
+    # the overhead measurement's player (a task whose player could not join would wait).
+    players = GatewayConfig().max_players_per_connection - 1
     if not 1 <= args.tasks <= players:
         parser.error(
             f"--tasks must be between 1 and {players}: each task has its own player, all on one "
-            f"game-server connection, which the gateway holds to {players} players"
+            f"game-server connection with the overhead measurement's player, which the gateway "
+            f"holds to {players + 1} players"
         )
     args.backends = [b for b in args.backends.split(",") if b]
     args.replicas = [int(r) for r in args.replicas.split(",") if r]
