@@ -11,6 +11,7 @@ from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
+from engine_service.runs import LeaseTaken
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 from services.runtime.channels import Dependency
 from services.runtime.errors import ResourceExhausted, Unavailable
@@ -65,8 +66,8 @@ class JournalLeases:
         )
         self._calls = JournalStream(self._dep)
 
-    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int:
-        """Takes the lease and returns its fencing token."""
+    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> LeaseTaken:
+        """Takes the lease: its fencing token, and the token of the acquisition before."""
         try:
             response = await self._calls.call(
                 "acquire_lease",
@@ -79,7 +80,7 @@ class JournalLeases:
                     "another request of this player is in progress; try again shortly"
                 ) from None
             raise Unavailable(f"the player lease could not be taken: {exc.details()}") from None
-        return int(response.lease.token)
+        return LeaseTaken(int(response.lease.token), int(response.previous_token))
 
     async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None:
         """Extends the lease. Raises grpc.aio.AioRpcError when it was lost or not reachable."""

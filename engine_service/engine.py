@@ -19,7 +19,7 @@ from system.engine.v1 import engine_pb2
 from engine_service.context import ExecutionContext, GameTools, partial_result
 from engine_service.models import ModelClient
 from engine_service.registry import ModuleRegistry, ModuleSpec, struct_to_dict
-from engine_service.runs import PlayerRuns, Run, fingerprint
+from engine_service.runs import Lease, PlayerRuns, Run, fingerprint
 from engine_service.schema import check_input
 from engine_service.steps import TaskSteps
 from engine_service.task_store import LeaseLost
@@ -241,22 +241,27 @@ class Engine:
             return await asyncio.shield(running.result)
         # The queue place first: a full engine answers BUSY before asking storage for a lease.
         admission = self.interactive.admit()
+        places = [admission]
         run = self.runs.start(player.player_id, request_id or current_request_id(), print_)
-        try:
-            result = await self.runs.hold(
+
+        def attempt(lease: Lease | None) -> Awaitable[common_pb2.AgentResult]:
+            # An early start thrown away gave its place back: the run proper takes another.
+            place = places.pop() if places else self.interactive.admit()
+            return self._run(
                 run,
-                lambda: self._run(
-                    run,
-                    player,
-                    module.spec,
-                    module.run,
-                    data,
-                    request_text,
-                    action,
-                    source,
-                    admission,
-                ),
+                player,
+                module.spec,
+                module.run,
+                data,
+                request_text,
+                action,
+                source,
+                place,
+                lease,
             )
+
+        try:
+            result = await self.runs.hold(run, attempt)
         except BaseException as exc:
             if not run.result.done():
                 if isinstance(exc, asyncio.CancelledError):
@@ -282,9 +287,12 @@ class Engine:
         action: common_pb2.ModuleAction,
         source: int,
         admission: Admission,
+        lease: Lease | None,
     ) -> common_pb2.AgentResult:
         """One run under the player's lease: the module, then its history entry (none for a
-        cancelled run)."""
+        cancelled run). With `lease` not yet done the run has started early, while the lease
+        is being taken: its context holds back all but read-only game tools until it is, and
+        its result waits for it (see runs.PlayerRuns.hold)."""
         timeout = min(remaining_seconds(self.execute_timeout) or 0.0, float(spec.policy.seconds))
         context = ExecutionContext(
             player=player,
@@ -296,6 +304,7 @@ class Engine:
             deadline=time.monotonic() + timeout,
             current_player=lambda: self.players.current(player),
             models=self.models,
+            lease=lease,
         )
         self.players.enter(player)
         try:
@@ -337,6 +346,8 @@ class Engine:
             result = _failure(context, AgentFailure.MODULE_FAILED, f"{action.module_id} failed")
         finally:
             self.players.leave(player.player_id)
+            admission.release()
+        await context.leased()  # an early start's result stands only once the lease is held
         log.info(
             "executed %s",
             action.module_id,

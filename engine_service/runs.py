@@ -11,6 +11,14 @@ storage lease `player:<player_id>`, owned by this replica and renewed while the 
 - Storage that cannot be reached for the lease is Unavailable: nothing runs (fail closed).
 - `cancel` stops a run: its module task is cancelled and the run ends CANCELLED.
 
+A player this replica ran last time starts their next run while the lease is being taken
+(decision 0009): until the lease is held the run may call only read-only, idempotent game
+tools; everything else it does (a write, a model call, a history read, its reply) waits for
+the lease. The early start stands when storage says the lease's acquisition before this one
+was this replica's own last (`previous_token`), so no other replica has run the player
+since; otherwise (or when the lease was held) it is thrown away and the run starts again
+under the lease. A player this replica does not remember starts once the lease is held.
+
 No gRPC here: leases go through a `PlayerLeases` (the JournalService client in production).
 """
 
@@ -23,23 +31,39 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from system.common.v1 import common_pb2
 
 from services.runtime.errors import ResourceExhausted
 
-__all__ = ["PlayerLeases", "PlayerRuns", "Run", "fingerprint", "lease_name"]
+__all__ = ["Lease", "LeaseTaken", "PlayerLeases", "PlayerRuns", "Run", "fingerprint", "lease_name"]
 
 log = logging.getLogger("system.engine")
+
+REMEMBERED_TOKENS = 10_000
+"""Players whose last lease token this replica remembers (the most recent ones): a player
+beyond them simply gets no early start."""
+
+Lease = asyncio.Future[None]
+"""Done once the run's player lease is held (see ExecutionContext)."""
+
+
+class LeaseTaken(NamedTuple):
+    """An acquisition: its fencing token, and the token of the acquisition before it (0 when
+    the lease was never taken before)."""
+
+    token: int
+    previous_token: int
 
 
 class PlayerLeases(Protocol):
     """Named storage leases. `acquire` raises ResourceExhausted when another owner holds the
     lease and Unavailable when storage cannot be asked."""
 
-    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int: ...
+    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> LeaseTaken: ...
 
     async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None: ...
 
@@ -74,6 +98,14 @@ class Run:
     written: asyncio.Future[Any] | None = None
 
 
+async def _drop(early: asyncio.Future[Any]) -> None:
+    """Cancels an early start and waits for it to end (whatever it ended with is dropped)."""
+    early.cancel()
+    await asyncio.wait([early])
+    if not early.cancelled():
+        early.exception()  # retrieved: an early start's failure is not the run's
+
+
 def _detached(coro: Awaitable[Any]) -> asyncio.Task[Any]:
     """A task outside the request's context (its deadline must not cut lease upkeep short)."""
     return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())  # type: ignore[arg-type]
@@ -98,6 +130,10 @@ class PlayerRuns:
         # Per player, how many times this replica has taken the lease (while a release is
         # pending): a release superseded by a newer acquisition is not sent (see _release).
         self._taken: dict[str, int] = {}
+        # Per player, the token of this replica's last acquisition (see hold).
+        self._last_tokens: OrderedDict[str, int] = OrderedDict()
+        self.early_starts_kept = 0
+        self.early_starts_dropped = 0
 
     def running(self, player_id: str) -> Run | None:
         return self._runs.get(player_id)
@@ -137,18 +173,56 @@ class PlayerRuns:
         return True
 
     async def hold(
-        self, run: Run, body: Callable[[], Awaitable[common_pb2.AgentResult]]
+        self, run: Run, body: Callable[[Lease | None], Awaitable[common_pb2.AgentResult]]
     ) -> common_pb2.AgentResult:
-        """Runs `body` while holding the player's storage lease (renewed as it runs, released
-        after). Raises what `acquire` raises; nothing runs then."""
+        """Runs `body` under the player's storage lease (renewed as it runs, released after).
+
+        For a player this replica took the lease for last time, `body(lease)` starts at once,
+        while the lease is being taken: `lease` is done once it is held, and the body waits
+        for it before anything but a read-only game tool (see ExecutionContext). When the
+        early start cannot stand (the lease was held, or another replica took it since this
+        one last did) it is cancelled and `body(None)` runs once the lease is held, as it
+        does for a player this replica does not remember. Raises what `acquire` raises; no
+        result is given then."""
         if self.leases is None:
-            return await body()
+            return await body(None)
         name = lease_name(run.player_id)
-        token = await self._acquire(name)
+        known = self._last_tokens.get(run.player_id)
+        if known is None:
+            # This replica has not run the player lately: another one may be running them
+            # now, so nothing starts before the lease is held.
+            taken = await self._acquire(name)
+            return await self._held(run, name, taken.token, body(None))
+        lease: Lease = asyncio.get_running_loop().create_future()
+        early = asyncio.ensure_future(body(lease))
+        try:
+            taken: LeaseTaken | None = await self.leases.acquire(
+                name, self.owner, self.lease_seconds
+            )
+        except ResourceExhausted:
+            taken = None  # held, perhaps only until its holder's release lands: asked again
+        except BaseException:
+            await _drop(early)
+            raise
+        if taken is not None and taken.previous_token == known:
+            self.early_starts_kept += 1
+            lease.set_result(None)
+            return await self._held(run, name, taken.token, early)
+        self.early_starts_dropped += 1
+        await _drop(early)
+        if taken is None:
+            taken = await self._acquire(name)
+        return await self._held(run, name, taken.token, body(None))
+
+    async def _held(
+        self, run: Run, name: str, token: int, body: Awaitable[common_pb2.AgentResult]
+    ) -> common_pb2.AgentResult:
+        """Awaits `body` with the lease taken as `token` kept, then gives it back."""
+        self._remember(run.player_id, token)
         taken = self._taken[run.player_id] = self._taken.get(run.player_id, 0) + 1
         keeper = _detached(self._keep(run, name, token))
         try:
-            return await body()
+            return await body
         finally:
             keeper.cancel()
             with contextlib.suppress(BaseException):
@@ -172,11 +246,19 @@ class PlayerRuns:
             return True
         name = lease_name(player_id)
         try:
-            token = await self._acquire(name)
+            taken = await self._acquire(name)
         except ResourceExhausted:
             return False
-        await self._release_now(name, token)
+        self._remember(player_id, taken.token)
+        await self._release_now(name, taken.token)
         return True
+
+    def _remember(self, player_id: str, token: int) -> None:
+        """Notes this replica's latest token for the player (the most recent players only)."""
+        self._last_tokens[player_id] = token
+        self._last_tokens.move_to_end(player_id)
+        if len(self._last_tokens) > REMEMBERED_TOKENS:
+            self._last_tokens.popitem(last=False)
 
     async def _release_now(self, name: str, token: int) -> None:
         assert self.leases is not None
@@ -185,7 +267,7 @@ class PlayerRuns:
         except Exception as exc:  # noqa: BLE001 - the lease expires on its own
             log.warning("player lease %s was not released: %s", name, exc)
 
-    async def _acquire(self, name: str) -> int:
+    async def _acquire(self, name: str) -> LeaseTaken:
         """Takes the player's lease, asking again for up to `busy_wait` seconds while another
         replica holds it: a replica gives the lease back just after its reply (once the
         exchange is in history), so a player's next request that lands on another replica

@@ -563,7 +563,8 @@ def _live(row: LeaseRow | _FencedLease, now: dt.datetime) -> bool:
 
 def _acquire_statement(dialect_insert, greatest) -> FastStatement:  # type: ignore[no-untyped-def]
     """One statement that makes the row or takes it over when it is free, expired or already
-    the owner's, returning the new token; no row comes back when someone else holds it."""
+    the owner's, returning the new token and the one before it (see _previous_token); no row
+    comes back when someone else holds it."""
     inserted = dialect_insert(_LEASES).values(
         name=bindparam("name", type_=String),
         owner=bindparam("owner", type_=String),
@@ -584,7 +585,24 @@ def _acquire_statement(dialect_insert, greatest) -> FastStatement:  # type: igno
                 _LEASES.c.expires_at <= bindparam("now", type_=_LEASES.c.expires_at.type),
                 _LEASES.c.owner == inserted.excluded.owner,
             ),
-        ).returning(_LEASES.c.token)
+        ).returning(_LEASES.c.token, _previous_token())
+    )
+
+
+def _previous_token():  # type: ignore[no-untyped-def]
+    """The lease's token as it was before the statement, 0 without a row: a subquery in
+    RETURNING reads the statement's snapshot, not the row it just wrote (PostgreSQL; SQLite
+    evaluates it as the row is written, so there it is read by a statement before, in the
+    same transaction). On PostgreSQL, a statement that waited for another's lock on the row
+    reads the snapshot from before the wait, so the token it returns can be older than the
+    one it replaced: it misses another owner's acquisition only when that owner took the
+    lease and gave it back while this one statement ran."""
+    before = _LEASES.alias("before")
+    return func.coalesce(
+        select(before.c.token)
+        .where(before.c.name == bindparam("name", type_=String))
+        .scalar_subquery(),
+        0,
     )
 
 
@@ -592,6 +610,10 @@ _LEASES = LeaseRow.__table__
 # SQLite's two-argument max() is PostgreSQL's greatest().
 _ACQUIRE_SQLITE = _acquire_statement(sqlite_insert, func.max)
 _ACQUIRE_POSTGRESQL = _acquire_statement(postgresql_insert, func.greatest)
+# SQLite reads the token before the upsert instead (see _previous_token).
+_PREVIOUS_TOKEN = FastStatement(
+    select(_LEASES.c.token).where(_LEASES.c.name == bindparam("name", type_=String))
+)
 
 
 def _held_lease_update(**values):  # type: ignore[no-untyped-def]
@@ -621,10 +643,11 @@ whom (the holder gave it back in between)."""
 
 def acquire_lease(
     session: Session, name: str, owner: str, ttl_seconds: int, now: dt.datetime
-) -> journal_pb2.Lease:
+) -> journal_pb2.AcquireLeaseResponse:
     """Takes `name` for `owner` until now + ttl when it is free, expired or already the
-    owner's; every acquisition gets a larger token (see _micros). FAILED_PRECONDITION when
-    someone else holds it.
+    owner's; every acquisition gets a larger token (see _micros), and the answer carries the
+    token of the acquisition before it (0 for a first one). FAILED_PRECONDITION when someone
+    else holds it.
 
     One statement (an upsert that only updates a row it may take, returning the token): the
     player's lease is taken before every interactive run, so its cost is on every request's
@@ -642,11 +665,17 @@ def acquire_lease(
         "now": now,
     }
     for _ in range(ACQUIRE_ATTEMPTS):
+        before = None
+        if sqlite:  # one writer at a time: read before writing, in the same transaction
+            before = _PREVIOUS_TOKEN.execute(session, {"name": name}).first()
         taken = (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL).execute(session, params)
         if taken.rows:
-            lease = journal_pb2.Lease(name=name, owner=owner, token=int(taken.rows[0][0]))
+            token, previous = taken.rows[0]
+            if sqlite:
+                previous = 0 if before is None else before[0]
+            lease = journal_pb2.Lease(name=name, owner=owner, token=int(token))
             lease.expires_at.FromDatetime(expires_at)
-            return lease
+            return journal_pb2.AcquireLeaseResponse(lease=lease, previous_token=int(previous))
         # Someone held it. Read who, to say so; in autocommit (PostgreSQL) the holder may have
         # given it back between the two statements, and then it is asked for again.
         holder = session.get(LeaseRow, name, populate_existing=True)
@@ -2298,6 +2327,12 @@ class JournalStore:
     # -- leases --------------------------------------------------------------------------------
 
     def acquire_lease(self, name: str, owner: str, ttl_seconds: int) -> journal_pb2.Lease:
+        return self.take_lease(name, owner, ttl_seconds).lease
+
+    def take_lease(
+        self, name: str, owner: str, ttl_seconds: int
+    ) -> journal_pb2.AcquireLeaseResponse:
+        """`acquire_lease` with the token of the acquisition before (AcquireLease's answer)."""
         now = self._now()
         with self._one_statement.begin() as session:
             return acquire_lease(session, name, owner, ttl_seconds, now)

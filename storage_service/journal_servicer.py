@@ -140,10 +140,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         return journal_pb2.GetStepResponse(receipt=receipt)
 
     async def AcquireLease(self, request, context):  # type: ignore[no-untyped-def]
-        lease = await run_db(
-            self._store.acquire_lease, request.name, request.owner, request.ttl_seconds
+        return await run_db(
+            self._store.take_lease, request.name, request.owner, request.ttl_seconds
         )
-        return journal_pb2.AcquireLeaseResponse(lease=lease)
 
     async def RenewLease(self, request, context):  # type: ignore[no-untyped-def]
         lease = await run_db(

@@ -32,7 +32,7 @@ from engine_service.registry import (
     RegistryError,
     load_entry_point_modules,
 )
-from engine_service.runs import PlayerRuns
+from engine_service.runs import LeaseTaken, PlayerRuns
 from engine_service.schema import check_input
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 from services.runtime.context import request_scope
@@ -910,10 +910,10 @@ class RecordingLeases:
         self.log = log
         self.token = 0
 
-    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> int:
+    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> LeaseTaken:
         self.token += 1
         self.log.append(f"acquire {self.token}")
-        return self.token
+        return LeaseTaken(self.token, self.token - 1)
 
     async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None:
         pass
