@@ -38,12 +38,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
@@ -53,6 +56,7 @@ from bench.cpu import cpu_seconds, postgres_cpu_seconds
 from bench.databases import database
 from bench.machine import describe_machine
 from bench.report import progress, summarize
+from bench.transport import measure_transport
 from engine_service.app import EngineApp
 from engine_service.app import create_app as create_engine_app
 from engine_service.config import EngineConfig
@@ -230,6 +234,75 @@ def _extra_engine(stack: Stack, index: int) -> subprocess.Popen[bytes]:
     )
 
 
+def _handled(stack: Stack, name: str) -> Counter[str]:
+    """RPCs the service has handled so far, by method (a call on a Multiplex stream counts
+    under `Multiplex/<Method>`), from its Prometheus endpoint."""
+    url = f"http://127.0.0.1:{stack.metrics_port(name)}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+    counts: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "grpc_server_handled_total":
+                counts[sample.labels["grpc_method"]] += int(sample.value)
+    return counts
+
+
+class _Exchanges:
+    """The gRPC exchanges between the stack's processes during the events: counted at the
+    storage service and the gateway (every journal and game-tool call lands on one of them),
+    plus the bench's SubmitEvent calls to the engine and, for every game-tool call the
+    gateway relays, its request and answer on the game server's Connect stream."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+        self._start = self._read()
+
+    def _read(self) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for name in ("storage", "gateway"):
+            counts.update({f"{name} {m}": n for m, n in _handled(self._stack, name).items()})
+        return counts
+
+    def per_task(self, tasks: int, submitted: int) -> dict[str, Any]:
+        used = self._read()
+        used.subtract(self._start)
+        return exchanges_per_task({m: n for m, n in used.items() if n > 0}, tasks, submitted)
+
+
+def exchanges_per_task(calls: dict[str, int], tasks: int, submitted: int) -> dict[str, Any]:
+    """Unary calls and stream exchanges per task from the calls services counted: a call on
+    a Multiplex stream is one exchange, a relayed game-tool call one more (its request and
+    answer on the game server's Connect stream), and every other call a unary one, as are
+    the `submitted` calls made from outside the services."""
+    streamed = sum(n for method, n in calls.items() if "Multiplex/" in method)
+    relayed = sum(n for method, n in calls.items() if method.endswith("CallGameTool"))
+    unary = sum(n for method, n in calls.items() if "Multiplex" not in method) + submitted
+    return {
+        "calls": calls,
+        "unary_per_task": round(unary / tasks, 2),
+        "stream_per_task": round((streamed + relayed) / tasks, 2),
+    }
+
+
+def _floor(events: dict[str, Any], transport: dict[str, Any], cores: int) -> dict[str, float]:
+    """The CPU a task's exchanges cost with nothing behind them, plus the database's CPU
+    per task as measured: what no code in the services can go below on this machine."""
+    exchanges = events["exchanges"]
+    carried = (
+        exchanges["unary_per_task"] * transport["unary"]["both_cpu_ms"]
+        + exchanges["stream_per_task"] * transport["stream"]["both_cpu_ms"]
+    )
+    database = events["cpu_ms_per_task"].get("postgres", 0.0)
+    floor = carried + database
+    return {
+        "transport_ms": round(carried, 2),
+        "database_ms": round(database, 2),
+        "floor_ms": round(floor, 2),
+        "tasks_per_s_at_floor": round(cores * 1000 / floor, 1),
+    }
+
+
 class _StackCpu:
     """CPU used by each process of the stack (engine replicas summed), the bench process
     (the simulated game server and the submitters) and local PostgreSQL."""
@@ -296,6 +369,7 @@ async def measure_events(
 
     try:
         meter = _StackCpu(stack, extra or [])
+        exchanges = _Exchanges(stack)
         started = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
         submitted = time.perf_counter()
@@ -309,6 +383,7 @@ async def measure_events(
         progress(tasks, tasks, f"events {label}")
         elapsed = game.last_give - started
         cpu = meter.per_task_ms(tasks)
+        exchanged = exchanges.per_task(tasks, submitted=tasks)
         # Every task ended SUCCEEDED, with exactly its two gives.
         states: dict[str, int] = {}
         for player in players:
@@ -329,6 +404,7 @@ async def measure_events(
         "tasks_per_s": round(tasks / elapsed, 1),
         "submit_seconds": round(submitted - started, 3),
         "cpu_ms_per_task": cpu,
+        "exchanges": exchanged,
         "states": states,
     }
 
@@ -397,11 +473,20 @@ def _plot(results: dict[str, Any], out: Path) -> None:
     left.legend()
     for i, backend in enumerate(backends):
         runs = sorted(k for k in results[backend] if k.startswith("events_"))
-        right.bar(
+        bars = right.bar(
             [x + i * width for x in range(len(runs))],
             [results[backend][k]["tasks_per_s"] for k in runs],
             width,
             label=backend,
+        )
+        # What the cores allow at the transport and database floor, over each bar.
+        right.scatter(
+            [x + i * width for x in range(len(runs))],
+            [results[backend][k]["floor"]["tasks_per_s_at_floor"] for k in runs],
+            marker="_",
+            s=600,
+            color=bars.patches[0].get_facecolor(),
+            label=f"{backend}: most the cores allow at the floor",
         )
         right.set_xticks(
             [x + width * (len(backends) - 1) / 2 for x in range(len(runs))],
@@ -446,8 +531,10 @@ def _markdown(report: dict[str, Any]) -> str:
         "",
         "## Event tasks per second (two journaled write steps each)",
         "",
-        "| database | replicas | tasks | seconds | tasks/s | CPU ms per task | final states |",
-        "|---|---|---|---|---|---|---|",
+        "| database | replicas | tasks | seconds | tasks/s | CPU ms per task | final states "
+        "| exchanges per task (unary / stream) | floor ms per task (transport + database) "
+        "| tasks/s the cores allow at the floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for backend, result in report["results"].items():
         for key in sorted(k for k in result if k.startswith("events_")):
@@ -455,10 +542,28 @@ def _markdown(report: dict[str, Any]) -> str:
             replicas = key.split("_")[1]
             cpu = e.get("cpu_ms_per_task", {})
             spent = ", ".join(f"{name} {ms}" for name, ms in cpu.items() if name != "all")
+            x, f = e["exchanges"], e["floor"]
             lines.append(
                 f"| {backend} | {replicas} | {e['tasks']} | {e['seconds']} "
-                f"| **{e['tasks_per_s']}** | {cpu.get('all', '?')} ({spent}) | {e['states']} |"
+                f"| **{e['tasks_per_s']}** | {cpu.get('all', '?')} ({spent}) | {e['states']} "
+                f"| {x['unary_per_task']} / {x['stream_per_task']} "
+                f"| {f['floor_ms']} ({f['transport_ms']} + {f['database_ms']}) "
+                f"| {f['tasks_per_s_at_floor']} |"
             )
+    t = report["transport"]
+    lines += [
+        "",
+        "Transport floor, measured in the same run (`bench/transport.py`: two processes, "
+        "nothing behind the calls, CPU of both ends per exchange): an empty unary call "
+        f"{t['unary']['both_cpu_ms']} ms (wall p50 {t['unary']['wall_p50_ms']} ms), one "
+        f"message each way on an open stream {t['stream']['both_cpu_ms']} ms (wall p50 "
+        f"{t['stream']['wall_p50_ms']} ms). A task's exchanges are counted at the storage "
+        "service and the gateway (plus the bench's SubmitEvent and each relayed call's two "
+        "messages on the game server's stream); *floor* is their transport CPU plus the "
+        "database's measured CPU per task, and the last column is the machine's cores over it:"
+        " the most tasks/s this machine allows with these processes even if the services did "
+        "no work of their own.",
+    ]
     lines += [
         "",
         "## Reading",
@@ -519,12 +624,20 @@ def main(argv: list[str] | None = None) -> None:
     args.backends = [b for b in args.backends.split(",") if b]
     args.replicas = [int(r) for r in args.replicas.split(",") if r]
     load_before = os.getloadavg()
+    progress(0, 1, "transport floor")
+    transport = measure_transport()
+    progress(1, 1, "transport floor")
     results = asyncio.run(main_async(args))
+    cores = os.cpu_count() or 1
+    for result in results.values():
+        for key in [k for k in result if k.startswith("events_")]:
+            result[key]["floor"] = _floor(result[key], transport, cores)
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python -m bench.engine " + " ".join(argv or sys.argv[1:]),
         "machine": describe_machine(),
         "load_before": [round(x, 2) for x in load_before],
+        "transport": transport,
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,7 @@ class EngineApp:
         self.maintenance.shutdown()
         self.engine.interactive.shutdown()
         await self.engine.flush_history()  # exchanges already answered still reach history
+        await self.engine.runs.flush_releases()  # and the players' leases are given back
         await self.tasks.aclose()
         await self.runner_tasks.aclose()
         await self.models.aclose()

@@ -236,6 +236,12 @@ class PlayerRuns:
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
 
+    async def flush_releases(self) -> None:
+        """Waits for the lease releases in flight (at shutdown: another replica can then take
+        the players at once instead of after the leases expire)."""
+        while self._releasing:
+            await asyncio.wait(list(self._releasing))
+
     async def settle(self, player_id: str) -> bool:
         """Takes the player's lease and gives it back at once: returns once no run of the
         player holds it on any replica (each keeps it until its exchange is in history), or

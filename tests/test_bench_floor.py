@@ -1,0 +1,29 @@
+"""The engine bench's transport floor: the empty-exchange measurement and how a task's
+counted calls become exchanges (the figures behind its "tasks/s the cores allow" column)."""
+
+from __future__ import annotations
+
+from bench.engine import exchanges_per_task
+from bench.transport import measure_transport
+
+
+def test_transport_measures_both_ends_of_both_kinds() -> None:
+    measured = measure_transport(calls=50)
+    for kind in ("unary", "stream"):
+        ends = measured[kind]
+        assert ends["client_cpu_ms"] > 0 and ends["server_cpu_ms"] > 0
+        assert ends["both_cpu_ms"] == round(ends["client_cpu_ms"] + ends["server_cpu_ms"], 4)
+        assert ends["wall_p50_ms"] > 0
+
+
+def test_a_tasks_calls_become_exchanges() -> None:
+    counted = {
+        "storage CreateTask": 10,
+        "storage ClaimTasks": 2,
+        "storage Multiplex/RecordStep": 20,
+        "storage Multiplex/Commit": 10,
+        "gateway Multiplex/CallGameTool": 20,
+    }
+    per_task = exchanges_per_task(counted, tasks=10, submitted=10)
+    assert per_task["unary_per_task"] == 2.2  # CreateTask, a share of a claim, SubmitEvent
+    assert per_task["stream_per_task"] == 7.0  # 3 journal calls, 2 relayed ones, 2 to the game
