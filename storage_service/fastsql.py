@@ -136,16 +136,17 @@ class FastStatement:
         self._rendered[dialect.name] = rendered
         return rendered
 
-    def execute(self, session: Session, params: Mapping[str, Any]) -> FastResult:
-        """Runs the statement in the session's current transaction."""
+    def execute(self, session: Session | Connection, params: Mapping[str, Any]) -> FastResult:
+        """Runs the statement in the session's current transaction (or on the connection)."""
         return self.send(session, params).result()
 
-    def send(self, session: Session, params: Mapping[str, Any]) -> Sent:
-        """Sends the statement in the session's current transaction: inside `pipelined`, it
-        is queued and its result comes with the pipeline's; otherwise it runs at once, and
-        its result is read at once too (SQLite keeps a statement whose rows are not all read
-        in use, and prepares the same SQL again for the next cursor)."""
-        connection = session.connection()
+    def send(self, session: Session | Connection, params: Mapping[str, Any]) -> Sent:
+        """Sends the statement in the session's current transaction (or on the connection,
+        as it is: one in autocommit runs it as a transaction of its own): inside
+        `pipelined`, it is queued and its result comes with the pipeline's; otherwise it runs
+        at once, and its result is read at once too (SQLite keeps a statement whose rows are
+        not all read in use, and prepares the same SQL again for the next cursor)."""
+        connection = session if isinstance(session, Connection) else session.connection()
         rendered = self._render(connection.dialect)
         args = rendered.args(params)
         cursor = _cursor(connection)
