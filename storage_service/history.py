@@ -13,8 +13,11 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    DateTime,
     Integer,
+    LargeBinary,
     String,
+    Text,
     bindparam,
     delete,
     exists,
@@ -22,13 +25,15 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow, upsert_ignore
-from storage_service.fastsql import FastStatement
+from storage_service.fastsql import FastStatement, pipelined
 from storage_service.validation import check_player_id
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
@@ -94,6 +99,35 @@ _INSERT_IF_ENABLED = FastStatement(
                 _PREFERENCES.c.history_enabled.is_(False),  # type: ignore[attr-defined]
             )
         ),
+    )
+)
+
+
+# PostgreSQL: all of an exchange's entries in one statement, over arrays, inserted only if the
+# player has not turned history off, and sent with the DELETE in one pipeline (one round trip
+# and a COMMIT instead of five round trips: every interactive request appends its exchange,
+# just after its reply, while the player's next request may already be asking storage for
+# its lease).
+_INSERT_ALL_IF_ENABLED = FastStatement(
+    text(
+        f"""
+INSERT INTO {_HISTORY.name} (player_id, role, text, result, request_id, size_bytes, created_at)
+SELECT :player_id, v.role, v.text, v.result, v.request_id, v.size_bytes, v.created_at
+FROM unnest(:roles, :texts, :results, :request_ids, :sizes, :created)
+     WITH ORDINALITY AS v(role, text, result, request_id, size_bytes, created_at, n)
+WHERE NOT EXISTS (
+    SELECT 1 FROM {_PREFERENCES.name}
+    WHERE player_id = :player_id AND history_enabled IS FALSE
+)
+ORDER BY v.n"""
+    ).bindparams(
+        bindparam("player_id", type_=String),
+        bindparam("roles", type_=ARRAY(Integer)),
+        bindparam("texts", type_=ARRAY(Text)),
+        bindparam("results", type_=ARRAY(LargeBinary)),
+        bindparam("request_ids", type_=ARRAY(String)),
+        bindparam("sizes", type_=ARRAY(Integer)),
+        bindparam("created", type_=ARRAY(DateTime(timezone=True))),
     )
 )
 
@@ -172,11 +206,41 @@ class ConversationStore:
         # Every interactive request appends its exchange: statements on the driver's cursor
         # (storage_service.fastsql) rather than ORM objects and a flush.
         with self._sessions.begin() as session:
+            if session.get_bind().dialect.name == "postgresql":
+                return self._append_pipelined(session, player_id, rows)
             if _INSERT_IF_ENABLED.execute(session, rows[0]).rowcount == 0:
                 return False, 0  # the player turned history off
             for row in rows[1:]:
                 _INSERT_ENTRY.execute(session, row)
             return True, self._evict(session, player_id)
+
+    def _append_pipelined(
+        self, session: Session, player_id: str, rows: list[dict[str, Any]]
+    ) -> tuple[bool, int]:
+        """`append` on PostgreSQL: one INSERT of every entry and the eviction, together."""
+        with pipelined(session):
+            inserted = _INSERT_ALL_IF_ENABLED.send(
+                session,
+                {
+                    "player_id": player_id,
+                    "roles": [row["role"] for row in rows],
+                    "texts": [row["text"] for row in rows],
+                    "results": [row["result"] for row in rows],
+                    "request_ids": [row["request_id"] for row in rows],
+                    "sizes": [row["size_bytes"] for row in rows],
+                    "created": [row["created_at"] for row in rows],
+                },
+            )
+            evicted = _EVICT.send(
+                session,
+                {
+                    "player_id": player_id,
+                    "max_entries": self._bounds.max_entries,
+                    "max_bytes": self._bounds.max_bytes,
+                },
+            )
+        # No row: the player turned history off (the eviction ran all the same).
+        return inserted.result().rowcount > 0, evicted.result().rowcount
 
     def _row(self, player_id: str, index: int, entry: common_pb2.HistoryEntry) -> dict[str, Any]:
         if entry.role not in (common_pb2.HISTORY_ROLE_PLAYER, common_pb2.HISTORY_ROLE_ASSISTANT):

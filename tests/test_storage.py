@@ -616,9 +616,19 @@ async def test_service_health(service: tuple[StorageApp, grpc.aio.Channel]) -> N
 # -- property: the bounded history against a model ------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sqlite_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sessionmaker]:  # type: ignore[type-arg]
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('prop') / 'storage.db'}")
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def model_sessions(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[sessionmaker]:  # type: ignore[type-arg]
+    """Sessions on a database shared by the property test's examples (each uses a new
+    player): SQLite, and PostgreSQL, whose append is one pipelined statement."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('prop') / 'storage.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    engine = make_engine(url)
     upgrade(engine)
     try:
         yield sessionmaker(engine, expire_on_commit=False)
@@ -657,7 +667,7 @@ def _size(entry: common_pb2.HistoryEntry) -> int:
     batches=st.lists(st.lists(_spec, min_size=1, max_size=3), min_size=2, max_size=12),
 )
 def test_bounded_history_matches_model(
-    sqlite_sessions: sessionmaker,  # type: ignore[type-arg]
+    model_sessions: sessionmaker,  # type: ignore[type-arg]
     max_entries: int,
     max_bytes: int,
     max_text_chars: int,
@@ -665,9 +675,7 @@ def test_bounded_history_matches_model(
 ) -> None:
     """After every append the stored history is the model's: the newest entries that fit both
     bounds, oldest first; a batch with an invalid entry changes nothing."""
-    store = ConversationStore(
-        sqlite_sessions, HistoryBounds(max_entries, max_bytes, max_text_chars)
-    )
+    store = ConversationStore(model_sessions, HistoryBounds(max_entries, max_bytes, max_text_chars))
     player = _player()
     model: list[common_pb2.HistoryEntry] = []  # oldest first
     serial = 0
