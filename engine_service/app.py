@@ -65,6 +65,7 @@ class EngineApp:
             config.replica_id,
             config.task_lease_seconds,
             config.event_poll_seconds,
+            notices=self.game_tools,
         )
         self.maintenance = BoundedExecutor(
             "maintenance", config.maintenance_workers, config.maintenance_queue

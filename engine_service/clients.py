@@ -130,7 +130,8 @@ class StorageHistory:
 
 
 class GatewayGameTools:
-    """GameTools over the gateway's `ToolRelayService.CallGameTool`.
+    """GameTools over the gateway's `ToolRelayService.CallGameTool`, and PlayerNotices over
+    its `NotifyPlayer`.
 
     Calls are never retried: a game tool may write, and the relay cannot tell whether the game
     server ran a call whose answer was lost. Errors become catalogued module failures:
@@ -147,7 +148,10 @@ class GatewayGameTools:
             gateway_pb2_grpc.ToolRelayServiceStub,
             gateway_pb2.MultiplexRequest,
             gateway_pb2.MultiplexCall,
-            {"call_game_tool": "system.gateway.v1.ToolRelayService/CallGameTool"},
+            {
+                "call_game_tool": "system.gateway.v1.ToolRelayService/CallGameTool",
+                "notify_player": "system.gateway.v1.ToolRelayService/NotifyPlayer",
+            },
         )
 
     async def call(
@@ -173,6 +177,15 @@ class GatewayGameTools:
                 result.failure.message or f"{tool_id} failed on the game server",
             )
         return json_format.MessageToDict(result.output)
+
+    async def notify(self, player_id: str, result: common_pb2.AgentResult, timeout: float) -> None:
+        """Shows `result` to the player as a notice (PlayerNotices). Raises
+        grpc.aio.AioRpcError when it could not be sent (FAILED_PRECONDITION: offline)."""
+        await self._calls.call(
+            "notify_player",
+            gateway_pb2.NotifyPlayerRequest(player_id=player_id, result=result),
+            timeout,
+        )
 
     async def aclose(self) -> None:
         await self._calls.aclose()

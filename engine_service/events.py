@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import json_format
 from system.common.v1 import common_pb2
@@ -26,7 +26,13 @@ from engine_service.steps import TaskSteps
 from engine_service.task_store import Claim, LeaseLost, TaskStore
 from services.runtime.errors import InvalidArgument, NotFound
 
-__all__ = ["EventRunner", "EventTasks", "decode_task_input", "encode_task_input"]
+__all__ = [
+    "EventRunner",
+    "EventTasks",
+    "PlayerNotices",
+    "decode_task_input",
+    "encode_task_input",
+]
 
 log = logging.getLogger("system.engine.events")
 
@@ -37,6 +43,17 @@ REFILL_WORKERS = 2
 (running or waiting): enough that new claims arrive before the workers run dry."""
 MAX_EVENT_KEY = 128
 """Longest event key a game server may send (the module id is added to make the task key)."""
+NOTICE_SECONDS = 5.0
+"""How long telling a player how their task ended may take before it is given up."""
+
+
+class PlayerNotices(Protocol):
+    """How a task's outcome reaches its player (the gateway's NotifyPlayer in production)."""
+
+    async def notify(
+        self, player_id: str, result: common_pb2.AgentResult, timeout: float
+    ) -> None: ...
+
 
 _TERMINAL = {
     common_pb2.RESULT_STATUS_SUCCEEDED: journal_pb2.TASK_STATE_SUCCEEDED,
@@ -138,6 +155,8 @@ class EventRunner:
         lease_seconds: task lease length; renewed every third of it.
         poll_seconds: how often to look for work when nothing woke the runner (tasks other
             replicas queued, or leases of dead replicas that expired).
+        notices: where a task that ended (succeeded, partly or failed) is shown to its
+            player, once its end is stored; best effort, off the event worker. None: nowhere.
     """
 
     def __init__(
@@ -148,8 +167,11 @@ class EventRunner:
         owner: str,
         lease_seconds: int = 30,
         poll_seconds: float = 1.0,
+        notices: PlayerNotices | None = None,
     ) -> None:
         self._engine = engine
+        self._notices = notices
+        self._telling: set[asyncio.Task[None]] = set()
         self._store = store
         self._executor = executor
         self._owner = owner
@@ -179,6 +201,8 @@ class EventRunner:
             run.cancel()
         if self._runs:
             await asyncio.gather(*self._runs, return_exceptions=True)
+        if self._telling:  # players still hear how their finished tasks ended
+            await asyncio.wait(list(self._telling))
 
     async def _loop(self) -> None:
         while True:
@@ -252,8 +276,20 @@ class EventRunner:
             raise
         if result is None:
             await steps.finish(journal_pb2.TASK_STATE_WAITING, None)
-        else:
-            await steps.finish(_TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED), result)
+            return
+        await steps.finish(_TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED), result)
+        if self._notices is not None:
+            # Off the worker: a slow or offline game server never holds an event worker.
+            telling = asyncio.create_task(self._tell(claim.task.player_id, result))
+            self._telling.add(telling)
+            telling.add_done_callback(self._telling.discard)
+
+    async def _tell(self, player_id: str, result: common_pb2.AgentResult) -> None:
+        assert self._notices is not None
+        try:
+            await self._notices.notify(player_id, result, NOTICE_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - the task's outcome is stored all the same
+            log.info("player %s was not told how their task ended: %s", player_id, exc)
 
     async def _renew(self, claim: Claim, run: asyncio.Task[None]) -> None:
         """Renews the lease every third of its length; cancels the run once it fails."""

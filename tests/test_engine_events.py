@@ -219,6 +219,10 @@ async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> 
         assert stack.game.gained("steve") == REWARD
         # Call ids are the step ids: a game server may deduplicate on them too.
         assert [c[2] for c in stack.game.calls] == [f"{task.task_id}/0", f"{task.task_id}/1"]
+        # Steve is told what he got, once it is stored: a notice with the task's result.
+        notice = await asyncio.wait_for(stack.game.notices.get(), 5)
+        assert notice.player_id == "steve" and not notice.request_id
+        assert notice.notice.result == task.result
 
         # The game server resends the event (unsure it arrived): nothing new happens.
         await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
@@ -237,6 +241,7 @@ async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> 
         assert len(await stack.tasks("steve")) == 1
         assert stack.game.gained("steve") == REWARD
         assert not stack.game.frame_errors
+        assert stack.game.notices.empty()  # and told once
 
 
 async def test_an_offline_players_task_waits_for_them(fresh_database_url: str) -> None:

@@ -17,6 +17,7 @@ from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.storage.v1 import storage_pb2
 
 from services.gamesim.client import FrameRefused, GameServerClient, GatewayRefused
+from services.results import card, succeeded
 from services.runtime.multiplex import MultiplexClient
 from tests.inprocess import Chain, running_chain
 
@@ -683,6 +684,52 @@ async def test_tool_relay_stream_answers_as_the_unary_relay(
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     finally:
         await calls.aclose()
+
+
+async def test_notify_player_shows_a_notice_on_their_game_server(
+    chain: Chain, client: GameServerClient
+) -> None:
+    """ToolRelayService.NotifyPlayer (how an event task's outcome reaches its player): an
+    unsolicited notice on the player's connection, unary or on the relay stream."""
+    relay = chain.relay_stub()
+    reward = succeeded(card("system:reward", "Advancement reward", ["minecraft:diamond × 1"]))
+    await relay.NotifyPlayer(
+        gateway_pb2.NotifyPlayerRequest(player_id=STEVE, result=reward), timeout=5
+    )
+    notice = await asyncio.wait_for(client.notices.get(), 5)
+    assert (notice.player_id, notice.request_id) == (STEVE, "")
+    assert notice.notice.result == reward
+
+    calls = MultiplexClient(
+        relay.Multiplex, gateway_pb2.MultiplexRequest, gateway_pb2.MultiplexCall
+    )
+    try:
+        await calls.call(
+            "notify_player", gateway_pb2.NotifyPlayerRequest(player_id=STEVE, result=reward), 5
+        )
+        assert (await asyncio.wait_for(client.notices.get(), 5)).notice.result == reward
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await calls.call(
+                "notify_player",
+                gateway_pb2.NotifyPlayerRequest(player_id=GHOST, result=reward),
+                5,
+            )
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await calls.aclose()
+
+    for bad, message in (
+        (gateway_pb2.NotifyPlayerRequest(result=reward), "player_id is required"),
+        (
+            gateway_pb2.NotifyPlayerRequest(player_id=STEVE),
+            "result.status is required: say how the work ended",
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await relay.NotifyPlayer(bad, timeout=5)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == message
+    assert client.notices.empty()
 
 
 # -- a dependency that cannot be reached ----------------------------------------------------

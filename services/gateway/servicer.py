@@ -354,12 +354,15 @@ class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):
             gateway_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name,
             gateway_pb2.MultiplexResponse,
             gateway_pb2.MultiplexAnswer,
-            {"call_game_tool": ("CallGameTool", self.CallGameTool)},
+            {
+                "call_game_tool": ("CallGameTool", self.CallGameTool),
+                "notify_player": ("NotifyPlayer", self.NotifyPlayer),
+            },
         )
 
     async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
-        # CallGameTool, many on one stream (services.runtime.multiplex); the handler reads
-        # its deadline from the request scope, which each call's timeout_ms sets.
+        # CallGameTool and NotifyPlayer, many on one stream (services.runtime.multiplex); a
+        # handler reads its deadline from the request scope, which each call's timeout_ms sets.
         async for response in self._multiplex.serve(request_iterator):
             yield response
 
@@ -400,3 +403,21 @@ class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):
         finally:
             connection.tool_calls.pop(request.call_id, None)
         return gateway_pb2.CallGameToolResponse(result=result)
+
+    async def NotifyPlayer(self, request, context):  # type: ignore[no-untyped-def]
+        check_id("player_id", request.player_id)
+        if request.result.status == common_pb2.RESULT_STATUS_UNSPECIFIED:
+            raise InvalidArgument("result.status is required: say how the work ended")
+        try:
+            connection = self._registry.for_player(request.player_id)
+        except NotFound as exc:
+            raise FailedPrecondition(exc.message) from None
+        connection.send(
+            gateway_pb2.ConnectResponse(
+                response=gateway_pb2.PlayerResponse(
+                    player_id=request.player_id,
+                    notice=gateway_pb2.Notice(result=request.result),
+                )
+            )
+        )
+        return gateway_pb2.NotifyPlayerResponse()

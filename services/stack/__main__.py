@@ -20,7 +20,6 @@ import re
 import secrets
 import sys
 import threading
-from collections import Counter
 from pathlib import Path
 
 from system.gateway.v1 import gateway_pb2
@@ -43,6 +42,10 @@ SIM_HELP = """simulator commands:
                   comes as an event task
   :quit           stop everything (Ctrl-C and Ctrl-D do too)
 anything else is sent as chat, for example: 帮助, help, /help history"""
+
+
+ADVANCE_WAIT_SECONDS = 5.0
+"""How long `:advance` waits for the reward task's notice."""
 
 
 def _language(text: str | None, requested: str) -> str:
@@ -96,33 +99,28 @@ async def _interactive(client: GameServerClient) -> None:
 
 
 async def _advance(client: GameServerClient, advancement: str) -> None:
-    """Reports an advancement as the game would, then shows what the reward task gave."""
+    """Reports an advancement as the game would, then shows how the reward task ended: the
+    engine tells the player with a notice once the task's outcome is stored."""
     if not advancement:
         print("(which one? for example :advance minecraft:story/mine_diamond)")
         return
-    before = client.world.inventory(PLAYER_ID).copy()
+    while not client.notices.empty():  # anything that came meanwhile, first
+        print(render_response(client.notices.get_nowait()))
     await client.event(
         PLAYER_ID,
         "minecraft:advancement",
         f"advancement:{advancement}",
         {"advancement": advancement},
     )
-    gained: Counter[str] = Counter()
-    steady = 0
-    for _ in range(50):  # the task runs in the engine and gives through the game tools
-        await asyncio.sleep(0.1)
-        now = client.world.inventory(PLAYER_ID) - before
-        steady = steady + 1 if now and now == gained else 0
-        gained = now
-        if steady >= 3:  # no more gives for a while: the task is done
-            break
-    if client.frame_errors:
-        print(f"(refused: {client.frame_errors.pop().message})")
-    elif gained:
-        items = ", ".join(f"{item} × {count}" for item, count in sorted(gained.items()))
-        print(f"(advancement {advancement}: the reward task gave {items})")
-    else:
-        print("(no reward given: earned before, or the engine is busy; try again)")
+    try:
+        notice = await asyncio.wait_for(client.notices.get(), ADVANCE_WAIT_SECONDS)
+    except TimeoutError:
+        if client.frame_errors:
+            print(f"(refused: {client.frame_errors.pop().message})")
+        else:
+            print("(no reward task ended: earned before, or the engine is busy; try again)")
+        return
+    print(render_response(notice))
 
 
 class _Quit(Exception):
