@@ -495,7 +495,7 @@ def _plot(results: dict[str, Any], out: Path) -> None:
     right.axhline(300, color="grey", linestyle="--", label="target (PostgreSQL)")
     right.set_ylabel("event tasks / s (two write steps each)")
     right.set_title("event tasks with receipts")
-    right.legend()
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
