@@ -244,10 +244,11 @@ class Engine:
         places = [admission]
         run = self.runs.start(player.player_id, request_id or current_request_id(), print_)
 
-        def attempt(lease: Lease | None) -> Awaitable[common_pb2.AgentResult]:
-            # An early start thrown away gave its place back: the run proper takes another.
+        async def attempt(lease: Lease | None) -> common_pb2.AgentResult:
+            # An early start thrown away gave its place back: the run proper takes another
+            # (inside the coroutine, so a refusal still gives the lease back).
             place = places.pop() if places else self.interactive.admit()
-            return self._run(
+            return await self._run(
                 run,
                 player,
                 module.spec,

@@ -17,7 +17,7 @@ from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.runs import LeaseTaken, PlayerRuns
 from engine_service.tools import ToolRegistry
 from services.results import card, succeeded
-from services.runtime.errors import ResourceExhausted
+from services.runtime.errors import ResourceExhausted, Unavailable
 
 READ = "minecraft:inventory.read"
 GIVE = "minecraft:item.give"
@@ -233,3 +233,21 @@ async def test_an_early_start_is_thrown_away_while_another_owner_holds_the_lease
     running, before = await setup.slow_lease_run("test:read")
     assert before == [READ]
     assert (await running).status == SUCCEEDED
+
+
+async def test_a_run_refused_after_its_early_start_gives_the_lease_back(setup: Setup) -> None:
+    """The run proper needs a queue place of its own; refused one (here: shutting down), it
+    gives back the lease it already holds instead of leaving it to expire."""
+    setup.leases.other_since = True
+    setup.events.clear()
+    setup.leases.open.clear()
+    running = asyncio.ensure_future(setup.execute("test:read"))
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    setup.engine.interactive.shutdown()
+    setup.leases.open.set()
+    with pytest.raises(Unavailable):
+        await running
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    assert setup.events == [READ, "acquire 3", "release 3"]
