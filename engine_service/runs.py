@@ -35,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol
 
+from prometheus_client import Counter
 from system.common.v1 import common_pb2
 
 from services.runtime.errors import ResourceExhausted
@@ -46,6 +47,13 @@ log = logging.getLogger("system.engine")
 REMEMBERED_TOKENS = 10_000
 """Players whose last lease token this replica remembers (the most recent ones): a player
 beyond them simply gets no early start."""
+
+EARLY_STARTS = Counter(
+    "engine_early_starts_total",
+    "Interactive runs started while their player's lease was being taken (decision 0009), by "
+    "whether the early start stood or was dropped and made again under the lease.",
+    ["outcome"],
+)
 
 Lease = asyncio.Future[None]
 """Done once the run's player lease is held (see ExecutionContext)."""
@@ -206,9 +214,11 @@ class PlayerRuns:
             raise
         if taken is not None and taken.previous_token == known:
             self.early_starts_kept += 1
+            EARLY_STARTS.labels("kept").inc()
             lease.set_result(None)
             return await self._held(run, name, taken.token, early)
         self.early_starts_dropped += 1
+        EARLY_STARTS.labels("dropped").inc()
         await _drop(early)
         if taken is None:
             taken = await self._acquire(name)
