@@ -28,7 +28,7 @@ under a token that has already been replaced), and ClaimTasks picks rows FOR UPD
 LOCKED and takes each task's lease under a row lock.
 
 Session-level functions (`create_task`, `transition_task`, `record_step`, `complete_step`,
-`check_fence`, `acquire_lease`) run inside a caller's transaction; `JournalStore` opens one
+`check_fence`, the lease calls' `*_steps`) run inside a caller's transaction; `JournalStore` opens one
 transaction per call, and `JournalStore.commit` applies a whole batch in one. The writes an
 engine makes per step also come as units for a transaction the caller owns
 (`JournalStore.commit_unit`, `record_step_in`, `complete_step_in`, `transition_task_in`): the
@@ -46,8 +46,8 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple, TypeVar
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from google.protobuf import struct_pb2
 from sqlalchemy import (
@@ -108,7 +108,11 @@ __all__ = [
     "LeaseRow",
     "ReceiptRow",
     "TaskRow",
-    "acquire_lease",
+    "LeaseSteps",
+    "acquire_steps",
+    "release_steps",
+    "renew_steps",
+    "run_steps",
     "check_fence",
     "complete_step",
     "create_task",
@@ -643,13 +647,30 @@ ACQUIRE_ATTEMPTS = 3
 whom (the holder gave it back in between)."""
 
 
-def acquire_lease(
-    session: Session | Connection, name: str, owner: str, ttl_seconds: int, now: dt.datetime
-) -> journal_pb2.AcquireLeaseResponse:
+LeaseSteps = Generator[tuple[FastStatement, dict[str, Any]], FastResult, Any]
+"""A lease call as the statements it runs: it yields each statement with its parameters and
+is sent that statement's result; what it returns is the call's answer. One driver runs them
+in a session or on a connection (`run_steps`), another on the event loop
+(storage_service.async_leases), so the rules are written once."""
+
+
+def run_steps(steps: LeaseSteps, target: Session | Connection) -> Any:
+    """Runs a lease call's statements in the session's transaction (or on the connection)."""
+    try:
+        statement, params = next(steps)
+        while True:
+            statement, params = steps.send(statement.execute(target, params))
+    except StopIteration as done:
+        return done.value
+
+
+def acquire_steps(
+    name: str, owner: str, ttl_seconds: int, now: dt.datetime, sqlite: bool
+) -> LeaseSteps:
     """Takes `name` for `owner` until now + ttl when it is free, expired or already the
-    owner's; every acquisition gets a larger token (see _micros), and the answer carries the
-    token of the acquisition before it (0 for a first one). FAILED_PRECONDITION when someone
-    else holds it.
+    owner's; every acquisition gets a larger token (see _micros), and the answer
+    (AcquireLeaseResponse) carries the token of the acquisition before it (0 for a first
+    one). FAILED_PRECONDITION when someone else holds it.
 
     One statement (an upsert that only updates a row it may take, returning the token): the
     player's lease is taken before every interactive run, so its cost is on every request's
@@ -658,7 +679,6 @@ def acquire_lease(
     _check_id(owner, "owner")
     _check_ttl(ttl_seconds, "ttl_seconds")
     expires_at = now + dt.timedelta(seconds=ttl_seconds)
-    sqlite = _dialect(session) == "sqlite"
     params = {
         "name": name,
         "owner": owner,
@@ -669,8 +689,8 @@ def acquire_lease(
     for _ in range(ACQUIRE_ATTEMPTS):
         before = None
         if sqlite:  # one writer at a time: read before writing, in the same transaction
-            before = _PREVIOUS_TOKEN.execute(session, {"name": name}).first()
-        taken = (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL).execute(session, params)
+            before = (yield _PREVIOUS_TOKEN, {"name": name}).first()
+        taken = yield (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL), params
         if taken.rows:
             token, previous = taken.rows[0]
             if sqlite:
@@ -680,7 +700,8 @@ def acquire_lease(
             return journal_pb2.AcquireLeaseResponse(lease=lease, previous_token=int(previous))
         # Someone held it. Read who, to say so; in autocommit (PostgreSQL) the holder may have
         # given it back between the two statements, and then it is asked for again.
-        holder = _lease_state(session, name)
+        found = (yield _LEASE_STATE, {"name": name}).first()
+        holder = None if found is None else _FencedLease(*found)
         if holder is not None and _live(holder, now):
             assert holder.expires_at is not None
             raise FailedPrecondition(
@@ -690,6 +711,44 @@ def acquire_lease(
     raise FailedPrecondition(
         f"lease {name!r} changed hands {ACQUIRE_ATTEMPTS} times while being taken; try again"
     )
+
+
+def renew_steps(
+    name: str, owner: str, token: int, ttl_seconds: int, now: dt.datetime
+) -> LeaseSteps:
+    """Extends a lease the caller holds (also after it expired, if nobody took it since);
+    answers the Lease. FAILED_PRECONDITION when it is not the caller's."""
+    _check_id(name, "name")
+    _check_id(owner, "owner")
+    _check_token(token)
+    _check_ttl(ttl_seconds, "ttl_seconds")
+    expires_at = now + dt.timedelta(seconds=ttl_seconds)
+    renewed = yield (
+        _RENEW,
+        {"name": name, "holder": owner, "held_token": token, "expires_at": expires_at},
+    )
+    if renewed.rowcount == 1:
+        lease = journal_pb2.Lease(name=name, owner=owner, token=token)
+        lease.expires_at.FromDatetime(expires_at)
+        return lease
+    found = (yield _LEASE_STATE, {"name": name}).first()
+    row = None if found is None else _FencedLease(*found)
+    if row is None or row.owner is None:
+        raise FailedPrecondition(f"lease {name!r} is not held; acquire it again")
+    raise FailedPrecondition(
+        f"lease {name!r} is held by {row.owner!r} with token {row.token}, not by "
+        f"{owner!r} with token {token}; acquire it again"
+    )
+
+
+def release_steps(name: str, owner: str, token: int) -> LeaseSteps:
+    """Gives a lease up; answers False when it was no longer the caller's. The token is
+    kept."""
+    _check_id(name, "name")
+    _check_id(owner, "owner")
+    _check_token(token)
+    released = yield _RELEASE, {"name": name, "holder": owner, "held_token": token}
+    return released.rowcount == 1
 
 
 _FENCE_QUERY = FastStatement(
@@ -2071,12 +2130,6 @@ _LEASE_STATE = FastStatement(
 )
 
 
-def _lease_state(target: Session | Connection, name: str) -> _FencedLease | None:
-    """The lease row as it is now, or None (to say who holds it)."""
-    found = _LEASE_STATE.execute(target, {"name": name}).first()
-    return None if found is None else _FencedLease(*found)
-
-
 class JournalStore:
     """Tasks, receipts, leases and batches. Each method is one transaction, except the `*_in`
     methods and `commit_unit`, which do their work in a transaction the caller owns.
@@ -2372,42 +2425,24 @@ class JournalStore:
         """`acquire_lease` with the token of the acquisition before (AcquireLease's answer)."""
         now = self._now()
         with self._one_statement.begin() as session:
-            return acquire_lease(session, name, owner, ttl_seconds, now)
+            steps = acquire_steps(name, owner, ttl_seconds, now, _dialect(session) == "sqlite")
+            return run_steps(steps, session)  # type: ignore[no-any-return]
 
     def renew_lease(self, name: str, owner: str, token: int, ttl_seconds: int) -> journal_pb2.Lease:
         """Extends a lease the caller holds (also after it expired, if nobody took it since)."""
-        _check_id(name, "name")
-        _check_id(owner, "owner")
-        _check_token(token)
-        _check_ttl(ttl_seconds, "ttl_seconds")
-        expires_at = self._now() + dt.timedelta(seconds=ttl_seconds)
+        steps = renew_steps(name, owner, token, ttl_seconds, self._now())
         with self._one_statement.begin() as session:
-            renewed = _RENEW.execute(
-                session,
-                {"name": name, "holder": owner, "held_token": token, "expires_at": expires_at},
-            )
-            if renewed.rowcount == 1:
-                lease = journal_pb2.Lease(name=name, owner=owner, token=token)
-                lease.expires_at.FromDatetime(expires_at)
-                return lease
-            row = _lease_state(session, name)
-            if row is None or row.owner is None:
-                raise FailedPrecondition(f"lease {name!r} is not held; acquire it again")
-            raise FailedPrecondition(
-                f"lease {name!r} is held by {row.owner!r} with token {row.token}, not by "
-                f"{owner!r} with token {token}; acquire it again"
-            )
+            return run_steps(steps, session)  # type: ignore[no-any-return]
 
     def release_lease(self, name: str, owner: str, token: int) -> bool:
         """Gives a lease up; False when it was no longer the caller's. The token is kept."""
-        _check_id(name, "name")
-        _check_id(owner, "owner")
-        _check_token(token)
+        steps = release_steps(name, owner, token)
         with self._one_statement.begin() as session:
-            released = _RELEASE.execute(
-                session, {"name": name, "holder": owner, "held_token": token}
-            )
-            return released.rowcount == 1
+            return run_steps(steps, session)  # type: ignore[no-any-return]
+
+    def now(self) -> dt.datetime:
+        """The store's clock (tests move it)."""
+        return self._now()
 
     # -- batches -------------------------------------------------------------------------------
 
