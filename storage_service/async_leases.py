@@ -10,6 +10,10 @@ the event loop on one of a few autocommit connections of its own, and the loop g
 other calls while the database answers. The rules are those of storage_service.journal
 (`acquire_steps`, `renew_steps`, `release_steps`); only the driver differs. SQLite keeps the
 thread: its driver has no asynchronous form.
+
+These connections commit without waiting for the WAL flush (`synchronous_commit = off`,
+decision 0010): a lease change is seen by everyone at once, and only a database crash can
+undo the last fraction of a second of them, which to a holder looks like a lease that lapsed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ __all__ = ["AsyncConnections", "AsyncLeases"]
 
 CONNECTIONS = 4
 """Connections for lease calls: one statement each, so a few serve many calls in flight."""
+LEASE_SESSION = "-c synchronous_commit=off"
+"""What the lease connections set for their session (decision 0010)."""
 
 
 class AsyncConnections:
@@ -56,7 +62,9 @@ class AsyncConnections:
                 raise psycopg.OperationalError("the lease connections are closed")
             connection = self._idle.pop() if self._idle else None
             if connection is None or connection.closed:
-                connection = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                connection = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True, options=LEASE_SESSION
+                )
             reusable = False
             try:
                 yield connection

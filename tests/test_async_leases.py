@@ -139,3 +139,11 @@ async def test_a_refused_acquisition_keeps_its_connection(leases: AsyncLeases) -
         with pytest.raises(FailedPrecondition):
             await leases.take_lease(name, "b", 30)
     assert len(leases._connections._idle) == 1  # noqa: SLF001 - one connection served all
+
+
+async def test_lease_changes_do_not_wait_for_the_wal_flush(leases: AsyncLeases) -> None:
+    """Decision 0010: the lease connections commit asynchronously (visible at once)."""
+    await leases.take_lease(_name(), "a", 30)
+    async with leases._connections.connection() as connection:  # noqa: SLF001
+        cursor = await connection.execute("SHOW synchronous_commit")
+        assert await cursor.fetchone() == ("off",)
