@@ -27,7 +27,7 @@ import psycopg
 from sqlalchemy.engine import Dialect, Engine
 from system.storage.v1 import journal_pb2
 
-from services.runtime.errors import ServiceError
+from services.runtime.errors import ServiceError, Unavailable
 from storage_service.dbcall import map_unavailable
 from storage_service.journal import (
     JournalStore,
@@ -43,6 +43,11 @@ CONNECTIONS = 4
 """Connections for lease calls: one statement each, so a few serve many calls in flight."""
 LEASE_SESSION = "-c synchronous_commit=off"
 """What the lease connections set for their session (decision 0010)."""
+CONNECT_SECONDS = 5
+"""How long opening a lease connection may take (a database that drops packets)."""
+CALL_SECONDS = 10.0
+"""How long one lease call may wait for the database before it answers UNAVAILABLE: a call
+stuck on a silent server must not hold one of the few connections for ever."""
 
 
 class AsyncConnections:
@@ -63,7 +68,10 @@ class AsyncConnections:
             connection = self._idle.pop() if self._idle else None
             if connection is None or connection.closed:
                 connection = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, options=LEASE_SESSION
+                    self._conninfo,
+                    autocommit=True,
+                    options=LEASE_SESSION,
+                    connect_timeout=CONNECT_SECONDS,
                 )
             reusable = False
             try:
@@ -115,7 +123,9 @@ class AsyncLeases:
 
     async def _run(self, steps: LeaseSteps, where: str) -> Any:
         statement, params = next(steps)  # checks the arguments before any connection
-        try:
+
+        async def run() -> Any:
+            nonlocal statement, params
             async with self._connections.connection() as connection:
                 while True:
                     result = await statement.execute_async(connection, self._dialect, params)
@@ -123,6 +133,14 @@ class AsyncLeases:
                         statement, params = steps.send(result)
                     except StopIteration as done:
                         return done.value
+
+        try:
+            return await asyncio.wait_for(run(), CALL_SECONDS)
+        except TimeoutError:
+            raise Unavailable(
+                f"the database did not answer {where} within {CALL_SECONDS:.0f} s; "
+                "retry with the same request"
+            ) from None
         except psycopg.Error as error:
             mapped = map_unavailable(error, where)
             if mapped is error:

@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, Unavailable
+from storage_service import async_leases
 from storage_service.async_leases import AsyncLeases
 from storage_service.db import make_engine
 from storage_service.journal import JournalBounds, JournalStore
@@ -147,3 +148,28 @@ async def test_lease_changes_do_not_wait_for_the_wal_flush(leases: AsyncLeases) 
     async with leases._connections.connection() as connection:  # noqa: SLF001
         cursor = await connection.execute("SHOW synchronous_commit")
         assert await cursor.fetchone() == ("off",)
+
+
+async def test_a_database_that_does_not_answer_is_unavailable_in_time(
+    store: JournalStore, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease call stuck on a silent server gives its connection up and answers
+    UNAVAILABLE instead of holding one of the few connections for ever."""
+    monkeypatch.setattr(async_leases, "CALL_SECONDS", 0.2)
+    leases = AsyncLeases(store, engine)
+    try:
+        name = _name()
+        blocker = await psycopg.AsyncConnection.connect(
+            engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            # Another session holds the table, so the lease statement waits on it.
+            await blocker.execute("LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(Unavailable, match="did not answer AcquireLease"):
+                await leases.take_lease(name, "a", 30)
+        finally:
+            await blocker.rollback()
+            await blocker.close()
+        assert (await leases.take_lease(name, "a", 30)).previous_token == 0
+    finally:
+        await leases.aclose()
