@@ -23,8 +23,8 @@ _JOURNAL = "system.storage.v1.JournalService"
 
 
 class JournalStream(StreamedCalls):
-    """The engine's hot journal calls (every step's receipts, every run's player lease) on
-    one `JournalService.Multiplex` stream, which costs both processes a fraction of a unary
+    """The engine's hot journal calls (every event's task, every step's receipts, every run's
+    player lease) on one `JournalService.Multiplex` stream, which costs both processes a fraction of a unary
     call each (services.runtime.multiplex, decision 0008); unary calls on `journal`'s stub
     against a storage service without the stream."""
 
@@ -35,6 +35,7 @@ class JournalStream(StreamedCalls):
             journal_pb2.MultiplexRequest,
             journal_pb2.MultiplexCall,
             {
+                "create_task": f"{_JOURNAL}/CreateTask",
                 "commit": f"{_JOURNAL}/Commit",
                 "record_step": f"{_JOURNAL}/RecordStep",
                 "complete_step": f"{_JOURNAL}/CompleteStep",

@@ -112,7 +112,7 @@ class TaskStore:
             else journal_pb2.TASK_STATE_QUEUED,
         )
         try:
-            response = await self._dep.stub.CreateTask(request, timeout=self._timeout)
+            response = await self._calls.call("create_task", request, self._timeout)
         except grpc.aio.AioRpcError as exc:
             detail = exc.details() or exc.code().name
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:

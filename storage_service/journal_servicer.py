@@ -58,6 +58,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
                 "commit": ("Commit", self.Commit),
                 "record_step": ("RecordStep", self.RecordStep),
                 "complete_step": ("CompleteStep", self.CompleteStep),
+                "create_task": ("CreateTask", self.CreateTask),
                 "acquire_lease": ("AcquireLease", self.AcquireLease),
                 "renew_lease": ("RenewLease", self.RenewLease),
                 "release_lease": ("ReleaseLease", self.ReleaseLease),

@@ -174,11 +174,21 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
             timeout=10,
         )
         assert released.released
+        # A task made on the stream; made again (the same event key), the same task.
+        request = journal_pb2.CreateTaskRequest(
+            player_id=player, module_id="system:test", event_key="e2"
+        )
+        made = await client.call("create_task", request, timeout=10)
+        assert made.created and made.task.state == journal_pb2.TASK_STATE_QUEUED
+        again_made = await client.call("create_task", request, timeout=10)
+        assert (again_made.created, again_made.task.task_id) == (False, made.task.task_id)
     finally:
         await client.aclose()
     # What the stream wrote is what the unary reads see.
     step = await stub.GetStep(journal_pb2.GetStepRequest(step_id="s2", tool="test:write"))
     assert step.receipt.state == RUNNING and step.receipt.task_id == task.task_id
+    listed = await stub.ListTasks(journal_pb2.ListTasksRequest(player_id=player))
+    assert {t.task_id for t in listed.tasks} == {task.task_id, made.task.task_id}
 
 
 async def test_a_failing_call_answers_its_status_and_the_stream_goes_on(
