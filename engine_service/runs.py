@@ -140,8 +140,9 @@ class PlayerRuns:
         self._taken: dict[str, int] = {}
         # Per player, the token of this replica's last acquisition (see hold).
         self._last_tokens: OrderedDict[str, int] = OrderedDict()
-        self.early_starts_kept = 0
-        self.early_starts_dropped = 0
+        # Early starts that stood ("kept") and that were made again ("dropped"), as the
+        # EARLY_STARTS metric counts them for the whole process.
+        self.early_starts = {"kept": 0, "dropped": 0}
 
     def running(self, player_id: str) -> Run | None:
         return self._runs.get(player_id)
@@ -213,16 +214,18 @@ class PlayerRuns:
             await _drop(early)
             raise
         if taken is not None and taken.previous_token == known:
-            self.early_starts_kept += 1
-            EARLY_STARTS.labels("kept").inc()
+            self._count_early_start("kept")
             lease.set_result(None)
             return await self._held(run, name, taken.token, early)
-        self.early_starts_dropped += 1
-        EARLY_STARTS.labels("dropped").inc()
+        self._count_early_start("dropped")
         await _drop(early)
         if taken is None:
-            taken = await self._acquire(name)
+            taken = await self._acquire(name, refused=True)
         return await self._held(run, name, taken.token, body(None))
+
+    def _count_early_start(self, outcome: str) -> None:
+        self.early_starts[outcome] += 1
+        EARLY_STARTS.labels(outcome).inc()
 
     async def _held(
         self, run: Run, name: str, token: int, body: Awaitable[common_pb2.AgentResult]
@@ -283,24 +286,27 @@ class PlayerRuns:
         except Exception as exc:  # noqa: BLE001 - the lease expires on its own
             log.warning("player lease %s was not released: %s", name, exc)
 
-    async def _acquire(self, name: str) -> LeaseTaken:
+    async def _acquire(self, name: str, refused: bool = False) -> LeaseTaken:
         """Takes the player's lease, asking again for up to `busy_wait` seconds while another
         replica holds it: a replica gives the lease back just after its reply (once the
         exchange is in history), so a player's next request that lands on another replica
         right away waits those milliseconds instead of being refused. A run really in
-        progress elsewhere is BUSY after `busy_wait`."""
+        progress elsewhere is BUSY after `busy_wait`. `refused`: the caller has just asked
+        once and been refused, so the first ask here waits first."""
         assert self.leases is not None
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.busy_wait
         delay = 0.005
         while True:
+            if refused:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.1)
             try:
                 return await self.leases.acquire(name, self.owner, self.lease_seconds)
             except ResourceExhausted:
                 if loop.time() + delay > give_up:
                     raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            refused = True
 
     async def _keep(self, run: Run, name: str, token: int) -> None:
         """Renews the lease every third of its length; a lease that cannot be renewed stops

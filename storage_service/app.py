@@ -19,7 +19,7 @@ from system.storage.v1 import (
 )
 
 from services.runtime.server import ServiceHost
-from storage_service.async_leases import AsyncLeases
+from storage_service.async_leases import leases_for
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine, pool_capacity
 from storage_service.dbcall import use_executor
@@ -79,9 +79,7 @@ class StorageApp:
         self.knowledge = KnowledgeStore(sessions, config.max_knowledge_chars)
         history = StorageServicer(self.store)
         # PostgreSQL: lease calls from the event loop, on connections of their own.
-        self.leases = (
-            AsyncLeases(self.journal, engine) if engine.dialect.name == "postgresql" else None
-        )
+        self.leases = leases_for(self.journal, engine)
         journal = JournalServicer(self.journal, self.committer, self.leases)
         player_data = PlayerDataServicer(self.player_data, UsageLedger(sessions))
         knowledge = KnowledgeServicer(self.knowledge)
@@ -100,8 +98,7 @@ class StorageApp:
         )
 
     async def aclose(self) -> None:
-        if self.leases is not None:
-            await self.leases.aclose()
+        await self.leases.aclose()
         use_executor(None, replacing=self.executor)
         self.executor.shutdown(wait=False)
         await asyncio.to_thread(self.committer.close)

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Dialect, Engine
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import ServiceError, Unavailable
-from storage_service.dbcall import map_unavailable
+from storage_service.dbcall import map_unavailable, run_db
 from storage_service.journal import (
     JournalStore,
     LeaseSteps,
@@ -37,7 +37,7 @@ from storage_service.journal import (
     renew_steps,
 )
 
-__all__ = ["AsyncConnections", "AsyncLeases"]
+__all__ = ["AsyncConnections", "AsyncLeases", "Leases", "ThreadedLeases", "leases_for"]
 
 CONNECTIONS = 4
 """Connections for lease calls: one statement each, so a few serve many calls in flight."""
@@ -92,6 +92,30 @@ class AsyncConnections:
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.close()
+
+
+class ThreadedLeases:
+    """AcquireLease, RenewLease and ReleaseLease of `store` on a worker thread (SQLite, whose
+    driver has no asynchronous form): the same interface as AsyncLeases."""
+
+    def __init__(self, store: JournalStore) -> None:
+        self._store = store
+
+    async def take_lease(
+        self, name: str, owner: str, ttl_seconds: int
+    ) -> journal_pb2.AcquireLeaseResponse:
+        return await run_db(self._store.take_lease, name, owner, ttl_seconds)
+
+    async def renew_lease(
+        self, name: str, owner: str, token: int, ttl_seconds: int
+    ) -> journal_pb2.Lease:
+        return await run_db(self._store.renew_lease, name, owner, token, ttl_seconds)
+
+    async def release_lease(self, name: str, owner: str, token: int) -> bool:
+        return await run_db(self._store.release_lease, name, owner, token)
+
+    async def aclose(self) -> None:
+        return None
 
 
 class AsyncLeases:
@@ -149,3 +173,14 @@ class AsyncLeases:
 
     async def aclose(self) -> None:
         await self._connections.aclose()
+
+
+Leases = ThreadedLeases | AsyncLeases
+
+
+def leases_for(store: JournalStore, engine: Engine) -> Leases:
+    """The lease calls' driver for the engine's database: the event loop on PostgreSQL, a
+    worker thread elsewhere."""
+    if engine.dialect.name == "postgresql":
+        return AsyncLeases(store, engine)
+    return ThreadedLeases(store)

@@ -231,14 +231,7 @@ class ConversationStore:
                     "created": [row["created_at"] for row in rows],
                 },
             )
-            evicted = _EVICT.send(
-                session,
-                {
-                    "player_id": player_id,
-                    "max_entries": self._bounds.max_entries,
-                    "max_bytes": self._bounds.max_bytes,
-                },
-            )
+            evicted = _EVICT.send(session, self._evict_params(player_id))
         # No row: the player turned history off (the eviction ran all the same).
         return inserted.result().rowcount > 0, evicted.result().rowcount
 
@@ -271,12 +264,14 @@ class ConversationStore:
 
     def _evict(self, session: Session, player_id: str) -> int:
         """Deletes the player's oldest entries until both bounds hold; returns how many."""
-        params = {
+        return _EVICT.execute(session, self._evict_params(player_id)).rowcount
+
+    def _evict_params(self, player_id: str) -> dict[str, Any]:
+        return {
             "player_id": player_id,
             "max_entries": self._bounds.max_entries,
             "max_bytes": self._bounds.max_bytes,
         }
-        return _EVICT.execute(session, params).rowcount
 
     def list(
         self, player_id: str, page_size: int, page_token: str

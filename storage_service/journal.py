@@ -616,10 +616,6 @@ _LEASES = LeaseRow.__table__
 # SQLite's two-argument max() is PostgreSQL's greatest().
 _ACQUIRE_SQLITE = _acquire_statement(sqlite_insert, func.max)
 _ACQUIRE_POSTGRESQL = _acquire_statement(postgresql_insert, func.greatest)
-# SQLite reads the token before the upsert instead (see _previous_token).
-_PREVIOUS_TOKEN = FastStatement(
-    select(_LEASES.c.token).where(_LEASES.c.name == bindparam("name", type_=String))
-)
 
 
 def _held_lease_update(**values):  # type: ignore[no-untyped-def]
@@ -689,19 +685,18 @@ def acquire_steps(
     for _ in range(ACQUIRE_ATTEMPTS):
         before = None
         if sqlite:  # one writer at a time: read before writing, in the same transaction
-            before = (yield _PREVIOUS_TOKEN, {"name": name}).first()
+            before = _lease_row((yield _LEASE_STATE, {"name": name}))
         taken = yield (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL), params
         if taken.rows:
             token, previous = taken.rows[0]
-            if sqlite:
-                previous = 0 if before is None else before[0]
+            if sqlite:  # see _previous_token
+                previous = 0 if before is None else before.token
             lease = journal_pb2.Lease(name=name, owner=owner, token=int(token))
             lease.expires_at.FromDatetime(expires_at)
             return journal_pb2.AcquireLeaseResponse(lease=lease, previous_token=int(previous))
         # Someone held it. Read who, to say so; in autocommit (PostgreSQL) the holder may have
         # given it back between the two statements, and then it is asked for again.
-        found = (yield _LEASE_STATE, {"name": name}).first()
-        holder = None if found is None else _FencedLease(*found)
+        holder = _lease_row((yield _LEASE_STATE, {"name": name}))
         if holder is not None and _live(holder, now):
             assert holder.expires_at is not None
             raise FailedPrecondition(
@@ -731,8 +726,7 @@ def renew_steps(
         lease = journal_pb2.Lease(name=name, owner=owner, token=token)
         lease.expires_at.FromDatetime(expires_at)
         return lease
-    found = (yield _LEASE_STATE, {"name": name}).first()
-    row = None if found is None else _FencedLease(*found)
+    row = _lease_row((yield _LEASE_STATE, {"name": name}))
     if row is None or row.owner is None:
         raise FailedPrecondition(f"lease {name!r} is not held; acquire it again")
     raise FailedPrecondition(
@@ -751,11 +745,15 @@ def release_steps(name: str, owner: str, token: int) -> LeaseSteps:
     return released.rowcount == 1
 
 
-_FENCE_QUERY = FastStatement(
-    select(_LEASES.c.name, _LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at)  # type: ignore[attr-defined]
-    .where(_LEASES.c.name == bindparam("name", type_=String))  # type: ignore[attr-defined]
-    .with_for_update(read=True)
-)
+_LEASE_ROW = select(
+    _LEASES.c.name,  # type: ignore[attr-defined]
+    _LEASES.c.owner,  # type: ignore[attr-defined]
+    _LEASES.c.token,  # type: ignore[attr-defined]
+    _LEASES.c.expires_at,  # type: ignore[attr-defined]
+).where(_LEASES.c.name == bindparam("name", type_=String))  # type: ignore[attr-defined]
+# A lease row as it is now (to say who holds it), and share-locked (a fence being checked).
+_LEASE_STATE = FastStatement(_LEASE_ROW)
+_FENCE_QUERY = FastStatement(_LEASE_ROW.with_for_update(read=True))
 
 
 class _FencedLease(NamedTuple):
@@ -763,6 +761,12 @@ class _FencedLease(NamedTuple):
     owner: str | None
     token: int
     expires_at: dt.datetime | None
+
+
+def _lease_row(result: FastResult) -> _FencedLease | None:
+    """The lease row a _LEASE_STATE or _FENCE_QUERY read found, if any."""
+    found = result.first()
+    return None if found is None else _FencedLease(*found)
 
 
 def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datetime) -> None:
@@ -773,8 +777,7 @@ def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datet
         return
     _check_id(fence.lease_name, "fence.lease_name")
     _check_token(fence.token, "fence.token")
-    found = _FENCE_QUERY.execute(session, {"name": fence.lease_name}).first()
-    row = None if found is None else _FencedLease(*found)
+    row = _lease_row(_FENCE_QUERY.execute(session, {"name": fence.lease_name}))
     where = f"stale fence: lease {fence.lease_name!r} token {fence.token}"
     if row is None or row.owner is None:
         raise FailedPrecondition(
@@ -2093,8 +2096,8 @@ class _OneStatement:
     claim): on PostgreSQL a Core connection in autocommit, so the statement is its own
     transaction and costs one round trip instead of three (BEGIN, the statement, COMMIT;
     measured: acquire + release 3.5 -> 2.4 ms, the database's CPU for them halved), without
-    an ORM session around it (measured: the storage process's CPU for an acquire and a
-    release 0.9-1.5 -> 0.5 ms). SQLite keeps its sessions' transactions: its writers take
+    an ORM session around it (measured in process: CPU for an acquire and a release
+    0.9-1.5 -> 0.8 ms). SQLite keeps its sessions' transactions: its writers take
     turns at BEGIN (storage_service.db), and its claim takes three statements."""
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
@@ -2121,13 +2124,6 @@ def _dialect(target: Session | Connection) -> str:
     if isinstance(target, Connection):
         return target.dialect.name
     return target.get_bind().dialect.name
-
-
-_LEASE_STATE = FastStatement(
-    select(_LEASES.c.name, _LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at).where(
-        _LEASES.c.name == bindparam("name", type_=String)
-    )
-)
 
 
 class JournalStore:

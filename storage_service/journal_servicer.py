@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.multiplex import MultiplexServer
-from storage_service.async_leases import AsyncLeases
+from storage_service.async_leases import Leases, ThreadedLeases
 from storage_service.dbcall import run_db
 from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalStore
@@ -37,19 +37,19 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
             CompleteStep, TransitionTask) in shared transactions (see
             storage_service.group_commit); without one each is a transaction of its own on
             a worker thread.
-        leases: runs the lease calls on the event loop (PostgreSQL: see
-            storage_service.async_leases); without it they go to a worker thread.
+        leases: runs the lease calls (storage_service.async_leases: on the event loop on
+            PostgreSQL); without it they go to a worker thread.
     """
 
     def __init__(
         self,
         store: JournalStore,
         committer: GroupCommitter | None = None,
-        leases: AsyncLeases | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self._store = store
         self._committer = committer
-        self._leases = leases
+        self._leases = leases if leases is not None else ThreadedLeases(store)
         self._multiplex = MultiplexServer(
             _SERVICE,
             journal_pb2.MultiplexResponse,
@@ -150,26 +150,16 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         return journal_pb2.GetStepResponse(receipt=receipt)
 
     async def AcquireLease(self, request, context):  # type: ignore[no-untyped-def]
-        if self._leases is not None:
-            return await self._leases.take_lease(request.name, request.owner, request.ttl_seconds)
-        return await run_db(
-            self._store.take_lease, request.name, request.owner, request.ttl_seconds
-        )
+        return await self._leases.take_lease(request.name, request.owner, request.ttl_seconds)
 
     async def RenewLease(self, request, context):  # type: ignore[no-untyped-def]
-        args = (request.name, request.owner, request.token, request.ttl_seconds)
-        if self._leases is not None:
-            lease = await self._leases.renew_lease(*args)
-        else:
-            lease = await run_db(self._store.renew_lease, *args)
+        lease = await self._leases.renew_lease(
+            request.name, request.owner, request.token, request.ttl_seconds
+        )
         return journal_pb2.RenewLeaseResponse(lease=lease)
 
     async def ReleaseLease(self, request, context):  # type: ignore[no-untyped-def]
-        args = (request.name, request.owner, request.token)
-        if self._leases is not None:
-            released = await self._leases.release_lease(*args)
-        else:
-            released = await run_db(self._store.release_lease, *args)
+        released = await self._leases.release_lease(request.name, request.owner, request.token)
         return journal_pb2.ReleaseLeaseResponse(released=released)
 
     async def Commit(self, request, context):  # type: ignore[no-untyped-def]

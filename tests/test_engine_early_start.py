@@ -177,7 +177,7 @@ async def test_a_read_only_game_tool_runs_while_the_lease_is_taken(setup: Setup)
     assert before == [READ]
     assert (await running).status == SUCCEEDED
     assert setup.events == [READ, "acquire 2"]  # the tool ran once, the early start stood
-    assert (setup.runs.early_starts_kept, setup.runs.early_starts_dropped) == (1, 0)
+    assert setup.runs.early_starts == {"kept": 1, "dropped": 0}
     await setup.engine.flush_history()
     assert setup.history.written == 2
 
@@ -205,7 +205,7 @@ async def test_an_early_start_is_thrown_away_when_another_owner_held_the_lease(
     assert (await running).status == SUCCEEDED
     # Everything after the lease ran again, under it: the early read is not trusted.
     assert setup.events == [READ, "acquire 3", READ, GIVE]
-    assert (setup.runs.early_starts_kept, setup.runs.early_starts_dropped) == (0, 1)
+    assert setup.runs.early_starts == {"kept": 0, "dropped": 1}
     await setup.engine.flush_history()
     assert setup.history.written == 2  # one exchange per run, none for the early start
     assert setup.engine.interactive.admitted == 0  # its queue place given back once

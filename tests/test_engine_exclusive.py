@@ -405,7 +405,7 @@ async def test_a_restarted_storage_serves_the_next_run(tmp_path: pathlib.Path) -
         # `_lease_freed` took the lease as another owner in between: the second run's early
         # start (decision 0009) was thrown away and the run started again under the lease.
         runs = running.apps[0].engine.runs
-        assert (runs.early_starts_kept, runs.early_starts_dropped) == (0, 1)
+        assert runs.early_starts == {"kept": 0, "dropped": 1}
         assert running.module.runs == 3
 
 

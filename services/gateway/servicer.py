@@ -370,12 +370,7 @@ class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):
         check_id("call_id", request.call_id)
         check_id("player_id", request.player_id)
         check_id("tool", request.tool)
-        try:
-            connection = self._registry.for_player(request.player_id)
-        except NotFound as exc:
-            # Not NOT_FOUND: the engine must tell "player offline, try when they join" apart
-            # from "this server has no such tool". Neither call was sent.
-            raise FailedPrecondition(exc.message) from None
+        connection = self._connection_of(request.player_id)
         if request.tool not in connection.tools:
             raise NotFound(f"game server {connection.server_id} does not offer tool {request.tool}")
         if request.call_id in connection.tool_calls:
@@ -408,11 +403,7 @@ class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):
         check_id("player_id", request.player_id)
         if request.result.status == common_pb2.RESULT_STATUS_UNSPECIFIED:
             raise InvalidArgument("result.status is required: say how the work ended")
-        try:
-            connection = self._registry.for_player(request.player_id)
-        except NotFound as exc:
-            raise FailedPrecondition(exc.message) from None
-        connection.send(
+        self._connection_of(request.player_id).send(
             gateway_pb2.ConnectResponse(
                 response=gateway_pb2.PlayerResponse(
                     player_id=request.player_id,
@@ -421,3 +412,12 @@ class ToolRelayServicer(gateway_pb2_grpc.ToolRelayServiceServicer):
             )
         )
         return gateway_pb2.NotifyPlayerResponse()
+
+    def _connection_of(self, player_id: str) -> Connection:
+        """The connection the player is on. FAILED_PRECONDITION when they are on none, not
+        NOT_FOUND: the engine must tell "player offline, try when they join" apart from
+        "this server has no such tool". Nothing was sent then."""
+        try:
+            return self._registry.for_player(player_id)
+        except NotFound as exc:
+            raise FailedPrecondition(exc.message) from None
