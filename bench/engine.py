@@ -49,7 +49,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
-from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from system.gateway.v1 import gateway_pb2
+from system.relay.v1 import relay_pb2, relay_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from bench.cpu import cpu_seconds, postgres_cpu_seconds
@@ -158,7 +159,7 @@ async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict
     engine_channel = grpc.aio.insecure_channel(app.host.target)
     gateway_channel = grpc.aio.insecure_channel(stack.target("gateway"))
     engine = engine_pb2_grpc.EngineServiceStub(engine_channel)
-    relay = gateway_pb2_grpc.ToolRelayServiceStub(gateway_channel)
+    relay = relay_pb2_grpc.ToolRelayServiceStub(gateway_channel)
     health = health_pb2_grpc.HealthStub(engine_channel)
     execute = engine_pb2.ExecuteRequest(
         player=_player(player_id),
@@ -175,7 +176,7 @@ async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict
     try:
         for i in range(n + 10):
             relay_call = relay.CallGameTool(
-                gateway_pb2.CallGameToolRequest(
+                relay_pb2.CallGameToolRequest(
                     call_id=f"bench-{i}", player_id=player_id, tool="minecraft:inventory.read"
                 ),
                 timeout=5,

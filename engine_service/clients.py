@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, struct_pb2
 from system.common.v1 import common_pb2
-from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from system.relay.v1 import relay_pb2, relay_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
 from engine_service.runs import LeaseTaken
@@ -142,16 +142,16 @@ class GatewayGameTools:
     """
 
     def __init__(self, target: str) -> None:
-        self._dep = Dependency(target, gateway_pb2_grpc.ToolRelayServiceStub)
+        self._dep = Dependency(target, relay_pb2_grpc.ToolRelayServiceStub)
         # Every call on one ToolRelayService.Multiplex stream, its deadline carried with it.
         self._calls = StreamedCalls(
             self._dep,
-            gateway_pb2_grpc.ToolRelayServiceStub,
-            gateway_pb2.MultiplexRequest,
-            gateway_pb2.MultiplexCall,
+            relay_pb2_grpc.ToolRelayServiceStub,
+            relay_pb2.MultiplexRequest,
+            relay_pb2.MultiplexCall,
             {
-                "call_game_tool": "system.gateway.v1.ToolRelayService/CallGameTool",
-                "notify_player": "system.gateway.v1.ToolRelayService/NotifyPlayer",
+                "call_game_tool": "system.relay.v1.ToolRelayService/CallGameTool",
+                "notify_player": "system.relay.v1.ToolRelayService/NotifyPlayer",
             },
         )
 
@@ -164,7 +164,7 @@ class GatewayGameTools:
         timeout: float,
         idempotent: bool,
     ) -> dict[str, Any]:
-        request = gateway_pb2.CallGameToolRequest(
+        request = relay_pb2.CallGameToolRequest(
             call_id=call_id, player_id=player_id, tool=tool_id, input=_struct(data)
         )
         try:
@@ -184,7 +184,7 @@ class GatewayGameTools:
         grpc.aio.AioRpcError when it could not be sent (FAILED_PRECONDITION: offline)."""
         await self._calls.call(
             "notify_player",
-            gateway_pb2.NotifyPlayerRequest(player_id=player_id, result=result),
+            relay_pb2.NotifyPlayerRequest(player_id=player_id, result=result),
             timeout,
         )
 

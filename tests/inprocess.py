@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from system.gateway.v1 import gateway_pb2_grpc
+from system.relay.v1 import relay_pb2_grpc
 from system.storage.v1 import storage_pb2_grpc
 
 from engine_service.app import create_app as create_engine
@@ -100,8 +100,8 @@ class Chain:
     def storage_stub(self) -> storage_pb2_grpc.StorageServiceStub:
         return storage_pb2_grpc.StorageServiceStub(self.channel("storage"))
 
-    def relay_stub(self) -> gateway_pb2_grpc.ToolRelayServiceStub:
-        return gateway_pb2_grpc.ToolRelayServiceStub(self.channel("gateway"))
+    def relay_stub(self) -> relay_pb2_grpc.ToolRelayServiceStub:
+        return relay_pb2_grpc.ToolRelayServiceStub(self.channel("gateway"))
 
     def auth(self) -> tuple[tuple[str, str], ...]:
         """The metadata a game server sends."""

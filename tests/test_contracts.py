@@ -23,7 +23,8 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
-SERVICES = ("common", "gateway", "router", "engine", "model", "storage")
+# `relay` is the gateway's internal package, kept apart from `gateway`, the plugins' contract.
+SERVICES = ("common", "gateway", "relay", "router", "engine", "model", "storage")
 
 # SourceCodeInfo path components (field numbers in descriptor.proto).
 FILE_MESSAGE, FILE_ENUM, FILE_SERVICE = 4, 5, 6
@@ -249,6 +250,16 @@ def test_real_protos_have_one_package_per_service(
     assert check_package_set(real_protos, SERVICES) == []
     for fd in real_protos.file:
         assert check_package(fd) == []
+
+
+def test_plugin_contract_holds_only_the_game_server_service(
+    real_protos: descriptor_pb2.FileDescriptorSet,
+) -> None:
+    """system.gateway.v1 is what plugin authors generate: no internal service may live there."""
+    services = [
+        s.name for fd in real_protos.file if fd.package == "system.gateway.v1" for s in fd.service
+    ]
+    assert services == ["GameGatewayService"]
 
 
 def test_real_protos_share_no_request_or_response(

@@ -73,7 +73,7 @@ async def fuzz(tmp_path) -> AsyncIterator[Fuzz]:  # type: ignore[no-untyped-def]
         await assert_serves(client)
         for name, service in (
             ("gateway", "system.gateway.v1.GameGatewayService"),
-            ("gateway", "system.gateway.v1.ToolRelayService"),
+            ("gateway", "system.relay.v1.ToolRelayService"),
             ("router", "system.router.v1.RouterService"),
         ):
             assert await chain.health(name, service) == SERVING, (name, service)

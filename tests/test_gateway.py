@@ -14,6 +14,7 @@ from google.protobuf import json_format, struct_pb2
 from grpc_health.v1 import health_pb2
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from system.relay.v1 import relay_pb2
 from system.storage.v1 import storage_pb2
 
 from services.gamesim.client import FrameRefused, GameServerClient, GatewayRefused
@@ -598,8 +599,8 @@ async def test_leave_then_requests_are_not_found(client: GameServerClient) -> No
 
 def _tool_request(
     tool: str, player: str = STEVE, call_id: str = "c1", **data: object
-) -> gateway_pb2.CallGameToolRequest:
-    request = gateway_pb2.CallGameToolRequest(call_id=call_id, player_id=player, tool=tool)
+) -> relay_pb2.CallGameToolRequest:
+    request = relay_pb2.CallGameToolRequest(call_id=call_id, player_id=player, tool=tool)
     request.input.update(data)
     return request
 
@@ -654,9 +655,7 @@ async def test_tool_relay_stream_answers_as_the_unary_relay(
 ) -> None:
     """ToolRelayService.Multiplex: the engine's game-tool calls on one stream."""
     relay = chain.relay_stub()
-    calls = MultiplexClient(
-        relay.Multiplex, gateway_pb2.MultiplexRequest, gateway_pb2.MultiplexCall
-    )
+    calls = MultiplexClient(relay.Multiplex, relay_pb2.MultiplexRequest, relay_pb2.MultiplexCall)
     try:
         read, given = await asyncio.gather(
             calls.call("call_game_tool", _tool_request("minecraft:inventory.read"), 5),
@@ -694,24 +693,22 @@ async def test_notify_player_shows_a_notice_on_their_game_server(
     relay = chain.relay_stub()
     reward = succeeded(card("system:reward", "Advancement reward", ["minecraft:diamond × 1"]))
     await relay.NotifyPlayer(
-        gateway_pb2.NotifyPlayerRequest(player_id=STEVE, result=reward), timeout=5
+        relay_pb2.NotifyPlayerRequest(player_id=STEVE, result=reward), timeout=5
     )
     notice = await asyncio.wait_for(client.notices.get(), 5)
     assert (notice.player_id, notice.request_id) == (STEVE, "")
     assert notice.notice.result == reward
 
-    calls = MultiplexClient(
-        relay.Multiplex, gateway_pb2.MultiplexRequest, gateway_pb2.MultiplexCall
-    )
+    calls = MultiplexClient(relay.Multiplex, relay_pb2.MultiplexRequest, relay_pb2.MultiplexCall)
     try:
         await calls.call(
-            "notify_player", gateway_pb2.NotifyPlayerRequest(player_id=STEVE, result=reward), 5
+            "notify_player", relay_pb2.NotifyPlayerRequest(player_id=STEVE, result=reward), 5
         )
         assert (await asyncio.wait_for(client.notices.get(), 5)).notice.result == reward
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await calls.call(
                 "notify_player",
-                gateway_pb2.NotifyPlayerRequest(player_id=GHOST, result=reward),
+                relay_pb2.NotifyPlayerRequest(player_id=GHOST, result=reward),
                 5,
             )
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -719,9 +716,9 @@ async def test_notify_player_shows_a_notice_on_their_game_server(
         await calls.aclose()
 
     for bad, message in (
-        (gateway_pb2.NotifyPlayerRequest(result=reward), "player_id is required"),
+        (relay_pb2.NotifyPlayerRequest(result=reward), "player_id is required"),
         (
-            gateway_pb2.NotifyPlayerRequest(player_id=STEVE),
+            relay_pb2.NotifyPlayerRequest(player_id=STEVE),
             "result.status is required: say how the work ended",
         ),
     ):

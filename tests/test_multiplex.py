@@ -12,6 +12,7 @@ import grpc
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
+from system.relay.v1 import relay_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.channels import Dependency
@@ -600,23 +601,22 @@ async def test_an_answer_too_large_for_a_message_is_refused_alone() -> None:
 async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
     """Where the envelope has `timeout_ms` (the gateway's relay), the client sends each call's
     timeout and the handler sees it as its request's deadline, as on a unary call."""
-    from system.gateway.v1 import gateway_pb2
 
     from services.runtime.context import remaining_seconds
 
     seen: list[float | None] = []
 
-    async def call_tool(request: Any, context: Any) -> gateway_pb2.CallGameToolResponse:
+    async def call_tool(request: Any, context: Any) -> relay_pb2.CallGameToolResponse:
         seen.append(remaining_seconds())
-        return gateway_pb2.CallGameToolResponse()
+        return relay_pb2.CallGameToolResponse()
 
     server = MultiplexServer(
-        "system.gateway.v1.ToolRelayService",
-        gateway_pb2.MultiplexResponse,
-        gateway_pb2.MultiplexAnswer,
+        "system.relay.v1.ToolRelayService",
+        relay_pb2.MultiplexResponse,
+        relay_pb2.MultiplexAnswer,
         {"call_game_tool": ("CallGameTool", call_tool)},
     )
-    written: list[gateway_pb2.MultiplexRequest] = []
+    written: list[relay_pb2.MultiplexRequest] = []
 
     class Loopback:
         """A stream call served by `server` in this process."""
@@ -629,7 +629,7 @@ async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
             while (request := await self._in.get()) is not None:
                 yield request
 
-        async def write(self, message: gateway_pb2.MultiplexRequest) -> None:
+        async def write(self, message: relay_pb2.MultiplexRequest) -> None:
             written.append(message)
             self._in.put_nowait(message)
 
@@ -639,9 +639,9 @@ async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
         def cancel(self) -> None:
             self._in.put_nowait(None)
 
-    client = MultiplexClient(Loopback, gateway_pb2.MultiplexRequest, gateway_pb2.MultiplexCall)
+    client = MultiplexClient(Loopback, relay_pb2.MultiplexRequest, relay_pb2.MultiplexCall)
     try:
-        request = gateway_pb2.CallGameToolRequest(call_id="c", player_id="p", tool="t")
+        request = relay_pb2.CallGameToolRequest(call_id="c", player_id="p", tool="t")
         await client.call("call_game_tool", request, timeout=0.5)
         await client.call("call_game_tool", request, timeout=None)
     finally:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from system.relay.v1 import relay_pb2, relay_pb2_grpc
 
 from services.gateway.config import GatewayConfig
 from services.gateway.connection import ConnectionRegistry
 from services.gateway.players import PlayerRequests
-from services.gateway.servicer import GatewayServicer, ToolRelayServicer
+from services.gateway.relay import ToolRelayServicer
+from services.gateway.servicer import GatewayServicer
 from services.runtime.server import ServiceHost
 
 __all__ = ["GatewayApp", "create_app"]
 
-_SERVICES = gateway_pb2.DESCRIPTOR.services_by_name
-SERVICE_NAMES = [_SERVICES["GameGatewayService"].full_name, _SERVICES["ToolRelayService"].full_name]
+SERVICE_NAMES = [
+    gateway_pb2.DESCRIPTOR.services_by_name["GameGatewayService"].full_name,
+    relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name,
+]
 
 
 class GatewayApp:
@@ -33,9 +37,7 @@ class GatewayApp:
                 lambda server: gateway_pb2_grpc.add_GameGatewayServiceServicer_to_server(
                     gateway, server
                 ),
-                lambda server: gateway_pb2_grpc.add_ToolRelayServiceServicer_to_server(
-                    relay, server
-                ),
+                lambda server: relay_pb2_grpc.add_ToolRelayServiceServicer_to_server(relay, server),
             ],
             SERVICE_NAMES,
         )
