@@ -16,11 +16,22 @@ from engine_service.runs import PlayerRuns
 from engine_service.servicer import EngineServicer
 from engine_service.task_store import TaskStore
 from engine_service.web_tools import StoragePreferences
+from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
 
 __all__ = ["EngineApp", "build_registry", "create_app"]
 
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name
+
+ACCESS = AccessPolicy(
+    {
+        # Runs, events and history settle for players: their identity comes from the gateway.
+        SERVICE_NAME: ["gateway"],
+        # The module catalogue: the router (routing candidates) and the gateway.
+        f"{SERVICE_NAME}/GetCatalog": ["router", "gateway"],
+    }
+)
+"""Who may call what (services.runtime.security); operators may call everything."""
 
 
 def build_registry(config: EngineConfig, services: BuiltinServices | None = None) -> ModuleRegistry:
@@ -40,12 +51,13 @@ class EngineApp:
     """The running engine and what it owns."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.storage = StorageHistory(config.storage_target)
-        self.game_tools = GatewayGameTools(config.gateway_target)
-        self.leases = JournalLeases(config.storage_target)
-        self.models = ModelClient(config.model_target)
-        self.knowledge = StorageKnowledge(config.storage_target)
-        self.preferences = StoragePreferences(config.storage_target)
+        channels = config.channel_settings()
+        self.storage = StorageHistory(config.storage_target, channels)
+        self.game_tools = GatewayGameTools(config.gateway_target, channels)
+        self.leases = JournalLeases(config.storage_target, settings=channels)
+        self.models = ModelClient(config.model_target, channels)
+        self.knowledge = StorageKnowledge(config.storage_target, channels)
+        self.preferences = StoragePreferences(config.storage_target, channels)
         self.engine = Engine(
             build_registry(config, BuiltinServices(self.knowledge, self.preferences)),
             self.storage,
@@ -56,8 +68,8 @@ class EngineApp:
             PlayerRuns(self.leases, config.replica_id, config.player_lease_seconds),
             self.models,
         )
-        self.tasks = TaskStore(config.storage_target)
-        self.runner_tasks = TaskStore(config.storage_target, private=True)
+        self.tasks = TaskStore(config.storage_target, settings=channels)
+        self.runner_tasks = TaskStore(config.storage_target, private=True, settings=channels)
         self.runner = EventRunner(
             self.engine,
             self.runner_tasks,
@@ -77,6 +89,7 @@ class EngineApp:
             config,
             [lambda server: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, server)],
             [SERVICE_NAME],
+            access=ACCESS,
         )
 
     async def aclose(self) -> None:

@@ -13,7 +13,7 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storag
 
 from engine_service.runs import LeaseTaken
 from services.results import AgentFailure, ModuleFailure, NotDelivered
-from services.runtime.channels import Dependency
+from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.errors import ResourceExhausted, Unavailable
 from services.runtime.multiplex import StreamedCalls
 
@@ -54,11 +54,14 @@ class JournalLeases:
     that cannot be reached is Unavailable: the caller must not run without the lease.
     """
 
-    def __init__(self, target: str, timeout: float = 2.0) -> None:
+    def __init__(
+        self, target: str, timeout: float = 2.0, settings: ChannelSettings | None = None
+    ) -> None:
         self._timeout = timeout
         self._dep = Dependency(
             target,
             journal_pb2_grpc.JournalServiceStub,
+            settings=settings,
             idempotent_methods=[
                 f"{_JOURNAL}/AcquireLease",
                 f"{_JOURNAL}/RenewLease",
@@ -108,11 +111,12 @@ class JournalLeases:
 class StorageHistory:
     """HistoryStore over the storage service's RPCs."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
         self._dep = Dependency(
             target,
             storage_pb2_grpc.StorageServiceStub,
             idempotent_methods=["system.storage.v1.StorageService/ListHistory"],
+            settings=settings,
         )
 
     async def append_history(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> None:
@@ -141,8 +145,8 @@ class GatewayGameTools:
     TIMEOUT or TOOL_UNAVAILABLE; a failure the game server reports keeps its catalogue key.
     """
 
-    def __init__(self, target: str) -> None:
-        self._dep = Dependency(target, relay_pb2_grpc.ToolRelayServiceStub)
+    def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
+        self._dep = Dependency(target, relay_pb2_grpc.ToolRelayServiceStub, settings=settings)
         # Every call on one ToolRelayService.Multiplex stream, its deadline carried with it.
         self._calls = StreamedCalls(
             self._dep,
@@ -163,9 +167,14 @@ class GatewayGameTools:
         data: dict[str, Any],
         timeout: float,
         idempotent: bool,
+        server_id: str = "",
     ) -> dict[str, Any]:
         request = relay_pb2.CallGameToolRequest(
-            call_id=call_id, player_id=player_id, tool=tool_id, input=_struct(data)
+            call_id=call_id,
+            player_id=player_id,
+            tool=tool_id,
+            input=_struct(data),
+            server_id=server_id,
         )
         try:
             response = await self._calls.call("call_game_tool", request, timeout)
@@ -179,12 +188,19 @@ class GatewayGameTools:
             )
         return json_format.MessageToDict(result.output)
 
-    async def notify(self, player_id: str, result: common_pb2.AgentResult, timeout: float) -> None:
-        """Shows `result` to the player as a notice (PlayerNotices). Raises
-        grpc.aio.AioRpcError when it could not be sent (FAILED_PRECONDITION: offline)."""
+    async def notify(
+        self,
+        player_id: str,
+        result: common_pb2.AgentResult,
+        timeout: float,
+        server_id: str = "",
+    ) -> None:
+        """Shows `result` to the player of game server `server_id` as a notice
+        (PlayerNotices). Raises grpc.aio.AioRpcError when it could not be sent
+        (FAILED_PRECONDITION: offline)."""
         await self._calls.call(
             "notify_player",
-            relay_pb2.NotifyPlayerRequest(player_id=player_id, result=result),
+            relay_pb2.NotifyPlayerRequest(player_id=player_id, result=result, server_id=server_id),
             timeout,
         )
 

@@ -16,7 +16,7 @@ from system.storage.v1 import knowledge_pb2, knowledge_pb2_grpc
 from engine_service.context import ExecutionContext
 from engine_service.tools import ToolRegistry, ToolSpec
 from services.results import AgentFailure, ModuleFailure
-from services.runtime.channels import Dependency
+from services.runtime.channels import ChannelSettings, Dependency
 
 __all__ = [
     "DATABASE_QUERY",
@@ -68,11 +68,12 @@ class StorageKnowledge:
     """KnowledgeSearch over the storage service's `KnowledgeService.SearchKnowledge` (a read,
     so it is retried on UNAVAILABLE)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
         self._dep = Dependency(
             target,
             knowledge_pb2_grpc.KnowledgeServiceStub,
             idempotent_methods=["system.storage.v1.KnowledgeService/SearchKnowledge"],
+            settings=settings,
         )
 
     async def search(

@@ -10,7 +10,7 @@ import grpc
 from system.model.v1 import model_pb2, model_pb2_grpc
 
 from services.results import AgentFailure, ModuleFailure
-from services.runtime.channels import Dependency
+from services.runtime.channels import ChannelSettings, Dependency
 
 __all__ = ["Completion", "ModelClient", "ToolCall", "model_failure"]
 
@@ -54,11 +54,12 @@ class ModelClient:
     """ModelGatewayService over gRPC. Nothing is retried here: the gateway retries what is
     safe before any output, and web searches are paid."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
         self._dep = Dependency(
             target,
             model_pb2_grpc.ModelGatewayServiceStub,
             idempotent_methods=["system.model.v1.ModelGatewayService/GetModelStatus"],
+            settings=settings,
         )
 
     async def complete(

@@ -14,7 +14,7 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from engine_service.clients import JournalStream
 from services.results import AgentFailure, ModuleFailure
-from services.runtime.channels import Dependency
+from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.errors import (
     STALE_FENCE,
     InvalidArgument,
@@ -68,7 +68,13 @@ class TaskStore:
     crash's leftover and report EFFECT_UNKNOWN for nothing.
     """
 
-    def __init__(self, target: str, timeout: float = 5.0, private: bool = False) -> None:
+    def __init__(
+        self,
+        target: str,
+        timeout: float = 5.0,
+        private: bool = False,
+        settings: ChannelSettings | None = None,
+    ) -> None:
         self._timeout = timeout
         self._dep = Dependency(
             target,
@@ -84,6 +90,7 @@ class TaskStore:
             # connections of its own, so its failed attempts never put the request path's
             # connection into reconnect backoff.
             private=private,
+            settings=settings,
         )
         # Receipts, finishing commits and the task lease's upkeep: on one stream.
         self._calls = JournalStream(self._dep)

@@ -29,7 +29,7 @@ from engine_service.context import ExecutionContext
 from engine_service.models import ModelClient
 from engine_service.tools import ToolRegistry, ToolSpec
 from services.results import AgentFailure, ModuleFailure
-from services.runtime.channels import Dependency
+from services.runtime.channels import ChannelSettings, Dependency
 
 __all__ = [
     "SEARCH_FEATURE",
@@ -92,11 +92,12 @@ class ExternalPreference(Protocol):
 class StoragePreferences:
     """ExternalPreference over the storage service's `StorageService.GetPreferences`."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
         self._dep = Dependency(
             target,
             storage_pb2_grpc.StorageServiceStub,
             idempotent_methods=["system.storage.v1.StorageService/GetPreferences"],
+            settings=settings,
         )
 
     async def external_allowed(self, player_id: str, timeout: float) -> bool:

@@ -21,12 +21,23 @@ from router_service.router import Router
 from router_service.semantic import SemanticConfig, load_semantic_config
 from router_service.servicer import RouterServicer
 from services.runtime.channels import Dependency
+from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
 
 __all__ = ["RouterApp", "create_app"]
 
 log = logging.getLogger("system.router")
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name
+
+ACCESS = AccessPolicy(
+    {
+        SERVICE_NAME: ["gateway"],
+        # Diagnostics and config reloads: operators' tooling alone.
+        f"{SERVICE_NAME}/GetDiagnostics": [],
+        f"{SERVICE_NAME}/ReloadConfig": [],
+    }
+)
+"""Who may call what (services.runtime.security); operators may call everything."""
 
 
 class RouterApp:
@@ -38,12 +49,17 @@ class RouterApp:
                 config.engine_target,
                 engine_pb2_grpc.EngineServiceStub,
                 idempotent_methods=["system.engine.v1.EngineService/GetCatalog"],
+                settings=config.channel_settings(),
             )
             if config.engine_target
             else None
         )
         self.model = (
-            Dependency(config.model_target, model_pb2_grpc.ModelGatewayServiceStub)
+            Dependency(
+                config.model_target,
+                model_pb2_grpc.ModelGatewayServiceStub,
+                settings=config.channel_settings(),
+            )
             if config.model_target
             else None
         )
@@ -71,6 +87,7 @@ class RouterApp:
             config,
             [lambda server: router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server)],
             [SERVICE_NAME],
+            access=ACCESS,
         )
         self._warm: asyncio.Task[None] | None = None
 

@@ -18,6 +18,7 @@ from system.storage.v1 import (
     storage_pb2_grpc,
 )
 
+from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
 from storage_service.async_leases import leases_for
 from storage_service.config import StorageConfig
@@ -36,6 +37,28 @@ from storage_service.servicer import StorageServicer
 from storage_service.usage import UsageLedger
 
 __all__ = ["SERVICE_NAME", "SERVICE_NAMES", "StorageApp", "create_app"]
+
+_S = "system.storage.v1."
+ACCESS = AccessPolicy(
+    {
+        # History and preferences: the gateway's player controls and the engine's runs.
+        _S + "StorageService": ["gateway", "engine"],
+        # Tasks, receipts, leases and atomic batches: engine replicas alone.
+        _S + "JournalService": ["engine"],
+        _S + "PlayerDataService/GetDocument": ["engine"],
+        _S + "PlayerDataService/ListDocuments": ["engine"],
+        _S + "PlayerDataService/GetBinding": ["gateway", "engine"],
+        _S + "PlayerDataService/GetUsage": ["engine", "model"],
+        # Metering: the model gateway alone.
+        _S + "PlayerDataService/ReserveUsage": ["model"],
+        _S + "PlayerDataService/SettleUsage": ["model"],
+        _S + "PlayerDataService/SettleUsageBatch": ["model"],
+        _S + "KnowledgeService/SearchKnowledge": ["engine"],
+        # Not listed, so operators' tooling alone: GrantBinding, ResetPlayer, PutKnowledge,
+        # DeleteKnowledge.
+    }
+)
+"""Who may call what (services.runtime.security); operators may call everything."""
 
 # Connections the group committer's writer thread holds (one at a time).
 COMMIT_CONNECTIONS = 1
@@ -95,6 +118,7 @@ class StorageApp:
                 lambda s: knowledge_pb2_grpc.add_KnowledgeServiceServicer_to_server(knowledge, s),
             ],
             SERVICE_NAMES,
+            access=ACCESS,
         )
 
     async def aclose(self) -> None:

@@ -30,6 +30,8 @@ from router_service.config import RouterConfig
 from services.gamesim.client import GameServerClient
 from services.gateway.app import create_app as create_gateway
 from services.gateway.config import GatewayConfig
+from services.runtime.interceptors import client_interceptors
+from services.runtime.security import CALLERS
 from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
@@ -47,6 +49,9 @@ class Chain:
 
     apps: dict[str, Any]
     token: str
+    credentials: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Service credentials by caller name (`engine`, `operator`, ...) when the chain was started
+    with them; empty: every service accepts any local caller."""
     server_id: str = SERVER_ID
     _clients: list[GameServerClient] = dataclasses.field(default_factory=list)
     _channels: list[grpc.aio.Channel] = dataclasses.field(default_factory=list)
@@ -101,7 +106,17 @@ class Chain:
         return storage_pb2_grpc.StorageServiceStub(self.channel("storage"))
 
     def relay_stub(self) -> relay_pb2_grpc.ToolRelayServiceStub:
-        return relay_pb2_grpc.ToolRelayServiceStub(self.channel("gateway"))
+        """A stub on the gateway's internal port, with the engine's credential when the chain
+        has credentials."""
+        metadata = (
+            (("authorization", f"Bearer {self.credentials['engine']}"),) if self.credentials else ()
+        )
+        channel = grpc.aio.insecure_channel(
+            self.apps["gateway"].host.internal_target,
+            interceptors=client_interceptors(metadata=metadata),
+        )
+        self._channels.append(channel)
+        return relay_pb2_grpc.ToolRelayServiceStub(channel)
 
     def auth(self) -> tuple[tuple[str, str], ...]:
         """The metadata a game server sends."""
@@ -133,37 +148,60 @@ class Chain:
 
 
 @contextlib.asynccontextmanager
-async def running_chain(tmp_path: pathlib.Path, **gateway_overrides: Any) -> AsyncIterator[Chain]:
-    """Starts storage, engine, router and gateway; stops them in reverse order on exit."""
+async def running_chain(
+    tmp_path: pathlib.Path, *, credentials: bool = False, **gateway_overrides: Any
+) -> AsyncIterator[Chain]:
+    """Starts storage, engine, router and gateway; stops them in reverse order on exit.
+
+    With `credentials`, every service requires service credentials and holds its own, as
+    in production (services.runtime.security); `chain.credentials` has them all.
+    """
     token = secrets.token_urlsafe(16)
     apps: dict[str, Any] = {}
-    chain = Chain(apps, token)
+    minted = {name: secrets.token_urlsafe(24) for name in CALLERS} if credentials else {}
+    chain = Chain(apps, token, minted)
+
+    def auth(name: str) -> dict[str, Any]:
+        if not minted:
+            return {}
+        return {
+            "service_token": minted[name],
+            "caller_tokens": tuple(f"{caller}={tok}" for caller, tok in minted.items()),
+        }
+
     try:
         storage = await create_storage(
-            StorageConfig(**_HOST, database_url=f"sqlite:///{tmp_path / 'storage.db'}")
+            StorageConfig(
+                **_HOST, **auth("storage"), database_url=f"sqlite:///{tmp_path / 'storage.db'}"
+            )
         )
         apps["storage"] = storage
         await storage.host.start()
 
         # The engine must know the gateway's address before the gateway starts (game tools go
         # engine -> gateway); channels connect lazily, so a port chosen up front is enough.
-        gateway_port = free_port()
+        relay_port = free_port()
         engine = await create_engine(
             EngineConfig(
                 **_HOST,
+                **auth("engine"),
                 storage_target=storage.host.target,
-                gateway_target=f"127.0.0.1:{gateway_port}",
+                gateway_target=f"127.0.0.1:{relay_port}",
             )
         )
         apps["engine"] = engine
         await engine.host.start()
 
-        router = await create_router(RouterConfig(**_HOST, engine_target=engine.host.target))
+        router = await create_router(
+            RouterConfig(**_HOST, **auth("router"), engine_target=engine.host.target)
+        )
         apps["router"] = router
         await router.host.start()
 
         config = GatewayConfig(
-            **{**_HOST, "port": gateway_port},
+            **_HOST,
+            **auth("gateway"),
+            internal_port=relay_port,
             router_target=router.host.target,
             engine_target=engine.host.target,
             storage_target=storage.host.target,

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.relay.v1 import relay_pb2, relay_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from services.gamesim import GameServerClient
@@ -64,11 +65,14 @@ async def test_help_through_all_five_services(stack: Stack) -> None:
         settled = engine_pb2_grpc.EngineServiceStub(channel).SettleHistory(
             engine_pb2.SettleHistoryRequest(player=common_pb2.PlayerContext(player_id=PLAYER)),
             timeout=5,
+            metadata=stack.credential("gateway"),
         )
     assert settled.settled
     with grpc.insecure_channel(stack.target("storage")) as channel:
         page = storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
-            storage_pb2.ListHistoryRequest(player_id=PLAYER, page_size=20), timeout=5
+            storage_pb2.ListHistoryRequest(player_id=PLAYER, page_size=20),
+            timeout=5,
+            metadata=stack.credential(),
         )
     texts = [entry.text for entry in page.entries if entry.role == common_pb2.HISTORY_ROLE_PLAYER]
     assert texts == ["帮助", "help", "/help"]
@@ -90,13 +94,70 @@ def test_every_service_is_serving_with_metrics(stack: Stack) -> None:
 def test_every_service_lists_its_contract_by_reflection(stack: Stack) -> None:
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    for spec in SERVICES:
-        with grpc.insecure_channel(stack.target(spec.name)) as channel:
+    def listed(target: str) -> set[str]:
+        with grpc.insecure_channel(target) as channel:
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
             request = reflection_pb2.ServerReflectionRequest(list_services="")
             (answer,) = list(stub.ServerReflectionInfo(iter([request]), timeout=5))
-        names = {service.name for service in answer.list_services_response.service}
-        assert {spec.health_name, "grpc.health.v1.Health"} <= names, spec.name
+        return {service.name for service in answer.list_services_response.service}
+
+    for spec in SERVICES:
+        if spec.name == "gateway":
+            continue
+        assert {spec.health_name, "grpc.health.v1.Health"} <= listed(stack.target(spec.name))
+    # The gateway's internal port lists the relay; its public port offers no reflection.
+    assert "system.relay.v1.ToolRelayService" in listed(stack.target("gateway_internal"))
+    with pytest.raises(grpc.RpcError) as refused:
+        listed(stack.target("gateway"))
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_public_port_carries_the_game_server_contract_alone(stack: Stack) -> None:
+    """The relay gives items to online players: it must not be reachable where game servers
+    (or anyone else) connect, with or without a credential."""
+    call = relay_pb2.CallGameToolRequest(call_id="c1", player_id=PLAYER, tool="minecraft:item.give")
+    with (
+        grpc.insecure_channel(stack.target("gateway")) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        relay_pb2_grpc.ToolRelayServiceStub(channel).CallGameTool(
+            call, timeout=5, metadata=stack.credential("engine")
+        )
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_internal_ports_require_a_credential_that_allows_the_call(stack: Stack) -> None:
+    request = storage_pb2.ListHistoryRequest(player_id=PLAYER, page_size=1)
+    with grpc.insecure_channel(stack.target("storage")) as channel:
+        stub = storage_pb2_grpc.StorageServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.ListHistory(request, timeout=5)
+        assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "authorization: Bearer" in (missing.value.details() or "")
+        with pytest.raises(grpc.RpcError) as wrong:
+            stub.ListHistory(
+                request, timeout=5, metadata=(("authorization", "Bearer not-a-real-token-at-all"),)
+            )
+        assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # The router has a valid credential, but history is not its business.
+        with pytest.raises(grpc.RpcError) as denied:
+            stub.ListHistory(request, timeout=5, metadata=stack.credential("router"))
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "router" in (denied.value.details() or "")
+        stub.ListHistory(request, timeout=5, metadata=stack.credential("gateway"))
+    # The relay: engine replicas only.
+    call = relay_pb2.CallGameToolRequest(call_id="c1", player_id="nobody", tool="minecraft:x")
+    with grpc.insecure_channel(stack.target("gateway_internal")) as channel:
+        relay = relay_pb2_grpc.ToolRelayServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as missing:
+            relay.CallGameTool(call, timeout=5)
+        assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as denied:
+            relay.CallGameTool(call, timeout=5, metadata=stack.credential("router"))
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as offline:
+            relay.CallGameTool(call, timeout=5, metadata=stack.credential("engine"))
+        assert offline.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_request_id_travels_across_services(stack: Stack) -> None:

@@ -10,14 +10,17 @@ from services.gateway.connection import ConnectionRegistry
 from services.gateway.players import PlayerRequests
 from services.gateway.relay import ToolRelayServicer
 from services.gateway.servicer import GatewayServicer
-from services.runtime.server import ServiceHost
+from services.runtime.security import AccessPolicy, ServerTls
+from services.runtime.server import PublicPort, ServiceHost
 
 __all__ = ["GatewayApp", "create_app"]
 
-SERVICE_NAMES = [
-    gateway_pb2.DESCRIPTOR.services_by_name["GameGatewayService"].full_name,
-    relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name,
-]
+PUBLIC_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["GameGatewayService"].full_name
+RELAY_SERVICE = relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name
+SERVICE_NAMES = [PUBLIC_SERVICE, RELAY_SERVICE]
+
+ACCESS = AccessPolicy({RELAY_SERVICE: ["engine"]})
+"""Who may call the internal port: engine replicas relay game-tool calls and notices."""
 
 
 class GatewayApp:
@@ -26,20 +29,38 @@ class GatewayApp:
     def __init__(self, config: GatewayConfig) -> None:
         self.connections = ConnectionRegistry()
         self.players = PlayerRequests(
-            config.router_target, config.engine_target, config.storage_target
+            config.router_target,
+            config.engine_target,
+            config.storage_target,
+            config.channel_settings(),
         )
         gateway = GatewayServicer(config, self.connections, self.players)
         relay = ToolRelayServicer(config, self.connections)
-        self.host = ServiceHost(
-            "gateway",
-            config,
+        # Two servers: game servers reach the public port, which carries their contract alone;
+        # the relay lives on the internal port, behind service credentials.
+        public = PublicPort(
+            config.port,
             [
                 lambda server: gateway_pb2_grpc.add_GameGatewayServiceServicer_to_server(
                     gateway, server
-                ),
-                lambda server: relay_pb2_grpc.add_ToolRelayServiceServicer_to_server(relay, server),
+                )
             ],
-            SERVICE_NAMES,
+            [PUBLIC_SERVICE],
+            tls=(
+                ServerTls(config.public_tls_cert_file, config.public_tls_key_file)
+                if config.public_tls_cert_file
+                else None
+            ),
+            reflection=config.public_reflection,
+        )
+        self.host = ServiceHost(
+            "gateway",
+            config,
+            [lambda server: relay_pb2_grpc.add_ToolRelayServiceServicer_to_server(relay, server)],
+            [RELAY_SERVICE],
+            access=ACCESS,
+            public=public,
+            internal_port=config.internal_port,
         )
 
     async def aclose(self) -> None:

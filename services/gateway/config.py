@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 from services.runtime.config import ConfigError, ServerConfig
 
 ENV_PREFIX = "SYSTEM_GATEWAY_"
 PROTOCOL_VERSION = 1
 """The game-server protocol version this gateway speaks."""
+SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,27}")
+"""A player scope's name (decision 0011)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,7 +20,19 @@ class GatewayConfig(ServerConfig):
     """Settings of the gateway (env prefix `SYSTEM_GATEWAY_`)."""
 
     port: int = 50051
+    """The public port: game servers' Connect stream (system.gateway.v1) and health, nothing
+    else. Only this port should be reachable from outside the cluster."""
     metrics_port: int = 9101
+    internal_port: int = 50056
+    """The internal port: the engine's tool relay (system.relay.v1), health and reflection;
+    every call needs a service credential (`caller_tokens` or mutual TLS)."""
+    public_tls_cert_file: str = ""
+    """PEM certificate chain the public port serves TLS with; reloaded when the file changes.
+    Empty: plaintext (loopback development only; game-server tokens would cross in clear)."""
+    public_tls_key_file: str = ""
+    """PEM private key of `public_tls_cert_file`."""
+    public_reflection: bool = False
+    """Offer server reflection on the public port too."""
     router_target: str = "127.0.0.1:50052"
     """`host:port` of the router."""
     engine_target: str = "127.0.0.1:50053"
@@ -35,6 +51,20 @@ class GatewayConfig(ServerConfig):
     """Player requests in progress per connection; more are refused with RESOURCE_EXHAUSTED."""
     tool_call_timeout_seconds: float = 10.0
     """Longest a game-tool call may wait for the game server when the caller sets no deadline."""
+    networks: tuple[str, ...] = ()
+    """Game servers that share their players (a proxy network: lobby, survival, ...), as
+    `network=server_a+server_b` entries (env: comma-separated). Within a network a player is one
+    player, attached to one server's connection at a time; a server in no network keeps its
+    players to itself (decision 0011). Network names and the ids of servers in no network are
+    player scopes: 1..27 of `A-Z a-z 0-9 _ . -`."""
+    hello_timeout_seconds: float = 10.0
+    """How long a new Connect stream may take to send its hello; then it ends DEADLINE_EXCEEDED."""
+    outbox_frames: int = 1024
+    """Frames waiting to be written to one game server. Beyond it, the oldest waiting notice is
+    dropped for a newer frame; when no notice is left to drop, the stream ends
+    RESOURCE_EXHAUSTED (the game server is not reading)."""
+    outbox_bytes: int = 16 * 1024 * 1024
+    """Bytes waiting to be written to one game server; the same policy as `outbox_frames`."""
 
     def validate(self) -> None:
         super().validate()
@@ -46,13 +76,80 @@ class GatewayConfig(ServerConfig):
                 "tokens is empty: no game server could connect; set SYSTEM_GATEWAY_TOKENS=server_id=token"
             )
         self.token_book()
-        for name in ("max_text_chars", "max_players_per_connection", "max_pending_requests"):
+        if not 0 <= self.internal_port <= 65535:
+            raise ConfigError(f"internal_port must be 0..65535, got {self.internal_port}")
+        if self.internal_port and self.internal_port == self.port:
+            raise ConfigError("internal_port must differ from port (the public port)")
+        if bool(self.public_tls_cert_file) != bool(self.public_tls_key_file):
+            raise ConfigError(
+                "public_tls_cert_file and public_tls_key_file go together: set both or neither"
+            )
+        for name in ("public_tls_cert_file", "public_tls_key_file"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                raise ConfigError(f"{name}: {path} does not exist")
+        self.player_scopes()
+        if self.hello_timeout_seconds <= 0:
+            raise ConfigError(
+                f"hello_timeout_seconds must be positive, got {self.hello_timeout_seconds}"
+            )
+        for name in (
+            "max_text_chars",
+            "max_players_per_connection",
+            "max_pending_requests",
+            "outbox_frames",
+            "outbox_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.request_timeout_seconds <= 0 or self.tool_call_timeout_seconds <= 0:
             raise ConfigError(
                 "request_timeout_seconds and tool_call_timeout_seconds must be positive"
             )
+
+    def player_scopes(self) -> dict[str, str]:
+        """Server id → the scope its players belong to: its network's name, or its own id.
+        Raises ConfigError for a malformed `networks` entry, a server in two networks or
+        without a token, a network name that is also a server id, or a scope name that is
+        not 1..27 of `A-Z a-z 0-9 _ . -` (a scoped player id must fit storage's 64
+        characters with a 36-character UUID; see decision 0011)."""
+        servers = set(self.token_book().values())
+        scopes = {server: server for server in servers}
+        named: set[str] = set()
+        for index, entry in enumerate(self.networks):
+            network, sep, members = entry.partition("=")
+            network = network.strip()
+            names = [m.strip() for m in members.split("+")]
+            if not sep or not network or not all(names):
+                raise ConfigError(
+                    f"networks[{index}] must look like network=server_a+server_b, got {entry!r}"
+                )
+            if network in named:
+                raise ConfigError(f"networks[{index}]: network {network} is named twice")
+            if network in servers:
+                raise ConfigError(
+                    f"networks[{index}]: {network} is a server id too; give the network a "
+                    "name of its own"
+                )
+            named.add(network)
+            for member in names:
+                if member not in servers:
+                    raise ConfigError(
+                        f"networks[{index}]: server {member} of network {network} has no token"
+                    )
+                if scopes[member] != member:
+                    raise ConfigError(
+                        f"networks[{index}]: server {member} is in networks {scopes[member]} "
+                        f"and {network}; a server belongs to one network at most"
+                    )
+                scopes[member] = network
+        for scope in set(scopes.values()):
+            if not SCOPE_NAME.fullmatch(scope):
+                raise ConfigError(
+                    f"{scope!r} cannot scope players: a network name, or the id of a server "
+                    "in no network, must be 1..27 of A-Z a-z 0-9 _ . -"
+                )
+        return scopes
 
     def token_book(self) -> dict[str, str]:
         """Token → server id. Raises ConfigError for malformed or duplicate entries."""

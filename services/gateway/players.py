@@ -20,11 +20,14 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from services.results import AgentFailure, card, failed
-from services.runtime.channels import Dependency
+from services.runtime.channels import ChannelSettings, Dependency
+from services.runtime.logging import RepeatedLines
 
 __all__ = ["PlayerRequests", "PlayerState"]
 
 log = logging.getLogger("system.gateway.players")
+# A dependency's refusals come in bursts under load (BUSY): one line per code per 10 s.
+_repeated = RepeatedLines(log)
 
 _SOURCES = {
     router_pb2.DECISION_SOURCE_BUTTON: engine_pb2.ROUTE_SOURCE_BUTTON,
@@ -46,8 +49,9 @@ _RPC_FAILURES = {
 }
 
 
-MAX_INPUT_DEPTH = 32
-"""Deepest nesting of a button's JSON input; deeper inputs could not be decoded downstream."""
+MAX_INPUT_DEPTH = 16
+"""Deepest nesting of a button's JSON input (the gateway's Struct limit: deeper inputs could
+not be decoded downstream)."""
 # Longest a history control waits for the engine to settle the player's history (the engine
 # itself waits at most half a second for a run finishing elsewhere).
 SETTLE_SECONDS = 2.0
@@ -114,13 +118,22 @@ def _listed_actions(result: common_pb2.AgentResult) -> list[common_pb2.ModuleAct
 class PlayerRequests:
     """Handles one PlayerRequest at a time; owns the channels to router, engine and storage."""
 
-    def __init__(self, router_target: str, engine_target: str, storage_target: str) -> None:
+    def __init__(
+        self,
+        router_target: str,
+        engine_target: str,
+        storage_target: str,
+        settings: ChannelSettings | None = None,
+    ) -> None:
         self.router = Dependency(
             router_target,
             router_pb2_grpc.RouterServiceStub,
             idempotent_methods=["system.router.v1.RouterService/Route"],
+            settings=settings,
         )
-        self.engine = Dependency(engine_target, engine_pb2_grpc.EngineServiceStub)
+        self.engine = Dependency(
+            engine_target, engine_pb2_grpc.EngineServiceStub, settings=settings
+        )
         self._background: set[asyncio.Task[None]] = set()
         self.storage = Dependency(
             storage_target,
@@ -131,6 +144,7 @@ class PlayerRequests:
                 "system.storage.v1.StorageService/UpdatePreferences",
                 "system.storage.v1.StorageService/ClearHistory",
             ],
+            settings=settings,
         )
 
     async def aclose(self) -> None:
@@ -251,7 +265,13 @@ class PlayerRequests:
             if response.HasField("reply") and response.reply.result.HasField("card"):
                 state.current_list = _listed_actions(response.reply.result)
         except grpc.aio.AioRpcError as exc:
-            log.warning("dependency answered %s: %s", exc.code().name, exc.details())
+            _repeated.log(
+                logging.WARNING,
+                exc.code().name,
+                "dependency answered %s: %s",
+                exc.code().name,
+                (exc.details() or "")[:256],
+            )
             response.reply.CopyFrom(gateway_pb2.Reply(result=rpc_failure(exc)))
         return response
 

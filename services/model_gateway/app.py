@@ -13,11 +13,16 @@ from services.model_gateway.provider import ChatProvider
 from services.model_gateway.servicer import ModelGatewayServicer
 from services.model_gateway.usage_store import UsageStore
 from services.model_gateway.web import SafeFetcher, SearchSessions, SearxngProvider, WebTools
+from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
 
 __all__ = ["ModelApp", "create_app"]
 
 SERVICE_NAME = model_pb2.DESCRIPTOR.services_by_name["ModelGatewayService"].full_name
+
+ACCESS = AccessPolicy({SERVICE_NAME: ["router", "engine"]})
+"""Who may call the model gateway: the router (its one routing call) and the engine (runs).
+Operators may call everything."""
 
 log = logging.getLogger("system.model")
 
@@ -38,6 +43,7 @@ def make_meter(config: ModelConfig) -> Meter:
             global_web_searches=config.global_daily_web_searches,
         ),
         config.storage_timeout_seconds,
+        config.channel_settings(),
     )
     return LeaseMeter(
         store,
@@ -78,6 +84,7 @@ class ModelApp:
                 )
             ],
             [SERVICE_NAME],
+            access=ACCESS,
         )
         if not config.configured:
             log.warning(

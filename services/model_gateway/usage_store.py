@@ -15,7 +15,7 @@ from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from services.model_gateway.lease import Amount, Answer, Batch
 from services.model_gateway.metering import BudgetExhausted, Budgets, ExternalServicesOff
-from services.runtime.channels import Dependency
+from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.context import remaining_seconds
 from services.runtime.errors import DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
 
@@ -61,12 +61,19 @@ class UsageStore:
         timeout: seconds one call may take (a reservation also within the caller's deadline).
     """
 
-    def __init__(self, target: str, budgets: Budgets, timeout: float) -> None:
+    def __init__(
+        self,
+        target: str,
+        budgets: Budgets,
+        timeout: float,
+        settings: ChannelSettings | None = None,
+    ) -> None:
         self._timeout = timeout
         self._storage = Dependency(
             target,
             player_data_pb2_grpc.PlayerDataServiceStub,
             idempotent_methods=[RESERVE, SETTLE, SETTLE_BATCH],
+            settings=settings,
         )
         self._limits = player_data_pb2.UsageLimits(**dataclasses.asdict(budgets))
 

@@ -1,7 +1,12 @@
-"""Outbound channels: one per dependency, owned by the client object that uses it."""
+"""Outbound channels: one per dependency, owned by the client object that uses it.
+
+Every channel carries the calling service's credential and keeps the stack's one keepalive
+policy (`ChannelSettings`, made from the service's config by `ServerConfig.channel_settings`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -9,8 +14,20 @@ from typing import Generic, TypeVar
 import grpc
 
 from services.runtime.interceptors import client_interceptors
+from services.runtime.keepalive import KeepalivePolicy
+from services.runtime.security import ChannelSecurity
 
-__all__ = ["Dependency", "open_channel"]
+__all__ = ["ChannelSettings", "Dependency", "open_channel"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelSettings:
+    """What every outbound channel of one service shares."""
+
+    security: ChannelSecurity = ChannelSecurity()
+    """The service's credential, and TLS to its targets."""
+    keepalive: KeepalivePolicy = KeepalivePolicy()
+    """Pings on idle connections (services.runtime.keepalive)."""
 
 
 def _retry_config(idempotent_methods: Sequence[str]) -> str:
@@ -38,8 +55,10 @@ def open_channel(
     default_timeout: float | None = 10.0,
     private: bool = False,
     interceptors: bool = True,
+    settings: ChannelSettings | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure aio channel to `target` with request-id and deadline propagation.
+    """An aio channel to `target` with the service's credential, request-id and deadline
+    propagation, over TLS when the settings trust a CA.
 
     Args:
         target: `host:port` of the dependency.
@@ -50,13 +69,14 @@ def open_channel(
             reconnect backoff they cause) then never delay request traffic.
         interceptors: with request-id and deadline propagation; without, for a long-lived
             stream that outlives every request (services.runtime.multiplex), whose messages
-            carry their request ids themselves.
+            carry their request ids themselves (its opener sends `settings.security.metadata`).
+        settings: credential, TLS and keepalive; the defaults send no credential.
     """
+    settings = settings or ChannelSettings()
     options: list[tuple[str, object]] = [
         ("grpc.service_config", _retry_config(idempotent_methods)),
         ("grpc.enable_retries", 1),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
+        *settings.keepalive.channel_options(),
         # gRPC's default backoff grows to two minutes between attempts: a dependency that was
         # down at start (or restarted) would stay unreachable long after it is back.
         ("grpc.initial_reconnect_backoff_ms", 250),
@@ -64,11 +84,13 @@ def open_channel(
     ]
     if private:
         options.append(("grpc.use_local_subchannel_pool", 1))
-    return grpc.aio.insecure_channel(
-        target,
-        options=options,
-        interceptors=client_interceptors(default_timeout) if interceptors else None,
+    chosen = (
+        client_interceptors(default_timeout, settings.security.metadata) if interceptors else None
     )
+    credentials = settings.security.channel_credentials()
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=options, interceptors=chosen)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=chosen)
 
 
 S = TypeVar("S")
@@ -82,6 +104,7 @@ class Dependency(Generic[S]):
         stub_factory: the generated `...Stub` class.
         idempotent_methods: `package.Service/Method` names retried on UNAVAILABLE.
         private: connections of its own (see `open_channel`).
+        settings: the calling service's credential, TLS and keepalive.
     """
 
     def __init__(
@@ -91,11 +114,15 @@ class Dependency(Generic[S]):
         *,
         idempotent_methods: Sequence[str] = (),
         private: bool = False,
+        settings: ChannelSettings | None = None,
     ) -> None:
         self.target = target
         self.idempotent_methods = frozenset(idempotent_methods)
         self.private = private
-        self.channel = open_channel(target, idempotent_methods=idempotent_methods, private=private)
+        self.settings = settings or ChannelSettings()
+        self.channel = open_channel(
+            target, idempotent_methods=idempotent_methods, private=private, settings=self.settings
+        )
         self.stub = stub_factory(self.channel)
 
     async def aclose(self) -> None:

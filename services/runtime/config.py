@@ -16,7 +16,12 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from services.runtime.keepalive import KeepalivePolicy
+
+if TYPE_CHECKING:
+    from services.runtime.channels import ChannelSettings
 
 __all__ = ["ConfigError", "ServerConfig", "load_config"]
 
@@ -56,6 +61,34 @@ class ServerConfig:
     event_loop: str = "asyncio"
     """`asyncio` or `uvloop` (needs the uvloop package): the event loop `python -m` runs the
     service on. uvloop lowers the server's CPU per call."""
+    service_token: str = ""
+    """This service's credential, sent as `authorization: Bearer <token>` on every call it makes
+    to another service. Secret."""
+    caller_tokens: tuple[str, ...] = ()
+    """Credentials this service's internal port accepts, as `caller=token` pairs (callers:
+    gateway, router, engine, model, storage, operator; env: comma-separated). Secret. Empty on
+    a loopback address: every local caller is accepted (development only)."""
+    allow_unauthenticated: bool = False
+    """Accept calls without a credential on a non-loopback address (a private network the
+    operator trusts). Off: such a service refuses to start without credentials."""
+    tls_cert_file: str = ""
+    """PEM certificate the internal port serves TLS with (and presents as a client certificate
+    to targets requiring mutual TLS). Reloaded when the file changes."""
+    tls_key_file: str = ""
+    """PEM private key of `tls_cert_file`."""
+    tls_client_ca_file: str = ""
+    """Require mutual TLS on the internal port: clients present a certificate signed by this
+    CA whose common name is their caller name (`engine`, ...)."""
+    tls_ca_file: str = ""
+    """Dial other services over TLS, trusting this CA. Empty: plaintext."""
+    client_keepalive_seconds: float = 30.0
+    """Keepalive (services.runtime.keepalive): how often outbound connections ping when idle."""
+    permit_keepalive_seconds: float = 20.0
+    """Keepalive: the shortest interval between a client's pings this server accepts."""
+    server_keepalive_seconds: float = 60.0
+    """Keepalive: how often this server pings idle client connections."""
+    keepalive_timeout_seconds: float = 20.0
+    """Keepalive: how long a ping may go unacknowledged before the connection is closed."""
 
     def validate(self) -> None:
         """Raises ConfigError for values that cannot work. Subclasses extend it."""
@@ -79,6 +112,56 @@ class ServerConfig:
             )
         if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             raise ConfigError("event_loop 'uvloop' needs the uvloop package (pip install uvloop)")
+        problems = self.keepalive().problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self._validate_security()
+
+    def _validate_security(self) -> None:
+        from services.runtime.security import is_loopback, parse_caller_tokens
+
+        parse_caller_tokens(self.caller_tokens)
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ConfigError(
+                "tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file"
+            )
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_ca_file"):
+            path = getattr(self, name)
+            if path and not os.path.isfile(path):
+                raise ConfigError(f"{name}: {path} does not exist")
+        credentials = self.caller_tokens or self.tls_client_ca_file
+        if not credentials and not self.allow_unauthenticated and not is_loopback(self.host):
+            raise ConfigError(
+                f"host {self.host} is reachable from other machines but no credential is "
+                "required: set caller_tokens (caller=token pairs) or tls_client_ca_file, or "
+                "allow_unauthenticated=true on a network you trust"
+            )
+
+    def keepalive(self) -> KeepalivePolicy:
+        """The keepalive policy of this service's servers and channels."""
+        return KeepalivePolicy(
+            client_seconds=self.client_keepalive_seconds,
+            permit_seconds=self.permit_keepalive_seconds,
+            server_seconds=self.server_keepalive_seconds,
+            timeout_seconds=self.keepalive_timeout_seconds,
+        )
+
+    def channel_settings(self) -> ChannelSettings:
+        """How this service's outbound channels authenticate, encrypt and keep alive."""
+        from services.runtime.channels import ChannelSettings
+        from services.runtime.security import ChannelSecurity
+
+        return ChannelSettings(
+            ChannelSecurity(
+                token=self.service_token,
+                ca_file=self.tls_ca_file,
+                cert_file=self.tls_cert_file if self.tls_ca_file else "",
+                key_file=self.tls_key_file if self.tls_ca_file else "",
+            ),
+            self.keepalive(),
+        )
 
 
 def _coerce(name: str, annotation: Any, value: Any, source: str) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import time
@@ -26,6 +27,7 @@ from services.runtime.context import current_request_id
 from services.runtime.errors import ERROR_REASON_KEY, ServiceError
 from services.runtime.logging import ACCESS_LOGGER, JsonFormatter, access_handler, log_info
 from services.runtime.metrics import RPC_HANDLED, RPC_LATENCY
+from services.runtime.security import CallGuard, enter_caller, leave_caller
 
 __all__ = [
     "ContextClientInterceptor",
@@ -72,15 +74,26 @@ class _Call:
         self.method = method.method
         self.context = context
         self.request_id = ""
+        self.authorization = ""
         for key, value in context.invocation_metadata() or ():
             if key == request_context.REQUEST_ID_KEY:
                 self.request_id = str(value)
+            elif key == "authorization":
+                self.authorization = str(value)
         self.started = time.perf_counter()
         self.code = "OK"
+        self._caller: contextvars.Token[str] | None = None
         # The call runs in its request scope from here until `finish`.
         self._tokens = request_context.enter_request(
             self.request_id or None, context.time_remaining()
         )
+
+    def admit(self, guard: CallGuard | None) -> None:
+        """Authenticates and authorizes the call (raises Unauthenticated / PermissionDenied);
+        the caller's name is the call's `current_caller()` from here on."""
+        if guard is not None:
+            caller = guard.admit(self.authorization, self.context, self.method)
+            self._caller = enter_caller(caller)
 
     async def fail(self, exc: BaseException) -> None:
         """Aborts the call with the status `exc` maps to. Always raises; an abort the handler
@@ -104,6 +117,8 @@ class _Call:
             self._record()
         finally:
             request_context.leave_request(self._tokens)
+            if self._caller is not None:
+                leave_caller(self._caller)
 
     def _record(self) -> None:
         code = self.code
@@ -160,9 +175,15 @@ def _is_abort(exc: BaseException) -> bool:
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps every handler of our own services; see the module docstring."""
+    """Wraps every handler of our own services; see the module docstring.
 
-    def __init__(self) -> None:
+    Args:
+        guard: who may call (services.runtime.security); None on the public port, whose one
+            service authenticates game servers itself.
+    """
+
+    def __init__(self, guard: CallGuard | None = None) -> None:
+        self._guard = guard
         # method -> (the handler found for it, its wrapped version): grpc asks the
         # interceptor on every call, and the handlers of a server do not change.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -184,32 +205,35 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: Method) -> grpc.RpcMethodHandler:
+        guard = self._guard
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary, method),
+                self._unary(handler.unary_unary, method, guard),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                self._streaming(handler.stream_stream, method),
+                self._streaming(handler.stream_stream, method, guard),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._streaming(handler.unary_stream, method),
+                self._streaming(handler.unary_stream, method, guard),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return grpc.stream_unary_rpc_method_handler(
-            self._unary(handler.stream_unary, method),
+            self._unary(handler.stream_unary, method, guard),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
     @staticmethod
-    def _unary(behavior: Callable[..., Any], method: Method) -> Callable[..., Any]:
+    def _unary(
+        behavior: Callable[..., Any], method: Method, guard: CallGuard | None
+    ) -> Callable[..., Any]:
         """Wraps a handler that is a coroutine (unary responses, or streams written with
         context.write)."""
 
@@ -218,6 +242,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             # manager costs an async generator and two more awaits per call.
             call = _Call(method, context)
             try:
+                call.admit(guard)
                 return await behavior(request, context)
             except BaseException as exc:
                 await call.fail(exc)
@@ -227,12 +252,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return wrapper
 
     @classmethod
-    def _streaming(cls, behavior: Callable[..., Any], method: Method) -> Callable[..., Any]:
+    def _streaming(
+        cls, behavior: Callable[..., Any], method: Method, guard: CallGuard | None
+    ) -> Callable[..., Any]:
         if not inspect.isasyncgenfunction(behavior):
-            return cls._unary(behavior, method)
+            return cls._unary(behavior, method, guard)
 
         async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async with _guard(method, context):
+            async with _guard(method, context, guard):
                 async for response in behavior(request, context):
                     yield response
 
@@ -240,10 +267,13 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
 
 @contextlib.asynccontextmanager
-async def _guard(method: Method, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+async def _guard(
+    method: Method, context: grpc.aio.ServicerContext, guard: CallGuard | None
+) -> AsyncIterator[None]:
     """Runs one call's body inside its request scope, mapping errors and recording the end."""
     call = _Call(method, context)
     try:
+        call.admit(guard)
         yield
     except BaseException as exc:
         await call.fail(exc)
@@ -257,13 +287,17 @@ class ContextClientInterceptor(
     grpc.aio.StreamUnaryClientInterceptor,
     grpc.aio.StreamStreamClientInterceptor,
 ):
-    """Adds the request id to metadata and caps the timeout by the current deadline."""
+    """Adds the request id (and the service's credential) to metadata and caps the timeout by
+    the current deadline."""
 
-    def __init__(self, default_timeout: float | None) -> None:
+    def __init__(
+        self, default_timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.default_timeout = default_timeout
+        self.metadata = metadata
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self.metadata)
         request_id = request_context.current_request_id()
         if request_id and request_context.REQUEST_ID_KEY not in metadata:
             metadata.add(request_context.REQUEST_ID_KEY, request_id)
@@ -285,6 +319,9 @@ class ContextClientInterceptor(
         return await continuation(self._details(client_call_details), request_iterator)
 
 
-def client_interceptors(default_timeout: float | None = 10.0) -> list[grpc.aio.ClientInterceptor]:
-    """The interceptors every outbound channel uses."""
-    return [ContextClientInterceptor(default_timeout)]
+def client_interceptors(
+    default_timeout: float | None = 10.0, metadata: tuple[tuple[str, str], ...] = ()
+) -> list[grpc.aio.ClientInterceptor]:
+    """The interceptors every outbound channel uses; `metadata` goes on every call (the
+    service's credential)."""
+    return [ContextClientInterceptor(default_timeout, metadata)]

@@ -26,17 +26,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
 
 from services.runtime import context as request_context
 from services.runtime.channels import Dependency, open_channel
 from services.runtime.errors import ERROR_REASON_KEY
 from services.runtime.interceptors import Method, error_status, record_call
+from services.runtime.logging import RepeatedLines
 
 __all__ = [
     "MAX_IN_FLIGHT",
@@ -111,6 +115,7 @@ class MultiplexServer:
             for field, (name, handler) in handlers.items()
         }
         self._max_in_flight = max_in_flight
+        self._repeated = RepeatedLines(log)
 
     def _error(self, call_id: int, code: str, message: str, reason: str = "") -> Any:
         answer = self._answer_type(call_id=call_id)
@@ -133,9 +138,17 @@ class MultiplexServer:
         )
         return error, error.ByteSize()
 
-    async def serve(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def serve(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext | None = None
+    ) -> AsyncIterator[Any]:
         """The answers to the calls read from `requests`, as they finish. Ends once the client
-        closed its side and every call answered."""
+        closed its side and every call answered.
+
+        With the stream's `context`, messages are read from it instead, so that one message
+        that cannot be decoded (corrupt, or nested deeper than protobuf decodes) ends no
+        stream: its calls, which cannot be told apart, get no answer (each caller's own
+        deadline ends it) and every other call goes on. Without it, such a message ends the
+        stream as gRPC does."""
         loop = asyncio.get_running_loop()
         answers: asyncio.Queue[Any] = asyncio.Queue()
         in_flight: dict[int, asyncio.Task[None]] = {}
@@ -206,9 +219,27 @@ class MultiplexServer:
 
         async def read() -> None:
             try:
-                async for request in requests:
-                    for call in request.calls:
-                        start(call)
+                if context is None:
+                    async for request in requests:
+                        for call in request.calls:
+                            start(call)
+                else:
+                    while True:
+                        try:
+                            request = await context.read()
+                        except DecodeError as exc:
+                            self._repeated.log(
+                                logging.WARNING,
+                                "undecodable",
+                                "a Multiplex message could not be decoded; its calls go "
+                                "unanswered, the stream goes on: %s",
+                                str(exc)[:200],
+                            )
+                            continue
+                        if request is grpc.aio.EOF:
+                            break
+                        for call in request.calls:
+                            start(call)
                 while in_flight:
                     await asyncio.wait(list(in_flight.values()))
             finally:
@@ -363,9 +394,24 @@ class StreamedCalls:
         }
         self._streamed = True
         self._channel = open_channel(
-            dependency.target, interceptors=False, private=dependency.private
+            dependency.target,
+            interceptors=False,
+            private=dependency.private,
+            settings=dependency.settings,
         )
-        self._client = MultiplexClient(stub_type(self._channel).Multiplex, request_type, call_type)
+        metadata = dependency.settings.security.metadata
+        # Opened with a parser that fails one undecodable answer alone (tolerant_parser).
+        path, response_type, answer_type = _stream_method(request_type)
+        open_stream = self._channel.stream_stream(
+            path,
+            request_serializer=request_type.SerializeToString,
+            response_deserializer=tolerant_parser(response_type, answer_type),
+        )
+        self._client = MultiplexClient(
+            functools.partial(open_stream, metadata=metadata) if metadata else open_stream,
+            request_type,
+            call_type,
+        )
 
     async def call(self, field: str, request: Any, timeout: float) -> Any:
         """The answer of the call `field`; raises grpc.aio.AioRpcError as the unary RPC
@@ -384,6 +430,96 @@ class StreamedCalls:
     async def aclose(self) -> None:
         await self._client.aclose()
         await self._channel.close()
+
+
+def _stream_method(request_type: type[Any]) -> tuple[str, type[Any], type[Any]]:
+    """The `Multiplex` method whose requests are `request_type`: its path, its response
+    message and the response's answer message."""
+    descriptor = request_type.DESCRIPTOR
+    for service in descriptor.file.services_by_name.values():
+        method = service.methods_by_name.get("Multiplex")
+        if method is not None and method.input_type is descriptor:
+            response = method.output_type
+            answer = response.fields_by_name["answers"].message_type
+            return (
+                f"/{service.full_name}/Multiplex",
+                message_factory.GetMessageClass(response),
+                message_factory.GetMessageClass(answer),
+            )
+    raise ValueError(f"no Multiplex method takes {descriptor.full_name}")
+
+
+def tolerant_parser(response_type: type[Any], answer_type: type[Any]) -> Callable[[bytes], Any]:
+    """A deserializer of a stream's responses that fails one answer, not the stream, when
+    the answer cannot be decoded (nested deeper than protobuf decodes, say): that answer
+    becomes an INTERNAL error for its call. Only a message whose envelope itself is corrupt
+    still fails to decode (and ends the stream, as before)."""
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return response_type.FromString(raw)
+        except DecodeError:
+            pass
+        response = response_type()
+        for item in _fields(raw, 1):
+            try:
+                response.answers.append(answer_type.FromString(item))
+            except DecodeError as exc:
+                call_id = _varint_field(item, 1)
+                if call_id:
+                    answer = response.answers.add(call_id=call_id)
+                    answer.error.code = grpc.StatusCode.INTERNAL.value[0]
+                    answer.error.message = f"the answer could not be decoded: {str(exc)[:200]}"
+        return response
+
+    return parse
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise DecodeError("truncated varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _walk(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value: an int, or bytes for length-delimited) of each field
+    at the top level of a message. Raises DecodeError on corrupt framing."""
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(data, at)
+        elif wire == 1:
+            value, at = data[at : at + 8], at + 8
+        elif wire == 2:
+            size, at = _varint(data, at)
+            value, at = data[at : at + size], at + size
+        elif wire == 5:
+            value, at = data[at : at + 4], at + 4
+        else:
+            raise DecodeError(f"unsupported wire type {wire}")
+        if at > len(data):
+            raise DecodeError("truncated field")
+        yield number, wire, value
+
+
+def _fields(data: bytes, number: int) -> list[bytes]:
+    return [v for n, wire, v in _walk(data) if n == number and wire == 2]
+
+
+def _varint_field(data: bytes, number: int) -> int:
+    try:
+        return next((v for n, wire, v in _walk(data) if n == number and wire == 0), 0)
+    except DecodeError:
+        return 0
 
 
 def _rpc_error(code: grpc.StatusCode, message: str, reason: str = "") -> grpc.aio.AioRpcError:

@@ -1,6 +1,12 @@
 """The server host every service runs in: a grpc.aio server with our interceptor, health,
 reflection and Prometheus metrics, started on a port (0 for any) and stopped gracefully.
 
+Every service's port is internal: calls need a service credential its access policy allows
+(services.runtime.security), over TLS or mutual TLS when configured. The gateway adds a public
+port (`PublicPort`) carrying only the game servers' contract, as a separate grpc server so that
+no internal service is reachable there. Both keep the keepalive policy of
+services.runtime.keepalive.
+
 Shutdown order on SIGTERM/SIGINT: health flips to NOT_SERVING (so load balancers and probes
 stop sending work), the host waits `drain_seconds`, then the server stops accepting and gives
 running calls `grace_seconds` to finish.
@@ -13,6 +19,7 @@ taken port fails instead of silently sharing it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -28,22 +35,94 @@ from grpc_reflection.v1alpha import reflection
 from services.runtime.config import ServerConfig
 from services.runtime.interceptors import ServerInterceptor
 from services.runtime.metrics import start_metrics_server
+from services.runtime.security import (
+    ANY_CALLER,
+    AccessPolicy,
+    CallerBook,
+    CallGuard,
+    ServerTls,
+    is_loopback,
+    parse_caller_tokens,
+)
 
-__all__ = ["ServiceHost", "write_port_file"]
+__all__ = ["PublicPort", "ServiceHost", "write_port_file"]
 
 log = logging.getLogger("system.server")
 
 Registrar = Callable[[grpc.aio.Server], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class PublicPort:
+    """A second port, for services open to callers without a service credential (the
+    gateway's game servers, who authenticate in the service itself)."""
+
+    port: int
+    """Port to listen on, on the service's `host`; 0 picks a free one."""
+    registrars: Sequence[Registrar]
+    """Functions that add the public servicers to its server."""
+    service_names: Sequence[str]
+    """Full names of the services registered there (health, and reflection when on)."""
+    tls: ServerTls | None = None
+    """Serve TLS with this certificate; None: plaintext."""
+    reflection: bool = False
+    """Offer server reflection there too (off: the public port lists nothing)."""
+
+
+class _Listener:
+    """One grpc.aio server on one port, with its own health service."""
+
+    def __init__(
+        self,
+        options: list[tuple[str, Any]],
+        guard: CallGuard | None,
+        registrars: Sequence[Registrar],
+        service_names: Sequence[str],
+        reflection_on: bool,
+    ) -> None:
+        self.service_names = list(service_names)
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server(interceptors=[ServerInterceptor(guard)], options=options)
+        for register in registrars:
+            register(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if reflection_on:
+            reflection.enable_server_reflection(
+                [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+            )
+        self.port = 0
+
+    def bind(self, name: str, address: str, tls: ServerTls | None) -> int:
+        try:
+            if tls is None:
+                self.port = self.server.add_insecure_port(address)
+            else:
+                self.port = self.server.add_secure_port(address, tls.credentials())
+        except RuntimeError as exc:
+            raise OSError(f"{name}: cannot listen on {address}: {exc}") from None
+        if self.port == 0:
+            raise OSError(f"{name}: cannot listen on {address} (is the port in use?)")
+        return self.port
+
+    async def serving(self) -> None:
+        for service in ["", *self.service_names]:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+
 class ServiceHost:
-    """Runs one service's servicers.
+    """Runs one service's servicers: on its internal port, where every call needs a service
+    credential that `access` allows (services.runtime.security), and, for the gateway, on a
+    public port as well.
 
     Args:
         name: service name for logs (`router`).
         config: the service's settings.
-        registrars: functions that add servicers to the server.
-        service_names: full names of the services registered (for health and reflection).
+        registrars: functions that add the internal servicers to the server.
+        service_names: full names of the internal services (for health and reflection).
+        access: which callers may call which methods; None: any authenticated caller.
+        public: a public port beside the internal one; `config.port` is then the public
+            port and `internal_port` the internal one.
+        internal_port: the internal port when `public` is set (0: a free one).
     """
 
     def __init__(
@@ -52,64 +131,111 @@ class ServiceHost:
         config: ServerConfig,
         registrars: Sequence[Registrar],
         service_names: Sequence[str],
+        *,
+        access: AccessPolicy | None = None,
+        public: PublicPort | None = None,
+        internal_port: int = 0,
     ) -> None:
         self.name = name
         self.config = config
         self.service_names = list(service_names)
-        self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server(
-            interceptors=[ServerInterceptor()],
-            options=[
-                # Only workers share a port; otherwise a second server must fail to bind.
-                ("grpc.so_reuseport", 1 if config.workers > 1 else 0),
-                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-            ],
+        options: list[tuple[str, Any]] = [
+            # Only workers share a port; otherwise a second server must fail to bind.
+            ("grpc.so_reuseport", 1 if config.workers > 1 else 0),
+            ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+            *config.keepalive().server_options(),
+        ]
+        tokens = parse_caller_tokens(config.caller_tokens)
+        self.guard = CallGuard(
+            CallerBook(
+                tokens,
+                mutual_tls=bool(config.tls_client_ca_file),
+                open_locally=is_loopback(config.host) or config.allow_unauthenticated,
+            ),
+            access or AccessPolicy({name: [ANY_CALLER] for name in service_names}),
         )
-        for register in registrars:
-            register(self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        self.internal_tls = (
+            ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+            if config.tls_cert_file
+            else None
         )
+        self._internal = _Listener(options, self.guard, registrars, service_names, True)
+        self._public: _Listener | None = None
+        self.public = public
+        if public is not None:
+            self._public = _Listener(
+                options, None, public.registrars, public.service_names, public.reflection
+            )
+        self._internal_port_setting = internal_port if public is not None else config.port
+        self.health = self._internal.health
+        self.server = self._internal.server
         self.port = 0
+        """The bound port of `config.port`: the public port when there is one."""
+        self.internal_port = 0
+        """The bound internal port."""
         self.metrics_port = -1
         self._metrics_server: object | None = None
         self._stopping = asyncio.Event()
         self._stopped = False
 
     @property
+    def _dial_host(self) -> str:
+        host = self.config.host
+        return "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+
+    @property
     def target(self) -> str:
-        """`host:port` that clients on this machine can dial."""
-        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "[::]") else self.config.host
-        return f"{host}:{self.port}"
+        """`host:port` of `config.port` that clients on this machine can dial."""
+        return f"{self._dial_host}:{self.port}"
+
+    @property
+    def internal_target(self) -> str:
+        """`host:port` of the internal port that clients on this machine can dial."""
+        return f"{self._dial_host}:{self.internal_port}"
+
+    def _listeners(self) -> list[_Listener]:
+        return [self._internal] + ([self._public] if self._public is not None else [])
 
     async def start(self) -> int:
-        """Binds, starts serving and marks every service SERVING. Returns the bound port."""
-        address = f"{self.config.host}:{self.config.port}"
-        try:
-            self.port = self.server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"{self.name}: cannot listen on {address}: {exc}") from None
-        if self.port == 0:
-            raise OSError(f"{self.name}: cannot listen on {address} (is the port in use?)")
-        await self.server.start()
+        """Binds, starts serving and marks every service SERVING. Returns the bound port of
+        `config.port`."""
+        host = self.config.host
+        self.internal_port = self._internal.bind(
+            self.name, f"{host}:{self._internal_port_setting}", self.internal_tls
+        )
+        self.port = self.internal_port
+        if self._public is not None and self.public is not None:
+            self.port = self._public.bind(self.name, f"{host}:{self.config.port}", self.public.tls)
+        for listener in self._listeners():
+            await listener.server.start()
         if self.config.metrics_port >= 0:
             self._metrics_server, self.metrics_port = start_metrics_server(
                 self.config.host, self.config.metrics_port
             )
-        for service in ["", *self.service_names]:
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        for listener in self._listeners():
+            await listener.serving()
         if self.config.port_file:
             write_port_file(
                 Path(self.config.port_file),
-                {"grpc_port": self.port, "metrics_port": self.metrics_port, "pid": os.getpid()},
+                {
+                    "grpc_port": self.port,
+                    "internal_port": self.internal_port,
+                    "metrics_port": self.metrics_port,
+                    "pid": os.getpid(),
+                },
             )
         log.info(
             "%s serving on %s:%d",
             self.name,
             self.config.host,
             self.port,
-            extra={"grpc_port": self.port, "metrics_port": self.metrics_port},
+            extra={
+                "grpc_port": self.port,
+                "internal_port": self.internal_port,
+                "metrics_port": self.metrics_port,
+                "internal_tls": self.internal_tls is not None,
+                "public_tls": bool(self.public and self.public.tls),
+            },
         )
         return self.port
 
@@ -119,10 +245,13 @@ class ServiceHost:
             return
         self._stopped = True
         log.info("%s shutting down", self.name)
-        await self.health.enter_graceful_shutdown()
+        for listener in self._listeners():
+            await listener.health.enter_graceful_shutdown()
         if self.config.drain_seconds:
             await asyncio.sleep(self.config.drain_seconds)
-        await self.server.stop(self.config.grace_seconds)
+        await asyncio.gather(
+            *(listener.server.stop(self.config.grace_seconds) for listener in self._listeners())
+        )
         if self._metrics_server is not None:
             self._metrics_server.shutdown()  # type: ignore[attr-defined]
             self._metrics_server.server_close()  # type: ignore[attr-defined]  # frees the port

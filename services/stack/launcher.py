@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.runtime.security import CALLERS
+
 __all__ = ["SERVICES", "ServiceProcess", "Stack", "StackError"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +58,9 @@ SERVICES = (
     ),
 )
 """Every service, in start order (dependencies first)."""
+
+GATEWAY_INTERNAL_PORT = 50056
+"""The gateway's internal (relay) port with `fixed_ports`."""
 
 
 class StackError(RuntimeError):
@@ -129,10 +134,20 @@ class Stack:
         self.ports = {
             spec.name: spec.default_port if fixed_ports else free_port() for spec in SERVICES
         }
+        # The gateway's second port: the internal relay the engine calls (the first is public).
+        self.ports["gateway_internal"] = GATEWAY_INTERNAL_PORT if fixed_ports else free_port()
+        # Every internal port requires a service credential, as in production: one token per
+        # caller, made for this run (services.runtime.security).
+        self.service_tokens = {caller: secrets.token_urlsafe(24) for caller in CALLERS}
         self.processes: dict[str, ServiceProcess] = {}
 
     def target(self, name: str) -> str:
+        """`host:port` of a service (`gateway_internal`: the gateway's relay port)."""
         return f"127.0.0.1:{self.ports[name]}"
+
+    def credential(self, caller: str = "operator") -> tuple[tuple[str, str], ...]:
+        """Metadata carrying `caller`'s service credential (operators may call everything)."""
+        return (("authorization", f"Bearer {self.service_tokens[caller]}"),)
 
     def _env(self, spec: ServiceSpec) -> dict[str, str]:
         p = spec.env_prefix
@@ -145,13 +160,17 @@ class Stack:
             f"{p}DRAIN_SECONDS": str(self.drain_seconds),
             f"{p}GRACE_SECONDS": "2",
             f"{p}PORT_FILE": str(self.data_dir / "run" / f"{spec.name}.json"),
+            f"{p}SERVICE_TOKEN": self.service_tokens[spec.name],
+            f"{p}CALLER_TOKENS": ",".join(
+                f"{caller}={token}" for caller, token in self.service_tokens.items()
+            ),
         }
         targets = {
             "storage": {"DATABASE_URL": f"sqlite:///{self.data_dir / 'storage.db'}"},
             "model": {"STORAGE_TARGET": self.target("storage")},
             "engine": {
                 "STORAGE_TARGET": self.target("storage"),
-                "GATEWAY_TARGET": self.target("gateway"),
+                "GATEWAY_TARGET": self.target("gateway_internal"),
                 "MODEL_TARGET": self.target("model"),
             },
             "router": {
@@ -163,6 +182,7 @@ class Stack:
                 "ENGINE_TARGET": self.target("engine"),
                 "STORAGE_TARGET": self.target("storage"),
                 "TOKENS": f"{self.server_id}={self.token}",
+                "INTERNAL_PORT": str(self.ports["gateway_internal"]),
             },
         }
         env.update({f"{p}{key}": value for key, value in targets.get(spec.name, {}).items()})
