@@ -1,6 +1,11 @@
 """The gateway's internal relay (system.relay.v1.ToolRelayService): engine replicas' game-tool
 calls and notices, sent over the player's game-server connection. Served on the internal port
-only (see services.gateway.app)."""
+only (see services.gateway.app).
+
+Players are named by the scoped ids the gateway gave out (decision 0011): a call goes to the
+connection that player is attached to now, and only when that connection's server is in the
+player's scope; the ToolCall or notice written to the game server carries its own id of the
+player."""
 
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ from system.gateway.v1 import gateway_pb2
 from system.relay.v1 import relay_pb2, relay_pb2_grpc
 
 from services.gateway.config import GatewayConfig
-from services.gateway.connection import Connection, ConnectionRegistry
-from services.gateway.validation import check_id
+from services.gateway.connection import Connection, ConnectionRegistry, PendingCall
+from services.gateway.scopes import PlayerScopes, split
+from services.gateway.validation import MAX_NAME, check_id, shown
 from services.runtime.context import remaining_seconds
 from services.runtime.errors import (
     AlreadyExists,
@@ -20,6 +26,7 @@ from services.runtime.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
 )
 from services.runtime.multiplex import MultiplexServer
 
@@ -32,6 +39,7 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
     def __init__(self, config: GatewayConfig, registry: ConnectionRegistry) -> None:
         self._config = config
         self._registry = registry
+        self._scopes = PlayerScopes(config.player_scopes())
         self._multiplex = MultiplexServer(
             relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name,
             relay_pb2.MultiplexResponse,
@@ -45,26 +53,27 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
     async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
         # CallGameTool and NotifyPlayer, many on one stream (services.runtime.multiplex); a
         # handler reads its deadline from the request scope, which each call's timeout_ms sets.
-        async for response in self._multiplex.serve(request_iterator):
+        async for response in self._multiplex.serve(request_iterator, context):
             yield response
 
     async def CallGameTool(self, request, context):  # type: ignore[no-untyped-def]
         check_id("call_id", request.call_id)
         check_id("player_id", request.player_id)
-        check_id("tool", request.tool)
-        connection = self._connection_of(request.player_id)
+        check_id("tool", request.tool, MAX_NAME)
+        connection, player_id = self._attachment(request.player_id, request.server_id)
         if request.tool not in connection.tools:
             raise NotFound(f"game server {connection.server_id} does not offer tool {request.tool}")
         if request.call_id in connection.tool_calls:
             raise AlreadyExists(f"game-tool call {request.call_id} is already waiting")
         timeout = remaining_seconds(self._config.tool_call_timeout_seconds) or 0.0
         future: asyncio.Future[gateway_pb2.ToolResult] = asyncio.get_running_loop().create_future()
-        connection.tool_calls[request.call_id] = future
+        pending = PendingCall(future, player_id, request.tool)
+        connection.tool_calls[request.call_id] = pending
         connection.send(
             gateway_pb2.ConnectResponse(
                 tool_call=gateway_pb2.ToolCall(
                     call_id=request.call_id,
-                    player_id=request.player_id,
+                    player_id=player_id,
                     tool=request.tool,
                     input=request.input,
                     timeout_ms=int(timeout * 1000),
@@ -78,28 +87,39 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
                 f"game server {connection.server_id} did not answer {request.tool} in time"
             ) from None
         finally:
-            connection.tool_calls.pop(request.call_id, None)
+            if connection.tool_calls.get(request.call_id) is pending:
+                del connection.tool_calls[request.call_id]
         return relay_pb2.CallGameToolResponse(result=result)
 
     async def NotifyPlayer(self, request, context):  # type: ignore[no-untyped-def]
         check_id("player_id", request.player_id)
         if request.result.status == common_pb2.RESULT_STATUS_UNSPECIFIED:
             raise InvalidArgument("result.status is required: say how the work ended")
-        self._connection_of(request.player_id).send(
+        connection, player_id = self._attachment(request.player_id, request.server_id)
+        # A notice is best effort: a full outbox drops the oldest waiting one.
+        connection.send(
             gateway_pb2.ConnectResponse(
                 response=gateway_pb2.PlayerResponse(
-                    player_id=request.player_id,
+                    player_id=player_id,
                     notice=gateway_pb2.Notice(result=request.result),
                 )
-            )
+            ),
+            droppable=True,
         )
         return relay_pb2.NotifyPlayerResponse()
 
-    def _connection_of(self, player_id: str) -> Connection:
-        """The connection the player is on. FAILED_PRECONDITION when they are on none, not
-        NOT_FOUND: the engine must tell "player offline, try when they join" apart from
-        "this server has no such tool". Nothing was sent then."""
-        try:
-            return self._registry.for_player(player_id)
-        except NotFound as exc:
-            raise FailedPrecondition(exc.message) from None
+    def _attachment(self, scoped_id: str, server_id: str) -> tuple[Connection, str]:
+        """The connection the player is attached to and the game server's own id of them.
+        PERMISSION_DENIED when `server_id` names a server outside the player's scope;
+        FAILED_PRECONDITION when they are on no connection, not NOT_FOUND: the engine must
+        tell "player offline, try when they join" apart from "this server has no such
+        tool". Nothing was sent then."""
+        parts = split(scoped_id)
+        if server_id and (parts is None or self._scopes.scope_of(server_id) != parts[0]):
+            raise PermissionDenied(
+                f"player {shown(scoped_id)} does not belong to game server {shown(server_id)}"
+            )
+        connection = self._registry.attached(scoped_id) if parts is not None else None
+        if connection is None or parts is None:
+            raise FailedPrecondition(f"player {shown(scoped_id)} is not connected")
+        return connection, parts[1]

@@ -10,7 +10,7 @@ import uuid
 
 import grpc
 from google.protobuf.message import DecodeError
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.router.v1 import router_pb2
@@ -18,17 +18,26 @@ from system.router.v1 import router_pb2
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
 from services.gateway.players import PlayerRequests, PlayerState
+from services.gateway.scopes import PlayerScopes
 from services.gateway.validation import (
+    MAX_INPUT_BYTES,
+    MAX_NAME,
+    check_card_action,
     check_event,
     check_hello,
     check_id,
     check_presence,
+    check_struct,
+    check_tool_result,
     normalize_language,
+    shown,
 )
 from services.results import AgentFailure, failed
 from services.runtime.context import new_request_id, request_scope
 from services.runtime.errors import (
+    Aborted,
     AlreadyExists,
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -36,6 +45,7 @@ from services.runtime.errors import (
     ServiceError,
     Unauthenticated,
 )
+from services.runtime.logging import RepeatedLines
 
 __all__ = ["GatewayServicer"]
 
@@ -43,11 +53,22 @@ log = logging.getLogger("system.gateway")
 
 CONNECTIONS = Gauge("gateway_connections", "Game servers connected now.")
 PLAYERS = Gauge("gateway_players", "Players joined on all connections now.")
+FRAMES_REFUSED = Counter(
+    "gateway_frames_refused_total", "Frames from game servers answered with a FrameError."
+)
+BUSY_AT_GATEWAY = Counter(
+    "gateway_busy_total",
+    "Player requests answered BUSY by the gateway before routing (another request of the "
+    "player in progress).",
+)
 _CONTROL_ACTIONS = set(gateway_pb2.ControlAction.values()) - {
     gateway_pb2.CONTROL_ACTION_UNSPECIFIED
 }
+_RUN_LIKE = ("chat", "invoke", "card_action")
+_ENDED = {"ABORTED": Aborted, "RESOURCE_EXHAUSTED": ResourceExhausted}
 
 _UNDECODABLE = "a frame could not be decoded as a ConnectRequest (corrupt or truncated protobuf)"
+_BUSY = "another request of yours is in progress; try again when it has been answered"
 
 
 def _code_number(code_name: str) -> int:
@@ -62,9 +83,13 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
     ) -> None:
         self._config = config
         self._tokens = config.token_book()
+        self._scopes = PlayerScopes(config.player_scopes())
         self._registry = registry
         self._players = players
         self._tasks: set[asyncio.Task[None]] = set()
+        # Refused frames and BUSY answers can come thousands a second: one line per kind
+        # per 10 s, with how many were left out.
+        self._repeated = RepeatedLines(log)
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> str:
         metadata = dict(context.invocation_metadata() or ())
@@ -84,8 +109,14 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
 
     async def Connect(self, request_iterator, context):  # type: ignore[no-untyped-def]
         server_id = self._authenticate(context)
+        timeout = self._config.hello_timeout_seconds
         try:
-            first = await context.read()
+            first = await asyncio.wait_for(context.read(), timeout)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no hello within {timeout:g} s of opening the stream; send the hello as the "
+                "first frame"
+            ) from None
         except DecodeError:
             raise InvalidArgument(_UNDECODABLE + "; the first frame must be a hello") from None
         if first is grpc.aio.EOF:
@@ -93,8 +124,23 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         if first.WhichOneof("frame") != "hello":
             raise InvalidArgument("the first frame of a connection must be a hello")
         check_hello(first.hello, server_id, PROTOCOL_VERSION)
-        connection = Connection(server_id, uuid.uuid4().hex, first.hello)
-        self._registry.add(connection)
+        connection = Connection(
+            server_id,
+            uuid.uuid4().hex,
+            first.hello,
+            scope=self._scopes.scope_of(server_id),
+            outbox_frames=self._config.outbox_frames,
+            outbox_bytes=self._config.outbox_bytes,
+        )
+        older = self._registry.add(connection)
+        if older is not None:
+            # The newer wins: a stalled or half-dead link must not lock its server out. The
+            # old stream ends ABORTED; its players are re-attached here as this one joins them.
+            older.end(
+                "ABORTED",
+                f"replaced by a newer connection of server {server_id} "
+                f"(session {connection.session_id})",
+            )
         CONNECTIONS.set(len(self._registry))
         log.info(
             "game server connected",
@@ -102,6 +148,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 "server_id": server_id,
                 "session_id": connection.session_id,
                 "tools": len(connection.tools),
+                "replaced": older.session_id if older is not None else "",
             },
         )
         await context.write(
@@ -114,27 +161,13 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             )
         )
         writer = asyncio.create_task(self._write(connection, context))
+        reader = asyncio.create_task(self._read(connection, context))
         try:
-            while not writer.done():
-                try:
-                    frame = await context.read()
-                except DecodeError:
-                    # The bytes are consumed; the stream can go on, like any refused frame.
-                    connection.send(
-                        gateway_pb2.ConnectResponse(
-                            error=gateway_pb2.FrameError(
-                                code=_code_number("INVALID_ARGUMENT"), message=_UNDECODABLE
-                            )
-                        )
-                    )
-                    continue
-                if frame is grpc.aio.EOF:
-                    # Half-closed: answer what is in progress, then end the stream.
-                    running = [r.task for r in connection.running.values()]
-                    await asyncio.gather(*running, return_exceptions=True)
-                    break
-                self._dispatch(connection, frame)
+            await asyncio.wait((writer, reader), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            reader.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await reader
             connection.close()
             for player in connection.players.values():
                 self._players.forget(player, router_pb2.CLEAR_REASON_DISCONNECTED)
@@ -142,24 +175,66 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             CONNECTIONS.set(len(self._registry))
             PLAYERS.set(self._registry.players())
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await writer
-            log.info("game server disconnected", extra={"server_id": server_id})
+                await writer  # writes what is left, unless the gateway ended the stream
+            log.info(
+                "game server disconnected",
+                extra={"server_id": server_id, "session_id": connection.session_id},
+            )
+        if connection.ended is not None:
+            code, message = connection.ended
+            raise _ENDED[code](message)
+
+    async def _read(self, connection: Connection, context: grpc.aio.ServicerContext) -> None:
+        """Handles frames until the game server half-closes (then answers what is in
+        progress first) or the gateway ends the connection."""
+        while not connection.closed:
+            try:
+                frame = await context.read()
+            except DecodeError:
+                # The bytes are consumed; the stream can go on, like any refused frame.
+                self._refused(connection, "", "INVALID_ARGUMENT", _UNDECODABLE)
+                continue
+            if frame is grpc.aio.EOF:
+                running = [r.task for r in connection.running.values()]
+                await asyncio.gather(*running, return_exceptions=True)
+                return
+            self._dispatch(connection, frame)
 
     @staticmethod
     async def _write(connection: Connection, context: grpc.aio.ServicerContext) -> None:
         while True:
-            frame = await connection.outbox.get()
+            frame = await connection.next_frame()
             if frame is None:
                 return
             await context.write(frame)
 
+    def _refused(self, connection: Connection, request_id: str, code: str, message: str) -> None:
+        FRAMES_REFUSED.inc()
+        self._repeated.log(
+            logging.INFO,
+            "frame_refused",
+            "frame refused: %s",
+            message,
+            extra={"server_id": connection.server_id},
+        )
+        connection.send(
+            gateway_pb2.ConnectResponse(
+                error=gateway_pb2.FrameError(
+                    request_id=request_id[:64], code=_code_number(code), message=message
+                )
+            )
+        )
+
     def _dispatch(self, connection: Connection, frame: gateway_pb2.ConnectRequest) -> None:
-        """Handles one frame after the hello; a bad frame is answered with a FrameError."""
+        """Handles one frame after the hello; a bad frame is answered with a FrameError and
+        touches nothing else."""
         kind = frame.WhichOneof("frame")
         if kind == "request":
             request_id = frame.request.request_id
         elif kind == "event":
             request_id = frame.event.event_key  # what the game server knows the event by
+        elif kind == "tool_result":
+            request_id = frame.tool_result.call_id
         else:
             request_id = ""
         try:
@@ -179,81 +254,108 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                     "tool_result and event"
                 )
         except ServiceError as exc:
-            log.info("frame refused: %s", exc.message, extra={"server_id": connection.server_id})
-            connection.send(
-                gateway_pb2.ConnectResponse(
-                    error=gateway_pb2.FrameError(
-                        request_id=request_id[:64], code=_code_number(exc.code), message=exc.message
-                    )
-                )
+            self._refused(connection, request_id, exc.code, exc.message)
+
+    # -- players -------------------------------------------------------------------------------
+
+    def _moved(self, connection: Connection, player_id: str) -> None:
+        """Refuses a frame for a player who moved to another server of the network."""
+        elsewhere = connection.moved.get(player_id)
+        if elsewhere is not None:
+            raise FailedPrecondition(
+                f"player {shown(player_id)} moved to server {elsewhere} of network "
+                f"{connection.scope}; frames for them go there until they join here again"
             )
 
     def _presence(self, connection: Connection, presence: gateway_pb2.PlayerPresence) -> None:
-        check_presence(presence)
+        check_presence(presence, self._scopes.max_player_id(connection.server_id))
         player_id = presence.player_id
         known = player_id in connection.players
         if presence.kind == gateway_pb2.PRESENCE_KIND_LEAVE:
             if not known:
+                self._moved(connection, player_id)
                 raise NotFound(f"player {player_id} has not joined on this connection")
             connection.cancel_player(player_id)
-            self._players.forget(
-                connection.players.pop(player_id), router_pb2.CLEAR_REASON_DISCONNECTED
-            )
+            left = connection.players.pop(player_id)
             connection.states.pop(player_id, None)
+            self._registry.detach(left.player_id, connection)
+            self._players.forget(left, router_pb2.CLEAR_REASON_DISCONNECTED)
         else:
             if presence.kind == gateway_pb2.PRESENCE_KIND_UPDATE and not known:
+                self._moved(connection, player_id)
                 raise NotFound(f"player {player_id} has not joined; send JOIN before UPDATE")
             if not known and len(connection.players) >= self._config.max_players_per_connection:
                 raise ResourceExhausted(
                     f"this connection already has {self._config.max_players_per_connection} players"
                 )
-            joined = not known
-            connection.players[player_id] = common_pb2.PlayerContext(
+            player = common_pb2.PlayerContext(
                 server_id=connection.server_id,
-                player_id=player_id,
+                player_id=self._scopes.scoped(connection.server_id, player_id),
                 player_name=presence.player_name,
                 language=normalize_language(presence.language),
                 permission_level=presence.permission_level,
                 features=connection.features,
             )
-            if joined:
-                self._players.resume_tasks(connection.players[player_id])
+            connection.players[player_id] = player
+            if not known:
+                connection.moved.pop(player_id, None)
+                before = self._registry.attach(player.player_id, connection)
+                if before is not None:
+                    self._take_from(before, player_id, connection)
+                self._players.resume_tasks(player)
         PLAYERS.set(self._registry.players())
 
+    def _take_from(self, before: Connection, player_id: str, now: Connection) -> None:
+        """The player joined on `now` while attached to `before` (another server of their
+        network, or an older connection of the same server): that attachment ends, its
+        requests and tool calls for the player are cancelled, and a server they left
+        refuses their later frames."""
+        moved = before.server_id != now.server_id
+        reason = (
+            f"player {shown(player_id)} moved to server {now.server_id}"
+            if moved
+            else f"player {shown(player_id)} joined on a newer connection"
+        )
+        before.cancel_player(player_id, reason)
+        old = before.players.pop(player_id, None)
+        before.states.pop(player_id, None)
+        if moved:
+            before.remember_move(player_id, now.server_id, self._config.max_players_per_connection)
+            log.info(
+                "player moved within network %s",
+                now.scope,
+                extra={"from_server": before.server_id, "to_server": now.server_id},
+            )
+        if old is not None:
+            self._players.forget(old, router_pb2.CLEAR_REASON_DISCONNECTED)
+
     def _event(self, connection: Connection, event: gateway_pb2.GameEvent) -> None:
-        check_event(event)
+        check_event(event, self._scopes.max_player_id(connection.server_id))
         player = connection.players.get(event.player_id)
         online = player is not None
         if player is None:
-            # Not on this connection: the task waits until the player joins (here or on any
-            # server), under the connection's features and no operator level.
+            self._moved(connection, event.player_id)
+            scoped = self._scopes.scoped(connection.server_id, event.player_id)
+            elsewhere = self._registry.attached(scoped)
+            if elsewhere is not None and elsewhere.server_id != connection.server_id:
+                raise FailedPrecondition(
+                    f"player {shown(event.player_id)} is on server {elsewhere.server_id} of "
+                    f"network {connection.scope}; their events come from there"
+                )
+            # Not online: the task waits until the player joins (on this server, or on any
+            # server of its network), under the connection's features and no operator level.
             player = common_pb2.PlayerContext(
-                server_id=connection.server_id,
-                player_id=event.player_id,
-                features=connection.features,
+                server_id=connection.server_id, player_id=scoped, features=connection.features
             )
 
         def refused(code: grpc.StatusCode, message: str) -> None:
-            connection.send(
-                gateway_pb2.ConnectResponse(
-                    error=gateway_pb2.FrameError(
-                        request_id=event.event_key[:64], code=code.value[0], message=message
-                    )
-                )
-            )
+            self._refused(connection, event.event_key, code.name, shown(message, 1024))
 
         self._players.submit_event(player, event, online, refused)
 
-    def _request(self, connection: Connection, request: gateway_pb2.PlayerRequest) -> None:
-        check_id("request.request_id", request.request_id)
-        if request.request_id in connection.running:
-            raise AlreadyExists(f"request {request.request_id} is already in progress")
-        player = connection.players.get(request.player_id)
-        if player is None:
-            raise NotFound(
-                f"player {request.player_id!r} has not joined on this connection; send a JOIN presence first"
-            )
-        kind = request.WhichOneof("body")
+    # -- requests --------------------------------------------------------------------------------
+
+    def _check_body(self, request: gateway_pb2.PlayerRequest, kind: str | None) -> None:
         if kind is None:
             raise InvalidArgument(
                 "the request has no body; set one of chat, invoke, control, preferences, card_action"
@@ -266,26 +368,69 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 raise InvalidArgument(
                     f"chat.text has {len(text)} characters; the limit is {self._config.max_text_chars}"
                 )
-        elif kind == "invoke" and not request.invoke.call.module_id:
-            raise InvalidArgument("invoke.call.module_id is required")
+        elif kind == "invoke":
+            if not request.invoke.call.module_id:
+                raise InvalidArgument("invoke.call.module_id is required")
+            check_id("invoke.call.module_id", request.invoke.call.module_id, MAX_NAME)
+            check_struct("invoke.call.input", request.invoke.call.input, MAX_INPUT_BYTES)
         elif kind == "control" and request.control.action not in _CONTROL_ACTIONS:
             raise InvalidArgument("control.action must be STATE, CANCEL, HISTORY or CLEAR_HISTORY")
-        elif kind == "card_action" and not request.card_action.action_id:
-            raise InvalidArgument("card_action.action_id is required")
+        elif kind == "card_action":
+            if not request.card_action.action_id:
+                raise InvalidArgument("card_action.action_id is required")
+            check_card_action(request.card_action)
+
+    def _request(self, connection: Connection, request: gateway_pb2.PlayerRequest) -> None:
+        check_id("request.request_id", request.request_id)
+        if request.request_id in connection.running:
+            raise AlreadyExists(f"request {request.request_id} is already in progress")
+        player = connection.players.get(request.player_id)
+        if player is None:
+            self._moved(connection, request.player_id)
+            raise NotFound(
+                f"player {shown(request.player_id)!r} has not joined on this connection; "
+                "send a JOIN presence first"
+            )
+        kind = request.WhichOneof("body")
+        self._check_body(request, kind)
         if len(connection.running) >= self._config.max_pending_requests:
             raise ResourceExhausted(
                 f"{self._config.max_pending_requests} requests are already in progress on this connection"
             )
+        others = connection.running_for(request.player_id)
+        work = b""
+        if kind in _RUN_LIKE:
+            # Admission before routing: one run per player at a time (the engine's rule), so
+            # a different request while one runs is BUSY here, at once, without a router or
+            # engine call. The same request again may share the run in progress (the engine
+            # joins duplicates), so it goes on.
+            work = kind.encode() + getattr(request, kind).SerializeToString(deterministic=True)
+            if any(other.work and other.work != work for other in others):
+                self._busy(connection, request)
+                return
         if kind == "control" and request.control.action == gateway_pb2.CONTROL_ACTION_CANCEL:
-            connection.cancel_player(player.player_id)
+            connection.cancel_player(request.player_id)
             self._players.cancel_runs(player)
-        others = connection.running_for(player.player_id)
-        busy = others[0].request_id if others else ""
+        busy = next((other.request_id for other in others if other.work), "")
         task = asyncio.create_task(self._serve(connection, player, request, busy))
         connection.running[request.request_id] = RunningRequest(
-            request.request_id, player.player_id, task
+            request.request_id, request.player_id, task, work
         )
-        task.add_done_callback(lambda done: self._finished(connection, player, request, done))
+        task.add_done_callback(lambda done: self._finished(connection, request, done))
+
+    def _busy(self, connection: Connection, request: gateway_pb2.PlayerRequest) -> None:
+        BUSY_AT_GATEWAY.inc()
+        self._repeated.log(
+            logging.INFO,
+            "busy",
+            "request answered BUSY before routing: the player has another in progress",
+            extra={"server_id": connection.server_id},
+        )
+        connection.send(
+            gateway_pb2.ConnectResponse(
+                response=_failure_response(request, AgentFailure.BUSY, _BUSY)
+            )
+        )
 
     async def _serve(
         self,
@@ -296,21 +441,19 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
     ) -> None:
         with request_scope(new_request_id(), self._config.request_timeout_seconds):
             try:
-                state = connection.states.setdefault(player.player_id, PlayerState())
+                state = connection.states.setdefault(request.player_id, PlayerState())
                 response = await self._players.handle(player, request, busy, state)
+                response.player_id = request.player_id  # the game server's own id
             except asyncio.CancelledError:
-                response = _failure_response(player, request, AgentFailure.CANCELLED, "cancelled")
+                response = _failure_response(request, AgentFailure.CANCELLED, "cancelled")
             except Exception:
                 log.exception("request %s failed", request.request_id)
-                response = _failure_response(
-                    player, request, AgentFailure.MODULE_FAILED, "internal error"
-                )
+                response = _failure_response(request, AgentFailure.MODULE_FAILED, "internal error")
             connection.send(gateway_pb2.ConnectResponse(response=response))
 
     @staticmethod
     def _finished(
         connection: Connection,
-        player: common_pb2.PlayerContext,
         request: gateway_pb2.PlayerRequest,
         task: asyncio.Task[None],
     ) -> None:
@@ -318,25 +461,47 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         (then `_serve` never ran): the request leaves the running set and is always answered."""
         connection.running.pop(request.request_id, None)
         if task.cancelled():
-            response = _failure_response(player, request, AgentFailure.CANCELLED, "cancelled")
+            response = _failure_response(request, AgentFailure.CANCELLED, "cancelled")
             connection.send(gateway_pb2.ConnectResponse(response=response))
 
+    # -- tool results ----------------------------------------------------------------------------
+
     def _tool_result(self, connection: Connection, result: gateway_pb2.ToolResult) -> None:
-        future = connection.tool_calls.pop(result.call_id, None)
-        if future is None:
+        check_id("tool_result.call_id", result.call_id)
+        call = connection.tool_calls.pop(result.call_id, None)
+        if call is None:
             raise NotFound(f"no game-tool call {result.call_id!r} is waiting (late or unknown)")
-        if not future.done():
-            future.set_result(result)
+        try:
+            check_tool_result(result)
+        except InvalidArgument as exc:
+            # This call alone fails: its caller hears why; nothing else on the relay does.
+            tool = connection.tools.get(call.tool)
+            failure = (
+                AgentFailure.MODULE_FAILED
+                if tool is not None and tool.read_only
+                else AgentFailure.EFFECT_UNKNOWN
+            )
+            if not call.future.done():
+                call.future.set_result(
+                    gateway_pb2.ToolResult(
+                        call_id=result.call_id,
+                        failure=common_pb2.Failure(
+                            key=failure.value,
+                            message=f"game server {connection.server_id} answered {call.tool} "
+                            f"with an answer the gateway refused: {exc.message}",
+                        ),
+                    )
+                )
+            raise
+        if not call.future.done():
+            call.future.set_result(result)
 
 
 def _failure_response(
-    player: common_pb2.PlayerContext,
-    request: gateway_pb2.PlayerRequest,
-    failure: AgentFailure,
-    message: str,
+    request: gateway_pb2.PlayerRequest, failure: AgentFailure, message: str
 ) -> gateway_pb2.PlayerResponse:
     return gateway_pb2.PlayerResponse(
         request_id=request.request_id,
-        player_id=player.player_id,
+        player_id=request.player_id,
         reply=gateway_pb2.Reply(result=failed(failure, message)),
     )

@@ -16,6 +16,7 @@ from services.runtime.context import current_request_id
 __all__ = [
     "BatchingStreamHandler",
     "JsonFormatter",
+    "RepeatedLines",
     "access_handler",
     "configure_logging",
     "log_info",
@@ -23,6 +24,10 @@ __all__ = [
 
 # The access log's logger: one INFO line per RPC (services.runtime.interceptors).
 ACCESS_LOGGER = "system.rpc"
+
+MAX_MESSAGE = 4096
+"""Longest message a log line carries; a longer one is cut and ends in `…`, so no value a
+caller echoes can make a line (or a log) grow without bound."""
 
 # LogRecord attributes that are not user-supplied `extra` fields.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
@@ -68,17 +73,66 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _clipped(record.getMessage()),
         }
         request_id = getattr(record, "request_id", None) or current_request_id()
         if request_id:
             entry["request_id"] = request_id
         for key, value in record.__dict__.items():
             if key not in _STANDARD and key not in entry:
-                entry[key] = value if isinstance(value, str | int | float | bool) else repr(value)
+                entry[key] = (
+                    _clipped(value)
+                    if isinstance(value, str)
+                    else value
+                    if isinstance(value, int | float | bool)
+                    else _clipped(repr(value))
+                )
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return self._encode(entry)
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "…"
+
+
+class RepeatedLines:
+    """Lines that can repeat fast (a refused frame, a BUSY answer), summarised: per kind, the
+    first in an interval is logged at once and the rest only counted; the next one after the
+    interval is logged with `repeated`, how many were left out before it. Kinds are the
+    caller's few fixed names, never values from a request.
+
+    Args:
+        logger: where the lines go.
+        interval: seconds one kind logs at most one line in.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._kinds: dict[str, list[float]] = {}  # kind -> [logged at, left out since]
+
+    def log(
+        self,
+        level: int,
+        kind: str,
+        msg: str,
+        *args: Any,
+        extra: dict[str, Any] | None = None,
+    ) -> bool:
+        """Logs the line unless one of `kind` was logged less than `interval` ago; returns
+        whether it was logged."""
+        now = time.monotonic()
+        seen = self._kinds.get(kind)
+        if seen is not None and now - seen[0] < self._interval:
+            seen[1] += 1
+            return False
+        left_out = int(seen[1]) if seen is not None else 0
+        self._kinds[kind] = [now, 0]
+        if self._logger.isEnabledFor(level):
+            fields = {**(extra or {}), "kind": kind, "repeated": left_out}
+            self._logger.log(level, msg, *args, extra=fields)
+        return True
 
 
 class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
