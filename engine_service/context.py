@@ -11,7 +11,12 @@ Every tool call goes through `ExecutionContext.tool`, which checks, in order:
    the player (`system.error.tool_unavailable`);
 4. a write (not read-only) tool was not reached from a local or cached route, and an event run
    calls only event-allowed tools (`system.error.write_not_allowed`);
-5. the policy's budgets: tool calls, steps, write steps (`system.error.budget_exhausted`).
+5. the policy's budgets: tool calls, steps, write steps (`system.error.budget_exhausted`);
+6. the input against the tool's input schema (`system.error.invalid_input`).
+
+A game tool's answer is checked against the tool's output schema before anything reads it: an
+answer that breaks it fails the step with `system.error.tool_output_invalid`, naming the tool
+and the first error's path.
 
 A run that started while its player's lease was being taken (runs.PlayerRuns.hold) waits
 for the lease before any tool but a read-only, idempotent game tool, before a model call and
@@ -42,7 +47,7 @@ from system.model.v1 import model_pb2
 
 from engine_service.models import Completion, ModelClient
 from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
-from engine_service.schema import check_input
+from engine_service.schema import check_input, normalise, violation
 from engine_service.steps import TaskSteps
 from engine_service.tools import ToolKind, ToolSpec
 from services.results import AgentFailure, ModuleFailure, card
@@ -82,7 +87,11 @@ class GameTools(Protocol):
         data: dict[str, Any],
         timeout: float,
         idempotent: bool,
-    ) -> dict[str, Any]: ...
+        server_id: str = "",
+    ) -> dict[str, Any]:
+        """Runs `tool_id` on the game server `server_id` (the player's
+        `PlayerContext.server_id`; empty: the one the player is on) and returns its output."""
+        ...
 
 
 class HistoryReader(Protocol):
@@ -363,9 +372,25 @@ class ExecutionContext:
                 AgentFailure.TOOL_UNAVAILABLE,
                 f"{spec.tool_id} runs on the game server, and this engine has no gateway",
             )
-        return await self._game_tools.call(
-            live.player_id, call_id, spec.tool_id, payload, self.remaining(), spec.idempotent
+        output = await self._game_tools.call(
+            live.player_id,
+            call_id,
+            spec.tool_id,
+            payload,
+            self.remaining(),
+            spec.idempotent,
+            server_id=live.server_id,
         )
+        # Checked before anything reads it (a step receipt included): a malformed answer is an
+        # error, never an empty one.
+        found = violation(spec.output_schema, output)
+        if found is not None:
+            raise ModuleFailure(
+                AgentFailure.TOOL_OUTPUT_INVALID,
+                f"{spec.tool_id} answered with output that breaks its schema: "
+                f"{found.text('the output')} (see docs/game-tools.md)",
+            )
+        return normalise(spec.output_schema, output)
 
     def charge_model_call(self) -> None:
         """Counts one model call against the budget (and as a step), after the same permission,

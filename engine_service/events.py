@@ -51,7 +51,11 @@ class PlayerNotices(Protocol):
     """How a task's outcome reaches its player (the gateway's NotifyPlayer in production)."""
 
     async def notify(
-        self, player_id: str, result: common_pb2.AgentResult, timeout: float
+        self,
+        player_id: str,
+        result: common_pb2.AgentResult,
+        timeout: float,
+        server_id: str = "",
     ) -> None: ...
 
 
@@ -280,14 +284,16 @@ class EventRunner:
         await steps.finish(_TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED), result)
         if self._notices is not None:
             # Off the worker: a slow or offline game server never holds an event worker.
-            telling = asyncio.create_task(self._tell(claim.task.player_id, result))
+            telling = asyncio.create_task(
+                self._tell(claim.task.player_id, player.server_id, result)
+            )
             self._telling.add(telling)
             telling.add_done_callback(self._telling.discard)
 
-    async def _tell(self, player_id: str, result: common_pb2.AgentResult) -> None:
+    async def _tell(self, player_id: str, server_id: str, result: common_pb2.AgentResult) -> None:
         assert self._notices is not None
         try:
-            await self._notices.notify(player_id, result, NOTICE_SECONDS)
+            await self._notices.notify(player_id, result, NOTICE_SECONDS, server_id=server_id)
         except Exception as exc:  # noqa: BLE001 - the task's outcome is stored all the same
             log.info("player %s was not told how their task ended: %s", player_id, exc)
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from google.protobuf import struct_pb2
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.schema import check_schema
 from engine_service.tools import ToolRegistry, ToolRegistryError, ToolSpec
 from services.runtime.config import ConfigError
 from services.runtime.permissions import CORE_FEATURE, module_available
@@ -259,8 +260,10 @@ class ModuleRegistry:
             raise RegistryError(f"module id {spec.module_id!r} is not of the form namespace:path")
         if spec.module_id in self._modules:
             raise RegistryError(f"module {spec.module_id} is already registered")
-        if spec.input_schema.get("type") != "object":
-            raise RegistryError(f"{spec.module_id}: input_schema must describe an object")
+        try:
+            check_schema(spec.input_schema)
+        except ValueError as exc:
+            raise RegistryError(f"{spec.module_id}: input_schema: {exc}") from None
         if not spec.description:
             raise RegistryError(f"{spec.module_id}: a description is required")
         seen: dict[str, str] = {}

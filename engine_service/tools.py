@@ -17,6 +17,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from engine_service.schema import check_schema, violation
 from services.runtime.config import ConfigError
 from services.runtime.permissions import CORE_FEATURE
 
@@ -62,7 +63,11 @@ class ToolSpec:
     input_schema: dict[str, Any] = dataclasses.field(
         default_factory=lambda: {"type": "object", "properties": {}}
     )
-    """JSON Schema of the input (the subset `engine_service.schema` checks)."""
+    """JSON Schema (draft 2020-12) of the input, an object; checked before every call."""
+    output_schema: dict[str, Any] = dataclasses.field(default_factory=lambda: {"type": "object"})
+    """JSON Schema (draft 2020-12) of the output, an object. A game tool's every answer is
+    checked against it before any module reads it (an answer that breaks it fails the step
+    with TOOL_OUTPUT_INVALID); the default takes any object."""
     read_only: bool = False
     """True when the tool never changes state. Everything else is a write and counts against
     the policy's `write_steps`; it is refused from local and cached routes."""
@@ -79,16 +84,62 @@ class ToolSpec:
     """Server tools only: the handler is called as `handler(payload, ctx)` with the run's
     execution context, for tools that act for the player or depend on the run (its web gate,
     its search session)."""
+    example_input: dict[str, Any] | None = None
+    """An input the tool accepts, for the game-tool catalogue (checked against input_schema)."""
+    example_output: dict[str, Any] | None = None
+    """An answer the tool may give, for the catalogue (checked against output_schema)."""
+    declared: bool = True
+    """False for a game tool a module named without anyone declaring it (`resolve`): its
+    flags are the most restricted guess and its schemas take any object, so a game server's
+    own declaration of it is not judged against them."""
 
+
+_ITEM_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "description": "Item id, namespace:path (for example minecraft:bread).",
+}
 
 BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         tool_id="minecraft:inventory.read",
         description="List the items in the player's inventory.",
+        input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        output_schema={
+            "type": "object",
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "description": "One entry per item kind the player carries (stacks of one "
+                    "kind added up); empty when the inventory is empty.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "item": _ITEM_ID,
+                            "count": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "description": "How many of the item the player carries.",
+                            },
+                        },
+                        "required": ["item", "count"],
+                    },
+                }
+            },
+            "required": ["items"],
+        },
         read_only=True,
         idempotent=True,
         event_allowed=True,
         kind=ToolKind.GAME,
+        example_input={},
+        example_output={
+            "items": [
+                {"item": "minecraft:bread", "count": 12},
+                {"item": "minecraft:torch", "count": 32},
+            ]
+        },
     ),
     ToolSpec(
         tool_id="minecraft:item.give",
@@ -96,16 +147,34 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
         input_schema={
             "type": "object",
             "properties": {
-                "item": {"type": "string", "maxLength": 128},
-                "count": {"type": "integer", "minimum": 1},
+                "item": {
+                    "type": "string",
+                    "maxLength": 128,
+                    "description": _ITEM_ID["description"],
+                },
+                "count": {"type": "integer", "minimum": 1, "description": "How many to give."},
             },
             "required": ["item", "count"],
             "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "item": _ITEM_ID,
+                "count": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "How many of the item the player holds after the give.",
+                },
+            },
+            "required": ["item", "count"],
         },
         read_only=False,
         idempotent=False,
         event_allowed=True,
         kind=ToolKind.GAME,
+        example_input={"item": "minecraft:diamond", "count": 1},
+        example_output={"item": "minecraft:diamond", "count": 4},
     ),
 )
 """Game tools the gateway protocol documents for every game server; their declarations are
@@ -142,10 +211,20 @@ class ToolRegistry:
             raise ToolRegistryError(f"tool id {spec.tool_id!r} is not of the form namespace:path")
         if spec.tool_id in self._tools:
             raise ToolRegistryError(f"tool {spec.tool_id} is already registered")
-        if spec.input_schema.get("type") != "object":
-            raise ToolRegistryError(f"tool {spec.tool_id}: input_schema must describe an object")
         if not spec.description:
             raise ToolRegistryError(f"tool {spec.tool_id}: a description is required")
+        for name in ("input", "output"):
+            schema = getattr(spec, f"{name}_schema")
+            try:
+                check_schema(schema)
+            except ValueError as exc:
+                raise ToolRegistryError(f"tool {spec.tool_id}: {name}_schema: {exc}") from None
+            example = getattr(spec, f"example_{name}")
+            found = None if example is None else violation(schema, example)
+            if found is not None:
+                raise ToolRegistryError(
+                    f"tool {spec.tool_id}: example_{name} breaks its schema: {found.text()}"
+                )
 
     def server(self, spec: ToolSpec, handler: ToolHandler) -> None:
         """Registers a server tool and its one handler.
@@ -203,7 +282,12 @@ class ToolRegistry:
             raise ToolRegistryError(f"tool id {tool_id!r} is not of the form namespace:path")
         if tool_id.split(":", 1)[0] == SERVER_TOOL_NAMESPACE:
             raise ToolRegistryError(f"server tool {tool_id} is not registered")
-        spec = ToolSpec(tool_id=tool_id, description=f"Game tool {tool_id}.", kind=ToolKind.GAME)
+        spec = ToolSpec(
+            tool_id=tool_id,
+            description=f"Game tool {tool_id}.",
+            kind=ToolKind.GAME,
+            declared=False,
+        )
         self.game(spec)
         return spec
 

@@ -12,7 +12,16 @@ from collections.abc import Iterable
 
 from system.common.v1 import common_pb2
 
-__all__ = ["AgentFailure", "ModuleFailure", "NotDelivered", "card", "failed", "succeeded"]
+__all__ = [
+    "FAILURE_TEXTS",
+    "AgentFailure",
+    "ModuleFailure",
+    "NotDelivered",
+    "card",
+    "failed",
+    "failure_text",
+    "succeeded",
+]
 
 
 class AgentFailure(enum.Enum):
@@ -34,6 +43,8 @@ class AgentFailure(enum.Enum):
     BUDGET_EXHAUSTED = "system.error.budget_exhausted"
     TOOL_UNAVAILABLE = "system.error.tool_unavailable"
     WRITE_NOT_ALLOWED = "system.error.write_not_allowed"
+    TOOL_OUTPUT_INVALID = "system.error.tool_output_invalid"
+    """A game tool answered with output that breaks its output schema (docs/game-tools.md)."""
 
     @classmethod
     def from_key(cls, key: str) -> AgentFailure:
@@ -42,6 +53,52 @@ class AgentFailure(enum.Enum):
             if member.value == key:
                 return member
         return cls.MODULE_FAILED
+
+
+FAILURE_TEXTS: dict[AgentFailure, dict[str, str]] = {
+    AgentFailure.MODULE_FAILED: {"zh": "功能执行失败。", "en": "Something went wrong."},
+    AgentFailure.INVALID_INPUT: {"zh": "输入无效。", "en": "The input is not valid."},
+    AgentFailure.NOT_FOUND: {"zh": "没有找到。", "en": "Not found."},
+    AgentFailure.PERMISSION_DENIED: {"zh": "没有权限。", "en": "You may not do that."},
+    AgentFailure.BUSY: {"zh": "助手正忙，请稍后再试。", "en": "The assistant is busy; try again."},
+    AgentFailure.TIMEOUT: {"zh": "处理超时。", "en": "That took too long."},
+    AgentFailure.CANCELLED: {"zh": "已取消。", "en": "Cancelled."},
+    AgentFailure.UNKNOWN_COMMAND: {"zh": "未知指令。", "en": "Unknown command."},
+    AgentFailure.NO_MATCH: {"zh": "没有理解你的意思。", "en": "No feature matches that."},
+    AgentFailure.STORAGE_UNAVAILABLE: {
+        "zh": "数据暂时无法读写。",
+        "en": "The data store is unavailable right now.",
+    },
+    AgentFailure.MODEL_UNAVAILABLE: {"zh": "模型暂时不可用。", "en": "The model is unavailable."},
+    AgentFailure.EFFECT_UNKNOWN: {
+        "zh": "操作可能已执行，也可能没有；不会重复执行。",
+        "en": "It may or may not have happened; it is not repeated.",
+    },
+    AgentFailure.STORAGE_FULL: {"zh": "存储已满。", "en": "Storage is full."},
+    AgentFailure.BUDGET_EXHAUSTED: {"zh": "额度已用完。", "en": "The budget is used up."},
+    AgentFailure.TOOL_UNAVAILABLE: {
+        "zh": "游戏服务器暂时无法提供此功能。",
+        "en": "The game server cannot do that right now.",
+    },
+    AgentFailure.WRITE_NOT_ALLOWED: {
+        "zh": "此操作需要明确的指令或按钮。",
+        "en": "That change needs an explicit command or button.",
+    },
+    AgentFailure.TOOL_OUTPUT_INVALID: {
+        "zh": "游戏服务器返回的数据格式不正确。",
+        "en": "The game server answered with malformed data.",
+    },
+}
+"""What each failure key means, per language (`zh`, `en`): the text a client shows for a
+failure key it has no translation of its own for."""
+
+
+def failure_text(failure: AgentFailure | str, language: str) -> str:
+    """The text of a failure key in `language` (`en` for other languages); unknown keys read as
+    MODULE_FAILED."""
+    member = failure if isinstance(failure, AgentFailure) else AgentFailure.from_key(failure)
+    texts = FAILURE_TEXTS[member]
+    return texts.get(language) or texts["en"]
 
 
 class ModuleFailure(Exception):

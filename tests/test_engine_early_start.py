@@ -69,8 +69,12 @@ class RecordingGame:
         data: dict[str, Any],
         timeout: float,
         idempotent: bool,
+        server_id: str = "",
     ) -> dict[str, Any]:
         self.events.append(tool_id)
+        # Answers as the game-tool catalogue says (docs/game-tools.md); the engine checks it.
+        if tool_id == GIVE:
+            return {"item": data["item"], "count": data["count"]}
         return {"items": []}
 
 

@@ -99,8 +99,10 @@ class Tools:
 class FakeGameTools:
     """GameTools recording each relayed call."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: dict[str, Any] | None = None) -> None:
         self.calls: list[tuple[str, str, str, float]] = []
+        self.servers: list[str] = []
+        self.answer = answer or {"items": [{"item": "minecraft:apple", "count": 3}]}
 
     async def call(
         self,
@@ -110,9 +112,11 @@ class FakeGameTools:
         data: dict[str, Any],
         timeout: float,
         idempotent: bool,
+        server_id: str = "",
     ) -> dict[str, Any]:
         self.calls.append((player_id, call_id, tool_id, timeout))
-        return {"items": [{"item": "minecraft:apple", "count": 3}]}
+        self.servers.append(server_id)
+        return self.answer
 
 
 class MemoryHistory:

@@ -15,6 +15,7 @@ from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.gamesim.world import World
+from services.runtime.keepalive import KeepalivePolicy
 
 __all__ = ["FrameRefused", "GameServerClient", "GatewayRefused"]
 
@@ -51,6 +52,8 @@ class GameServerClient:
         server_id: this game server's id.
         token: its token.
         world: game state the tools act on.
+        tls_ca: PEM of the CA to trust: connect over TLS. None: plaintext.
+        keepalive: ping policy of the connection (the stack's one policy by default).
     """
 
     def __init__(
@@ -60,7 +63,12 @@ class GameServerClient:
         token: str,
         world: World | None = None,
         features: tuple[str, ...] = (),
+        *,
+        tls_ca: bytes | None = None,
+        keepalive: KeepalivePolicy | None = None,
     ) -> None:
+        self.tls_ca = tls_ca
+        self.keepalive = keepalive or KeepalivePolicy()
         self.target = target
         self.server_id = server_id
         self.token = token
@@ -82,14 +90,22 @@ class GameServerClient:
 
     async def connect(self, timeout: float = 10.0) -> gateway_pb2.Welcome:
         """Opens the stream and sends the hello. Raises GatewayRefused if refused."""
-        self._channel = grpc.aio.insecure_channel(self.target)
+        # A plugin's settings: the stack's keepalive policy (services.runtime.keepalive), and
+        # TLS when the gateway's public port serves it.
+        options = self.keepalive.channel_options()
+        if self.tls_ca is not None:
+            self._channel = grpc.aio.secure_channel(
+                self.target, grpc.ssl_channel_credentials(self.tls_ca), options=options
+            )
+        else:
+            self._channel = grpc.aio.insecure_channel(self.target, options=options)
         stub = gateway_pb2_grpc.GameGatewayServiceStub(self._channel)
         self._call = stub.Connect(metadata=(("authorization", f"Bearer {self.token}"),))
         hello = gateway_pb2.Hello(
             server_id=self.server_id,
             protocol_version=PROTOCOL_VERSION,
             features=list(self.features),
-            tools=World.tools(),
+            tools=self.world.tools(),
             software="system-gamesim/0.1",
         )
         try:
