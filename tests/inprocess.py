@@ -149,13 +149,19 @@ class Chain:
 
 @contextlib.asynccontextmanager
 async def running_chain(
-    tmp_path: pathlib.Path, *, credentials: bool = False, **gateway_overrides: Any
+    tmp_path: pathlib.Path,
+    *,
+    credentials: bool = False,
+    every_service: dict[str, Any] | None = None,
+    **gateway_overrides: Any,
 ) -> AsyncIterator[Chain]:
     """Starts storage, engine, router and gateway; stops them in reverse order on exit.
 
     With `credentials`, every service requires service credentials and holds its own, as
     in production (services.runtime.security); `chain.credentials` has them all.
+    `every_service` holds settings given to all four (keepalive intervals, say).
     """
+    common = every_service or {}
     token = secrets.token_urlsafe(16)
     apps: dict[str, Any] = {}
     minted = {name: secrets.token_urlsafe(24) for name in CALLERS} if credentials else {}
@@ -163,8 +169,9 @@ async def running_chain(
 
     def auth(name: str) -> dict[str, Any]:
         if not minted:
-            return {}
+            return dict(common)
         return {
+            **common,
             "service_token": minted[name],
             "caller_tokens": tuple(f"{caller}={tok}" for caller, tok in minted.items()),
         }

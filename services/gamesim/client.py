@@ -77,6 +77,9 @@ class GameServerClient:
         self.welcome: gateway_pb2.Welcome | None = None
         self.frame_errors: list[gateway_pb2.FrameError] = []
         self.notices: asyncio.Queue[gateway_pb2.PlayerResponse] = asyncio.Queue()
+        self.ended: GatewayRefused | None = None
+        """How the gateway ended the stream, once it did (ABORTED: a newer connection of this
+        server replaced it; reconnect only if that was not us)."""
         self._ids = itertools.count(1)
         self._pending: dict[str, asyncio.Future[gateway_pb2.PlayerResponse]] = {}
         self._channel: grpc.aio.Channel | None = None
@@ -245,7 +248,8 @@ class GameServerClient:
                 elif kind == "tool_call":
                     await self.send(self._run_tool(frame.tool_call))
         except grpc.aio.AioRpcError as exc:
-            self._fail_pending(GatewayRefused(exc.code(), exc.details() or ""))
+            self.ended = GatewayRefused(exc.code(), exc.details() or "")
+            self._fail_pending(self.ended)
         finally:
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(None)

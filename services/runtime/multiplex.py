@@ -290,6 +290,8 @@ class MultiplexClient:
         self._stream: _Stream | None = None
         self._next_id = 0
         self._closed = False
+        self.streams_opened = 0
+        """Streams opened so far: 1 while the first stays up (a broken one is reopened)."""
 
     async def call(
         self, field: str, request: Any, timeout: float | None, idempotent: bool = False
@@ -325,6 +327,7 @@ class MultiplexClient:
         stream = self._stream
         if stream is None or stream.broken:
             stream = self._stream = _Stream(self._open_stream(), self._request_type)
+            self.streams_opened += 1
         self._next_id += 1
         call_id = self._next_id
         future = stream.expect(call_id)
@@ -412,6 +415,11 @@ class StreamedCalls:
             request_type,
             call_type,
         )
+
+    @property
+    def streams_opened(self) -> int:
+        """Streams opened so far (see MultiplexClient.streams_opened)."""
+        return self._client.streams_opened
 
     async def call(self, field: str, request: Any, timeout: float) -> Any:
         """The answer of the call `field`; raises grpc.aio.AioRpcError as the unary RPC
