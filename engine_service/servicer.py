@@ -8,6 +8,7 @@ from system.storage.v1 import journal_pb2
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventTasks
 from engine_service.registry import struct_to_dict
+from engine_service.tool_catalog import game_tool_catalog, to_proto
 from services.runtime.errors import InvalidArgument
 
 __all__ = ["EngineServicer"]
@@ -20,6 +21,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self._engine = engine
         self._events = events
         self._maintenance = maintenance
+        self._game_tools: engine_pb2.GetGameToolCatalogResponse | None = None
 
     async def Execute(self, request, context):  # type: ignore[no-untyped-def]
         if request.source == engine_pb2.ROUTE_SOURCE_UNSPECIFIED:
@@ -57,6 +59,14 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             modules=registry.descriptors(player),
             reject_profiles=registry.reject_profiles(),
         )
+
+    async def GetGameToolCatalog(self, request, context):  # type: ignore[no-untyped-def]
+        if self._game_tools is None:  # the registry is frozen: built once
+            self._game_tools = engine_pb2.GetGameToolCatalogResponse(
+                generation=self._engine.registry.generation,
+                tools=to_proto(game_tool_catalog(self._engine.registry)),
+            )
+        return self._game_tools
 
     async def SubmitEvent(self, request, context):  # type: ignore[no-untyped-def]
         try:
