@@ -77,7 +77,7 @@ SPECS = (
         "system.engine.v1.EngineService",
         {
             "storage_target": "storage",
-            "gateway_target": "gateway",
+            "gateway_target": "gateway-internal",
             "model_target": "model-gateway",
         },
     ),
@@ -218,7 +218,24 @@ def test_every_yaml_document_parses() -> None:
 
 def test_base_has_a_deployment_and_a_service_per_service() -> None:
     assert set(DEPLOYMENTS) == set(BY_APP)
-    assert set(SERVICES) == set(BY_APP)
+    # The gateway's internal port has a Service of its own, so that exposing `gateway` (the
+    # game servers' port) never exposes the relay.
+    assert set(SERVICES) == set(BY_APP) | {"gateway-internal"}
+
+
+def test_the_public_service_carries_only_the_game_servers_port() -> None:
+    assert [p["name"] for p in SERVICES["gateway"]["spec"]["ports"]] == ["grpc"]
+    internal = {p["name"]: p["port"] for p in SERVICES["gateway-internal"]["spec"]["ports"]}
+    env = _env(_server_container(_deployment(BY_APP["gateway"])))
+    assert internal["relay"] == int(env["SYSTEM_GATEWAY_INTERNAL_PORT"]["value"])
+
+
+@per_service
+def test_every_service_holds_and_checks_service_credentials(spec: Spec) -> None:
+    env = _env(_server_container(_deployment(spec)))
+    for name in ("SERVICE_TOKEN", "CALLER_TOKENS"):
+        ref = env[f"{spec.env_prefix}{name}"]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == SECRET_NAME
 
 
 def test_every_base_file_is_listed_in_the_kustomization() -> None:
@@ -370,7 +387,8 @@ def test_targets_name_the_services_they_depend_on(spec: Spec) -> None:
         host, _, port = value.rpartition(":")
         assert host == app, f"{spec.app}: {setting} should dial the {app} Service, got {value}"
         service_ports = {p["name"]: p["port"] for p in SERVICES[app]["spec"]["ports"]}
-        assert int(port) == service_ports["grpc"], f"{spec.app}: {setting} port {port}"
+        expected = service_ports.get("grpc", service_ports.get("relay"))
+        assert int(port) == expected, f"{spec.app}: {setting} port {port}"
 
 
 @per_service
