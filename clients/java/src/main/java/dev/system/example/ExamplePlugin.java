@@ -1,0 +1,433 @@
+package dev.system.example;
+
+import dev.system.client.CardText;
+import dev.system.client.ClientOptions;
+import dev.system.client.FrameRefusedException;
+import dev.system.client.GameServerClient;
+import dev.system.client.GameTool;
+import dev.system.client.Json;
+import dev.system.client.Player;
+import dev.system.client.Structs;
+import dev.system.common.v1.AgentResult;
+import dev.system.common.v1.Card;
+import dev.system.common.v1.CardButton;
+import dev.system.common.v1.ResultStatus;
+import dev.system.gateway.v1.FrameError;
+import dev.system.gateway.v1.PlayerResponse;
+import dev.system.gateway.v1.ToolCall;
+import dev.system.gateway.v1.ToolProblem;
+import dev.system.gateway.v1.ToolResult;
+import dev.system.gateway.v1.Welcome;
+import io.grpc.Status;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
+
+/**
+ * An example game-server plugin's main: connects, joins two players and runs a scripted
+ * session, printing what each step did and a CHECK line for every expected behaviour. Exits 1
+ * when any check fails, 2 for bad arguments.
+ *
+ * <pre>
+ * java -cp "$(cat clients/java/build/classpath)" dev.system.example.ExamplePlugin \
+ *     --address 127.0.0.1:50051 --server-id sim --token TOKEN [--tls-ca ca.pem]
+ * </pre>
+ *
+ * <p>The token may come from the environment variable SYSTEM_GAME_SERVER_TOKEN instead of the
+ * command line (where other users of the machine can read it).
+ */
+public final class ExamplePlugin {
+  static final String GAME_THREAD = "game-main";
+  static final String OUTPUT_INVALID = "system.error.tool_output_invalid";
+  static final Duration WAIT = Duration.ofSeconds(30);
+
+  private final List<String> failed = new ArrayList<>();
+  private int checks;
+
+  public static void main(String[] args) throws Exception {
+    Args a;
+    try {
+      a = Args.parse(args);
+    } catch (IllegalArgumentException e) {
+      System.err.println("error: " + e.getMessage());
+      System.err.println(Args.USAGE);
+      System.exit(2);
+      return;
+    }
+    if (a.printTools) {
+      printTools();
+      return;
+    }
+    int code = a.benchRequests > 0 ? HelpBench.run(a) : new ExamplePlugin().session(a);
+    System.exit(code);
+  }
+
+  /** Prints the tools the hello declares, as one line {@code TOOLS [json]}, and nothing else. */
+  static void printTools() {
+    List<Map<String, Object>> tools = new ArrayList<>();
+    for (GameTool t : new InMemoryWorld(GAME_THREAD).tools()) {
+      Map<String, Object> m = new LinkedHashMap<>();
+      m.put("name", t.name());
+      m.put("description", t.description());
+      m.put("input_schema", t.inputSchema());
+      m.put("output_schema", t.outputSchema());
+      m.put("read_only", t.readOnly());
+      m.put("idempotent", t.idempotent());
+      m.put("event_allowed", t.eventAllowed());
+      tools.add(m);
+    }
+    System.out.println("TOOLS " + Json.write(tools));
+  }
+
+  static ClientOptions options(Args a) {
+    ClientOptions.Builder b =
+        ClientOptions.builder(a.address, a.serverId, a.token)
+            .software("system-java-example/0.1")
+            .backoff(Duration.ofMillis(500), Duration.ofSeconds(10), 2.0, 0.2);
+    if (a.tlsCa != null) {
+      b.tlsCaFile(a.tlsCa);
+    } else if (a.tls) {
+      b.tls(true);
+    }
+    if (a.tlsServerName != null) {
+      b.tlsServerName(a.tlsServerName);
+    }
+    return b.build();
+  }
+
+  static ExecutorService gameThread() {
+    return Executors.newSingleThreadExecutor(
+        r -> {
+          Thread t = new Thread(r, GAME_THREAD);
+          t.setDaemon(true);
+          return t;
+        });
+  }
+
+  private void check(boolean ok, String name, String detail) {
+    checks++;
+    if (ok) {
+      System.out.println("CHECK ok " + name);
+    } else {
+      failed.add(name);
+      System.out.println("CHECK FAIL " + name + ": " + detail);
+    }
+  }
+
+  private static void show(String who, String what, PlayerResponse r) {
+    System.out.println("<" + who + "> " + what);
+    for (String line : CardText.render(r).split("\n")) {
+      System.out.println("    " + line);
+    }
+  }
+
+  private static boolean await(BooleanSupplier condition, Duration timeout)
+      throws InterruptedException {
+    long end = System.nanoTime() + timeout.toNanos();
+    while (System.nanoTime() < end) {
+      if (condition.getAsBoolean()) {
+        return true;
+      }
+      Thread.sleep(50);
+    }
+    return condition.getAsBoolean();
+  }
+
+  private static PlayerResponse get(CompletableFuture<PlayerResponse> f) throws Exception {
+    return f.get(WAIT.toMillis(), TimeUnit.MILLISECONDS);
+  }
+
+  private static boolean succeeded(PlayerResponse r) {
+    return r.hasReply() && r.getReply().getResult().getStatus() == ResultStatus.RESULT_STATUS_SUCCEEDED;
+  }
+
+  private static String describe(PlayerResponse r) {
+    AgentResult result = r.hasReply() ? r.getReply().getResult() : r.getNotice().getResult();
+    return r.getBodyCase()
+        + " module="
+        + (r.hasReply() ? r.getReply().getModuleId() : "")
+        + " status="
+        + result.getStatus()
+        + " failure="
+        + result.getFailure().getKey()
+        + " "
+        + result.getFailure().getMessage();
+  }
+
+  int session(Args a) throws Exception {
+    ExecutorService game = gameThread();
+    InMemoryWorld world = new InMemoryWorld(GAME_THREAD);
+    BlockingQueue<PlayerResponse> notices = new LinkedBlockingQueue<>();
+    List<FrameError> frameErrors = new CopyOnWriteArrayList<>();
+    List<Status> disconnects = new CopyOnWriteArrayList<>();
+    GameServerClient.Listener listener =
+        new GameServerClient.Listener() {
+          @Override
+          public void onWelcome(Welcome w, int connection) {
+            System.out.println(
+                "welcome #" + connection + ": session " + w.getSessionId() + ", protocol "
+                    + w.getProtocolVersion() + ", max text " + w.getMaxTextChars() + " chars, "
+                    + w.getToolProblemsCount() + " tool problems");
+            for (ToolProblem p : w.getToolProblemsList()) {
+              System.out.println("  tool problem: " + p.getTool() + ": " + p.getProblem()
+                  + " (unavailable: " + String.join(", ", p.getUnavailableModulesList()) + ")");
+            }
+          }
+
+          @Override
+          public void onUnsolicited(PlayerResponse r) {
+            notices.add(r);
+          }
+
+          @Override
+          public void onFrameError(FrameError e) {
+            frameErrors.add(e);
+            System.out.println("frame error: request " + e.getRequestId() + " "
+                + Status.fromCodeValue(e.getCode()).getCode() + ": " + e.getMessage());
+          }
+
+          @Override
+          public void onToolCall(ToolCall call, ToolResult result) {
+            System.out.println("tool call " + call.getTool() + " " + Structs.toJson(call.getInput())
+                + " -> " + (result.hasOutput() ? Structs.toJson(result.getOutput())
+                    : "failure " + result.getFailure().getKey() + ": " + result.getFailure().getMessage()));
+          }
+
+          @Override
+          public void onDisconnected(Status status, Duration retryIn) {
+            disconnects.add(status);
+            System.out.println("disconnected: " + status.getCode() + " "
+                + status.getDescription() + "; retry in " + retryIn.toMillis() + " ms");
+          }
+        };
+
+    String steve = UUID.randomUUID().toString();
+    String li = UUID.randomUUID().toString();
+    System.out.println("connecting to " + a.address + (a.tlsCa != null ? " over TLS (CA " + a.tlsCa + ")"
+        : a.tls ? " over TLS (system roots)" : " in plaintext") + " as " + a.serverId);
+    try (GameServerClient client = new GameServerClient(options(a), world.tools(), game, listener)) {
+      client.start();
+      Welcome welcome;
+      try {
+        welcome = client.awaitWelcome(WAIT);
+      } catch (ExecutionException e) {
+        check(false, "welcome", "the gateway refused the connection: " + e.getCause().getMessage());
+        return finish();
+      }
+      check(welcome.getProtocolVersion() == 1, "welcome", "protocol " + welcome.getProtocolVersion());
+      check(welcome.getToolProblemsCount() == 0, "no-tool-problems",
+          welcome.getToolProblemsList().toString());
+
+      client.join(new Player(steve, "Steve", "en_us", 0));
+      client.join(new Player(li, "Li", "zh_cn", 0));
+
+      // 1. help, in English.
+      PlayerResponse help = get(client.chat(steve, "help"));
+      show("Steve", "help", help);
+      Card helpCard = help.getReply().getResult().getCard();
+      check(succeeded(help) && help.getReply().getModuleId().equals("system:help")
+              && helpCard.getButtonsCount() > 0,
+          "chat-help", describe(help));
+
+      // 2. 帮助, in Chinese.
+      PlayerResponse bangzhu = get(client.chat(li, "帮助"));
+      show("Li", "帮助", bangzhu);
+      check(succeeded(bangzhu) && bangzhu.getReply().getResult().getCard().getTitle().equals("助手帮助"),
+          "chat-bangzhu", describe(bangzhu));
+
+      // 3. /inventory: the engine calls minecraft:inventory.read, answered on the game thread.
+      int before = world.calls().size();
+      PlayerResponse inv = get(client.chat(steve, "/inventory"));
+      show("Steve", "/inventory", inv);
+      String lines = cardText(inv);
+      check(succeeded(inv) && lines.contains("minecraft:bread × 12") && lines.contains("minecraft:torch × 32"),
+          "chat-inventory", describe(inv) + " " + lines);
+      check(world.calls().size() > before
+              && world.calls().get(before).tool().equals("minecraft:inventory.read")
+              && world.calls().get(before).thread().equals(GAME_THREAD),
+          "tool-call-on-game-thread", world.calls().toString());
+
+      // 4. A button from the help card: the /inventory button.
+      CardButton button = helpCard.getButtonsList().stream()
+          .filter(b -> "system:inventory".equals(b.getArgsMap().get("module_id")))
+          .findFirst().orElse(helpCard.getButtonsCount() > 0 ? helpCard.getButtons(0) : null);
+      if (button == null) {
+        check(false, "button-press", "the help card has no buttons");
+      } else {
+        System.out.println("pressing [" + button.getLabel() + "] action " + button.getActionId()
+            + " args " + Json.write(button.getArgsMap()) + " on card " + helpCard.getRef().getCardId()
+            + " v" + helpCard.getRef().getVersion());
+        PlayerResponse pressed = get(client.press(steve, helpCard, button));
+        show("Steve", "pressed " + button.getLabel(), pressed);
+        check(succeeded(pressed) && pressed.getReply().getResult().getCard().getTemplate().equals("system:inventory"),
+            "button-press", describe(pressed));
+      }
+
+      // 5. A game event: the advancement reward gives bread through minecraft:item.give.
+      String eventKey = "adv-" + UUID.randomUUID();
+      boolean sent = client.event(steve, "minecraft:advancement", eventKey,
+          Map.of("advancement", "minecraft:story/mine_stone"));
+      boolean given = await(() -> world.calls().stream().anyMatch(
+          c -> c.tool().equals("minecraft:item.give") && c.playerId().equals(steve)), WAIT);
+      System.out.println("<Steve> earns minecraft:story/mine_stone (event " + eventKey + ")");
+      check(sent && given && world.inventory(steve).get("minecraft:bread") == 15,
+          "event-item-give", "sent=" + sent + " given=" + given + " inventory=" + world.inventory(steve)
+              + " frame errors=" + frameErrors);
+      PlayerResponse notice = notices.poll(WAIT.toSeconds(), TimeUnit.SECONDS);
+      if (notice != null) {
+        show("Steve", "(notice)", notice);
+      }
+      check(notice != null && notice.getPlayerId().equals(steve) && notice.hasNotice(),
+          "event-notice", String.valueOf(notice));
+      PlayerResponse inv2 = get(client.chat(steve, "/inventory"));
+      show("Steve", "/inventory", inv2);
+      check(succeeded(inv2) && cardText(inv2).contains("minecraft:bread × 15"),
+          "inventory-after-give", describe(inv2) + " " + cardText(inv2));
+
+      // 6. A request for a player who never joined: a FrameError, the stream stays up.
+      try {
+        PlayerResponse r = get(client.chat("never-joined", "help"));
+        check(false, "frame-error-not-found", "answered: " + describe(r));
+      } catch (ExecutionException e) {
+        boolean ok = e.getCause() instanceof FrameRefusedException f && f.code() == Status.Code.NOT_FOUND;
+        check(ok && !frameErrors.isEmpty(), "frame-error-not-found", String.valueOf(e.getCause()));
+      }
+
+      // 7. A malformed tool answer: `id` instead of `item`. It must be refused, not read as empty.
+      world.malformNext("minecraft:inventory.read");
+      PlayerResponse bad = get(client.chat(steve, "/inventory"));
+      show("Steve", "/inventory (the game answers {\"items\":[{\"id\":\"minecraft:diamond\",\"count\":3}]})", bad);
+      AgentResult badResult = bad.getReply().getResult();
+      boolean refused = badResult.getStatus() == ResultStatus.RESULT_STATUS_FAILED
+          && badResult.getFailure().getKey().equals(OUTPUT_INVALID);
+      System.out.println("malformed answer: status " + badResult.getStatus() + ", failure "
+          + badResult.getFailure().getKey() + ": " + badResult.getFailure().getMessage());
+      if (a.requireOutputValidation) {
+        check(refused, "malformed-tool-output-refused", describe(bad));
+      } else if (!refused) {
+        System.out.println("WARN the engine did not refuse the malformed answer with " + OUTPUT_INVALID
+            + " (this engine does not validate tool outputs yet): " + describe(bad));
+      } else {
+        check(true, "malformed-tool-output-refused", "");
+      }
+
+      // 8. Reconnect: drop the stream; the client reconnects, re-sends its hello and JOINs.
+      client.dropConnection("example: simulated network failure");
+      boolean back = await(() -> client.welcomes() >= 2, WAIT);
+      check(back && !disconnects.isEmpty(), "reconnect", "welcomes=" + client.welcomes());
+      if (back) {
+        PlayerResponse again = get(client.chat(steve, "help"));
+        show("Steve", "help (after reconnecting)", again);
+        check(succeeded(again), "rejoined-after-reconnect", describe(again));
+      }
+
+      boolean gameThreadOnly = world.calls().stream().allMatch(c -> c.thread().equals(GAME_THREAD));
+      check(gameThreadOnly, "tools-only-on-game-thread", world.calls().toString());
+      System.out.println("world: " + world.calls().size() + " tool calls; Steve has " + world.inventory(steve));
+    } finally {
+      game.shutdownNow();
+    }
+    return finish();
+  }
+
+  private static String cardText(PlayerResponse r) {
+    StringBuilder sb = new StringBuilder();
+    r.getReply().getResult().getCard().getLinesList().forEach(l -> sb.append(l.getText()).append('\n'));
+    return sb.toString();
+  }
+
+  private int finish() {
+    if (failed.isEmpty()) {
+      System.out.println("RESULT ok " + checks + " checks");
+      return 0;
+    }
+    System.out.println("RESULT FAIL " + failed.size() + " of " + checks + " checks: " + failed);
+    return 1;
+  }
+
+  /** Command-line arguments. */
+  static final class Args {
+    static final String USAGE =
+        "usage: ExamplePlugin --address HOST:PORT --server-id ID [--token TOKEN] [--tls-ca FILE | --tls]\n"
+            + "                     [--tls-server-name NAME] [--require-output-validation]\n"
+            + "                     [--bench N [--warmup N]]\n"
+            + "   or: ExamplePlugin --print-tools   (the hello's tools as JSON)\n"
+            + "   or: ExamplePlugin ADDRESS TOKEN SERVER_ID [options]\n"
+            + "The token may come from the environment variable SYSTEM_GAME_SERVER_TOKEN.";
+    String address;
+    String token = System.getenv("SYSTEM_GAME_SERVER_TOKEN");
+    String serverId;
+    Path tlsCa;
+    boolean tls;
+    String tlsServerName;
+    boolean requireOutputValidation;
+    boolean printTools;
+    int benchRequests;
+    int benchWarmup = 20;
+
+    static Args parse(String[] argv) {
+      Args a = new Args();
+      List<String> positional = new ArrayList<>();
+      for (int i = 0; i < argv.length; i++) {
+        String arg = argv[i];
+        switch (arg) {
+          case "--address" -> a.address = value(argv, ++i, arg);
+          case "--token" -> a.token = value(argv, ++i, arg);
+          case "--server-id" -> a.serverId = value(argv, ++i, arg);
+          case "--tls-ca" -> a.tlsCa = Path.of(value(argv, ++i, arg));
+          case "--tls" -> a.tls = true;
+          case "--tls-server-name" -> a.tlsServerName = value(argv, ++i, arg);
+          case "--require-output-validation" -> a.requireOutputValidation = true;
+          case "--print-tools" -> a.printTools = true;
+          case "--bench" -> a.benchRequests = Integer.parseInt(value(argv, ++i, arg));
+          case "--warmup" -> a.benchWarmup = Integer.parseInt(value(argv, ++i, arg));
+          case "-h", "--help" -> throw new IllegalArgumentException("help");
+          default -> {
+            if (arg.startsWith("--")) {
+              throw new IllegalArgumentException("unknown option " + arg);
+            }
+            positional.add(arg);
+          }
+        }
+      }
+      if (a.printTools) {
+        return a;
+      }
+      if (!positional.isEmpty()) {
+        if (positional.size() != 3) {
+          throw new IllegalArgumentException("give ADDRESS TOKEN SERVER_ID, or use the options");
+        }
+        a.address = positional.get(0);
+        a.token = positional.get(1);
+        a.serverId = positional.get(2);
+      }
+      if (a.address == null || a.serverId == null || a.token == null || a.token.isBlank()) {
+        throw new IllegalArgumentException("--address, --server-id and a token are required");
+      }
+      if (a.tlsCa != null && !a.tlsCa.toFile().isFile()) {
+        throw new IllegalArgumentException("--tls-ca " + a.tlsCa + " is not a file");
+      }
+      return a;
+    }
+
+    private static String value(String[] argv, int i, String option) {
+      if (i >= argv.length) {
+        throw new IllegalArgumentException(option + " needs a value");
+      }
+      return argv[i];
+    }
+  }
+}
