@@ -22,6 +22,7 @@ help:
 	@echo "make protos            regenerate Python stubs in gen/ from protos/"
 	@echo "make check-protos      fail when gen/ does not match protos/"
 	@echo "make lint / make fmt   check / fix style with ruff"
+	@echo "make java-client       build clients/java (javac, Debian's jars) and run its example against a stack"
 
 $(INSTALLED): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -57,6 +58,10 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.router
 	$(PYTHON) -m bench.model_gateway
 	$(PYTHON) -m bench.engine
+
+.PHONY: java-client
+java-client: $(GEN_STAMP)
+	$(PYTHON) scripts/java_client_check.py
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -352,12 +352,19 @@ def _clear_tls_failure(done: subprocess.CompletedProcess[str]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the stacks' folders (logs)")
+    parser.add_argument(
+        "--no-build", action="store_true", help="use the last build of clients/java/build.sh"
+    )
     options = parser.parse_args(argv)
-    try:
-        classpath = build()
-    except JavaMissing as exc:
-        print(f"java-client: cannot build: {exc}", file=sys.stderr)
-        return 3
+    built = BUILD_DIR / "classpath"
+    if options.no_build and built.exists():
+        classpath = built.read_text().strip()
+    else:
+        try:
+            classpath = build()
+        except JavaMissing as exc:
+            print(f"java-client: cannot build: {exc}", file=sys.stderr)
+            return 3
     problems: list[str] = []
     if CATALOGUE.exists():
         mismatches = catalogue_mismatches(
