@@ -149,15 +149,16 @@ async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict
             drain_seconds=0,
             grace_seconds=1,
             storage_target=stack.target("storage"),
-            gateway_target=stack.target("gateway"),
+            gateway_target=stack.target("gateway_internal"),
             model_target=stack.target("model"),
+            service_token=stack.service_tokens["engine"],
             log_level="WARNING",
         )
     )
     await app.host.start()
     timed = _Timed(app)
     engine_channel = grpc.aio.insecure_channel(app.host.target)
-    gateway_channel = grpc.aio.insecure_channel(stack.target("gateway"))
+    gateway_channel = grpc.aio.insecure_channel(stack.target("gateway_internal"))
     engine = engine_pb2_grpc.EngineServiceStub(engine_channel)
     relay = relay_pb2_grpc.ToolRelayServiceStub(gateway_channel)
     health = health_pb2_grpc.HealthStub(engine_channel)
@@ -180,6 +181,7 @@ async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict
                     call_id=f"bench-{i}", player_id=player_id, tool="minecraft:inventory.read"
                 ),
                 timeout=5,
+                metadata=stack.credential("engine"),
             )
             await timed_call("relay", relay_call)
             await timed_call("execute", engine.Execute(execute, timeout=5))
@@ -363,6 +365,7 @@ async def measure_events(
                     player_online=True,
                 ),
                 timeout=30,
+                metadata=stack.credential("gateway"),
             )
 
     try:
@@ -386,7 +389,9 @@ async def measure_events(
         states: dict[str, int] = {}
         for player in players:
             listed = await journal.ListTasks(
-                journal_pb2.ListTasksRequest(player_id=player), timeout=10
+                journal_pb2.ListTasksRequest(player_id=player),
+                timeout=10,
+                metadata=stack.credential("engine"),
             )
             for task in listed.tasks:
                 name = journal_pb2.TaskState.Name(task.state)

@@ -84,6 +84,8 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
         name: grpc.aio.insecure_channel(stack.target(name))
         for name in ("gateway", "router", "engine", "storage")
     }
+    # The direct calls carry the credential of the service that makes them in the stack.
+    gateway_credential, engine_credential = stack.credential("gateway"), stack.credential("engine")
     health = health_pb2_grpc.HealthStub(channels["gateway"])
     router = router_pb2_grpc.RouterServiceStub(channels["router"])
     engine = engine_pb2_grpc.EngineServiceStub(channels["engine"])
@@ -99,13 +101,16 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
                 lambda: storage.AppendHistory(
                     storage_pb2.AppendHistoryRequest(player_id=PLAYER + "-s", entries=entries),
                     timeout=5,
+                    metadata=engine_credential,
                 ),
             ),
             "router Route": await _time(
                 "router Route",
                 n,
                 lambda: router.Route(
-                    router_pb2.RouteRequest(player=player, text="help"), timeout=5
+                    router_pb2.RouteRequest(player=player, text="help"),
+                    timeout=5,
+                    metadata=gateway_credential,
                 ),
             ),
             "engine Execute (its history written after the reply)": await _time(
@@ -116,6 +121,7 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
                         player=player, action=action, source=engine_pb2.ROUTE_SOURCE_COMMAND
                     ),
                     timeout=5,
+                    metadata=gateway_credential,
                 ),
             ),
             "help via gateway (all five hops)": await _time(

@@ -287,7 +287,9 @@ def test_container_ports(spec: Spec) -> None:
 @per_service
 def test_native_grpc_probes_on_the_grpc_port(spec: Spec) -> None:
     container = _server_container(_deployment(spec))
-    grpc_port = _port(container, "grpc")
+    # The gateway is probed on its internal port: the public one may serve TLS, which the
+    # kubelet's gRPC probes do not speak; every port of a service answers for all its services.
+    grpc_port = _port(container, "relay" if spec.app == "gateway" else "grpc")
     readiness = container["readinessProbe"]["grpc"]
     assert readiness["port"] == grpc_port
     assert readiness.get("service") == spec.grpc_service

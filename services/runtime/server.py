@@ -70,7 +70,9 @@ class PublicPort:
 
 
 class _Listener:
-    """One grpc.aio server on one port, with its own health service."""
+    """One grpc.aio server on one port. Every port of a host answers health checks for all the
+    host's services: Kubernetes' native gRPC probes speak no TLS, so they must be able to use
+    whichever port is plaintext."""
 
     def __init__(
         self,
@@ -79,9 +81,10 @@ class _Listener:
         registrars: Sequence[Registrar],
         service_names: Sequence[str],
         reflection_on: bool,
+        health_servicer: health.aio.HealthServicer,
     ) -> None:
         self.service_names = list(service_names)
-        self.health = health.aio.HealthServicer()
+        self.health = health_servicer
         self.server = grpc.aio.server(interceptors=[ServerInterceptor(guard)], options=options)
         for register in registrars:
             register(self.server)
@@ -103,10 +106,6 @@ class _Listener:
         if self.port == 0:
             raise OSError(f"{name}: cannot listen on {address} (is the port in use?)")
         return self.port
-
-    async def serving(self) -> None:
-        for service in ["", *self.service_names]:
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
 
 class ServiceHost:
@@ -159,15 +158,23 @@ class ServiceHost:
             if config.tls_cert_file
             else None
         )
-        self._internal = _Listener(options, self.guard, registrars, service_names, True)
+        self.health = health.aio.HealthServicer()
+        self._internal = _Listener(
+            options, self.guard, registrars, service_names, True, self.health
+        )
         self._public: _Listener | None = None
         self.public = public
         if public is not None:
             self._public = _Listener(
-                options, None, public.registrars, public.service_names, public.reflection
+                options,
+                None,
+                public.registrars,
+                public.service_names,
+                public.reflection,
+                self.health,
             )
+            self.service_names += list(public.service_names)
         self._internal_port_setting = internal_port if public is not None else config.port
-        self.health = self._internal.health
         self.server = self._internal.server
         self.port = 0
         """The bound port of `config.port`: the public port when there is one."""
@@ -212,8 +219,8 @@ class ServiceHost:
             self._metrics_server, self.metrics_port = start_metrics_server(
                 self.config.host, self.config.metrics_port
             )
-        for listener in self._listeners():
-            await listener.serving()
+        for service in ["", *self.service_names]:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.config.port_file:
             write_port_file(
                 Path(self.config.port_file),
@@ -245,8 +252,7 @@ class ServiceHost:
             return
         self._stopped = True
         log.info("%s shutting down", self.name)
-        for listener in self._listeners():
-            await listener.health.enter_graceful_shutdown()
+        await self.health.enter_graceful_shutdown()
         if self.config.drain_seconds:
             await asyncio.sleep(self.config.drain_seconds)
         await asyncio.gather(

@@ -227,7 +227,10 @@ class Stack:
     def health(self, name: str, timeout: float = 1.0) -> str:
         """The service's overall health status name, or UNREACHABLE."""
         proc = self.processes[name]
-        with grpc.insecure_channel(proc.target) as channel:
+        # The gateway's internal port: its public one may serve TLS, and answers for the
+        # same services.
+        target = self.target("gateway_internal") if name == "gateway" else proc.target
+        with grpc.insecure_channel(target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             try:
                 response = stub.Check(
