@@ -224,6 +224,11 @@ class Engine:
         if module is None:
             raise NotFound(f"no module {action.module_id!r} is registered; see /help")
         self.players.update(player)
+        if action.module_id in player.unavailable_modules:
+            raise PermissionDenied(
+                f"{action.module_id} is unavailable on game server {player.server_id}: it does "
+                "not offer the game tools the module needs (see the Welcome's tool_problems)"
+            )
         if not self.registry.allows(action.module_id, player):
             raise PermissionDenied(f"player may not use {action.module_id}")
         if not module.spec.interactive:

@@ -410,9 +410,15 @@ class ModuleRegistry:
         return self._descriptors[module_id]
 
     def allows(self, module_id: str, player: common_pb2.PlayerContext) -> bool:
-        """True when `player` may use the registered module `module_id` now."""
+        """True when `player` may use the registered module `module_id` now: their permission
+        and features allow it, and their game server offers the game tools it needs (it is not
+        in `player.unavailable_modules`, which the gateway sets from the hello's check)."""
         descriptor = self._descriptors.get(module_id)
-        return descriptor is not None and module_available(descriptor, player)
+        return (
+            descriptor is not None
+            and module_available(descriptor, player)
+            and module_id not in player.unavailable_modules
+        )
 
     def modules(self) -> list[Module]:
         """Every module, in registration order."""

@@ -161,15 +161,19 @@ class Router:
         return self._fallback(catalog, text, language, allowed, response, local)
 
     def _allowed(self, catalog: Catalog, player: common_pb2.PlayerContext) -> frozenset[str]:
-        """Ids of the modules `player` may use (`module_available`)."""
+        """Ids of the modules `player` may use (`module_available`, less the player's
+        `unavailable_modules`)."""
         if self._allowed_catalog is not catalog:
             self._allowed_catalog = catalog
             self._allowed_sets = {}
-        key = (player.permission_level, tuple(player.features))
+        key = (player.permission_level, tuple(player.features), tuple(player.unavailable_modules))
         allowed = self._allowed_sets.get(key)
         if allowed is None:
+            # Modules the player's game server lacks the game tools for are absent too.
             allowed = frozenset(
-                m.module_id for m in catalog.modules.values() if module_available(m, player)
+                m.module_id
+                for m in catalog.modules.values()
+                if module_available(m, player) and m.module_id not in player.unavailable_modules
             )
             if len(self._allowed_sets) >= _ALLOWED_SETS:
                 self._allowed_sets.clear()

@@ -10,11 +10,38 @@ from system.gateway.v1 import gateway_pb2
 
 __all__ = ["World"]
 
-_ITEM_SCHEMA = {
+# The schemas as docs/game-tools.md documents them (a plugin copies them the same way).
+_ITEM_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "description": "Item id, namespace:path (for example minecraft:bread).",
+}
+_INVENTORY_INPUT = {"type": "object", "properties": {}, "additionalProperties": False}
+_INVENTORY_OUTPUT = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"item": _ITEM_ID, "count": {"type": "integer", "minimum": 0}},
+                "required": ["item", "count"],
+            },
+        }
+    },
+    "required": ["items"],
+}
+_GIVE_INPUT = {
     "type": "object",
     "properties": {"item": {"type": "string"}, "count": {"type": "integer", "minimum": 1}},
     "required": ["item", "count"],
     "additionalProperties": False,
+}
+_GIVE_OUTPUT = {
+    "type": "object",
+    "properties": {"item": _ITEM_ID, "count": {"type": "integer", "minimum": 0}},
+    "required": ["item", "count"],
 }
 
 
@@ -31,11 +58,13 @@ class World:
 
     @staticmethod
     def tools() -> list[gateway_pb2.GameTool]:
+        """The tools of the hello, with the catalogue's schemas and flags (docs/game-tools.md)."""
         return [
             gateway_pb2.GameTool(
                 name="minecraft:inventory.read",
                 description="List the items in the player's inventory.",
-                input_schema=json.dumps({"type": "object", "properties": {}}),
+                input_schema=json.dumps(_INVENTORY_INPUT),
+                output_schema=json.dumps(_INVENTORY_OUTPUT),
                 read_only=True,
                 idempotent=True,
                 event_allowed=True,
@@ -43,7 +72,8 @@ class World:
             gateway_pb2.GameTool(
                 name="minecraft:item.give",
                 description="Give the player some items.",
-                input_schema=json.dumps(_ITEM_SCHEMA),
+                input_schema=json.dumps(_GIVE_INPUT),
+                output_schema=json.dumps(_GIVE_OUTPUT),
                 read_only=False,
                 idempotent=False,
                 event_allowed=True,

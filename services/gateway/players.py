@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -52,6 +53,10 @@ _RPC_FAILURES = {
 MAX_INPUT_DEPTH = 16
 """Deepest nesting of a button's JSON input (the gateway's Struct limit: deeper inputs could
 not be decoded downstream)."""
+CATALOG_SECONDS = 5.0
+"""Longest a hello waits for the engine's game-tool catalogue before going on unchecked."""
+CATALOG_TTL_SECONDS = 300.0
+"""How long the catalogue is kept: an engine rolled out with other modules is seen within it."""
 # Longest a history control waits for the engine to settle the player's history (the engine
 # itself waits at most half a second for a run finishing elsewhere).
 SETTLE_SECONDS = 2.0
@@ -132,8 +137,12 @@ class PlayerRequests:
             settings=settings,
         )
         self.engine = Dependency(
-            engine_target, engine_pb2_grpc.EngineServiceStub, settings=settings
+            engine_target,
+            engine_pb2_grpc.EngineServiceStub,
+            idempotent_methods=["system.engine.v1.EngineService/GetGameToolCatalog"],
+            settings=settings,
         )
+        self._tool_catalog: tuple[float, list[engine_pb2.GameToolEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.storage = Dependency(
             storage_target,
@@ -146,6 +155,27 @@ class PlayerRequests:
             ],
             settings=settings,
         )
+
+    async def game_tool_catalog(self) -> list[engine_pb2.GameToolEntry] | None:
+        """The engine's game-tool catalogue (what each hello is checked against), asked once and
+        kept for CATALOG_TTL_SECONDS; None when the engine could not be asked (the next hello
+        asks again)."""
+        now = time.monotonic()
+        if self._tool_catalog is None or now - self._tool_catalog[0] > CATALOG_TTL_SECONDS:
+            try:
+                response = await self.engine.stub.GetGameToolCatalog(
+                    engine_pb2.GetGameToolCatalogRequest(), timeout=CATALOG_SECONDS
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning(
+                    "the game-tool catalogue could not be read from the engine (%s: %s); "
+                    "this hello's tools are not checked",
+                    exc.code().name,
+                    exc.details(),
+                )
+                return None
+            self._tool_catalog = (now, list(response.tools))
+        return self._tool_catalog[1]
 
     async def aclose(self) -> None:
         for task in list(self._background):

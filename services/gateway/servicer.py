@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import logging
 import uuid
+import weakref
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -19,6 +20,7 @@ from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
 from services.gateway.players import PlayerRequests, PlayerState
 from services.gateway.scopes import PlayerScopes
+from services.gateway.tool_contract import ContractCheck, check_tools
 from services.gateway.validation import (
     MAX_INPUT_BYTES,
     MAX_NAME,
@@ -90,6 +92,35 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         # Refused frames and BUSY answers can come thousands a second: one line per kind
         # per 10 s, with how many were left out.
         self._repeated = RepeatedLines(log)
+        # Modules unavailable on each connection's server (its hello's tool problems), for
+        # the PlayerContexts made on it.
+        self._unavailable: weakref.WeakKeyDictionary[Connection, tuple[str, ...]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def _check_tools(self, connection: Connection, hello: gateway_pb2.Hello) -> ContractCheck:
+        """Checks the hello's tools against the engine's game-tool catalogue
+        (services.gateway.tool_contract): refused tools leave the connection's tool set, the
+        modules needing them become unavailable to its players, and the problems are logged
+        once. Without the catalogue (engine unreachable) the tools are taken as offered; the
+        engine still checks every answer."""
+        catalogue = await self._players.game_tool_catalog()
+        if catalogue is None:
+            return ContractCheck((), frozenset(), ())
+        checked = check_tools(hello.tools, catalogue)
+        for name in checked.refused:
+            connection.tools.pop(name, None)
+        self._unavailable[connection] = checked.unavailable_modules
+        if checked.problems:
+            log.warning(
+                "game server %s: %d game-tool problem(s); unavailable modules: %s; %s",
+                connection.server_id,
+                len(checked.problems),
+                ", ".join(checked.unavailable_modules) or "none",
+                shown(" | ".join(f"{p.tool}: {p.problem}" for p in checked.problems), 4096),
+                extra={"server_id": connection.server_id},
+            )
+        return checked
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> str:
         metadata = dict(context.invocation_metadata() or ())
@@ -132,6 +163,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             outbox_frames=self._config.outbox_frames,
             outbox_bytes=self._config.outbox_bytes,
         )
+        tool_check = await self._check_tools(connection, first.hello)
         older = self._registry.add(connection)
         if older is not None:
             # The newer wins: a stalled or half-dead link must not lock its server out. The
@@ -157,6 +189,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                     session_id=connection.session_id,
                     protocol_version=PROTOCOL_VERSION,
                     max_text_chars=self._config.max_text_chars,
+                    tool_problems=tool_check.problems,
                 )
             )
         )
@@ -295,6 +328,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 language=normalize_language(presence.language),
                 permission_level=presence.permission_level,
                 features=connection.features,
+                unavailable_modules=self._unavailable.get(connection, ()),
             )
             connection.players[player_id] = player
             if not known:
@@ -345,7 +379,10 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             # Not online: the task waits until the player joins (on this server, or on any
             # server of its network), under the connection's features and no operator level.
             player = common_pb2.PlayerContext(
-                server_id=connection.server_id, player_id=scoped, features=connection.features
+                server_id=connection.server_id,
+                player_id=scoped,
+                features=connection.features,
+                unavailable_modules=self._unavailable.get(connection, ()),
             )
 
         def refused(code: grpc.StatusCode, message: str) -> None:

@@ -18,7 +18,6 @@ Limits (a frame over one is refused alone, with a FrameError):
 
 from __future__ import annotations
 
-import json
 import re
 
 from google.protobuf import struct_pb2
@@ -150,12 +149,8 @@ def check_hello(hello: gateway_pb2.Hello, authenticated_server: str, protocol: i
             text = getattr(tool, field)
             if len(text) > MAX_SCHEMA:
                 raise InvalidArgument(f"{where}.{field} is longer than {MAX_SCHEMA} characters")
-        try:
-            schema = json.loads(tool.input_schema or "{}")
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise InvalidArgument(f"{where}.input_schema is not JSON: {shown(str(exc))}") from None
-        if not isinstance(schema, dict):
-            raise InvalidArgument(f"{where}.input_schema must be a JSON object")
+        # A schema that is not JSON or not a JSON Schema refuses that tool alone, with a
+        # ToolProblem in the Welcome (services.gateway.tool_contract), not the connection.
 
 
 def check_presence(presence: gateway_pb2.PlayerPresence, max_player_id: int = MAX_ID) -> None:
