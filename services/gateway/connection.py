@@ -104,6 +104,8 @@ class Connection:
         self._frames_limit = outbox_frames
         self._bytes_limit = outbox_bytes
         self._ready = asyncio.Event()
+        self.done = asyncio.Event()
+        """Set once the connection is closed, by the game server or by the gateway."""
 
     # -- outbound frames ---------------------------------------------------------------------
 
@@ -157,14 +159,13 @@ class Connection:
         NOTICES_DROPPED.inc()
 
     async def next_frame(self) -> gateway_pb2.ConnectResponse | None:
-        """The next frame to write; None once the connection is closed."""
+        """The next frame to write; None once the connection is closed and every frame
+        queued before was handed out."""
         while not self._outbox:
             if self.closed:
                 return None
             self._ready.clear()
             await self._ready.wait()
-        if self.closed:
-            return None
         item = self._outbox.popleft()
         self._outbox_bytes -= item.size
         return item.frame
@@ -212,6 +213,7 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        self.done.set()
         for request in list(self.running.values()):
             request.task.cancel()
         reason = (
@@ -223,8 +225,9 @@ class Connection:
             if not call.future.done():
                 call.future.set_exception(Unavailable(reason))
         self.tool_calls.clear()
-        self._outbox.clear()
-        self._outbox_bytes = 0
+        if self.ended is not None:  # nothing more is written to a stream the gateway ends
+            self._outbox.clear()
+            self._outbox_bytes = 0
         self._ready.set()
 
 

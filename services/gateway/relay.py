@@ -115,7 +115,7 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
         tell "player offline, try when they join" apart from "this server has no such
         tool". Nothing was sent then."""
         parts = split(scoped_id)
-        if server_id and (parts is None or self._scopes.scope_of(server_id) != parts[0]):
+        if server_id and parts is not None and self._scopes.scope_of(server_id) != parts[0]:
             raise PermissionDenied(
                 f"player {shown(scoped_id)} does not belong to game server {shown(server_id)}"
             )

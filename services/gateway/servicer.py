@@ -195,20 +195,26 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         )
         writer = asyncio.create_task(self._write(connection, context))
         reader = asyncio.create_task(self._read(connection, context))
+        ended = asyncio.create_task(connection.done.wait())
         try:
-            await asyncio.wait((writer, reader), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((writer, reader, ended), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            reader.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await reader
+            for task in (reader, ended):
+                task.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await task
             connection.close()
             for player in connection.players.values():
                 self._players.forget(player, router_pb2.CLEAR_REASON_DISCONNECTED)
             self._registry.remove(connection)
             CONNECTIONS.set(len(self._registry))
             PLAYERS.set(self._registry.players())
+            # Writes what is left, unless the gateway ended the stream (then its outbox is
+            # empty). Never cancelled: a write cancelled while it waits for a stalled reader
+            # leaves the stream unable to send its status. A stalled peer holds this one
+            # frame until it reads, goes away, or misses its keepalive pings.
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await writer  # writes what is left, unless the gateway ended the stream
+                await writer
             log.info(
                 "game server disconnected",
                 extra={"server_id": server_id, "session_id": connection.session_id},

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from services.runtime.context import current_request_id
@@ -105,11 +106,18 @@ class RepeatedLines:
     Args:
         logger: where the lines go.
         interval: seconds one kind logs at most one line in.
+        clock: the time in seconds (monotonic).
     """
 
-    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._logger = logger
         self._interval = interval
+        self._clock = clock
         self._kinds: dict[str, list[float]] = {}  # kind -> [logged at, left out since]
 
     def log(
@@ -122,7 +130,7 @@ class RepeatedLines:
     ) -> bool:
         """Logs the line unless one of `kind` was logged less than `interval` ago; returns
         whether it was logged."""
-        now = time.monotonic()
+        now = self._clock()
         seen = self._kinds.get(kind)
         if seen is not None and now - seen[0] < self._interval:
             seen[1] += 1
