@@ -11,19 +11,30 @@ import pathlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import grpc
 import pytest
 from system.common.v1 import catalog_pb2, common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
+from system.gateway.v1 import gateway_pb2
+from system.relay.v1 import relay_pb2, relay_pb2_grpc
 
 from engine_service.app import build_registry
+from engine_service.clients import GatewayGameTools
 from engine_service.config import EngineConfig
 from engine_service.context import ExecutionContext
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.modules import InventoryModule
 from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec, RegistryError
-from engine_service.tools import ToolKind, ToolRegistry, ToolRegistryError, ToolSpec
+from engine_service.tools import (
+    BUILTIN_GAME_TOOLS,
+    ToolKind,
+    ToolRegistry,
+    ToolRegistryError,
+    ToolSpec,
+)
 from services.gamesim.world import World
 from services.results import AgentFailure, ModuleFailure, card, succeeded
+from services.runtime.multiplex import MultiplexServer
 from tests.inprocess import Chain, running_chain
 
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -102,7 +113,9 @@ class FakeGameTools:
     def __init__(self, answer: dict[str, Any] | None = None) -> None:
         self.calls: list[tuple[str, str, str, float]] = []
         self.servers: list[str] = []
-        self.answer = answer or {"items": [{"item": "minecraft:apple", "count": 3}]}
+        self.answer = (
+            answer if answer is not None else {"items": [{"item": "minecraft:apple", "count": 3}]}
+        )
 
     async def call(
         self,
@@ -598,3 +611,167 @@ async def test_relay_not_found_becomes_a_catalogued_failure(chain: Chain) -> Non
     assert response.result.status == FAILED
     assert response.result.failure.key == "system.error.tool_unavailable"
     assert "ghost is not connected" in response.result.failure.message
+
+
+# --- The game-tool contract: output schemas ----------------------------------------------------
+
+
+def _inventory_engine(relay: FakeGameTools) -> Engine:
+    registry = ModuleRegistry(Tools().registry())
+    registry.register(InventoryModule())
+    registry.freeze()
+    return Engine(
+        registry,
+        MemoryHistory(),
+        BoundedExecutor("interactive", 4, 8),
+        execute_timeout=5.0,
+        history_timeout=0.2,
+        game_tools=relay,
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "where"),
+    [
+        ({"items": [{"id": "minecraft:diamond", "count": 3}]}, "items[0].item is required"),
+        ({}, "items is required"),
+        ({"items": "none"}, "items must be a array"),
+        (
+            {"items": [{"item": "minecraft:apple", "count": -1}]},
+            "items[0].count must be at least 0",
+        ),
+        (
+            {"items": [{"item": "minecraft:apple", "count": 2.5}]},
+            "items[0].count must be a whole number",
+        ),
+        ({"items": [{"item": "", "count": 1}]}, "items[0].item is shorter than 1 characters"),
+    ],
+)
+async def test_a_malformed_answer_is_tool_output_invalid_never_empty(
+    answer: dict[str, Any], where: str
+) -> None:
+    result = await _execute(_inventory_engine(FakeGameTools(answer)), "system:inventory")
+    assert (result.status, result.failure.key) == (FAILED, "system.error.tool_output_invalid")
+    assert result.failure.message.startswith(
+        "minecraft:inventory.read answered with output that breaks its schema: "
+    )
+    assert where in result.failure.message
+    assert "empty" not in result.text.lower()
+
+
+async def test_a_valid_answer_is_read_with_whole_numbers_and_the_players_server() -> None:
+    relay = FakeGameTools({"items": [{"item": "minecraft:apple", "count": 3.0, "nbt": "{}"}]})
+    result = await _execute(_inventory_engine(relay), "system:inventory")
+    assert result.status == SUCCEEDED
+    assert result.card.lines[0].text == "minecraft:apple × 3"
+    assert relay.servers == ["s1"]  # the player's PlayerContext.server_id, passed on
+
+
+async def test_write_output_is_checked_before_the_step_counts_as_done() -> None:
+    give = "minecraft:item.give"
+
+    async def run(_: dict[str, Any], ctx: ExecutionContext) -> common_pb2.AgentResult:
+        output = await ctx.tool(give, {"item": "minecraft:apple", "count": 1})
+        return _done(str(output))
+
+    module = FakeModule(_spec(tools=(give,), policy=WRITER), run)
+    registry = ModuleRegistry(Tools().registry())
+    registry.register(module)
+    registry.freeze()
+    relay = FakeGameTools({"given": True})
+    engine = Engine(
+        registry,
+        MemoryHistory(),
+        BoundedExecutor("interactive", 4, 8),
+        execute_timeout=5.0,
+        history_timeout=0.2,
+        game_tools=relay,
+    )
+    result = await _execute(engine)
+    assert result.failure.key == "system.error.tool_output_invalid"
+    assert "minecraft:item.give" in result.failure.message and "item is required" in (
+        result.failure.message
+    )
+    relay.answer = {"item": "minecraft:apple", "count": 4.0}
+    assert (await _execute(engine)).card.title == "{'item': 'minecraft:apple', 'count': 4}"
+
+
+def test_game_tool_declarations_need_valid_schemas_and_examples() -> None:
+    registry = ToolRegistry(game_tools=())
+    with pytest.raises(
+        ToolRegistryError, match="output_schema: the schema must describe an object"
+    ):
+        registry.game(ToolSpec("mod:a", "A.", kind=ToolKind.GAME, output_schema={"type": "array"}))
+    with pytest.raises(ToolRegistryError, match="output_schema: not a valid JSON Schema"):
+        registry.game(
+            ToolSpec(
+                "mod:b", "B.", kind=ToolKind.GAME, output_schema={"type": "object", "required": 5}
+            )
+        )
+    with pytest.raises(ToolRegistryError, match="example_output breaks its schema: n is required"):
+        registry.game(
+            ToolSpec(
+                "mod:c",
+                "C.",
+                kind=ToolKind.GAME,
+                output_schema={"type": "object", "required": ["n"]},
+                example_output={},
+            )
+        )
+    registry.game(ToolSpec("mod:d", "D.", kind=ToolKind.GAME))  # any object by default
+    assert registry.get("mod:d").output_schema == {"type": "object"}  # type: ignore[union-attr]
+    for spec in BUILTIN_GAME_TOOLS:
+        assert spec.output_schema["required"], spec.tool_id
+        assert spec.example_input is not None and spec.example_output is not None
+
+
+class RecordingRelay(relay_pb2_grpc.ToolRelayServiceServicer):
+    """A real ToolRelayService on loopback recording what the engine's client sends."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self._multiplex = MultiplexServer(
+            "system.relay.v1.ToolRelayService",
+            relay_pb2.MultiplexResponse,
+            relay_pb2.MultiplexAnswer,
+            {
+                "call_game_tool": ("CallGameTool", self.CallGameTool),
+                "notify_player": ("NotifyPlayer", self.NotifyPlayer),
+            },
+        )
+
+    async def CallGameTool(self, request, context):  # type: ignore[no-untyped-def]
+        self.requests.append(request)
+        result = gateway_pb2.ToolResult(call_id=request.call_id)
+        result.output.update({"items": []})
+        return relay_pb2.CallGameToolResponse(result=result)
+
+    async def NotifyPlayer(self, request, context):  # type: ignore[no-untyped-def]
+        self.requests.append(request)
+        return relay_pb2.NotifyPlayerResponse()
+
+    async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        async for response in self._multiplex.serve(request_iterator):
+            yield response
+
+
+async def test_the_relay_client_names_the_players_server() -> None:
+    relay = RecordingRelay()
+    server = grpc.aio.server()
+    relay_pb2_grpc.add_ToolRelayServiceServicer_to_server(relay, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = GatewayGameTools(f"127.0.0.1:{port}")
+    try:
+        output = await client.call(
+            "p1", "c1", "minecraft:inventory.read", {}, 5.0, True, server_id="b"
+        )
+        await client.notify("p1", _done(), 5.0, server_id="b")
+    finally:
+        await client.aclose()
+        await server.stop(0)
+    assert output == {"items": []}
+    assert [(type(r).__name__, r.server_id, r.player_id) for r in relay.requests] == [
+        ("CallGameToolRequest", "b", "p1"),
+        ("NotifyPlayerRequest", "b", "p1"),
+    ]
