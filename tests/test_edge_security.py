@@ -38,6 +38,10 @@ async def _whoami(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return current_caller().encode()
 
 
+async def _peer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    return context.peer().encode()
+
+
 def _register(server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers(
         (
@@ -46,6 +50,7 @@ def _register(server: grpc.aio.Server) -> None:
                 {
                     "Call": grpc.unary_unary_rpc_method_handler(_whoami),
                     "Admin": grpc.unary_unary_rpc_method_handler(_whoami),
+                    "Peer": grpc.unary_unary_rpc_method_handler(_peer),
                 },
             ),
         )
@@ -230,13 +235,15 @@ async def test_the_public_port_serves_tls_and_reloads_a_renewed_certificate(
 
         # A plaintext client, or one trusting another CA, fails the handshake clearly.
         stranger = Authority(tmp_path / "other", "another CA")
-        for refused_client in (
-            _tls_client(chain, stranger.ca_file),
-            GameServerClient(chain.gateway_target, chain.server_id, chain.token),
-        ):
-            with pytest.raises((GatewayRefused, grpc.aio.AioRpcError)) as failed:
-                await refused_client.connect(timeout=5)
-            assert "UNAVAILABLE" in str(failed.value) or "unavailable" in str(failed.value)
+        with pytest.raises(GatewayRefused) as untrusted:
+            await _tls_client(chain, stranger.ca_file).connect(timeout=5)
+        assert untrusted.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusted.value.details
+        plaintext = GameServerClient(chain.gateway_target, chain.server_id, chain.token)
+        chain._clients.append(plaintext)
+        with pytest.raises(GatewayRefused) as clear:
+            await plaintext.connect(timeout=5)
+        assert clear.value.code == grpc.StatusCode.UNAVAILABLE
 
         # Renewal by another CA into the same files: new connections get the new certificate
         # with no restart, and the connection already open keeps working.
@@ -361,3 +368,24 @@ def test_the_policy_is_written_down_for_plugin_authors() -> None:
     assert options["grpc.http2.min_recv_ping_interval_without_data_ms"] == 20_000
     assert options["grpc.keepalive_permit_without_calls"] == 1
     assert json.dumps(options)  # plain values, as channel arguments must be
+
+
+async def test_aged_connections_are_replaced_so_clients_find_new_replicas() -> None:
+    host = ServiceHost(
+        "whoami",
+        _config(max_connection_age_seconds=0.5, max_connection_age_grace_seconds=0.2),
+        [_register],
+        [ECHO],
+    )
+    await host.start()
+    channel = open_channel(host.target)
+    try:
+        peer = channel.unary_unary(f"/{ECHO}/Peer")
+        first = await peer(b"", timeout=5)
+        await asyncio.sleep(1.5)
+        # The old connection was closed; the channel made a new one (another client port).
+        second = await peer(b"", timeout=5)
+        assert first != second
+    finally:
+        await channel.close()
+        await host.stop()

@@ -89,6 +89,12 @@ class ServerConfig:
     """Keepalive: how often this server pings idle client connections."""
     keepalive_timeout_seconds: float = 20.0
     """Keepalive: how long a ping may go unacknowledged before the connection is closed."""
+    max_connection_age_seconds: float = 0.0
+    """Close each client connection to the internal port after this long (0: never), so
+    clients of a scaled service reconnect and find new replicas; calls and streams open then
+    get `max_connection_age_grace_seconds` to finish."""
+    max_connection_age_grace_seconds: float = 30.0
+    """How long calls open on an aged connection may go on before it is closed."""
 
     def validate(self) -> None:
         """Raises ConfigError for values that cannot work. Subclasses extend it."""
@@ -112,6 +118,11 @@ class ServerConfig:
             )
         if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
             raise ConfigError("event_loop 'uvloop' needs the uvloop package (pip install uvloop)")
+        if self.max_connection_age_seconds < 0 or self.max_connection_age_grace_seconds < 0:
+            raise ConfigError(
+                "max_connection_age_seconds and max_connection_age_grace_seconds must not be "
+                "negative"
+            )
         problems = self.keepalive().problems()
         if problems:
             raise ConfigError("; ".join(problems))

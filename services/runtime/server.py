@@ -159,8 +159,17 @@ class ServiceHost:
             else None
         )
         self.health = health.aio.HealthServicer()
+        internal_options = list(options)
+        if config.max_connection_age_seconds:
+            internal_options += [
+                ("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
+                (
+                    "grpc.max_connection_age_grace_ms",
+                    int(config.max_connection_age_grace_seconds * 1000),
+                ),
+            ]
         self._internal = _Listener(
-            options, self.guard, registrars, service_names, True, self.health
+            internal_options, self.guard, registrars, service_names, True, self.health
         )
         self._public: _Listener | None = None
         self.public = public
