@@ -67,6 +67,7 @@ _BASE_CHECKS = (
     "frame-error-not-found",
     "reconnect",
     "rejoined-after-reconnect",
+    "replaced-not-reconnecting",
     "tools-only-on-game-thread",
 )
 

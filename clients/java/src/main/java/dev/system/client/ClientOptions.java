@@ -9,8 +9,9 @@ import java.util.logging.Logger;
 /**
  * How a {@link GameServerClient} reaches the gateway. Immutable; build with {@link #builder}.
  *
- * <p>The keepalive defaults are the stack's written policy: the client pings every 30 s, also
- * while no call is open, and gives a ping 10 s to be answered. Gateways permit client pings
+ * <p>The keepalive defaults are the stack's written policy (services/runtime/keepalive.py): the
+ * client pings every 30 s, also while no call is open, and gives a ping 20 s to be answered
+ * (the gateway gives its own pings as long). Gateways permit client pings
  * every 20 s or more, so do not lower {@code keepAliveTime} below 20 s: a gateway answers
  * pings that come too often with GOAWAY {@code too_many_pings} and the stream ends.
  */
@@ -88,7 +89,7 @@ public final class ClientOptions {
     private Path tlsCaFile;
     private String tlsServerName;
     private Duration keepAliveTime = Duration.ofSeconds(30);
-    private Duration keepAliveTimeout = Duration.ofSeconds(10);
+    private Duration keepAliveTimeout = Duration.ofSeconds(20);
     private boolean keepAliveWithoutCalls = true;
     private Duration backoffInitial = Duration.ofSeconds(1);
     private Duration backoffMax = Duration.ofSeconds(30);
@@ -133,7 +134,7 @@ public final class ClientOptions {
       return this;
     }
 
-    /** How long a ping may go unanswered before the connection counts as dead (10 s). */
+    /** How long a ping may go unanswered before the connection counts as dead (20 s). */
     public Builder keepAliveTimeout(Duration d) {
       this.keepAliveTimeout = d;
       return this;

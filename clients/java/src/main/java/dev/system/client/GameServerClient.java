@@ -115,7 +115,10 @@ public final class GameServerClient implements AutoCloseable {
     /** A game-tool call was answered (on the game thread, after the handler ran). */
     default void onToolCall(ToolCall call, ToolResult result) {}
 
-    /** The stream ended with {@code status}; the next attempt starts after {@code retryIn}. */
+    /**
+     * The stream ended with {@code status}; the next attempt starts after {@code retryIn}, or
+     * never when it is null (another connection of this server id replaced this one: ABORTED).
+     */
     default void onDisconnected(Status status, Duration retryIn) {}
   }
 
@@ -139,6 +142,7 @@ public final class GameServerClient implements AutoCloseable {
   private int generation; // guarded by lock
   private boolean started; // guarded by lock
   private boolean closed; // guarded by lock
+  private boolean stopped; // guarded by lock: replaced by another process; no reconnects
 
   /**
    * @param options where and how to connect
@@ -494,7 +498,12 @@ public final class GameServerClient implements AutoCloseable {
   }
 
   private void onEnd(Session s, Status ended) {
-    Status status = ended;
+    String tlsProblem = s.welcomed ? null : tlsProblem(ended);
+    Status status =
+        tlsProblem == null
+            ? ended
+            : Status.UNAVAILABLE.withDescription(tlsProblem).withCause(ended.getCause());
+    boolean tlsFailed = tlsProblem != null;
     Duration delay;
     synchronized (lock) {
       if (s != session) {
@@ -504,42 +513,64 @@ public final class GameServerClient implements AutoCloseable {
       if (closed) {
         return;
       }
-      failures++;
-      String tlsProblem = s.welcomed ? null : tlsProblem(status);
-      if (tlsProblem != null) {
-        status = Status.UNAVAILABLE.withDescription(tlsProblem).withCause(status.getCause());
-      }
-      boolean configuration =
-          !s.welcomed && (tlsProblem != null || CONFIGURATION_ERRORS.contains(status.getCode()));
-      delay = configuration ? options.backoffMax : backoff(failures);
-      if (configuration) {
+      if (status.getCode() == Status.Code.ABORTED && s.welcomed) {
+        // The gateway keeps the newest connection of a server id. Our own reconnects replace
+        // sessions this client already gave up, so this is another process with our token.
+        stopped = true;
         log.severe(
-            "cannot connect to the gateway: "
-                + status.getCode()
-                + ": "
+            "another connection of server "
+                + options.serverId
+                + " replaced this one ("
                 + status.getDescription()
-                + " (fix the configuration; retrying every "
-                + delay.toSeconds()
-                + " s)");
-        firstWelcome.completeExceptionally(
-            new IllegalStateException(status.getCode() + ": " + status.getDescription()));
+                + "); is a second game server using this server id and token? Not reconnecting");
+      }
+      if (stopped) {
+        delay = null;
       } else {
-        log.warning(
-            "connection " + s.number + " to the gateway ended: "
-                + status.getCode()
-                + (status.getDescription() == null ? "" : ": " + status.getDescription())
-                + "; reconnecting in "
-                + delay.toMillis()
-                + " ms");
+        delay = afterFailure(s, status, tlsFailed);
       }
     }
     failPending(s, "the connection to the gateway ended (" + status.getCode() + ")");
     listener.onDisconnected(status, delay);
+    if (delay == null) {
+      return;
+    }
     try {
       timers.schedule(this::connect, delay.toMillis(), TimeUnit.MILLISECONDS);
     } catch (RejectedExecutionException e) {
       // closed meanwhile
     }
+  }
+
+  /** Logs why the stream ended and returns the wait before the next attempt. */
+  private Duration afterFailure(Session s, Status status, boolean tlsFailed) {
+    failures++;
+    boolean configuration =
+        !s.welcomed && (tlsFailed || CONFIGURATION_ERRORS.contains(status.getCode()));
+    if (configuration) {
+      log.severe(
+          "cannot connect to the gateway: "
+              + status.getCode()
+              + ": "
+              + status.getDescription()
+              + " (fix the configuration; retrying every "
+              + options.backoffMax.toSeconds()
+              + " s)");
+      firstWelcome.completeExceptionally(
+          new IllegalStateException(status.getCode() + ": " + status.getDescription()));
+      return options.backoffMax;
+    }
+    Duration delay = backoff(failures);
+    log.warning(
+        "connection "
+            + s.number
+            + " to the gateway ended: "
+            + status.getCode()
+            + (status.getDescription() == null ? "" : ": " + status.getDescription())
+            + "; reconnecting in "
+            + delay.toMillis()
+            + " ms");
+    return delay;
   }
 
   /**

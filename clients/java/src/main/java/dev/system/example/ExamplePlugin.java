@@ -209,8 +209,8 @@ public final class ExamplePlugin {
           @Override
           public void onDisconnected(Status status, Duration retryIn) {
             disconnects.add(status);
-            System.out.println("disconnected: " + status.getCode() + " "
-                + status.getDescription() + "; retry in " + retryIn.toMillis() + " ms");
+            System.out.println("disconnected: " + status.getCode() + " " + status.getDescription()
+                + (retryIn == null ? "; not reconnecting" : "; retry in " + retryIn.toMillis() + " ms"));
           }
         };
 
@@ -332,6 +332,18 @@ public final class ExamplePlugin {
         PlayerResponse again = get(client.chat(steve, "help"));
         show("Steve", "help (after reconnecting)", again);
         check(succeeded(again), "rejoined-after-reconnect", describe(again));
+      }
+
+      // 9. A second process with this server's id and token: the gateway keeps the newer
+      // connection and ends ours ABORTED; this client stops instead of fighting over the id.
+      try (GameServerClient second = new GameServerClient(options(a), world.tools(), game, null)) {
+        second.start();
+        second.awaitWelcome(WAIT);
+        boolean aborted = await(() -> disconnects.stream()
+            .anyMatch(st -> st.getCode() == Status.Code.ABORTED), WAIT);
+        Thread.sleep(2000); // longer than the backoff's first waits: no reconnect may come
+        check(aborted && client.welcomes() == 2 && !client.isConnected(), "replaced-not-reconnecting",
+            "aborted=" + aborted + " welcomes=" + client.welcomes() + " connected=" + client.isConnected());
       }
 
       boolean gameThreadOnly = world.calls().stream().allMatch(c -> c.thread().equals(GAME_THREAD));
