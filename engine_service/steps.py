@@ -7,9 +7,11 @@ stable because a module's control flow depends only on its input and on tool out
 outputs replay unchanged. On a second run, at each position:
 
 - a DONE receipt replays its stored output; the tool does not run;
-- a RUNNING receipt (intent recorded, outcome unknown) re-runs an idempotent tool, and for
-  any other tool ends the run with EFFECT_UNKNOWN: it may or may not have happened, and the
-  seed's rule is never to guess;
+- a RUNNING receipt (intent recorded, outcome unknown) re-runs an idempotent tool, and a
+  game tool that honours call ids (`ToolSpec.honours_call_id`: the game server answers a
+  repeated call id as the first call without running again) with the same step id as call
+  id; for any other tool it ends the run with EFFECT_UNKNOWN: it may or may not have
+  happened, and the seed's rule is never to guess;
 - a call refused before it reached the game server (`NotDelivered`, player offline) is closed
   with a "not delivered" receipt, and the next run tries the position again under the next
   attempt id (`<task>/<position>.<attempt>`), since nothing can have happened.
@@ -119,7 +121,7 @@ class TaskSteps:
                     if receipt.codec_id == NOT_DELIVERED_CODEC:
                         continue
                     return _decode(receipt)
-                if not spec.idempotent:
+                if not (spec.idempotent or spec.honours_call_id):
                     raise ModuleFailure(
                         AgentFailure.EFFECT_UNKNOWN,
                         f"{spec.tool_id} was started before an interruption and may or may not "

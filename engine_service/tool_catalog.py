@@ -72,6 +72,7 @@ def to_proto(catalog: list[CatalogTool]) -> list[engine_pb2.GameToolEntry]:
                 read_only=entry.spec.read_only,
                 idempotent=entry.spec.idempotent,
                 event_allowed=entry.spec.event_allowed,
+                honours_call_id=entry.spec.honours_call_id,
             ),
             declared=entry.spec.declared,
             needed_by=[
@@ -101,6 +102,7 @@ def to_json(catalog: list[CatalogTool]) -> dict[str, Any]:
                 "read_only": entry.spec.read_only,
                 "idempotent": entry.spec.idempotent,
                 "event_allowed": entry.spec.event_allowed,
+                "honours_call_id": entry.spec.honours_call_id,
                 "input_schema": entry.spec.input_schema,
                 "output_schema": entry.spec.output_schema,
                 "example_input": entry.spec.example_input,
@@ -154,7 +156,10 @@ items[0].item is required`); it is never read as empty. Numbers travel as double
 **Flags.** `read_only`: never changes game state. `idempotent`: running it twice with one
 input has the effect of running it once. `event_allowed`: event tasks (not only a player's
 requests) may call it. A write tool (not read-only) gets the step id as its `ToolCall.call_id`
-in event tasks.
+in event tasks. `honours_call_id`: the game server treats `call_id` as an idempotency key (a
+repeated call id answers as the first call and runs nothing); the engine then retries an event
+step interrupted by a crash instead of reporting `system.error.effect_unknown`. Where the
+catalogue says yes, a hello must say yes too; a server may say yes for any write tool.
 """
 
 
@@ -166,8 +171,8 @@ def to_markdown(catalog: list[CatalogTool]) -> str:
     """The catalogue as `docs/game-tools.md`."""
     lines = [_INTRO.rstrip("\n"), ""]
     lines += [
-        "| tool | read-only | idempotent | event-allowed | needed by |",
-        "|---|---|---|---|---|",
+        "| tool | read-only | idempotent | event-allowed | honours call id | needed by |",
+        "|---|---|---|---|---|---|",
     ]
     for entry in catalog:
         spec = entry.spec
@@ -176,7 +181,8 @@ def to_markdown(catalog: list[CatalogTool]) -> str:
         )
         lines.append(
             f"| [`{spec.tool_id}`](#{_anchor(spec.tool_id)}) | {_yes(spec.read_only)} | "
-            f"{_yes(spec.idempotent)} | {_yes(spec.event_allowed)} | {needs or '—'} |"
+            f"{_yes(spec.idempotent)} | {_yes(spec.event_allowed)} | "
+            f"{_yes(spec.honours_call_id)} | {needs or '—'} |"
         )
     for entry in catalog:
         spec = entry.spec
@@ -191,6 +197,7 @@ def to_markdown(catalog: list[CatalogTool]) -> str:
             f"- read-only: {_yes(spec.read_only)}",
             f"- idempotent: {_yes(spec.idempotent)}",
             f"- event-allowed: {_yes(spec.event_allowed)}",
+            f"- honours call id: {_yes(spec.honours_call_id)}",
         ]
         for need in entry.needed_by:
             kind = "required" if need.required else "optional"

@@ -88,6 +88,12 @@ class ToolSpec:
     """An input the tool accepts, for the game-tool catalogue (checked against input_schema)."""
     example_output: dict[str, Any] | None = None
     """An answer the tool may give, for the catalogue (checked against output_schema)."""
+    honours_call_id: bool = False
+    """Game write tools only: the game server treats the call id (an event step's id) as an
+    idempotency key, answering a repeated call id as the first call without running again.
+    An event step of such a tool interrupted by a crash is then retried with its step id
+    instead of reported EFFECT_UNKNOWN. Part of the catalogue's contract: a hello offering
+    the tool must say so too (`GameTool.honours_call_id`)."""
     declared: bool = True
     """False for a game tool a module named without anyone declaring it (`resolve`): its
     flags are the most restricted guess and its schemas take any object, so a game server's
@@ -236,6 +242,11 @@ class ToolRegistry:
         self._check(spec)
         if spec.kind != ToolKind.SERVER:
             raise ToolRegistryError(f"tool {spec.tool_id}: a server tool needs kind 'server'")
+        if spec.honours_call_id:
+            raise ToolRegistryError(
+                f"tool {spec.tool_id}: only game tools can honour call ids (a server tool is "
+                "declared idempotent or not)"
+            )
         # Equality, not identity: two reads of one bound method are equal, not identical.
         owner = next((e.spec.tool_id for e in self._tools.values() if e.handler == handler), None)
         if owner is not None:

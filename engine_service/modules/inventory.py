@@ -61,9 +61,10 @@ class InventoryModule:
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
         language = ctx.player.language
+        # The answer was checked against the tool's output schema (docs/game-tools.md): a
+        # malformed one failed the step as TOOL_OUTPUT_INVALID and never gets here.
         output = await ctx.tool(INVENTORY_READ, {})
-        items = [i for i in output.get("items", []) if isinstance(i, dict) and i.get("item")]
-        lines = [f"{i['item']} × {int(i.get('count', 0))}" for i in items]
+        lines = [f"{i['item']} × {i['count']}" for i in output["items"]]
         if lines:
             lines.append(pick(_TOTAL, language).format(kinds=len(lines)))
         else:

@@ -3,7 +3,8 @@ catalogue (`EngineService.GetGameToolCatalog`, docs/game-tools.md). Pure: no gRP
 
 A tool the catalogue declares is *compatible* when the offered `GameTool`
 
-- carries the catalogue's `read_only`, `idempotent` and `event_allowed` flags;
+- carries the catalogue's `read_only`, `idempotent` and `event_allowed` flags, and
+  `honours_call_id` where the catalogue says the tool honours call ids;
 - has an `input_schema` and an `output_schema` that are each empty ("as the catalogue says") or
   a JSON object that is a draft 2020-12 JSON Schema, and then:
   - accepts the catalogue's example (call input, answer);
@@ -184,6 +185,14 @@ def _issues(tool: gateway_pb2.GameTool, entry: engine_pb2.GameToolEntry | None) 
             issues.append(
                 f"{flag} is {str(offered).lower()}; the catalogue says {str(expected).lower()}"
             )
+    if entry.tool.honours_call_id and not tool.honours_call_id:
+        # The engine retries interrupted calls of this tool with the same call id: a server
+        # that does not deduplicate on it could run them twice. (Saying yes where the
+        # catalogue does not ask is a harmless promise.)
+        issues.append(
+            "honours_call_id is false; the catalogue says true (interrupted calls are retried "
+            "with the same call id)"
+        )
     examples = {"input": entry.example_input, "output": entry.example_output}
     for side in ("input", "output"):
         offered_schema = schemas[side]

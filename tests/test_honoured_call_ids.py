@@ -1,0 +1,147 @@
+"""Game write tools that honour the call id as an idempotency key (issue 20, "fewer false
+EFFECT_UNKNOWN"): an event step interrupted after its intent was recorded is retried with the
+same step id when its tool honours call ids, and reported EFFECT_UNKNOWN otherwise. Real
+storage service (SQLite) on loopback, the engine's own TaskStore and TaskSteps."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from system.engine.v1 import engine_pb2
+from system.gateway.v1 import gateway_pb2
+
+from engine_service.steps import TaskSteps
+from engine_service.task_store import Claim, TaskStore
+from engine_service.tools import ToolKind, ToolRegistry, ToolRegistryError, ToolSpec
+from services.gamesim.world import World
+from services.gateway.tool_contract import check_tools
+from services.results import AgentFailure, ModuleFailure
+from storage_service.app import create_app as create_storage
+from storage_service.config import StorageConfig
+
+HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
+LEASE = 1
+
+
+def _give(honours: bool) -> ToolSpec:
+    return ToolSpec(
+        "mod:warp.pay",
+        "Pays for a warp.",
+        kind=ToolKind.GAME,
+        event_allowed=True,
+        honours_call_id=honours,
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: pathlib.Path) -> AsyncIterator[TaskStore]:
+    storage = await create_storage(
+        StorageConfig(**HOST, database_url=f"sqlite:///{tmp_path / 'storage.db'}")
+    )
+    await storage.host.start()
+    tasks = TaskStore(storage.host.target)
+    try:
+        yield tasks
+    finally:
+        await tasks.aclose()
+        await storage.host.stop()
+        await storage.aclose()
+
+
+async def _claim(store: TaskStore, owner: str, task_id: str) -> Claim:
+    for _ in range(100):
+        claims = await store.claim(owner, 8, LEASE)
+        for claim in claims:
+            if claim.task.task_id == task_id:
+                return claim
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{owner} could not claim {task_id}")
+
+
+async def _interrupted(store: TaskStore, player: str, spec: ToolSpec) -> str:
+    """A task whose first write step recorded its intent, then its replica stopped waiting
+    (as if it crashed while the game server ran the call). Returns the task id."""
+    task, _ = await store.create(player, "mod:warp", f"key-{player}", {}, waiting=False)
+    claim = await _claim(store, "replica-a", task.task_id)
+    started = asyncio.Event()
+
+    async def never_answered(step_id: str) -> dict[str, Any]:
+        started.set()
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    run = asyncio.create_task(TaskSteps(store, claim).run(spec, never_answered))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    return task.task_id
+
+
+async def test_an_interrupted_step_of_an_honouring_tool_is_retried_with_its_step_id(
+    store: TaskStore,
+) -> None:
+    task_id = await _interrupted(store, "p1", _give(honours=True))
+    claim = await _claim(store, "replica-b", task_id)  # after replica-a's lease ran out
+    calls: list[str] = []
+
+    async def answered(step_id: str) -> dict[str, Any]:
+        calls.append(step_id)
+        return {"paid": 5}
+
+    assert await TaskSteps(store, claim).run(_give(honours=True), answered) == {"paid": 5}
+    assert calls == [f"{task_id}/0"]  # the same call id: the game server deduplicates on it
+
+
+async def test_an_interrupted_step_of_any_other_write_is_effect_unknown(store: TaskStore) -> None:
+    task_id = await _interrupted(store, "p2", _give(honours=False))
+    claim = await _claim(store, "replica-b", task_id)
+    calls: list[str] = []
+
+    async def answered(step_id: str) -> dict[str, Any]:
+        calls.append(step_id)
+        return {}
+
+    with pytest.raises(ModuleFailure) as caught:
+        await TaskSteps(store, claim).run(_give(honours=False), answered)
+    assert caught.value.failure is AgentFailure.EFFECT_UNKNOWN
+    assert calls == []  # never repeated
+
+
+def test_only_game_tools_honour_call_ids() -> None:
+    registry = ToolRegistry(game_tools=())
+    registry.game(_give(honours=True))
+
+    async def handler(data: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    with pytest.raises(ToolRegistryError, match="only game tools can honour call ids"):
+        registry.server(ToolSpec("system:x", "X.", honours_call_id=True), handler)
+
+
+def test_a_hello_must_honour_call_ids_where_the_catalogue_says_so() -> None:
+    entry = engine_pb2.GameToolEntry(
+        tool=gateway_pb2.GameTool(
+            name="mod:warp.pay", event_allowed=True, honours_call_id=True, output_schema="{}"
+        ),
+        declared=True,
+        needed_by=[engine_pb2.ToolNeed(module_id="mod:warp", required=True)],
+    )
+    offered = gateway_pb2.GameTool(name="mod:warp.pay", event_allowed=True)
+    checked = check_tools([offered], [entry])
+    assert "honours_call_id is false; the catalogue says true" in checked.problems[0].problem
+    assert checked.unavailable_modules == ("mod:warp",)
+    offered.honours_call_id = True
+    assert check_tools([offered], [entry]).problems == ()
+    # A server may promise it where the catalogue does not ask (item.give, say).
+    give = World.tools()[1]
+    documented = engine_pb2.GameToolEntry(tool=give, declared=True)
+    assert not documented.tool.honours_call_id
+    give.honours_call_id = True
+    assert check_tools([give], [documented]).problems == ()
+    give.idempotent = True  # while other flags must still match
+    assert "idempotent is true" in check_tools([give], [documented]).problems[0].problem
