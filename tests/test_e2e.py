@@ -63,14 +63,16 @@ async def test_help_through_all_five_services(stack: Stack) -> None:
     # last one is written just after its reply went back: settling waits for it).
     with grpc.insecure_channel(stack.target("engine")) as channel:
         settled = engine_pb2_grpc.EngineServiceStub(channel).SettleHistory(
-            engine_pb2.SettleHistoryRequest(player=common_pb2.PlayerContext(player_id=PLAYER)),
+            engine_pb2.SettleHistoryRequest(
+                player=common_pb2.PlayerContext(player_id=f"{stack.server_id}/{PLAYER}")
+            ),
             timeout=5,
             metadata=stack.credential("gateway"),
         )
     assert settled.settled
     with grpc.insecure_channel(stack.target("storage")) as channel:
         page = storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
-            storage_pb2.ListHistoryRequest(player_id=PLAYER, page_size=20),
+            storage_pb2.ListHistoryRequest(player_id=f"{stack.server_id}/{PLAYER}", page_size=20),
             timeout=5,
             metadata=stack.credential(),
         )

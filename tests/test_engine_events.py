@@ -85,7 +85,7 @@ class Stack:
 
     async def tasks(self, player_id: str) -> list[journal_pb2.EventTask]:
         response = await self.journal.ListTasks(
-            journal_pb2.ListTasksRequest(player_id=player_id), timeout=5
+            journal_pb2.ListTasksRequest(player_id=f"{SERVER}/{player_id}"), timeout=5
         )
         return list(response.tasks)
 
@@ -128,7 +128,8 @@ async def _stack(database_url: str, engine_target: str, gateway_port: int) -> As
     await storage.host.start()
     token = secrets.token_urlsafe(16)
     config = GatewayConfig(
-        **{**HOST, "port": gateway_port},
+        **HOST,
+        internal_port=gateway_port,  # the relay, which the engine calls
         router_target="127.0.0.1:1",
         engine_target=engine_target,
         storage_target=storage.host.target,
@@ -192,7 +193,11 @@ async def _one_engine(database_url: str, **settings: Any) -> AsyncIterator[tuple
 
 
 def _player(player_id: str) -> common_pb2.PlayerContext:
-    return common_pb2.PlayerContext(server_id=SERVER, player_id=player_id, language="en")
+    """The player as the gateway names them to other services: scoped to their game server
+    (decision 0012)."""
+    return common_pb2.PlayerContext(
+        server_id=SERVER, player_id=f"{SERVER}/{player_id}", language="en"
+    )
 
 
 def _data(**values: Any) -> struct_pb2.Struct:

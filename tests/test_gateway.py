@@ -94,7 +94,7 @@ async def next_error(
 
 
 def scoped(player: str, server: str = "sim") -> str:
-    """The id other services know a game server's player by (decision 0011)."""
+    """The id other services know a game server's player by (decision 0012)."""
     return f"{server}/{player}"
 
 

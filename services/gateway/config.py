@@ -12,7 +12,7 @@ ENV_PREFIX = "SYSTEM_GATEWAY_"
 PROTOCOL_VERSION = 1
 """The game-server protocol version this gateway speaks."""
 SCOPE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,27}")
-"""A player scope's name (decision 0011)."""
+"""A player scope's name (decision 0012)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ class GatewayConfig(ServerConfig):
     """Game servers that share their players (a proxy network: lobby, survival, ...), as
     `network=server_a+server_b` entries (env: comma-separated). Within a network a player is one
     player, attached to one server's connection at a time; a server in no network keeps its
-    players to itself (decision 0011). Network names and the ids of servers in no network are
+    players to itself (decision 0012). Network names and the ids of servers in no network are
     player scopes: 1..27 of `A-Z a-z 0-9 _ . -`."""
     hello_timeout_seconds: float = 10.0
     """How long a new Connect stream may take to send its hello; then it ends DEADLINE_EXCEEDED."""
@@ -112,7 +112,7 @@ class GatewayConfig(ServerConfig):
         Raises ConfigError for a malformed `networks` entry, a server in two networks or
         without a token, a network name that is also a server id, or a scope name that is
         not 1..27 of `A-Z a-z 0-9 _ . -` (a scoped player id must fit storage's 64
-        characters with a 36-character UUID; see decision 0011)."""
+        characters with a 36-character UUID; see decision 0012)."""
         servers = set(self.token_book().values())
         scopes = {server: server for server in servers}
         named: set[str] = set()

@@ -2,7 +2,7 @@
 calls and notices, sent over the player's game-server connection. Served on the internal port
 only (see services.gateway.app).
 
-Players are named by the scoped ids the gateway gave out (decision 0011): a call goes to the
+Players are named by the scoped ids the gateway gave out (decision 0012): a call goes to the
 connection that player is attached to now, and only when that connection's server is in the
 player's scope; the ToolCall or notice written to the game server carries its own id of the
 player."""

@@ -1,4 +1,4 @@
-"""Players belong to game servers (decision 0011).
+"""Players belong to game servers (decision 0012).
 
 A game server names its players by its own ids (a Minecraft UUID, say). Two servers may use
 the same id for different people, and one server must never reach another's players, so the
