@@ -54,6 +54,7 @@ TOKEN = "java-example-token-0123456789"  # a known token for a throwaway stack
 OUTPUT_INVALID = "system.error.tool_output_invalid"
 
 _BASE_CHECKS = (
+    "backoff-grows",
     "welcome",
     "no-tool-problems",
     "chat-help",

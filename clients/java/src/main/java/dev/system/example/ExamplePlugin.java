@@ -214,6 +214,8 @@ public final class ExamplePlugin {
           }
         };
 
+    backoffGrows(a);
+
     String steve = UUID.randomUUID().toString();
     String li = UUID.randomUUID().toString();
     System.out.println("connecting to " + a.address + (a.tlsCa != null ? " over TLS (CA " + a.tlsCa + ")"
@@ -346,6 +348,22 @@ public final class ExamplePlugin {
             "aborted=" + aborted + " welcomes=" + client.welcomes() + " connected=" + client.isConnected());
       }
 
+      if (a.idleSeconds > 0) {
+        // The real keepalive intervals: a new connection stays idle (pings only) for minutes,
+        // then a request must be answered on the same stream.
+        try (GameServerClient idle = new GameServerClient(options(a), world.tools(), game, null)) {
+          idle.start();
+          idle.awaitWelcome(WAIT);
+          idle.join(new Player(steve, "Steve", "en_us", 0));
+          get(idle.chat(steve, "help"));
+          System.out.println("idle for " + a.idleSeconds + " s (keepalive pings only) ...");
+          Thread.sleep(a.idleSeconds * 1000L);
+          PlayerResponse after = get(idle.chat(steve, "help"));
+          check(succeeded(after) && idle.welcomes() == 1, "idle-stream-survives",
+              "welcomes=" + idle.welcomes() + " " + describe(after));
+        }
+      }
+
       boolean gameThreadOnly = world.calls().stream().allMatch(c -> c.thread().equals(GAME_THREAD));
       check(gameThreadOnly, "tools-only-on-game-thread", world.calls().toString());
       System.out.println("world: " + world.calls().size() + " tool calls; Steve has " + world.inventory(steve));
@@ -353,6 +371,45 @@ public final class ExamplePlugin {
       game.shutdownNow();
     }
     return finish();
+  }
+
+  /**
+   * Points a client at a port where nothing listens and checks that its reconnect waits grow
+   * exponentially within the jitter: 100 ms, 200, 400, 800, then capped at 1 s, each ±20 %.
+   */
+  private void backoffGrows(Args a) throws Exception {
+    int port;
+    try (java.net.ServerSocket socket = new java.net.ServerSocket(0)) {
+      port = socket.getLocalPort(); // closed again: nothing listens there
+    }
+    List<Duration> waits = new CopyOnWriteArrayList<>();
+    ClientOptions o =
+        ClientOptions.builder("127.0.0.1:" + port, a.serverId, a.token)
+            .backoff(Duration.ofMillis(100), Duration.ofSeconds(1), 2.0, 0.2)
+            .build();
+    GameServerClient.Listener listener =
+        new GameServerClient.Listener() {
+          @Override
+          public void onDisconnected(Status status, Duration retryIn) {
+            waits.add(retryIn);
+          }
+        };
+    ExecutorService game = gameThread();
+    try (GameServerClient client = new GameServerClient(o, List.of(), game, listener)) {
+      client.start();
+      await(() -> waits.size() >= 6, WAIT);
+    } finally {
+      game.shutdownNow();
+    }
+    long[] expected = {100, 200, 400, 800, 1000, 1000};
+    boolean ok = waits.size() >= expected.length;
+    for (int i = 0; ok && i < expected.length; i++) {
+      long ms = waits.get(i).toMillis();
+      ok = ms >= expected[i] * 0.8 - 1 && ms <= expected[i] * 1.2 + 1;
+    }
+    System.out.println("reconnect waits with nothing listening: "
+        + waits.stream().map(d -> d.toMillis() + " ms").toList());
+    check(ok, "backoff-grows", "waits " + waits + ", expected about " + java.util.Arrays.toString(expected) + " ±20 %");
   }
 
   private static String cardText(PlayerResponse r) {
@@ -375,7 +432,7 @@ public final class ExamplePlugin {
     static final String USAGE =
         "usage: ExamplePlugin --address HOST:PORT --server-id ID [--token TOKEN] [--tls-ca FILE | --tls]\n"
             + "                     [--tls-server-name NAME] [--require-output-validation]\n"
-            + "                     [--bench N [--warmup N]]\n"
+            + "                     [--idle SECONDS] [--bench N [--warmup N]]\n"
             + "   or: ExamplePlugin --print-tools   (the hello's tools as JSON)\n"
             + "   or: ExamplePlugin ADDRESS TOKEN SERVER_ID [options]\n"
             + "The token may come from the environment variable SYSTEM_GAME_SERVER_TOKEN.";
@@ -389,6 +446,7 @@ public final class ExamplePlugin {
     boolean printTools;
     int benchRequests;
     int benchWarmup = 20;
+    int idleSeconds;
 
     static Args parse(String[] argv) {
       Args a = new Args();
@@ -406,6 +464,7 @@ public final class ExamplePlugin {
           case "--print-tools" -> a.printTools = true;
           case "--bench" -> a.benchRequests = Integer.parseInt(value(argv, ++i, arg));
           case "--warmup" -> a.benchWarmup = Integer.parseInt(value(argv, ++i, arg));
+          case "--idle" -> a.idleSeconds = Integer.parseInt(value(argv, ++i, arg));
           case "-h", "--help" -> throw new IllegalArgumentException("help");
           default -> {
             if (arg.startsWith("--")) {
