@@ -137,9 +137,16 @@ class PlayerRequests:
             settings=settings,
         )
         self.engine = Dependency(
+            engine_target, engine_pb2_grpc.EngineServiceStub, settings=settings
+        )
+        # The catalogue is asked for at hello time, maybe before the engine is up: on
+        # connections of its own, so a refused attempt never puts the request path's
+        # connection to the engine into reconnect backoff.
+        self._catalogue = Dependency(
             engine_target,
             engine_pb2_grpc.EngineServiceStub,
             idempotent_methods=["system.engine.v1.EngineService/GetGameToolCatalog"],
+            private=True,
             settings=settings,
         )
         self._tool_catalog: tuple[float, list[engine_pb2.GameToolEntry]] | None = None
@@ -163,7 +170,7 @@ class PlayerRequests:
         now = time.monotonic()
         if self._tool_catalog is None or now - self._tool_catalog[0] > CATALOG_TTL_SECONDS:
             try:
-                response = await self.engine.stub.GetGameToolCatalog(
+                response = await self._catalogue.stub.GetGameToolCatalog(
                     engine_pb2.GetGameToolCatalogRequest(), timeout=CATALOG_SECONDS
                 )
             except grpc.aio.AioRpcError as exc:
@@ -180,7 +187,7 @@ class PlayerRequests:
     async def aclose(self) -> None:
         for task in list(self._background):
             task.cancel()
-        for dep in (self.router, self.engine, self.storage):
+        for dep in (self.router, self.engine, self._catalogue, self.storage):
             await dep.aclose()
 
     def _in_background(self, call: Awaitable[Any], what: str) -> None:
