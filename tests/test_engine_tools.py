@@ -34,6 +34,7 @@ from engine_service.tools import (
 )
 from services.gamesim.world import World
 from services.results import AgentFailure, ModuleFailure, card, succeeded
+from services.runtime.errors import PermissionDenied
 from services.runtime.multiplex import MultiplexServer
 from tests.inprocess import Chain, running_chain
 
@@ -775,3 +776,17 @@ async def test_the_relay_client_names_the_players_server() -> None:
         ("CallGameToolRequest", "b", "p1"),
         ("NotifyPlayerRequest", "b", "p1"),
     ]
+
+
+async def test_unavailable_modules_are_absent_for_that_player_only() -> None:
+    engine = _inventory_engine(FakeGameTools())
+    registry = engine.registry
+    lacking = _player()
+    lacking.unavailable_modules.append("system:inventory")
+    assert not registry.allows("system:inventory", lacking)
+    assert "system:inventory" not in [m.spec.module_id for m in registry.available(lacking)]
+    assert "system:inventory" not in [d.module_id for d in registry.descriptors(lacking)]
+    assert registry.allows("system:inventory", _player())
+    with pytest.raises(PermissionDenied, match="unavailable on game server s1"):
+        await engine.execute(lacking, _action("system:inventory"), "", 2)
+    assert (await _execute(engine, "system:inventory")).status == SUCCEEDED

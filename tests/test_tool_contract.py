@@ -263,6 +263,11 @@ async def test_an_incompatible_tool_takes_its_module_away_on_that_server_only(
         )
         assert invoked.reply.result.failure.key == "system.error.permission_denied"
         assert "unavailable on game server a" in invoked.reply.result.failure.message
+        # Nor does local (semantic) routing pick it for that server's player.
+        asked = await java.chat("steve", "show my inventory")
+        assert asked.reply.module_id != "system:inventory", asked
+        local = await sim.chat("alex", "show my inventory")
+        assert local.reply.module_id == "system:inventory", local
         served = (await sim.chat("alex", "/inventory")).reply.result
         assert served.status == SUCCEEDED, served.failure
         assert "minecraft:bread × 12" in [line.text for line in served.card.lines]
