@@ -58,6 +58,9 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.router
 	$(PYTHON) -m bench.model_gateway
 	$(PYTHON) -m bench.engine
+	$(PYTHON) -m bench.tls
+	$(PYTHON) -m bench.java_client
+	$(PYTHON) -m bench.keepalive
 
 .PHONY: java-client
 java-client: $(GEN_STAMP)
