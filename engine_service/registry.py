@@ -414,11 +414,7 @@ class ModuleRegistry:
         and features allow it, and their game server offers the game tools it needs (it is not
         in `player.unavailable_modules`, which the gateway sets from the hello's check)."""
         descriptor = self._descriptors.get(module_id)
-        return (
-            descriptor is not None
-            and module_available(descriptor, player)
-            and module_id not in player.unavailable_modules
-        )
+        return descriptor is not None and module_available(descriptor, player)
 
     def modules(self) -> list[Module]:
         """Every module, in registration order."""

@@ -90,11 +90,7 @@ class CommandIndex:
                 name, argument = _split_word(argument)
             name = name.removeprefix("/")
         entry = self._entries.get(name.casefold())
-        if (
-            entry is None
-            or not module_available(entry.module, player)
-            or entry.module.module_id in player.unavailable_modules
-        ):
+        if entry is None or not module_available(entry.module, player):
             return UnknownCommand(name) if explicit else None
         kind = entry.command.argument_kind
         if not explicit and (argument or kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT):

@@ -171,9 +171,7 @@ class Router:
         if allowed is None:
             # Modules the player's game server lacks the game tools for are absent too.
             allowed = frozenset(
-                m.module_id
-                for m in catalog.modules.values()
-                if module_available(m, player) and m.module_id not in player.unavailable_modules
+                m.module_id for m in catalog.modules.values() if module_available(m, player)
             )
             if len(self._allowed_sets) >= _ALLOWED_SETS:
                 self._allowed_sets.clear()

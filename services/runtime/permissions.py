@@ -14,9 +14,13 @@ CORE_FEATURE = "system:core"
 def module_available(
     module: catalog_pb2.ModuleDescriptor, player: common_pb2.PlayerContext
 ) -> bool:
-    """True when `player` may use `module`: permission level high enough and, for modules of an
-    optional feature, that feature installed on the player's game server."""
+    """True when `player` may use `module`: permission level high enough, for modules of an
+    optional feature that feature installed on the player's game server, and the module not
+    among `player.unavailable_modules` (its game server lacks a game tool the module needs:
+    the gateway's hello check)."""
     if player.permission_level < module.min_permission_level:
+        return False
+    if module.module_id in player.unavailable_modules:
         return False
     owner = module.owner_feature
     return not owner or owner == CORE_FEATURE or owner in player.features
