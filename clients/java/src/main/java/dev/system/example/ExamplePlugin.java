@@ -386,6 +386,7 @@ public final class ExamplePlugin {
     ClientOptions o =
         ClientOptions.builder("127.0.0.1:" + port, a.serverId, a.token)
             .backoff(Duration.ofMillis(100), Duration.ofSeconds(1), 2.0, 0.2)
+            .logger(quiet("dev.system.example.backoff-probe")) // its refusals are expected
             .build();
     GameServerClient.Listener listener =
         new GameServerClient.Listener() {
@@ -410,6 +411,12 @@ public final class ExamplePlugin {
     System.out.println("reconnect waits with nothing listening: "
         + waits.stream().map(d -> d.toMillis() + " ms").toList());
     check(ok, "backoff-grows", "waits " + waits + ", expected about " + java.util.Arrays.toString(expected) + " ±20 %");
+  }
+
+  private static java.util.logging.Logger quiet(String name) {
+    java.util.logging.Logger logger = java.util.logging.Logger.getLogger(name);
+    logger.setLevel(java.util.logging.Level.OFF);
+    return logger;
   }
 
   private static String cardText(PlayerResponse r) {
