@@ -66,6 +66,7 @@ _BASE_CHECKS = (
     "event-notice",
     "inventory-after-give",
     "frame-error-not-found",
+    "busy-game-thread-times-out",
     "reconnect",
     "rejoined-after-reconnect",
     "replaced-not-reconnecting",

@@ -308,6 +308,37 @@ public final class ExamplePlugin {
         check(ok && !frameErrors.isEmpty(), "frame-error-not-found", String.valueOf(e.getCause()));
       }
 
+      // 6b. The game thread is busy past the call's timeout_ms (a long tick): the library
+      // answers the call as timed out before the gateway gives up, and the tool never runs.
+      java.util.concurrent.CountDownLatch release = new java.util.concurrent.CountDownLatch(1);
+      game.execute(() -> {
+        try {
+          release.await(60, TimeUnit.SECONDS);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+        }
+      });
+      int callsBefore = world.calls().size();
+      long started = System.nanoTime();
+      PlayerResponse stalled;
+      try {
+        stalled = get(client.chat(steve, "/inventory"));
+      } finally {
+        release.countDown();
+      }
+      long tookMs = (System.nanoTime() - started) / 1_000_000;
+      show("Steve", "/inventory while the game thread is stuck", stalled);
+      Thread.sleep(300); // the game thread drains its queue: the timed-out call must not run
+      AgentResult stalledResult = stalled.getReply().getResult();
+      System.out.println("stuck game thread: answered after " + tookMs + " ms, status "
+          + stalledResult.getStatus() + ", failure " + stalledResult.getFailure().getKey() + ": "
+          + stalledResult.getFailure().getMessage());
+      check(stalledResult.getStatus() == ResultStatus.RESULT_STATUS_FAILED
+              && stalledResult.getFailure().getKey().equals("system.error.timeout")
+              && world.calls().size() == callsBefore,
+          "busy-game-thread-times-out", describe(stalled) + " calls " + world.calls().size()
+              + " (before " + callsBefore + ")");
+
       // 7. A malformed tool answer: `id` instead of `item`. It must be refused, not read as empty.
       world.malformNext("minecraft:inventory.read");
       PlayerResponse bad = get(client.chat(steve, "/inventory"));
