@@ -689,7 +689,9 @@ async def test_notify_player_shows_a_notice_on_their_game_server(
     calls = MultiplexClient(relay.Multiplex, relay_pb2.MultiplexRequest, relay_pb2.MultiplexCall)
     try:
         await calls.call(
-            "notify_player", relay_pb2.NotifyPlayerRequest(player_id=scoped(STEVE), result=reward), 5
+            "notify_player",
+            relay_pb2.NotifyPlayerRequest(player_id=scoped(STEVE), result=reward),
+            5,
         )
         assert (await asyncio.wait_for(client.notices.get(), 5)).notice.result == reward
         with pytest.raises(grpc.aio.AioRpcError) as caught:
