@@ -88,7 +88,8 @@ class CountingGame(GameServerClient):
 
 
 def _player(player_id: str) -> common_pb2.PlayerContext:
-    return common_pb2.PlayerContext(server_id="sim", player_id=player_id, language="en")
+    """The game server's player as the gateway names them downstream (decision 0012)."""
+    return common_pb2.PlayerContext(server_id="sim", player_id=f"sim/{player_id}", language="en")
 
 
 class _Timed:
@@ -178,7 +179,9 @@ async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict
         for i in range(n + 10):
             relay_call = relay.CallGameTool(
                 relay_pb2.CallGameToolRequest(
-                    call_id=f"bench-{i}", player_id=player_id, tool="minecraft:inventory.read"
+                    call_id=f"bench-{i}",
+                    player_id=f"sim/{player_id}",
+                    tool="minecraft:inventory.read",
                 ),
                 timeout=5,
                 metadata=stack.credential("engine"),
@@ -389,7 +392,7 @@ async def measure_events(
         states: dict[str, int] = {}
         for player in players:
             listed = await journal.ListTasks(
-                journal_pb2.ListTasksRequest(player_id=player),
+                journal_pb2.ListTasksRequest(player_id=f"sim/{player}"),
                 timeout=10,
                 metadata=stack.credential("engine"),
             )
