@@ -12,6 +12,7 @@ from engine_service.knowledge_tools import StorageKnowledge
 from engine_service.models import ModelClient
 from engine_service.modules import SMALL_TALK, BuiltinServices, register_builtins
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
+from engine_service.replica import JournalIncarnations, replica_identity
 from engine_service.runs import PlayerRuns
 from engine_service.servicer import EngineServicer
 from engine_service.task_store import TaskStore
@@ -52,6 +53,8 @@ class EngineApp:
 
     def __init__(self, config: EngineConfig) -> None:
         channels = config.channel_settings()
+        # Made here, in the serving process (after any fork): the pid is this worker's own.
+        self.identity = replica_identity(config.replica_id, config.workers)
         self.storage = StorageHistory(config.storage_target, channels)
         self.game_tools = GatewayGameTools(config.gateway_target, channels)
         self.leases = JournalLeases(config.storage_target, settings=channels)
@@ -65,19 +68,23 @@ class EngineApp:
             config.execute_timeout_seconds,
             config.history_timeout_seconds,
             self.game_tools,
-            PlayerRuns(self.leases, config.replica_id, config.player_lease_seconds),
+            PlayerRuns(self.leases, self.identity.owner, config.player_lease_seconds),
             self.models,
         )
         self.tasks = TaskStore(config.storage_target, settings=channels)
         self.runner_tasks = TaskStore(config.storage_target, private=True, settings=channels)
+        self.incarnations = JournalIncarnations(
+            config.storage_target, self.identity, settings=channels
+        )
         self.runner = EventRunner(
             self.engine,
             self.runner_tasks,
             BoundedExecutor("event", config.event_workers, config.event_queue),
-            config.replica_id,
+            self.identity.owner,
             config.task_lease_seconds,
             config.event_poll_seconds,
             notices=self.game_tools,
+            earlier=self.incarnations,  # taken back before the first claim (decision 0014)
         )
         self.maintenance = BoundedExecutor(
             "maintenance", config.maintenance_workers, config.maintenance_queue
@@ -100,6 +107,7 @@ class EngineApp:
         await self.engine.runs.flush_releases()  # and the players' leases are given back
         await self.tasks.aclose()
         await self.runner_tasks.aclose()
+        await self.incarnations.aclose()
         await self.models.aclose()
         await self.preferences.aclose()
         await self.knowledge.aclose()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
-import uuid
 
+from engine_service.replica import MAX_REPLICA_ID, OWNER_SEPARATOR
 from services.runtime.config import ConfigError, ServerConfig
 
 ENV_PREFIX = "SYSTEM_ENGINE_"
@@ -42,16 +40,19 @@ class EngineConfig(ServerConfig):
     """Maintenance jobs waiting; more are refused as BUSY."""
     task_lease_seconds: int = 30
     """Lease of a claimed event task, renewed every third. A replica that dies holds its tasks
-    this long before another replica takes them over."""
+    this long before another replica takes them over, unless it is restarted under the same
+    name first (decision 0014)."""
     event_poll_seconds: float = 1.0
     """How often to look for event tasks nobody woke this replica for (queued by another
     replica, or left by a dead one)."""
     disabled_entry_points: tuple[str, ...] = ()
     """Names of `system.modules` entry points not to load."""
-    replica_id: str = dataclasses.field(
-        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    )
-    """Owner name of this replica's storage leases; unique per process by default."""
+    replica_id: str = ""
+    """This replica's stable name, unique among live replicas (e.g. the pod's name); its
+    leases are owned by `<name>#<incarnation>`, the incarnation new at every start, and at
+    start it takes back the leases its earlier incarnations held (decision 0014). Empty:
+    `<hostname>:<pid>`. With `workers` > 1 each worker's name is `<replica_id>:<pid>`. At
+    most 80 characters, no `#`."""
     player_lease_seconds: int = 5
     """Length of the `player:<id>` lease an interactive run holds (renewed every third)."""
 
@@ -69,8 +70,13 @@ class EngineConfig(ServerConfig):
             raise ConfigError(
                 "execute_timeout_seconds and history_timeout_seconds must be positive"
             )
-        if not self.replica_id:
-            raise ConfigError("replica_id must not be empty")
+        if OWNER_SEPARATOR in self.replica_id:
+            raise ConfigError(
+                f"replica_id must not contain {OWNER_SEPARATOR!r}: it separates the replica's "
+                "name from its incarnation in lease owners"
+            )
+        if len(self.replica_id) > MAX_REPLICA_ID or not self.replica_id.isprintable():
+            raise ConfigError(f"replica_id must be at most {MAX_REPLICA_ID} printable characters")
         if not 1 <= self.player_lease_seconds <= 3600:
             raise ConfigError("player_lease_seconds must be between 1 and 3600")
         for kind in ("interactive", "event", "maintenance"):

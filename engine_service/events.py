@@ -6,6 +6,10 @@ A task is QUEUED when its player is online and WAITING otherwise; `resume` (a pl
 queues the waiting ones. A running task whose player turns out to be offline before a step
 could be delivered goes back to WAITING. The lease is renewed while the task is held; when a
 renewal fails the run is stopped, since another replica may own the task from then on.
+
+Before its first claim the runner ends the leases earlier incarnations of this replica still
+hold (decision 0014): their RUNNING tasks are then claimable at once, by this replica or any
+other, and recover from their receipts as after any crash.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from engine_service.registry import struct_to_dict
 from engine_service.schema import check_input
 from engine_service.steps import TaskSteps
 from engine_service.task_store import Claim, LeaseLost, TaskStore
-from services.runtime.errors import InvalidArgument, NotFound
+from services.runtime.errors import InvalidArgument, NotFound, Unavailable
 
 __all__ = [
+    "EarlierIncarnations",
     "EventRunner",
     "EventTasks",
     "PlayerNotices",
@@ -57,6 +62,14 @@ class PlayerNotices(Protocol):
         timeout: float,
         server_id: str = "",
     ) -> None: ...
+
+
+class EarlierIncarnations(Protocol):
+    """Ends the leases this replica's earlier incarnations hold
+    (`JournalService.ReleaseEarlierIncarnations` in production). Raises Unavailable when
+    storage cannot be reached, another error when it refused."""
+
+    async def release_earlier(self) -> int: ...
 
 
 _TERMINAL = {
@@ -161,6 +174,9 @@ class EventRunner:
             replicas queued, or leases of dead replicas that expired).
         notices: where a task that ended (succeeded, partly or failed) is shown to its
             player, once its end is stored; best effort, off the event worker. None: nowhere.
+        earlier: asked once, before the first claim, to end the leases of this replica's
+            earlier incarnations (asked again at each poll while storage cannot be reached;
+            given up on, with a warning, when storage refuses). None: their leases expire.
     """
 
     def __init__(
@@ -172,8 +188,10 @@ class EventRunner:
         lease_seconds: int = 30,
         poll_seconds: float = 1.0,
         notices: PlayerNotices | None = None,
+        earlier: EarlierIncarnations | None = None,
     ) -> None:
         self._engine = engine
+        self._earlier = earlier
         self._notices = notices
         self._telling: set[asyncio.Task[None]] = set()
         self._store = store
@@ -208,7 +226,30 @@ class EventRunner:
         if self._telling:  # players still hear how their finished tasks ended
             await asyncio.wait(list(self._telling))
 
+    async def _take_back(self) -> None:
+        """Ends the leases of this replica's earlier incarnations, before anything is claimed,
+        so the first claim already finds their tasks runnable. While storage cannot be reached
+        it asks again at each poll (a claim could not be made either); a refusal (an older
+        storage without the call, a credential not allowed it) is logged and the runner goes
+        on: those leases then expire as before."""
+        if self._earlier is None:
+            return
+        while True:
+            try:
+                released = await self._earlier.release_earlier()
+            except Unavailable as exc:
+                log.warning("earlier incarnations' leases not released yet: %s", exc)
+                await self._wait()
+                continue
+            except Exception as exc:  # noqa: BLE001 - refused: the leases expire as before
+                log.warning("earlier incarnations' leases were not released; they expire: %s", exc)
+                return
+            if released:
+                log.info("leases of earlier incarnations taken back: %d", released)
+            return
+
     async def _loop(self) -> None:
+        await self._take_back()
         while True:
             # Claimed tasks count from the moment they are claimed, before they reach the
             # executor, so the runner never holds more than the executor admits.

@@ -17,7 +17,9 @@ can always be drained.
 
 Leases: one row per name. Fencing tokens grow with every acquisition of a name, and are at
 least the acquisition time in microseconds, so they keep growing even if a lease row is
-deleted (a player reset, or the eviction of a finished task) and made again.
+deleted (a player reset, or the eviction of a finished task) and made again. An engine
+replica's leases are owned by `<name>#<incarnation>`: a restarted replica ends its earlier
+incarnations' leases at start (`release_earlier_incarnations`, decision 0014).
 
 Concurrency: on SQLite every write transaction starts with BEGIN IMMEDIATE (see db.py), so
 writers are serialized. On PostgreSQL (READ COMMITTED) writes that change a player's ledgers
@@ -110,6 +112,8 @@ __all__ = [
     "TaskRow",
     "LeaseSteps",
     "acquire_steps",
+    "OWNER_SEPARATOR",
+    "release_earlier_incarnations",
     "release_steps",
     "renew_steps",
     "run_steps",
@@ -743,6 +747,58 @@ def release_steps(name: str, owner: str, token: int) -> LeaseSteps:
     _check_token(token)
     released = yield _RELEASE, {"name": name, "holder": owner, "held_token": token}
     return released.rowcount == 1
+
+
+OWNER_SEPARATOR = "#"
+"""Separates an engine replica's stable name from its incarnation in a lease owner
+(`<name>#<incarnation>`)."""
+
+
+def _check_owner_part(value: str, field: str) -> None:
+    _check_id(value, field)
+    if OWNER_SEPARATOR in value:
+        raise InvalidArgument(
+            f"{field} must not contain {OWNER_SEPARATOR!r}: it separates a replica's name from "
+            f"its incarnation in a lease owner (`<name>{OWNER_SEPARATOR}<incarnation>`), "
+            f"got {value[:MAX_ID]!r}"
+        )
+
+
+# Every lease held by an owner `<name>#...` other than the caller's own `<name>#<incarnation>`.
+# A prefix comparison (substr) rather than LIKE, so a name's `%` and `_` match only themselves;
+# both databases count characters. Runs once per engine start: a scan of the leases table
+# rather than an index on `owner`, which every lease call would pay to keep up.
+_RELEASE_EARLIER = (
+    update(_LEASES)
+    .where(
+        func.substr(_LEASES.c.owner, 1, bindparam("prefix_length", type_=Integer))
+        == bindparam("prefix", type_=String),
+        _LEASES.c.owner != bindparam("own", type_=String),
+    )
+    .values(owner=None, expires_at=None)
+)
+
+
+def release_earlier_incarnations(target: Session | Connection, name: str, incarnation: str) -> int:
+    """Ends every lease held by an earlier incarnation of replica `name`: owner
+    `<name>#<anything but incarnation>`, live or expired; answers how many. Tokens are kept,
+    so the earlier incarnation's fences are stale from now on, and its RUNNING tasks are
+    claimable at once (ClaimTasks takes a task no live lease protects). The caller's own
+    incarnation and other names are left alone. INVALID_ARGUMENT for an empty part, a part
+    containing `#`, or an owner that would be over MAX_ID characters."""
+    _check_owner_part(name, "name")
+    _check_owner_part(incarnation, "incarnation")
+    own = f"{name}{OWNER_SEPARATOR}{incarnation}"
+    if len(own) > MAX_ID:
+        raise InvalidArgument(
+            f"name and incarnation make an owner of {len(own)} characters "
+            f"(`<name>{OWNER_SEPARATOR}<incarnation>`); an owner is at most {MAX_ID}"
+        )
+    prefix = f"{name}{OWNER_SEPARATOR}"
+    result = target.execute(
+        _RELEASE_EARLIER, {"prefix": prefix, "prefix_length": len(prefix), "own": own}
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 _LEASE_ROW = select(
@@ -2435,6 +2491,15 @@ class JournalStore:
         steps = release_steps(name, owner, token)
         with self._one_statement.begin() as session:
             return run_steps(steps, session)  # type: ignore[no-any-return]
+
+    def release_earlier_incarnations(self, name: str, incarnation: str) -> int:
+        """Ends the leases of replica `name`'s earlier incarnations; answers how many (see the
+        module function). One statement, in autocommit on PostgreSQL."""
+        with self._one_statement.begin() as session:
+            released = release_earlier_incarnations(session, name, incarnation)
+        if released:
+            log.info("released %d leases of earlier incarnations of replica %r", released, name)
+        return released
 
     def now(self) -> dt.datetime:
         """The store's clock (tests move it)."""

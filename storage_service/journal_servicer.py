@@ -162,6 +162,13 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         released = await self._leases.release_lease(request.name, request.owner, request.token)
         return journal_pb2.ReleaseLeaseResponse(released=released)
 
+    async def ReleaseEarlierIncarnations(self, request, context):  # type: ignore[no-untyped-def]
+        # Once per engine start, not on any hot path: a worker thread on every database.
+        released = await run_db(
+            self._store.release_earlier_incarnations, request.name, request.incarnation
+        )
+        return journal_pb2.ReleaseEarlierIncarnationsResponse(released=released)
+
     async def Commit(self, request, context):  # type: ignore[no-untyped-def]
         # Validated here: a malformed batch is refused without waiting for a transaction.
         return await self._write(self._store.commit_unit(request))
