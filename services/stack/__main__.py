@@ -236,6 +236,7 @@ def _run(args: argparse.Namespace, service_env: dict[str, dict[str, str]]) -> in
         print(f"the stack did not start: {exc}", file=sys.stderr)
         return 1
     ports = ", ".join(f"{s.name} {stack.target(s.name)}" for s in SERVICES)
+    ports += f" (relay {stack.target('gateway_internal')}; internal ports need a credential)"
     print(
         f"stack ready in {seconds:.2f} s ({ports}); logs in {stack.data_dir / 'logs'}",
         file=sys.stderr,
