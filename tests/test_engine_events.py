@@ -409,7 +409,8 @@ async def test_kill_9_mid_give_repeats_nothing_and_the_other_replica_finishes(
     stuck = settled["stuck"]
     assert stuck.state == journal_pb2.TASK_STATE_FAILED
     assert stuck.result.failure.key == "system.error.effect_unknown"
-    assert stuck.attempts == 2  # claimed by A, then once more after A's lease ran out
+    # Claimed by A, then once more after A restarted and took its leases back (decision 0014).
+    assert stuck.attempts == 2
     assert game.gained("stuck") == Counter({"minecraft:diamond": 1})  # the one give that ran
 
     # A's other worker may have been between a give and its stored result when it died: that

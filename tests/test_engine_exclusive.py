@@ -342,7 +342,12 @@ async def test_a_run_whose_player_lease_is_taken_over_stops(replicas: Replicas) 
     running = asyncio.ensure_future(first.Execute(_request("p-lost"), timeout=15))
     await _started(replicas.module)
     await replicas.journal.AcquireLease(
-        journal_pb2.AcquireLeaseRequest(name="player:p-lost", owner="replica-0", ttl_seconds=30),
+        journal_pb2.AcquireLeaseRequest(
+            # The replica's own lease owner (`<replica_id>#<incarnation>`, decision 0014).
+            name="player:p-lost",
+            owner=replicas.apps[0].identity.owner,
+            ttl_seconds=30,
+        ),
         timeout=5,
     )
     result = (await running).result

@@ -29,11 +29,20 @@ from system.gateway.v1 import gateway_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from engine_service.config import EngineConfig
-from engine_service.replica import ReplicaIdentity, replica_identity
+from engine_service.engine import BoundedExecutor
+from engine_service.events import EventRunner
+from engine_service.replica import JournalIncarnations, ReplicaIdentity, replica_identity
 from services.runtime.config import ConfigError
-from services.runtime.errors import STALE_FENCE, FailedPrecondition, InvalidArgument
+from services.runtime.errors import (
+    STALE_FENCE,
+    FailedPrecondition,
+    InvalidArgument,
+    ServiceError,
+    Unavailable,
+)
 from services.runtime.server import ServiceHost
 from storage_service.app import ACCESS
+from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
 from storage_service.journal import JournalBounds, JournalStore, LeaseRow
@@ -255,9 +264,38 @@ async def test_the_rpc_releases_and_refuses_bad_input(
     store.renew_lease("task:u", "eng:1#new", mine.token, HOUR)
 
 
-def test_only_engines_may_release_incarnations() -> None:
+async def test_only_engines_may_release_incarnations(tmp_path: Path) -> None:
     method = "system.storage.v1.JournalService/ReleaseEarlierIncarnations"
     assert ACCESS.callers(method) == frozenset({"engine"})
+    tokens = {"engine": "engine-token-0123456789", "router": "router-token-0123456789"}
+    storage = await create_storage(
+        StorageConfig(
+            port=0,
+            metrics_port=-1,
+            drain_seconds=0,
+            database_url=f"sqlite:///{tmp_path / 'storage.db'}",
+            caller_tokens=tuple(f"{caller}={token}" for caller, token in tokens.items()),
+        )
+    )
+    await storage.host.start()
+    try:
+        storage.journal.acquire_lease("task:t", "slot#old", HOUR)
+        for caller, token in tokens.items():
+            settings = EngineConfig(service_token=token).channel_settings()
+            client = JournalIncarnations(
+                storage.host.target, ReplicaIdentity("slot", "new"), settings=settings
+            )
+            try:
+                if caller == "engine":
+                    assert await client.release_earlier() == 1
+                else:
+                    with pytest.raises(ServiceError, match="PERMISSION_DENIED"):
+                        await client.release_earlier()
+            finally:
+                await client.aclose()
+    finally:
+        await storage.host.stop()
+        await storage.aclose()
 
 
 # -- the replica's identity -------------------------------------------------------------------
@@ -286,6 +324,59 @@ def test_a_replica_is_named_by_host_and_pid_and_each_start_is_a_new_incarnation(
 def test_a_bad_replica_id_is_refused_at_start(replica_id: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         EngineConfig(replica_id=replica_id).validate()
+
+
+# -- the event runner ------------------------------------------------------------------------------
+
+
+class _Journal:
+    """What the runner is seen asking storage, in order: take-backs, then claims."""
+
+    def __init__(self, answers: list[BaseException | int]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    async def release_earlier(self) -> int:
+        self.asked.append("release")
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def claim(self, owner: str, max_tasks: int, lease_seconds: int) -> list[Any]:
+        self.asked.append(f"claim:{owner}")
+        return []
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ([2], ["release"]),
+        # Storage not reachable yet: asked again at the next poll, nothing claimed meanwhile.
+        ([Unavailable("down"), Unavailable("down"), 0], ["release"] * 3),
+        # Refused (an older storage): given up on, the runner claims as before.
+        ([ServiceError("UNIMPLEMENTED: no such method")], ["release"]),
+    ],
+)
+async def test_the_runner_takes_back_before_its_first_claim(
+    answers: list[BaseException | int], expected: list[str]
+) -> None:
+    journal = _Journal(answers)
+    runner = EventRunner(
+        None,  # type: ignore[arg-type]  # nothing is claimed, so nothing runs
+        journal,  # type: ignore[arg-type]
+        BoundedExecutor("event", 2, 64),
+        "slot#new",
+        poll_seconds=0.01,
+        earlier=journal,
+    )
+    runner.start()
+    try:
+        await _until(lambda: len(journal.asked) > len(expected) + 1)
+    finally:
+        await runner.stop()
+    assert journal.asked[: len(expected)] == expected
+    assert set(journal.asked[len(expected) :]) == {"claim:slot#new"}
 
 
 # -- end to end ------------------------------------------------------------------------------------
