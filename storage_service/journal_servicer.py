@@ -176,5 +176,5 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
     async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
         # The calls above, many on one stream (services.runtime.multiplex); each handler
         # ignores its context, so a call on the stream runs exactly as the unary one.
-        async for response in self._multiplex.serve(request_iterator):
+        async for response in self._multiplex.serve(request_iterator, context):
             yield response
