@@ -59,6 +59,7 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.model_gateway
 	$(PYTHON) -m bench.engine
 	$(PYTHON) -m bench.tls
+	$(PYTHON) -m bench.edge
 	$(PYTHON) -m bench.java_client
 	$(PYTHON) -m bench.keepalive
 
