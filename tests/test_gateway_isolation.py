@@ -612,6 +612,32 @@ async def test_busy_is_decided_before_routing(tmp_path: Any) -> None:
         await asyncio.wait_for(running, 10)
 
 
+async def test_the_gateway_bounds_requests_in_progress_across_servers(tmp_path: Any) -> None:
+    """Two game servers whose players' requests hang take the gateway-wide allowance; the next
+    request, on either server, is refused at once; the gateway serves again once they end."""
+    async with servers_chain(tmp_path, max_pending_requests_total=2) as chain:
+        a, b = await connect(chain, "a"), await connect(chain, "b")
+        await a.join(STEVE, "Steve")
+        await b.join(ALEX, "Alex")
+        a.hold.add(STEVE)
+        b.hold.add(ALEX)
+        held = [
+            asyncio.ensure_future(a.chat(STEVE, "/inventory")),
+            asyncio.ensure_future(b.chat(ALEX, "/inventory")),
+        ]
+        for client in (a, b):
+            await asyncio.wait_for(client.held.wait(), 10)
+        await b.join(STEVE, "Steve on b")
+        with pytest.raises(FrameRefused) as refused:
+            await b.chat(STEVE, "help", timeout=5)
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "all its game servers" in refused.value.message
+        await a.control(STEVE, gateway_pb2.CONTROL_ACTION_CANCEL)
+        await b.control(ALEX, gateway_pb2.CONTROL_ACTION_CANCEL)
+        await asyncio.wait_for(asyncio.gather(*held), 10)
+        assert (await b.chat(STEVE, "help")).reply.result.status == SUCCEEDED
+
+
 # -- a shared stream survives one undecodable message --------------------------------------------
 
 

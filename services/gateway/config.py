@@ -49,6 +49,10 @@ class GatewayConfig(ServerConfig):
     """Players one game server may have joined at once."""
     max_pending_requests: int = 256
     """Player requests in progress per connection; more are refused with RESOURCE_EXHAUSTED."""
+    max_pending_requests_total: int = 2048
+    """Player requests in progress on all connections together; more are refused with
+    RESOURCE_EXHAUSTED before routing, so a few busy game servers cannot queue work without
+    bound (the engine's own queues answer BUSY further on)."""
     tool_call_timeout_seconds: float = 10.0
     """Longest a game-tool call may wait for the game server when the caller sets no deadline."""
     networks: tuple[str, ...] = ()
@@ -97,6 +101,7 @@ class GatewayConfig(ServerConfig):
             "max_text_chars",
             "max_players_per_connection",
             "max_pending_requests",
+            "max_pending_requests_total",
             "outbox_frames",
             "outbox_bytes",
         ):

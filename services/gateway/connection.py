@@ -275,6 +275,10 @@ class ConnectionRegistry:
     def players(self) -> int:
         return len(self._attached)
 
+    def pending(self) -> int:
+        """Player requests in progress on every connection."""
+        return sum(len(connection.running) for connection in self._by_server.values())
+
     def for_player(self, scoped_id: str) -> Connection:
         """The connection the player (by scoped id) is attached to."""
         connection = self._attached.get(scoped_id)

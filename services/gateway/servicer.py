@@ -440,6 +440,15 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             raise ResourceExhausted(
                 f"{self._config.max_pending_requests} requests are already in progress on this connection"
             )
+        # Runs only: a cancel or a state query must get through when the gateway is full.
+        if (
+            kind in _RUN_LIKE
+            and self._registry.pending() >= self._config.max_pending_requests_total
+        ):
+            raise ResourceExhausted(
+                f"the gateway has {self._config.max_pending_requests_total} requests in progress "
+                "on all its game servers; retry shortly"
+            )
         others = connection.running_for(request.player_id)
         work = b""
         if kind in _RUN_LIKE:
