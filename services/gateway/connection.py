@@ -87,6 +87,9 @@ class Connection:
         self.scope = scope or server_id
         self.features = tuple(hello.features)
         self.tools = {tool.name: tool for tool in hello.tools}
+        self.unavailable_modules: tuple[str, ...] = ()
+        """Modules this server's players cannot use: it lacks a game tool they need (the
+        hello's tool check), for the PlayerContexts made on this connection."""
         self.players: dict[str, common_pb2.PlayerContext] = {}
         """Joined players by the game server's own id; their contexts carry the scoped id."""
         self.states: dict[str, PlayerState] = {}

@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import logging
 import uuid
-import weakref
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -92,11 +91,6 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         # Refused frames and BUSY answers can come thousands a second: one line per kind
         # per 10 s, with how many were left out.
         self._repeated = RepeatedLines(log)
-        # Modules unavailable on each connection's server (its hello's tool problems), for
-        # the PlayerContexts made on it.
-        self._unavailable: weakref.WeakKeyDictionary[Connection, tuple[str, ...]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     async def _check_tools(self, connection: Connection, hello: gateway_pb2.Hello) -> ContractCheck:
         """Checks the hello's tools against the engine's game-tool catalogue
@@ -110,7 +104,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         checked = check_tools(hello.tools, catalogue)
         for name in checked.refused:
             connection.tools.pop(name, None)
-        self._unavailable[connection] = checked.unavailable_modules
+        connection.unavailable_modules = checked.unavailable_modules
         if checked.problems:
             log.warning(
                 "game server %s: %d game-tool problem(s); unavailable modules: %s; %s",
@@ -334,7 +328,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 language=normalize_language(presence.language),
                 permission_level=presence.permission_level,
                 features=connection.features,
-                unavailable_modules=self._unavailable.get(connection, ()),
+                unavailable_modules=connection.unavailable_modules,
             )
             connection.players[player_id] = player
             if not known:
@@ -388,7 +382,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 server_id=connection.server_id,
                 player_id=scoped,
                 features=connection.features,
-                unavailable_modules=self._unavailable.get(connection, ()),
+                unavailable_modules=connection.unavailable_modules,
             )
 
         def refused(code: grpc.StatusCode, message: str) -> None:
