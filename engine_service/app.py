@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
+from engine_service.advancements import AdvancementConfig
 from engine_service.clients import GatewayGameTools, JournalLeases, StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
@@ -30,6 +31,8 @@ ACCESS = AccessPolicy(
         SERVICE_NAME: ["gateway"],
         # The module catalogue: the router (routing candidates) and the gateway.
         f"{SERVICE_NAME}/GetCatalog": ["router", "gateway"],
+        # Re-reading the advancement rules: operators' tooling alone.
+        f"{SERVICE_NAME}/ReloadAdvancements": [],
     }
 )
 """Who may call what (services.runtime.security); operators may call everything."""
@@ -61,8 +64,11 @@ class EngineApp:
         self.models = ModelClient(config.model_target, channels)
         self.knowledge = StorageKnowledge(config.storage_target, channels)
         self.preferences = StoragePreferences(config.storage_target, channels)
+        registry = build_registry(config, BuiltinServices(self.knowledge, self.preferences))
+        # Checked against the frozen registry; a bad file stops the start (ConfigError).
+        self.advancements = AdvancementConfig(config.advancements_file, registry)
         self.engine = Engine(
-            build_registry(config, BuiltinServices(self.knowledge, self.preferences)),
+            registry,
             self.storage,
             BoundedExecutor("interactive", config.interactive_workers, config.interactive_queue),
             config.execute_timeout_seconds,
@@ -89,8 +95,14 @@ class EngineApp:
         self.maintenance = BoundedExecutor(
             "maintenance", config.maintenance_workers, config.maintenance_queue
         )
-        self.events = EventTasks(self.engine, self.tasks, self.runner)
-        servicer = EngineServicer(self.engine, self.events, self.maintenance)
+        self.events = EventTasks(self.engine, self.tasks, self.runner, self.advancements)
+        servicer = EngineServicer(
+            self.engine,
+            self.events,
+            self.maintenance,
+            advancements=self.advancements,
+            replica=self.identity.owner,
+        )
         self.host = ServiceHost(
             "engine",
             config,

@@ -55,6 +55,11 @@ class EngineConfig(ServerConfig):
     most 80 characters, no `#`."""
     player_lease_seconds: int = 5
     """Length of the `player:<id>` lease an interactive run holds (renewed every third)."""
+    advancements_file: str = ""
+    """JSON file of advancement rules (advancement id -> module and input; see
+    `engine_service.advancements`), checked at start (the engine refuses to start with a bad
+    one) and re-read by `ReloadAdvancements`. Empty: the shipped
+    `engine_service/advancements.json`."""
 
     def validate(self) -> None:
         super().validate()

@@ -23,6 +23,7 @@ from google.protobuf import json_format
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
+from engine_service.advancements import ADVANCEMENT_EVENT, AdvancementConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.registry import struct_to_dict
 from engine_service.schema import check_input
@@ -97,12 +98,25 @@ def decode_task_input(
 
 
 class EventTasks:
-    """SubmitEvent and ResumePlayerTasks: turn events into tasks and wake waiting ones."""
+    """SubmitEvent and ResumePlayerTasks: turn events into tasks and wake waiting ones.
 
-    def __init__(self, engine: Engine, store: TaskStore, runner: EventRunner | None) -> None:
+    Args:
+        advancements: the advancement rules; `minecraft:advancement` events run what they say
+            (one task: the rule's module with the rule's input) instead of every handling
+            module with the event's data. None: those events go to their handlers too.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: TaskStore,
+        runner: EventRunner | None,
+        advancements: AdvancementConfig | None = None,
+    ) -> None:
         self._engine = engine
         self._store = store
         self._runner = runner
+        self._advancements = advancements
 
     async def submit(
         self,
@@ -112,12 +126,15 @@ class EventTasks:
         data: dict[str, Any],
         online: bool,
     ) -> list[tuple[journal_pb2.EventTask, bool]]:
-        """Persists one task per handling module the player may use; returns each task and
-        whether it is new.
+        """Persists one task per handling module the player may use (for an advancement: the
+        one its rule names, with the rule's input; none when no rule and no default apply);
+        returns each task and whether it is new.
 
         Raises:
-            InvalidArgument: missing ids, an oversize key, input a handler's schema refuses.
-            NotFound: no (usable) module handles the event type.
+            InvalidArgument: missing ids, an oversize key, input a handler's schema refuses
+                (for an advancement: data that is not `{"advancement": "<namespace:path>"}`).
+            NotFound: no (usable) module handles the event type (or runs the advancement's
+                rule).
             ResourceExhausted, Unavailable: storage refused or could not be reached.
         """
         if not player.player_id:
@@ -127,20 +144,43 @@ class EventTasks:
         if not event_key or len(event_key) > MAX_EVENT_KEY:
             raise InvalidArgument(f"event_key is required, at most {MAX_EVENT_KEY} characters")
         registry = self._engine.registry
-        handlers = [
-            m for m in registry.handlers(event_type) if registry.allows(m.spec.module_id, player)
-        ]
-        if not handlers:
-            raise NotFound(f"no module this player may use handles {event_type!r} events")
-        # Check every input first: a bad event makes no task at all.
-        inputs = [check_input(m.spec.module_id, m.spec.input_schema, data) for m in handlers]
+        if self._advancements is not None and event_type == ADVANCEMENT_EVENT:
+            rule = self._advancements.get().rule_for_event(data)
+            if rule is None:
+                return []  # no rule for it and no default: nothing to run
+            if not registry.allows(rule.module_id, player):
+                raise NotFound(
+                    f"the rule for {data['advancement']} runs {rule.module_id}, which this "
+                    "player may not use"
+                )
+            # Checked against the module's schema when the rules were read. Keyed by the event,
+            # not the module: an event resent after a reload that moved its advancement to
+            # another module finds the task already made instead of rewarding twice.
+            work = [(rule.module_id, rule.data(), f"{ADVANCEMENT_EVENT}|{event_key}")]
+        else:
+            handlers = [
+                m
+                for m in registry.handlers(event_type)
+                if registry.allows(m.spec.module_id, player)
+            ]
+            if not handlers:
+                raise NotFound(f"no module this player may use handles {event_type!r} events")
+            # Check every input first: a bad event makes no task at all.
+            work = [
+                (
+                    m.spec.module_id,
+                    check_input(m.spec.module_id, m.spec.input_schema, data),
+                    f"{m.spec.module_id}|{event_key}",
+                )
+                for m in handlers
+            ]
         made = []
-        for module, checked in zip(handlers, inputs, strict=True):
+        for module_id, checked, task_key in work:
             made.append(
                 await self._store.create(
                     player.player_id,
-                    module.spec.module_id,
-                    f"{module.spec.module_id}|{event_key}",
+                    module_id,
+                    task_key,
                     encode_task_input(player, checked),
                     waiting=not online,
                 )

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.storage.v1 import journal_pb2
 
+from engine_service.advancements import AdvancementConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventTasks
 from engine_service.registry import struct_to_dict
 from engine_service.tool_catalog import game_tool_catalog, to_proto
-from services.runtime.errors import InvalidArgument
+from services.runtime.config import ConfigError
+from services.runtime.errors import FailedPrecondition, InvalidArgument
 
 __all__ = ["EngineServicer"]
 
@@ -17,10 +21,19 @@ __all__ = ["EngineServicer"]
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     """Validates requests and hands them to the Engine."""
 
-    def __init__(self, engine: Engine, events: EventTasks, maintenance: BoundedExecutor) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        events: EventTasks,
+        maintenance: BoundedExecutor,
+        advancements: AdvancementConfig | None = None,
+        replica: str = "",
+    ) -> None:
         self._engine = engine
         self._events = events
         self._maintenance = maintenance
+        self._advancements = advancements
+        self._replica = replica
         self._game_tools: engine_pb2.GetGameToolCatalogResponse | None = None
 
     async def Execute(self, request, context):  # type: ignore[no-untyped-def]
@@ -91,3 +104,18 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def ResumePlayerTasks(self, request, context):  # type: ignore[no-untyped-def]
         resumed = await self._maintenance.run(lambda: self._events.resume(request.player))
         return engine_pb2.ResumePlayerTasksResponse(resumed=resumed)
+
+    async def ReloadAdvancements(self, request, context):  # type: ignore[no-untyped-def]
+        if self._advancements is None:
+            raise FailedPrecondition("this engine has no advancement rules to reload")
+        try:
+            rules = await asyncio.to_thread(self._advancements.reload)
+        except ConfigError as exc:
+            raise FailedPrecondition(f"{exc}; the rules in force stay") from None
+        return engine_pb2.ReloadAdvancementsResponse(
+            file=rules.source,
+            rules=len(rules.rules),
+            default_module_id=rules.default.module_id if rules.default else "",
+            digest=rules.digest,
+            replica=self._replica,
+        )

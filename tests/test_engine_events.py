@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import secrets
 import time
 from collections import Counter
@@ -27,7 +28,7 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc
 from engine_service.app import EngineApp
 from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
-from engine_service.modules.rewards import REWARDS
+from engine_service.advancements import DEFAULT_RULES_FILE
 from services.gamesim.client import GameServerClient
 from services.gateway.app import create_app as create_gateway
 from services.gateway.config import GatewayConfig
@@ -39,7 +40,15 @@ HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 SERVER = "sim"
 ADVANCEMENT = "minecraft:advancement"
 DIAMOND = "minecraft:story/mine_diamond"
-REWARD = Counter(dict(REWARDS[DIAMOND]))
+REWARD = Counter(
+    {
+        stack["item"]: stack["count"]
+        for rule in json.loads(DEFAULT_RULES_FILE.read_text())["rules"]
+        if rule["advancement"] == DIAMOND
+        for stack in rule["input"]["items"]
+    }
+)
+"""What the shipped advancement rules give for DIAMOND."""
 TERMINAL = {
     journal_pb2.TASK_STATE_SUCCEEDED,
     journal_pb2.TASK_STATE_FAILED,

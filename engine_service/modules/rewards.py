@@ -1,7 +1,8 @@
-"""`system:advancement_reward`: when a player earns an advancement, gives the reward listed
-for it, one `minecraft:item.give` per stack. It runs only from the `minecraft:advancement`
-event, as a persisted task: each give is a write step with a receipt, so a crash never gives
-a reward twice (an interrupted give is reported EFFECT_UNKNOWN instead of repeated)."""
+"""`system:advancement_reward`: gives the item stacks in its input, one `minecraft:item.give`
+per stack. It runs only from `minecraft:advancement` events, as a persisted task whose input
+an advancement rule set (`engine_service.advancements`: which advancement gives what is
+configuration, not code). Each give is a write step with a receipt, so a crash never gives a
+reward twice (an interrupted give is reported EFFECT_UNKNOWN instead of repeated)."""
 
 from __future__ import annotations
 
@@ -9,31 +10,22 @@ from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.advancements import ADVANCEMENT_EVENT
 from engine_service.modules.text import pick
-from engine_service.registry import ExecutionPolicy, ModuleContext, ModuleSpec
+from engine_service.registry import IDENTIFIER, ExecutionPolicy, ModuleContext, ModuleSpec
 from services.results import card, succeeded
 
-__all__ = ["ADVANCEMENT_EVENT", "REWARDS", "AdvancementRewardModule"]
+__all__ = ["ADVANCEMENT_EVENT", "MAX_STACK", "AdvancementRewardModule"]
 
-ADVANCEMENT_EVENT = "minecraft:advancement"
 ITEM_GIVE = "minecraft:item.give"
-
-REWARDS: dict[str, tuple[tuple[str, int], ...]] = {
-    "minecraft:story/mine_stone": (("minecraft:bread", 3),),
-    "minecraft:story/smelt_iron": (("minecraft:torch", 16),),
-    "minecraft:story/mine_diamond": (("minecraft:diamond", 1), ("minecraft:experience_bottle", 5)),
-    "minecraft:nether/root": (("minecraft:golden_apple", 1), ("minecraft:fire_charge", 4)),
-    "minecraft:end/kill_dragon": (("minecraft:elytra", 1), ("minecraft:firework_rocket", 32)),
-}
-"""Reward stacks per advancement; any other advancement earns DEFAULT_REWARD. At most two
-stacks each: the policy allows two write steps."""
-DEFAULT_REWARD: tuple[tuple[str, int], ...] = (("minecraft:experience_bottle", 1),)
+MAX_STACK = 64
+"""Most items one stack (one give) may hold."""
 
 _TITLE = {"zh": "成就奖励", "en": "Advancement reward"}
 
 
 class AdvancementRewardModule:
-    """Gives the stacks REWARDS lists for the advancement in the event."""
+    """Gives the stacks its input lists, in order."""
 
     spec = ModuleSpec(
         module_id="system:advancement_reward",
@@ -43,8 +35,29 @@ class AdvancementRewardModule:
         },
         input_schema={
             "type": "object",
-            "properties": {"advancement": {"type": "string", "minLength": 1, "maxLength": 128}},
-            "required": ["advancement"],
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 16,
+                    "description": "The stacks to give, in order; one write step each.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "item": {
+                                "type": "string",
+                                "maxLength": 128,
+                                "pattern": IDENTIFIER.pattern,
+                                "description": "Item registry id (minecraft:diamond).",
+                            },
+                            "count": {"type": "integer", "minimum": 1, "maximum": MAX_STACK},
+                        },
+                        "required": ["item", "count"],
+                        "additionalProperties": False,
+                    },
+                }
+            },
+            "required": ["items"],
             "additionalProperties": False,
         },
         routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
@@ -57,10 +70,14 @@ class AdvancementRewardModule:
         ),
     )
 
+    def planned_write_steps(self, data: dict[str, Any]) -> int:
+        """One give, hence one write step, per stack (rules are checked against the policy)."""
+        return len(data["items"])
+
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
-        stacks = REWARDS.get(data["advancement"], DEFAULT_REWARD)
         lines = []
-        for item, count in stacks:
+        for stack in data["items"]:
+            item, count = stack["item"], stack["count"]
             await ctx.tool(ITEM_GIVE, {"item": item, "count": count})
             lines.append(f"{item} × {count}")
         return succeeded(card("system:reward", pick(_TITLE, ctx.player.language), lines))
