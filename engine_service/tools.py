@@ -23,6 +23,7 @@ from services.runtime.permissions import CORE_FEATURE
 
 __all__ = [
     "BUILTIN_GAME_TOOLS",
+    "ITEM_LOOKUP_LIMIT",
     "SERVER_TOOL_NAMESPACE",
     "ToolHandler",
     "ToolKind",
@@ -107,6 +108,92 @@ _ITEM_ID = {
     "description": "Item id, namespace:path (for example minecraft:bread).",
 }
 
+_NAMES = {
+    "type": "object",
+    "description": "A name per language: zh (Simplified Chinese) and en (English).",
+    "properties": {
+        "zh": {"type": "string", "minLength": 1},
+        "en": {"type": "string", "minLength": 1},
+    },
+    "required": ["zh", "en"],
+}
+
+
+def _ref(what: str, counted: bool = False) -> dict[str, Any]:
+    """A reference to an item, block or mob: its id and names (and a count)."""
+    properties: dict[str, Any] = {
+        "id": {**_ITEM_ID, "description": f"The {what}'s id, namespace:path."},
+        "name": _NAMES,
+    }
+    if counted:
+        properties["count"] = {"type": "integer", "minimum": 1, "description": "How many."}
+    return {"type": "object", "properties": properties, "required": sorted(properties)}
+
+
+def _sources(description: str, properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "description": description,
+        "items": {"type": "object", "properties": properties, "required": sorted(properties)},
+    }
+
+
+ITEM_LOOKUP_LIMIT = 10
+"""Most items one `minecraft:item.lookup` answer holds."""
+
+_ITEM_ENTRY = {
+    "type": "object",
+    "properties": {
+        "id": _ITEM_ID,
+        "name": _NAMES,
+        "sources": {
+            "type": "object",
+            "description": "Where the item comes from, one list per way (each may be empty).",
+            "properties": {
+                "crafting": _sources(
+                    "Crafting recipes that make it.",
+                    {
+                        "count": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "How many one crafting makes.",
+                        },
+                        "inputs": {
+                            "type": "array",
+                            "minItems": 1,
+                            "description": "The ingredients.",
+                            "items": _ref("ingredient", counted=True),
+                        },
+                    },
+                ),
+                "smelting": _sources(
+                    "Items that smelt into it in a furnace.", {"input": _ref("item smelted")}
+                ),
+                "drops": _sources("Mobs that drop it.", {"mob": _ref("mob")}),
+                "mining": _sources("Blocks that drop it when broken.", {"block": _ref("block")}),
+                "shop": _sources(
+                    "The server shop's listing of it (at most one).",
+                    {
+                        "price": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "Price of one, in the currency.",
+                        },
+                        "stock": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "How many the shop has left.",
+                        },
+                        "currency": _NAMES,
+                    },
+                ),
+            },
+            "required": ["crafting", "smelting", "drops", "mining", "shop"],
+        },
+    },
+    "required": ["id", "name", "sources"],
+}
+
 BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         tool_id="minecraft:inventory.read",
@@ -181,6 +268,131 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
         kind=ToolKind.GAME,
         example_input={"item": "minecraft:diamond", "count": 1},
         example_output={"item": "minecraft:diamond", "count": 4},
+    ),
+    ToolSpec(
+        tool_id="minecraft:player.profile",
+        description="Read the player's balance, level and play time.",
+        input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        output_schema={
+            "type": "object",
+            "properties": {
+                "balance": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "The player's money, in whole units of the currency.",
+                },
+                "currency": {**_NAMES, "description": "The currency's name per language."},
+                "level": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "The player's experience level.",
+                },
+                "play_seconds": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Time played on this server in seconds, this session included.",
+                },
+            },
+            "required": ["balance", "currency", "level", "play_seconds"],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={},
+        example_output={
+            "balance": 1000,
+            "currency": {"zh": "金币", "en": "coins"},
+            "level": 12,
+            "play_seconds": 19200,
+        },
+    ),
+    ToolSpec(
+        tool_id="minecraft:item.lookup",
+        description=(
+            "Find items by registry id or by name, with where each comes from. Exact matches "
+            "only when there are any: the id (minecraft:diamond; a bare path means the "
+            "minecraft namespace) or a whole name in any language, case and width ignored; "
+            "otherwise the items whose id path or a name contains the query. Best first, at "
+            f"most {ITEM_LOOKUP_LIMIT}; none is an empty list, not an error."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "query": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "description": "A registry id (minecraft:diamond) or a name (钻石, diamond).",
+                }
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "exact": {
+                    "type": "boolean",
+                    "description": "True when the items matched the id or a whole name; "
+                    "false when they only contain the query (candidates).",
+                },
+                "total": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "How many items matched (items holds the first ones).",
+                },
+                "items": {
+                    "type": "array",
+                    "maxItems": ITEM_LOOKUP_LIMIT,
+                    "description": "The matching items, best first.",
+                    "items": _ITEM_ENTRY,
+                },
+            },
+            "required": ["exact", "total", "items"],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={"query": "钻石"},
+        example_output={
+            "exact": True,
+            "total": 1,
+            "items": [
+                {
+                    "id": "minecraft:diamond",
+                    "name": {"zh": "钻石", "en": "Diamond"},
+                    "sources": {
+                        "crafting": [
+                            {
+                                "count": 9,
+                                "inputs": [
+                                    {
+                                        "id": "minecraft:diamond_block",
+                                        "name": {"zh": "钻石块", "en": "Block of Diamond"},
+                                        "count": 1,
+                                    }
+                                ],
+                            }
+                        ],
+                        "smelting": [],
+                        "drops": [],
+                        "mining": [
+                            {
+                                "block": {
+                                    "id": "minecraft:diamond_ore",
+                                    "name": {"zh": "钻石矿石", "en": "Diamond Ore"},
+                                }
+                            }
+                        ],
+                        "shop": [
+                            {"price": 100, "stock": 64, "currency": {"zh": "金币", "en": "coins"}}
+                        ],
+                    },
+                }
+            ],
+        },
     ),
 )
 """Game tools the gateway protocol documents for every game server; their declarations are

@@ -160,14 +160,24 @@ def test_bad_schemas_are_problems_never_errors(
 def test_a_required_tool_not_offered_is_a_problem(
     catalogue: list[engine_pb2.GameToolEntry],
 ) -> None:
-    checked = check_tools([World.tools()[0]], catalogue)
+    checked = check_tools([t for t in World.tools() if t.name != GIVE], catalogue)
     problem = _problem(checked, GIVE)
     assert problem.problem == "not offered; required by system:advancement_reward"
     assert checked.refused == frozenset()
     assert checked.unavailable_modules == ("system:advancement_reward",)
     nothing = check_tools([], catalogue)
-    assert [p.tool for p in nothing.problems] == [INVENTORY, GIVE]
-    assert nothing.unavailable_modules == ("system:advancement_reward", "system:inventory")
+    assert [p.tool for p in nothing.problems] == [
+        INVENTORY,
+        GIVE,
+        "minecraft:item.lookup",
+        "minecraft:player.profile",
+    ]
+    assert nothing.unavailable_modules == (
+        "system:advancement_reward",
+        "system:inventory",
+        "system:item",
+        "system:profile",
+    )
 
 
 def test_undeclared_tools_are_checked_for_presence_only() -> None:

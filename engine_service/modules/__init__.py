@@ -1,7 +1,7 @@
 """Built-in modules and the server tools they need.
 
-The core modules (help, history, inventory, the advancement reward) need nothing but the
-registry. The question, search and reasoning modules need server tools whose handlers hold
+The core modules (help, history, inventory, profile, item, the advancement reward) need
+nothing but the registry. The question, search and reasoning modules need server tools whose handlers hold
 clients (`BuiltinServices`); `register_builtins` registers tools and modules together, with
 `system:reasoning` last so it sees every other module's read-only tools.
 """
@@ -15,6 +15,8 @@ from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
+from engine_service.modules.item import ItemModule
+from engine_service.modules.profile import ProfileModule
 from engine_service.modules.question import QuestionModule
 from engine_service.modules.reasoning import ReasoningModule
 from engine_service.modules.rewards import AdvancementRewardModule
@@ -30,13 +32,22 @@ __all__ = [
     "HelpModule",
     "HistoryModule",
     "InventoryModule",
+    "ItemModule",
+    "ProfileModule",
     "QuestionModule",
     "ReasoningModule",
     "SearchModule",
     "register_builtins",
 ]
 
-BUILTIN_MODULES = (HelpModule, HistoryModule, InventoryModule, AdvancementRewardModule)
+BUILTIN_MODULES = (
+    HelpModule,
+    HistoryModule,
+    InventoryModule,
+    ProfileModule,
+    ItemModule,
+    AdvancementRewardModule,
+)
 """Classes of the core modules, which need no services, in help order."""
 
 SMALL_TALK = {
