@@ -153,13 +153,15 @@ async def running_chain(
     *,
     credentials: bool = False,
     every_service: dict[str, Any] | None = None,
+    engine_settings: dict[str, Any] | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Chain]:
     """Starts storage, engine, router and gateway; stops them in reverse order on exit.
 
     With `credentials`, every service requires service credentials and holds its own, as
     in production (services.runtime.security); `chain.credentials` has them all.
-    `every_service` holds settings given to all four (keepalive intervals, say).
+    `every_service` holds settings given to all four (keepalive intervals, say);
+    `engine_settings` the engine's own (its `advancements_file`, say).
     """
     common = every_service or {}
     token = secrets.token_urlsafe(16)
@@ -192,6 +194,7 @@ async def running_chain(
             EngineConfig(
                 **_HOST,
                 **auth("engine"),
+                **(engine_settings or {}),
                 storage_target=storage.host.target,
                 gateway_target=f"127.0.0.1:{relay_port}",
             )

@@ -38,8 +38,8 @@ SIM_HELP = """simulator commands:
   :state          ask for the assistant state
   :history        show the stored conversation
   :clear          delete the stored conversation
-  :advance ID     Steve earns an advancement (say minecraft:story/mine_diamond); its reward
-                  comes as an event task
+  :advance ID     Steve earns an advancement (say minecraft:story/mine_diamond); the reward
+                  its rule in engine_service/advancements.json names comes as an event task
   :quit           stop everything (Ctrl-C and Ctrl-D do too)
 anything else is sent as chat, for example: 帮助, help, /help history"""
 
@@ -118,7 +118,10 @@ async def _advance(client: GameServerClient, advancement: str) -> None:
         if client.frame_errors:
             print(f"(refused: {client.frame_errors.pop().message})")
         else:
-            print("(no reward task ended: earned before, or the engine is busy; try again)")
+            print(
+                "(no reward task ended: earned before, no advancement rule gives one, "
+                "or the engine is busy; try again)"
+            )
         return
     print(render_response(notice))
 
