@@ -60,6 +60,8 @@ _BASE_CHECKS = (
     "chat-help",
     "chat-bangzhu",
     "chat-inventory",
+    "chat-profile",
+    "chat-item",
     "tool-call-on-game-thread",
     "button-press",
     "event-item-give",

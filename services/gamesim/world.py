@@ -94,7 +94,7 @@ _REF = {
 _COUNTED_REF = {
     "type": "object",
     "properties": {"id": _ITEM_ID, "name": _NAMES, "count": {"type": "integer", "minimum": 1}},
-    "required": ["id", "name", "count"],
+    "required": ["count", "id", "name"],
 }
 
 

@@ -262,6 +262,17 @@ public final class ExamplePlugin {
               && world.calls().get(before).thread().equals(GAME_THREAD),
           "tool-call-on-game-thread", world.calls().toString());
 
+      // 3b. /profile and /item 钻石: minecraft:player.profile and minecraft:item.lookup.
+      PlayerResponse profile = get(client.chat(steve, "/profile"));
+      show("Steve", "/profile", profile);
+      check(succeeded(profile) && cardText(profile).contains("Balance: 1000 coins"),
+          "chat-profile", describe(profile) + " " + cardText(profile));
+      PlayerResponse item = get(client.chat(li, "/item 钻石"));
+      show("Li", "/item 钻石", item);
+      check(succeeded(item) && item.getReply().getResult().getCard().getTitle().equals("物品：钻石")
+              && cardText(item).contains("钻石矿石"),
+          "chat-item", describe(item) + " " + cardText(item));
+
       // 4. A button from the help card: the /inventory button.
       CardButton button = helpCard.getButtonsList().stream()
           .filter(b -> "system:inventory".equals(b.getArgsMap().get("module_id")))

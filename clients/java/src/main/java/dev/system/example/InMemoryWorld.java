@@ -47,6 +47,136 @@ public final class InMemoryWorld {
       {"type":"object","properties":{"item":{"type":"string","minLength":1,"maxLength":128},\
       "count":{"type":"integer","minimum":0}},"required":["item","count"]}""";
 
+  /** {@code minecraft:player.profile}: balance, currency name, level, play time. */
+  static final String PLAYER_PROFILE_OUTPUT =
+      """
+      {"type":"object","properties":{"balance":{"type":"integer","minimum":0},\
+      "currency":{"type":"object","properties":{"zh":{"type":"string","minLength":1},\
+      "en":{"type":"string","minLength":1}},"required":["zh","en"]},"level":{"type":"integer",\
+      "minimum":0},"play_seconds":{"type":"integer","minimum":0}},"required":["balance",\
+      "currency","level","play_seconds"]}""";
+
+  /** {@code minecraft:item.lookup}: an id or a name. */
+  static final String ITEM_LOOKUP_INPUT =
+      """
+      {"type":"object","properties":{"query":{"type":"string","minLength":1,"maxLength":64}},\
+      "required":["query"],"additionalProperties":false}""";
+
+  /** {@code minecraft:item.lookup}: the matching items with their sources. */
+  static final String ITEM_LOOKUP_OUTPUT =
+      """
+      {"type":"object","properties":{"exact":{"type":"boolean"},"total":{"type":"integer",\
+      "minimum":0},"items":{"type":"array","maxItems":10,"items":{"type":"object",\
+      "properties":{"id":{"type":"string","minLength":1,"maxLength":128},"name":{"type":"object",\
+      "properties":{"zh":{"type":"string","minLength":1},"en":{"type":"string","minLength":1}},\
+      "required":["zh","en"]},"sources":{"type":"object","properties":{"crafting":{"type":"array",\
+      "items":{"type":"object","properties":{"count":{"type":"integer","minimum":1},\
+      "inputs":{"type":"array","minItems":1,"items":{"type":"object",\
+      "properties":{"id":{"type":"string","minLength":1,"maxLength":128},"name":{"type":"object",\
+      "properties":{"zh":{"type":"string","minLength":1},"en":{"type":"string","minLength":1}},\
+      "required":["zh","en"]},"count":{"type":"integer","minimum":1}},"required":["count","id",\
+      "name"]}}},"required":["count","inputs"]}},"smelting":{"type":"array",\
+      "items":{"type":"object","properties":{"input":{"type":"object",\
+      "properties":{"id":{"type":"string","minLength":1,"maxLength":128},"name":{"type":"object",\
+      "properties":{"zh":{"type":"string","minLength":1},"en":{"type":"string","minLength":1}},\
+      "required":["zh","en"]}},"required":["id","name"]}},"required":["input"]}},\
+      "drops":{"type":"array","items":{"type":"object","properties":{"mob":{"type":"object",\
+      "properties":{"id":{"type":"string","minLength":1,"maxLength":128},"name":{"type":"object",\
+      "properties":{"zh":{"type":"string","minLength":1},"en":{"type":"string","minLength":1}},\
+      "required":["zh","en"]}},"required":["id","name"]}},"required":["mob"]}},\
+      "mining":{"type":"array","items":{"type":"object","properties":{"block":{"type":"object",\
+      "properties":{"id":{"type":"string","minLength":1,"maxLength":128},"name":{"type":"object",\
+      "properties":{"zh":{"type":"string","minLength":1},"en":{"type":"string","minLength":1}},\
+      "required":["zh","en"]}},"required":["id","name"]}},"required":["block"]}},\
+      "shop":{"type":"array","items":{"type":"object","properties":{"price":{"type":"integer",\
+      "minimum":0},"stock":{"type":"integer","minimum":0},"currency":{"type":"object",\
+      "properties":{"zh":{"type":"string","minLength":1},"en":{"type":"string","minLength":1}},\
+      "required":["zh","en"]}},"required":["currency","price","stock"]}}},"required":["crafting",\
+      "smelting","drops","mining","shop"]}},"required":["id","name","sources"]}}},\
+      "required":["exact","total","items"]}""";
+
+  /** A name in Chinese and English, as the catalogue's {@code name} objects carry it. */
+  record Names(String zh, String en) {
+    Map<String, Object> toMap() {
+      Map<String, Object> out = new LinkedHashMap<>();
+      out.put("zh", zh);
+      out.put("en", en);
+      return out;
+    }
+  }
+
+  /** One crafting recipe: how many it makes from which ingredients (id to count). */
+  record Recipe(int count, Map<String, Integer> inputs) {}
+
+  /** An item of the example's registry and where it comes from. */
+  record Item(
+      String id,
+      Names name,
+      List<Recipe> crafting,
+      List<String> drops,
+      List<String> mining,
+      Integer shopPrice) {}
+
+  static final Names CURRENCY = new Names("金币", "coins");
+  static final long STARTING_BALANCE = 1000;
+  static final long STARTING_LEVEL = 12;
+  static final long STARTING_PLAY_SECONDS = 5 * 3600 + 20 * 60;
+  static final int LOOKUP_LIMIT = 10;
+
+  /** Blocks and mobs that items come from, by id. */
+  static final Map<String, Names> PLACES =
+      Map.of(
+          "minecraft:diamond_ore", new Names("钻石矿石", "Diamond Ore"),
+          "minecraft:zombie", new Names("僵尸", "Zombie"),
+          "minecraft:iron_golem", new Names("铁傀儡", "Iron Golem"));
+
+  /** A small registry, in a stable order; a real plugin reads the game's registry. */
+  static final List<Item> ITEMS =
+      List.of(
+          new Item(
+              "minecraft:diamond",
+              new Names("钻石", "Diamond"),
+              List.of(new Recipe(9, Map.of("minecraft:diamond_block", 1))),
+              List.of(),
+              List.of("minecraft:diamond_ore"),
+              100),
+          new Item(
+              "minecraft:diamond_block",
+              new Names("钻石块", "Block of Diamond"),
+              List.of(new Recipe(1, Map.of("minecraft:diamond", 9))),
+              List.of(),
+              List.of(),
+              null),
+          new Item(
+              "minecraft:iron_ingot",
+              new Names("铁锭", "Iron Ingot"),
+              List.of(),
+              List.of("minecraft:iron_golem", "minecraft:zombie"),
+              List.of(),
+              10),
+          new Item(
+              "minecraft:stick", new Names("木棍", "Stick"), List.of(), List.of(), List.of(), null),
+          new Item(
+              "minecraft:diamond_sword",
+              new Names("钻石剑", "Diamond Sword"),
+              List.of(
+                  new Recipe(
+                      1,
+                      new TreeMap<>(Map.of("minecraft:diamond", 2, "minecraft:stick", 1)))),
+              List.of(),
+              List.of(),
+              300),
+          new Item(
+              "minecraft:iron_sword",
+              new Names("铁剑", "Iron Sword"),
+              List.of(
+                  new Recipe(
+                      1,
+                      new TreeMap<>(Map.of("minecraft:iron_ingot", 2, "minecraft:stick", 1)))),
+              List.of("minecraft:zombie"),
+              List.of(),
+              null));
+
   /** One tool call the world ran, for the example's report. */
   public record Call(String tool, String playerId, Map<String, Object> input, String thread) {}
 
@@ -54,6 +184,7 @@ public final class InMemoryWorld {
   private final Map<String, TreeMap<String, Integer>> inventories = new ConcurrentHashMap<>();
   private final List<Call> calls = new CopyOnWriteArrayList<>();
   private final Map<String, Integer> malformed = new ConcurrentHashMap<>();
+  private final Map<String, Long> firstSeen = new ConcurrentHashMap<>();
 
   /** @param gameThreadName the name of the only thread tools may run on */
   public InMemoryWorld(String gameThreadName) {
@@ -80,7 +211,25 @@ public final class InMemoryWorld {
             false,
             false,
             true,
-            this::itemGive));
+            this::itemGive),
+        new GameTool(
+            "minecraft:player.profile",
+            "Read the player's balance, level and play time.",
+            INVENTORY_READ_INPUT,
+            PLAYER_PROFILE_OUTPUT,
+            true,
+            true,
+            true,
+            this::playerProfile),
+        new GameTool(
+            "minecraft:item.lookup",
+            "Find items by registry id or by name, with where each comes from.",
+            ITEM_LOOKUP_INPUT,
+            ITEM_LOOKUP_OUTPUT,
+            true,
+            true,
+            true,
+            this::itemLookup));
   }
 
   /**
@@ -163,6 +312,115 @@ public final class InMemoryWorld {
     Map<String, Object> out = new LinkedHashMap<>();
     out.put("item", item);
     out.put("count", now);
+    return out;
+  }
+
+  private Map<String, Object> playerProfile(String playerId, Map<String, Object> input)
+      throws ToolException {
+    record("minecraft:player.profile", playerId, input);
+    if (!input.isEmpty()) {
+      throw ToolException.invalidInput("player.profile takes no input");
+    }
+    long since = firstSeen.computeIfAbsent(playerId, id -> System.nanoTime());
+    long session = (System.nanoTime() - since) / 1_000_000_000L;
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("balance", STARTING_BALANCE);
+    out.put("currency", CURRENCY.toMap());
+    out.put("level", STARTING_LEVEL);
+    out.put("play_seconds", STARTING_PLAY_SECONDS + session);
+    return out;
+  }
+
+  private static String fold(String text) {
+    return java.text.Normalizer.normalize(text, java.text.Normalizer.Form.NFKC)
+        .strip()
+        .toLowerCase(java.util.Locale.ROOT);
+  }
+
+  private static Names nameOf(String id) {
+    for (Item item : ITEMS) {
+      if (item.id().equals(id)) {
+        return item.name();
+      }
+    }
+    return PLACES.getOrDefault(id, new Names(id, id));
+  }
+
+  private static Map<String, Object> ref(String id) {
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("id", id);
+    out.put("name", nameOf(id).toMap());
+    return out;
+  }
+
+  private static Map<String, Object> entry(Item item) {
+    List<Object> crafting = new ArrayList<>();
+    for (Recipe recipe : item.crafting()) {
+      List<Object> inputs = new ArrayList<>();
+      recipe
+          .inputs()
+          .forEach(
+              (id, count) -> {
+                Map<String, Object> input = ref(id);
+                input.put("count", count);
+                inputs.add(input);
+              });
+      crafting.add(Map.of("count", recipe.count(), "inputs", inputs));
+    }
+    List<Object> drops = new ArrayList<>();
+    item.drops().forEach(mob -> drops.add(Map.of("mob", ref(mob))));
+    List<Object> mining = new ArrayList<>();
+    item.mining().forEach(block -> mining.add(Map.of("block", ref(block))));
+    List<Object> shop = new ArrayList<>();
+    if (item.shopPrice() != null) {
+      shop.add(Map.of("price", item.shopPrice(), "stock", 64, "currency", CURRENCY.toMap()));
+    }
+    Map<String, Object> sources = new LinkedHashMap<>();
+    sources.put("crafting", crafting);
+    sources.put("smelting", List.of());
+    sources.put("drops", drops);
+    sources.put("mining", mining);
+    sources.put("shop", shop);
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("id", item.id());
+    out.put("name", item.name().toMap());
+    out.put("sources", sources);
+    return out;
+  }
+
+  /**
+   * The catalogue's matching: the id (or its path) or a whole name first; without one, the
+   * items whose id path or a name contains the query.
+   */
+  private Map<String, Object> itemLookup(String playerId, Map<String, Object> input)
+      throws ToolException {
+    record("minecraft:item.lookup", playerId, input);
+    String query = Structs.stringArg(input, "query");
+    if (query.length() > 64 || query.isBlank()) {
+      throw ToolException.invalidInput("item.lookup needs a query of 1 to 64 characters");
+    }
+    String folded = fold(query);
+    List<Item> exact = new ArrayList<>();
+    List<Item> partial = new ArrayList<>();
+    for (Item item : ITEMS) {
+      String path = item.id().substring(item.id().indexOf(':') + 1);
+      String zh = fold(item.name().zh());
+      String en = fold(item.name().en());
+      if (folded.equals(item.id()) || folded.equals(path) || folded.equals(zh)
+          || folded.equals(en)) {
+        exact.add(item);
+      } else if (!folded.contains(":")
+          && (path.contains(folded) || zh.contains(folded) || en.contains(folded))) {
+        partial.add(item);
+      }
+    }
+    List<Item> found = exact.isEmpty() ? partial : exact;
+    List<Object> items = new ArrayList<>();
+    found.stream().limit(LOOKUP_LIMIT).forEach(item -> items.add(entry(item)));
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("exact", !exact.isEmpty());
+    out.put("total", found.size());
+    out.put("items", items);
     return out;
   }
 }
