@@ -176,6 +176,8 @@ def test_builtin_registry() -> None:
         "system:help",
         "system:history",
         "system:inventory",
+        "system:profile",
+        "system:item",
         "system:advancement_reward",
         "system:question",
         "system:search",
@@ -283,6 +285,8 @@ def test_available_filters_by_permission_and_feature() -> None:
         "system:help",
         "system:history",
         "system:inventory",
+        "system:profile",
+        "system:item",
         "system:advancement_reward",
         "system:question",
     )
@@ -621,10 +625,21 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
     assert any(line.startswith("/ban — The test:ban module.") for line in _lines(admin))
     assert not any("quests" in line for line in _lines(admin))  # feature not installed
     commands = {line.suggest_command for line in admin.card.lines if line.suggest_command}
-    assert commands == {"/help", "/history", "/inventory", "/question", "/ban", "/reason"}
+    assert commands == {
+        "/help",
+        "/history",
+        "/inventory",
+        "/profile",
+        "/item",
+        "/question",
+        "/ban",
+        "/reason",
+    }
+    # A command that needs an argument (/item <query>) gets no button.
     assert {b.args["module_id"] for b in admin.card.buttons} == {
         "system:history",
         "system:inventory",
+        "system:profile",
         "test:ban",
     }
 
@@ -857,6 +872,8 @@ async def test_service_catalog(services: Services) -> None:
         "system:help",
         "system:history",
         "system:inventory",
+        "system:profile",
+        "system:item",
         "system:advancement_reward",
         "system:question",
         "system:search",

@@ -563,6 +563,7 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
         "system:help",
         "system:history",
         "system:inventory",
+        "system:profile",
     }
 
     assert await history(chain, MALLORY) == []  # none of these ran a module

@@ -104,6 +104,8 @@ async def test_unclear_text_goes_to_the_model_once_and_its_choice_is_cached(with
         "system:help",
         "system:history",
         "system:inventory",
+        "system:profile",
+        "system:item",
         "system:question",
         "system:reasoning",
         "clarify",
