@@ -63,10 +63,6 @@ _NOT_FOUND = {
 }
 
 
-def _name(names: dict[str, str], language: str) -> str:
-    return pick(names, language)
-
-
 class ItemModule:
     """One lookup; the item's card, a card of candidates, or NOT_FOUND."""
 
@@ -156,7 +152,7 @@ class ItemModule:
 
     @staticmethod
     def _item_card(item: dict[str, Any], language: str) -> common_pb2.Card:
-        name = _name(item["name"], language)
+        name = pick(item["name"], language)
         other = item["name"].get(_OTHER_LANGUAGE.get(language, "zh"), "")
         lines: list[str | tuple[str, str]] = [pick(_ID, language).format(id=item["id"])]
         if other and other != name:
@@ -165,7 +161,7 @@ class ItemModule:
         sources = item["sources"]
         join = pick(_SEPARATOR, language).join
         for recipe in sources["crafting"]:
-            inputs = join(f"{i['count']} × {_name(i['name'], language)}" for i in recipe["inputs"])
+            inputs = join(f"{i['count']} × {pick(i['name'], language)}" for i in recipe["inputs"])
             first = recipe["inputs"][0]["id"]
             lines.append(
                 (
@@ -176,21 +172,21 @@ class ItemModule:
         for smelt in sources["smelting"]:
             lines.append(
                 (
-                    pick(_SMELTING, language).format(input=_name(smelt["input"]["name"], language)),
+                    pick(_SMELTING, language).format(input=pick(smelt["input"]["name"], language)),
                     f"/item {smelt['input']['id']}",
                 )
             )
         if sources["drops"]:
-            mobs = join(_name(d["mob"]["name"], language) for d in sources["drops"])
+            mobs = join(pick(d["mob"]["name"], language) for d in sources["drops"])
             lines.append(pick(_DROPS, language).format(mobs=mobs))
         if sources["mining"]:
-            blocks = join(_name(m["block"]["name"], language) for m in sources["mining"])
+            blocks = join(pick(m["block"]["name"], language) for m in sources["mining"])
             lines.append(pick(_MINING, language).format(blocks=blocks))
         for listing in sources["shop"]:
             lines.append(
                 pick(_SHOP, language).format(
                     price=listing["price"],
-                    currency=_name(listing["currency"], language),
+                    currency=pick(listing["currency"], language),
                     stock=listing["stock"],
                 )
             )
@@ -205,7 +201,7 @@ class ItemModule:
         lines: list[str | tuple[str, str]] = [pick(_CANDIDATES_INTRO, language).format(query=query)]
         buttons = []
         for number, item in enumerate(items, 1):
-            name = _name(item["name"], language)
+            name = pick(item["name"], language)
             lines.append((f"{number}. {name} ({item['id']})", f"/item {item['id']}"))
             buttons.append(
                 common_pb2.CardButton(
