@@ -664,7 +664,13 @@ async def test_reasoning_offers_read_only_tools_and_never_the_web(stack: Stack) 
     assert lines[:2] == ["Use a furnace [1].", "Based on:"]
     assert lines[2].startswith("[1] system_database_query:")
     offered = [t["function"]["name"] for t in stack.fake.completions[0].json["tools"]]
-    assert offered == ["minecraft_inventory_read", "system_database_query", "answer"]
+    assert offered == [
+        "minecraft_inventory_read",
+        "minecraft_player_profile",
+        "minecraft_item_lookup",
+        "system_database_query",
+        "answer",
+    ]
     assert stack.fake.searches == []
 
 

@@ -308,6 +308,8 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
     # Read-only tools only (never minecraft:item.give), never the web tools.
     assert reasoning.spec.optional_tools == (
         "minecraft:inventory.read",
+        "minecraft:player.profile",
+        "minecraft:item.lookup",
         "system:database.query",
         "ftbquests:quests.list",
     )
@@ -325,9 +327,11 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         )
         return [tool.name for tool in reasoning._offered(ctx)]
 
-    assert offered() == ["minecraft_inventory_read", "system_database_query"]
-    assert offered("ftbquests", "system:search") == [
+    core = [
         "minecraft_inventory_read",
+        "minecraft_player_profile",
+        "minecraft_item_lookup",
         "system_database_query",
-        "ftbquests_quests_list",
     ]
+    assert offered() == core
+    assert offered("ftbquests", "system:search") == [*core, "ftbquests_quests_list"]
