@@ -25,10 +25,10 @@ from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from engine_service.advancements import DEFAULT_RULES_FILE
 from engine_service.app import EngineApp
 from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
-from engine_service.advancements import DEFAULT_RULES_FILE
 from services.gamesim.client import GameServerClient
 from services.gateway.app import create_app as create_gateway
 from services.gateway.config import GatewayConfig
