@@ -49,7 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from engine_service.registry import IDENTIFIER, Module
 from engine_service.schema import normalise, violation
-from services.runtime.config import ConfigError
+from services.runtime.config import ConfigError, read_json_file
 from services.runtime.errors import InvalidArgument
 
 __all__ = [
@@ -288,22 +288,8 @@ def load_advancement_rules(path: str | Path, registry: ModuleLookup) -> Advancem
         ConfigError: the file is missing, unreadable or not JSON, or a rule is refused; the
             message names the file, the rule and the field.
     """
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"advancement rules file {file} does not exist (setting advancements_file)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"advancement rules file {file} cannot be read: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{file}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    return parse_advancement_rules(data, registry, str(file))
+    document = read_json_file(path, "advancement rules file (setting advancements_file)")
+    return parse_advancement_rules(document, registry, str(path))
 
 
 class AdvancementConfig:

@@ -246,7 +246,9 @@ def test_a_bad_rule_is_refused_naming_the_file_the_rule_and_the_field(
 
 
 def test_unreadable_files_are_refused(tmp_path: Path, registry: Any) -> None:
-    with pytest.raises(ConfigError, match="does not exist \\(setting advancements_file\\)"):
+    with pytest.raises(
+        ConfigError, match="rules file \\(setting advancements_file\\) .* does not exist"
+    ):
         load_advancement_rules(tmp_path / "missing.json", registry)
     broken = _write(tmp_path / "broken.json", '{"rules": [\n  {"advancement": }\n]}')
     with pytest.raises(ConfigError, match="not valid JSON at line 2 column"):

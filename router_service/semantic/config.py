@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -42,7 +41,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from services.runtime.config import ConfigError
+from services.runtime.config import ConfigError, read_json_file
 
 __all__ = [
     "Mode",
@@ -350,20 +349,7 @@ def load_semantic_config(path: str | Path) -> SemanticConfig:
         ConfigError: the file is missing, not JSON, or a field is unknown, of the wrong type or
             out of range; the message names the file and the field.
     """
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"semantic config file {file} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"semantic config file {file} cannot be read: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{file}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    return parse_semantic_config(data, str(file))
+    return parse_semantic_config(read_json_file(path, "semantic config file"), str(path))
 
 
 def reload_changes(

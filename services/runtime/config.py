@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import socket
 import tomllib
@@ -23,7 +24,7 @@ from services.runtime.keepalive import KeepalivePolicy
 if TYPE_CHECKING:
     from services.runtime.channels import ChannelSettings
 
-__all__ = ["ConfigError", "ServerConfig", "load_config"]
+__all__ = ["ConfigError", "ServerConfig", "load_config", "read_json_file"]
 
 C = TypeVar("C")
 
@@ -173,6 +174,28 @@ class ServerConfig:
             ),
             self.keepalive(),
         )
+
+
+def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON document in the file at `path` (`what` names it in errors, e.g. "semantic
+    config file").
+
+    Raises:
+        ConfigError: the file is missing, unreadable or not JSON; the message says where.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {file} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what} {file} cannot be read: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{file}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
 
 
 def _coerce(name: str, annotation: Any, value: Any, source: str) -> Any:
