@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
 from engine_service.advancements import AdvancementConfig
@@ -16,6 +18,7 @@ from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.replica import JournalIncarnations, replica_identity
 from engine_service.runs import PlayerRuns
 from engine_service.servicer import EngineServicer
+from engine_service.signin_rewards import load_signin_rewards
 from engine_service.task_store import TaskStore
 from engine_service.web_tools import StoragePreferences
 from services.runtime.security import AccessPolicy
@@ -43,6 +46,11 @@ def build_registry(config: EngineConfig, services: BuiltinServices | None = None
     freezes. Without `services` the knowledge and web tools have nothing to reach (they fail
     as unavailable): enough for catalogue and routing checks."""
     registry = ModuleRegistry()
+    # The sign-in reward catalogue is checked here, at start: a bad file stops the engine.
+    services = dataclasses.replace(
+        services or BuiltinServices(),
+        signin_rewards=load_signin_rewards(config.signin_rewards_file),
+    )
     register_builtins(
         registry, services, extra=load_entry_point_modules(config.disabled_entry_points)
     )

@@ -60,6 +60,10 @@ class EngineConfig(ServerConfig):
     `engine_service.advancements`), checked at start (the engine refuses to start with a bad
     one) and re-read by `ReloadAdvancements`. Empty: the shipped
     `engine_service/advancements.json`."""
+    signin_rewards_file: str = ""
+    """JSON file of the daily sign-in's reward catalogue (`engine_service.signin_rewards`),
+    checked at start (the engine refuses to start with a bad one; the error names the entry).
+    Empty: the shipped `engine_service/signin_rewards.json`."""
 
     def validate(self) -> None:
         super().validate()

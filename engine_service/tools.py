@@ -25,6 +25,8 @@ __all__ = [
     "BUILTIN_GAME_TOOLS",
     "ITEM_LOOKUP_LIMIT",
     "SERVER_TOOL_NAMESPACE",
+    "SIGNIN_GAME_TOOLS",
+    "SIGNIN_MAX_STACKS",
     "ToolHandler",
     "ToolKind",
     "ToolRegistry",
@@ -193,6 +195,162 @@ _ITEM_ENTRY = {
     },
     "required": ["id", "name", "sources"],
 }
+
+SIGNIN_MAX_STACKS = 8
+"""Most item stacks one sign-in reward holds."""
+
+_DAY = {
+    "type": "string",
+    "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+    "description": "A calendar day of the game server's sign-in calendar, YYYY-MM-DD.",
+}
+_STACKS = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": SIGNIN_MAX_STACKS,
+    "description": "Item stacks, in order.",
+    "items": {
+        "type": "object",
+        "properties": {
+            "item": _ITEM_ID,
+            "count": {"type": "integer", "minimum": 1, "maximum": 64, "description": "How many."},
+        },
+        "required": ["item", "count"],
+        "additionalProperties": False,
+    },
+}
+_STREAK = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "Consecutive days signed in, ending today (or yesterday while today is not "
+    "signed yet).",
+}
+_MONTH_DAYS = {
+    "type": "integer",
+    "minimum": 0,
+    "maximum": 31,
+    "description": "Days signed in during today's calendar month.",
+}
+
+SIGNIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        tool_id="minecraft:signin.status",
+        description=(
+            "Read the player's sign-in calendar: the server's current day (by its own time "
+            "zone and day start hour, the one source of truth for when a day begins), whether "
+            "the player signed in today and with which reward, the streak and the days signed "
+            "this month."
+        ),
+        input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        output_schema={
+            "type": "object",
+            "properties": {
+                "today": _DAY,
+                "time_zone": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "The IANA time zone the server's days are counted in.",
+                },
+                "day_start_hour": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": 23,
+                    "description": "Hour (in time_zone) at which a new sign-in day begins.",
+                },
+                "signed_today": {"type": "boolean", "description": "Signed in today already."},
+                "reward": {
+                    "type": "string",
+                    "description": "Today's reward entry id; empty while not signed in today.",
+                },
+                "streak": _STREAK,
+                "days_this_month": _MONTH_DAYS,
+            },
+            "required": [
+                "today",
+                "time_zone",
+                "day_start_hour",
+                "signed_today",
+                "reward",
+                "streak",
+                "days_this_month",
+            ],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={},
+        example_output={
+            "today": "2026-12-01",
+            "time_zone": "Asia/Shanghai",
+            "day_start_hour": 0,
+            "signed_today": False,
+            "reward": "",
+            "streak": 3,
+            "days_this_month": 0,
+        },
+    ),
+    ToolSpec(
+        tool_id="minecraft:signin.claim",
+        description=(
+            "Sign the player in for today and give the reward's items, both in one step on the "
+            "game thread: once per player per day. `day` must be the server's current day "
+            "(as signin.status reported it; another day is refused as invalid input). A "
+            "second sign-in the same day gives nothing and answers claimed=false with the "
+            "day's first record. A repeated call id answers as the first call did."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "day": _DAY,
+                "reward": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "description": "The reward entry's id (from the engine's reward catalogue).",
+                },
+                "items": _STACKS,
+            },
+            "required": ["day", "reward", "items"],
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "claimed": {
+                    "type": "boolean",
+                    "description": "True when this call signed in and gave the items; false "
+                    "when the day was already signed (nothing given).",
+                },
+                "day": _DAY,
+                "reward": {"type": "string", "description": "The day's reward entry id."},
+                "items": {**_STACKS, "description": "The day's reward items, as given."},
+                "streak": _STREAK,
+                "days_this_month": _MONTH_DAYS,
+            },
+            "required": ["claimed", "day", "reward", "items", "streak", "days_this_month"],
+        },
+        read_only=False,
+        idempotent=False,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        honours_call_id=True,
+        example_input={
+            "day": "2026-12-01",
+            "reward": "bread",
+            "items": [{"item": "minecraft:bread", "count": 8}],
+        },
+        example_output={
+            "claimed": True,
+            "day": "2026-12-01",
+            "reward": "bread",
+            "items": [{"item": "minecraft:bread", "count": 8}],
+            "streak": 4,
+            "days_this_month": 1,
+        },
+    ),
+)
+"""The sign-in calendar's game tools (part of BUILTIN_GAME_TOOLS)."""
 
 BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
@@ -394,6 +552,7 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
             ],
         },
     ),
+    *SIGNIN_GAME_TOOLS,
 )
 """Game tools the gateway protocol documents for every game server; their declarations are
 known to the engine without any server connected. A game server may offer more."""

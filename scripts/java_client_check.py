@@ -62,6 +62,7 @@ _BASE_CHECKS = (
     "chat-inventory",
     "chat-profile",
     "chat-item",
+    "chat-signin",
     "tool-call-on-game-thread",
     "button-press",
     "event-item-give",

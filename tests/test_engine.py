@@ -179,6 +179,7 @@ def test_builtin_registry() -> None:
         "system:profile",
         "system:item",
         "system:advancement_reward",
+        "system:signin",
         "system:question",
         "system:search",
         "system:reasoning",
@@ -288,6 +289,7 @@ def test_available_filters_by_permission_and_feature() -> None:
         "system:profile",
         "system:item",
         "system:advancement_reward",
+        "system:signin",
         "system:question",
     )
     # `system:search` belongs to the `system:search` feature, granted explicitly; reasoning
@@ -631,6 +633,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/inventory",
         "/profile",
         "/item",
+        "/signin",
         "/question",
         "/ban",
         "/reason",
@@ -640,6 +643,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "system:history",
         "system:inventory",
         "system:profile",
+        "system:signin",
         "test:ban",
     }
 
@@ -875,6 +879,7 @@ async def test_service_catalog(services: Services) -> None:
         "system:profile",
         "system:item",
         "system:advancement_reward",
+        "system:signin",
         "system:question",
         "system:search",
         "system:reasoning",

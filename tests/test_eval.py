@@ -82,7 +82,7 @@ def test_profile_set_has_the_builtin_modules_in_the_standalone_format() -> None:
         "system:quest_detail",
     }
     assert {i for i, k in kinds.items() if k == "hints"} == {
-        "system:sign_in",
+        "system:signin",
         "system:claim_reward",
         "system:shop_buy",
         "system:pay",

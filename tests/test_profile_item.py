@@ -211,12 +211,22 @@ async def test_profile_in_chinese_and_english(chain: Chain) -> None:
         assert reply.module_id == "system:profile", text
         assert reply.result.status == SUCCEEDED, reply.result.failure
         assert reply.result.card.title == "本人概况"
-        assert _lines(response) == ["余额：1000 金币", "等级：12", "游戏时长：6 小时 22 分钟"]
+        assert _lines(response) == [
+            "余额：1000 金币",
+            "等级：12",
+            "游戏时长：6 小时 22 分钟",
+            "连续签到 0 天，本月签到 0 天",
+        ]
     for text in ("show my profile", "/profile"):
         response = await client.chat("alex", text)
         assert response.reply.module_id == "system:profile", text
         assert response.reply.result.card.title == "My profile"
-        assert _lines(response) == ["Balance: 1000 coins", "Level: 12", "Play time: 6 h 22 min"]
+        assert _lines(response) == [
+            "Balance: 1000 coins",
+            "Level: 12",
+            "Play time: 6 h 22 min",
+            "Sign-in streak: 0 days, 0 this month",
+        ]
 
 
 async def test_item_lookup_in_chinese_and_english(chain: Chain) -> None:

@@ -309,6 +309,7 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
     assert reasoning.spec.optional_tools == (
         "minecraft:inventory.read",
         "minecraft:player.profile",
+        "minecraft:signin.status",
         "minecraft:item.lookup",
         "system:database.query",
         "ftbquests:quests.list",
@@ -330,6 +331,7 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
     core = [
         "minecraft_inventory_read",
         "minecraft_player_profile",
+        "minecraft_signin_status",
         "minecraft_item_lookup",
         "system_database_query",
     ]

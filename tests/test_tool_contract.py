@@ -171,12 +171,15 @@ def test_a_required_tool_not_offered_is_a_problem(
         GIVE,
         "minecraft:item.lookup",
         "minecraft:player.profile",
+        "minecraft:signin.claim",
+        "minecraft:signin.status",
     ]
     assert nothing.unavailable_modules == (
         "system:advancement_reward",
         "system:inventory",
         "system:item",
         "system:profile",
+        "system:signin",
     )
 
 

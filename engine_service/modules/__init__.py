@@ -21,7 +21,9 @@ from engine_service.modules.question import QuestionModule
 from engine_service.modules.reasoning import ReasoningModule
 from engine_service.modules.rewards import AdvancementRewardModule
 from engine_service.modules.search import SearchModule
+from engine_service.modules.signin import SigninModule
 from engine_service.registry import Module, ModuleRegistry
+from engine_service.signin_rewards import SigninRewards
 from engine_service.web_tools import ExternalPreference, WebGate, WebTools
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "QuestionModule",
     "ReasoningModule",
     "SearchModule",
+    "SigninModule",
     "register_builtins",
 ]
 
@@ -68,6 +71,8 @@ class BuiltinServices:
     """The knowledge search (storage's KnowledgeService)."""
     preferences: ExternalPreference | None = None
     """The players' external-services preference (storage's GetPreferences)."""
+    signin_rewards: SigninRewards | None = None
+    """The daily sign-in's reward catalogue; None: the shipped one."""
 
 
 def register_builtins(
@@ -83,6 +88,7 @@ def register_builtins(
     WebTools(gate).register(registry.tools)
     for module_class in BUILTIN_MODULES:
         registry.register(module_class())
+    registry.register(SigninModule(services.signin_rewards))
     registry.register(QuestionModule(gate))
     registry.register(SearchModule(gate))
     for module in extra:

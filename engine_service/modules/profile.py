@@ -1,9 +1,8 @@
 """`system:profile` (本人概况): the player's own overview, read from the game server through
-the game tool `minecraft:player.profile`: balance, level and play time.
-
-The seed's profile also shows the sign-in streak. No module records sign-ins yet, so the card
-has no streak line; the sign-in module adds its own source, and this card a line for it, when
-it lands.
+the game tool `minecraft:player.profile`: balance, level and play time; and the sign-in streak
+from the sign-in calendar's `minecraft:signin.status` (the tool `system:signin` reads too). The
+calendar is an optional tool: a game server without it still has profiles, without the streak
+line.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.modules.signin import SIGNIN_STATUS, streak_line
 from engine_service.modules.text import pick
 from engine_service.registry import (
     CommandSpec,
@@ -20,7 +20,7 @@ from engine_service.registry import (
     ModuleSpec,
     SemanticSpec,
 )
-from services.results import card, succeeded
+from services.results import AgentFailure, ModuleFailure, card, succeeded
 
 __all__ = ["PLAYER_PROFILE", "ProfileModule", "play_time"]
 
@@ -57,8 +57,8 @@ class ProfileModule:
     spec = ModuleSpec(
         module_id="system:profile",
         description={
-            "zh": "查看本人概况：余额、等级和游戏时长。",
-            "en": "Show your profile: balance, level and play time.",
+            "zh": "查看本人概况：余额、等级、游戏时长和连续签到。",
+            "en": "Show your profile: balance, level, play time and sign-in streak.",
         },
         input_schema={"type": "object", "properties": {}, "additionalProperties": False},
         commands=(CommandSpec(("profile", "本人概况", "概况", "个人信息")),),
@@ -97,7 +97,8 @@ class ProfileModule:
             shortcut=True,
         ),
         tools=(PLAYER_PROFILE,),
-        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0),
+        optional_tools=(SIGNIN_STATUS,),
+        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=2, steps=2, seconds=10.0),
     )
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
@@ -111,4 +112,10 @@ class ProfileModule:
             pick(_LEVEL, language).format(level=profile["level"]),
             pick(_PLAY_TIME, language).format(time=play_time(profile["play_seconds"], language)),
         ]
+        try:
+            lines.append(streak_line(await ctx.tool(SIGNIN_STATUS, {}), language))
+        except ModuleFailure as failure:
+            # A game server without a sign-in calendar: the profile without the streak.
+            if failure.failure is not AgentFailure.TOOL_UNAVAILABLE:
+                raise
         return succeeded(card("system:profile", pick(_TITLE, language), lines))

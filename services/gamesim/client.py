@@ -259,8 +259,8 @@ class GameServerClient:
     def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
         result = gateway_pb2.ToolResult(call_id=call.call_id)
         try:
-            output = self.world.call(
-                call.player_id, call.tool, json_format.MessageToDict(call.input)
+            output = self.world.call_with_id(
+                call.player_id, call.tool, json_format.MessageToDict(call.input), call.call_id
             )
             result.output.update(output)
         except ValueError as exc:

@@ -8,9 +8,11 @@ client calls them from its one reader task, as a game runs them on its main thre
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import time
-from collections import Counter
+import zoneinfo
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,9 @@ from system.gateway.v1 import gateway_pb2
 from services.gamesim import items
 
 __all__ = [
+    "HONOURS_CALL_ID",
+    "SIGNIN_DAY_START_HOUR",
+    "SIGNIN_TIME_ZONE",
     "STARTING_BALANCE",
     "STARTING_LEVEL",
     "STARTING_PLAY_SECONDS",
@@ -32,6 +37,15 @@ STARTING_LEVEL = 12
 """Every player's experience level at first sight."""
 STARTING_PLAY_SECONDS = 5 * 3600 + 20 * 60
 """Play time before the simulator first saw the player (5 h 20 min); sessions add to it."""
+SIGNIN_TIME_ZONE = "Asia/Shanghai"
+"""The sign-in calendar's time zone unless the world is given another (a server setting)."""
+SIGNIN_DAY_START_HOUR = 0
+"""Hour (in the time zone) at which a new sign-in day begins, unless given another."""
+HONOURS_CALL_ID = frozenset({"minecraft:signin.claim"})
+"""Write tools that treat the call id as an idempotency key: a repeated call id is answered
+as the first call was, without running again (docs/game-tools.md, honours call id)."""
+CALL_ID_MEMORY = 4096
+"""Most call ids remembered (oldest forgotten first)."""
 
 # The schemas as docs/game-tools.md documents them, descriptions left out (a plugin copies
 # them the same way; tests/test_tool_contract.py checks the hello against the catalogue).
@@ -152,6 +166,64 @@ _LOOKUP_OUTPUT = {
     "required": ["exact", "total", "items"],
 }
 
+_DAY = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}
+_STACKS = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": 8,
+    "items": {
+        "type": "object",
+        "properties": {"item": _ITEM_ID, "count": {"type": "integer", "minimum": 1, "maximum": 64}},
+        "required": ["item", "count"],
+        "additionalProperties": False,
+    },
+}
+_STREAK = {"type": "integer", "minimum": 0}
+_MONTH_DAYS = {"type": "integer", "minimum": 0, "maximum": 31}
+_SIGNIN_STATUS_OUTPUT = {
+    "type": "object",
+    "properties": {
+        "today": _DAY,
+        "time_zone": {"type": "string", "minLength": 1},
+        "day_start_hour": {"type": "integer", "minimum": 0, "maximum": 23},
+        "signed_today": {"type": "boolean"},
+        "reward": {"type": "string"},
+        "streak": _STREAK,
+        "days_this_month": _MONTH_DAYS,
+    },
+    "required": [
+        "today",
+        "time_zone",
+        "day_start_hour",
+        "signed_today",
+        "reward",
+        "streak",
+        "days_this_month",
+    ],
+}
+_SIGNIN_CLAIM_INPUT = {
+    "type": "object",
+    "properties": {
+        "day": _DAY,
+        "reward": {"type": "string", "minLength": 1, "maxLength": 64},
+        "items": _STACKS,
+    },
+    "required": ["day", "reward", "items"],
+    "additionalProperties": False,
+}
+_SIGNIN_CLAIM_OUTPUT = {
+    "type": "object",
+    "properties": {
+        "claimed": {"type": "boolean"},
+        "day": _DAY,
+        "reward": {"type": "string"},
+        "items": _STACKS,
+        "streak": _STREAK,
+        "days_this_month": _MONTH_DAYS,
+    },
+    "required": ["claimed", "day", "reward", "items", "streak", "days_this_month"],
+}
+
 
 @dataclasses.dataclass
 class PlayerState:
@@ -167,6 +239,8 @@ class PlayerState:
     """Play time of the sessions that ended."""
     online_since: float | None = None
     """Clock reading at the current session's join; None while offline."""
+    signins: dict[datetime.date, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """The sign-in calendar: day -> that day's record (reward id and items given)."""
 
     def play_seconds(self, now: float) -> int:
         """Play time, the current session included."""
@@ -183,6 +257,7 @@ def _tool(
     read_only: bool,
     idempotent: bool,
     event_allowed: bool = True,
+    honours_call_id: bool = False,
 ) -> gateway_pb2.GameTool:
     return gateway_pb2.GameTool(
         name=name,
@@ -192,6 +267,7 @@ def _tool(
         read_only=read_only,
         idempotent=idempotent,
         event_allowed=event_allowed,
+        honours_call_id=honours_call_id,
     )
 
 
@@ -200,10 +276,26 @@ class World:
 
     Args:
         clock: seconds of a monotonic clock; play time counts with it (tests pass their own).
+        wall_clock: seconds since the epoch; the sign-in calendar's days count with it.
+        time_zone: IANA time zone of the sign-in calendar (a server setting).
+        day_start_hour: hour in `time_zone` at which a new sign-in day begins.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        time_zone: str = SIGNIN_TIME_ZONE,
+        day_start_hour: int = SIGNIN_DAY_START_HOUR,
+    ) -> None:
+        if not 0 <= day_start_hour <= 23:
+            raise ValueError("day_start_hour must be between 0 and 23")
         self.clock = clock
+        self.wall_clock = wall_clock
+        self.time_zone = zoneinfo.ZoneInfo(time_zone)  # ZoneInfoNotFoundError for a bad name
+        self.day_start_hour = day_start_hour
+        self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.players: dict[str, PlayerState] = {}
         self.items = items.ITEMS
         self.shop = items.SHOP
@@ -264,7 +356,110 @@ class World:
                 read_only=True,
                 idempotent=True,
             ),
+            _tool(
+                "minecraft:signin.status",
+                "Read the player's sign-in calendar: today, signed in today, streak, days "
+                "this month.",
+                _NO_INPUT,
+                _SIGNIN_STATUS_OUTPUT,
+                read_only=True,
+                idempotent=True,
+            ),
+            _tool(
+                "minecraft:signin.claim",
+                "Sign the player in for today and give the reward, once per day.",
+                _SIGNIN_CLAIM_INPUT,
+                _SIGNIN_CLAIM_OUTPUT,
+                read_only=False,
+                idempotent=False,
+                honours_call_id=True,
+            ),
         ]
+
+    def call_with_id(
+        self, player_id: str, tool: str, data: dict[str, Any], call_id: str
+    ) -> dict[str, Any]:
+        """Runs a tool call as the gateway sent it (`call`, and its call id).
+
+        A tool in HONOURS_CALL_ID answers a call id it has seen (for the same player and
+        tool) with the first call's answer, without running again: an engine that retries
+        an interrupted step with its step id gets the effect once. A failed call is not
+        remembered (it changed nothing).
+        """
+        if tool not in HONOURS_CALL_ID or not call_id:
+            return self.call(player_id, tool, data)
+        key = json.dumps([player_id, tool, call_id])
+        if key in self._answers:
+            self._answers.move_to_end(key)
+            return json.loads(json.dumps(self._answers[key]))
+        output = self.call(player_id, tool, data)
+        self._answers[key] = json.loads(json.dumps(output))
+        while len(self._answers) > CALL_ID_MEMORY:
+            self._answers.popitem(last=False)
+        return output
+
+    # -- the sign-in calendar ------------------------------------------------------------------
+
+    def today(self) -> datetime.date:
+        """The sign-in calendar's current day: the wall clock in the world's time zone, moved
+        back by the day start hour (at 03:00 with a 04:00 start it is still yesterday)."""
+        local = datetime.datetime.fromtimestamp(self.wall_clock(), self.time_zone)
+        return (local - datetime.timedelta(hours=self.day_start_hour)).date()
+
+    def _calendar(self, state: PlayerState, today: datetime.date) -> dict[str, int]:
+        day = today if today in state.signins else today - datetime.timedelta(days=1)
+        streak = 0
+        while day in state.signins:
+            streak += 1
+            day -= datetime.timedelta(days=1)
+        month = sum(1 for d in state.signins if (d.year, d.month) == (today.year, today.month))
+        return {"streak": streak, "days_this_month": month}
+
+    def _signin_status(self, player_id: str) -> dict[str, Any]:
+        state, today = self.player(player_id), self.today()
+        record = state.signins.get(today)
+        return {
+            "today": today.isoformat(),
+            "time_zone": self.time_zone.key,
+            "day_start_hour": self.day_start_hour,
+            "signed_today": record is not None,
+            "reward": record["reward"] if record else "",
+            **self._calendar(state, today),
+        }
+
+    def _signin_claim(self, player_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        day, reward, stacks = data.get("day"), data.get("reward"), data.get("items")
+        if not isinstance(reward, str) or not 1 <= len(reward) <= 64:
+            raise ValueError("signin.claim needs a reward id of 1 to 64 characters")
+        if not isinstance(stacks, list) or not 1 <= len(stacks) <= 8:
+            raise ValueError("signin.claim needs 1 to 8 item stacks")
+        given = []
+        for stack in stacks:
+            item = stack.get("item") if isinstance(stack, dict) else None
+            count = stack.get("count") if isinstance(stack, dict) else None
+            if not isinstance(item, str) or not isinstance(count, int | float):
+                raise ValueError("signin.claim: each stack needs an item id and a count")
+            if not 1 <= count <= 64:
+                raise ValueError("signin.claim: a stack's count must be 1 to 64")
+            given.append({"item": item, "count": int(count)})
+        state, today = self.player(player_id), self.today()
+        if day != today.isoformat():
+            raise ValueError(f"signin.claim: day {day} is not today ({today.isoformat()}) here")
+        record = state.signins.get(today)
+        claimed = record is None
+        if claimed:  # the record and the items together, on the one game thread
+            record = {"reward": reward, "items": given}
+            state.signins[today] = record
+            for stack in given:
+                state.inventory[stack["item"]] += stack["count"]
+        assert record is not None
+        return {
+            "claimed": claimed,
+            "day": today.isoformat(),
+            "reward": record["reward"],
+            "items": [dict(stack) for stack in record["items"]],
+            **self._calendar(state, today),
+        }
 
     def call(self, player_id: str, tool: str, data: dict[str, Any]) -> dict[str, Any]:
         """Runs a tool. Raises ValueError with a message for bad input or unknown tools."""
@@ -293,4 +488,10 @@ class World:
             if not isinstance(query, str) or not query.strip() or len(query) > 64:
                 raise ValueError("item.lookup needs a query of 1 to 64 characters")
             return items.lookup(query, self.items, self.shop)
+        if tool == "minecraft:signin.status":
+            if data:
+                raise ValueError("signin.status takes no input")
+            return self._signin_status(player_id)
+        if tool == "minecraft:signin.claim":
+            return self._signin_claim(player_id, data)
         raise ValueError(f"unknown tool {tool}")

@@ -664,7 +664,7 @@ public final class GameServerClient implements AutoCloseable {
           }
           ToolResult result;
           try {
-            Map<String, Object> output = tool.handler().call(call.getPlayerId(), Structs.toMap(call.getInput()));
+            Map<String, Object> output = tool.handler().call(call.getPlayerId(), call.getCallId(), Structs.toMap(call.getInput()));
             result =
                 ToolResult.newBuilder()
                     .setCallId(call.getCallId())

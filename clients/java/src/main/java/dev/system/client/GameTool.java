@@ -16,6 +16,9 @@ import java.util.Objects;
  * @param readOnly never changes game state
  * @param idempotent running it twice with one input has the effect of running it once
  * @param eventAllowed event tasks may call it, not only interactive requests
+ * @param honoursCallId a write tool that treats the call id as an idempotency key: a repeated
+ *     call id is answered as the first call was, without running again (the handler gets the
+ *     call id through {@link Handler#call(String, String, Map)} and keeps the answers)
  * @param handler runs the tool; called on the game thread only
  */
 public record GameTool(
@@ -26,7 +29,21 @@ public record GameTool(
     boolean readOnly,
     boolean idempotent,
     boolean eventAllowed,
+    boolean honoursCallId,
     Handler handler) {
+
+  /** A tool that does not honour call ids. */
+  public GameTool(
+      String name,
+      String description,
+      String inputSchema,
+      String outputSchema,
+      boolean readOnly,
+      boolean idempotent,
+      boolean eventAllowed,
+      Handler handler) {
+    this(name, description, inputSchema, outputSchema, readOnly, idempotent, eventAllowed, false, handler);
+  }
 
   public GameTool {
     Objects.requireNonNull(name);
@@ -46,6 +63,17 @@ public record GameTool(
      * @throws ToolException for a failure the player should see (bad input, say)
      */
     Map<String, Object> call(String playerId, Map<String, Object> input) throws ToolException;
+
+    /**
+     * Runs the tool with the call's id, which the client passes to every call. A tool that
+     * honours call ids overrides this and answers a repeated id as the first call was.
+     *
+     * @param callId the call's id (an event step's id for writes in event tasks)
+     */
+    default Map<String, Object> call(String playerId, String callId, Map<String, Object> input)
+        throws ToolException {
+      return call(playerId, input);
+    }
   }
 
   dev.system.gateway.v1.GameTool toProto() {
@@ -57,6 +85,7 @@ public record GameTool(
         .setReadOnly(readOnly)
         .setIdempotent(idempotent)
         .setEventAllowed(eventAllowed)
+        .setHonoursCallId(honoursCallId)
         .build();
   }
 }

@@ -272,6 +272,18 @@ public final class ExamplePlugin {
       check(succeeded(item) && item.getReply().getResult().getCard().getTitle().equals("物品：钻石")
               && cardText(item).contains("钻石矿石"),
           "chat-item", describe(item) + " " + cardText(item));
+      // 3c. /签到 twice: signed in once (the reward's items given), then "already signed in".
+      Map<String, Integer> beforeSignin = world.inventory(li);
+      PlayerResponse signin = get(client.chat(li, "/签到"));
+      show("Li", "/签到", signin);
+      Map<String, Integer> afterSignin = world.inventory(li);
+      PlayerResponse signinAgain = get(client.chat(li, "/签到"));
+      show("Li", "/签到 again", signinAgain);
+      check(succeeded(signin) && cardText(signin).contains("连续签到 1 天")
+              && !afterSignin.equals(beforeSignin)
+              && succeeded(signinAgain) && cardText(signinAgain).contains("已经签到过了")
+              && world.inventory(li).equals(afterSignin),
+          "chat-signin", describe(signin) + " " + cardText(signin) + " / " + cardText(signinAgain));
 
       // 4. A button from the help card: the /inventory button.
       CardButton button = helpCard.getButtonsList().stream()

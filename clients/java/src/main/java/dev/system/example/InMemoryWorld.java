@@ -185,6 +185,14 @@ public final class InMemoryWorld {
   private final List<Call> calls = new CopyOnWriteArrayList<>();
   private final Map<String, Integer> malformed = new ConcurrentHashMap<>();
   private final Map<String, Long> firstSeen = new ConcurrentHashMap<>();
+  /** The sign-in calendar: days in Asia/Shanghai, a new day at midnight (server settings). */
+  private final SigninCalendar signin =
+      new SigninCalendar(
+          this::record,
+          this::inventoryOf,
+          java.time.Clock.systemUTC(),
+          java.time.ZoneId.of("Asia/Shanghai"),
+          0);
 
   /** @param gameThreadName the name of the only thread tools may run on */
   public InMemoryWorld(String gameThreadName) {
@@ -229,7 +237,9 @@ public final class InMemoryWorld {
             true,
             true,
             true,
-            this::itemLookup));
+            this::itemLookup),
+        signin.statusTool(),
+        signin.claimTool());
   }
 
   /**
