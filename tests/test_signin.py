@@ -30,6 +30,9 @@ from engine_service.steps import TaskSteps
 from engine_service.task_store import Claim, TaskStore
 from services.gamesim.client import GameServerClient
 from services.gamesim.world import World
+from services.model_gateway.app import create_app as create_model_gateway
+from services.model_gateway.config import ModelConfig
+from services.model_testserver import FakeOpenAIServer
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.config import ConfigError
 from storage_service.app import create_app as create_storage
@@ -497,4 +500,65 @@ async def test_typed_sign_in_words_never_sign_in_directly(chain: Chain) -> None:
         response = await client.chat(player, text)
         assert response.reply.module_id != "system:signin", text
         assert not world.call(player, "minecraft:signin.status", {})["signed_today"], text
+    await client.close()
+
+
+# -- through the gateway with a model -------------------------------------------------------------
+
+
+@pytest.fixture
+async def chain_with_model(tmp_path: pathlib.Path) -> AsyncIterator[tuple[Chain, FakeOpenAIServer]]:
+    with FakeOpenAIServer(api_key="test-key") as fake:
+        config = ModelConfig(
+            port=0,
+            metrics_port=-1,
+            drain_seconds=0,
+            grace_seconds=1,
+            base_url=fake.base_url,
+            api_key="test-key",
+            storage_target="",  # no metering here
+            max_attempts=1,
+        )
+        config.validate()
+        gateway = await create_model_gateway(config)
+        await gateway.host.start()
+        try:
+            async with running_chain(
+                tmp_path, engine_settings={"model_target": gateway.host.target}
+            ) as running:
+                yield running, fake
+        finally:
+            await gateway.host.stop()
+            await gateway.aclose()
+
+
+async def test_the_model_picks_the_reward_through_the_gateway(
+    chain_with_model: tuple[Chain, FakeOpenAIServer],
+) -> None:
+    chain, fake = chain_with_model
+    world = World(wall_clock=WallClock())
+    client = await _client(chain, world)
+    rewards = load_signin_rewards()
+
+    fake.script(content='{"reward": "experience"}')
+    response = await client.chat("steve", "/签到")
+    assert response.reply.result.status == SUCCEEDED, response.reply.result.failure
+    assert world.call("steve", "minecraft:signin.status", {})["reward"] == "experience"
+    assert world.inventory("steve")["minecraft:experience_bottle"] == 4
+    assert _lines(response)[1] == "奖励：经验瓶（minecraft:experience_bottle × 4）"
+    asked = json.loads(fake.completions[0].json["messages"][1]["content"])
+    assert [r["id"] for r in asked["rewards"]] == [r.reward_id for r in rewards.rewards]
+
+    # An id outside the catalogue (and the items the model made up) is never written.
+    fake.script(content='{"reward": "netherite", "items": [{"item": "minecraft:netherite_block"}]}')
+    english = await client.chat("alex", "/signin")
+    assert english.reply.result.status == SUCCEEDED
+    written = world.call("alex", "minecraft:signin.status", {})["reward"]
+    assert rewards.get(written) is not None
+    assert "minecraft:netherite_block" not in world.inventory("alex")
+    assert len(fake.completions) == 2
+
+    again = await client.chat("steve", "/签到")  # signed already: no model call at all
+    assert _lines(again)[0] == "今天（2026-12-01）已经签到过了，明天再来吧。"
+    assert len(fake.completions) == 2
     await client.close()
