@@ -24,6 +24,7 @@ from services.runtime.permissions import CORE_FEATURE
 __all__ = [
     "BUILTIN_GAME_TOOLS",
     "ITEM_LOOKUP_LIMIT",
+    "MAIL_PAGE_LIMIT",
     "SERVER_TOOL_NAMESPACE",
     "SIGNIN_GAME_TOOLS",
     "SIGNIN_MAX_STACKS",
@@ -352,6 +353,70 @@ SIGNIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
 )
 """The sign-in calendar's game tools (part of BUILTIN_GAME_TOOLS)."""
 
+MAIL_PAGE_LIMIT = 10
+"""Most mails one `minecraft:mail.list` page holds."""
+
+_MAIL_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    "description": "The mail's id, unique among the player's mail.",
+}
+
+_MAIL_INPUT = {
+    "type": "object",
+    "properties": {"mail_id": _MAIL_ID},
+    "required": ["mail_id"],
+    "additionalProperties": False,
+}
+
+_STACK = {
+    "type": "object",
+    "properties": {
+        "item": _ITEM_ID,
+        "name": _NAMES,
+        "count": {"type": "integer", "minimum": 1, "description": "How many."},
+    },
+    "required": ["count", "item", "name"],
+}
+
+_MAIL = {
+    "type": "object",
+    "properties": {
+        "id": _MAIL_ID,
+        "sender": {"type": "string", "minLength": 1, "description": "Who sent it, as shown."},
+        "subject": {"type": "string", "description": "The subject, as the sender wrote it."},
+        "body": {"type": "string", "description": "The text, as the sender wrote it."},
+        "sent_at": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "When it was sent, in seconds since 1970-01-01 UTC.",
+        },
+        "attachment": {
+            "type": "array",
+            "description": "Item stacks attached to it; empty when it has none.",
+            "items": _STACK,
+        },
+        "claimed": {
+            "type": "boolean",
+            "description": "True once the attachment was delivered (false without one).",
+        },
+    },
+    "required": ["attachment", "body", "claimed", "id", "sender", "sent_at", "subject"],
+}
+
+_MAIL_EXAMPLE = {
+    "id": "m5",
+    "sender": "系统",
+    "subject": "签到奖励补发",
+    "body": "维护期间未发放的签到奖励已补发，请领取附件。",
+    "sent_at": 1795983300,
+    "attachment": [
+        {"item": "minecraft:diamond", "name": {"zh": "钻石", "en": "Diamond"}, "count": 2}
+    ],
+    "claimed": False,
+}
+
 BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         tool_id="minecraft:inventory.read",
@@ -553,6 +618,115 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
         },
     ),
     *SIGNIN_GAME_TOOLS,
+    ToolSpec(
+        tool_id="minecraft:mail.list",
+        description=(
+            "List the player's mail, newest first, one page at a time (page from 1, "
+            f"page_size 1 to {MAIL_PAGE_LIMIT}, default 1 and 5). A page past the end is an "
+            "empty list, not an error. Reading changes nothing (there is no read state)."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "page": {"type": "integer", "minimum": 1, "description": "Page number, from 1."},
+                "page_size": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAIL_PAGE_LIMIT,
+                    "description": "Mails per page.",
+                },
+            },
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "total": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "How many mails the player has in all.",
+                },
+                "page": {"type": "integer", "minimum": 1, "description": "This page's number."},
+                "page_size": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAIL_PAGE_LIMIT,
+                    "description": "Mails per page, as asked (or the default).",
+                },
+                "mails": {
+                    "type": "array",
+                    "maxItems": MAIL_PAGE_LIMIT,
+                    "description": "This page's mails, newest first.",
+                    "items": _MAIL,
+                },
+            },
+            "required": ["mails", "page", "page_size", "total"],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={"page": 1, "page_size": 5},
+        example_output={"total": 1, "page": 1, "page_size": 5, "mails": [_MAIL_EXAMPLE]},
+    ),
+    ToolSpec(
+        tool_id="minecraft:mail.read",
+        description=(
+            "Read one of the player's mails by id. An unknown id answers found false, not an "
+            "error. Reading changes nothing."
+        ),
+        input_schema=_MAIL_INPUT,
+        output_schema={
+            "type": "object",
+            "properties": {
+                "found": {
+                    "type": "boolean",
+                    "description": "False when the player has no mail with this id.",
+                },
+                "mail": {**_MAIL, "description": "The mail; present when found."},
+            },
+            "required": ["found"],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={"mail_id": "m5"},
+        example_output={"found": True, "mail": _MAIL_EXAMPLE},
+    ),
+    ToolSpec(
+        tool_id="minecraft:mail.claim",
+        description=(
+            "Claim a mail's attachment: its items go into the player's inventory and the mail "
+            "is marked claimed, in one step on the game thread (together or not at all). Once "
+            "per mail: claiming it again gives nothing and answers already_claimed, so a "
+            "repeated call has the effect of one."
+        ),
+        input_schema=_MAIL_INPUT,
+        output_schema={
+            "type": "object",
+            "properties": {
+                "outcome": {
+                    "type": "string",
+                    "enum": ["claimed", "already_claimed", "no_attachment", "not_found"],
+                    "description": "claimed (delivered now), already_claimed (delivered "
+                    "before; nothing given), no_attachment or not_found (nothing given).",
+                },
+                "items": {
+                    "type": "array",
+                    "description": "The stacks this call delivered; empty unless claimed.",
+                    "items": _STACK,
+                },
+            },
+            "required": ["items", "outcome"],
+        },
+        read_only=False,
+        idempotent=True,
+        event_allowed=False,
+        kind=ToolKind.GAME,
+        example_input={"mail_id": "m5"},
+        example_output={"outcome": "claimed", "items": _MAIL_EXAMPLE["attachment"]},
+    ),
 )
 """Game tools the gateway protocol documents for every game server; their declarations are
 known to the engine without any server connected. A game server may offer more."""

@@ -63,6 +63,7 @@ _BASE_CHECKS = (
     "chat-profile",
     "chat-item",
     "chat-signin",
+    "chat-mail",
     "tool-call-on-game-thread",
     "button-press",
     "event-item-give",

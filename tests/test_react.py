@@ -311,6 +311,8 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft:player.profile",
         "minecraft:signin.status",
         "minecraft:item.lookup",
+        "minecraft:mail.list",
+        "minecraft:mail.read",
         "system:database.query",
         "ftbquests:quests.list",
     )
@@ -333,6 +335,8 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft_player_profile",
         "minecraft_signin_status",
         "minecraft_item_lookup",
+        "minecraft_mail_list",
+        "minecraft_mail_read",
         "system_database_query",
     ]
     assert offered() == core

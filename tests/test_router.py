@@ -118,8 +118,8 @@ def _invalid(text: str, player: common_pb2.PlayerContext = PLAYER) -> str:
 def test_index_is_built_from_the_real_catalogue() -> None:
     assert INDEX.generation == "gen-1"
     # help ×3, history ×3, inventory ×3, profile ×4, item ×3, signin ×3, search ×2, note, ban,
-    # quests ×2
-    assert len(INDEX) == 9 + 4 + 3 + 3 + 2 + 1 + 1 + 2
+    # quests ×2, mail ×5, mailclaim ×2
+    assert len(INDEX) == 9 + 4 + 3 + 3 + 2 + 1 + 1 + 2 + 5 + 2
 
 
 @pytest.mark.parametrize(
@@ -543,6 +543,7 @@ async def test_low_confidence_without_a_model_offers_read_only_choices() -> None
         "system:history",
         "system:inventory",
         "system:profile",
+        "system:inbox",
     }
 
 

@@ -106,6 +106,7 @@ async def test_unclear_text_goes_to_the_model_once_and_its_choice_is_cached(with
         "system:inventory",
         "system:profile",
         "system:item",
+        "system:inbox",
         "system:signin",
         "system:question",
         "system:reasoning",

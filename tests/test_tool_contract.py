@@ -170,14 +170,19 @@ def test_a_required_tool_not_offered_is_a_problem(
         INVENTORY,
         GIVE,
         "minecraft:item.lookup",
+        "minecraft:mail.claim",
+        "minecraft:mail.list",
+        "minecraft:mail.read",
         "minecraft:player.profile",
         "minecraft:signin.claim",
         "minecraft:signin.status",
     ]
     assert nothing.unavailable_modules == (
         "system:advancement_reward",
+        "system:inbox",
         "system:inventory",
         "system:item",
+        "system:mail_claim",
         "system:profile",
         "system:signin",
     )

@@ -1,9 +1,10 @@
 """Built-in modules and the server tools they need.
 
-The core modules (help, history, inventory, profile, item, the advancement reward) need
-nothing but the registry. The question, search and reasoning modules need server tools whose handlers hold
-clients (`BuiltinServices`); `register_builtins` registers tools and modules together, with
-`system:reasoning` last so it sees every other module's read-only tools.
+The core modules (help, history, inventory, profile, item, inbox and mail claim, the
+advancement reward) need nothing but the registry. The question, search and reasoning modules
+need server tools whose handlers hold clients (`BuiltinServices`); `register_builtins`
+registers tools and modules together, with `system:reasoning` last so it sees every other
+module's read-only tools.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
 from engine_service.modules.item import ItemModule
+from engine_service.modules.mail import InboxModule, MailClaimModule
 from engine_service.modules.profile import ProfileModule
 from engine_service.modules.question import QuestionModule
 from engine_service.modules.reasoning import ReasoningModule
@@ -33,8 +35,10 @@ __all__ = [
     "BuiltinServices",
     "HelpModule",
     "HistoryModule",
+    "InboxModule",
     "InventoryModule",
     "ItemModule",
+    "MailClaimModule",
     "ProfileModule",
     "QuestionModule",
     "ReasoningModule",
@@ -49,6 +53,8 @@ BUILTIN_MODULES = (
     InventoryModule,
     ProfileModule,
     ItemModule,
+    InboxModule,
+    MailClaimModule,
     AdvancementRewardModule,
 )
 """Classes of the core modules, which need no services, in help order."""

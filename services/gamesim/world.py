@@ -1,8 +1,9 @@
 """The simulated game's state and the game tools it offers.
 
 Players have an inventory, a balance in the server currency, a level and a play time; the item
-registry, the mobs and the shop listings are in `items.py`. Tools run one at a time (the
-client calls them from its one reader task, as a game runs them on its main thread).
+registry, the mobs and the shop listings are in `items.py`, players' mail in `mail.py`.
+Tools run one at a time (the client calls them from its one reader task, as a game runs them
+on its main thread).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from system.gateway.v1 import gateway_pb2
 
-from services.gamesim import items
+from services.gamesim import items, mail
 
 __all__ = [
     "HONOURS_CALL_ID",
@@ -241,6 +242,8 @@ class PlayerState:
     """Clock reading at the current session's join; None while offline."""
     signins: dict[datetime.date, dict[str, Any]] = dataclasses.field(default_factory=dict)
     """The sign-in calendar: day -> that day's record (reward id and items given)."""
+    mailbox: dict[str, mail.Mail] = dataclasses.field(default_factory=mail.seed)
+    """The player's mail by id (mail.py)."""
 
     def play_seconds(self, now: float) -> int:
         """Play time, the current session included."""
@@ -374,6 +377,31 @@ class World:
                 idempotent=False,
                 honours_call_id=True,
             ),
+            _tool(
+                "minecraft:mail.list",
+                "List the player's mail, newest first, one page at a time.",
+                mail.LIST_INPUT,
+                mail.LIST_OUTPUT,
+                read_only=True,
+                idempotent=True,
+            ),
+            _tool(
+                "minecraft:mail.read",
+                "Read one of the player's mails by id.",
+                mail.MAIL_INPUT,
+                mail.READ_OUTPUT,
+                read_only=True,
+                idempotent=True,
+            ),
+            _tool(
+                "minecraft:mail.claim",
+                "Claim a mail's attachment into the inventory, once per mail.",
+                mail.MAIL_INPUT,
+                mail.CLAIM_OUTPUT,
+                read_only=False,
+                idempotent=True,
+                event_allowed=False,
+            ),
         ]
 
     def call_with_id(
@@ -494,4 +522,11 @@ class World:
             return self._signin_status(player_id)
         if tool == "minecraft:signin.claim":
             return self._signin_claim(player_id, data)
+        if tool == "minecraft:mail.list":
+            return mail.list_page(self.player(player_id).mailbox, data)
+        if tool == "minecraft:mail.read":
+            return mail.read(self.player(player_id).mailbox, data)
+        if tool == "minecraft:mail.claim":
+            state = self.player(player_id)
+            return mail.claim(state.mailbox, state.inventory, data)
         raise ValueError(f"unknown tool {tool}")

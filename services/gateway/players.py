@@ -104,10 +104,13 @@ class PlayerState:
 
 
 def _listed_actions(result: common_pb2.AgentResult) -> list[common_pb2.ModuleAction]:
-    """The actions of a card's `invoke` buttons, in order."""
+    """The actions of a card's `invoke` buttons, in order, less those marked
+    `press_only` (a write's button, say a mail's claim: a typed `查看 1` never presses it)."""
     actions = []
     for button in result.card.buttons:
         if button.action_id != "invoke" or not button.args.get("module_id"):
+            continue
+        if button.args.get("press_only") == "true":
             continue
         data = struct_pb2.Struct()
         try:

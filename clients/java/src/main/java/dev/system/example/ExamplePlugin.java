@@ -284,6 +284,36 @@ public final class ExamplePlugin {
               && succeeded(signinAgain) && cardText(signinAgain).contains("已经签到过了")
               && world.inventory(li).equals(afterSignin),
           "chat-signin", describe(signin) + " " + cardText(signin) + " / " + cardText(signinAgain));
+      // The mail: list, open the newest, press its claim button twice (delivered once).
+      PlayerResponse inbox = get(client.chat(steve, "/mail"));
+      show("Steve", "/mail", inbox);
+      Card inboxCard = inbox.getReply().getResult().getCard();
+      String mailProblem = succeeded(inbox) && inboxCard.getTitle().equals("Inbox (3 mails)")
+          && inboxCard.getButtonsCount() == 3 ? "" : "the inbox card: " + describe(inbox);
+      if (mailProblem.isEmpty()) {
+        PlayerResponse opened = get(client.press(steve, inboxCard, inboxCard.getButtons(0)));
+        show("Steve", "pressed " + inboxCard.getButtons(0).getLabel(), opened);
+        Card mailCard = opened.getReply().getResult().getCard();
+        CardButton claim = mailCard.getButtonsList().stream()
+            .filter(b -> "system:mail_claim".equals(b.getArgsMap().get("module_id")))
+            .findFirst().orElse(null);
+        if (claim == null) {
+          mailProblem = "the mail card has no claim button: " + describe(opened);
+        } else {
+          int diamonds = world.inventory(steve).getOrDefault("minecraft:diamond", 0);
+          PlayerResponse first = get(client.press(steve, mailCard, claim));
+          show("Steve", "pressed " + claim.getLabel(), first);
+          PlayerResponse again = get(client.press(steve, mailCard, claim));
+          show("Steve", "pressed " + claim.getLabel() + " again", again);
+          int after = world.inventory(steve).getOrDefault("minecraft:diamond", 0);
+          if (!succeeded(first) || !succeeded(again) || after != diamonds + 2
+              || !again.getReply().getResult().getCard().getTitle().equals("Already claimed")) {
+            mailProblem = "claimed twice: diamonds " + diamonds + " -> " + after + ", "
+                + describe(first) + ", " + describe(again);
+          }
+        }
+      }
+      check(mailProblem.isEmpty(), "chat-mail", mailProblem);
 
       // 4. A button from the help card: the /inventory button.
       CardButton button = helpCard.getButtonsList().stream()

@@ -95,6 +95,58 @@ public final class InMemoryWorld {
       "smelting","drops","mining","shop"]}},"required":["id","name","sources"]}}},\
       "required":["exact","total","items"]}""";
 
+  /** {@code minecraft:mail.list}: page and page size, both optional. */
+  static final String MAIL_LIST_INPUT =
+      """
+      {"additionalProperties":false,"properties":{"page":{"minimum":1,"type":"integer"},\
+      "page_size":{"maximum":10,"minimum":1,"type":"integer"}},"type":"object"}""";
+
+  /** {@code minecraft:mail.list}: one page of mail, newest first. */
+  static final String MAIL_LIST_OUTPUT =
+      """
+      {"properties":{"mails":{"items":{"properties":{"attachment":{"items":{"properties":{\
+      "count":{"minimum":1,"type":"integer"},"item":{"maxLength":128,"minLength":1,\
+      "type":"string"},"name":{"properties":{"en":{"minLength":1,"type":"string"},"zh":{\
+      "minLength":1,"type":"string"}},"required":["zh","en"],"type":"object"}},\
+      "required":["count","item","name"],"type":"object"},"type":"array"},"body":{\
+      "type":"string"},"claimed":{"type":"boolean"},"id":{"maxLength":64,"minLength":1,\
+      "type":"string"},"sender":{"minLength":1,"type":"string"},"sent_at":{"minimum":0,\
+      "type":"integer"},"subject":{"type":"string"}},"required":["attachment","body",\
+      "claimed","id","sender","sent_at","subject"],"type":"object"},"maxItems":10,\
+      "type":"array"},"page":{"minimum":1,"type":"integer"},"page_size":{"maximum":10,\
+      "minimum":1,"type":"integer"},"total":{"minimum":0,"type":"integer"}},\
+      "required":["mails","page","page_size","total"],"type":"object"}""";
+
+  /** {@code minecraft:mail.read} and {@code minecraft:mail.claim}: the mail's id. */
+  static final String MAIL_ID_INPUT =
+      """
+      {"additionalProperties":false,"properties":{"mail_id":{"maxLength":64,"minLength":1,\
+      "type":"string"}},"required":["mail_id"],"type":"object"}""";
+
+  /** {@code minecraft:mail.read}: found, and the mail when found. */
+  static final String MAIL_READ_OUTPUT =
+      """
+      {"properties":{"found":{"type":"boolean"},"mail":{"properties":{"attachment":{\
+      "items":{"properties":{"count":{"minimum":1,"type":"integer"},"item":{"maxLength":128,\
+      "minLength":1,"type":"string"},"name":{"properties":{"en":{"minLength":1,\
+      "type":"string"},"zh":{"minLength":1,"type":"string"}},"required":["zh","en"],\
+      "type":"object"}},"required":["count","item","name"],"type":"object"},"type":"array"},\
+      "body":{"type":"string"},"claimed":{"type":"boolean"},"id":{"maxLength":64,\
+      "minLength":1,"type":"string"},"sender":{"minLength":1,"type":"string"},"sent_at":{\
+      "minimum":0,"type":"integer"},"subject":{"type":"string"}},"required":["attachment",\
+      "body","claimed","id","sender","sent_at","subject"],"type":"object"}},\
+      "required":["found"],"type":"object"}""";
+
+  /** {@code minecraft:mail.claim}: what happened and the stacks delivered. */
+  static final String MAIL_CLAIM_OUTPUT =
+      """
+      {"properties":{"items":{"items":{"properties":{"count":{"minimum":1,"type":"integer"},\
+      "item":{"maxLength":128,"minLength":1,"type":"string"},"name":{"properties":{"en":{\
+      "minLength":1,"type":"string"},"zh":{"minLength":1,"type":"string"}},"required":["zh",\
+      "en"],"type":"object"}},"required":["count","item","name"],"type":"object"},\
+      "type":"array"},"outcome":{"enum":["claimed","already_claimed","no_attachment",\
+      "not_found"],"type":"string"}},"required":["items","outcome"],"type":"object"}""";
+
   /** A name in Chinese and English, as the catalogue's {@code name} objects carry it. */
   record Names(String zh, String en) {
     Map<String, Object> toMap() {
@@ -193,6 +245,7 @@ public final class InMemoryWorld {
           java.time.Clock.systemUTC(),
           java.time.ZoneId.of("Asia/Shanghai"),
           0);
+  private final Map<String, Map<String, Mail>> mailboxes = new ConcurrentHashMap<>();
 
   /** @param gameThreadName the name of the only thread tools may run on */
   public InMemoryWorld(String gameThreadName) {
@@ -239,7 +292,34 @@ public final class InMemoryWorld {
             true,
             this::itemLookup),
         signin.statusTool(),
-        signin.claimTool());
+        signin.claimTool(),
+        new GameTool(
+            "minecraft:mail.list",
+            "List the player's mail, newest first, one page at a time.",
+            MAIL_LIST_INPUT,
+            MAIL_LIST_OUTPUT,
+            true,
+            true,
+            true,
+            this::mailList),
+        new GameTool(
+            "minecraft:mail.read",
+            "Read one of the player's mails by id.",
+            MAIL_ID_INPUT,
+            MAIL_READ_OUTPUT,
+            true,
+            true,
+            true,
+            this::mailRead),
+        new GameTool(
+            "minecraft:mail.claim",
+            "Claim a mail's attachment into the inventory, once per mail.",
+            MAIL_ID_INPUT,
+            MAIL_CLAIM_OUTPUT,
+            false,
+            true,
+            false,
+            this::mailClaim));
   }
 
   /**
@@ -431,6 +511,144 @@ public final class InMemoryWorld {
     out.put("exact", !exact.isEmpty());
     out.put("total", found.size());
     out.put("items", items);
+    return out;
+  }
+
+  /** One mail of a player's mailbox; its attachment as item id to count, in order. */
+  private static final class Mail {
+    final String id;
+    final String sender;
+    final String subject;
+    final String body;
+    final long sentAt;
+    final Map<String, Integer> attachment;
+    boolean claimed;
+
+    Mail(String id, String sender, String subject, String body, long sentAt,
+        Map<String, Integer> attachment) {
+      this.id = id;
+      this.sender = sender;
+      this.subject = subject;
+      this.body = body;
+      this.sentAt = sentAt;
+      this.attachment = attachment;
+    }
+
+    Map<String, Object> toMap() {
+      Map<String, Object> out = new LinkedHashMap<>();
+      out.put("id", id);
+      out.put("sender", sender);
+      out.put("subject", subject);
+      out.put("body", body);
+      out.put("sent_at", sentAt);
+      out.put("attachment", stacks(attachment));
+      out.put("claimed", claimed);
+      return out;
+    }
+  }
+
+  /** A new player's mailbox, newest last; a real plugin reads its mail plugin's store. */
+  private static Map<String, Mail> seedMail() {
+    Map<String, Mail> box = new LinkedHashMap<>();
+    Map<String, Integer> welcome = new LinkedHashMap<>();
+    welcome.put("minecraft:iron_ingot", 16);
+    box.put("m1", new Mail("m1", "服务器", "欢迎来到服务器！", "这是新手礼包：一些铁锭。", 1795629540L, welcome));
+    box.put("m2", new Mail("m2", "Server", "Server rules", "Be kind; no cheating clients.",
+        1795685400L, Map.of()));
+    box.put("m3", new Mail("m3", "系统", "签到奖励补发", "维护期间未发放的签到奖励已补发，请领取附件。",
+        1795983300L, Map.of("minecraft:diamond", 2)));
+    return box;
+  }
+
+  private static List<Object> stacks(Map<String, Integer> attachment) {
+    List<Object> out = new ArrayList<>();
+    attachment.forEach(
+        (item, count) -> {
+          Map<String, Object> stack = new LinkedHashMap<>();
+          stack.put("item", item);
+          stack.put("name", nameOf(item).toMap());
+          stack.put("count", count);
+          out.add(stack);
+        });
+    return out;
+  }
+
+  private Map<String, Mail> mailboxOf(String playerId) {
+    return mailboxes.computeIfAbsent(playerId, id -> seedMail());
+  }
+
+  private static String mailId(Map<String, Object> input, String tool) throws ToolException {
+    String id = Structs.stringArg(input, "mail_id");
+    if (input.size() != 1 || id.length() > 64) {
+      throw ToolException.invalidInput(tool + " takes a mail_id of 1 to 64 characters");
+    }
+    return id;
+  }
+
+  /** {@code minecraft:mail.list}: newest first, one page (from 1; default size 5, at most 10). */
+  private Map<String, Object> mailList(String playerId, Map<String, Object> input)
+      throws ToolException {
+    record("minecraft:mail.list", playerId, input);
+    for (String key : input.keySet()) {
+      if (!key.equals("page") && !key.equals("page_size")) {
+        throw ToolException.invalidInput("mail.list takes page and page_size, not " + key);
+      }
+    }
+    long page = input.containsKey("page") ? Structs.intArg(input, "page") : 1;
+    long size = input.containsKey("page_size") ? Structs.intArg(input, "page_size") : 5;
+    if (page < 1 || size < 1 || size > 10) {
+      throw ToolException.invalidInput("mail.list needs page >= 1 and page_size 1 to 10");
+    }
+    List<Mail> newest = new ArrayList<>(mailboxOf(playerId).values());
+    newest.sort(
+        (a, b) -> a.sentAt != b.sentAt ? Long.compare(b.sentAt, a.sentAt) : b.id.compareTo(a.id));
+    List<Object> mails = new ArrayList<>();
+    newest.stream().skip((page - 1) * size).limit(size).forEach(m -> mails.add(m.toMap()));
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("total", newest.size());
+    out.put("page", page);
+    out.put("page_size", size);
+    out.put("mails", mails);
+    return out;
+  }
+
+  /** {@code minecraft:mail.read}: one mail by id, or found false. Changes nothing. */
+  private Map<String, Object> mailRead(String playerId, Map<String, Object> input)
+      throws ToolException {
+    record("minecraft:mail.read", playerId, input);
+    Mail mail = mailboxOf(playerId).get(mailId(input, "mail.read"));
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("found", mail != null);
+    if (mail != null) {
+      out.put("mail", mail.toMap());
+    }
+    return out;
+  }
+
+  /**
+   * {@code minecraft:mail.claim}: the attachment into the inventory and the mail marked
+   * claimed, together on the game thread; once per mail (a repeat answers already_claimed).
+   */
+  private Map<String, Object> mailClaim(String playerId, Map<String, Object> input)
+      throws ToolException {
+    record("minecraft:mail.claim", playerId, input);
+    Mail mail = mailboxOf(playerId).get(mailId(input, "mail.claim"));
+    Map<String, Object> out = new LinkedHashMap<>();
+    String outcome;
+    if (mail == null) {
+      outcome = "not_found";
+    } else if (mail.attachment.isEmpty()) {
+      outcome = "no_attachment";
+    } else if (mail.claimed) {
+      outcome = "already_claimed";
+    } else {
+      TreeMap<String, Integer> inventory = inventoryOf(playerId);
+      mail.attachment.forEach((item, count) -> inventory.merge(item, count, Integer::sum));
+      mail.claimed = true;
+      outcome = "claimed";
+    }
+    out.put("outcome", outcome);
+    out.put("items", outcome.equals("claimed") ? stacks(mail.attachment) : List.of());
     return out;
   }
 }

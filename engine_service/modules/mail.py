@@ -1,0 +1,312 @@
+"""`system:inbox` (收件箱) and `system:mail_claim` (领取邮件附件), over the game tools
+`minecraft:mail.list`, `minecraft:mail.read` and `minecraft:mail.claim`: the mail lives in the
+game server, like the inventory.
+
+`system:inbox` reads only, so local routing may pick it: `/mail` (收件箱, 我的邮件) lists the
+newest page, one button per mail and one per neighbouring page; pressing a mail's button, or
+`查看 2` / `/view 2` (the number in the player's last list), or `/mail m5` opens it.
+
+`system:mail_claim` is a write and is never routed from free text, the intent cache or the
+model (STRUCTURED_ONLY): only the claim button on the mail's card and the command
+`/mailclaim <id>` reach it. The button is marked `press_only`, so a typed number never presses
+it. The claim is one game-tool call that delivers the items and marks the mail claimed
+together, once per mail: a repeated claim (a second press, a retry) gives nothing and says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from system.common.v1 import catalog_pb2, common_pb2
+
+from engine_service.modules.text import pick
+from engine_service.registry import (
+    CommandSpec,
+    ExecutionPolicy,
+    ModuleContext,
+    ModuleSpec,
+    SemanticSpec,
+)
+from services.results import AgentFailure, card, failed, succeeded
+
+__all__ = ["MAIL_CLAIM", "MAIL_LIST", "MAIL_READ", "PAGE_SIZE", "InboxModule", "MailClaimModule"]
+
+MAIL_LIST = "minecraft:mail.list"
+MAIL_READ = "minecraft:mail.read"
+MAIL_CLAIM = "minecraft:mail.claim"
+INBOX = "system:inbox"
+CLAIM = "system:mail_claim"
+PAGE_SIZE = 5
+"""Mails per page of the inbox card."""
+MAX_PAGE = 1000
+
+_MAIL_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    "description": "The mail's id, as the list shows it (m5).",
+}
+
+_INBOX_TITLE = {"zh": "收件箱（共 {total} 封）", "en": "Inbox ({total} mails)"}
+_INBOX_PAGED = {
+    "zh": "收件箱（共 {total} 封，第 {page}/{pages} 页）",
+    "en": "Inbox ({total} mails, page {page} of {pages})",
+}
+_EMPTY = {"zh": "收件箱是空的。", "en": "Your inbox is empty."}
+_NO_PAGE = {
+    "zh": "没有第 {page} 页（共 {pages} 页）。",
+    "en": "There is no page {page} (there are {pages}).",
+}
+_ENTRY = {
+    "zh": "{n}. {subject} — {sender} · {date}{mark}",
+    "en": "{n}. {subject} — {sender} · {date}{mark}",
+}
+_UNCLAIMED_MARK = {"zh": " [附件]", "en": " [attachment]"}
+_CLAIMED_MARK = {"zh": " [已领取]", "en": " [claimed]"}
+_PREVIOUS = {"zh": "上一页", "en": "Previous page"}
+_NEXT = {"zh": "下一页", "en": "Next page"}
+
+_FROM = {"zh": "发件人：{sender}", "en": "From: {sender}"}
+_SENT = {"zh": "时间：{date}", "en": "Sent: {date}"}
+_ATTACHMENT = {"zh": "附件：", "en": "Attachment:"}
+_STACK = {"zh": "  {name} × {count}", "en": "  {name} × {count}"}
+_UNCLAIMED = {"zh": "附件未领取。", "en": "Not claimed yet."}
+_CLAIMED = {"zh": "附件已领取。", "en": "Claimed."}
+_CLAIM_BUTTON = {"zh": "领取附件", "en": "Claim attachment"}
+_BACK = {"zh": "返回收件箱", "en": "Back to inbox"}
+_NO_MAIL_TITLE = {"zh": "没有这封邮件", "en": "No such mail"}
+_NO_MAIL = {
+    "zh": "没有编号为 {mail_id} 的邮件。输入 /mail 查看收件箱。",
+    "en": "You have no mail {mail_id}. Type /mail to see your inbox.",
+}
+
+_CLAIMED_TITLE = {"zh": "已领取附件", "en": "Attachment claimed"}
+_DELIVERED = {"zh": "以上物品已放入背包。", "en": "These items are now in your inventory."}
+_ALREADY_TITLE = {"zh": "附件已领取过", "en": "Already claimed"}
+_ALREADY = {
+    "zh": "邮件 {mail_id} 的附件之前已经领取，这次没有再发放物品。",
+    "en": "You claimed the attachment of mail {mail_id} before; nothing was given this time.",
+}
+_NO_ATTACHMENT_TITLE = {"zh": "没有附件", "en": "No attachment"}
+_NO_ATTACHMENT = {
+    "zh": "邮件 {mail_id} 没有附件，没有可领取的物品。",
+    "en": "Mail {mail_id} has no attachment; there is nothing to claim.",
+}
+
+
+def _date(sent_at: int) -> str:
+    return datetime.datetime.fromtimestamp(sent_at, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _invoke(
+    module_id: str, label: str, data: dict[str, Any], **extra: str
+) -> common_pb2.CardButton:
+    return common_pb2.CardButton(
+        action_id="invoke",
+        label=label,
+        args={"module_id": module_id, "input": json.dumps(data, ensure_ascii=False), **extra},
+    )
+
+
+def _stacks(mail_stacks: list[dict[str, Any]], language: str) -> list[str | tuple[str, str]]:
+    return [
+        (
+            pick(_STACK, language).format(name=pick(s["name"], language), count=s["count"]),
+            f"/item {s['item']}",
+        )
+        for s in mail_stacks
+    ]
+
+
+def _not_found(mail_id: str, language: str) -> common_pb2.AgentResult:
+    return failed(
+        AgentFailure.NOT_FOUND,
+        pick(_NO_MAIL, language).format(mail_id=mail_id),
+        title=pick(_NO_MAIL_TITLE, language),
+    )
+
+
+class InboxModule:
+    """Lists a page of the player's mail, or shows one mail."""
+
+    spec = ModuleSpec(
+        module_id=INBOX,
+        description={
+            "zh": "查看收件箱：邮件列表（最新在前，分页）和单封邮件；附件在邮件卡片上领取。",
+            "en": "Your inbox: the mail list (newest first, by page) and one mail; claim an "
+            "attachment from the mail's card.",
+        },
+        input_schema={
+            "type": "object",
+            "properties": {
+                "page": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_PAGE,
+                    "description": "The page of the list to show, from 1.",
+                },
+                "mail_id": {**_MAIL_ID, "description": "Show this mail instead of the list."},
+            },
+            "maxProperties": 1,
+            "additionalProperties": False,
+        },
+        commands=(CommandSpec(("mail", "inbox", "收件箱", "邮件", "邮箱"), argument="mail_id"),),
+        routing_mode=catalog_pb2.ROUTING_MODE_READ,
+        semantic=SemanticSpec(
+            examples={
+                "zh": (
+                    "查看收件箱",
+                    "打开邮箱",
+                    "我的邮件",
+                    "有没有新邮件",
+                    "查看未读邮件",
+                    "显示邮件列表",
+                    "看看信箱",
+                    "收件箱里有什么",
+                    "查收邮件",
+                    "我收到了哪些邮件",
+                ),
+                "en": (
+                    "open my inbox",
+                    "check my mail",
+                    "show my mailbox",
+                    "do I have new mail",
+                    "show unread mail",
+                    "list the mail in my inbox",
+                    "read my mail",
+                    "what's in my inbox",
+                ),
+            },
+            choice_label="system.inbox.choice",
+        ),
+        tools=(MAIL_LIST, MAIL_READ),
+        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0),
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        if "mail_id" in data:
+            mail_id = str(data["mail_id"]).strip()
+            found = await ctx.tool(MAIL_READ, {"mail_id": mail_id})
+            if not found["found"] or "mail" not in found:
+                return _not_found(mail_id, language)
+            return succeeded(self._mail_card(found["mail"], language))
+        page = int(data.get("page", 1))
+        listed = await ctx.tool(MAIL_LIST, {"page": page, "page_size": PAGE_SIZE})
+        return succeeded(self._list_card(listed, language))
+
+    @staticmethod
+    def _list_card(listed: dict[str, Any], language: str) -> common_pb2.Card:
+        total, page, size = listed["total"], listed["page"], listed["page_size"]
+        pages = max((total + size - 1) // size, 1)
+        title = (
+            pick(_INBOX_PAGED, language).format(total=total, page=page, pages=pages)
+            if pages > 1 or page > 1
+            else pick(_INBOX_TITLE, language).format(total=total)
+        )
+        lines: list[str | tuple[str, str]] = []
+        buttons = []
+        for number, mail in enumerate(listed["mails"], 1):
+            mark = ""
+            if mail["attachment"]:
+                mark = pick(_CLAIMED_MARK if mail["claimed"] else _UNCLAIMED_MARK, language)
+            text = pick(_ENTRY, language).format(
+                n=number,
+                subject=mail["subject"],
+                sender=mail["sender"],
+                date=_date(mail["sent_at"])[:10],
+                mark=mark,
+            )
+            lines.append((text, f"/mail {mail['id']}"))
+            buttons.append(_invoke(INBOX, mail["subject"], {"mail_id": mail["id"]}))
+        if not listed["mails"]:
+            lines.append(
+                pick(_NO_PAGE, language).format(page=page, pages=pages)
+                if total
+                else pick(_EMPTY, language)
+            )
+        if 1 < page <= pages:
+            buttons.append(_invoke(INBOX, pick(_PREVIOUS, language), {"page": page - 1}))
+        if page < pages:
+            buttons.append(_invoke(INBOX, pick(_NEXT, language), {"page": page + 1}))
+        return card(INBOX, title, lines, buttons)
+
+    @staticmethod
+    def _mail_card(mail: dict[str, Any], language: str) -> common_pb2.Card:
+        lines: list[str | tuple[str, str]] = [
+            pick(_FROM, language).format(sender=mail["sender"]),
+            pick(_SENT, language).format(date=_date(mail["sent_at"])),
+            mail["body"],
+        ]
+        buttons = []
+        if mail["attachment"]:
+            lines.append(pick(_ATTACHMENT, language))
+            lines += _stacks(mail["attachment"], language)
+            lines.append(pick(_CLAIMED if mail["claimed"] else _UNCLAIMED, language))
+            if not mail["claimed"]:
+                # press_only: a typed number (查看 1) never presses a write button.
+                buttons.append(
+                    _invoke(
+                        CLAIM,
+                        pick(_CLAIM_BUTTON, language),
+                        {"mail_id": mail["id"]},
+                        press_only="true",
+                    )
+                )
+        buttons.append(_invoke(INBOX, pick(_BACK, language), {}))
+        return card(INBOX, mail["subject"], lines, buttons)
+
+
+class MailClaimModule:
+    """Claims one mail's attachment: one write step."""
+
+    spec = ModuleSpec(
+        module_id=CLAIM,
+        description={
+            "zh": "领取邮件附件（在邮件卡片上按“领取附件”）。每封邮件只能领取一次。",
+            "en": "Claim a mail's attachment (the Claim button on the mail's card). Once per mail.",
+        },
+        input_schema={
+            "type": "object",
+            "properties": {"mail_id": _MAIL_ID},
+            "required": ["mail_id"],
+            "additionalProperties": False,
+        },
+        commands=(
+            CommandSpec(("mailclaim", "领取邮件"), argument="mail_id", argument_required=True),
+        ),
+        routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
+        tools=(MAIL_CLAIM,),
+        policy=ExecutionPolicy(
+            rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=15.0, write_steps=1
+        ),
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        mail_id = str(data["mail_id"]).strip()
+        # A write step: refused from local and cached routes before it leaves the engine.
+        claimed = await ctx.tool(MAIL_CLAIM, {"mail_id": mail_id})
+        outcome = claimed["outcome"]
+        if outcome == "not_found":
+            return _not_found(mail_id, language)
+        if outcome == "no_attachment":
+            return failed(
+                AgentFailure.NOT_FOUND,
+                pick(_NO_ATTACHMENT, language).format(mail_id=mail_id),
+                title=pick(_NO_ATTACHMENT_TITLE, language),
+            )
+        back = _invoke(INBOX, pick(_BACK, language), {})
+        if outcome == "already_claimed":
+            return succeeded(
+                card(
+                    CLAIM,
+                    pick(_ALREADY_TITLE, language),
+                    [pick(_ALREADY, language).format(mail_id=mail_id)],
+                    [back],
+                )
+            )
+        lines = [*_stacks(claimed["items"], language), pick(_DELIVERED, language)]
+        return succeeded(card(CLAIM, pick(_CLAIMED_TITLE, language), lines, [back]))
