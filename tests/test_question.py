@@ -667,7 +667,10 @@ async def test_reasoning_offers_read_only_tools_and_never_the_web(stack: Stack) 
     assert offered == [
         "minecraft_inventory_read",
         "minecraft_player_profile",
+        "minecraft_signin_status",
         "minecraft_item_lookup",
+        "minecraft_mail_list",
+        "minecraft_mail_read",
         "system_database_query",
         "answer",
     ]
