@@ -17,13 +17,8 @@ from typing import Any
 from services.gamesim import items
 
 __all__ = [
-    "CLAIM_OUTPUT",
     "DEFAULT_PAGE_SIZE",
-    "LIST_INPUT",
-    "LIST_OUTPUT",
-    "MAIL_INPUT",
     "PAGE_LIMIT",
-    "READ_OUTPUT",
     "Mail",
     "claim",
     "list_page",
@@ -178,75 +173,3 @@ def claim(
         inventory[item] += count
     mail.claimed = True
     return {"outcome": "claimed", "items": _stacks(mail.attachment)}
-
-
-# The schemas as docs/game-tools.md documents them, descriptions left out (tests check the
-# hello against the catalogue).
-_ITEM_ID = {"type": "string", "minLength": 1, "maxLength": 128}
-_NAMES = {
-    "type": "object",
-    "properties": {
-        "zh": {"type": "string", "minLength": 1},
-        "en": {"type": "string", "minLength": 1},
-    },
-    "required": ["zh", "en"],
-}
-_MAIL_ID = {"type": "string", "minLength": 1, "maxLength": 64}
-_STACK = {
-    "type": "object",
-    "properties": {"item": _ITEM_ID, "name": _NAMES, "count": {"type": "integer", "minimum": 1}},
-    "required": ["count", "item", "name"],
-}
-_MAIL = {
-    "type": "object",
-    "properties": {
-        "id": _MAIL_ID,
-        "sender": {"type": "string", "minLength": 1},
-        "subject": {"type": "string"},
-        "body": {"type": "string"},
-        "sent_at": {"type": "integer", "minimum": 0},
-        "attachment": {"type": "array", "items": _STACK},
-        "claimed": {"type": "boolean"},
-    },
-    "required": ["attachment", "body", "claimed", "id", "sender", "sent_at", "subject"],
-}
-LIST_INPUT = {
-    "type": "object",
-    "properties": {
-        "page": {"type": "integer", "minimum": 1},
-        "page_size": {"type": "integer", "minimum": 1, "maximum": PAGE_LIMIT},
-    },
-    "additionalProperties": False,
-}
-LIST_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "total": {"type": "integer", "minimum": 0},
-        "page": {"type": "integer", "minimum": 1},
-        "page_size": {"type": "integer", "minimum": 1, "maximum": PAGE_LIMIT},
-        "mails": {"type": "array", "maxItems": PAGE_LIMIT, "items": _MAIL},
-    },
-    "required": ["mails", "page", "page_size", "total"],
-}
-MAIL_INPUT = {
-    "type": "object",
-    "properties": {"mail_id": _MAIL_ID},
-    "required": ["mail_id"],
-    "additionalProperties": False,
-}
-READ_OUTPUT = {
-    "type": "object",
-    "properties": {"found": {"type": "boolean"}, "mail": _MAIL},
-    "required": ["found"],
-}
-CLAIM_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "outcome": {
-            "type": "string",
-            "enum": ["claimed", "already_claimed", "no_attachment", "not_found"],
-        },
-        "items": {"type": "array", "items": _STACK},
-    },
-    "required": ["items", "outcome"],
-}

@@ -15,6 +15,7 @@ import time
 import zoneinfo
 from collections import Counter, OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from system.gateway.v1 import gateway_pb2
@@ -48,182 +49,22 @@ as the first call was, without running again (docs/game-tools.md, honours call i
 CALL_ID_MEMORY = 4096
 """Most call ids remembered (oldest forgotten first)."""
 
-# The schemas as docs/game-tools.md documents them, descriptions left out (a plugin copies
-# them the same way; tests/test_tool_contract.py checks the hello against the catalogue).
-_ITEM_ID = {"type": "string", "minLength": 1, "maxLength": 128}
-_NAMES = {
-    "type": "object",
-    "properties": {
-        "zh": {"type": "string", "minLength": 1},
-        "en": {"type": "string", "minLength": 1},
-    },
-    "required": ["zh", "en"],
-}
-_NO_INPUT = {"type": "object", "properties": {}, "additionalProperties": False}
-_INVENTORY_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "items": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"item": _ITEM_ID, "count": {"type": "integer", "minimum": 0}},
-                "required": ["item", "count"],
-            },
-        }
-    },
-    "required": ["items"],
-}
-_GIVE_INPUT = {
-    "type": "object",
-    "properties": {"item": {"type": "string"}, "count": {"type": "integer", "minimum": 1}},
-    "required": ["item", "count"],
-    "additionalProperties": False,
-}
-_GIVE_OUTPUT = {
-    "type": "object",
-    "properties": {"item": _ITEM_ID, "count": {"type": "integer", "minimum": 0}},
-    "required": ["item", "count"],
-}
-_PROFILE_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "balance": {"type": "integer", "minimum": 0},
-        "currency": _NAMES,
-        "level": {"type": "integer", "minimum": 0},
-        "play_seconds": {"type": "integer", "minimum": 0},
-    },
-    "required": ["balance", "currency", "level", "play_seconds"],
-}
-_LOOKUP_INPUT = {
-    "type": "object",
-    "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 64}},
-    "required": ["query"],
-    "additionalProperties": False,
-}
-_REF = {
-    "type": "object",
-    "properties": {"id": _ITEM_ID, "name": _NAMES},
-    "required": ["id", "name"],
-}
-_COUNTED_REF = {
-    "type": "object",
-    "properties": {"id": _ITEM_ID, "name": _NAMES, "count": {"type": "integer", "minimum": 1}},
-    "required": ["count", "id", "name"],
-}
+CATALOGUE = Path(__file__).resolve().parents[2] / "docs" / "game-tools.json"
+"""The published game-tool catalogue (generated from the engine's registry): this world takes
+its hello's schemas and flags from it, as a plugin author copies them."""
 
-
-def _list_of(properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "array",
-        "items": {"type": "object", "properties": properties, "required": sorted(properties)},
-    }
-
-
-_LOOKUP_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "exact": {"type": "boolean"},
-        "total": {"type": "integer", "minimum": 0},
-        "items": {
-            "type": "array",
-            "maxItems": items.LOOKUP_LIMIT,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": _ITEM_ID,
-                    "name": _NAMES,
-                    "sources": {
-                        "type": "object",
-                        "properties": {
-                            "crafting": _list_of(
-                                {
-                                    "count": {"type": "integer", "minimum": 1},
-                                    "inputs": {
-                                        "type": "array",
-                                        "minItems": 1,
-                                        "items": _COUNTED_REF,
-                                    },
-                                }
-                            ),
-                            "smelting": _list_of({"input": _REF}),
-                            "drops": _list_of({"mob": _REF}),
-                            "mining": _list_of({"block": _REF}),
-                            "shop": _list_of(
-                                {
-                                    "price": {"type": "integer", "minimum": 0},
-                                    "stock": {"type": "integer", "minimum": 0},
-                                    "currency": _NAMES,
-                                }
-                            ),
-                        },
-                        "required": ["crafting", "smelting", "drops", "mining", "shop"],
-                    },
-                },
-                "required": ["id", "name", "sources"],
-            },
-        },
-    },
-    "required": ["exact", "total", "items"],
-}
-
-_DAY = {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}
-_STACKS = {
-    "type": "array",
-    "minItems": 1,
-    "maxItems": 8,
-    "items": {
-        "type": "object",
-        "properties": {"item": _ITEM_ID, "count": {"type": "integer", "minimum": 1, "maximum": 64}},
-        "required": ["item", "count"],
-        "additionalProperties": False,
-    },
-}
-_STREAK = {"type": "integer", "minimum": 0}
-_MONTH_DAYS = {"type": "integer", "minimum": 0, "maximum": 31}
-_SIGNIN_STATUS_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "today": _DAY,
-        "time_zone": {"type": "string", "minLength": 1},
-        "day_start_hour": {"type": "integer", "minimum": 0, "maximum": 23},
-        "signed_today": {"type": "boolean"},
-        "reward": {"type": "string"},
-        "streak": _STREAK,
-        "days_this_month": _MONTH_DAYS,
-    },
-    "required": [
-        "today",
-        "time_zone",
-        "day_start_hour",
-        "signed_today",
-        "reward",
-        "streak",
-        "days_this_month",
-    ],
-}
-_SIGNIN_CLAIM_INPUT = {
-    "type": "object",
-    "properties": {
-        "day": _DAY,
-        "reward": {"type": "string", "minLength": 1, "maxLength": 64},
-        "items": _STACKS,
-    },
-    "required": ["day", "reward", "items"],
-    "additionalProperties": False,
-}
-_SIGNIN_CLAIM_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "claimed": {"type": "boolean"},
-        "day": _DAY,
-        "reward": {"type": "string"},
-        "items": _STACKS,
-        "streak": _STREAK,
-        "days_this_month": _MONTH_DAYS,
-    },
-    "required": ["claimed", "day", "reward", "items", "streak", "days_this_month"],
-}
+TOOLS = (
+    "minecraft:inventory.read",
+    "minecraft:item.give",
+    "minecraft:player.profile",
+    "minecraft:item.lookup",
+    "minecraft:signin.status",
+    "minecraft:signin.claim",
+    "minecraft:mail.list",
+    "minecraft:mail.read",
+    "minecraft:mail.claim",
+)
+"""The catalogue's tools this world implements, in its hello's order."""
 
 
 @dataclasses.dataclass
@@ -251,27 +92,22 @@ class PlayerState:
         return int(self.played_seconds + max(session, 0.0))
 
 
-def _tool(
-    name: str,
-    description: str,
-    input_schema: dict[str, Any],
-    output_schema: dict[str, Any],
-    *,
-    read_only: bool,
-    idempotent: bool,
-    event_allowed: bool = True,
-    honours_call_id: bool = False,
-) -> gateway_pb2.GameTool:
-    return gateway_pb2.GameTool(
-        name=name,
-        description=description,
-        input_schema=json.dumps(input_schema),
-        output_schema=json.dumps(output_schema),
-        read_only=read_only,
-        idempotent=idempotent,
-        event_allowed=event_allowed,
-        honours_call_id=honours_call_id,
-    )
+def _catalogued_tools(names: tuple[str, ...]) -> list[gateway_pb2.GameTool]:
+    """The hello entries of `names`, with the catalogue's descriptions, schemas and flags."""
+    entries = {entry["name"]: entry for entry in json.loads(CATALOGUE.read_text("utf-8"))["tools"]}
+    return [
+        gateway_pb2.GameTool(
+            name=name,
+            description=entries[name]["description"],
+            input_schema=json.dumps(entries[name]["input_schema"]),
+            output_schema=json.dumps(entries[name]["output_schema"]),
+            read_only=entries[name]["read_only"],
+            idempotent=entries[name]["idempotent"],
+            event_allowed=entries[name]["event_allowed"],
+            honours_call_id=entries[name]["honours_call_id"],
+        )
+        for name in names
+    ]
 
 
 class World:
@@ -326,83 +162,7 @@ class World:
     @staticmethod
     def tools() -> list[gateway_pb2.GameTool]:
         """The tools of the hello, with the catalogue's schemas and flags (docs/game-tools.md)."""
-        return [
-            _tool(
-                "minecraft:inventory.read",
-                "List the items in the player's inventory.",
-                _NO_INPUT,
-                _INVENTORY_OUTPUT,
-                read_only=True,
-                idempotent=True,
-            ),
-            _tool(
-                "minecraft:item.give",
-                "Give the player some items.",
-                _GIVE_INPUT,
-                _GIVE_OUTPUT,
-                read_only=False,
-                idempotent=False,
-            ),
-            _tool(
-                "minecraft:player.profile",
-                "Read the player's balance, level and play time.",
-                _NO_INPUT,
-                _PROFILE_OUTPUT,
-                read_only=True,
-                idempotent=True,
-            ),
-            _tool(
-                "minecraft:item.lookup",
-                "Find items by registry id or by name, with where each comes from.",
-                _LOOKUP_INPUT,
-                _LOOKUP_OUTPUT,
-                read_only=True,
-                idempotent=True,
-            ),
-            _tool(
-                "minecraft:signin.status",
-                "Read the player's sign-in calendar: today, signed in today, streak, days "
-                "this month.",
-                _NO_INPUT,
-                _SIGNIN_STATUS_OUTPUT,
-                read_only=True,
-                idempotent=True,
-            ),
-            _tool(
-                "minecraft:signin.claim",
-                "Sign the player in for today and give the reward, once per day.",
-                _SIGNIN_CLAIM_INPUT,
-                _SIGNIN_CLAIM_OUTPUT,
-                read_only=False,
-                idempotent=False,
-                honours_call_id=True,
-            ),
-            _tool(
-                "minecraft:mail.list",
-                "List the player's mail, newest first, one page at a time.",
-                mail.LIST_INPUT,
-                mail.LIST_OUTPUT,
-                read_only=True,
-                idempotent=True,
-            ),
-            _tool(
-                "minecraft:mail.read",
-                "Read one of the player's mails by id.",
-                mail.MAIL_INPUT,
-                mail.READ_OUTPUT,
-                read_only=True,
-                idempotent=True,
-            ),
-            _tool(
-                "minecraft:mail.claim",
-                "Claim a mail's attachment into the inventory, once per mail.",
-                mail.MAIL_INPUT,
-                mail.CLAIM_OUTPUT,
-                read_only=False,
-                idempotent=True,
-                event_allowed=False,
-            ),
-        ]
+        return _catalogued_tools(TOOLS)
 
     def call_with_id(
         self, player_id: str, tool: str, data: dict[str, Any], call_id: str
