@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from system.gateway.v1 import gateway_pb2
 from system.relay.v1 import relay_pb2_grpc
 from system.storage.v1 import storage_pb2_grpc
 
@@ -28,6 +29,7 @@ from engine_service.config import EngineConfig
 from router_service.app import create_app as create_router
 from router_service.config import RouterConfig
 from services.gamesim.client import GameServerClient
+from services.gamesim.world import World
 from services.gateway.app import create_app as create_gateway
 from services.gateway.config import GatewayConfig
 from services.runtime.interceptors import client_interceptors
@@ -36,7 +38,7 @@ from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 
-__all__ = ["Chain", "running_chain"]
+__all__ = ["Chain", "card_lines", "running_chain"]
 
 SERVER_ID = "sim"
 # Every service in tests: any free port, no metrics endpoint, no drain, a short grace.
@@ -94,6 +96,17 @@ class Chain:
         """A connected GameServerClient (welcome received), closed with the chain."""
         client = self.new_client(server_id, token)
         await client.connect()
+        return client
+
+    async def steve_and_alex(self, world: World | None = None) -> GameServerClient:
+        """A connected client over `world` (a fresh one by default) whose hello drew no tool
+        problems, with Steve (zh) and Alex (en) joined."""
+        client = self.new_client()
+        client.world = world or World()
+        welcome = await client.connect()
+        assert list(welcome.tool_problems) == []
+        await client.join("steve", "Steve", "zh_cn")
+        await client.join("alex", "Alex", "en_us")
         return client
 
     def channel(self, name: str) -> grpc.aio.Channel:
@@ -225,3 +238,8 @@ async def running_chain(
         yield chain
     finally:
         await chain._close()
+
+
+def card_lines(response: gateway_pb2.PlayerResponse) -> list[str]:
+    """The text lines of a reply's card."""
+    return [line.text for line in response.reply.result.card.lines]

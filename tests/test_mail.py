@@ -21,9 +21,8 @@ from engine_service.config import EngineConfig
 from engine_service.schema import violation
 from engine_service.tools import BUILTIN_GAME_TOOLS, MAIL_PAGE_LIMIT
 from services.gamesim import mail
-from services.gamesim.client import GameServerClient
 from services.gamesim.world import World
-from tests.inprocess import Chain, running_chain
+from tests.inprocess import Chain, card_lines, running_chain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -191,20 +190,6 @@ async def chain(tmp_path: pathlib.Path) -> AsyncIterator[Chain]:
         yield running
 
 
-async def _client(chain: Chain) -> GameServerClient:
-    client = chain.new_client()
-    client.world = World()
-    welcome = await client.connect()
-    assert list(welcome.tool_problems) == []
-    await client.join("steve", "Steve", "zh_cn")
-    await client.join("alex", "Alex", "en_us")
-    return client
-
-
-def _lines(response) -> list[str]:  # type: ignore[no-untyped-def]
-    return [line.text for line in response.reply.result.card.lines]
-
-
 def _labels(response) -> list[str]:  # type: ignore[no-untyped-def]
     return [b.label for b in response.reply.result.card.buttons]
 
@@ -223,15 +208,15 @@ ZH_PAGE_ONE = [
 
 
 async def test_the_inbox_lists_and_reads_mail_in_chinese_and_english(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     for text in ("收件箱", "/mail", "查看收件箱", "我的邮件"):
         response = await client.chat("steve", text)
         reply = response.reply
         assert reply.module_id == "system:inbox", text
         assert reply.result.status == SUCCEEDED, reply.result.failure
         assert reply.result.card.title == "收件箱（共 6 封，第 1/2 页）"
-        assert _lines(response)[:2] == ZH_PAGE_ONE[:2]
-    assert _lines(response) == ZH_PAGE_ONE  # subjects as their senders wrote them
+        assert card_lines(response)[:2] == ZH_PAGE_ONE[:2]
+    assert card_lines(response) == ZH_PAGE_ONE  # subjects as their senders wrote them
     assert _labels(response) == [
         "Double drops this weekend",
         "签到奖励补发",
@@ -245,7 +230,7 @@ async def test_the_inbox_lists_and_reads_mail_in_chinese_and_english(chain: Chai
     second = await client.chat("steve", "查看 2")
     assert second.reply.module_id == "system:inbox"
     assert second.reply.result.card.title == "签到奖励补发"
-    assert _lines(second) == [
+    assert card_lines(second) == [
         "发件人：系统",
         "时间：2026-11-29 20:15 UTC",
         "维护期间未发放的签到奖励已补发，请领取附件。",
@@ -258,15 +243,15 @@ async def test_the_inbox_lists_and_reads_mail_in_chinese_and_english(chain: Chai
         english = await client.chat("alex", text)
         assert english.reply.module_id == "system:inbox", text
         assert english.reply.result.card.title == "Inbox (6 mails, page 1 of 2)"
-    assert _lines(english)[2] == "3. Some iron for you — Alex · 2026-11-28 [attachment]"
+    assert card_lines(english)[2] == "3. Some iron for you — Alex · 2026-11-28 [attachment]"
     assert _labels(english)[-1] == "Next page"
     viewed = await client.chat("alex", "/view 3")
     assert viewed.reply.result.card.title == "Some iron for you"
-    assert _lines(viewed)[3:] == ["Attachment:", "  Iron Ingot × 16", "Not claimed yet."]
+    assert card_lines(viewed)[3:] == ["Attachment:", "  Iron Ingot × 16", "Not claimed yet."]
     assert _labels(viewed) == ["Claim attachment", "Back to inbox"]
     plain = await client.chat("alex", "/mail m6")
     assert plain.reply.result.card.title == "Double drops this weekend"
-    assert _lines(plain) == [
+    assert card_lines(plain) == [
         "From: Server",
         "Sent: 2026-11-30 08:00 UTC",
         "From Saturday to Sunday every mob drops twice as much.",
@@ -275,16 +260,16 @@ async def test_the_inbox_lists_and_reads_mail_in_chinese_and_english(chain: Chai
 
 
 async def test_the_inbox_pages(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     first = await client.chat("steve", "/mail")
     second = await client.press("steve", first.reply.result.card, _button(first, "下一页"))
     assert second.reply.result.card.title == "收件箱（共 6 封，第 2/2 页）"
-    assert _lines(second) == ["1. 欢迎来到服务器！ — 服务器 · 2026-11-25 [附件]"]
+    assert card_lines(second) == ["1. 欢迎来到服务器！ — 服务器 · 2026-11-25 [附件]"]
     assert _labels(second) == ["欢迎来到服务器！", "上一页"]
     # `查看 1` picks from the page shown now.
     opened = await client.chat("steve", "查看 1")
     assert opened.reply.result.card.title == "欢迎来到服务器！"
-    assert _lines(opened)[3:] == ["附件：", "  石剑 × 1", "  面包 × 8", "附件未领取。"]
+    assert card_lines(opened)[3:] == ["附件：", "  石剑 × 1", "  面包 × 8", "附件未领取。"]
     back = await client.press("steve", second.reply.result.card, _button(second, "上一页"))
     assert back.reply.result.card.title == "收件箱（共 6 封，第 1/2 页）"
     forged = common_pb2.CardButton(
@@ -295,12 +280,12 @@ async def test_the_inbox_pages(chain: Chain) -> None:
     past = await client.press("alex", first.reply.result.card, forged)
     assert past.reply.result.status == SUCCEEDED
     assert past.reply.result.card.title == "Inbox (6 mails, page 3 of 2)"
-    assert _lines(past) == ["There is no page 3 (there are 2)."]
+    assert card_lines(past) == ["There is no page 3 (there are 2)."]
     assert _labels(past) == []
 
 
 async def test_claiming_twice_delivers_once(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     inventory = client.world.inventory("steve")
     opened = await client.chat("steve", "/mail m5")
     card = opened.reply.result.card
@@ -310,29 +295,29 @@ async def test_claiming_twice_delivers_once(chain: Chain) -> None:
     assert first.reply.module_id == "system:mail_claim"
     assert first.reply.result.status == SUCCEEDED, first.reply.result.failure
     assert first.reply.result.card.title == "已领取附件"
-    assert _lines(first) == ["  钻石 × 2", "以上物品已放入背包。"]
+    assert card_lines(first) == ["  钻石 × 2", "以上物品已放入背包。"]
     assert inventory["minecraft:diamond"] == 2
     again = await client.press("steve", card, claim)
     assert again.reply.result.status == SUCCEEDED
     assert again.reply.result.card.title == "附件已领取过"
-    assert _lines(again) == ["邮件 m5 的附件之前已经领取，这次没有再发放物品。"]
+    assert card_lines(again) == ["邮件 m5 的附件之前已经领取，这次没有再发放物品。"]
     assert inventory["minecraft:diamond"] == 2
     reopened = await client.chat("steve", "/mail m5")
-    assert _lines(reopened)[-1] == "附件已领取。"
+    assert card_lines(reopened)[-1] == "附件已领取。"
     assert _labels(reopened) == ["返回收件箱"]
     listed = await client.chat("steve", "/mail")
-    assert _lines(listed)[1] == "2. 签到奖励补发 — 系统 · 2026-11-29 [已领取]"
+    assert card_lines(listed)[1] == "2. 签到奖励补发 — 系统 · 2026-11-29 [已领取]"
     # The explicit command, in English.
     by_command = await client.chat("alex", "/mailclaim m4")
     assert by_command.reply.result.card.title == "Attachment claimed"
-    assert _lines(by_command) == ["  Iron Ingot × 16", "These items are now in your inventory."]
+    assert card_lines(by_command) == ["  Iron Ingot × 16", "These items are now in your inventory."]
     twice = await client.chat("alex", "/mailclaim m4")
     assert twice.reply.result.card.title == "Already claimed"
     assert client.world.inventory("alex")["minecraft:iron_ingot"] == 16
 
 
 async def test_a_mail_without_attachment_and_unknown_mail(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     before = dict(client.world.inventory("steve"))
     nothing = await client.chat("steve", "/mailclaim m3")
     result = nothing.reply.result
@@ -352,7 +337,7 @@ async def test_a_mail_without_attachment_and_unknown_mail(chain: Chain) -> None:
 
 
 async def test_a_claim_is_never_made_from_typed_text(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     opened = await client.chat("steve", "/mail m5")
     assert _labels(opened) == ["领取附件", "返回收件箱"]
     # The claim button is press-only: a typed number picks from the rest (back to the inbox).
@@ -380,7 +365,7 @@ async def test_a_claim_is_never_made_from_typed_text(chain: Chain) -> None:
 async def test_the_engine_refuses_a_claim_from_a_local_or_cached_route(
     chain: Chain, source: int
 ) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     engine = chain.apps["engine"].engine
     player = common_pb2.PlayerContext(
         server_id=chain.server_id,
@@ -403,7 +388,7 @@ async def test_the_engine_refuses_a_claim_from_a_local_or_cached_route(
 
 
 async def test_bad_input_is_refused_with_a_message(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     missing = await client.chat("alex", "/mailclaim")
     assert missing.reply.result.failure.key == "system.error.invalid_input"
     assert "/mailclaim needs an argument" in missing.reply.result.failure.message

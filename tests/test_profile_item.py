@@ -18,9 +18,8 @@ from engine_service.modules.profile import play_time
 from engine_service.schema import violation
 from engine_service.tools import BUILTIN_GAME_TOOLS
 from services.gamesim import items
-from services.gamesim.client import GameServerClient
 from services.gamesim.world import STARTING_PLAY_SECONDS, World
-from tests.inprocess import Chain, running_chain
+from tests.inprocess import Chain, card_lines, running_chain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -187,23 +186,9 @@ async def chain(tmp_path: pathlib.Path) -> AsyncIterator[Chain]:
         yield running
 
 
-async def _client(chain: Chain, world: World | None = None) -> GameServerClient:
-    client = chain.new_client()
-    client.world = world or World()
-    welcome = await client.connect()
-    assert list(welcome.tool_problems) == []
-    await client.join("steve", "Steve", "zh_cn")
-    await client.join("alex", "Alex", "en_us")
-    return client
-
-
-def _lines(response) -> list[str]:  # type: ignore[no-untyped-def]
-    return [line.text for line in response.reply.result.card.lines]
-
-
 async def test_profile_in_chinese_and_english(chain: Chain) -> None:
     clock = Clock()
-    client = await _client(chain, World(clock=clock))
+    client = await chain.steve_and_alex(World(clock=clock))
     clock.now += 3600 + 120  # Steve and Alex have been online an hour and two minutes
     for text in ("本人概况", "/profile", "我有多少金币"):
         response = await client.chat("steve", text)
@@ -211,7 +196,7 @@ async def test_profile_in_chinese_and_english(chain: Chain) -> None:
         assert reply.module_id == "system:profile", text
         assert reply.result.status == SUCCEEDED, reply.result.failure
         assert reply.result.card.title == "本人概况"
-        assert _lines(response) == [
+        assert card_lines(response) == [
             "余额：1000 金币",
             "等级：12",
             "游戏时长：6 小时 22 分钟",
@@ -221,7 +206,7 @@ async def test_profile_in_chinese_and_english(chain: Chain) -> None:
         response = await client.chat("alex", text)
         assert response.reply.module_id == "system:profile", text
         assert response.reply.result.card.title == "My profile"
-        assert _lines(response) == [
+        assert card_lines(response) == [
             "Balance: 1000 coins",
             "Level: 12",
             "Play time: 6 h 22 min",
@@ -230,14 +215,14 @@ async def test_profile_in_chinese_and_english(chain: Chain) -> None:
 
 
 async def test_item_lookup_in_chinese_and_english(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     for text in ("/item 钻石", "查询物品 minecraft:diamond", "/物品 minecraft:diamond"):
         response = await client.chat("steve", text)
         reply = response.reply
         assert reply.module_id == "system:item", text
         assert reply.result.status == SUCCEEDED, reply.result.failure
         assert reply.result.card.title == "物品：钻石"
-        assert _lines(response) == [
+        assert card_lines(response) == [
             "ID：minecraft:diamond",
             "英文名：Diamond",
             "来源：",
@@ -247,7 +232,7 @@ async def test_item_lookup_in_chinese_and_english(chain: Chain) -> None:
         ]
     response = await client.chat("alex", "/item Iron Ingot")
     assert response.reply.result.card.title == "Item: Iron Ingot"
-    assert _lines(response) == [
+    assert card_lines(response) == [
         "ID: minecraft:iron_ingot",
         "Chinese name: 铁锭",
         "Where it comes from:",
@@ -261,18 +246,18 @@ async def test_item_lookup_in_chinese_and_english(chain: Chain) -> None:
     assert response.reply.result.card.lines[3].suggest_command == "/item minecraft:iron_block"
     elytra = await client.chat("alex", "look up item minecraft:elytra")
     assert elytra.reply.module_id == "system:item"
-    assert _lines(elytra)[-1] == "  No known source."
+    assert card_lines(elytra)[-1] == "  No known source."
 
 
 async def test_an_ambiguous_name_lists_candidates_as_buttons(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     response = await client.chat("steve", "/item 剑")
     result = response.reply.result
     assert result.status == SUCCEEDED and result.card.title == "找到 4 个物品"
     assert [b.label for b in result.card.buttons] == ["木剑", "石剑", "铁剑", "钻石剑"]
     pressed = await client.press("steve", result.card, result.card.buttons[3])
     assert pressed.reply.result.card.title == "物品：钻石剑"
-    assert "  合成：2 × 钻石、1 × 木棍 → 1 个" in _lines(pressed)
+    assert "  合成：2 × 钻石、1 × 木棍 → 1 个" in card_lines(pressed)
     # The candidates are the player's current list: `查看 2` opens the second.
     await client.chat("steve", "/item 剑")
     second = await client.chat("steve", "查看 2")
@@ -288,22 +273,22 @@ async def test_an_ambiguous_name_lists_candidates_as_buttons(chain: Chain) -> No
 
 
 async def test_unknown_items_get_a_not_found_card(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     response = await client.chat("steve", "/item 不存在的东西")
     result = response.reply.result
     assert result.status == FAILED and result.failure.key == "system.error.not_found"
     assert result.card.title == "没有找到物品"
-    assert "不存在的东西" in _lines(response)[0]
+    assert "不存在的东西" in card_lines(response)[0]
     # A misspelt id still routes locally to the module, which reports it.
     misspelt = await client.chat("alex", "look up item minecraft:diamnod")
     assert misspelt.reply.module_id == "system:item"
     assert misspelt.reply.result.failure.key == "system.error.not_found"
     assert misspelt.reply.result.card.title == "No such item"
-    assert "minecraft:diamnod" in _lines(misspelt)[0]
+    assert "minecraft:diamnod" in card_lines(misspelt)[0]
 
 
 async def test_bad_input_is_refused_with_a_message(chain: Chain) -> None:
-    client = await _client(chain)
+    client = await chain.steve_and_alex()
     missing = await client.chat("alex", "/item")
     assert missing.reply.result.failure.key == "system.error.invalid_input"
     assert "/item needs an argument" in missing.reply.result.failure.message

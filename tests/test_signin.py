@@ -28,7 +28,6 @@ from engine_service.modules.signin import SIGNIN_CLAIM, SigninModule, determinis
 from engine_service.signin_rewards import load_signin_rewards, parse_signin_rewards
 from engine_service.steps import TaskSteps
 from engine_service.task_store import Claim, TaskStore
-from services.gamesim.client import GameServerClient
 from services.gamesim.world import World
 from services.model_gateway.app import create_app as create_model_gateway
 from services.model_gateway.config import ModelConfig
@@ -37,7 +36,7 @@ from services.results import AgentFailure, ModuleFailure
 from services.runtime.config import ConfigError
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
-from tests.inprocess import Chain, running_chain
+from tests.inprocess import Chain, card_lines, running_chain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -430,24 +429,10 @@ async def chain(tmp_path: pathlib.Path) -> AsyncIterator[Chain]:
         yield running
 
 
-async def _client(chain: Chain, world: World) -> GameServerClient:
-    client = chain.new_client()
-    client.world = world
-    welcome = await client.connect()
-    assert list(welcome.tool_problems) == []
-    await client.join("steve", "Steve", "zh_cn")
-    await client.join("alex", "Alex", "en_us")
-    return client
-
-
-def _lines(response: Any) -> list[str]:
-    return [line.text for line in response.reply.result.card.lines]
-
-
 async def test_sign_in_in_chinese_and_english_once_a_day(chain: Chain) -> None:
     clock = WallClock()
     world = World(wall_clock=clock)
-    client = await _client(chain, world)
+    client = await chain.steve_and_alex(world)
     rewards = load_signin_rewards()
 
     response = await client.chat("steve", "签到")  # no model here: the deterministic pick
@@ -458,9 +443,9 @@ async def test_sign_in_in_chinese_and_english_once_a_day(chain: Chain) -> None:
     # The engine knows Steve by his scoped id; the world's record names the entry given.
     picked = rewards.get(world.call("steve", "minecraft:signin.status", {})["reward"])
     assert picked is not None
-    assert _lines(response)[0] == "签到成功（2026-12-01）"
-    assert _lines(response)[1].startswith(f"奖励：{picked.name['zh']}（")
-    assert _lines(response)[-1] == "连续签到 1 天，本月签到 1 天"
+    assert card_lines(response)[0] == "签到成功（2026-12-01）"
+    assert card_lines(response)[1].startswith(f"奖励：{picked.name['zh']}（")
+    assert card_lines(response)[-1] == "连续签到 1 天，本月签到 1 天"
     for item, count in picked.items:
         assert world.inventory("steve")[item] >= count
 
@@ -468,30 +453,32 @@ async def test_sign_in_in_chinese_and_english_once_a_day(chain: Chain) -> None:
     again = await client.chat("steve", "/每日签到")
     assert again.reply.module_id == "system:signin"
     assert again.reply.result.status == SUCCEEDED  # a polite card, not an error
-    assert _lines(again)[0] == "今天（2026-12-01）已经签到过了，明天再来吧。"
-    assert _lines(again)[1].startswith(f"今日奖励：{picked.name['zh']}")
+    assert card_lines(again)[0] == "今天（2026-12-01）已经签到过了，明天再来吧。"
+    assert card_lines(again)[1].startswith(f"今日奖励：{picked.name['zh']}")
     assert dict(world.inventory("steve")) == inventory  # nothing given twice
 
     english = await client.chat("alex", "/signin")
     assert english.reply.result.card.title == "Daily sign-in"
-    assert _lines(english)[0] == "Signed in for 2026-12-01"
-    assert _lines(english)[-1] == "Sign-in streak: 1 days, 1 this month"
+    assert card_lines(english)[0] == "Signed in for 2026-12-01"
+    assert card_lines(english)[-1] == "Sign-in streak: 1 days, 1 this month"
     twice = await client.chat("alex", "/signin")
-    assert _lines(twice)[0] == "You have already signed in today (2026-12-01). Come back tomorrow."
+    assert (
+        card_lines(twice)[0] == "You have already signed in today (2026-12-01). Come back tomorrow."
+    )
 
     clock.now += DAY  # the next day on the server's calendar
     next_day = await client.chat("steve", "签到")
-    assert _lines(next_day)[0] == "签到成功（2026-12-02）"
-    assert _lines(next_day)[-1] == "连续签到 2 天，本月签到 2 天"
+    assert card_lines(next_day)[0] == "签到成功（2026-12-02）"
+    assert card_lines(next_day)[-1] == "连续签到 2 天，本月签到 2 天"
     profile = await client.chat("steve", "/profile")
     assert profile.reply.module_id == "system:profile"
-    assert _lines(profile)[-1] == "连续签到 2 天，本月签到 2 天"
+    assert card_lines(profile)[-1] == "连续签到 2 天，本月签到 2 天"
     await client.close()
 
 
 async def test_typed_sign_in_words_never_sign_in_directly(chain: Chain) -> None:
     world = World(wall_clock=WallClock())
-    client = await _client(chain, world)
+    client = await chain.steve_and_alex(world)
     for player, text in (
         ("steve", "我要签到"),
         ("steve", "帮我签到"),
@@ -537,7 +524,7 @@ async def test_the_model_picks_the_reward_through_the_gateway(
 ) -> None:
     chain, fake = chain_with_model
     world = World(wall_clock=WallClock())
-    client = await _client(chain, world)
+    client = await chain.steve_and_alex(world)
     rewards = load_signin_rewards()
 
     fake.script(content='{"reward": "experience"}')
@@ -545,7 +532,7 @@ async def test_the_model_picks_the_reward_through_the_gateway(
     assert response.reply.result.status == SUCCEEDED, response.reply.result.failure
     assert world.call("steve", "minecraft:signin.status", {})["reward"] == "experience"
     assert world.inventory("steve")["minecraft:experience_bottle"] == 4
-    assert _lines(response)[1] == "奖励：经验瓶（minecraft:experience_bottle × 4）"
+    assert card_lines(response)[1] == "奖励：经验瓶（minecraft:experience_bottle × 4）"
     asked = json.loads(fake.completions[0].json["messages"][1]["content"])
     assert [r["id"] for r in asked["rewards"]] == [r.reward_id for r in rewards.rewards]
 
@@ -559,6 +546,6 @@ async def test_the_model_picks_the_reward_through_the_gateway(
     assert len(fake.completions) == 2
 
     again = await client.chat("steve", "/签到")  # signed already: no model call at all
-    assert _lines(again)[0] == "今天（2026-12-01）已经签到过了，明天再来吧。"
+    assert card_lines(again)[0] == "今天（2026-12-01）已经签到过了，明天再来吧。"
     assert len(fake.completions) == 2
     await client.close()
