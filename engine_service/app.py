@@ -13,6 +13,7 @@ from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventRunner, EventTasks
 from engine_service.knowledge_tools import StorageKnowledge
 from engine_service.models import ModelClient
+from engine_service.offers import StorageDocuments
 from engine_service.modules import SMALL_TALK, BuiltinServices, register_builtins
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.replica import JournalIncarnations, replica_identity
@@ -72,7 +73,11 @@ class EngineApp:
         self.models = ModelClient(config.model_target, channels)
         self.knowledge = StorageKnowledge(config.storage_target, channels)
         self.preferences = StoragePreferences(config.storage_target, channels)
-        registry = build_registry(config, BuiltinServices(self.knowledge, self.preferences))
+        self.documents = StorageDocuments(config.storage_target, channels)
+        registry = build_registry(
+            config,
+            BuiltinServices(self.knowledge, self.preferences, documents=self.documents),
+        )
         # Checked against the frozen registry; a bad file stops the start (ConfigError).
         self.advancements = AdvancementConfig(config.advancements_file, registry)
         self.engine = Engine(
@@ -131,6 +136,7 @@ class EngineApp:
         await self.models.aclose()
         await self.preferences.aclose()
         await self.knowledge.aclose()
+        await self.documents.aclose()
         await self.game_tools.aclose()
         await self.leases.aclose()
         await self.storage.aclose()

@@ -26,6 +26,9 @@ __all__ = [
     "ITEM_LOOKUP_LIMIT",
     "MAIL_PAGE_LIMIT",
     "SERVER_TOOL_NAMESPACE",
+    "SHOP_GAME_TOOLS",
+    "SHOP_MAX_COUNT",
+    "SHOP_PAGE_LIMIT",
     "SIGNIN_GAME_TOOLS",
     "SIGNIN_MAX_STACKS",
     "ToolHandler",
@@ -417,6 +420,238 @@ _MAIL_EXAMPLE = {
     "claimed": False,
 }
 
+SHOP_PAGE_LIMIT = 10
+"""Most listings one `minecraft:shop.list` page holds."""
+SHOP_MAX_COUNT = 64
+"""Most items one `minecraft:shop.buy` order buys (one stack)."""
+
+_MONEY = {"type": "integer", "minimum": 0, "description": "An amount in the server currency."}
+_CURRENCY = {**_NAMES, "description": "The server currency's name per language."}
+_SHOP_CATEGORY = {
+    "type": "string",
+    "pattern": "^[a-z0-9_]{1,32}$",
+    "description": "A browse category's id (materials, tools, ...).",
+}
+_LISTING = {
+    "type": "object",
+    "properties": {
+        "item": _ref("item"),
+        "price": {**_MONEY, "description": "Price of one, in the server currency."},
+        "stock": {"type": "integer", "minimum": 0, "description": "How many are left to sell."},
+        "category": _SHOP_CATEGORY,
+    },
+    "required": ["category", "item", "price", "stock"],
+}
+_LISTING_EXAMPLE = {
+    "item": {"id": "minecraft:diamond", "name": {"zh": "钻石", "en": "Diamond"}},
+    "price": 100,
+    "stock": 64,
+    "category": "materials",
+}
+_BUY_OUTCOMES = ["purchased", "insufficient_balance", "sold_out", "price_changed", "not_for_sale"]
+
+SHOP_GAME_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        tool_id="minecraft:shop.list",
+        description=(
+            "List the server shop's items for sale, one page at a time (page from 1, page_size "
+            f"1 to {SHOP_PAGE_LIMIT}, default 1 and 5), optionally only one category and only "
+            "items whose id or name (zh or en) contains the query. A page past the end is an "
+            "empty list. Also names the categories and the currency. Changes nothing."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "page": {"type": "integer", "minimum": 1, "description": "Page number, from 1."},
+                "page_size": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": SHOP_PAGE_LIMIT,
+                    "description": "Listings per page.",
+                },
+                "category": {**_SHOP_CATEGORY, "description": "Only this category."},
+                "query": {
+                    "type": "string",
+                    "maxLength": 64,
+                    "description": "Only items whose id or name contains this (empty: all).",
+                },
+            },
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "total": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "How many listings match in all.",
+                },
+                "page": {"type": "integer", "minimum": 1, "description": "This page's number."},
+                "page_size": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": SHOP_PAGE_LIMIT,
+                    "description": "Listings per page, as asked (or the default).",
+                },
+                "categories": {
+                    "type": "array",
+                    "description": "Every browse category, in display order.",
+                    "items": {
+                        "type": "object",
+                        "properties": {"id": _SHOP_CATEGORY, "name": _NAMES},
+                        "required": ["id", "name"],
+                    },
+                },
+                "currency": _CURRENCY,
+                "listings": {
+                    "type": "array",
+                    "maxItems": SHOP_PAGE_LIMIT,
+                    "description": "This page's listings, in the shop's order.",
+                    "items": _LISTING,
+                },
+            },
+            "required": ["categories", "currency", "listings", "page", "page_size", "total"],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={"page": 1, "page_size": 5, "category": "materials"},
+        example_output={
+            "total": 1,
+            "page": 1,
+            "page_size": 5,
+            "categories": [{"id": "materials", "name": {"zh": "材料", "en": "Materials"}}],
+            "currency": {"zh": "金币", "en": "coins"},
+            "listings": [_LISTING_EXAMPLE],
+        },
+    ),
+    ToolSpec(
+        tool_id="minecraft:shop.item",
+        description=(
+            "Read one listing of the server shop by item id: price, stock and category now. "
+            "An item not for sale answers found false, not an error. Changes nothing."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {"item": _ITEM_ID},
+            "required": ["item"],
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "found": {"type": "boolean", "description": "False when it is not for sale."},
+                "currency": _CURRENCY,
+                "listing": {**_LISTING, "description": "The listing; present when found."},
+            },
+            "required": ["currency", "found"],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={"item": "minecraft:diamond"},
+        example_output={
+            "found": True,
+            "currency": {"zh": "金币", "en": "coins"},
+            "listing": _LISTING_EXAMPLE,
+        },
+    ),
+    ToolSpec(
+        tool_id="minecraft:shop.buy",
+        description=(
+            "Buy from the server shop at the quoted unit price: when the price is still the "
+            "quoted one, the stock suffices and the balance covers the total, debit the "
+            "balance, take the stock and put the items into the inventory, in one step on the "
+            "game thread (together or not at all). Each order_id is decided once: a repeat "
+            "answers the first outcome again with replayed true and changes nothing. Only "
+            "purchased changes anything."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "order_id": {
+                    "type": "string",
+                    "pattern": "^[A-Za-z0-9_.-]{1,64}$",
+                    "description": "The order's id, chosen by the engine; the idempotency key.",
+                },
+                "item": _ITEM_ID,
+                "count": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": SHOP_MAX_COUNT,
+                    "description": "How many to buy.",
+                },
+                "unit_price": {**_MONEY, "description": "The price of one the buyer was quoted."},
+            },
+            "required": ["count", "item", "order_id", "unit_price"],
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "outcome": {
+                    "type": "string",
+                    "enum": _BUY_OUTCOMES,
+                    "description": "purchased (debited and delivered), or why nothing was done: "
+                    "insufficient_balance, sold_out (stock below count), price_changed (the "
+                    "price is not the quoted one), not_for_sale.",
+                },
+                "order_id": {"type": "string", "description": "The order id, as asked."},
+                "item": _ref("item"),
+                "count": {"type": "integer", "minimum": 1, "description": "How many, as asked."},
+                "unit_price": {**_MONEY, "description": "The price of one now."},
+                "total": {**_MONEY, "description": "unit_price times count."},
+                "stock": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Stock left after the order (now, for a refusal).",
+                },
+                "balance": {**_MONEY, "description": "The buyer's balance after the call."},
+                "replayed": {
+                    "type": "boolean",
+                    "description": "True when this order id was decided before: the first "
+                    "outcome, nothing done now.",
+                },
+            },
+            "required": [
+                "balance",
+                "count",
+                "item",
+                "order_id",
+                "outcome",
+                "replayed",
+                "stock",
+                "total",
+                "unit_price",
+            ],
+        },
+        read_only=False,
+        idempotent=True,
+        event_allowed=False,
+        kind=ToolKind.GAME,
+        example_input={
+            "order_id": "o-3f9a",
+            "item": "minecraft:diamond",
+            "count": 2,
+            "unit_price": 100,
+        },
+        example_output={
+            "outcome": "purchased",
+            "order_id": "o-3f9a",
+            "item": {"id": "minecraft:diamond", "name": {"zh": "钻石", "en": "Diamond"}},
+            "count": 2,
+            "unit_price": 100,
+            "total": 200,
+            "stock": 62,
+            "balance": 800,
+            "replayed": False,
+        },
+    ),
+)
+"""The server shop's game tools (system:shop, system:shop_buy, system:shop_confirm)."""
+
 BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         tool_id="minecraft:inventory.read",
@@ -727,6 +962,7 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
         example_input={"mail_id": "m5"},
         example_output={"outcome": "claimed", "items": _MAIL_EXAMPLE["attachment"]},
     ),
+    *SHOP_GAME_TOOLS,
 )
 """Game tools the gateway protocol documents for every game server; their declarations are
 known to the engine without any server connected. A game server may offer more."""

@@ -45,6 +45,13 @@ class AgentFailure(enum.Enum):
     WRITE_NOT_ALLOWED = "system.error.write_not_allowed"
     TOOL_OUTPUT_INVALID = "system.error.tool_output_invalid"
     """A game tool answered with output that breaks its output schema (docs/game-tools.md)."""
+    STALE_CARD = "system.error.stale_card"
+    """A button of a card that is no longer current (replaced by a newer version, expired,
+    or already used)."""
+    INSUFFICIENT_BALANCE = "system.error.insufficient_balance"
+    SOLD_OUT = "system.error.sold_out"
+    PRICE_CHANGED = "system.error.price_changed"
+    """The price is no longer the quoted one; nothing was charged."""
 
     @classmethod
     def from_key(cls, key: str) -> AgentFailure:
@@ -88,6 +95,13 @@ FAILURE_TEXTS: dict[AgentFailure, dict[str, str]] = {
         "zh": "游戏服务器返回的数据格式不正确。",
         "en": "The game server answered with malformed data.",
     },
+    AgentFailure.STALE_CARD: {
+        "zh": "这张卡片已失效，请重新打开。",
+        "en": "This card is no longer valid; open it again.",
+    },
+    AgentFailure.INSUFFICIENT_BALANCE: {"zh": "余额不足。", "en": "Not enough money."},
+    AgentFailure.SOLD_OUT: {"zh": "库存不足。", "en": "Not enough in stock."},
+    AgentFailure.PRICE_CHANGED: {"zh": "价格已变动。", "en": "The price has changed."},
 }
 """What each failure key means, per language (`zh`, `en`): the text a client shows for a
 failure key it has no translation of its own for."""

@@ -58,6 +58,8 @@ class Chain:
     _clients: list[GameServerClient] = dataclasses.field(default_factory=list)
     _channels: list[grpc.aio.Channel] = dataclasses.field(default_factory=list)
     _stopped: set[str] = dataclasses.field(default_factory=set)
+    _restart: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Per service, how to start it again on its port (`restart`)."""
 
     def target(self, name: str) -> str:
         return self.apps[name].host.target
@@ -150,6 +152,17 @@ class Chain:
         await app.host.stop()
         await app.aclose()
 
+    async def restart(self, name: str) -> None:
+        """Stops a service (if it runs) and starts a new one on the same port with the same
+        settings: a crashed process come back. Storage keeps its database file."""
+        port = int(self.target(name).rpartition(":")[2])
+        await self.stop(name)
+        create, config = self._restart[name]
+        app = await create(dataclasses.replace(config, port=port))
+        await app.host.start()
+        self.apps[name] = app
+        self._stopped.discard(name)
+
     async def _close(self) -> None:
         for client in reversed(self._clients):
             with contextlib.suppress(Exception):
@@ -192,26 +205,26 @@ async def running_chain(
         }
 
     try:
-        storage = await create_storage(
-            StorageConfig(
-                **_HOST, **auth("storage"), database_url=f"sqlite:///{tmp_path / 'storage.db'}"
-            )
+        storage_config = StorageConfig(
+            **_HOST, **auth("storage"), database_url=f"sqlite:///{tmp_path / 'storage.db'}"
         )
+        chain._restart["storage"] = (create_storage, storage_config)
+        storage = await create_storage(storage_config)
         apps["storage"] = storage
         await storage.host.start()
 
         # The engine must know the gateway's address before the gateway starts (game tools go
         # engine -> gateway); channels connect lazily, so a port chosen up front is enough.
         relay_port = free_port()
-        engine = await create_engine(
-            EngineConfig(
-                **_HOST,
-                **auth("engine"),
-                **(engine_settings or {}),
-                storage_target=storage.host.target,
-                gateway_target=f"127.0.0.1:{relay_port}",
-            )
+        engine_config = EngineConfig(
+            **_HOST,
+            **auth("engine"),
+            **(engine_settings or {}),
+            storage_target=storage.host.target,
+            gateway_target=f"127.0.0.1:{relay_port}",
         )
+        chain._restart["engine"] = (create_engine, engine_config)
+        engine = await create_engine(engine_config)
         apps["engine"] = engine
         await engine.host.start()
 

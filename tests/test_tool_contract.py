@@ -174,6 +174,9 @@ def test_a_required_tool_not_offered_is_a_problem(
         "minecraft:mail.list",
         "minecraft:mail.read",
         "minecraft:player.profile",
+        "minecraft:shop.buy",
+        "minecraft:shop.item",
+        "minecraft:shop.list",
         "minecraft:signin.claim",
         "minecraft:signin.status",
     ]
@@ -184,6 +187,9 @@ def test_a_required_tool_not_offered_is_a_problem(
         "system:item",
         "system:mail_claim",
         "system:profile",
+        "system:shop",
+        "system:shop_buy",
+        "system:shop_confirm",
         "system:signin",
     )
 

@@ -52,9 +52,10 @@ class Item:
     """Blocks (ids in BLOCKS or ITEMS) that drop it when broken."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class ShopListing:
-    """An item the server shop sells. The shop module (not built yet) reads these too."""
+    """An item the server shop sells. `SHOP` holds the opening listings; each world's shop
+    (shop.py) sells from its own copies, whose stock and price change."""
 
     item_id: str
     price: int

@@ -1,0 +1,658 @@
+"""The server shop (商城): browse, search and item detail (`system:shop`), a quote
+(`system:shop_buy`), and buying by confirming the quote (`system:shop_confirm`).
+
+`system:shop` only reads (`minecraft:shop.list`, `minecraft:shop.item`), so local routing may
+pick it: `/shop` lists the first page with a button per category, `/shop 钻石` searches names
+(zh and en) and ids and opens the detail when one item matches.
+
+`system:shop_buy` (`/buy <item> [count]`, the Buy buttons of a detail card, or the model's
+routing; never a local match or the cache) makes a quote: price, total, balance after and
+stock, kept as the player's current shop offer (engine_service/offers.py). Its card has id
+`system:shop.quote` and the offer's version: a newer quote replaces it on screen and makes
+it stale. When the balance or the stock cannot cover it, the quote shows the price and why,
+without a confirm button.
+
+`system:shop_confirm` has no command and no routing profile: only a structured press of the
+quote card's confirm button (marked `press_only`) reaches it, and it refuses any other source.
+It takes the offer and places the order in one storage transaction, then buys on the game
+server with the order id as the idempotency key (`minecraft:shop.buy`: debit, stock and
+delivery together on the game thread), then settles the order. Pressing confirm twice, or
+again after a crash, charges once: the second press finds the order and shows its receipt, or
+finishes an order left placed (the game server answers a known order id with its first
+outcome).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+from system.common.v1 import catalog_pb2, common_pb2
+from system.engine.v1 import engine_pb2
+
+from engine_service.modules.buttons import invoke
+from engine_service.modules.profile import PLAYER_PROFILE
+from engine_service.modules.text import pick
+from engine_service.offers import OFFER_MAKE, OFFER_TAKE, ORDER_SETTLE
+from engine_service.registry import (
+    CommandSpec,
+    ExecutionPolicy,
+    ModuleContext,
+    ModuleSpec,
+    SemanticSpec,
+)
+from engine_service.tools import SHOP_MAX_COUNT
+from services.results import AgentFailure, ModuleFailure, card, failed, succeeded
+
+__all__ = [
+    "BOOK",
+    "PAGE_SIZE",
+    "QUOTE_CARD",
+    "SHOP_BUY",
+    "SHOP_ITEM",
+    "SHOP_LIST",
+    "ShopBuyModule",
+    "ShopConfirmModule",
+    "ShopModule",
+]
+
+SHOP_LIST = "minecraft:shop.list"
+SHOP_ITEM = "minecraft:shop.item"
+SHOP_BUY = "minecraft:shop.buy"
+SHOP = "system:shop"
+BUY = "system:shop_buy"
+CONFIRM = "system:shop_confirm"
+BOOK = "system:shop"
+"""The offers book of the shop: one current quote per player."""
+QUOTE_CARD = "system:shop.quote"
+"""Card id of the quote: each new quote is a newer version of it."""
+PAGE_SIZE = 5
+MAX_PAGE = 1000
+BULK = 16
+"""The detail card's second Buy button buys this many."""
+_TRAILING_COUNT = re.compile(
+    r"^(?P<item>.*?)\s*(?:[x×*]\s*)?(?P<count>\d{1,3})\s*(?:个|块|把|件|组)?$"
+)
+
+_ITEM_TEXT = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    "description": "An item id (minecraft:diamond) or name (钻石, diamond).",
+}
+
+_SHOP_TITLE = {"zh": "商城", "en": "Shop"}
+_PAGED = {"zh": "{title}（第 {page}/{pages} 页）", "en": "{title} (page {page} of {pages})"}
+_SEARCH_TITLE = {"zh": "商城搜索：{query}", "en": "Shop search: {query}"}
+_ENTRY = {
+    "zh": "{n}. {name} — {price} {currency}（库存 {stock}）",
+    "en": "{n}. {name} — {price} {currency} ({stock} in stock)",
+}
+_EMPTY = {"zh": "没有符合的商品。", "en": "Nothing for sale matches."}
+_NO_PAGE = {
+    "zh": "没有第 {page} 页（共 {pages} 页）。",
+    "en": "There is no page {page} (there are {pages}).",
+}
+_PREVIOUS = {"zh": "上一页", "en": "Previous page"}
+_NEXT = {"zh": "下一页", "en": "Next page"}
+_ALL = {"zh": "全部商品", "en": "All items"}
+_BACK = {"zh": "返回商城", "en": "Back to the shop"}
+
+_ID = {"zh": "物品 ID：{id}", "en": "Item id: {id}"}
+_PRICE = {"zh": "单价：{price} {currency}", "en": "Price: {price} {currency} each"}
+_STOCK = {"zh": "库存：{stock}", "en": "In stock: {stock}"}
+_BUY_N = {"zh": "购买 {count} 个", "en": "Buy {count}"}
+_ITEM_INFO = {"zh": "物品来源", "en": "Where it comes from"}
+_NOT_SOLD_TITLE = {"zh": "商城没有这件商品", "en": "Not for sale"}
+_NOT_SOLD = {
+    "zh": "商城没有出售“{query}”。输入 /shop 查看全部商品。",
+    "en": "The shop does not sell “{query}”. Type /shop to see everything for sale.",
+}
+_CANDIDATES_TITLE = {"zh": "你想买哪一件？", "en": "Which one do you want to buy?"}
+
+_QUOTE_TITLE = {"zh": "确认购买", "en": "Confirm purchase"}
+_QUOTE_ITEM = {"zh": "{name} × {count}", "en": "{name} × {count}"}
+_QUOTE_TOTAL = {
+    "zh": "单价 {price}，合计 {total} {currency}",
+    "en": "{price} each, {total} {currency} in all",
+}
+_QUOTE_BALANCE = {
+    "zh": "余额 {balance}，购买后 {after} {currency}",
+    "en": "Balance {balance}, {after} {currency} after buying",
+}
+_QUOTE_VALID = {
+    "zh": "报价 {minutes} 分钟内有效；请按“确认购买”按钮。",
+    "en": "This quote holds for {minutes} minutes; press “Confirm purchase”.",
+}
+_CONFIRM = {"zh": "确认购买", "en": "Confirm purchase"}
+_CANNOT = {"zh": "无法购买：{reason}", "en": "You cannot buy this: {reason}"}
+
+_DONE_TITLE = {"zh": "购买成功", "en": "Purchase complete"}
+_PAID = {
+    "zh": "已支付 {total} {currency}，余额 {balance}",
+    "en": "Paid {total} {currency}; balance {balance}",
+}
+_DELIVERED = {"zh": "物品已放入背包。", "en": "The items are in your inventory."}
+_ORDER = {"zh": "订单号：{order}", "en": "Order: {order}"}
+_REPLAYED = {
+    "zh": "这笔订单之前已经完成，这次没有再扣款。",
+    "en": "This order was completed before; you were not charged again.",
+}
+_INSUFFICIENT_TITLE = {"zh": "余额不足", "en": "Not enough money"}
+_INSUFFICIENT = {
+    "zh": "需要 {total} {currency}，你的余额是 {balance}。没有扣款。",
+    "en": "It costs {total} {currency} and your balance is {balance}. Nothing was charged.",
+}
+_SOLD_OUT_TITLE = {"zh": "库存不足", "en": "Sold out"}
+_SOLD_OUT = {
+    "zh": "{name} 只剩 {stock} 个，不够 {count} 个。没有扣款。",
+    "en": "Only {stock} {name} left, fewer than {count}. Nothing was charged.",
+}
+_PRICE_CHANGED_TITLE = {"zh": "价格已变动", "en": "The price changed"}
+_PRICE_CHANGED = {
+    "zh": "{name} 的单价已从 {quoted} 变为 {price} {currency}。没有扣款；可按新价格重新报价。",
+    "en": "{name} now costs {price} {currency} each, not {quoted}. Nothing was charged; ask "
+    "for a new quote at the new price.",
+}
+_REQUOTE = {"zh": "按新价格报价", "en": "Quote at the new price"}
+_NOT_FOR_SALE = {
+    "zh": "{name} 已经下架。没有扣款。",
+    "en": "{name} is no longer for sale. Nothing was charged.",
+}
+_STALE_TITLE = {"zh": "报价已失效", "en": "This quote is no longer valid"}
+_STALE = {
+    "zh": "这张报价已被更新的报价取代或已作废。没有扣款；请重新报价。",
+    "en": "A newer quote replaced this one, or it was withdrawn. Nothing was charged; ask "
+    "for a new quote.",
+}
+_EXPIRED = {
+    "zh": "这张报价已超过有效期。没有扣款；请重新报价。",
+    "en": "This quote has expired. Nothing was charged; ask for a new quote.",
+}
+_UNKNOWN_TITLE = {"zh": "结果未知", "en": "Outcome unknown"}
+_UNKNOWN = {
+    "zh": "订单 {order} 已记录，但游戏服务器没有确认是否完成（{reason}）。再按一次“确认购买”"
+    "即可查明并完成，不会重复扣款。",
+    "en": "Order {order} is recorded, but the game server did not confirm it ({reason}). Press "
+    "“Confirm purchase” again to find out and finish it; you will not be charged twice.",
+}
+_BUTTON_ONLY = {
+    "zh": "确认购买只能通过报价卡片上的按钮进行。",
+    "en": "A purchase is confirmed only with the button on its quote card.",
+}
+
+
+def _listing_line(n: int, listing: dict[str, Any], currency: dict[str, str], language: str) -> str:
+    return pick(
+        _ENTRY,
+        language,
+        n=n,
+        name=pick(listing["item"]["name"], language),
+        price=listing["price"],
+        currency=pick(currency, language),
+        stock=listing["stock"],
+    )
+
+
+class ShopModule:
+    """Browses the shop by page and category, searches it, and shows one item."""
+
+    spec = ModuleSpec(
+        module_id=SHOP,
+        description={
+            "zh": "逛商城：按分类和页浏览商品、按名称搜索、查看商品详情（价格与库存）；购买在"
+            "详情卡片上报价后确认。",
+            "en": "The server shop: browse by category and page, search by name, see an item's "
+            "price and stock; buy from its card (quote, then confirm).",
+        },
+        input_schema={
+            "type": "object",
+            "properties": {
+                "page": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_PAGE,
+                    "description": "Page of the list, from 1.",
+                },
+                "category": {
+                    "type": "string",
+                    "pattern": "^[a-z0-9_]{1,32}$",
+                    "description": "Only this category (materials, tools, food, misc).",
+                },
+                "query": {**_ITEM_TEXT, "description": "Search item names and ids."},
+                "item": {**_ITEM_TEXT, "description": "Show this item's listing (an id)."},
+            },
+            "additionalProperties": False,
+        },
+        commands=(CommandSpec(("shop", "store", "商城", "商店"), argument="query"),),
+        routing_mode=catalog_pb2.ROUTING_MODE_READ,
+        semantic=SemanticSpec(
+            examples={
+                "zh": (
+                    "打开商店",
+                    "逛逛系统商铺",
+                    "查看商城",
+                    "商店里卖什么",
+                    "显示商品列表",
+                    "看看商店有什么",
+                    "浏览商城",
+                    "商店价格表",
+                    "查看商品价格",
+                    "商城有哪些商品",
+                ),
+                "en": (
+                    "open the shop",
+                    "browse the store",
+                    "show the market",
+                    "what does the shop sell",
+                    "list shop items",
+                    "show shop prices",
+                    "what's for sale",
+                    "view the item shop",
+                ),
+            },
+            choice_label="system.shop.choice",
+        ),
+        tools=(SHOP_LIST, SHOP_ITEM),
+        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=2, steps=2, seconds=10.0),
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        if "item" in data:
+            item = str(data["item"]).strip()
+            found = await ctx.tool(SHOP_ITEM, {"item": item})
+            if not found["found"]:
+                return _not_sold(item, language)
+            return succeeded(_detail_card(found["listing"], found["currency"], language))
+        query = str(data.get("query", "")).strip()
+        request: dict[str, Any] = {"page": int(data.get("page", 1)), "page_size": PAGE_SIZE}
+        if data.get("category"):
+            request["category"] = data["category"]
+        if query:
+            request["query"] = query
+        listed = await ctx.tool(SHOP_LIST, request)
+        if query and listed["total"] == 1 and listed["listings"]:
+            return succeeded(_detail_card(listed["listings"][0], listed["currency"], language))
+        if query and not listed["total"]:
+            return _not_sold(query, language)
+        return succeeded(_list_card(listed, request, language))
+
+
+def _not_sold(query: str, language: str) -> common_pb2.AgentResult:
+    result = failed(
+        AgentFailure.NOT_FOUND,
+        pick(_NOT_SOLD, language, query=query),
+        title=pick(_NOT_SOLD_TITLE, language),
+    )
+    result.card.buttons.append(invoke(SHOP, pick(_BACK, language), {}))
+    return result
+
+
+def _list_card(listed: dict[str, Any], request: dict[str, Any], language: str) -> common_pb2.Card:
+    total, page, size = listed["total"], listed["page"], listed["page_size"]
+    pages = max((total + size - 1) // size, 1)
+    names = {c["id"]: pick(c["name"], language) for c in listed["categories"]}
+    if "query" in request:
+        title = pick(_SEARCH_TITLE, language, query=request["query"])
+    elif "category" in request:
+        title = (
+            f"{pick(_SHOP_TITLE, language)} · {names.get(request['category'], request['category'])}"
+        )
+    else:
+        title = pick(_SHOP_TITLE, language)
+    if pages > 1 or page > 1:
+        title = pick(_PAGED, language, title=title, page=page, pages=pages)
+    lines: list[str | tuple[str, str]] = []
+    buttons = []
+    for n, listing in enumerate(listed["listings"], 1):
+        item_id = listing["item"]["id"]
+        lines.append((_listing_line(n, listing, listed["currency"], language), f"/shop {item_id}"))
+        buttons.append(invoke(SHOP, pick(listing["item"]["name"], language), {"item": item_id}))
+    if not listed["listings"]:
+        lines.append(
+            pick(_NO_PAGE, language, page=page, pages=pages) if total else pick(_EMPTY, language)
+        )
+    keep = {k: v for k, v in request.items() if k in ("category", "query")}
+    if 1 < page <= pages:
+        buttons.append(invoke(SHOP, pick(_PREVIOUS, language), {**keep, "page": page - 1}))
+    if page < pages:
+        buttons.append(invoke(SHOP, pick(_NEXT, language), {**keep, "page": page + 1}))
+    if not keep:  # the front page offers the categories
+        buttons += [invoke(SHOP, name, {"category": key}) for key, name in names.items()]
+    else:
+        buttons.append(invoke(SHOP, pick(_ALL, language), {}))
+    return card(SHOP, title, lines, buttons)
+
+
+def _detail_card(
+    listing: dict[str, Any], currency: dict[str, str], language: str
+) -> common_pb2.Card:
+    item = listing["item"]
+    lines: list[str | tuple[str, str]] = [
+        (pick(_ID, language, id=item["id"]), f"/item {item['id']}"),
+        pick(_PRICE, language, price=listing["price"], currency=pick(currency, language)),
+        pick(_STOCK, language, stock=listing["stock"]),
+    ]
+    buttons = []
+    for count in (1, BULK):
+        if listing["stock"] >= count:
+            buttons.append(
+                invoke(
+                    BUY, pick(_BUY_N, language, count=count), {"item": item["id"], "count": count}
+                )
+            )
+    buttons.append(invoke("system:item", pick(_ITEM_INFO, language), {"item_id": item["id"]}))
+    buttons.append(invoke(SHOP, pick(_BACK, language), {}))
+    return card(SHOP, pick(item["name"], language), lines, buttons)
+
+
+def _split_count(text: str) -> tuple[str, int | None]:
+    """`钻石 3` / `diamond x3` / `面包 10 个` → (item text, count); no trailing number: None."""
+    match = _TRAILING_COUNT.match(text.strip())
+    if match and match["item"].strip():
+        return match["item"].strip(), int(match["count"])
+    return text.strip(), None
+
+
+class ShopBuyModule:
+    """Quotes a purchase: the confirmation card of the player's current shop offer."""
+
+    spec = ModuleSpec(
+        module_id=BUY,
+        description={
+            "zh": "购买商城商品：先给出报价（单价、合计、购买后余额、库存），玩家在报价卡片上按"
+            "“确认购买”后才扣款发货。",
+            "en": "Buy from the shop: first a quote (price, total, balance after, stock); "
+            "nothing is charged until the player presses Confirm on the quote card.",
+        },
+        input_schema={
+            "type": "object",
+            "properties": {
+                "item": {
+                    **_ITEM_TEXT,
+                    "description": "The item (id or name), optionally "
+                    "followed by a count (钻石 3).",
+                },
+                "count": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": SHOP_MAX_COUNT,
+                    "description": "How many to buy (default 1).",
+                },
+            },
+            "required": ["item"],
+            "additionalProperties": False,
+        },
+        commands=(CommandSpec(("buy", "购买"), argument="item", argument_required=True),),
+        routing_mode=catalog_pb2.ROUTING_MODE_HINTS,
+        semantic=SemanticSpec(
+            examples={
+                "zh": (
+                    "购买钻石",
+                    "买 10 个面包",
+                    "在商店购买",
+                    "我要买这个",
+                    "从商城买一把剑",
+                    "下单购买",
+                    "购买一组火把",
+                    "我想买一个信标",
+                ),
+                "en": (
+                    "buy a diamond sword",
+                    "purchase 10 bread",
+                    "buy from the shop",
+                    "I want to buy this",
+                    "order an item from the store",
+                    "purchase it",
+                    "buy 5 torches",
+                    "I'd like to purchase a beacon",
+                ),
+            }
+        ),
+        tools=(SHOP_LIST, SHOP_ITEM, PLAYER_PROFILE, OFFER_MAKE),
+        policy=ExecutionPolicy(
+            rounds=1, model_calls=0, tool_calls=4, steps=4, seconds=15.0, write_steps=1
+        ),
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        text, count = _split_count(str(data["item"]))
+        count = int(data.get("count", count or 1))
+        if not 1 <= count <= SHOP_MAX_COUNT:
+            raise ModuleFailure(
+                AgentFailure.INVALID_INPUT, f"buy 1 to {SHOP_MAX_COUNT} at a time, not {count}"
+            )
+        listing, currency, candidates = await self._find(ctx, text)
+        if listing is None:
+            if not candidates:
+                return _not_sold(text, language)
+            lines: list[str | tuple[str, str]] = []
+            buttons = []
+            for n, candidate in enumerate(candidates, 1):
+                lines.append(_listing_line(n, candidate, currency, language))
+                buttons.append(
+                    invoke(
+                        BUY,
+                        pick(candidate["item"]["name"], language),
+                        {"item": candidate["item"]["id"], "count": count},
+                    )
+                )
+            return succeeded(card(BUY, pick(_CANDIDATES_TITLE, language), lines, buttons))
+        profile = await ctx.tool(PLAYER_PROFILE, {})
+        return succeeded(await self._quote(ctx, listing, currency, count, profile["balance"]))
+
+    @staticmethod
+    async def _find(
+        ctx: ModuleContext, text: str
+    ) -> tuple[dict[str, Any] | None, dict[str, str], list[dict[str, Any]]]:
+        """The listing `text` names (an id, or a whole name or id path), or the candidates."""
+        if ":" in text:
+            found = await ctx.tool(SHOP_ITEM, {"item": text})
+            return (found.get("listing"), found["currency"], [])
+        listed = await ctx.tool(SHOP_LIST, {"query": text, "page_size": 10})
+        folded = text.casefold()
+        exact = [
+            listing
+            for listing in listed["listings"]
+            if folded
+            in (
+                listing["item"]["id"].partition(":")[2],
+                *(n.casefold() for n in listing["item"]["name"].values()),
+            )
+        ]
+        if len(exact) == 1:
+            return exact[0], listed["currency"], []
+        if len(listed["listings"]) == 1:
+            return listed["listings"][0], listed["currency"], []
+        return None, listed["currency"], listed["listings"]
+
+    @staticmethod
+    async def _quote(
+        ctx: ModuleContext,
+        listing: dict[str, Any],
+        currency: dict[str, str],
+        count: int,
+        balance: int,
+    ) -> common_pb2.Card:
+        language = ctx.player.language
+        item, price = listing["item"], listing["price"]
+        total = price * count
+        name = pick(item["name"], language)
+        money = pick(currency, language)
+        lines: list[str | tuple[str, str]] = [
+            pick(_QUOTE_ITEM, language, name=name, count=count),
+            pick(_QUOTE_TOTAL, language, price=price, total=total, currency=money),
+            pick(_QUOTE_BALANCE, language, balance=balance, after=balance - total, currency=money),
+            pick(_STOCK, language, stock=listing["stock"]),
+        ]
+        back = invoke(SHOP, pick(_BACK, language), {})
+        # The seed's prepared cost: the price is always shown; a refusal is optional.
+        if listing["stock"] < count:
+            reason = pick(_SOLD_OUT, language, name=name, stock=listing["stock"], count=count)
+        elif balance < total:
+            reason = pick(_INSUFFICIENT, language, total=total, currency=money, balance=balance)
+        else:
+            reason = ""
+        if reason:
+            lines.append(pick(_CANNOT, language, reason=reason))
+            return card(BUY, pick(_QUOTE_TITLE, language), lines, [back])
+        offer = await ctx.tool(
+            OFFER_MAKE,
+            {
+                "book": BOOK,
+                "terms": {
+                    "item": item["id"],
+                    "name": item["name"],
+                    "count": count,
+                    "unit_price": price,
+                    "total": total,
+                    "currency": currency,
+                },
+            },
+        )
+        lines.append(pick(_QUOTE_VALID, language, minutes=5))
+        confirm = invoke(
+            CONFIRM,
+            pick(_CONFIRM, language),
+            {"offer_id": offer["offer_id"], "version": offer["version"]},
+            press_only=True,
+        )
+        quote = card(BUY, pick(_QUOTE_TITLE, language), lines, [confirm, back])
+        quote.ref.card_id = QUOTE_CARD
+        quote.ref.version = offer["version"]
+        return quote
+
+
+class ShopConfirmModule:
+    """Confirms the quote: places the order, buys on the game server, settles the order."""
+
+    spec = ModuleSpec(
+        module_id=CONFIRM,
+        description={
+            "zh": "确认购买（仅限报价卡片上的“确认购买”按钮）：扣款、发货并记录订单，同一报价"
+            "只扣一次款。",
+            "en": "Confirm a purchase (only the Confirm button of a quote card): charge, deliver "
+            "and record the order; one quote is charged at most once.",
+        },
+        input_schema={
+            "type": "object",
+            "properties": {
+                "offer_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                "version": {"type": "integer", "minimum": 1},
+            },
+            "required": ["offer_id", "version"],
+            "additionalProperties": False,
+        },
+        routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
+        tools=(OFFER_TAKE, SHOP_BUY, ORDER_SETTLE),
+        policy=ExecutionPolicy(
+            rounds=1, model_calls=0, tool_calls=3, steps=3, seconds=20.0, write_steps=3
+        ),
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        if ctx.source != engine_pb2.ROUTE_SOURCE_BUTTON:
+            return failed(AgentFailure.WRITE_NOT_ALLOWED, pick(_BUTTON_ONLY, language))
+        taken = await ctx.tool(
+            OFFER_TAKE, {"book": BOOK, "offer_id": data["offer_id"], "version": data["version"]}
+        )
+        back = invoke(SHOP, pick(_BACK, language), {})
+        if taken["outcome"] in ("stale", "expired"):
+            message = _STALE if taken["outcome"] == "stale" else _EXPIRED
+            result = failed(
+                AgentFailure.STALE_CARD, pick(message, language), title=pick(_STALE_TITLE, language)
+            )
+            result.card.buttons.append(back)
+            return result
+        order = taken["order"]
+        if order["state"] != "placed":  # settled before: its receipt, nothing done now
+            return _outcome_result(order["outcome"], order["terms"], language, replayed=True)
+        terms = order["terms"]
+        try:
+            bought = await ctx.tool(
+                SHOP_BUY,
+                {
+                    "order_id": order["order_id"],
+                    "item": terms["item"],
+                    "count": terms["count"],
+                    "unit_price": terms["unit_price"],
+                },
+            )
+        except ModuleFailure as failure:
+            # The order stays placed: the next press of this card asks the game server again
+            # under the same order id, which applies it at most once.
+            result = failed(
+                AgentFailure.EFFECT_UNKNOWN,
+                pick(_UNKNOWN, language, order=order["order_id"], reason=failure.message),
+                title=pick(_UNKNOWN_TITLE, language),
+            )
+            return result
+        state = "completed" if bought["outcome"] == "purchased" else "rejected"
+        # Should settling fail, the game server applied it all the same: the next press of
+        # the card settles the order (the game server answers the known order id again).
+        with contextlib.suppress(ModuleFailure):
+            await ctx.tool(
+                ORDER_SETTLE,
+                {"book": BOOK, "order_id": order["order_id"], "state": state, "outcome": bought},
+            )
+        return _outcome_result(bought, terms, language, replayed=bought["replayed"])
+
+
+def _outcome_result(
+    bought: dict[str, Any], terms: dict[str, Any], language: str, *, replayed: bool
+) -> common_pb2.AgentResult:
+    """The card of a buy outcome: the receipt, or the failure card of a refusal."""
+    money = pick(terms["currency"], language)
+    name = pick(terms["name"], language)
+    back = invoke(SHOP, pick(_BACK, language), {})
+    outcome = bought["outcome"]
+    if outcome == "purchased":
+        lines = [
+            pick(_QUOTE_ITEM, language, name=name, count=bought["count"]),
+            pick(_PAID, language, total=bought["total"], currency=money, balance=bought["balance"]),
+            pick(_DELIVERED, language),
+            pick(_ORDER, language, order=bought["order_id"]),
+        ]
+        if replayed:
+            lines.append(pick(_REPLAYED, language))
+        return succeeded(card(CONFIRM, pick(_DONE_TITLE, language), lines, [back]))
+    requote = invoke(
+        BUY, pick(_REQUOTE, language), {"item": terms["item"], "count": terms["count"]}
+    )
+    if outcome == "insufficient_balance":
+        key, title = AgentFailure.INSUFFICIENT_BALANCE, _INSUFFICIENT_TITLE
+        message = pick(
+            _INSUFFICIENT,
+            language,
+            total=bought["total"],
+            currency=money,
+            balance=bought["balance"],
+        )
+        buttons = [back]
+    elif outcome == "sold_out":
+        key, title = AgentFailure.SOLD_OUT, _SOLD_OUT_TITLE
+        message = pick(_SOLD_OUT, language, name=name, stock=bought["stock"], count=bought["count"])
+        buttons = [back]
+    elif outcome == "price_changed":
+        key, title = AgentFailure.PRICE_CHANGED, _PRICE_CHANGED_TITLE
+        message = pick(
+            _PRICE_CHANGED,
+            language,
+            name=name,
+            quoted=terms["unit_price"],
+            price=bought["unit_price"],
+            currency=money,
+        )
+        buttons = [requote, back]
+    else:  # not_for_sale
+        key, title = AgentFailure.NOT_FOUND, _NOT_SOLD_TITLE
+        message = pick(_NOT_FOR_SALE, language, name=name)
+        buttons = [back]
+    result = failed(key, message, title=pick(title, language))
+    result.card.template = CONFIRM
+    result.card.buttons.extend(buttons)
+    return result

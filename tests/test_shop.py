@@ -1,0 +1,457 @@
+"""The server shop (商城): the game tools `minecraft:shop.list`, `minecraft:shop.item` and
+`minecraft:shop.buy` in the simulated world; the modules `system:shop` (browse, search,
+detail; read-only, routed locally), `system:shop_buy` (the quote) and `system:shop_confirm`
+(the purchase, a structured press of the quote card's confirm button only); and the purchase
+end to end through the gateway in Chinese and English: confirm pressed twice charges once, a
+newer quote makes the older stale, insufficient balance, sold out and a changed price each
+answer with their own failure card, and a purchase interrupted by restarting the engine or the
+storage service is applied once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from system.common.v1 import catalog_pb2, common_pb2
+from system.gateway.v1 import gateway_pb2
+
+from engine_service.app import build_registry
+from engine_service.config import EngineConfig
+from engine_service.modules.shop import QUOTE_CARD, _split_count
+from engine_service.schema import violation
+from engine_service.tools import BUILTIN_GAME_TOOLS, SHOP_PAGE_LIMIT
+from services.gamesim import shop
+from services.gamesim.client import GameServerClient
+from services.gamesim.world import STARTING_BALANCE, World
+from tests.inprocess import Chain, card_lines, running_chain
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+FAILED = common_pb2.RESULT_STATUS_FAILED
+TOOLS = {spec.tool_id: spec for spec in BUILTIN_GAME_TOOLS}
+LIST, ITEM, BUY = "minecraft:shop.list", "minecraft:shop.item", "minecraft:shop.buy"
+
+
+def _call(world: World, tool: str, data: dict[str, Any], player: str = "steve") -> Any:
+    """Runs a tool and checks its answer against the catalogue's output schema."""
+    answer = world.call(player, tool, data)
+    found = violation(TOOLS[tool].output_schema, answer)
+    assert found is None, (tool, data, found and found.text())
+    return answer
+
+
+# -- the simulated world -----------------------------------------------------------------------
+
+
+def test_the_shop_lists_by_page_category_and_name_in_both_languages() -> None:
+    world = World()
+    first = _call(world, LIST, {})
+    assert (first["total"], first["page"], first["page_size"]) == (16, 1, 5)
+    assert [c["id"] for c in first["categories"]] == ["materials", "tools", "food", "misc"]
+    assert first["listings"][0] == {
+        "item": {"id": "minecraft:diamond", "name": {"zh": "钻石", "en": "Diamond"}},
+        "price": 100,
+        "stock": 64,
+        "category": "materials",
+    }
+    food = _call(world, LIST, {"category": "food", "page_size": 10})
+    assert [entry["item"]["id"] for entry in food["listings"]] == [
+        "minecraft:bread",
+        "minecraft:apple",
+        "minecraft:cooked_beef",
+        "minecraft:golden_apple",
+    ]
+    for query in ("钻石", "diamond", "DIAMOND", "minecraft:diamond"):
+        names = [e["item"]["id"] for e in _call(world, LIST, {"query": query})["listings"]]
+        assert "minecraft:diamond" in names, query
+    assert _call(world, LIST, {"query": "剑"})["listings"][0]["item"]["id"] == (
+        "minecraft:diamond_sword"
+    )
+    assert _call(world, LIST, {"query": "nothing like it"})["total"] == 0
+    assert _call(world, LIST, {"page": 9})["listings"] == []
+    assert _call(world, ITEM, {"item": "minecraft:bow"})["listing"]["price"] == 30
+    assert _call(world, ITEM, {"item": "minecraft:dirt"}) == {
+        "found": False,
+        "currency": {"zh": "金币", "en": "coins"},
+    }
+    assert shop.PAGE_LIMIT == SHOP_PAGE_LIMIT
+
+
+def test_a_purchase_debits_takes_stock_and_delivers_together_once_per_order() -> None:
+    world = World()
+    order = {"order_id": "o1", "item": "minecraft:diamond", "count": 3, "unit_price": 100}
+    bought = _call(world, BUY, order)
+    assert (bought["outcome"], bought["total"], bought["balance"], bought["stock"]) == (
+        "purchased",
+        300,
+        STARTING_BALANCE - 300,
+        61,
+    )
+    assert bought["replayed"] is False
+    assert world.inventory("steve")["minecraft:diamond"] == 3
+    again = _call(world, BUY, order)
+    assert again["replayed"] is True and again["outcome"] == "purchased"
+    assert world.player("steve").balance == STARTING_BALANCE - 300
+    assert world.inventory("steve")["minecraft:diamond"] == 3
+    assert world.shop.listings["minecraft:diamond"].stock == 61
+    # One order id per player: Alex's o1 is another order.
+    assert _call(world, BUY, order, "alex")["replayed"] is False
+
+
+def test_refusals_change_nothing() -> None:
+    world = World()
+    state = world.player("steve")
+
+    def buy(order_id: str, item: str, count: int, price: int) -> str:
+        data = {"order_id": order_id, "item": item, "count": count, "unit_price": price}
+        return _call(world, BUY, data)["outcome"]
+
+    assert buy("a", "minecraft:diamond", 1, 90) == "price_changed"
+    assert buy("b", "minecraft:diamond_pickaxe", 6, 400) == "sold_out"
+    assert buy("c", "minecraft:diamond_sword", 4, 300) == "insufficient_balance"
+    assert buy("d", "minecraft:dirt", 1, 1) == "not_for_sale"
+    assert state.balance == STARTING_BALANCE
+    assert world.shop.listings["minecraft:diamond_pickaxe"].stock == 5
+    assert world.inventory("steve")["minecraft:diamond_sword"] == 0
+    # A decided order id stays decided, even once it could succeed.
+    assert buy("a", "minecraft:diamond", 1, 100) == "price_changed"
+
+
+def test_the_tools_refuse_bad_input() -> None:
+    world = World()
+    for bad in ({"page": 0}, {"page_size": 11}, {"category": "weapons"}, {"x": 1}):
+        with pytest.raises(ValueError):
+            world.call("steve", LIST, bad)
+    for bad in ({}, {"item": ""}, {"item": "x", "y": 1}):
+        with pytest.raises(ValueError):
+            world.call("steve", ITEM, bad)
+    good = {"order_id": "o", "item": "minecraft:bread", "count": 1, "unit_price": 5}
+    for change in (
+        {"order_id": ""},
+        {"count": 0},
+        {"count": 65},
+        {"count": 1.5},
+        {"unit_price": -1},
+    ):
+        with pytest.raises(ValueError):
+            world.call("steve", BUY, {**good, **change})
+    assert world.player("steve").balance == STARTING_BALANCE
+
+
+def test_the_hello_offers_the_shop_tools_as_the_catalogue_declares_them() -> None:
+    offered = {t.name: t for t in World.tools()}
+    for tool_id in (LIST, ITEM, BUY):
+        spec, tool = TOOLS[tool_id], offered[tool_id]
+        assert (tool.read_only, tool.idempotent, tool.event_allowed) == (
+            spec.read_only,
+            spec.idempotent,
+            spec.event_allowed,
+        )
+        for name in ("input", "output"):
+            example = getattr(spec, f"example_{name}")
+            assert violation(json.loads(getattr(tool, f"{name}_schema")), example) is None
+    assert TOOLS[LIST].read_only and TOOLS[ITEM].read_only
+    assert not TOOLS[BUY].read_only and TOOLS[BUY].idempotent and not TOOLS[BUY].event_allowed
+
+
+def test_a_count_may_follow_the_item() -> None:
+    assert _split_count("钻石 3") == ("钻石", 3)
+    assert _split_count("面包 10 个") == ("面包", 10)
+    assert _split_count("diamond x3") == ("diamond", 3)
+    assert _split_count("minecraft:diamond") == ("minecraft:diamond", None)
+    assert _split_count("42") == ("42", None)
+
+
+# -- the registrations ---------------------------------------------------------------------------
+
+
+def test_the_registrations_match_the_corpus_and_the_confirm_is_structured_only() -> None:
+    registry = build_registry(EngineConfig())
+    corpus = json.loads((ROOT / "router_service/corpus/profiles.json").read_text("utf-8"))
+    profiles = {m["id"]: m for m in corpus["modules"]}
+    browse = registry.descriptor("system:shop")
+    assert browse.routing_mode == catalog_pb2.ROUTING_MODE_READ
+    assert browse.semantic.read_only_tools and browse.write_steps == 0
+    buy = registry.descriptor("system:shop_buy")
+    assert buy.routing_mode == catalog_pb2.ROUTING_MODE_HINTS and buy.write_steps == 1
+    for module_id, descriptor in (("system:shop", browse), ("system:shop_buy", buy)):
+        profile = profiles[module_id]
+        examples = {e.language: list(e.examples) for e in descriptor.semantic.examples}
+        assert examples == profile["examples"], module_id
+        assert profile["direct"] is (module_id == "system:shop")
+        assert (descriptor.semantic.extractor or None) == profile["extractor"]
+        assert profile.get("writeSteps", 0) == descriptor.write_steps
+    confirm = registry.descriptor("system:shop_confirm")
+    assert confirm.routing_mode == catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY
+    assert not confirm.commands and not confirm.HasField("semantic")
+    assert confirm.write_steps == 3 and "system:shop_confirm" not in profiles
+
+
+# -- end to end through the gateway ----------------------------------------------------------------
+
+
+@pytest.fixture
+async def chain(tmp_path: pathlib.Path) -> AsyncIterator[Chain]:
+    async with running_chain(tmp_path) as running:
+        yield running
+
+
+def _labels(response: gateway_pb2.PlayerResponse) -> list[str]:
+    return [b.label for b in response.reply.result.card.buttons]
+
+
+def _button(response: gateway_pb2.PlayerResponse, label: str) -> common_pb2.CardButton:
+    return next(b for b in response.reply.result.card.buttons if b.label == label)
+
+
+def _ok(response: gateway_pb2.PlayerResponse) -> common_pb2.AgentResult:
+    result = response.reply.result
+    assert result.status == SUCCEEDED, (result.failure, result.card.title)
+    return result
+
+
+async def test_browsing_searching_and_detail_in_chinese_and_english(chain: Chain) -> None:
+    client = await chain.steve_and_alex()
+    for text in ("商城", "/shop", "打开商店", "看看商店有什么"):
+        response = await client.chat("steve", text)
+        assert response.reply.module_id == "system:shop", text
+        assert _ok(response).card.title == "商城（第 1/4 页）"
+    assert card_lines(response)[0] == "1. 钻石 — 100 金币（库存 64）"
+    assert _labels(response)[-5:] == ["下一页", "材料", "工具与武器", "食物", "杂项"]
+    food = await client.press("steve", response.reply.result.card, _button(response, "食物"))
+    assert _ok(food).card.title == "商城 · 食物"
+    assert card_lines(food)[0] == "1. 面包 — 5 金币（库存 200）"
+    assert _labels(food)[-1] == "全部商品"
+    searched = await client.chat("steve", "/shop 剑")
+    assert _ok(searched).card.title == "钻石剑"  # one match: its detail
+    assert card_lines(searched) == [
+        "物品 ID：minecraft:diamond_sword",
+        "单价：300 金币",
+        "库存：5",
+    ]
+    assert _labels(searched) == ["购买 1 个", "物品来源", "返回商城"]  # stock 5: no 16
+    english = await client.chat("alex", "open the shop")
+    assert english.reply.module_id == "system:shop"
+    assert _ok(english).card.title == "Shop (page 1 of 4)"
+    assert card_lines(english)[0] == "1. Diamond — 100 coins (64 in stock)"
+    opened = await client.chat("alex", "/shop bread")
+    assert _ok(opened).card.title == "Bread"
+    assert _labels(opened) == ["Buy 1", "Buy 16", "Where it comes from", "Back to the shop"]
+    missing = await client.chat("alex", "/shop elytra")
+    assert missing.reply.result.failure.key == "system.error.not_found"
+    assert missing.reply.result.card.title == "Not for sale"
+
+
+async def _quote(
+    client: GameServerClient, player: str, text: str
+) -> tuple[gateway_pb2.PlayerResponse, common_pb2.CardButton]:
+    response = await client.chat(player, text)
+    assert response.reply.module_id == "system:shop_buy", text
+    result = _ok(response)
+    confirm = result.card.buttons[0]
+    assert confirm.args["module_id"] == "system:shop_confirm"
+    assert confirm.args["press_only"] == "true"
+    return response, confirm
+
+
+async def test_a_quote_then_confirm_pressed_twice_charges_once(chain: Chain) -> None:
+    client = await chain.steve_and_alex()
+    world = client.world
+    quoted, confirm = await _quote(client, "steve", "/buy 钻石 3")
+    card = quoted.reply.result.card
+    assert card.title == "确认购买" and card.ref.card_id == QUOTE_CARD
+    assert card_lines(quoted) == [
+        "钻石 × 3",
+        "单价 100，合计 300 金币",
+        "余额 1000，购买后 700 金币",
+        "库存：64",
+        "报价 5 分钟内有效；请按“确认购买”按钮。",
+    ]
+    assert _labels(quoted) == ["确认购买", "返回商城"]
+    assert world.player("steve").balance == STARTING_BALANCE  # a quote charges nothing
+    first = await client.press("steve", card, confirm)
+    assert first.reply.module_id == "system:shop_confirm"
+    assert _ok(first).card.title == "购买成功"
+    lines = card_lines(first)
+    assert lines[:3] == ["钻石 × 3", "已支付 300 金币，余额 700", "物品已放入背包。"]
+    assert lines[3].startswith("订单号：") and len(lines) == 4
+    second = await client.press("steve", card, confirm)
+    assert _ok(second).card.title == "购买成功"
+    assert card_lines(second)[-1] == "这笔订单之前已经完成，这次没有再扣款。"
+    assert world.player("steve").balance == 700
+    assert world.inventory("steve")["minecraft:diamond"] == 3
+    assert world.shop.listings["minecraft:diamond"].stock == 61
+    # In English, from the detail card's Buy button.
+    detail = await client.chat("alex", "/shop bread")
+    quote = await client.press("alex", detail.reply.result.card, _button(detail, "Buy 16"))
+    assert card_lines(quote)[:3] == [
+        "Bread × 16",
+        "5 each, 80 coins in all",
+        "Balance 1000, 920 coins after buying",
+    ]
+    done = await client.press("alex", quote.reply.result.card, _button(quote, "Confirm purchase"))
+    assert _ok(done).card.title == "Purchase complete"
+    assert world.inventory("alex")["minecraft:bread"] == 12 + 16
+
+
+async def test_the_confirm_is_never_reached_by_typed_text_or_a_number(chain: Chain) -> None:
+    client = await chain.steve_and_alex()
+    quoted, confirm = await _quote(client, "steve", "/buy minecraft:diamond")
+    for text in ("确认购买", "确认", "1", "查看 1", "/shop_confirm", "confirm purchase"):
+        response = await client.chat("steve", text)
+        assert response.reply.module_id != "system:shop_confirm", text
+    assert client.world.player("steve").balance == STARTING_BALANCE
+    # A forged press of the confirm with another player's offer id is stale, not a purchase.
+    stolen = await client.press("alex", quoted.reply.result.card, confirm)
+    assert stolen.reply.result.failure.key == "system.error.stale_card"
+    assert client.world.player("alex").balance == STARTING_BALANCE
+    assert client.world.player("steve").balance == STARTING_BALANCE
+
+
+async def test_a_newer_quote_makes_the_older_stale(chain: Chain) -> None:
+    client = await chain.steve_and_alex()
+    older, older_confirm = await _quote(client, "steve", "/buy 面包 2")
+    newer, newer_confirm = await _quote(client, "steve", "/buy 面包 4")
+    assert newer.reply.result.card.ref.version > older.reply.result.card.ref.version
+    stale = await client.press("steve", older.reply.result.card, older_confirm)
+    result = stale.reply.result
+    assert result.status == FAILED and result.failure.key == "system.error.stale_card"
+    assert result.card.title == "报价已失效"
+    assert client.world.player("steve").balance == STARTING_BALANCE
+    done = await client.press("steve", newer.reply.result.card, newer_confirm)
+    assert _ok(done).card.title == "购买成功"
+    assert client.world.player("steve").balance == STARTING_BALANCE - 20
+
+
+async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
+    client = await chain.steve_and_alex()
+    world = client.world
+    # Not enough money: the quote shows the price and why, without a confirm button.
+    poor = await client.chat("steve", "/buy 钻石剑 4")
+    assert _ok(poor).card.title == "确认购买"
+    assert card_lines(poor)[-1] == "无法购买：需要 1200 金币，你的余额是 1000。没有扣款。"
+    assert _labels(poor) == ["返回商城"]
+    # The balance drops between quote and confirm.
+    quoted, confirm = await _quote(client, "steve", "/buy diamond 5")
+    world.player("steve").balance = 100
+    refused = await client.press("steve", quoted.reply.result.card, confirm)
+    result = refused.reply.result
+    assert result.failure.key == "system.error.insufficient_balance"
+    assert result.card.title == "余额不足"
+    assert result.failure.message == "需要 500 金币，你的余额是 100。没有扣款。"
+    world.player("steve").balance = STARTING_BALANCE
+    # Sold out meanwhile.
+    quoted, confirm = await _quote(client, "alex", "/buy ender pearl 10")
+    world.shop.listings["minecraft:ender_pearl"].stock = 3
+    sold = await client.press("alex", quoted.reply.result.card, confirm)
+    assert sold.reply.result.failure.key == "system.error.sold_out"
+    assert sold.reply.result.failure.message == (
+        "Only 3 Ender Pearl left, fewer than 10. Nothing was charged."
+    )
+    # The price changed: a new quote at the new price is one press away.
+    quoted, confirm = await _quote(client, "alex", "/buy golden apple")
+    world.shop.listings["minecraft:golden_apple"].price = 180
+    changed = await client.press("alex", quoted.reply.result.card, confirm)
+    assert changed.reply.result.failure.key == "system.error.price_changed"
+    assert changed.reply.result.card.title == "The price changed"
+    assert _labels(changed) == ["Quote at the new price", "Back to the shop"]
+    requote = await client.press(
+        "alex", changed.reply.result.card, _button(changed, "Quote at the new price")
+    )
+    assert card_lines(requote)[1] == "180 each, 180 coins in all"
+    assert world.player("alex").balance == STARTING_BALANCE
+    assert world.player("steve").balance == STARTING_BALANCE
+    # The second press of a refused order repeats its refusal; nothing is charged then either.
+    again = await client.press("alex", quoted.reply.result.card, confirm)
+    assert again.reply.result.failure.key == "system.error.price_changed"
+    assert world.player("alex").balance == STARTING_BALANCE
+
+
+class CutOff(GameServerClient):
+    """A game server whose answer to the next `minecraft:shop.buy` is held back until
+    `interrupt` (which stops or restarts a service) has run: the purchase is applied on the
+    game thread, and then the engine or the storage goes away."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.interrupt: Callable[[], Awaitable[None]] | None = None
+        self.drop = False
+        self._buys: set[str] = set()
+
+    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
+        if call.tool == BUY:
+            self._buys.add(call.call_id)
+        return super()._run_tool(call)
+
+    async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
+        interrupt = self.interrupt
+        if (
+            interrupt is not None
+            and frame.WhichOneof("frame") == "tool_result"
+            and frame.tool_result.call_id in self._buys
+        ):
+            self.interrupt = None
+            asyncio.get_running_loop().create_task(interrupt())  # off the reader task
+            await asyncio.sleep(0.5)
+            if self.drop:
+                return
+        await super().send(frame)
+
+
+async def _cut_off_client(chain: Chain) -> CutOff:
+    client = CutOff(chain.gateway_target, chain.server_id, chain.token)
+    chain._clients.append(client)
+    await client.connect()
+    await client.join("steve", "Steve", "zh_cn")
+    return client
+
+
+async def _press_until_answered(
+    client: GameServerClient, card: common_pb2.Card, button: common_pb2.CardButton
+) -> gateway_pb2.PlayerResponse:
+    """Presses again while the restarted service is not reachable yet (as a player would)."""
+    for _ in range(40):
+        response = await client.press("steve", card, button)
+        key = response.reply.result.failure.key
+        if key not in ("system.error.storage_unavailable", "system.error.busy") and (
+            response.reply.module_id == "system:shop_confirm"
+        ):
+            return response
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"no answer from the restarted service: {response}")
+
+
+async def test_a_purchase_cut_off_by_an_engine_restart_is_applied_once(chain: Chain) -> None:
+    client = await _cut_off_client(chain)
+    quoted, confirm = await _quote(client, "steve", "/buy 钻石 2")
+    client.interrupt = lambda: chain.restart("engine")
+    client.drop = True  # the engine that asked never hears the answer
+    first = await client.press("steve", quoted.reply.result.card, confirm)
+    assert first.reply.result.status != SUCCEEDED, first  # the engine went away mid-purchase
+    assert client.world.player("steve").balance == STARTING_BALANCE - 200  # applied once
+    again = await _press_until_answered(client, quoted.reply.result.card, confirm)
+    assert _ok(again).card.title == "购买成功"
+    assert card_lines(again)[-1] == "这笔订单之前已经完成，这次没有再扣款。"
+    third = await client.press("steve", quoted.reply.result.card, confirm)
+    assert _ok(third).card.title == "购买成功"
+    assert client.world.player("steve").balance == STARTING_BALANCE - 200
+    assert client.world.inventory("steve")["minecraft:diamond"] == 2
+
+
+async def test_a_purchase_cut_off_by_a_storage_restart_is_applied_once(chain: Chain) -> None:
+    client = await _cut_off_client(chain)
+    quoted, confirm = await _quote(client, "steve", "/buy 面包 10")
+    client.interrupt = lambda: chain.restart("storage")
+    first = await client.press("steve", quoted.reply.result.card, confirm)
+    # The game server applied it; settling the order may not have reached storage.
+    assert first.reply.result.card.title in ("购买成功", "结果未知")
+    assert client.world.player("steve").balance == STARTING_BALANCE - 50
+    again = await _press_until_answered(client, quoted.reply.result.card, confirm)
+    assert _ok(again).card.title == "购买成功"
+    assert card_lines(again)[-1] == "这笔订单之前已经完成，这次没有再扣款。"
+    assert client.world.player("steve").balance == STARTING_BALANCE - 50
+    assert client.world.inventory("steve")["minecraft:bread"] == 12 + 10
