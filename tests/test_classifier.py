@@ -205,8 +205,14 @@ def test_training_time_for_100_modules_of_20_examples(analyzer: Analyzer) -> Non
     ("document", "message"),
     [
         ({"scorer": "strict"}, "scorer must be a JSON object, got 'strict'"),
-        ({"scorer": {"mode": "magic"}}, "scorer.mode must be one of gates, strict, calibrated"),
-        ({"scorer": {"mode": 1}}, "scorer.mode must be one of gates, strict, calibrated, got 1"),
+        (
+            {"scorer": {"mode": "magic"}},
+            "scorer.mode must be one of ngram, gates, strict, calibrated",
+        ),
+        (
+            {"scorer": {"mode": 1}},
+            "scorer.mode must be one of ngram, gates, strict, calibrated, got 1",
+        ),
         ({"scorer": {"target": 0.4}}, "scorer.target must be in 0.5..1, got 0.4"),
         ({"scorer": {"target": "high"}}, "scorer.target must be a number in 0.5..1"),
         ({"scorer": {"targets": 0.9}}, "scorer has unknown key(s) targets; allowed: mode, target"),
@@ -222,7 +228,7 @@ def test_scorer_config_parses_and_reloads() -> None:
     config = parse_semantic_config({"scorer": {"mode": "STRICT", "target": 0.95}})
     assert config.scorer == Scorer("strict", 0.95)
     assert parse_semantic_config(config.to_json()) == config
-    assert SemanticConfig().scorer == Scorer("gates", 0.8)
+    assert SemanticConfig().scorer == Scorer("ngram", 0.8)
     with pytest.raises(ConfigError, match="scorer.mode must be one of"):
         Scorer("magic")
     gates, strict = SemanticConfig(), SemanticConfig(scorer=Scorer("strict"))

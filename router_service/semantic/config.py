@@ -14,16 +14,19 @@ The file is one JSON object; every field is optional and defaults to the seed's 
   "cacheEntries": 1024,
   "cacheSeconds": 300,
   "entriesPerPlayer": 32,
-  "scorer": {"mode": "gates", "target": 0.8}
+  "scorer": {"mode": "ngram", "target": 0.8, "offset": 0.0}
 }
 ```
 
-`scorer` (beyond the seed) picks how direct routes are decided: `gates` (the seed's fixed
-score/margin/coverage gates alone), `strict` (the gates and a calibrated probability of the
-top module of at least `target`), `calibrated` (that probability may also stand in for a
-failed score or margin gate). Guards, write rules, profile kinds and arguments always
-apply. `target` applies on reload; the scorer is trained at start, so leaving `gates` for another
-mode after a start in `gates` needs a restart.
+`scorer` (beyond the seed) picks how direct routes are decided: `ngram` (the default: the seed's
+gates, or, for a text that failed only the score or margin gate, the word and character n-gram
+scorer of `ngram.py` with its threshold derived from the catalogue at start, plus `offset`),
+`gates` (the seed's fixed score/margin/coverage gates alone), `strict` (the gates and a
+calibrated probability of the top module of at least `target`), `calibrated` (that probability
+may also stand in for a failed score or margin gate). Guards, write rules, profile kinds and
+arguments always apply. `target` and `offset` apply on reload; a scorer is trained at start for
+the start config's mode only, so switching to a mode whose scorer was not trained needs a
+restart.
 
 Mode, thresholds, text limit and cache sizes apply on reload; the index is built once at start,
 so changed examples, changed languages, or leaving an OFF the router started with, need a
@@ -52,6 +55,7 @@ __all__ = [
     "load_semantic_config",
     "parse_semantic_config",
     "reload_changes",
+    "trained_scorer",
 ]
 
 _MODULE_ID = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
@@ -79,19 +83,25 @@ class Threshold:
     """Lead of the best module over the best different module, 0..1."""
 
 
-SCORER_MODES = ("gates", "strict", "calibrated")
+SCORER_MODES = ("ngram", "gates", "strict", "calibrated")
+_PROBABILITY_MODES = frozenset({"strict", "calibrated"})
 
 
 @dataclasses.dataclass(frozen=True)
 class Scorer:
     """The supervised scorer (`router_service.semantic.classifier`) and how it takes part."""
 
-    mode: str = "gates"
-    """`gates`: the seed's gates alone; `strict`: a direct route also needs the top module's
+    mode: str = "ngram"
+    """`ngram`: a text routes when the seed's gates pass, or when it failed only the score or
+    margin gate and the n-gram scorer's top module leads the second by the threshold derived
+    from the catalogue (`router_service.semantic.ngram`);
+    `gates`: the seed's gates alone; `strict`: a direct route also needs the top module's
     calibrated probability >= `target`; `calibrated`: as strict, and a text that failed only
     the score or margin gate routes when that probability >= `target`."""
     target: float = 0.8
-    """Least calibrated probability of the top module for a direct route, 0.5..1."""
+    """`strict` / `calibrated`: least calibrated probability of the top module, 0.5..1."""
+    offset: float = 0.0
+    """`ngram`: added to the derived thresholds (positive: stricter), -1..1."""
 
     def __post_init__(self) -> None:
         if self.mode not in SCORER_MODES:
@@ -129,7 +139,8 @@ class SemanticConfig:
     entries_per_player: int = 32
     """`entriesPerPlayer`: intent cache capacity of one player; positive."""
     scorer: Scorer = Scorer()
-    """`scorer`: `{"mode": "gates" | "strict" | "calibrated", "target": 0.5..1}`."""
+    """`scorer`: `{"mode": "ngram" | "gates" | "strict" | "calibrated", "target": 0.5..1,
+    "offset": -1..1}`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # accept "SHADOW" from code too
@@ -327,10 +338,11 @@ def parse_semantic_config(data: Any, source: str = "system-semantic.json") -> Se
 
 def _scorer(source: str, value: Any) -> Scorer:
     value = _object(source, "scorer", value)
-    unknown = sorted(set(value) - {"mode", "target"})
+    unknown = sorted(set(value) - {"mode", "target", "offset"})
     if unknown:
         raise ConfigError(
-            f"{source}: scorer has unknown key(s) {', '.join(unknown)}; allowed: mode, target"
+            f"{source}: scorer has unknown key(s) {', '.join(unknown)}; allowed: mode, target, "
+            f"offset"
         )
     base = Scorer()
     mode = value.get("mode", base.mode)
@@ -339,7 +351,16 @@ def _scorer(source: str, value: Any) -> Scorer:
             f"{source}: scorer.mode must be one of {', '.join(SCORER_MODES)}, got {mode!r}"
         )
     target = _number(source, "scorer.target", value.get("target", base.target), 0.5, 1)
-    return Scorer(mode=mode.lower(), target=target)
+    offset = _number(source, "scorer.offset", value.get("offset", base.offset), -1, 1)
+    return Scorer(mode=mode.lower(), target=target, offset=offset)
+
+
+def trained_scorer(mode: str) -> str:
+    """Which scorer a router started in scorer `mode` trains: `ngram`, `probability` (the
+    calibrated `classifier.ModuleScorer`, for strict and calibrated) or `none`."""
+    if mode == "ngram":
+        return "ngram"
+    return "probability" if mode in _PROBABILITY_MODES else "none"
 
 
 def load_semantic_config(path: str | Path) -> SemanticConfig:
@@ -382,10 +403,12 @@ def reload_changes(
             elif before != after:
                 changes.append("mode: applies live")
         elif json_name == "scorer":
-            if built.scorer.mode == "gates" and after.mode != "gates":
+            need, have = trained_scorer(after.mode), trained_scorer(built.scorer.mode)
+            if need != "none" and need != have:
                 changes.append(
-                    f"scorer: needs a restart (the router started with scorer mode gates and "
-                    f"trained no scorer; {after.mode} takes effect after it)"
+                    f"scorer: needs a restart (the router started with scorer mode "
+                    f"{built.scorer.mode} and did not train the scorer {after.mode} uses; "
+                    f"{after.mode} takes effect after it)"
                 )
             elif before != after:
                 changes.append("scorer: applies live")

@@ -20,11 +20,21 @@ failed, so an operator can see why a text did or did not route:
 | `arguments`          | the module's extractor cannot parse its input from this text      |
 | `probability`        | scorer `strict` or `calibrated`: the top module's calibrated probability is under `scorer.target`, or it has none |
 
+In scorer mode `ngram` (the default) a text that fails only `score` and/or `margin` may still
+route through the n-gram scorer (`ngram.NgramScorer`, trained here at start): its top module
+must be a direct read profile the player may use and lead the second module by the language's
+threshold (derived from the catalogue at start) plus `scorer.offset`; the seed's `coverage` and
+`topic_coverage` still hold, and the guards and the argument extractor then run as for any
+route. (Letting the scorer stand in for the coverage gates too was measured and not kept: more
+coverage on unfamiliar phrasings, but requests that recombine the catalogue's own words into
+something else, another player's mail or a write without a write verb, got through; see
+`corpus/README.md`.) When nothing passes, the decision names the seed gate that failed first.
+
 Both coverages use `minCoverage`; thresholds come from `lexicalThresholds` (`module@lang`,
 then `module`) or `defaultThreshold`.
 
-The scorer (`scorer` in the config; `classifier.ModuleScorer`, trained here at start unless the
-start config says `gates`) looks only at a text that already passed the profile-kind gates, the
+The probability scorer (`classifier.ModuleScorer`, trained here at start when the start config
+says `strict` or `calibrated`) looks only at a text that already passed the profile-kind gates, the
 guards and the argument extractor, so it can never let a write, a guarded request, a hints,
 reject or explicit-only profile, or a module without its arguments route directly. `strict`
 adds the `probability` gate after every other; `calibrated` also lets a text whose only failed
@@ -37,17 +47,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
 from router_service.semantic.classifier import ModuleScorer
-from router_service.semantic.config import Mode, SemanticConfig, reload_changes
+from router_service.semantic.config import Mode, SemanticConfig, reload_changes, trained_scorer
 from router_service.semantic.extractors import extract
 from router_service.semantic.guards import check_guards
-from router_service.semantic.index import ModuleScore, SemanticIndex
+from router_service.semantic.index import Match, ModuleScore, SemanticIndex
+from router_service.semantic.ngram import NgramScorer
 from router_service.semantic.profiles import Profile
-from router_service.semantic.text import Analyzer, normalize
+from router_service.semantic.text import Analysis, Analyzer, normalize
 from services.runtime.config import ConfigError
 
 __all__ = ["ALGORITHM", "FallbackCandidate", "LocalDecision", "Outcome", "SemanticRouter"]
@@ -57,7 +68,7 @@ ALGORITHM = "lexical-tfidf-v1"
 
 MAX_CANDIDATES = 5
 SOFT_GATES = frozenset({"score", "margin"})
-"""Seed gates a calibrated probability may stand in for (scorer mode `calibrated`)."""
+"""Seed gates a scorer may stand in for (scorer modes `calibrated` and `ngram`)."""
 _EPSILON = 1e-9  # cosine of identical texts may come out a hair under 1.0
 _SHORTCUT_SETS = 256  # allowed sets whose shortcut list is remembered
 
@@ -92,6 +103,16 @@ class LocalDecision:
     probability: float | None = None
     """Calibrated probability of the top module (scorer modes `strict` and `calibrated`, when
     the top module is one that may route directly); None otherwise."""
+    route: Literal["", "gates", "scorer"] = ""
+    """What let a direct (or shadow-direct) route through: the seed's `gates`, or the n-gram
+    `scorer`; empty otherwise."""
+    scorer_module: str | None = None
+    """Scorer mode `ngram`: the n-gram scorer's top module (None without a model or a known
+    feature)."""
+    scorer_margin: float | None = None
+    """Its lead over the second module."""
+    scorer_threshold: float | None = None
+    """The margin it needed: the language's derived threshold plus `scorer.offset`."""
     matched: tuple[ModuleScore, ...] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )
@@ -150,9 +171,16 @@ class SemanticRouter:
         self._profiles: Mapping[str, Profile] = MappingProxyType({p.module_id: p for p in profiles})
         self._rejects = sum(p.kind == "reject" for p in profiles)
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
-        self._scorer = (
-            ModuleScorer.train(self._index)
-            if self._index is not None and config.scorer.mode != "gates"
+        trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
+        self._scorer = ModuleScorer.train(self._index) if trains == "probability" else None
+        self._ngram = (
+            NgramScorer.train(
+                profiles,
+                self._index.languages,
+                self._index.analyzer,
+                extra_examples=config.examples,
+            )
+            if trains == "ngram" and self._index is not None
             else None
         )
 
@@ -171,6 +199,11 @@ class SemanticRouter:
         """The supervised scorer; None when the router started with scorer mode `gates` (or
         OFF). A reload to `strict` or `calibrated` without one keeps the seed's gates alone."""
         return self._scorer
+
+    @property
+    def ngram(self) -> NgramScorer | None:
+        """The n-gram scorer; None unless the router started with scorer mode `ngram`."""
+        return self._ngram
 
     @property
     def profiles(self) -> Mapping[str, Profile]:
@@ -247,7 +280,11 @@ class SemanticRouter:
             return no("reject_profile", **scores)
         if not profile.routes_directly:
             return no("not_direct_profile", **scores)
-        scorer = self._scorer if config.scorer.mode != "gates" else None
+        if config.scorer.mode == "ngram":
+            return self._decide_ngram(
+                text, normalized, lang, allowed, analysis, match, profile, scores, no, started
+            )
+        scorer = self._scorer if config.scorer.mode in ("strict", "calibrated") else None
         if scorer is not None:
             scores["probability"] = scorer.probability(analysis, lang, profile.module_id)
         threshold = config.threshold_for(profile.module_id, lang)
@@ -284,6 +321,73 @@ class SemanticRouter:
             input=MappingProxyType(arguments),
             language=lang,
             seconds=time.perf_counter() - started,
+            route="gates",
+            **scores,
+        )
+
+    def _failed_gates(self, match: Match, profile: Profile, lang: str) -> list[str]:
+        """The seed's score, margin and coverage gates `match` fails for `profile`."""
+        config = self._config
+        threshold = config.threshold_for(profile.module_id, lang)
+        return [
+            gate
+            for gate, value, least in (
+                ("score", match.s1, threshold.score),
+                ("margin", match.margin, threshold.margin),
+                ("coverage", match.coverage, config.min_coverage),
+                ("topic_coverage", match.topic_coverage, config.min_coverage),
+            )
+            if value + _EPSILON < least
+        ]
+
+    def _decide_ngram(
+        self,
+        text: str,
+        normalized: str,
+        lang: str,
+        allowed: Collection[str] | None,
+        analysis: Analysis,
+        match: Match,
+        profile: Profile,
+        scores: dict[str, Any],
+        no: Callable[..., LocalDecision],
+        started: float,
+    ) -> LocalDecision:
+        """Scorer mode `ngram`: the seed's gates, or else the n-gram scorer; then the guards
+        and the arguments."""
+        failed = self._failed_gates(match, profile, lang)
+        route: Literal["gates", "scorer"] = "gates"
+        top = self._ngram.top(analysis, lang) if self._ngram is not None else None
+        if top is not None:
+            scores["scorer_module"] = top.module_id
+            scores["scorer_margin"] = top.margin
+            scores["scorer_threshold"] = top.threshold + self._config.scorer.offset
+        if failed:
+            chosen = top.module_id if top is not None else None
+            chosen_profile = self._profiles.get(chosen) if chosen else None
+            if (
+                top is None
+                or not SOFT_GATES.issuperset(failed)
+                or chosen_profile is None
+                or not chosen_profile.routes_directly
+                or (allowed is not None and chosen not in allowed)
+                or top.margin + _EPSILON < scores["scorer_threshold"]
+            ):
+                return no(failed[0], **scores)
+            profile, route = chosen_profile, "scorer"
+        guard = check_guards(normalized)
+        if guard is not None:
+            return no(f"guard:{guard}", **scores)
+        arguments = extract(profile.extractor, text)
+        if arguments is None:
+            return no("arguments", **scores)
+        return LocalDecision(
+            "direct" if self._config.mode is Mode.ENFORCE else "shadow_direct",
+            module_id=profile.module_id,
+            input=MappingProxyType(arguments),
+            language=lang,
+            seconds=time.perf_counter() - started,
+            route=route,
             **scores,
         )
 

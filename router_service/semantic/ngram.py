@@ -1,0 +1,399 @@
+"""The n-gram scorer: a supervised classifier over word and character n-grams, trained per
+catalogue at start, whose acceptance threshold is set from the catalogue's own examples (exact
+leave-one-out) and from shipped background text (chat, questions, other games' commands).
+
+Why: the seed's sparse matcher (`index.py`) compares a text with the nearest example, and its
+fixed 0.9 / 0.15 / 0.9 gates fit phrasings close to the examples; unseen phrasings of the same
+intent mostly fall below them. A discriminative model over many small features (jieba and
+lexicon words, their adjacent pairs, character n-grams that survive typos and inflection)
+generalises further, but its raw probability is not a precision: how high it must be depends on
+the catalogue (how many modules, how close they are). So the threshold is measured, not fixed.
+
+Per language, at start:
+
+1. **Features** (`NgramFeaturizer`): the analyzer's unigrams and unordered bigrams (`w:`: jieba
+   and lexicon words), and character n-grams of the normalised text (`c:`): 2..4-grams inside
+   each Latin word padded with spaces, 1..3-grams of each Han run. Each block is tf-idf
+   weighted (sublinear tf, smoothed idf from the examples) and l2-normalised on its own; a
+   feature no example has keeps the largest idf in the norm, so unfamiliar content lowers every
+   score (the seed: unfamiliar words are not dropped).
+2. **Classes**: every module with at least two examples in the language (read, hints and
+   reject profiles alike: hints and rejects compete, and the router never routes them).
+3. **Model**: a one-vs-rest ridge classifier (targets +1 / -1, penalty `RIDGE`) solved in
+   closed form in the examples' space (`n x n`, n = examples), so training takes a fraction of a
+   second even for 150 modules x 10 examples; a text's confidence is its **margin**: the top
+   module's score minus the second's.
+4. **Threshold**, the larger of:
+   - *leave-one-out*: ridge gives every example's leave-one-out scores exactly from the one fit
+     (`(f_i - h_ii y_i) / (1 - h_ii)`); the least margin at which the examples' leave-one-out
+     top module is right at least `LOO_PRECISION` of the time (a held-out example is harder than
+     a new text: it has one example fewer, often the only one of its phrasing, so this target
+     is lower than the precision wanted of direct routes);
+   - *background*: the margin that at most `BACKGROUND_ACCEPT` of the shipped background texts
+     (`background.json`) reach, those the catalogue itself resembles left out (nearest example
+     cosine >= `BACKGROUND_OVERLAP`: a catalogue with a greeting module keeps its greetings);
+   - `MIN_MARGIN`.
+
+At run time `top` scores one text: the sparse row times the coefficient rows of its known
+features. `router.py` lets it stand in for the seed's fixed score and margin gates only: the top
+module routes when its margin reaches the threshold, the seed's coverage and topic-coverage
+gates pass, and the guards, profile kinds and argument extractor allow it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from types import MappingProxyType
+
+import numpy as np
+import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
+
+from router_service.semantic.profiles import Profile
+from router_service.semantic.text import Analysis, Analyzer
+
+__all__ = [
+    "BACKGROUND",
+    "LanguageModel",
+    "NgramFeaturizer",
+    "NgramScorer",
+    "load_background",
+]
+
+log = logging.getLogger("system.router.semantic")
+
+BACKGROUND = "<background>"
+"""The class of out-of-scope text."""
+RIDGE = 2.0
+"""l2 penalty of the ridge classifier (rows are l2-normalised, so K = X X^T has a unit
+diagonal)."""
+LOO_PRECISION = 0.96
+"""Leave-one-out precision of the examples that the threshold must reach."""
+BACKGROUND_ACCEPT = 0.05
+"""Share of the (unclaimed) background texts that may reach the threshold."""
+BACKGROUND_OVERLAP = 0.6
+"""A background text whose cosine (word and character features) to some catalogue example
+reaches this is left out: the catalogue claims it."""
+MIN_MARGIN = 0.3
+"""The threshold is never below this margin."""
+
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_RUN = re.compile(rf"[{_HAN}]+|[^\s{_HAN}]+")
+_HAN_RUN = re.compile(rf"^[{_HAN}]+$")
+
+
+def load_background(languages: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """The shipped background texts by language (`background.json` beside this module)."""
+    data = json.loads(
+        resources.files("router_service.semantic").joinpath("background.json").read_text("utf-8")
+    )
+    wanted = None if languages is None else set(languages)
+    return {
+        lang: tuple(texts)
+        for lang, texts in data["texts"].items()
+        if wanted is None or lang in wanted
+    }
+
+
+def _char_ngrams(text: str) -> list[str]:
+    grams: list[str] = []
+    for run in _RUN.findall(text):
+        if _HAN_RUN.match(run):
+            sizes, padded = (1, 2, 3), run
+        else:
+            sizes, padded = (2, 3, 4), f" {run} "
+        length = len(padded)
+        for n in sizes:
+            grams += ["c:" + padded[i : i + n] for i in range(length - n + 1)]
+    return grams
+
+
+class NgramFeaturizer:
+    """Word and character n-gram tf-idf rows for one language's training texts and queries."""
+
+    def __init__(self, analyses: Sequence[Analysis]) -> None:
+        docs = [self._features(a) for a in analyses]
+        df: Counter[str] = Counter()
+        for words, chars in docs:
+            df.update(set(words))
+            df.update(set(chars))
+        self.vocabulary: dict[str, int] = {f: i for i, f in enumerate(sorted(df))}
+        """Feature -> column (read-only after construction)."""
+        n = len(docs)
+        self.idf = [math.log((1 + n) / (1 + df[f])) + 1.0 for f in sorted(df)]
+        self.unknown_idf = math.log(1 + n) + 1.0
+        self.matrix = self._matrix(docs)
+
+    @staticmethod
+    def _features(analysis: Analysis) -> tuple[Counter[str], Counter[str]]:
+        words = Counter("w:" + f for f in analysis.features)
+        chars = Counter(_char_ngrams(analysis.normalized))
+        return words, chars
+
+    def row(self, analysis: Analysis) -> tuple[list[int], list[float]]:
+        """The known features' columns and weights of one text (unknown ones only lower the
+        norm)."""
+        return self._row(*self._features(analysis))
+
+    def _row(self, words: Counter[str], chars: Counter[str]) -> tuple[list[int], list[float]]:
+        columns: list[int] = []
+        values: list[float] = []
+        vocabulary, idf, unknown, log = self.vocabulary, self.idf, self.unknown_idf, math.log
+        for block in (words, chars):
+            start = len(values)
+            norm = 0.0
+            for feature, count in block.items():
+                column = vocabulary.get(feature)
+                weight = unknown if column is None else idf[column]
+                if count > 1:
+                    weight *= 1.0 + log(count)
+                norm += weight * weight
+                if column is not None:
+                    columns.append(column)
+                    values.append(weight)
+            if norm > 0 and len(values) > start:
+                scale = 1.0 / math.sqrt(2.0 * norm)  # each block contributes half the norm
+                values[start:] = [v * scale for v in values[start:]]
+        return columns, values
+
+    def _matrix(self, docs: list[tuple[Counter[str], Counter[str]]]) -> sp.csr_matrix:
+        indptr, indices, data = [0], [], []
+        for words, chars in docs:
+            columns, values = self._row(words, chars)
+            indices.extend(columns)
+            data.extend(values)
+            indptr.append(len(indices))
+        return sp.csr_matrix(
+            (np.asarray(data, dtype=float), np.asarray(indices, dtype=np.int64), indptr),
+            shape=(len(docs), len(self.vocabulary)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageModel:
+    """One language's trained scorer."""
+
+    classes: tuple[str, ...]
+    featurizer: NgramFeaturizer
+    weights: np.ndarray
+    """features x classes (ridge coefficients in feature space)."""
+    threshold: float
+    """Least margin of the top module for a direct route."""
+    loo_threshold: float
+    """The leave-one-out part of `threshold`."""
+    background_threshold: float
+    """The background part of `threshold`."""
+    background_kept: int
+    """Background texts that took part (the catalogue did not claim them)."""
+    loo: tuple[tuple[float, bool], ...] = dataclasses.field(repr=False)
+    """Every example's leave-one-out (margin, top module right)."""
+
+    def scores(self, analysis: Analysis) -> np.ndarray | None:
+        """Every class's score, in `classes` order; None when no feature of the text is known."""
+        columns, values = self.featurizer.row(analysis)
+        if not columns:
+            return None
+        # Broadcast and sum rather than a BLAS product: one small product a call, and BLAS's
+        # thread pool costs milliseconds at the tail for it.
+        return (self.weights[columns] * np.asarray(values)[:, None]).sum(axis=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerTop:
+    """The scorer's best module for one text."""
+
+    module_id: str
+    margin: float
+    """Its score minus the second module's."""
+    threshold: float
+    """The language's threshold (before any configured offset)."""
+
+
+class NgramScorer:
+    """Module scores and thresholds per language. Immutable once trained; thread-safe."""
+
+    def __init__(self, models: Mapping[str, LanguageModel], train_seconds: float) -> None:
+        self._models = MappingProxyType(dict(models))
+        self.train_seconds = train_seconds
+
+    @classmethod
+    def train(
+        cls,
+        profiles: Iterable[Profile],
+        languages: Iterable[str],
+        analyzer: Analyzer,
+        *,
+        extra_examples: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+        background: Mapping[str, Sequence[str]] | None = None,
+    ) -> NgramScorer:
+        """Fits one model per language from the profiles' examples (and the config's extra
+        examples, as the index takes them); `background` defaults to the shipped texts."""
+        started = time.perf_counter()
+        profiles = list(profiles)
+        if background is None:
+            background = load_background()
+        models: dict[str, LanguageModel] = {}
+        for lang in languages:
+            texts: list[str] = []
+            labels: list[str] = []
+            for profile in profiles:
+                extra = (extra_examples or {}).get(profile.module_id, {}).get(lang, ())
+                for text in (*profile.examples.get(lang, ()), *extra):
+                    texts.append(text)
+                    labels.append(profile.module_id)
+            model = _fit_language(texts, labels, list(background.get(lang, ())), analyzer)
+            if model is not None:
+                models[lang] = model
+                log.info(
+                    "semantic scorer (%s): %d modules, threshold %.3f (leave-one-out %.3f, "
+                    "background %.3f over %d texts)",
+                    lang,
+                    len(model.classes),
+                    model.threshold,
+                    model.loo_threshold,
+                    model.background_threshold,
+                    model.background_kept,
+                )
+            else:
+                log.warning("semantic scorer (%s): fewer than two modules, no model", lang)
+        return cls(models, time.perf_counter() - started)
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """Languages with a model."""
+        return tuple(self._models)
+
+    def model(self, lang: str) -> LanguageModel | None:
+        return self._models.get(lang)
+
+    def threshold(self, lang: str) -> float | None:
+        """The derived threshold of `lang`; None without a model."""
+        model = self._models.get(lang)
+        return model.threshold if model else None
+
+    def top(self, analysis: Analysis, lang: str) -> ScorerTop | None:
+        """The best module and its margin; None without a model or a known feature."""
+        model = self._models.get(lang)
+        if model is None:
+            return None
+        scores = model.scores(analysis)
+        if scores is None:
+            return None
+        if len(scores) < 2:  # pragma: no cover - a model has two classes at least
+            return None
+        second, best = np.argpartition(scores, len(scores) - 2)[-2:]
+        return ScorerTop(
+            model.classes[int(best)], float(scores[best] - scores[second]), model.threshold
+        )
+
+
+def _fit_language(
+    texts: list[str], labels: list[str], background: list[str], analyzer: Analyzer
+) -> LanguageModel | None:
+    counts = Counter(labels)
+    keep = [counts[label] >= 2 for label in labels]  # a single example has no leave-one-out
+    texts = [t for t, k in zip(texts, keep, strict=True) if k]
+    labels = [y for y, k in zip(labels, keep, strict=True) if k]
+    classes = tuple(sorted(set(labels)))
+    if len(classes) < 2:
+        return None
+    analyses = [analyzer.analyze(t) for t in texts]
+    featurizer = NgramFeaturizer(analyses)
+    matrix = featurizer.matrix
+    n, k = len(labels), len(classes)
+    position = {c: i for i, c in enumerate(classes)}
+    encoded = np.fromiter((position[y] for y in labels), dtype=np.int64, count=n)
+    targets = -np.ones((n, k))
+    targets[np.arange(n), encoded] = 1.0
+    with threadpool_limits(1):
+        gram = (matrix @ matrix.T).toarray()
+        inverse = np.linalg.inv(gram + RIDGE * np.eye(n))
+        alpha = inverse @ targets
+        fitted = gram @ alpha
+        # Hat matrix diagonal h_ii = (K (K + lambda I)^-1)_ii, both symmetric: a row-wise sum.
+        hat = np.einsum("ij,ij->i", gram, inverse)
+        loo_scores = (fitted - hat[:, None] * targets) / (1.0 - hat[:, None])
+        weights = np.ascontiguousarray(matrix.T @ alpha)
+    loo = [
+        (margin, top == truth)
+        for margin, top, truth in zip(*_margins(loo_scores), encoded.tolist(), strict=True)
+    ]
+    loo_threshold = _loo_threshold(loo)
+    kept = _unclaimed(featurizer, background, analyzer)
+    background_margins = sorted(
+        (m for m in (_margin(featurizer, weights, a) for a in kept) if m is not None),
+        reverse=True,
+    )
+    background_threshold = MIN_MARGIN
+    allowed = int(BACKGROUND_ACCEPT * len(kept))
+    if len(background_margins) > allowed:
+        background_threshold = background_margins[allowed] + 1e-9
+    return LanguageModel(
+        classes=classes,
+        featurizer=featurizer,
+        weights=weights,
+        threshold=max(loo_threshold, background_threshold, MIN_MARGIN),
+        loo_threshold=loo_threshold,
+        background_threshold=background_threshold,
+        background_kept=len(kept),
+        loo=tuple(loo),
+    )
+
+
+def _margins(scores: np.ndarray) -> tuple[list[float], list[int]]:
+    order = np.argsort(-scores, axis=1)
+    rows = np.arange(len(scores))
+    margins = scores[rows, order[:, 0]] - scores[rows, order[:, 1]]
+    return margins.tolist(), order[:, 0].tolist()
+
+
+def _margin(featurizer: NgramFeaturizer, weights: np.ndarray, analysis: Analysis) -> float | None:
+    columns, values = featurizer.row(analysis)
+    if not columns:
+        return None
+    scores = np.asarray(values) @ weights[columns]
+    second, best = np.partition(scores, len(scores) - 2)[-2:]
+    return float(best - second)
+
+
+def _loo_threshold(loo: list[tuple[float, bool]]) -> float:
+    """The least margin at which the examples' leave-one-out routes reach `LOO_PRECISION`;
+    above the largest margin when none does."""
+    best = max((m for m, _ in loo), default=0.0) + 1e-9
+    right = wrong = 0
+    for margin, ok in sorted(loo, reverse=True):
+        right += ok
+        wrong += not ok
+        if right / (right + wrong) >= LOO_PRECISION:
+            best = margin
+    return best
+
+
+def _unclaimed(
+    featurizer: NgramFeaturizer, background: list[str], analyzer: Analyzer
+) -> list[Analysis]:
+    """Background texts whose cosine to every example is under `BACKGROUND_OVERLAP`."""
+    if not background:
+        return []
+    analyses = [analyzer.analyze(t) for t in background]
+    indptr, indices, data = [0], [], []
+    for analysis in analyses:
+        columns, values = featurizer.row(analysis)
+        indices.extend(columns)
+        data.extend(values)
+        indptr.append(len(indices))
+    queries = sp.csr_matrix(
+        (np.asarray(data, dtype=float), np.asarray(indices, dtype=np.int64), indptr),
+        shape=(len(analyses), featurizer.matrix.shape[1]),
+    )
+    # Both sides are normalised over known and unknown features alike: a true cosine.
+    nearest = (queries @ featurizer.matrix.T).max(axis=1).toarray().ravel()
+    return [a for a, s in zip(analyses, nearest, strict=True) if s < BACKGROUND_OVERLAP]
