@@ -132,7 +132,7 @@ class Router:
             )
         catalog = await self._catalog.get()
         language = _language(player)
-        decided = self._structured(request, language)
+        decided = self._structured(request, language, catalog)
         if decided is None:
             decided = self._command(catalog, text, player)
         if decided is not None:
@@ -179,9 +179,11 @@ class Router:
         return allowed
 
     def _structured(
-        self, request: router_pb2.RouteRequest, language: str
+        self, request: router_pb2.RouteRequest, language: str, catalog: Catalog
     ) -> router_pb2.RouteResponse | None:
-        """A visible notification button, or a number from the player's current list."""
+        """A visible notification button, or a number from the player's current list (unless
+        the text is one of the catalogue's commands: `/buy minecraft:torch 1` buys one torch,
+        it does not press the first button of the last card)."""
         if request.notification_buttons:
             buttons = [
                 (str(i), b.label_key, b.label) for i, b in enumerate(request.notification_buttons)
@@ -193,7 +195,9 @@ class Router:
                 return router_pb2.RouteResponse(
                     source=router_pb2.DECISION_SOURCE_BUTTON, action=action
                 )
-        if request.current_list:
+        if request.current_list and not isinstance(
+            catalog.commands.match(request.text, request.player), CommandMatch
+        ):
             picked = extract("list_index", request.text)
             index = int(picked["index"]) if picked and "index" in picked else 0
             if 1 <= index <= len(request.current_list):

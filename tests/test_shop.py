@@ -298,6 +298,21 @@ async def test_a_quote_then_confirm_pressed_twice_charges_once(chain: Chain) -> 
     assert world.inventory("alex")["minecraft:bread"] == 12 + 16
 
 
+async def test_a_command_with_a_number_is_the_command_not_a_pick_from_the_list(
+    chain: Chain,
+) -> None:
+    client = await chain.steve_and_alex()
+    listed = await client.chat("steve", "/shop")
+    assert _labels(listed)[1] == "铁锭"
+    quoted, _ = await _quote(client, "steve", "/buy 面包 2")  # not the list's second button
+    assert card_lines(quoted)[0] == "面包 × 2"
+    # A number alone still picks from the list: the quote's first listed button is "back to
+    # the shop" (its confirm is press_only, never picked by number).
+    picked = await client.chat("steve", "查看 1")
+    assert picked.reply.module_id == "system:shop"
+    assert picked.reply.result.card.title == "商城（第 1/4 页）"
+
+
 async def test_the_confirm_is_never_reached_by_typed_text_or_a_number(chain: Chain) -> None:
     client = await chain.steve_and_alex()
     quoted, confirm = await _quote(client, "steve", "/buy minecraft:diamond")
