@@ -33,6 +33,7 @@ from services.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from services.runtime.permissions import CORE_FEATURE
 
 __all__ = [
     "Admission",
@@ -230,6 +231,13 @@ class Engine:
                 "not offer the game tools the module needs (see the Welcome's tool_problems)"
             )
         if not self.registry.allows(action.module_id, player):
+            feature = module.spec.owner_feature
+            if feature not in ("", CORE_FEATURE) and feature not in player.features:
+                # Say why: an old button of a mod's module, pressed on a server without it.
+                raise PermissionDenied(
+                    f"{action.module_id} belongs to the {feature} feature, which game server "
+                    f"{player.server_id} does not offer"
+                )
             raise PermissionDenied(f"player may not use {action.module_id}")
         if not module.spec.interactive:
             raise FailedPrecondition(f"{action.module_id} runs only from events")

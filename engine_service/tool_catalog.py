@@ -18,6 +18,7 @@ from system.gateway.v1 import gateway_pb2
 
 from engine_service.registry import ModuleRegistry
 from engine_service.tools import ToolKind, ToolSpec
+from services.runtime.permissions import CORE_FEATURE
 
 __all__ = ["CatalogTool", "ToolNeed", "game_tool_catalog", "to_json", "to_markdown", "to_proto"]
 
@@ -30,6 +31,8 @@ class ToolNeed:
     required: bool
     """True: the module cannot run without the tool (it is unavailable where the tool is
     missing or incompatible). False: an optional tool, used when offered."""
+    owner_feature: str = CORE_FEATURE
+    """The module's feature: a game server without it need not offer the tool for it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +51,7 @@ def game_tool_catalog(registry: ModuleRegistry) -> list[CatalogTool]:
         if spec.kind != ToolKind.GAME:
             continue
         needs = tuple(
-            ToolNeed(m.spec.module_id, spec.tool_id in m.spec.tools)
+            ToolNeed(m.spec.module_id, spec.tool_id in m.spec.tools, m.spec.owner_feature)
             for m in registry.modules()
             if spec.tool_id in m.spec.tools or spec.tool_id in m.spec.optional_tools
         )
@@ -76,7 +79,9 @@ def to_proto(catalog: list[CatalogTool]) -> list[engine_pb2.GameToolEntry]:
             ),
             declared=entry.spec.declared,
             needed_by=[
-                engine_pb2.ToolNeed(module_id=n.module_id, required=n.required)
+                engine_pb2.ToolNeed(
+                    module_id=n.module_id, required=n.required, owner_feature=n.owner_feature
+                )
                 for n in entry.needed_by
             ],
             example_input=_json(entry.spec.example_input)
@@ -108,7 +113,12 @@ def to_json(catalog: list[CatalogTool]) -> dict[str, Any]:
                 "example_input": entry.spec.example_input,
                 "example_output": entry.spec.example_output,
                 "needed_by": [
-                    {"module_id": n.module_id, "required": n.required} for n in entry.needed_by
+                    {
+                        "module_id": n.module_id,
+                        "required": n.required,
+                        "owner_feature": n.owner_feature,
+                    }
+                    for n in entry.needed_by
                 ],
             }
             for entry in catalog
@@ -144,7 +154,9 @@ object that is a draft 2020-12 JSON Schema *compatible* with the catalogue's:
 A tool that fails a check is refused (calls to it are not sent) and the modules that require
 it are unavailable to that game server's players, as if not installed; a tool the modules
 require that the hello does not offer has the same effect. The `Welcome` lists each such
-problem in `tool_problems`: log them.
+problem in `tool_problems`: log them. A module of an optional feature (needed by, with a
+feature named) is only for game servers whose hello lists that feature in `features`: a
+server without the feature need not offer the tools only such modules require.
 
 **What the engine checks at every call.** Each answer (`ToolResult.output`) is validated
 against the catalogue's output schema before any module reads it. An answer that breaks it
@@ -176,9 +188,7 @@ def to_markdown(catalog: list[CatalogTool]) -> str:
     ]
     for entry in catalog:
         spec = entry.spec
-        needs = ", ".join(
-            f"`{n.module_id}` ({'required' if n.required else 'optional'})" for n in entry.needed_by
-        )
+        needs = ", ".join(f"`{n.module_id}` ({_need(n)})" for n in entry.needed_by)
         lines.append(
             f"| [`{spec.tool_id}`](#{_anchor(spec.tool_id)}) | {_yes(spec.read_only)} | "
             f"{_yes(spec.idempotent)} | {_yes(spec.event_allowed)} | "
@@ -200,8 +210,7 @@ def to_markdown(catalog: list[CatalogTool]) -> str:
             f"- honours call id: {_yes(spec.honours_call_id)}",
         ]
         for need in entry.needed_by:
-            kind = "required" if need.required else "optional"
-            lines.append(f"- needed by `{need.module_id}` ({kind})")
+            lines.append(f"- needed by `{need.module_id}` ({_need(need)})")
         lines += ["", "Input schema:", "", *_block(spec.input_schema)]
         lines += ["", "Output schema:", "", *_block(spec.output_schema)]
         if spec.example_input is not None:
@@ -209,6 +218,13 @@ def to_markdown(catalog: list[CatalogTool]) -> str:
         if spec.example_output is not None:
             lines += ["", "Example answer:", "", *_block(spec.example_output)]
     return "\n".join(lines) + "\n"
+
+
+def _need(need: ToolNeed) -> str:
+    kind = "required" if need.required else "optional"
+    if need.owner_feature in ("", CORE_FEATURE):
+        return kind
+    return f"{kind}; feature `{need.owner_feature}`"
 
 
 def _yes(flag: bool) -> str:

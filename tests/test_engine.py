@@ -88,8 +88,10 @@ ADMIN = _module(
     min_permission_level=2,
 )
 QUESTS = _module(
-    "ftbquests:quests", commands=(CommandSpec(("quests",)),), owner_feature="ftbquests"
+    "ftbquests:quests", commands=(CommandSpec(("questbook",)),), owner_feature="ftbquests"
 )
+"""A third-party module of the `ftbquests` feature (the built-in quest modules belong to it too)."""
+QUEST_MODULES = ("system:quests", "system:quest_detail", "system:quest_claim")
 
 
 def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
@@ -184,6 +186,7 @@ def test_builtin_registry() -> None:
         "system:signin",
         "system:question",
         "system:search",
+        *QUEST_MODULES,
         "system:reasoning",
     ]
     assert [m.spec.module_id for m in registry.handlers("minecraft:advancement")] == [
@@ -302,6 +305,7 @@ def test_available_filters_by_permission_and_feature() -> None:
     assert ids(None) == [
         *BUILTIN,
         "system:search",
+        *QUEST_MODULES,
         "test:ban",
         "ftbquests:quests",
         "system:reasoning",
@@ -311,6 +315,7 @@ def test_available_filters_by_permission_and_feature() -> None:
     assert ids(_player(level=4, features=("ftbquests", "system:search"))) == ids(None)
     assert ids(_player(features=("ftbquests",))) == [
         *BUILTIN,
+        *QUEST_MODULES,
         "ftbquests:quests",
         "system:reasoning",
     ]
@@ -891,6 +896,7 @@ async def test_service_catalog(services: Services) -> None:
         "system:signin",
         "system:question",
         "system:search",
+        *QUEST_MODULES,
         "system:reasoning",
     ]
     assert catalog.generation == services.generation != ""
@@ -898,9 +904,12 @@ async def test_service_catalog(services: Services) -> None:
         engine_pb2.GetCatalogRequest(player=_player()), timeout=5
     )
     assert for_player.generation == catalog.generation
-    # The web search feature is granted explicitly; without it /search appears nowhere.
+    # The web search feature is granted explicitly; without it /search appears nowhere, and
+    # without FTB Quests on the player's server the quests appear nowhere either.
     assert list(for_player.modules) == [
-        m for m in catalog.modules if m.module_id != "system:search"
+        m
+        for m in catalog.modules
+        if m.module_id != "system:search" and m.module_id not in QUEST_MODULES
     ]
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await services.engine.GetCatalog(

@@ -314,6 +314,10 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft:mail.list",
         "minecraft:mail.read",
         "system:database.query",
+        "ftbquests:quest.query",
+        "ftbquests:quest.find",
+        "ftbquests:quest.detail",
+        "minecraft:gift.list",
         "ftbquests:quests.list",
     )
 
@@ -340,4 +344,13 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "system_database_query",
     ]
     assert offered() == core
-    assert offered("ftbquests", "system:search") == [*core, "ftbquests_quests_list"]
+    # With FTB Quests: the quest reads, the gift list (a core tool only the quest detail
+    # declares) and the third-party module's tool.
+    assert offered("ftbquests", "system:search") == [
+        *core,
+        "ftbquests_quest_query",
+        "ftbquests_quest_find",
+        "ftbquests_quest_detail",
+        "minecraft_gift_list",
+        "ftbquests_quests_list",
+    ]

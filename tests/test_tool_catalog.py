@@ -80,11 +80,17 @@ def test_catalogue_names_the_modules_needing_each_tool() -> None:
     tools = {t["name"]: t for t in _document()["tools"]}
     inventory = tools["minecraft:inventory.read"]
     assert inventory["read_only"] and inventory["idempotent"] and inventory["event_allowed"]
-    assert {"module_id": "system:inventory", "required": True} in inventory["needed_by"]
-    assert {"module_id": "system:reasoning", "required": False} in inventory["needed_by"]
+    core = {"owner_feature": "system:core"}
+    assert {"module_id": "system:inventory", "required": True, **core} in inventory["needed_by"]
+    assert {"module_id": "system:reasoning", "required": False, **core} in inventory["needed_by"]
     give = tools["minecraft:item.give"]
     assert not give["read_only"] and not give["idempotent"] and give["event_allowed"]
-    assert give["needed_by"] == [{"module_id": "system:advancement_reward", "required": True}]
+    assert give["needed_by"] == [
+        {"module_id": "system:advancement_reward", "required": True, **core}
+    ]
+    # A module of an optional feature says so: servers without it need not offer the tool.
+    query = tools["ftbquests:quest.query"]["needed_by"]
+    assert {"module_id": "system:quests", "required": True, "owner_feature": "ftbquests"} in query
     # The output schema says what system:inventory reads: items[].item and items[].count.
     item = inventory["output_schema"]["properties"]["items"]["items"]
     assert set(item["required"]) == {"item", "count"}

@@ -4,7 +4,8 @@ The core modules (help, history, inventory, profile, item, inbox and mail claim,
 advancement reward) need nothing but the registry. The question, search and reasoning modules
 need server tools whose handlers hold clients (`BuiltinServices`); `register_builtins`
 registers tools and modules together, with `system:reasoning` last so it sees every other
-module's read-only tools.
+module's read-only tools. The quest modules (quests.py) need nothing either; they belong to
+the `ftbquests` feature, and their game tools (quest_tools.py) are registered here too.
 """
 
 from __future__ import annotations
@@ -20,16 +21,21 @@ from engine_service.modules.item import ItemModule
 from engine_service.modules.mail import InboxModule, MailClaimModule
 from engine_service.modules.profile import ProfileModule
 from engine_service.modules.question import QuestionModule
+from engine_service.modules.quests import QuestClaimModule, QuestDetailModule, QuestsModule
 from engine_service.modules.reasoning import ReasoningModule
 from engine_service.modules.rewards import AdvancementRewardModule
 from engine_service.modules.search import SearchModule
+from engine_service.modules.shop import ShopBuyModule, ShopConfirmModule, ShopModule
 from engine_service.modules.signin import SigninModule
+from engine_service.offers import DocumentStore, OfferTools
+from engine_service.quest_tools import QUEST_GAME_TOOLS
 from engine_service.registry import Module, ModuleRegistry
 from engine_service.signin_rewards import SigninRewards
 from engine_service.web_tools import ExternalPreference, WebGate, WebTools
 
 __all__ = [
     "BUILTIN_MODULES",
+    "QUEST_MODULES",
     "SMALL_TALK",
     "AdvancementRewardModule",
     "BuiltinServices",
@@ -40,9 +46,15 @@ __all__ = [
     "ItemModule",
     "MailClaimModule",
     "ProfileModule",
+    "QuestClaimModule",
+    "QuestDetailModule",
     "QuestionModule",
+    "QuestsModule",
     "ReasoningModule",
     "SearchModule",
+    "ShopBuyModule",
+    "ShopConfirmModule",
+    "ShopModule",
     "SigninModule",
     "register_builtins",
 ]
@@ -55,9 +67,15 @@ BUILTIN_MODULES = (
     ItemModule,
     InboxModule,
     MailClaimModule,
+    ShopModule,
+    ShopBuyModule,
+    ShopConfirmModule,
     AdvancementRewardModule,
 )
 """Classes of the core modules, which need no services, in help order."""
+
+QUEST_MODULES = (QuestsModule, QuestDetailModule, QuestClaimModule)
+"""Classes of the quest modules (the `ftbquests` feature), after the core ones in help order."""
 
 SMALL_TALK = {
     "zh": ("你好", "谢谢", "哈哈", "今天天气怎么样", "你是谁", "晚安", "好无聊啊"),
@@ -79,6 +97,8 @@ class BuiltinServices:
     """The players' external-services preference (storage's GetPreferences)."""
     signin_rewards: SigninRewards | None = None
     """The daily sign-in's reward catalogue; None: the shipped one."""
+    documents: DocumentStore | None = None
+    """Player documents and atomic batches (storage): the shop's quotes and orders."""
 
 
 def register_builtins(
@@ -92,11 +112,16 @@ def register_builtins(
     gate = WebGate(services.preferences)
     KnowledgeTools(services.knowledge).register(registry.tools)
     WebTools(gate).register(registry.tools)
+    for spec in QUEST_GAME_TOOLS:  # the ftbquests tools and the shared gift list
+        registry.tools.game(spec)
+    OfferTools(services.documents).register(registry.tools)
     for module_class in BUILTIN_MODULES:
         registry.register(module_class())
     registry.register(SigninModule(services.signin_rewards))
     registry.register(QuestionModule(gate))
     registry.register(SearchModule(gate))
+    for module_class in QUEST_MODULES:
+        registry.register(module_class())
     for module in extra:
         registry.register(module)
     registry.register(ReasoningModule.over(registry))

@@ -107,8 +107,9 @@ class GameServerClient:
         hello = gateway_pb2.Hello(
             server_id=self.server_id,
             protocol_version=PROTOCOL_VERSION,
-            features=list(self.features),
-            tools=self.world.tools(),
+            # The world's own features (FTB Quests, by default) and any the caller adds.
+            features=list(dict.fromkeys((*self.features, *self.world.features))),
+            tools=self.world.hello_tools(),
             software="system-gamesim/0.1",
         )
         try:

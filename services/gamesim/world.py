@@ -14,15 +14,16 @@ import json
 import time
 import zoneinfo
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from system.gateway.v1 import gateway_pb2
 
-from services.gamesim import items, mail
+from services.gamesim import items, mail, quests, shop
 
 __all__ = [
+    "FEATURES",
     "HONOURS_CALL_ID",
     "SIGNIN_DAY_START_HOUR",
     "SIGNIN_TIME_ZONE",
@@ -63,8 +64,16 @@ TOOLS = (
     "minecraft:mail.list",
     "minecraft:mail.read",
     "minecraft:mail.claim",
+    "minecraft:shop.list",
+    "minecraft:shop.item",
+    "minecraft:shop.buy",
+    "minecraft:gift.list",
 )
-"""The catalogue's tools this world implements, in its hello's order."""
+"""The catalogue's tools this world implements, in its hello's order (then quests.TOOLS, with
+the `ftbquests` feature)."""
+FEATURES = (quests.FEATURE,)
+"""Optional features of a world unless it is given others: FTB Quests is installed, as on
+`make run`'s server. `World(features=())` is a server without it: no quests, no quest tools."""
 
 
 @dataclasses.dataclass
@@ -85,6 +94,8 @@ class PlayerState:
     """The sign-in calendar: day -> that day's record (reward id and items given)."""
     mailbox: dict[str, mail.Mail] = dataclasses.field(default_factory=mail.seed)
     """The player's mail by id (mail.py)."""
+    quest_progress: quests.Progress = dataclasses.field(default_factory=quests.seed)
+    """The player's progress in the quest book (quests.py; used with the ftbquests feature)."""
 
     def play_seconds(self, now: float) -> int:
         """Play time, the current session included."""
@@ -118,6 +129,8 @@ class World:
         wall_clock: seconds since the epoch; the sign-in calendar's days count with it.
         time_zone: IANA time zone of the sign-in calendar (a server setting).
         day_start_hour: hour in `time_zone` at which a new sign-in day begins.
+        features: optional features installed (the hello's `features`): with `ftbquests` the
+            world has quests and offers the quest tools.
     """
 
     def __init__(
@@ -127,6 +140,7 @@ class World:
         wall_clock: Callable[[], float] = time.time,
         time_zone: str = SIGNIN_TIME_ZONE,
         day_start_hour: int = SIGNIN_DAY_START_HOUR,
+        features: Iterable[str] = FEATURES,
     ) -> None:
         if not 0 <= day_start_hour <= 23:
             raise ValueError("day_start_hour must be between 0 and 23")
@@ -134,10 +148,11 @@ class World:
         self.wall_clock = wall_clock
         self.time_zone = zoneinfo.ZoneInfo(time_zone)  # ZoneInfoNotFoundError for a bad name
         self.day_start_hour = day_start_hour
+        self.features = tuple(dict.fromkeys(features))
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.players: dict[str, PlayerState] = {}
         self.items = items.ITEMS
-        self.shop = items.SHOP
+        self.shop = shop.Shop()
 
     def player(self, player_id: str) -> PlayerState:
         """The player's state, created with the starting values on first sight."""
@@ -161,8 +176,17 @@ class World:
 
     @staticmethod
     def tools() -> list[gateway_pb2.GameTool]:
-        """The tools of the hello, with the catalogue's schemas and flags (docs/game-tools.md)."""
-        return _catalogued_tools(TOOLS)
+        """Every tool the simulator implements, quests' included, with the catalogue's schemas
+        and flags (docs/game-tools.md)."""
+        return _catalogued_tools((*TOOLS, *quests.TOOLS))
+
+    def hello_tools(self) -> list[gateway_pb2.GameTool]:
+        """The tools of this world's hello: `tools()` less the quest tools when FTB Quests is
+        not installed (a server offers a mod's tools only with the mod)."""
+        offered = self.tools()
+        if quests.FEATURE in self.features:
+            return offered
+        return [tool for tool in offered if tool.name not in quests.TOOLS]
 
     def call_with_id(
         self, player_id: str, tool: str, data: dict[str, Any], call_id: str
@@ -275,7 +299,7 @@ class World:
             query = data.get("query")
             if not isinstance(query, str) or not query.strip() or len(query) > 64:
                 raise ValueError("item.lookup needs a query of 1 to 64 characters")
-            return items.lookup(query, self.items, self.shop)
+            return items.lookup(query, self.items, tuple(self.shop.listings.values()))
         if tool == "minecraft:signin.status":
             if data:
                 raise ValueError("signin.status takes no input")
@@ -289,4 +313,26 @@ class World:
         if tool == "minecraft:mail.claim":
             state = self.player(player_id)
             return mail.claim(state.mailbox, state.inventory, data)
+        if tool == "minecraft:shop.list":
+            return self.shop.list_page(data)
+        if tool == "minecraft:shop.item":
+            return self.shop.detail(data)
+        if tool == "minecraft:shop.buy":
+            state = self.player(player_id)
+            answer, state.balance = self.shop.buy(player_id, state.balance, state.inventory, data)
+            return answer
+        if tool == "minecraft:gift.list":
+            return quests.gift_list(data)
+        if tool in quests.TOOLS and quests.FEATURE in self.features:
+            return self._quest_call(player_id, tool, data)
         raise ValueError(f"unknown tool {tool}")
+
+    def _quest_call(self, player_id: str, tool: str, data: dict[str, Any]) -> dict[str, Any]:
+        state = self.player(player_id)
+        if tool == "ftbquests:quest.query":
+            return quests.query(state.quest_progress, data)
+        if tool == "ftbquests:quest.find":
+            return quests.find(state.quest_progress, data)
+        if tool == "ftbquests:quest.detail":
+            return quests.detail(state.quest_progress, data)
+        return quests.claim(state.quest_progress, state.inventory, data)

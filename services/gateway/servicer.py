@@ -101,7 +101,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         catalogue = await self._players.game_tool_catalog()
         if catalogue is None:
             return ContractCheck((), frozenset(), ())
-        checked = check_tools(hello.tools, catalogue)
+        checked = check_tools(hello.tools, catalogue, hello.features)
         for name in checked.refused:
             connection.tools.pop(name, None)
         connection.unavailable_modules = checked.unavailable_modules

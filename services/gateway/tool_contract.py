@@ -21,9 +21,11 @@ none; the catalogue's own schema, copied as is, always passes.
 
 Any tool, catalogued or not, whose schema is not JSON, not an object or not a valid JSON Schema
 is refused. A tool the catalogue lists as required by some module and the hello does not offer
-is a problem too. The modules requiring a refused or missing tool are unavailable to the game
-server's players; tools the catalogue has no declaration for (`declared` false) are checked
-for presence only.
+is a problem too, unless every module requiring it belongs to an optional feature the hello
+does not list (`features`): those modules are unavailable there anyway, and a server without
+FTB Quests is not expected to offer the quest tools. The modules requiring a refused or missing
+tool are unavailable to the game server's players; tools the catalogue has no declaration for
+(`declared` false) are checked for presence only.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 from system.engine.v1 import engine_pb2
 from system.gateway.v1 import gateway_pb2
+
+from services.runtime.permissions import CORE_FEATURE
 
 __all__ = ["ContractCheck", "check_tools"]
 
@@ -211,12 +215,16 @@ def _problem(tool: str, issues: list[str], modules: Sequence[str]) -> gateway_pb
 
 
 def check_tools(
-    offered: Sequence[gateway_pb2.GameTool], catalogue: Sequence[engine_pb2.GameToolEntry]
+    offered: Sequence[gateway_pb2.GameTool],
+    catalogue: Sequence[engine_pb2.GameToolEntry],
+    features: Iterable[str] = (),
 ) -> ContractCheck:
-    """Checks a hello's tools against the catalogue (see the module docstring).
+    """Checks a hello's tools against the catalogue (see the module docstring); `features`
+    are the hello's.
 
     Never raises on what a game server sent: anything malformed becomes a problem.
     """
+    installed = {"", CORE_FEATURE, *features}
     entries = {entry.tool.name: entry for entry in catalogue}
     problems: list[gateway_pb2.ToolProblem] = []
     refused: set[str] = set()
@@ -235,7 +243,11 @@ def check_tools(
         unavailable.update(modules)
     names = {tool.name for tool in offered}
     for name, entry in entries.items():
-        modules = [n.module_id for n in entry.needed_by if n.required]
+        # Modules of a feature this server lacks are unavailable anyway: their tools may be
+        # missing.
+        modules = [
+            n.module_id for n in entry.needed_by if n.required and n.owner_feature in installed
+        ]
         if name in names or not modules:
             continue
         problems.append(_problem(name, [f"not offered; required by {', '.join(modules)}"], modules))
