@@ -62,6 +62,7 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.edge
 	$(PYTHON) -m bench.java_client
 	$(PYTHON) -m bench.keepalive
+	$(PYTHON) -m bench.shop
 
 .PHONY: java-client
 java-client: $(GEN_STAMP)

@@ -11,11 +11,11 @@ for. Local routing passes the id it parsed from the text (`查询物品 minecraf
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.modules.buttons import invoke
 from engine_service.modules.text import pick
 from engine_service.registry import (
     CommandSpec,
@@ -203,16 +203,7 @@ class ItemModule:
         for number, item in enumerate(items, 1):
             name = pick(item["name"], language)
             lines.append((f"{number}. {name} ({item['id']})", f"/item {item['id']}"))
-            buttons.append(
-                common_pb2.CardButton(
-                    action_id="invoke",
-                    label=name,
-                    args={
-                        "module_id": MODULE_ID,
-                        "input": json.dumps({"item_id": item["id"]}),
-                    },
-                )
-            )
+            buttons.append(invoke(MODULE_ID, name, {"item_id": item["id"]}))
         if total > len(items):
             lines.append(pick(_MORE, language).format(more=total - len(items)))
         return card(

@@ -16,11 +16,11 @@ together, once per mail: a repeated claim (a second press, a retry) gives nothin
 from __future__ import annotations
 
 import datetime
-import json
 from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.modules.buttons import invoke
 from engine_service.modules.text import pick
 from engine_service.registry import (
     CommandSpec,
@@ -98,16 +98,6 @@ _NO_ATTACHMENT = {
 
 def _date(sent_at: int) -> str:
     return datetime.datetime.fromtimestamp(sent_at, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _invoke(
-    module_id: str, label: str, data: dict[str, Any], **extra: str
-) -> common_pb2.CardButton:
-    return common_pb2.CardButton(
-        action_id="invoke",
-        label=label,
-        args={"module_id": module_id, "input": json.dumps(data, ensure_ascii=False), **extra},
-    )
 
 
 def _stacks(mail_stacks: list[dict[str, Any]], language: str) -> list[str | tuple[str, str]]:
@@ -220,7 +210,7 @@ class InboxModule:
                 mark=mark,
             )
             lines.append((text, f"/mail {mail['id']}"))
-            buttons.append(_invoke(INBOX, mail["subject"], {"mail_id": mail["id"]}))
+            buttons.append(invoke(INBOX, mail["subject"], {"mail_id": mail["id"]}))
         if not listed["mails"]:
             lines.append(
                 pick(_NO_PAGE, language).format(page=page, pages=pages)
@@ -228,9 +218,9 @@ class InboxModule:
                 else pick(_EMPTY, language)
             )
         if 1 < page <= pages:
-            buttons.append(_invoke(INBOX, pick(_PREVIOUS, language), {"page": page - 1}))
+            buttons.append(invoke(INBOX, pick(_PREVIOUS, language), {"page": page - 1}))
         if page < pages:
-            buttons.append(_invoke(INBOX, pick(_NEXT, language), {"page": page + 1}))
+            buttons.append(invoke(INBOX, pick(_NEXT, language), {"page": page + 1}))
         return card(INBOX, title, lines, buttons)
 
     @staticmethod
@@ -248,14 +238,14 @@ class InboxModule:
             if not mail["claimed"]:
                 # press_only: a typed number (查看 1) never presses a write button.
                 buttons.append(
-                    _invoke(
+                    invoke(
                         CLAIM,
                         pick(_CLAIM_BUTTON, language),
                         {"mail_id": mail["id"]},
-                        press_only="true",
+                        press_only=True,
                     )
                 )
-        buttons.append(_invoke(INBOX, pick(_BACK, language), {}))
+        buttons.append(invoke(INBOX, pick(_BACK, language), {}))
         return card(INBOX, mail["subject"], lines, buttons)
 
 
@@ -298,7 +288,7 @@ class MailClaimModule:
                 pick(_NO_ATTACHMENT, language).format(mail_id=mail_id),
                 title=pick(_NO_ATTACHMENT_TITLE, language),
             )
-        back = _invoke(INBOX, pick(_BACK, language), {})
+        back = invoke(INBOX, pick(_BACK, language), {})
         if outcome == "already_claimed":
             return succeeded(
                 card(
