@@ -9,6 +9,9 @@ OpenAI-compatible test server in-process, with a generated key, and points the m
 it. Its replies are scripted for a demo: a routing request picks the catalogue module whose id
 word appears in the text ("show my history" -> system:history), otherwise `clarify`; any other
 completion echoes the last user message. See `services.model_testserver.router_demo_reply`.
+
+The simulated server has FTB Quests installed (its hello offers the `ftbquests` feature and the
+quest tools); with --without-ftbquests it has not, and quests appear nowhere.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from system.gateway.v1 import gateway_pb2
 
 from services.gamesim import GameServerClient, render_response
 from services.gamesim.client import FrameRefused, GatewayRefused
+from services.gamesim.world import World
 from services.model_testserver import FakeOpenAIServer, router_demo_reply
 from services.stack.launcher import ROOT, SERVICES, Stack, StackError
 
@@ -170,8 +174,10 @@ async def _handle_line(
     return last
 
 
-async def _play(stack: Stack, say: str | None, language: str) -> int:
-    client = GameServerClient(stack.target("gateway"), stack.server_id, stack.token)
+async def _play(stack: Stack, say: str | None, language: str, ftbquests: bool = True) -> int:
+    # The simulated server has FTB Quests installed unless told otherwise.
+    world = World() if ftbquests else World(features=())
+    client = GameServerClient(stack.target("gateway"), stack.server_id, stack.token, world)
     try:
         await client.connect()
     except GatewayRefused as exc:
@@ -197,6 +203,11 @@ def main() -> int:
     parser.add_argument("--language", default="auto", help="client language: auto, zh_cn or en_us")
     parser.add_argument(
         "--free-ports", action="store_true", help="use free ports instead of 50051-50055"
+    )
+    parser.add_argument(
+        "--without-ftbquests",
+        action="store_true",
+        help="simulate a game server without FTB Quests (no quests, no quest commands)",
     )
     parser.add_argument(
         "--offline-model",
@@ -247,7 +258,7 @@ def _run(args: argparse.Namespace, service_env: dict[str, dict[str, str]]) -> in
     )
     code = 1
     try:
-        code = asyncio.run(_play(stack, args.say, args.language))
+        code = asyncio.run(_play(stack, args.say, args.language, not args.without_ftbquests))
     except KeyboardInterrupt:
         code = 0
     finally:
