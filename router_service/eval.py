@@ -3,11 +3,20 @@
 ```sh
 python -m router_service.eval --profiles router_service/corpus/profiles.json \\
     --cases router_service/corpus/cases.jsonl [--split test|tune|all] \\
-    [--config system-semantic.json] [--json OUT] [--fail-under-precision 0.99] [--compare]
+    [--config system-semantic.json] [--json OUT] [--fail-under-precision 0.99] [--compare] \\
+    [--plot OUT.png]
 ```
 
-`--compare` routes the same cases under each scorer mode (`gates`: the seed's gates alone,
-`strict`, `calibrated`; the config's other settings and `scorer.target` kept) and prints them
+`--plot OUT.png` (needs matplotlib, in the `bench` extra) routes the cases again while the
+scorer's threshold moves (scorer `ngram`: `scorer.offset` from -0.5 to +1; `strict` and
+`calibrated`: `scorer.target`; `gates`: `defaultThreshold.score`) and draws coverage against
+precision, the shipped point marked, beside the wrong direct routes of the shipped point as a
+confusion list (expected → routed, counted). The sweep's points go into the JSON under
+`sweep`.
+
+`--compare` routes the same cases under each scorer mode (`ngram`: the default, `gates`: the
+seed's gates alone, `strict`, `calibrated`; the config's other settings, `scorer.target` and
+`scorer.offset` kept) and prints them
 side by side; the JSON document then holds one report per mode under `compare`, and the
 `--fail-under-*` checks apply to the config's own scorer mode.
 
@@ -50,9 +59,12 @@ __all__ = [
     "EvalReport",
     "evaluate",
     "format_compare",
+    "confusion_pairs",
     "format_table",
     "iter_cases",
     "main",
+    "sweep",
+    "write_plot",
 ]
 
 SPLITS = ("tune", "test")
@@ -303,6 +315,12 @@ def evaluate(
     return report
 
 
+def confusion_pairs(report: EvalReport) -> Counter[tuple[str, str]]:
+    """The wrong direct routes kept in `report`, counted by (expected, routed to); an
+    expected-null case shows as `(none)`."""
+    return Counter((c["expected"] or "(none)", c["got"]) for c in report.confusions)
+
+
 def _confusion(case: Case, routed_to: str, decision: Any) -> dict[str, Any]:
     def num(name: str) -> float | None:
         value = getattr(decision, name, None)
@@ -321,6 +339,9 @@ def _confusion(case: Case, routed_to: str, decision: Any) -> dict[str, Any]:
         "margin": num("margin"),
         "coverage": num("coverage"),
         "topic_coverage": num("topic_coverage"),
+        "route": getattr(decision, "route", None),
+        "scorer_margin": num("scorer_margin"),
+        "scorer_threshold": num("scorer_threshold"),
         "candidates": candidates,
     }
 
@@ -393,6 +414,11 @@ def format_table(report: EvalReport, *, max_confusions: int = 50) -> str:
         )
     out.append("")
     out.append(f"wrong direct routes: {report.confusion_count}")
+    pairs = confusion_pairs(report)
+    if pairs:
+        out.append(
+            "  by pair: " + ", ".join(f"{e} -> {g} x{n}" for (e, g), n in pairs.most_common())
+        )
     for c in report.confusions[:max_confusions]:
         top = ", ".join(f"{x['module']} {x['score']:.2f}" for x in c["candidates"])
         out.append(
@@ -454,6 +480,124 @@ def format_compare(reports: dict[str, EvalReport]) -> str:
     return "\n".join(out)
 
 
+# --- threshold sweep and plot -------------------------------------------------------------
+
+
+def _sweep_variants(config: Any) -> tuple[str, list[tuple[float, Any]]]:
+    """What moves in a sweep for `config`'s scorer mode, and one config per value."""
+    from router_service.semantic.config import Threshold
+
+    mode = config.scorer.mode
+    if mode == "ngram":
+        values = [round(-0.5 + 0.05 * i, 3) for i in range(31)]
+        return "scorer.offset", [
+            (v, dataclasses.replace(config, scorer=dataclasses.replace(config.scorer, offset=v)))
+            for v in values
+        ]
+    values = [round(0.5 + 0.025 * i, 3) for i in range(21)]
+    if mode in ("strict", "calibrated"):
+        return "scorer.target", [
+            (v, dataclasses.replace(config, scorer=dataclasses.replace(config.scorer, target=v)))
+            for v in values
+        ]
+    margin = config.default_threshold.margin
+    return "defaultThreshold.score", [
+        (v, dataclasses.replace(config, default_threshold=Threshold(score=v, margin=margin)))
+        for v in values
+    ]
+
+
+def sweep(router: Any, config: Any, cases: Sequence[Case]) -> dict[str, Any]:
+    """Routes `cases` once per threshold value (`_sweep_variants`), with `router`'s live
+    reload, and puts `config` back. Returns `{"parameter", "shipped", "points": [{"value",
+    "coverage", "precision", "false_direct_rate", "direct", "wrong_direct"}]}`."""
+    parameter, variants = _sweep_variants(config)
+    shipped = {
+        "scorer.offset": config.scorer.offset,
+        "scorer.target": config.scorer.target,
+        "defaultThreshold.score": config.default_threshold.score,
+    }[parameter]
+    points = []
+    try:
+        for value, variant in variants:
+            router.apply_config(variant)
+            figures = evaluate(lambda t, lang: router.decide(t, lang), cases).overall.figures()
+            points.append(
+                {
+                    "value": value,
+                    **{
+                        key: figures[key]
+                        for key in (
+                            "coverage",
+                            "precision",
+                            "false_direct_rate",
+                            "direct",
+                            "wrong_direct",
+                        )
+                    },
+                }
+            )
+    finally:
+        router.apply_config(config)
+    return {"parameter": parameter, "shipped": shipped, "points": points}
+
+
+def write_plot(
+    path: str | Path, title: str, swept: dict[str, Any], report: EvalReport, *, max_pairs: int = 30
+) -> None:
+    """Coverage against precision as the threshold moves (the shipped point marked), the
+    out-of-scope false-direct rate against coverage, and the shipped point's wrong direct
+    routes as a confusion list, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [p for p in swept["points"] if p["precision"] is not None]
+    overall = report.overall.figures()
+    fig, (left, middle, right) = plt.subplots(
+        1, 3, figsize=(17, 5.5), gridspec_kw={"width_ratios": [3, 3, 3]}
+    )
+    coverage = [p["coverage"] * 100 for p in points]
+    left.plot(coverage, [p["precision"] * 100 for p in points], "o-", ms=3, label="sweep")
+    for p in points[:: max(1, len(points) // 8)]:
+        left.annotate(
+            f"{p['value']:g}",
+            (p["coverage"] * 100, p["precision"] * 100),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(3, -9),
+        )
+    ship_cov = (overall["coverage"] or 0) * 100
+    ship_prec = (overall["precision"] if overall["precision"] is not None else 1.0) * 100
+    left.plot([ship_cov], [ship_prec], "r*", ms=14, label=f"shipped ({swept['shipped']:g})")
+    left.axhline(99, color="grey", ls="--", lw=0.8)
+    left.axvline(25, color="grey", ls=":", lw=0.8)
+    left.set_xlabel("coverage of in-scope cases (%)")
+    left.set_ylabel("precision of direct routes (%)")
+    left.set_title(f"moving {swept['parameter']}")
+    left.legend(loc="lower left", fontsize=8)
+    fd = [(p["false_direct_rate"] or 0) * 100 for p in points]
+    middle.plot(coverage, fd, "o-", ms=3, color="tab:orange")
+    ship_fd = (overall["false_direct_rate"] or 0) * 100
+    middle.plot([ship_cov], [ship_fd], "r*", ms=14)
+    middle.axhline(0.5, color="grey", ls="--", lw=0.8)
+    middle.set_xlabel("coverage of in-scope cases (%)")
+    middle.set_ylabel("out-of-scope false-direct (%)")
+    middle.set_title(f"false-direct {overall['false_direct']}/{overall['out_of_scope']} shipped")
+    right.axis("off")
+    pairs = confusion_pairs(report)
+    lines = [f"wrong direct routes at the shipped point: {report.confusion_count}"]
+    lines += [f"{n:>3}  {e} -> {g}" for (e, g), n in pairs.most_common(max_pairs)]
+    if len(pairs) > max_pairs:
+        lines.append(f"… {len(pairs) - max_pairs} more pairs in the JSON report")
+    right.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 class _Progress:
     """A one-line progress bar on stderr, redrawn at most ten times a second."""
 
@@ -500,8 +644,11 @@ def _count_cases(path: str | Path, split: str) -> int:
 # --- command line -----------------------------------------------------------------------------
 
 
-def _build_router(profiles_path: str, config_path: str | None) -> tuple[Decide, dict[str, Any]]:
-    """Loads the profile set and the matcher; returns `decide(text, lang)` and run metadata."""
+def _build_router(
+    profiles_path: str, config_path: str | None
+) -> tuple[Decide, dict[str, Any], Any, Any]:
+    """Loads the profile set and the matcher; returns `decide(text, lang)`, run metadata, the
+    router and its config."""
     from router_service.semantic import SemanticConfig, SemanticRouter, load_profiles
 
     language, profiles = load_profiles(profiles_path)
@@ -524,7 +671,13 @@ def _build_router(profiles_path: str, config_path: str | None) -> tuple[Decide, 
         "build_seconds": round(built, 4),
         "module_ids": [_profile_id(p) for p in profiles],
     }
-    return (lambda text, lang: router.decide(text, lang)), meta
+    ngram = getattr(router, "ngram", None)
+    if ngram is not None:
+        meta["scorer_thresholds"] = {
+            lang: round(ngram.threshold(lang), 4) for lang in ngram.languages
+        }
+        meta["scorer_train_seconds"] = round(ngram.train_seconds, 4)
+    return (lambda text, lang: router.decide(text, lang)), meta, router, config
 
 
 def _build_routers(
@@ -548,7 +701,9 @@ def _build_routers(
         "module_ids": [_profile_id(p) for p in profiles],
     }
     for mode in SCORER_MODES:
-        variant = dataclasses.replace(config, scorer=Scorer(mode, config.scorer.target))
+        variant = dataclasses.replace(
+            config, scorer=Scorer(mode, config.scorer.target, config.scorer.offset)
+        )
         started = time.perf_counter()
         router = SemanticRouter(profiles, variant, analyzer=analyzer)
         meta[f"build_seconds_{mode}"] = round(time.perf_counter() - started, 4)
@@ -597,6 +752,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-confusions", type=int, default=50, help="wrong routes listed in the table"
     )
     parser.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="also sweep the threshold and write coverage vs precision and the confusion list",
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -611,11 +771,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compare(args)
     err = sys.stderr
     try:
-        decide, meta = _build_router(args.profiles, args.config)
+        decide, meta, router, config = _build_router(args.profiles, args.config)
         module_ids = meta.pop("module_ids")
-        cases = iter_cases(
+        cases: Iterable[Case] = iter_cases(
             args.cases, split=args.split, known_modules=module_ids, default_lang=meta["language"]
         )
+        if args.plot:
+            cases = list(cases)  # routed again by the sweep
         show = args.progress if args.progress is not None else err.isatty()
         progress = _Progress(_count_cases(args.cases, args.split), err) if show else None
         try:
@@ -630,6 +792,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     report.meta = meta
     document = report.as_dict()
+    if args.plot:
+        swept = sweep(router, config, list(cases))
+        document["sweep"] = swept
+        write_plot(args.plot, f"{args.profiles} / {args.cases} [{args.split}]", swept, report)
+        print(f"plot written to {args.plot}", file=err)
     text = json.dumps(document, ensure_ascii=False, indent=2)
     print(format_table(report, max_confusions=args.max_confusions))
     print()
