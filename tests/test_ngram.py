@@ -1,0 +1,238 @@
+"""The n-gram scorer (`router_service.semantic.ngram`) and scorer mode `ngram` (the default):
+thresholds derived from the catalogue, exact leave-one-out, background chat rejected, writes and
+guarded requests never direct, and the eval's threshold sweep and plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from router_service import eval as routing_eval
+from router_service.eval import iter_cases
+from router_service.semantic import (
+    Analyzer,
+    Profile,
+    SemanticConfig,
+    SemanticRouter,
+    load_profiles,
+    ngram,
+    normalize,
+)
+from router_service.semantic.config import Scorer, parse_semantic_config
+
+CORPUS = Path(__file__).resolve().parents[1] / "router_service" / "corpus"
+
+# A second, unrelated catalogue (its own examples only), to show thresholds follow the catalogue.
+WEATHER = [
+    Profile(
+        "demo:forecast",
+        "read",
+        {"en": ["weather tomorrow", "will it rain", "forecast for the week", "is it sunny"]},
+    ),
+    Profile(
+        "demo:clock",
+        "read",
+        {"en": ["what time is it", "current time", "tell me the time", "time now please"]},
+    ),
+    Profile(
+        "demo:timer",
+        "read",
+        {"en": ["start a timer", "timer for ten minutes", "countdown please", "new timer"]},
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def analyzer() -> Analyzer:
+    return Analyzer()
+
+
+@pytest.fixture(scope="module")
+def profiles() -> list[Profile]:
+    return load_profiles(CORPUS / "profiles.json")[1]
+
+
+@pytest.fixture(scope="module")
+def router(analyzer: Analyzer, profiles: list[Profile]) -> SemanticRouter:
+    return SemanticRouter(profiles, SemanticConfig(), analyzer=analyzer)
+
+
+def test_ngram_is_the_default_and_is_trained_per_language(router: SemanticRouter) -> None:
+    assert SemanticConfig().scorer.mode == "ngram"
+    assert router.ngram is not None and router.scorer is None
+    assert set(router.ngram.languages) == {"zh", "en"}
+    for lang in ("zh", "en"):
+        model = router.ngram.model(lang)
+        assert model is not None
+        assert model.threshold == max(
+            model.loo_threshold, model.background_threshold, ngram.MIN_MARGIN
+        )
+        assert model.background_kept > 100  # the shipped background texts took part
+
+
+def test_thresholds_come_from_the_catalogue(analyzer: Analyzer, profiles: list[Profile]) -> None:
+    """The same code derives different thresholds for different catalogues, and they are what
+    the leave-one-out rule and the background rule give for that catalogue's own examples."""
+    own = ngram.NgramScorer.train(profiles, ["en"], analyzer).model("en")
+    other = ngram.NgramScorer.train(WEATHER, ["en"], analyzer).model("en")
+    assert own is not None and other is not None
+    assert own.loo_threshold != other.loo_threshold
+    assert own.loo_threshold == ngram._loo_threshold(list(own.loo))
+    assert len(own.loo) == sum(len(p.examples.get("en", ())) for p in profiles)
+    # No background text at all: the background rule has nothing to say.
+    bare = ngram.NgramScorer.train(WEATHER, ["en"], analyzer, background={}).model("en")
+    assert bare is not None and bare.background_kept == 0
+    assert bare.threshold == max(bare.loo_threshold, ngram.MIN_MARGIN)
+
+
+def test_leave_one_out_equals_refitting_without_the_example(analyzer: Analyzer) -> None:
+    model = ngram.NgramScorer.train(WEATHER, ["en"], analyzer, background={}).model("en")
+    assert model is not None
+    matrix = model.featurizer.matrix
+    labels = [p.module_id for p in WEATHER for _ in p.examples["en"]]
+    targets = -np.ones((len(labels), len(model.classes)))
+    for row, label in enumerate(labels):
+        targets[row, model.classes.index(label)] = 1.0
+    for held in (0, 5, 11):
+        keep = [i for i in range(len(labels)) if i != held]
+        x = matrix[keep]
+        gram = (x @ x.T).toarray()
+        alpha = np.linalg.solve(gram + ngram.RIDGE * np.eye(len(keep)), targets[keep])
+        scores = (matrix[held] @ x.T).toarray() @ alpha
+        ordered = np.sort(scores.ravel())
+        margin, right = model.loo[held]
+        assert margin == pytest.approx(ordered[-1] - ordered[-2], abs=1e-9)
+        assert right == (model.classes[int(scores.argmax())] == labels[held])
+
+
+def test_a_paraphrase_routes_through_the_scorer(router: SemanticRouter) -> None:
+    decision = router.decide("shop goods please", "en")
+    assert decision.outcome == "direct" and decision.module_id == "system:shop"
+    assert decision.route == "scorer" and decision.s1 < 0.9  # the seed's score gate failed
+    assert decision.scorer_margin is not None and decision.scorer_threshold is not None
+    assert decision.scorer_margin >= decision.scorer_threshold
+    # The seed's own gates still route what they routed, and say so.
+    assert router.decide("打开商店", "zh").route == "gates"
+
+
+def test_the_scorer_rejects_background_chat(router: SemanticRouter) -> None:
+    # Chat written for this test (not in background.json): never a direct route.
+    for text, lang in [
+        ("hello friend how are you", "en"),
+        ("that creeper scared me lol", "en"),
+        ("anyone up for a nether trip", "en"),
+        ("what's the tallest mountain on earth", "en"),
+        ("你好呀朋友", "zh"),
+        ("今天天气不错", "zh"),
+        ("刚才那个苦力怕吓死我了", "zh"),
+        ("谁想一起去下界", "zh"),
+    ]:
+        decision = router.decide(text, lang)
+        assert decision.outcome == "no_direct", (text, decision)
+
+
+def test_background_the_catalogue_claims_is_left_out(analyzer: Analyzer) -> None:
+    claimed = {"en": ["what time is it", "tell me the time", "hi there", "nice castle"]}
+    model = ngram.NgramScorer.train(WEATHER, ["en"], analyzer, background=claimed).model("en")
+    assert model is not None
+    assert model.background_kept == 2  # the two time questions are the catalogue's own
+
+
+def test_writes_and_guarded_requests_never_route_directly(router: SemanticRouter) -> None:
+    for case in iter_cases(CORPUS / "cases.jsonl", split="all"):
+        if case.category in ("write", "negation", "condition", "reference", "compound"):
+            decision = router.decide(case.text, case.lang)
+            assert decision.outcome != "direct", case
+    # A write phrased like the scorer's own paraphrase of a read module does not route.
+    assert router.decide("buy the shop goods please", "en").outcome == "no_direct"
+
+
+def test_the_scorer_respects_profiles_and_allowed(router: SemanticRouter) -> None:
+    assert router.decide("shop goods please", "en", allowed={"system:help"}).outcome != "direct"
+    for profile in router.profiles.values():
+        if not profile.routes_directly:
+            for lang, examples in profile.examples.items():
+                for text in examples:
+                    assert router.decide(text, lang).module_id != profile.module_id
+
+
+def test_offset_moves_the_threshold_live(router: SemanticRouter) -> None:
+    config = router.config
+    try:
+        stricter = dataclasses.replace(config, scorer=Scorer("ngram", offset=1.0))
+        assert router.apply_config(stricter) == ["scorer: applies live"]
+        decision = router.decide("shop goods please", "en")
+        assert decision.outcome == "no_direct" and decision.gate_failed == "score"
+        assert router.decide("打开商店", "zh").outcome == "direct"  # the seed's gates remain
+    finally:
+        router.apply_config(config)
+    parsed = parse_semantic_config({"scorer": {"offset": -0.2}})
+    assert parsed.scorer == Scorer("ngram", 0.8, -0.2)
+
+
+def test_gates_mode_trains_no_ngram_scorer(analyzer: Analyzer, profiles: list[Profile]) -> None:
+    gates = SemanticRouter(profiles, SemanticConfig(scorer=Scorer("gates")), analyzer=analyzer)
+    assert gates.ngram is None
+    decision = gates.decide("shop goods please", "en")
+    assert decision.outcome == "no_direct" and decision.scorer_module is None
+
+
+def test_features_mix_words_and_characters(analyzer: Analyzer) -> None:
+    featurizer = ngram.NgramFeaturizer([analyzer.analyze(normalize("查看商店 open shop"))])
+    features = set(featurizer.vocabulary)
+    assert {"c:商", "c:商店", "c:查看商", "c: op", "c:shop", "c:op"} <= features
+    assert any(f.startswith("w:") for f in features)
+    columns, values = featurizer.row(analyzer.analyze(normalize("查看商店 open shop")))
+    assert sum(v * v for v in values) == pytest.approx(1.0)
+    # Unknown content keeps its weight in the norm: the known part of the row shrinks.
+    _, partial = featurizer.row(analyzer.analyze(normalize("查看商店 open shop 龙蛋")))
+    assert sum(v * v for v in partial) < 1.0
+
+
+def test_eval_writes_the_plot_and_the_sweep(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text(
+        json.dumps(
+            {
+                "language": "en",
+                "modules": [
+                    {"id": p.module_id, "examples": {"en": list(p.examples["en"])}} for p in WEATHER
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
+    cases = tmp_path / "cases.jsonl"
+    lines = [
+        {"text": "weather for tomorrow please", "expected": "demo:forecast"},
+        {"text": "what is the time now", "expected": "demo:clock"},
+        {"text": "timer ten minutes", "expected": "demo:timer"},
+        {"text": "sing me a song", "expected": None},
+    ]
+    cases.write_text("\n".join(json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    plot, report = tmp_path / "plot.png", tmp_path / "report.json"
+    code = routing_eval.main(
+        [
+            "--profiles",
+            str(profiles),
+            "--cases",
+            str(cases),
+            "--plot",
+            str(plot),
+            "--json",
+            str(report),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    document = json.loads(report.read_text(encoding="utf-8"))
+    assert document["sweep"]["parameter"] == "scorer.offset"
+    assert document["sweep"]["shipped"] == 0.0
+    assert len(document["sweep"]["points"]) > 10
+    assert set(document["scorer_thresholds"]) == {"en"}
