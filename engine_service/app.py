@@ -13,8 +13,8 @@ from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventRunner, EventTasks
 from engine_service.knowledge_tools import StorageKnowledge
 from engine_service.models import ModelClient
-from engine_service.offers import StorageDocuments
 from engine_service.modules import SMALL_TALK, BuiltinServices, register_builtins
+from engine_service.offers import StorageDocuments
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.replica import JournalIncarnations, replica_identity
 from engine_service.runs import PlayerRuns
@@ -51,6 +51,7 @@ def build_registry(config: EngineConfig, services: BuiltinServices | None = None
     services = dataclasses.replace(
         services or BuiltinServices(),
         signin_rewards=load_signin_rewards(config.signin_rewards_file),
+        offer_seconds=config.offer_seconds,
     )
     register_builtins(
         registry, services, extra=load_entry_point_modules(config.disabled_entry_points)

@@ -64,6 +64,9 @@ class EngineConfig(ServerConfig):
     """JSON file of the daily sign-in's reward catalogue (`engine_service.signin_rewards`),
     checked at start (the engine refuses to start with a bad one; the error names the entry).
     Empty: the shipped `engine_service/signin_rewards.json`."""
+    offer_seconds: int = 300
+    """How long a confirmation card's offer (a shop quote) may be confirmed after it was made;
+    later its confirm button answers "expired" and charges nothing."""
 
     def validate(self) -> None:
         super().validate()
@@ -95,3 +98,5 @@ class EngineConfig(ServerConfig):
             raise ConfigError("task_lease_seconds must be between 3 and 3600")
         if not 0.01 <= self.event_poll_seconds <= 60:
             raise ConfigError("event_poll_seconds must be between 0.01 and 60")
+        if not 1 <= self.offer_seconds <= 86400:
+            raise ConfigError("offer_seconds must be between 1 and 86400 (a day)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
@@ -51,7 +52,8 @@ OFFER_TAKE = "system:offer.take"
 ORDER_SETTLE = "system:order.settle"
 ORDER_READ = "system:order.read"
 OFFER_SECONDS = 300
-"""How long an offer may be taken after it was made (a quote goes stale after five minutes)."""
+"""How long an offer may be taken after it was made, unless configured otherwise
+(EngineConfig.offer_seconds)."""
 STORAGE_TIMEOUT_SECONDS = 5.0
 CODEC = "application/json"
 OFFER_TYPE = "system:offer"
@@ -77,7 +79,7 @@ _ORDER = {
     "type": "object",
     "properties": {
         "order_id": _OFFER_ID,
-        "state": {"type": "string", "enum": ["placed", "completed", "rejected", "unknown"]},
+        "state": {"type": "string", "enum": ["placed", "completed", "rejected"]},
         "terms": _TERMS,
         "placed_at": {"type": "number"},
         "outcome": {"type": "object", "description": "The settled outcome, once settled."},
@@ -100,9 +102,10 @@ OFFER_MAKE_SPEC = ToolSpec(
         "properties": {
             "offer_id": _OFFER_ID,
             "version": {"type": "integer", "minimum": 1},
-            "expires_at": {"type": "number"},
+            "expires_at": {"type": "number", "description": "Seconds since the epoch."},
+            "valid_seconds": {"type": "integer", "minimum": 1},
         },
-        "required": ["expires_at", "offer_id", "version"],
+        "required": ["expires_at", "offer_id", "valid_seconds", "version"],
     },
     needs_context=True,
 )
@@ -265,11 +268,18 @@ class OfferTools:
     Args:
         store: where offers and orders live; None when the engine has no storage configured
             (every call then fails as STORAGE_UNAVAILABLE).
-        clock: seconds since the epoch (tests pass their own to expire offers).
+        offer_seconds: how long an offer may be taken after it was made.
+        clock: seconds since the epoch.
     """
 
-    def __init__(self, store: DocumentStore | None, clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        store: DocumentStore | None,
+        offer_seconds: int = OFFER_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._store = store
+        self._offer_seconds = offer_seconds
         self._clock = clock
 
     def register(self, tools: ToolRegistry) -> None:
@@ -305,7 +315,7 @@ class OfferTools:
         store, timeout = self._ready(ctx)
         key = self._key(ctx, payload["book"], OFFER_TYPE)
         offer_id = uuid.uuid4().hex
-        expires_at = self._clock() + OFFER_SECONDS
+        expires_at = self._clock() + self._offer_seconds
         data = {"offer_id": offer_id, "terms": payload["terms"], "expires_at": expires_at}
         for _ in range(3):  # a concurrent quote may write between the read and the put
             current = await self._get(ctx, key)
@@ -326,7 +336,12 @@ class OfferTools:
                 if exc.code() == grpc.StatusCode.ABORTED:
                     continue
                 raise _unavailable(exc, "the offer could not be stored") from None
-            return {"offer_id": offer_id, "version": response.versions[0], "expires_at": expires_at}
+            return {
+                "offer_id": offer_id,
+                "version": response.versions[0],
+                "expires_at": expires_at,
+                "valid_seconds": self._offer_seconds,
+            }
         raise ModuleFailure(AgentFailure.BUSY, "offers were being made too fast; try again")
 
     async def _order(

@@ -27,6 +27,7 @@ from engine_service.tools import BUILTIN_GAME_TOOLS, SHOP_PAGE_LIMIT
 from services.gamesim import shop
 from services.gamesim.client import GameServerClient
 from services.gamesim.world import STARTING_BALANCE, World
+from services.runtime.config import ConfigError
 from tests.inprocess import Chain, card_lines, running_chain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -470,3 +471,39 @@ async def test_a_purchase_cut_off_by_a_storage_restart_is_applied_once(chain: Ch
     assert card_lines(again)[-1] == "这笔订单之前已经完成，这次没有再扣款。"
     assert client.world.player("steve").balance == STARTING_BALANCE - 50
     assert client.world.inventory("steve")["minecraft:bread"] == 12 + 10
+
+
+async def test_an_expired_quote_charges_nothing(tmp_path: pathlib.Path) -> None:
+    async with running_chain(tmp_path, engine_settings={"offer_seconds": 1}) as chain:
+        client = await chain.steve_and_alex()
+        quoted, confirm = await _quote(client, "alex", "/buy bread 2")
+        assert card_lines(quoted)[-1] == "This quote holds for 1 seconds; press “Confirm purchase”."
+        await asyncio.sleep(1.2)
+        late = await client.press("alex", quoted.reply.result.card, confirm)
+        result = late.reply.result
+        assert result.failure.key == "system.error.stale_card"
+        assert result.failure.message == (
+            "This quote has expired. Nothing was charged; ask for a new quote."
+        )
+        assert client.world.player("alex").balance == STARTING_BALANCE
+
+
+async def test_without_storage_no_quote_is_made_and_nothing_is_charged(chain: Chain) -> None:
+    client = await chain.steve_and_alex()
+    quoted, confirm = await _quote(client, "steve", "/buy 面包")
+    await chain.stop("storage")
+    # Without storage the engine cannot take the player's lease: the run never starts, and the
+    # gateway says the assistant is unavailable.
+    for response in (
+        await client.chat("steve", "/buy 面包"),
+        await client.press("steve", quoted.reply.result.card, confirm),
+    ):
+        assert response.reply.result.status == FAILED
+        assert "unavailable" in response.reply.result.failure.message
+    assert client.world.player("steve").balance == STARTING_BALANCE
+    assert client.world.inventory("steve")["minecraft:bread"] == 12
+
+
+def test_the_offer_validity_is_checked_at_start() -> None:
+    with pytest.raises(ConfigError, match="offer_seconds"):
+        EngineConfig(offer_seconds=0).validate()

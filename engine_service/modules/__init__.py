@@ -27,7 +27,7 @@ from engine_service.modules.rewards import AdvancementRewardModule
 from engine_service.modules.search import SearchModule
 from engine_service.modules.shop import ShopBuyModule, ShopConfirmModule, ShopModule
 from engine_service.modules.signin import SigninModule
-from engine_service.offers import DocumentStore, OfferTools
+from engine_service.offers import OFFER_SECONDS, DocumentStore, OfferTools
 from engine_service.quest_tools import QUEST_GAME_TOOLS
 from engine_service.registry import Module, ModuleRegistry
 from engine_service.signin_rewards import SigninRewards
@@ -99,6 +99,8 @@ class BuiltinServices:
     """The daily sign-in's reward catalogue; None: the shipped one."""
     documents: DocumentStore | None = None
     """Player documents and atomic batches (storage): the shop's quotes and orders."""
+    offer_seconds: int = OFFER_SECONDS
+    """How long an offer (a shop quote) may be confirmed."""
 
 
 def register_builtins(
@@ -114,7 +116,7 @@ def register_builtins(
     WebTools(gate).register(registry.tools)
     for spec in QUEST_GAME_TOOLS:  # the ftbquests tools and the shared gift list
         registry.tools.game(spec)
-    OfferTools(services.documents).register(registry.tools)
+    OfferTools(services.documents, services.offer_seconds).register(registry.tools)
     for module_class in BUILTIN_MODULES:
         registry.register(module_class())
     registry.register(SigninModule(services.signin_rewards))

@@ -122,9 +122,11 @@ _QUOTE_BALANCE = {
     "en": "Balance {balance}, {after} {currency} after buying",
 }
 _QUOTE_VALID = {
-    "zh": "报价 {minutes} 分钟内有效；请按“确认购买”按钮。",
-    "en": "This quote holds for {minutes} minutes; press “Confirm purchase”.",
+    "zh": "报价 {time}内有效；请按“确认购买”按钮。",
+    "en": "This quote holds for {time}; press “Confirm purchase”.",
 }
+_MINUTES = {"zh": "{n} 分钟", "en": "{n} minutes"}
+_SECONDS = {"zh": "{n} 秒", "en": "{n} seconds"}
 _CONFIRM = {"zh": "确认购买", "en": "Confirm purchase"}
 _CANNOT = {"zh": "无法购买：{reason}", "en": "You cannot buy this: {reason}"}
 
@@ -348,6 +350,12 @@ def _detail_card(
     return card(SHOP, pick(item["name"], language), lines, buttons)
 
 
+def _valid_for(seconds: int, language: str) -> str:
+    minutes, rest = divmod(seconds, 60)
+    span = pick(_MINUTES, language, n=minutes) if minutes and not rest else None
+    return pick(_QUOTE_VALID, language, time=span or pick(_SECONDS, language, n=seconds))
+
+
 def _split_count(text: str) -> tuple[str, int | None]:
     """`钻石 3` / `diamond x3` / `面包 10 个` → (item text, count); no trailing number: None."""
     match = _TRAILING_COUNT.match(text.strip())
@@ -513,7 +521,7 @@ class ShopBuyModule:
                 },
             },
         )
-        lines.append(pick(_QUOTE_VALID, language, minutes=5))
+        lines.append(_valid_for(offer["valid_seconds"], language))
         confirm = invoke(
             CONFIRM,
             pick(_CONFIRM, language),
