@@ -77,6 +77,24 @@ def test_catalogue_comparison_ignores_annotations_only() -> None:
     assert "not offered by the Java world" in check.catalogue_mismatches(_TOOLS, missing)[0]
 
 
+def test_tools_of_a_feature_the_java_world_lacks_may_be_missing() -> None:
+    quests = {
+        "name": "ftbquests:quest.query",
+        "read_only": True,
+        "needed_by": [
+            {"module_id": "system:quests", "required": True, "owner_feature": "ftbquests"},
+            {"module_id": "system:reasoning", "required": False, "owner_feature": "system:core"},
+        ],
+    }
+    catalogue = {"protocol_version": 1, "tools": [quests]}
+    assert check.catalogue_mismatches([], catalogue) == []
+    assert check.catalogue_mismatches([], catalogue, ("ftbquests",)) == [
+        "ftbquests:quest.query: documented in the catalogue, not offered by the Java world"
+    ]
+    core = dict(quests, needed_by=[dict(quests["needed_by"][0], owner_feature="system:core")])
+    assert check.catalogue_mismatches([], {"tools": [core]}) != []
+
+
 def test_a_session_missing_a_check_fails() -> None:
     names = check.expected_checks(True)
     stdout = "".join(f"CHECK ok {name}\n" for name in names[1:]) + "RESULT ok 14 checks\n"
