@@ -24,9 +24,11 @@ from engine_service.app import build_registry
 from engine_service.config import EngineConfig
 from engine_service.quest_tools import QUEST_GAME_TOOLS, QUEST_LIST_LIMIT
 from engine_service.schema import violation
+from engine_service.tool_catalog import game_tool_catalog, to_proto
 from services.gamesim import quests
 from services.gamesim.client import GameServerClient
 from services.gamesim.world import World
+from services.gateway.tool_contract import check_tools
 from services.runtime.permissions import CORE_FEATURE
 from tests.inprocess import Chain, card_lines, running_chain
 from tests.test_router_service import with_model  # noqa: F401 - the router with a model
@@ -227,6 +229,18 @@ def test_the_hello_offers_the_quest_tools_as_the_catalogue_declares_them() -> No
     assert not TOOLS[CLAIM].event_allowed
     assert {TOOLS[t].owner_feature for t in quests.TOOLS} == {"ftbquests"}
     assert TOOLS[GIFT].owner_feature == CORE_FEATURE  # gifts are the server's, not the mod's
+
+
+def test_the_hello_check_expects_quest_tools_only_from_servers_with_the_feature() -> None:
+    catalogue = to_proto(game_tool_catalog(build_registry(EngineConfig())))
+    vanilla = World(features=()).hello_tools()
+    assert check_tools(vanilla, catalogue).problems == ()
+    # The same hello claiming FTB Quests lacks the mod's tools: each is a problem, and the
+    # quest modules are unavailable on that server.
+    claimed = check_tools(vanilla, catalogue, ("ftbquests",))
+    assert sorted(p.tool for p in claimed.problems) == sorted(quests.TOOLS)
+    assert claimed.unavailable_modules == tuple(sorted(MODULES))
+    assert check_tools(World().hello_tools(), catalogue, ("ftbquests",)).problems == ()
 
 
 # -- the registrations ---------------------------------------------------------------------------
