@@ -24,14 +24,13 @@ outcome).
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
-from system.engine.v1 import engine_pb2
 
 from engine_service.modules.buttons import invoke
+from engine_service.modules.confirm import CONFIRM_INPUT, ConfirmTexts, confirm_offer
 from engine_service.modules.profile import PLAYER_PROFILE
 from engine_service.modules.text import pick
 from engine_service.offers import OFFER_MAKE, OFFER_TAKE, ORDER_SETTLE
@@ -172,17 +171,7 @@ _EXPIRED = {
     "zh": "这张报价已超过有效期。没有扣款；请重新报价。",
     "en": "This quote has expired. Nothing was charged; ask for a new quote.",
 }
-_UNKNOWN_TITLE = {"zh": "结果未知", "en": "Outcome unknown"}
-_UNKNOWN = {
-    "zh": "订单 {order} 已记录，但游戏服务器没有确认是否完成（{reason}）。再按一次“确认购买”"
-    "即可查明并完成，不会重复扣款。",
-    "en": "Order {order} is recorded, but the game server did not confirm it ({reason}). Press "
-    "“Confirm purchase” again to find out and finish it; you will not be charged twice.",
-}
-_BUTTON_ONLY = {
-    "zh": "确认购买只能通过报价卡片上的按钮进行。",
-    "en": "A purchase is confirmed only with the button on its quote card.",
-}
+_CONFIRM_TEXTS = ConfirmTexts(stale_title=_STALE_TITLE, stale=_STALE, expired=_EXPIRED)
 
 
 def _listing_line(n: int, listing: dict[str, Any], currency: dict[str, str], language: str) -> str:
@@ -545,15 +534,7 @@ class ShopConfirmModule:
             "en": "Confirm a purchase (only the Confirm button of a quote card): charge, deliver "
             "and record the order; one quote is charged at most once.",
         },
-        input_schema={
-            "type": "object",
-            "properties": {
-                "offer_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
-                "version": {"type": "integer", "minimum": 1},
-            },
-            "required": ["offer_id", "version"],
-            "additionalProperties": False,
-        },
+        input_schema=CONFIRM_INPUT,
         routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
         tools=(OFFER_TAKE, SHOP_BUY, ORDER_SETTLE),
         policy=ExecutionPolicy(
@@ -563,25 +544,10 @@ class ShopConfirmModule:
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
         language = ctx.player.language
-        if ctx.source != engine_pb2.ROUTE_SOURCE_BUTTON:
-            return failed(AgentFailure.WRITE_NOT_ALLOWED, pick(_BUTTON_ONLY, language))
-        taken = await ctx.tool(
-            OFFER_TAKE, {"book": BOOK, "offer_id": data["offer_id"], "version": data["version"]}
-        )
-        back = invoke(SHOP, pick(_BACK, language), {})
-        if taken["outcome"] in ("stale", "expired"):
-            message = _STALE if taken["outcome"] == "stale" else _EXPIRED
-            result = failed(
-                AgentFailure.STALE_CARD, pick(message, language), title=pick(_STALE_TITLE, language)
-            )
-            result.card.buttons.append(back)
-            return result
-        order = taken["order"]
-        if order["state"] != "placed":  # settled before: its receipt, nothing done now
-            return _outcome_result(order["outcome"], order["terms"], language, replayed=True)
-        terms = order["terms"]
-        try:
-            bought = await ctx.tool(
+
+        async def buy(order: dict[str, Any]) -> dict[str, Any]:
+            terms = order["terms"]
+            return await ctx.tool(
                 SHOP_BUY,
                 {
                     "order_id": order["order_id"],
@@ -590,24 +556,19 @@ class ShopConfirmModule:
                     "unit_price": terms["unit_price"],
                 },
             )
-        except ModuleFailure as failure:
-            # The order stays placed: the next press of this card asks the game server again
-            # under the same order id, which applies it at most once.
-            result = failed(
-                AgentFailure.EFFECT_UNKNOWN,
-                pick(_UNKNOWN, language, order=order["order_id"], reason=failure.message),
-                title=pick(_UNKNOWN_TITLE, language),
-            )
-            return result
-        state = "completed" if bought["outcome"] == "purchased" else "rejected"
-        # Should settling fail, the game server applied it all the same: the next press of
-        # the card settles the order (the game server answers the known order id again).
-        with contextlib.suppress(ModuleFailure):
-            await ctx.tool(
-                ORDER_SETTLE,
-                {"book": BOOK, "order_id": order["order_id"], "state": state, "outcome": bought},
-            )
-        return _outcome_result(bought, terms, language, replayed=bought["replayed"])
+
+        applied = await confirm_offer(
+            ctx,
+            BOOK,
+            data,
+            buy,
+            lambda outcome: outcome["outcome"] == "purchased",
+            _CONFIRM_TEXTS,
+            invoke(SHOP, pick(_BACK, language), {}),
+        )
+        if isinstance(applied, common_pb2.AgentResult):
+            return applied
+        return _outcome_result(applied.outcome, applied.terms, language, replayed=applied.replayed)
 
 
 def _outcome_result(
