@@ -4,11 +4,20 @@
 kept as typed. A malformed explicit command (one that starts with `/`) is an input error; an
 unknown slash command is reported as such and never reaches the model; plain text that is not
 exactly a command goes on to the next routing stage.
+
+Without a slash, an alias is a command when it is the whole text, or (issue 15) when it is a
+Chinese alias followed by whitespace and an argument, of a command that requires one, of a
+module without write steps: `查询物品 钻石` is `/item 钻石`. Everything else with words after
+the alias is left to the later stages: a Latin-script alias, since that is how ordinary English
+sentences start (`help me find diamonds`, `search for a village`, `item frames are cool`); an
+alias whose argument is optional, which is mostly an everyday word too (`帮助 我 找钻石`,
+`商店 在哪`); and a write (`领取邮件 3`), which still needs its slash or a button.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from google.protobuf import struct_pb2
 from system.common.v1 import catalog_pb2, common_pb2
@@ -19,6 +28,7 @@ from services.runtime.permissions import module_available
 __all__ = ["CommandIndex", "CommandMatch", "UnknownCommand"]
 
 SYSTEM_PREFIX = "/system"
+_HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +58,21 @@ def _split_word(text: str) -> tuple[str, str]:
     if not parts:
         return "", ""
     return parts[0], parts[1].strip() if len(parts) > 1 else ""
+
+
+def _plain_command(
+    name: str, argument: str, kind: int, module: catalog_pb2.ModuleDescriptor
+) -> bool:
+    """Whether slash-less text that starts with alias `name` is that command: the alias alone
+    (when the command needs no argument), or a Chinese alias, whitespace and an argument for a
+    command that requires one, of a module without write steps."""
+    if not argument:
+        return kind != catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT
+    return (
+        kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT
+        and _HAN.search(name) is not None
+        and module.write_steps == 0
+    )
 
 
 def _usage(alias: str, command: catalog_pb2.CommandDeclaration) -> str:
@@ -93,9 +118,9 @@ class CommandIndex:
         if entry is None or not module_available(entry.module, player):
             return UnknownCommand(name) if explicit else None
         kind = entry.command.argument_kind
-        if not explicit and (argument or kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT):
-            # Plain text counts only when it is exactly a command word: "help me find
-            # diamonds" is a sentence for the later routing stages, not the help command.
+        if not explicit and not _plain_command(name, argument, kind, entry.module):
+            # "help me find diamonds" is a sentence for the later routing stages, not the help
+            # command; "查询物品 钻石" is the item command.
             return None
         usage = _usage(name, entry.command)
         if kind == catalog_pb2.ARGUMENT_KIND_UNSPECIFIED and argument:

@@ -186,6 +186,40 @@ def test_plain_text_that_is_not_exactly_a_command_goes_on(text: str) -> None:
     assert INDEX.match(text, PLAYER) is None
 
 
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ("查询物品 钻石", "钻石"),
+        ("查询物品 minecraft:diamond", "minecraft:diamond"),
+        ("物品\u3000Iron Ingot", "Iron Ingot"),  # the argument kept as typed
+        ("  查询物品   钻石块  ", "钻石块"),
+    ],
+)
+def test_slash_less_chinese_alias_with_an_argument_is_the_command(text: str, query: str) -> None:
+    """Issue 15: `查询物品 钻石` reaches system:item as `/item 钻石` does."""
+    match = _match(text)
+    assert match == _match(f"/item {query}")
+    assert match.action.module_id == "system:item"
+    assert _input(match) == {"query": query}
+    assert _input(_match("搜索 钻石矿")) == {"query": "钻石矿"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "item frames are cool",  # a Latin alias starts ordinary sentences
+        "item minecraft:diamond",
+        "search for a village",
+        "查询物品",  # the whole text, but the argument is required
+        "查询物品钻石",  # no separator: not the alias followed by an argument
+        "帮助 我 找钻石",  # an optional argument: a sentence
+        "领取邮件 3",  # a write still needs its slash or a button
+    ],
+)
+def test_slash_less_alias_does_not_capture_sentences_or_writes(text: str) -> None:
+    assert INDEX.match(text, PLAYER) is None
+
+
 def test_history_aliases() -> None:
     for text in ("history", "HISTORY", "历史", "对话记录", "/history", "/system 对话记录"):
         match = _match(text)
