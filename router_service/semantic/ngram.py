@@ -35,9 +35,11 @@ Per language, at start:
    - `MIN_MARGIN`.
 
 At run time `top` scores one text: the sparse row times the coefficient rows of its known
-features. `router.py` lets it stand in for the seed's fixed score and margin gates only: the top
-module routes when its margin reaches the threshold, the seed's coverage and topic-coverage
-gates pass, and the guards, profile kinds and argument extractor allow it.
+features. `router.py` lets it stand in for the seed's fixed score and margin gates: the top
+module routes when its margin reaches the threshold, the seed's feature coverage passes, the
+text's topics and unknown words all appear among that module's examples (the seed's topic
+coverage, over the module's examples together: `LanguageModel.topic_coverage`), and the guards,
+profile kinds and argument extractor allow it.
 """
 
 from __future__ import annotations
@@ -193,8 +195,19 @@ class LanguageModel:
     """The background part of `threshold`."""
     background_kept: int
     """Background texts that took part (the catalogue did not claim them)."""
+    unigrams: Mapping[str, frozenset[str]]
+    """Per class, the unigram features of all its examples (for module topic coverage)."""
     loo: tuple[tuple[float, bool], ...] = dataclasses.field(repr=False)
     """Every example's leave-one-out (margin, top module right)."""
+
+    def topic_coverage(self, analysis: Analysis, module_id: str) -> float:
+        """The share of the text's content unigrams (topics and unknown words) that appear in
+        some example of `module_id`: the seed's topic coverage over the module's examples
+        together rather than its single best example. 0 without content."""
+        content = analysis.content
+        if not content:
+            return 0.0
+        return len(content & self.unigrams.get(module_id, frozenset())) / len(content)
 
     def scores(self, analysis: Analysis) -> np.ndarray | None:
         """Every class's score, in `classes` order; None when no feature of the text is known."""
@@ -215,6 +228,8 @@ class ScorerTop:
     """Its score minus the second module's."""
     threshold: float
     """The language's threshold (before any configured offset)."""
+    topic_coverage: float
+    """`LanguageModel.topic_coverage` of the text for the module."""
 
 
 class NgramScorer:
@@ -290,8 +305,12 @@ class NgramScorer:
         if len(scores) < 2:  # pragma: no cover - a model has two classes at least
             return None
         second, best = np.argpartition(scores, len(scores) - 2)[-2:]
+        module_id = model.classes[int(best)]
         return ScorerTop(
-            model.classes[int(best)], float(scores[best] - scores[second]), model.threshold
+            module_id,
+            float(scores[best] - scores[second]),
+            model.threshold,
+            model.topic_coverage(analysis, module_id),
         )
 
 
@@ -344,6 +363,14 @@ def _fit_language(
         loo_threshold=loo_threshold,
         background_threshold=background_threshold,
         background_kept=len(kept),
+        unigrams=MappingProxyType(
+            {
+                c: frozenset(
+                    u for a, y in zip(analyses, labels, strict=True) if y == c for u in a.unigrams
+                )
+                for c in classes
+            }
+        ),
         loo=tuple(loo),
     )
 

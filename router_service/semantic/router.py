@@ -20,15 +20,18 @@ failed, so an operator can see why a text did or did not route:
 | `arguments`          | the module's extractor cannot parse its input from this text      |
 | `probability`        | scorer `strict` or `calibrated`: the top module's calibrated probability is under `scorer.target`, or it has none |
 
-In scorer mode `ngram` (the default) a text that fails only `score` and/or `margin` may still
-route through the n-gram scorer (`ngram.NgramScorer`, trained here at start): its top module
-must be a direct read profile the player may use and lead the second module by the language's
-threshold (derived from the catalogue at start) plus `scorer.offset`; the seed's `coverage` and
-`topic_coverage` still hold, and the guards and the argument extractor then run as for any
-route. (Letting the scorer stand in for the coverage gates too was measured and not kept: more
-coverage on unfamiliar phrasings, but requests that recombine the catalogue's own words into
-something else, another player's mail or a write without a write verb, got through; see
-`corpus/README.md`.) When nothing passes, the decision names the seed gate that failed first.
+In scorer mode `ngram` (the default) a text that fails only `score`, `margin` and/or
+`topic_coverage` may still route through the n-gram scorer (`ngram.NgramScorer`, trained here at
+start): its top module must be a direct read profile the player may use, lead the second module
+by the language's threshold (derived from the catalogue at start) plus `scorer.offset`, and
+cover the text's topics and unknown words with its examples taken together (at least
+`minCoverage` of them, where the seed's gate asks it of the single best example); the seed's
+feature `coverage` still holds, and the guards and the argument extractor then run as for any
+route. (Letting the scorer stand in for the coverage gates altogether was measured and not
+kept: more coverage on unfamiliar phrasings, but requests that recombine the catalogue's own
+words into something else, another player's mail or a write without a write verb, got through;
+see `corpus/README.md`.) When nothing passes, the decision names the seed gate that failed
+first.
 
 Both coverages use `minCoverage`; thresholds come from `lexicalThresholds` (`module@lang`,
 then `module`) or `defaultThreshold`.
@@ -68,7 +71,10 @@ ALGORITHM = "lexical-tfidf-v1"
 
 MAX_CANDIDATES = 5
 SOFT_GATES = frozenset({"score", "margin"})
-"""Seed gates a scorer may stand in for (scorer modes `calibrated` and `ngram`)."""
+"""Seed gates a calibrated probability may stand in for (scorer mode `calibrated`)."""
+NGRAM_GATES = frozenset({"score", "margin", "topic_coverage"})
+"""Seed gates the n-gram scorer may stand in for (scorer mode `ngram`); its own topic coverage,
+over the module's examples together, replaces the best example's."""
 _EPSILON = 1e-9  # cosine of identical texts may come out a hair under 1.0
 _SHORTCUT_SETS = 256  # allowed sets whose shortcut list is remembered
 
@@ -367,11 +373,12 @@ class SemanticRouter:
             chosen_profile = self._profiles.get(chosen) if chosen else None
             if (
                 top is None
-                or not SOFT_GATES.issuperset(failed)
+                or not NGRAM_GATES.issuperset(failed)
                 or chosen_profile is None
                 or not chosen_profile.routes_directly
                 or (allowed is not None and chosen not in allowed)
                 or top.margin + _EPSILON < scores["scorer_threshold"]
+                or top.topic_coverage + _EPSILON < self._config.min_coverage
             ):
                 return no(failed[0], **scores)
             profile, route = chosen_profile, "scorer"
