@@ -433,6 +433,9 @@ async def test_names_search_and_ambiguous_names_show_candidates(chain: Chain) ->
         "1. 铁器时代 · 采矿 — 可领取奖励",
         "2. 铁傀儡守卫 · 采矿 — 进行中 25%",
     ]
+    # The number picks from the list on screen, here the search's.
+    picked = await client.chat("steve", "查看 2")
+    assert picked.reply.result.card.title == "铁傀儡守卫"
     ambiguous = await client.chat("steve", "/quest 铁")
     assert ambiguous.reply.module_id == "system:quest_detail"
     assert ambiguous.reply.result.status == SUCCEEDED
