@@ -113,7 +113,8 @@ class LocalDecision:
     """What let a direct (or shadow-direct) route through: the seed's `gates`, or the n-gram
     `scorer`; empty otherwise."""
     scorer_module: str | None = None
-    """Scorer mode `ngram`: the n-gram scorer's top module (None without a model or a known
+    """Scorer mode `ngram`: the n-gram scorer's top module, when it was asked: the seed's gates
+    failed, and only ones it may stand in for (None otherwise, or without a model or a known
     feature)."""
     scorer_margin: float | None = None
     """Its lead over the second module."""
@@ -363,7 +364,13 @@ class SemanticRouter:
         and the arguments."""
         failed = self._failed_gates(match, profile, lang)
         route: Literal["gates", "scorer"] = "gates"
-        top = self._ngram.top(analysis, lang) if self._ngram is not None else None
+        # Scored only where it can decide: the seed's gates failed, and only those it may
+        # stand in for (scorer fields stay None otherwise).
+        top = (
+            self._ngram.top(analysis, lang)
+            if self._ngram is not None and failed and NGRAM_GATES.issuperset(failed)
+            else None
+        )
         if top is not None:
             scores["scorer_module"] = top.module_id
             scores["scorer_margin"] = top.margin
@@ -373,7 +380,6 @@ class SemanticRouter:
             chosen_profile = self._profiles.get(chosen) if chosen else None
             if (
                 top is None
-                or not NGRAM_GATES.issuperset(failed)
                 or chosen_profile is None
                 or not chosen_profile.routes_directly
                 or (allowed is not None and chosen not in allowed)
