@@ -13,7 +13,8 @@ if decision.outcome == "direct":
 Modules, one job each: `config` (system-semantic.json), `text` (normalisation and features,
 `lexicon.json`), `profiles` (routing profiles and their JSON loader), `index` (TF-IDF matching),
 `guards` (negation, condition, reference, compound, write), `extractors` (arguments from this
-text), `router` (the gates and the decision). None imports gRPC.
+text), `ngram` (the word and character n-gram scorer, thresholds from the catalogue), `router`
+(the gates and the decision). None imports gRPC.
 """
 
 from router_service.semantic.config import (
@@ -27,6 +28,7 @@ from router_service.semantic.config import (
 from router_service.semantic.extractors import EXTRACTORS, extract
 from router_service.semantic.guards import GUARDS, Guard, check_guards, fired_guards
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
+from router_service.semantic.ngram import NgramScorer
 from router_service.semantic.profiles import Profile, load_profiles, parse_profiles
 from router_service.semantic.router import (
     ALGORITHM,
@@ -61,6 +63,7 @@ __all__ = [
     "Match",
     "Mode",
     "ModuleScore",
+    "NgramScorer",
     "Outcome",
     "Profile",
     "SemanticConfig",

@@ -67,6 +67,7 @@ __all__ = [
     "LanguageModel",
     "NgramFeaturizer",
     "NgramScorer",
+    "ScorerTop",
     "load_background",
 ]
 
