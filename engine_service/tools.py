@@ -23,8 +23,10 @@ from services.runtime.permissions import CORE_FEATURE
 
 __all__ = [
     "BUILTIN_GAME_TOOLS",
+    "ECONOMY_GAME_TOOLS",
     "ITEM_LOOKUP_LIMIT",
     "MAIL_PAGE_LIMIT",
+    "PAY_MAX_AMOUNT",
     "SERVER_TOOL_NAMESPACE",
     "SHOP_GAME_TOOLS",
     "SHOP_MAX_COUNT",
@@ -652,6 +654,104 @@ SHOP_GAME_TOOLS: tuple[ToolSpec, ...] = (
 )
 """The server shop's game tools (system:shop, system:shop_buy, system:shop_confirm)."""
 
+PAY_MAX_AMOUNT = 10**9
+"""Most money one `minecraft:economy.transfer` moves."""
+
+ECONOMY_GAME_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        tool_id="minecraft:economy.transfer",
+        description=(
+            "Pay another player: move the amount from the player's balance to the recipient's "
+            "(named as the game shows them; any player the server knows, online or not), in "
+            "one step on the game thread (together or not at all). Each order_id is decided "
+            "once per payer: a repeat answers the first outcome again with replayed true and "
+            "moves nothing. Only transferred changes anything."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "order_id": {
+                    "type": "string",
+                    "pattern": "^[A-Za-z0-9_.-]{1,64}$",
+                    "description": "The payment's id, chosen by the engine; the idempotency key.",
+                },
+                "to": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 32,
+                    "description": "The recipient's player name.",
+                },
+                "amount": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": PAY_MAX_AMOUNT,
+                    "description": "How much to pay, in the server currency.",
+                },
+            },
+            "required": ["amount", "order_id", "to"],
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "outcome": {
+                    "type": "string",
+                    "enum": [
+                        "transferred",
+                        "insufficient_balance",
+                        "unknown_player",
+                        "self_payment",
+                    ],
+                    "description": "transferred (paid), or why nothing moved: "
+                    "insufficient_balance, unknown_player (no player of that name), "
+                    "self_payment (the recipient is the payer).",
+                },
+                "order_id": {"type": "string", "description": "The order id, as asked."},
+                "to": {
+                    "type": "string",
+                    "description": "The recipient's name as the game spells it (as asked when "
+                    "unknown).",
+                },
+                "recipient_online": {
+                    "type": "boolean",
+                    "description": "True when the recipient is online now.",
+                },
+                "amount": {**_MONEY, "description": "The amount, as asked."},
+                "balance": {**_MONEY, "description": "The payer's balance after the call."},
+                "replayed": {
+                    "type": "boolean",
+                    "description": "True when this order id was decided before: the first "
+                    "outcome, nothing done now.",
+                },
+            },
+            "required": [
+                "amount",
+                "balance",
+                "order_id",
+                "outcome",
+                "recipient_online",
+                "replayed",
+                "to",
+            ],
+        },
+        read_only=False,
+        idempotent=True,
+        event_allowed=False,
+        kind=ToolKind.GAME,
+        example_input={"order_id": "p-7c1e", "to": "Alex", "amount": 100},
+        example_output={
+            "outcome": "transferred",
+            "order_id": "p-7c1e",
+            "to": "Alex",
+            "recipient_online": True,
+            "amount": 100,
+            "balance": 900,
+            "replayed": False,
+        },
+    ),
+)
+"""Payments between players (system:pay, system:pay_confirm)."""
+
 BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         tool_id="minecraft:inventory.read",
@@ -963,6 +1063,7 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
         example_output={"outcome": "claimed", "items": _MAIL_EXAMPLE["attachment"]},
     ),
     *SHOP_GAME_TOOLS,
+    *ECONOMY_GAME_TOOLS,
 )
 """Game tools the gateway protocol documents for every game server; their declarations are
 known to the engine without any server connected. A game server may offer more."""

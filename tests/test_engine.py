@@ -92,6 +92,13 @@ QUESTS = _module(
 )
 """A third-party module of the `ftbquests` feature (the built-in quest modules belong to it too)."""
 QUEST_MODULES = ("system:quests", "system:quest_detail", "system:quest_claim")
+SHOP_AND_PAY = (
+    "system:shop",
+    "system:shop_buy",
+    "system:shop_confirm",
+    "system:pay",
+    "system:pay_confirm",
+)
 
 
 def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
@@ -182,6 +189,7 @@ def test_builtin_registry() -> None:
         "system:item",
         "system:inbox",
         "system:mail_claim",
+        *SHOP_AND_PAY,
         "system:advancement_reward",
         "system:signin",
         "system:question",
@@ -295,6 +303,7 @@ def test_available_filters_by_permission_and_feature() -> None:
         "system:item",
         "system:inbox",
         "system:mail_claim",
+        *SHOP_AND_PAY,
         "system:advancement_reward",
         "system:signin",
         "system:question",
@@ -644,6 +653,9 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/item",
         "/mail",
         "/mailclaim",
+        "/shop",
+        "/buy",
+        "/pay",
         "/signin",
         "/question",
         "/ban",
@@ -655,6 +667,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "system:inventory",
         "system:profile",
         "system:inbox",
+        "system:shop",
         "system:signin",
         "test:ban",
     }
@@ -892,6 +905,7 @@ async def test_service_catalog(services: Services) -> None:
         "system:item",
         "system:inbox",
         "system:mail_claim",
+        *SHOP_AND_PAY,
         "system:advancement_reward",
         "system:signin",
         "system:question",

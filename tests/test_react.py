@@ -313,6 +313,8 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft:item.lookup",
         "minecraft:mail.list",
         "minecraft:mail.read",
+        "minecraft:shop.list",
+        "minecraft:shop.item",
         "system:database.query",
         "ftbquests:quest.query",
         "ftbquests:quest.find",
@@ -341,6 +343,8 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft_item_lookup",
         "minecraft_mail_list",
         "minecraft_mail_read",
+        "minecraft_shop_list",
+        "minecraft_shop_item",
         "system_database_query",
     ]
     assert offered() == core

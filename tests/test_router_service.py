@@ -109,6 +109,7 @@ async def test_unclear_text_goes_to_the_model_once_and_its_choice_is_cached(with
         "system:inbox",
         "system:shop",
         "system:shop_buy",
+        "system:pay",
         "system:signin",
         "system:question",
         "system:reasoning",

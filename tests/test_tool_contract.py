@@ -167,6 +167,7 @@ def test_a_required_tool_not_offered_is_a_problem(
     assert checked.unavailable_modules == ("system:advancement_reward",)
     nothing = check_tools([], catalogue)
     assert [p.tool for p in nothing.problems] == [
+        "minecraft:economy.transfer",
         INVENTORY,
         GIVE,
         "minecraft:item.lookup",
@@ -186,6 +187,8 @@ def test_a_required_tool_not_offered_is_a_problem(
         "system:inventory",
         "system:item",
         "system:mail_claim",
+        "system:pay",
+        "system:pay_confirm",
         "system:profile",
         "system:shop",
         "system:shop_buy",

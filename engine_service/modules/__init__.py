@@ -19,6 +19,7 @@ from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
 from engine_service.modules.item import ItemModule
 from engine_service.modules.mail import InboxModule, MailClaimModule
+from engine_service.modules.pay import PayConfirmModule, PayModule
 from engine_service.modules.profile import ProfileModule
 from engine_service.modules.question import QuestionModule
 from engine_service.modules.quests import QuestClaimModule, QuestDetailModule, QuestsModule
@@ -45,6 +46,8 @@ __all__ = [
     "InventoryModule",
     "ItemModule",
     "MailClaimModule",
+    "PayConfirmModule",
+    "PayModule",
     "ProfileModule",
     "QuestClaimModule",
     "QuestDetailModule",
@@ -70,6 +73,8 @@ BUILTIN_MODULES = (
     ShopModule,
     ShopBuyModule,
     ShopConfirmModule,
+    PayModule,
+    PayConfirmModule,
     AdvancementRewardModule,
 )
 """Classes of the core modules, which need no services, in help order."""

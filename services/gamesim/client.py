@@ -133,7 +133,7 @@ class GameServerClient:
     async def join(
         self, player_id: str, name: str, language: str = "en_us", permission_level: int = 0
     ) -> None:
-        self.world.join(player_id)  # play time runs from here, as on a game server
+        self.world.join(player_id, name)  # play time runs from here, as on a game server
         await self.send(
             gateway_pb2.ConnectRequest(
                 presence=gateway_pb2.PlayerPresence(

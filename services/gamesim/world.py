@@ -20,7 +20,7 @@ from typing import Any
 
 from system.gateway.v1 import gateway_pb2
 
-from services.gamesim import items, mail, quests, shop
+from services.gamesim import economy, items, mail, quests, shop
 
 __all__ = [
     "FEATURES",
@@ -67,6 +67,7 @@ TOOLS = (
     "minecraft:shop.list",
     "minecraft:shop.item",
     "minecraft:shop.buy",
+    "minecraft:economy.transfer",
     "minecraft:gift.list",
 )
 """The catalogue's tools this world implements, in its hello's order (then quests.TOOLS, with
@@ -83,6 +84,8 @@ class PlayerState:
     inventory: Counter[str] = dataclasses.field(
         default_factory=lambda: Counter({"minecraft:bread": 12, "minecraft:torch": 32})
     )
+    name: str = ""
+    """The player's name, as the game shows it (from their last join)."""
     balance: int = STARTING_BALANCE
     """Money, in items.CURRENCY."""
     level: int = STARTING_LEVEL
@@ -153,6 +156,7 @@ class World:
         self.players: dict[str, PlayerState] = {}
         self.items = items.ITEMS
         self.shop = shop.Shop()
+        self.payments = economy.Payments()
 
     def player(self, player_id: str) -> PlayerState:
         """The player's state, created with the starting values on first sight."""
@@ -161,9 +165,10 @@ class World:
     def inventory(self, player_id: str) -> Counter[str]:
         return self.player(player_id).inventory
 
-    def join(self, player_id: str) -> None:
-        """The player came online: their play time runs."""
+    def join(self, player_id: str, name: str = "") -> None:
+        """The player came online: their play time runs (and their name is known)."""
         state = self.player(player_id)
+        state.name = name or state.name or player_id
         if state.online_since is None:
             state.online_since = self.clock()
 
@@ -321,6 +326,9 @@ class World:
             state = self.player(player_id)
             answer, state.balance = self.shop.buy(player_id, state.balance, state.inventory, data)
             return answer
+        if tool == "minecraft:economy.transfer":
+            self.player(player_id)
+            return self.payments.transfer(player_id, self.players, data)  # type: ignore[arg-type]
         if tool == "minecraft:gift.list":
             return quests.gift_list(data)
         if tool in quests.TOOLS and quests.FEATURE in self.features:
