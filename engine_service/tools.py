@@ -773,6 +773,11 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
                                 "minimum": 0,
                                 "description": "How many of the item the player carries.",
                             },
+                            "name": {
+                                **_NAMES,
+                                "description": "The item's name per language (optional; "
+                                "without it players see the id).",
+                            },
                         },
                         "required": ["item", "count"],
                     },
@@ -787,8 +792,8 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
         example_input={},
         example_output={
             "items": [
-                {"item": "minecraft:bread", "count": 12},
-                {"item": "minecraft:torch", "count": 32},
+                {"item": "minecraft:bread", "count": 12, "name": {"zh": "面包", "en": "Bread"}},
+                {"item": "minecraft:torch", "count": 32, "name": {"zh": "火把", "en": "Torch"}},
             ]
         },
     ),

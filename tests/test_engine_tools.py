@@ -591,7 +591,8 @@ async def test_steve_reads_his_inventory_through_the_gateway(chain: Chain) -> No
         assert reply.result.status == SUCCEEDED, reply.result.failure
         assert reply.result.card.title == "背包"
         lines = [line.text for line in reply.result.card.lines]
-        assert "minecraft:bread × 12" in lines and "minecraft:torch × 32" in lines
+        assert "面包 × 12" in lines and "火把 × 32" in lines
+        assert reply.result.card.lines[0].suggest_command == "/item minecraft:bread"
     # Each tool call crossed engine -> gateway relay -> this game server's connection.
     assert world.calls == [("steve", "minecraft:inventory.read")] * 2
 

@@ -297,7 +297,7 @@ async def test_an_incompatible_tool_takes_its_module_away_on_that_server_only(
         assert local.reply.module_id == "system:inventory", local
         served = (await sim.chat("alex", "/inventory")).reply.result
         assert served.status == SUCCEEDED, served.failure
-        assert "minecraft:bread × 12" in [line.text for line in served.card.lines]
+        assert "Bread × 12" in [line.text for line in served.card.lines]
 
 
 async def test_a_malformed_answer_fails_as_tool_output_invalid(tmp_path: pathlib.Path) -> None:

@@ -43,6 +43,8 @@ class InventoryModule:
                     "打开背包",
                     "我带了哪些东西",
                     "背包里有什么物品",
+                    "背包里装了什么",
+                    "我的物品栏里有什么",
                 ),
                 "en": (
                     "show my inventory",
@@ -50,6 +52,9 @@ class InventoryModule:
                     "what am I carrying",
                     "open my inventory",
                     "list my items",
+                    "view my inventory",
+                    "check my inventory",
+                    "display my items",
                 ),
             },
             choice_label="system.inventory.choice",
@@ -64,7 +69,14 @@ class InventoryModule:
         # The answer was checked against the tool's output schema (docs/game-tools.md): a
         # malformed one failed the step as TOOL_OUTPUT_INVALID and never gets here.
         output = await ctx.tool(INVENTORY_READ, {})
-        lines = [f"{i['item']} × {i['count']}" for i in output["items"]]
+        # A name where the game server gives one, else the id; either suggests /item <id>.
+        lines: list[str | tuple[str, str]] = [
+            (
+                f"{pick(i['name'], language) if 'name' in i else i['item']} × {i['count']}",
+                f"/item {i['item']}",
+            )
+            for i in output["items"]
+        ]
         if lines:
             lines.append(pick(_TOTAL, language).format(kinds=len(lines)))
         else:

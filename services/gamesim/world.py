@@ -282,7 +282,12 @@ class World:
         """Runs a tool. Raises ValueError with a message for bad input or unknown tools."""
         if tool == "minecraft:inventory.read":
             inventory = self.inventory(player_id)
-            return {"items": [{"item": k, "count": v} for k, v in sorted(inventory.items())]}
+            return {
+                "items": [
+                    {"item": k, "count": v, "name": items.name_of(k)}
+                    for k, v in sorted(inventory.items())
+                ]
+            }
         if tool == "minecraft:item.give":
             item, count = data.get("item"), data.get("count")
             if not isinstance(item, str) or not isinstance(count, int | float) or count < 1:
