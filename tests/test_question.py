@@ -671,6 +671,8 @@ async def test_reasoning_offers_read_only_tools_and_never_the_web(stack: Stack) 
         "minecraft_item_lookup",
         "minecraft_mail_list",
         "minecraft_mail_read",
+        "minecraft_shop_list",
+        "minecraft_shop_item",
         "system_database_query",
         "answer",
     ]
