@@ -11,11 +11,12 @@ Test files wrap it in a pytest fixture: `async with running_chain(tmp_path) as c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import pathlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -38,7 +39,7 @@ from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 
-__all__ = ["Chain", "card_lines", "running_chain"]
+__all__ = ["Chain", "CutOffClient", "card_lines", "running_chain"]
 
 SERVER_ID = "sim"
 # Every service in tests: any free port, no metrics endpoint, no drain, a short grace.
@@ -107,6 +108,15 @@ class Chain:
         client.world = world or World()
         welcome = await client.connect()
         assert list(welcome.tool_problems) == []
+        await client.join("steve", "Steve", "zh_cn")
+        await client.join("alex", "Alex", "en_us")
+        return client
+
+    async def cut_off_client(self) -> CutOffClient:
+        """A connected CutOffClient over a fresh world, with Steve (zh) and Alex (en) joined."""
+        client = CutOffClient(self.gateway_target, self.server_id, self.token)
+        self._clients.append(client)
+        await client.connect()
         await client.join("steve", "Steve", "zh_cn")
         await client.join("alex", "Alex", "en_us")
         return client
@@ -251,6 +261,39 @@ async def running_chain(
         yield chain
     finally:
         await chain._close()
+
+
+class CutOffClient(GameServerClient):
+    """A game server whose answer to the next call of one tool is held back while `interrupt`
+    (stopping or restarting a service) runs: the call is applied on the game thread, and then
+    the engine or the storage goes away. With `drop` the answer is never sent, as when the
+    engine that asked died."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cut: tuple[str, Callable[[], Awaitable[None]], bool] | None = None
+        self._calls: dict[str, str] = {}
+
+    def cut_off(self, tool: str, interrupt: Callable[[], Awaitable[None]], drop: bool) -> None:
+        """Arms the cut-off for the next call of `tool`."""
+        self._cut = (tool, interrupt, drop)
+
+    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
+        self._calls[call.call_id] = call.tool
+        return super()._run_tool(call)
+
+    async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
+        cut = self._cut
+        if cut is not None and frame.WhichOneof("frame") == "tool_result":
+            tool, interrupt, drop = cut
+            if self._calls.get(frame.tool_result.call_id) == tool:
+                self._cut = None
+                # Off the reader task, which must go on reading while the service goes away.
+                asyncio.get_running_loop().create_task(interrupt())
+                await asyncio.sleep(0.5)
+                if drop:
+                    return
+        await super().send(frame)
 
 
 def card_lines(response: gateway_pb2.PlayerResponse) -> list[str]:

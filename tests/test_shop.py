@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -387,45 +387,6 @@ async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
     assert world.player("alex").balance == STARTING_BALANCE
 
 
-class CutOff(GameServerClient):
-    """A game server whose answer to the next `minecraft:shop.buy` is held back until
-    `interrupt` (which stops or restarts a service) has run: the purchase is applied on the
-    game thread, and then the engine or the storage goes away."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.interrupt: Callable[[], Awaitable[None]] | None = None
-        self.drop = False
-        self._buys: set[str] = set()
-
-    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
-        if call.tool == BUY:
-            self._buys.add(call.call_id)
-        return super()._run_tool(call)
-
-    async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
-        interrupt = self.interrupt
-        if (
-            interrupt is not None
-            and frame.WhichOneof("frame") == "tool_result"
-            and frame.tool_result.call_id in self._buys
-        ):
-            self.interrupt = None
-            asyncio.get_running_loop().create_task(interrupt())  # off the reader task
-            await asyncio.sleep(0.5)
-            if self.drop:
-                return
-        await super().send(frame)
-
-
-async def _cut_off_client(chain: Chain) -> CutOff:
-    client = CutOff(chain.gateway_target, chain.server_id, chain.token)
-    chain._clients.append(client)
-    await client.connect()
-    await client.join("steve", "Steve", "zh_cn")
-    return client
-
-
 async def _press_until_answered(
     client: GameServerClient, card: common_pb2.Card, button: common_pb2.CardButton
 ) -> gateway_pb2.PlayerResponse:
@@ -442,10 +403,10 @@ async def _press_until_answered(
 
 
 async def test_a_purchase_cut_off_by_an_engine_restart_is_applied_once(chain: Chain) -> None:
-    client = await _cut_off_client(chain)
+    client = await chain.cut_off_client()
     quoted, confirm = await _quote(client, "steve", "/buy 钻石 2")
-    client.interrupt = lambda: chain.restart("engine")
-    client.drop = True  # the engine that asked never hears the answer
+    # The engine that asked never hears the answer.
+    client.cut_off(BUY, lambda: chain.restart("engine"), drop=True)
     first = await client.press("steve", quoted.reply.result.card, confirm)
     assert first.reply.result.status != SUCCEEDED, first  # the engine went away mid-purchase
     assert client.world.player("steve").balance == STARTING_BALANCE - 200  # applied once
@@ -459,9 +420,9 @@ async def test_a_purchase_cut_off_by_an_engine_restart_is_applied_once(chain: Ch
 
 
 async def test_a_purchase_cut_off_by_a_storage_restart_is_applied_once(chain: Chain) -> None:
-    client = await _cut_off_client(chain)
+    client = await chain.cut_off_client()
     quoted, confirm = await _quote(client, "steve", "/buy 面包 10")
-    client.interrupt = lambda: chain.restart("storage")
+    client.cut_off(BUY, lambda: chain.restart("storage"), drop=False)
     first = await client.press("steve", quoted.reply.result.card, confirm)
     # The game server applied it; settling the order may not have reached storage.
     assert first.reply.result.card.title in ("购买成功", "结果未知")

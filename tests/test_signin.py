@@ -476,6 +476,27 @@ async def test_sign_in_in_chinese_and_english_once_a_day(chain: Chain) -> None:
     await client.close()
 
 
+async def test_an_engine_killed_in_the_middle_of_a_sign_in_signs_in_once(chain: Chain) -> None:
+    client = await chain.cut_off_client()
+    world = client.world
+    # The claim is applied on the game thread; the engine that asked dies before the answer.
+    client.cut_off(SIGNIN_CLAIM, lambda: chain.restart("engine"), drop=True)
+    cut = await client.chat("steve", "/signin")
+    assert cut.reply.result.status != common_pb2.RESULT_STATUS_SUCCEEDED
+    state = world.player("steve")
+    assert len(state.signins) == 1
+    given = dict(state.inventory)
+    # Asked again once the engine is back: already signed in, nothing given twice.
+    for _ in range(40):
+        again = await client.chat("steve", "/signin")
+        if again.reply.module_id == "system:signin":
+            break
+        await asyncio.sleep(0.25)
+    assert again.reply.result.status == common_pb2.RESULT_STATUS_SUCCEEDED
+    assert card_lines(again)[0].startswith("今天（") and "已经签到过了" in card_lines(again)[0]
+    assert len(state.signins) == 1 and dict(state.inventory) == given
+
+
 async def test_typed_sign_in_words_never_sign_in_directly(chain: Chain) -> None:
     world = World(wall_clock=WallClock())
     client = await chain.steve_and_alex(world)
