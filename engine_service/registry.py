@@ -54,6 +54,9 @@ class CommandSpec:
     argument: str = ""
     """Input field that receives the argument text; empty for literal commands."""
     argument_required: bool = False
+    argument_name: str = ""
+    """How help writes the argument (`player amount` for `/pay <player amount>`); empty: the
+    field's name."""
 
     def descriptor(self) -> catalog_pb2.CommandDeclaration:
         if not self.argument:
@@ -65,7 +68,7 @@ class CommandSpec:
         return catalog_pb2.CommandDeclaration(
             aliases=list(self.aliases),
             argument_kind=kind,
-            argument_name=self.argument,
+            argument_name=self.argument_name or self.argument,
             argument_field=self.argument,
         )
 

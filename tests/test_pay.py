@@ -156,6 +156,14 @@ async def test_a_payment_confirmed_twice_pays_once(chain: Chain) -> None:
     assert world.player("steve").balance == STARTING_BALANCE - 120 + 50
 
 
+async def test_help_shows_how_to_pay_and_no_button_only_module(chain: Chain) -> None:
+    client = await chain.steve_and_alex()
+    lines = card_lines(await client.chat("alex", "/help"))
+    assert any(line.startswith("/pay <player amount> — Pay another player") for line in lines)
+    assert any(line.startswith("/buy <item [count]> — Buy from the shop") for line in lines)
+    assert not any("confirm" in line.split(" — ")[0] for line in lines)
+
+
 async def test_refusals_and_a_stale_card(chain: Chain) -> None:
     client = await chain.steve_and_alex()
     world = client.world

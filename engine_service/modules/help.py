@@ -30,11 +30,8 @@ def _usage(command: CommandSpec) -> str:
     name = f"/{command.aliases[0]}"
     if not command.argument:
         return name
-    return (
-        f"{name} <{command.argument}>"
-        if command.argument_required
-        else f"{name} [{command.argument}]"
-    )
+    argument = command.argument_name or command.argument
+    return f"{name} <{argument}>" if command.argument_required else f"{name} [{argument}]"
 
 
 class HelpModule:
@@ -90,6 +87,8 @@ class HelpModule:
         for module in modules:
             description = pick(module.spec.description, language)
             if not module.spec.commands:
+                if module.spec.routing_mode == catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY:
+                    continue  # only its buttons reach it (a purchase's confirm): nothing to type
                 lines.append(f"{module.spec.module_id} — {description}")
                 continue
             usage = _usage(module.spec.commands[0])

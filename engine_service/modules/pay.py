@@ -141,7 +141,14 @@ class PayModule:
             "required": ["to"],
             "additionalProperties": False,
         },
-        commands=(CommandSpec(("pay", "转账", "付款"), argument="to", argument_required=True),),
+        commands=(
+            CommandSpec(
+                ("pay", "转账", "付款"),
+                argument="to",
+                argument_required=True,
+                argument_name="player amount",
+            ),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_HINTS,
         semantic=SemanticSpec(
             examples={

@@ -382,7 +382,14 @@ class ShopBuyModule:
             "required": ["item"],
             "additionalProperties": False,
         },
-        commands=(CommandSpec(("buy", "购买"), argument="item", argument_required=True),),
+        commands=(
+            CommandSpec(
+                ("buy", "购买"),
+                argument="item",
+                argument_required=True,
+                argument_name="item [count]",
+            ),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_HINTS,
         semantic=SemanticSpec(
             examples={
