@@ -31,7 +31,7 @@ from services.runtime.errors import (
     error_reason,
 )
 from services.runtime.server import ServiceHost
-from storage_service import journal as journal_module
+from storage_service import leases as leases_module
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
 from storage_service.group_commit import GroupCommitter
@@ -683,7 +683,7 @@ def test_acquire_asks_again_when_the_holder_lets_go_meanwhile(
             result = real(session, params)
             if not released:
                 released.append(True)
-                journal_module._RELEASE.execute(
+                leases_module._RELEASE.execute(
                     session,
                     {"name": "player:race", "holder": "engine-a", "held_token": first.token},
                 )
@@ -691,7 +691,7 @@ def test_acquire_asks_again_when_the_holder_lets_go_meanwhile(
 
         return execute
 
-    for statement in (journal_module._ACQUIRE_SQLITE, journal_module._ACQUIRE_POSTGRESQL):
+    for statement in (leases_module._ACQUIRE_SQLITE, leases_module._ACQUIRE_POSTGRESQL):
         monkeypatch.setattr(statement, "execute", racing(statement))
     second = store.acquire_lease("player:race", "engine-b", 30)
     assert released == [True]

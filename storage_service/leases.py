@@ -1,0 +1,371 @@
+"""Leases with fencing tokens: acquire, renew, release, an engine replica's earlier
+incarnations ended, and the fence a fenced write checks.
+
+One row per name. Fencing tokens grow with every acquisition of a name, and are at least the
+acquisition time in microseconds, so they keep growing even if a lease row is deleted (a
+player reset, or the eviction of a finished task) and made again. An engine replica's leases
+are owned by `<name>#<incarnation>`: a restarted replica ends its earlier incarnations'
+leases at start (`release_earlier_incarnations`, decision 0014).
+
+The lease calls are written once, as generators of statements (`LeaseSteps`): `run_steps`
+drives them in a session or on a connection, storage_service.async_leases on the event loop.
+A fence locks its lease FOR SHARE until the fenced write commits, so a concurrent acquisition
+waits and no write lands under a token that has already been replaced.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Generator
+from typing import Any, NamedTuple
+
+from sqlalchemy import BigInteger, DateTime, Integer, String, bindparam, func, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Mapped, Session, mapped_column
+from system.storage.v1 import journal_pb2
+
+from services.runtime.errors import STALE_FENCE, FailedPrecondition, InvalidArgument
+from storage_service.db import Base
+from storage_service.dialect import GREATEST, INSERT, POSTGRESQL, SQLITE, aware
+from storage_service.fastsql import FastResult, FastStatement
+from storage_service.journal_records import MAX_ID, _check_id
+
+__all__ = [
+    "ACQUIRE_ATTEMPTS",
+    "OWNER_SEPARATOR",
+    "LeaseRow",
+    "LeaseSteps",
+    "acquire_steps",
+    "check_fence",
+    "release_earlier_incarnations",
+    "release_steps",
+    "renew_steps",
+    "run_steps",
+]
+
+MAX_TTL_SECONDS = 3600
+MAX_TOKEN = 2**63 - 1  # tokens live in a signed BIGINT
+
+
+class LeaseRow(Base):
+    """A named lease. `owner` and `expires_at` are NULL once released; the row (and its
+    token) stays so the next acquisition gets a larger token."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(MAX_ID), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(MAX_ID), nullable=True)
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+def _check_ttl(seconds: int, field: str) -> None:
+    if not 1 <= seconds <= MAX_TTL_SECONDS:
+        raise InvalidArgument(
+            f"{field} must be between 1 and {MAX_TTL_SECONDS} seconds, got {seconds}"
+        )
+
+
+def _check_token(token: int, field: str = "token") -> None:
+    if token <= 0:
+        raise InvalidArgument(f"{field} is required: the token the lease was acquired with")
+    if token > MAX_TOKEN:
+        raise InvalidArgument(f"{field} {token} is larger than any token ever issued")
+
+
+def _micros(now: dt.datetime) -> int:
+    """The time in microseconds: every taking of a lease gets token max(previous token + 1,
+    this), so a lease row deleted and made again never hands out a token seen before (the
+    rule of _acquire_statement and of _TAKE_LEASE, the claims' form of it)."""
+    return int((now - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
+
+
+def _live(row: LeaseRow | _FencedLease, now: dt.datetime) -> bool:
+    return row.owner is not None and row.expires_at is not None and aware(row.expires_at) > now
+
+
+def _acquire_statement(dialect_insert, greatest) -> FastStatement:  # type: ignore[no-untyped-def]
+    """One statement that makes the row or takes it over when it is free, expired or already
+    the owner's, returning the new token and the one before it (see _previous_token); no row
+    comes back when someone else holds it."""
+    inserted = dialect_insert(_LEASES).values(
+        name=bindparam("name", type_=String),
+        owner=bindparam("owner", type_=String),
+        token=bindparam("token", type_=BigInteger),
+        expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type),
+    )
+    return FastStatement(
+        inserted.on_conflict_do_update(
+            index_elements=[_LEASES.c.name],
+            set_={
+                "owner": inserted.excluded.owner,
+                "token": greatest(_LEASES.c.token + 1, inserted.excluded.token),
+                "expires_at": inserted.excluded.expires_at,
+            },
+            where=or_(
+                _LEASES.c.owner.is_(None),
+                _LEASES.c.expires_at.is_(None),
+                _LEASES.c.expires_at <= bindparam("now", type_=_LEASES.c.expires_at.type),
+                _LEASES.c.owner == inserted.excluded.owner,
+            ),
+        ).returning(_LEASES.c.token, _previous_token())
+    )
+
+
+def _previous_token():  # type: ignore[no-untyped-def]
+    """The lease's token as it was before the statement, 0 without a row: a subquery in
+    RETURNING reads the statement's snapshot, not the row it just wrote (PostgreSQL; SQLite
+    evaluates it as the row is written, so there it is read by a statement before, in the
+    same transaction). On PostgreSQL, a statement that waited for another's lock on the row
+    reads the snapshot from before the wait, so the token it returns can be older than the
+    one it replaced: it misses another owner's acquisition only when that owner took the
+    lease and gave it back while this one statement ran."""
+    before = _LEASES.alias("before")
+    return func.coalesce(
+        select(before.c.token)
+        .where(before.c.name == bindparam("name", type_=String))
+        .scalar_subquery(),
+        0,
+    )
+
+
+_LEASES = LeaseRow.__table__
+_ACQUIRE_SQLITE = _acquire_statement(INSERT[SQLITE], GREATEST[SQLITE])
+_ACQUIRE_POSTGRESQL = _acquire_statement(INSERT[POSTGRESQL], GREATEST[POSTGRESQL])
+
+
+def _held_lease_update(**values):  # type: ignore[no-untyped-def]
+    """UPDATE of a lease the caller holds (name, owner and token match); its row count says
+    whether it was still theirs."""
+    return FastStatement(
+        update(_LEASES)
+        .where(
+            _LEASES.c.name == bindparam("name", type_=String),
+            _LEASES.c.owner == bindparam("holder", type_=String),
+            _LEASES.c.token == bindparam("held_token", type_=BigInteger),
+        )
+        .values(**values)
+    )
+
+
+# Every interactive run gives its player's lease back, and held leases (tasks, long runs) are
+# renewed every third of their length: one statement each on the driver's cursor.
+_RELEASE = _held_lease_update(owner=None, expires_at=None)
+_RENEW = _held_lease_update(expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type))
+
+
+ACQUIRE_ATTEMPTS = 3
+"""Times AcquireLease asks for a lease that was held, then free again before it could say by
+whom (the holder gave it back in between)."""
+
+
+LeaseSteps = Generator[tuple[FastStatement, dict[str, Any]], FastResult, Any]
+"""A lease call as the statements it runs: it yields each statement with its parameters and
+is sent that statement's result; what it returns is the call's answer. One driver runs them
+in a session or on a connection (`run_steps`), another on the event loop
+(storage_service.async_leases), so the rules are written once."""
+
+
+def run_steps(steps: LeaseSteps, target: Session | Connection) -> Any:
+    """Runs a lease call's statements in the session's transaction (or on the connection)."""
+    try:
+        statement, params = next(steps)
+        while True:
+            statement, params = steps.send(statement.execute(target, params))
+    except StopIteration as done:
+        return done.value
+
+
+def acquire_steps(
+    name: str, owner: str, ttl_seconds: int, now: dt.datetime, sqlite: bool
+) -> LeaseSteps:
+    """Takes `name` for `owner` until now + ttl when it is free, expired or already the
+    owner's; every acquisition gets a larger token (see _micros), and the answer
+    (AcquireLeaseResponse) carries the token of the acquisition before it (0 for a first
+    one). FAILED_PRECONDITION when someone else holds it.
+
+    One statement (an upsert that only updates a row it may take, returning the token): the
+    player's lease is taken before every interactive run, so its cost is on every request's
+    critical path."""
+    _check_id(name, "name")
+    _check_id(owner, "owner")
+    _check_ttl(ttl_seconds, "ttl_seconds")
+    expires_at = now + dt.timedelta(seconds=ttl_seconds)
+    params = {
+        "name": name,
+        "owner": owner,
+        "token": _micros(now),
+        "expires_at": expires_at,
+        "now": now,
+    }
+    for _ in range(ACQUIRE_ATTEMPTS):
+        before = None
+        if sqlite:  # one writer at a time: read before writing, in the same transaction
+            before = _lease_row((yield _LEASE_STATE, {"name": name}))
+        taken = yield (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL), params
+        if taken.rows:
+            token, previous = taken.rows[0]
+            if sqlite:  # see _previous_token
+                previous = 0 if before is None else before.token
+            lease = journal_pb2.Lease(name=name, owner=owner, token=int(token))
+            lease.expires_at.FromDatetime(expires_at)
+            return journal_pb2.AcquireLeaseResponse(lease=lease, previous_token=int(previous))
+        # Someone held it. Read who, to say so; in autocommit (PostgreSQL) the holder may have
+        # given it back between the two statements, and then it is asked for again.
+        holder = _lease_row((yield _LEASE_STATE, {"name": name}))
+        if holder is not None and _live(holder, now):
+            assert holder.expires_at is not None
+            raise FailedPrecondition(
+                f"lease {name!r} is held by {holder.owner!r} until "
+                f"{aware(holder.expires_at).isoformat()}; try again after it expires"
+            )
+    raise FailedPrecondition(
+        f"lease {name!r} changed hands {ACQUIRE_ATTEMPTS} times while being taken; try again"
+    )
+
+
+def renew_steps(
+    name: str, owner: str, token: int, ttl_seconds: int, now: dt.datetime
+) -> LeaseSteps:
+    """Extends a lease the caller holds (also after it expired, if nobody took it since);
+    answers the Lease. FAILED_PRECONDITION when it is not the caller's."""
+    _check_id(name, "name")
+    _check_id(owner, "owner")
+    _check_token(token)
+    _check_ttl(ttl_seconds, "ttl_seconds")
+    expires_at = now + dt.timedelta(seconds=ttl_seconds)
+    renewed = yield (
+        _RENEW,
+        {"name": name, "holder": owner, "held_token": token, "expires_at": expires_at},
+    )
+    if renewed.rowcount == 1:
+        lease = journal_pb2.Lease(name=name, owner=owner, token=token)
+        lease.expires_at.FromDatetime(expires_at)
+        return lease
+    row = _lease_row((yield _LEASE_STATE, {"name": name}))
+    if row is None or row.owner is None:
+        raise FailedPrecondition(f"lease {name!r} is not held; acquire it again")
+    raise FailedPrecondition(
+        f"lease {name!r} is held by {row.owner!r} with token {row.token}, not by "
+        f"{owner!r} with token {token}; acquire it again"
+    )
+
+
+def release_steps(name: str, owner: str, token: int) -> LeaseSteps:
+    """Gives a lease up; answers False when it was no longer the caller's. The token is
+    kept."""
+    _check_id(name, "name")
+    _check_id(owner, "owner")
+    _check_token(token)
+    released = yield _RELEASE, {"name": name, "holder": owner, "held_token": token}
+    return released.rowcount == 1
+
+
+OWNER_SEPARATOR = "#"
+"""Separates an engine replica's stable name from its incarnation in a lease owner
+(`<name>#<incarnation>`)."""
+
+
+def _check_owner_part(value: str, field: str) -> None:
+    _check_id(value, field)
+    if OWNER_SEPARATOR in value:
+        raise InvalidArgument(
+            f"{field} must not contain {OWNER_SEPARATOR!r}: it separates a replica's name from "
+            f"its incarnation in a lease owner (`<name>{OWNER_SEPARATOR}<incarnation>`), "
+            f"got {value[:MAX_ID]!r}"
+        )
+
+
+# Every lease held by an owner `<name>#...` other than the caller's own `<name>#<incarnation>`.
+# A prefix comparison (substr) rather than LIKE, so a name's `%` and `_` match only themselves;
+# both databases count characters. Runs once per engine start: a scan of the leases table
+# rather than an index on `owner`, which every lease call would pay to keep up.
+_RELEASE_EARLIER = (
+    update(_LEASES)
+    .where(
+        func.substr(_LEASES.c.owner, 1, bindparam("prefix_length", type_=Integer))
+        == bindparam("prefix", type_=String),
+        _LEASES.c.owner != bindparam("own", type_=String),
+    )
+    .values(owner=None, expires_at=None)
+)
+
+
+def release_earlier_incarnations(target: Session | Connection, name: str, incarnation: str) -> int:
+    """Ends every lease held by an earlier incarnation of replica `name`: owner
+    `<name>#<anything but incarnation>`, live or expired; answers how many. Tokens are kept,
+    so the earlier incarnation's fences are stale from now on, and its RUNNING tasks are
+    claimable at once (ClaimTasks takes a task no live lease protects). The caller's own
+    incarnation and other names are left alone. INVALID_ARGUMENT for an empty part, a part
+    containing `#`, or an owner that would be over MAX_ID characters."""
+    _check_owner_part(name, "name")
+    _check_owner_part(incarnation, "incarnation")
+    own = f"{name}{OWNER_SEPARATOR}{incarnation}"
+    if len(own) > MAX_ID:
+        raise InvalidArgument(
+            f"name and incarnation make an owner of {len(own)} characters "
+            f"(`<name>{OWNER_SEPARATOR}<incarnation>`); an owner is at most {MAX_ID}"
+        )
+    prefix = f"{name}{OWNER_SEPARATOR}"
+    result = target.execute(
+        _RELEASE_EARLIER, {"prefix": prefix, "prefix_length": len(prefix), "own": own}
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+_LEASE_ROW = select(
+    _LEASES.c.name,  # type: ignore[attr-defined]
+    _LEASES.c.owner,  # type: ignore[attr-defined]
+    _LEASES.c.token,  # type: ignore[attr-defined]
+    _LEASES.c.expires_at,  # type: ignore[attr-defined]
+).where(_LEASES.c.name == bindparam("name", type_=String))  # type: ignore[attr-defined]
+# A lease row as it is now (to say who holds it), and share-locked (a fence being checked).
+_LEASE_STATE = FastStatement(_LEASE_ROW)
+_FENCE_QUERY = FastStatement(_LEASE_ROW.with_for_update(read=True))
+
+
+class _FencedLease(NamedTuple):
+    name: str
+    owner: str | None
+    token: int
+    expires_at: dt.datetime | None
+
+
+def _lease_row(result: FastResult) -> _FencedLease | None:
+    """The lease row a _LEASE_STATE or _FENCE_QUERY read found, if any."""
+    found = result.first()
+    return None if found is None else _FencedLease(*found)
+
+
+def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datetime) -> None:
+    """FAILED_PRECONDITION ("stale fence") unless the fence's lease is held, unexpired, with
+    the fence's token. The lease row stays share-locked until the transaction ends, so it
+    cannot be taken again before the fenced write commits."""
+    if fence is None:
+        return
+    _check_id(fence.lease_name, "fence.lease_name")
+    _check_token(fence.token, "fence.token")
+    row = _lease_row(_FENCE_QUERY.execute(session, {"name": fence.lease_name}))
+    where = f"stale fence: lease {fence.lease_name!r} token {fence.token}"
+    if row is None or row.owner is None:
+        raise FailedPrecondition(
+            f"{where} is not held by anyone; acquire the lease again", STALE_FENCE
+        )
+    if row.token != fence.token:
+        raise FailedPrecondition(
+            f"{where} was replaced by token {row.token} ({row.owner!r} holds it); stop and let "
+            "the current holder write",
+            STALE_FENCE,
+        )
+    if not _live(row, now):
+        raise FailedPrecondition(f"{where} has expired; acquire the lease again", STALE_FENCE)
+
+
+def _fence_holds(
+    found: tuple[object, ...] | None, fence: journal_pb2.Fence, now: dt.datetime
+) -> bool:
+    """Whether _FENCE_QUERY's row says `fence` holds (check_fence says why it does not)."""
+    if found is None:
+        return False
+    row = _FencedLease(*found)  # type: ignore[arg-type]
+    return row.owner is not None and row.token == fence.token and _live(row, now)

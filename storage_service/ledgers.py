@@ -1,0 +1,281 @@
+"""A player's journal ledgers: their bounds, what an entry counts against them, eviction,
+and the player's ledger lock.
+
+A player's tasks and a player's receipts are each bounded by count and by encoded bytes. A
+write that adds an entry, or makes one larger (a task's final result, a step's result), first
+evicts the player's terminal entries oldest first (receipts: those whose task is terminal or
+gone); QUEUED, RUNNING and WAITING tasks and the receipts of such tasks are never evicted.
+When that is not enough the write fails with STORAGE_FULL and writes nothing. Moving a task
+to a terminal state without a result never grows the ledger, so a full ledger can always be
+drained.
+
+Concurrency: on SQLite every write transaction starts with BEGIN IMMEDIATE (see db.py), so
+writers are serialized. On PostgreSQL (READ COMMITTED) writes that change a player's ledgers
+take a transaction-scoped advisory lock on the player first (`_lock_player`, or with the
+lookup of the row's owner, `_owner_locked`), so dedupe by event key and the bounds hold under
+concurrent writers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from sqlalchemy import String, bindparam, delete, func, literal, or_, select
+from sqlalchemy.orm import Session
+
+from services.runtime.errors import InvalidArgument, ResourceExhausted
+from storage_service.dialect import is_postgresql
+from storage_service.fastsql import FastStatement
+from storage_service.journal_records import TERMINAL, ReceiptRow, TaskRow
+from storage_service.leases import LeaseRow
+
+__all__ = ["JournalBounds", "receipt_size", "task_size"]
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalBounds:
+    """Per-player ledger bounds and size limits (see StorageConfig for each)."""
+
+    task_max_entries: int = 1000
+    task_max_bytes: int = 1_048_576
+    receipt_max_entries: int = 5000
+    receipt_max_bytes: int = 4_194_304
+    max_result_bytes: int = 262_144
+    max_document_bytes: int = 262_144
+
+    @classmethod
+    def from_config(cls, config: object) -> JournalBounds:
+        """The bounds of a StorageConfig (any object with the same attribute names)."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+# -- sizes and bounds --------------------------------------------------------------------------
+
+
+def _utf8(*values: str) -> int:
+    return sum(len(value.encode()) for value in values)
+
+
+def task_size(
+    task_id: str, player_id: str, module_id: str, event_key: str, data: bytes, result: bytes | None
+) -> int:
+    """Bytes a task counts against its player's bound: encoded input and result plus ids."""
+    return _utf8(task_id, player_id, module_id, event_key) + len(data) + len(result or b"")
+
+
+def receipt_size(
+    step_id: str, task_id: str, player_id: str, tool: str, codec_id: str, result: bytes | None
+) -> int:
+    """Bytes a receipt counts against its player's bound: its result plus ids."""
+    return _utf8(step_id, task_id, player_id, tool, codec_id) + len(result or b"")
+
+
+_PLAYER_LOCK = FastStatement(
+    select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("key", type_=String), 0)))
+)
+_LOCKED = "system.storage.journal.locked_players"
+
+
+def _player_lock_key(player_id: str) -> str:
+    return f"journal:{player_id}"
+
+
+def _locks_held(session: Session) -> set[str]:
+    """The players whose ledger lock the session's current (innermost) transaction holds.
+    Keyed by that transaction: a lock taken in a savepoint that rolls back is released, and a
+    new transaction holds none."""
+    transaction = session.get_nested_transaction() or session.get_transaction()
+    held = session.info.get(_LOCKED)
+    if held is None or held[0] is not transaction:
+        held = (transaction, set())
+        session.info[_LOCKED] = held
+    return held[1]
+
+
+def _lock_player(session: Session, player_id: str) -> None:
+    """Serializes writers of one player's ledgers until the transaction ends (PostgreSQL; on
+    SQLite BEGIN IMMEDIATE already serializes every writer). Taken once per transaction."""
+    if not is_postgresql(session):
+        return
+    held = _locks_held(session)
+    if player_id not in held:
+        _PLAYER_LOCK.execute(session, {"key": _player_lock_key(player_id)})
+        held.add(player_id)
+
+
+def _fits(count: int, total: int, add_count: int, add_bytes: int, limits: tuple[int, int]) -> bool:
+    max_entries, max_bytes = limits
+    return (add_count == 0 or count + add_count <= max_entries) and (
+        add_bytes <= 0 or total + add_bytes <= max_bytes
+    )
+
+
+def _choose_evictions(
+    count: int,
+    total: int,
+    add_count: int,
+    add_bytes: int,
+    limits: tuple[int, int],
+    candidates: Sequence[tuple[int, int]],
+) -> list[int] | None:
+    """Seqs to evict, oldest first, so the addition fits; None when it cannot fit."""
+    doomed: list[int] = []
+    for seq, size in candidates:
+        if _fits(count, total, add_count, add_bytes, limits):
+            break
+        doomed.append(seq)
+        count -= 1
+        total -= size
+    return doomed if _fits(count, total, add_count, add_bytes, limits) else None
+
+
+_TASKS = TaskRow.__table__
+_TASK_LEDGER = FastStatement(
+    select(func.count(), func.coalesce(func.sum(_TASKS.c.size_bytes), 0)).where(  # type: ignore[attr-defined]
+        _TASKS.c.player_id == bindparam("player_id", type_=String)  # type: ignore[attr-defined]
+    )
+)
+
+
+def _make_room_for_tasks(
+    session: Session,
+    bounds: JournalBounds,
+    player_id: str,
+    add_count: int,
+    add_bytes: int,
+    exclude_seq: int | None = None,
+    ledger: tuple[int, int] | None = None,
+) -> int:
+    """Evicts the player's terminal tasks, oldest first, until the addition fits. Returns how
+    many; STORAGE_FULL when it cannot fit (nothing deleted). `ledger`: the player's task
+    count and bytes, when the caller read them already under the player's lock."""
+    limits = (bounds.task_max_entries, bounds.task_max_bytes)
+    if ledger is None:
+        # Raw cursor, so no autoflush: callers must not hold unflushed task changes here
+        # (transition_task changes its row only after this).
+        found = _TASK_LEDGER.execute(session, {"player_id": player_id}).first()
+        assert found is not None  # an aggregate always returns a row
+        ledger = (found[0], found[1])
+    count, total = ledger
+    if _fits(count, total, add_count, add_bytes, limits):
+        return 0
+    query = (
+        select(TaskRow.seq, TaskRow.size_bytes, TaskRow.task_id)
+        .where(TaskRow.player_id == player_id, TaskRow.state.in_(TERMINAL))
+        .order_by(TaskRow.seq)
+    )
+    if exclude_seq is not None:
+        query = query.where(TaskRow.seq != exclude_seq)
+    candidates = session.execute(query).all()
+    doomed = _choose_evictions(
+        count, total, add_count, add_bytes, limits, [(c.seq, c.size_bytes) for c in candidates]
+    )
+    if doomed is None:
+        raise ResourceExhausted(
+            f"STORAGE_FULL: player {player_id}'s task ledger holds {count} tasks in {total} bytes "
+            f"(bounds {bounds.task_max_entries} tasks, {bounds.task_max_bytes} bytes) and not "
+            "enough of them are finished to make room; finish or fail tasks before adding more"
+        )
+    names = [f"task:{c.task_id}" for c in candidates[: len(doomed)]]
+    session.execute(delete(TaskRow).where(TaskRow.seq.in_(doomed)))
+    # The leases of evicted tasks go too (tokens stay increasing: see leases._micros).
+    session.execute(delete(LeaseRow).where(LeaseRow.name.in_(names)))
+    return len(doomed)
+
+
+def _ledger_query(player_id: str):  # type: ignore[no-untyped-def]
+    return select(
+        func.count().label("ledger_count"),
+        func.coalesce(func.sum(ReceiptRow.size_bytes), 0).label("ledger_bytes"),
+    ).where(ReceiptRow.player_id == player_id)
+
+
+def _make_room_for_receipts(
+    session: Session,
+    bounds: JournalBounds,
+    player_id: str,
+    add_count: int,
+    add_bytes: int,
+    exclude_seq: int | None = None,
+    ledger: tuple[int, int] | None = None,
+) -> int:
+    """Evicts the player's receipts whose task is terminal or gone, oldest first, until the
+    addition fits. Returns how many; STORAGE_FULL when it cannot fit (nothing deleted).
+
+    `ledger` is the (count, bytes) of the player's receipts when the caller already read them
+    in this transaction, under the player's lock; they are only read again when the addition
+    does not fit."""
+    limits = (bounds.receipt_max_entries, bounds.receipt_max_bytes)
+    if ledger is not None and _fits(*ledger, add_count, add_bytes, limits):
+        return 0
+    count, total = session.execute(_ledger_query(player_id)).one()
+    if _fits(count, total, add_count, add_bytes, limits):
+        return 0
+    query = (
+        select(ReceiptRow.seq, ReceiptRow.size_bytes)
+        .outerjoin(TaskRow, TaskRow.task_id == ReceiptRow.task_id)
+        .where(
+            ReceiptRow.player_id == player_id,
+            or_(TaskRow.seq.is_(None), TaskRow.state.in_(TERMINAL)),
+        )
+        .order_by(ReceiptRow.seq)
+    )
+    if exclude_seq is not None:
+        query = query.where(ReceiptRow.seq != exclude_seq)
+    candidates = [(seq, size) for seq, size in session.execute(query)]
+    doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
+    if doomed is None:
+        raise ResourceExhausted(
+            f"STORAGE_FULL: player {player_id}'s step receipts hold {count} receipts in {total} "
+            f"bytes (bounds {bounds.receipt_max_entries} receipts, {bounds.receipt_max_bytes} "
+            "bytes) and not enough of them belong to finished tasks to make room; finish or "
+            "fail tasks before recording more steps"
+        )
+    session.execute(delete(ReceiptRow).where(ReceiptRow.seq.in_(doomed)))
+    return len(doomed)
+
+
+def _check_owner(actual: str, player_id: str | None, what: str) -> None:
+    if player_id is not None and actual != player_id:
+        raise InvalidArgument(
+            f"{what} belongs to another player, not {player_id!r}; a batch concerns one player"
+        )
+
+
+def _param(name: str, type_):  # type: ignore[no-untyped-def]
+    return bindparam(name, type_=type_)
+
+
+def _owner_queries(column, key):  # type: ignore[no-untyped-def]
+    """The owner of the row whose `key` is :p_key: plainly, and (PostgreSQL) with the owner's
+    ledger lock taken in the same statement, one round trip instead of two."""
+    where = key == _param("p_key", String)
+    lock = func.pg_advisory_xact_lock(
+        func.hashtextextended(literal(_player_lock_key(""), String) + column, 0)
+    ).is_(None)
+    return FastStatement(select(column).where(where)), FastStatement(
+        select(column, lock).where(where)
+    )
+
+
+_TASK_OWNER, _TASK_OWNER_LOCKING = _owner_queries(TaskRow.player_id, TaskRow.task_id)
+_STEP_OWNER, _STEP_OWNER_LOCKING = _owner_queries(ReceiptRow.player_id, ReceiptRow.step_id)
+
+
+def _owner_locked(
+    session: Session, queries: tuple[FastStatement, FastStatement], key: str
+) -> str | None:
+    """The player owning the task or receipt `key`, with the player's ledger lock held (see
+    _lock_player); None when there is no such row (and no lock is taken)."""
+    plain, locking = queries
+    if not is_postgresql(session):
+        row = plain.execute(session, {"p_key": key}).first()
+        return None if row is None else row[0]
+    row = locking.execute(session, {"p_key": key}).first()
+    if row is None:
+        return None
+    _locks_held(session).add(row[0])
+    return row[0]

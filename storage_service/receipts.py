@@ -1,0 +1,479 @@
+"""Step receipts: a step's intent recorded (RUNNING) before a write tool runs, its result
+stored once (DONE), and the one-statement forms of both.
+
+A receipt is the single global receipt of its stable step id. Recording a step again returns
+the existing receipt; completing a DONE step again with the same result changes nothing, with
+another result is refused. Each write first tries one statement that applies it when nothing
+stands in the way (`_RECORD_FAST`, `_COMPLETE_FAST`; a Commit sent ahead uses the same,
+`_receipt_fast`); when that changes nothing, the long way under the player's lock says why,
+or makes room in the player's receipt ledger (storage_service.ledgers) and writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Integer,
+    LargeBinary,
+    String,
+    exists,
+    func,
+    insert,
+    literal,
+    literal_column,
+    null,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.orm import Session
+from system.storage.v1 import journal_pb2
+
+from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from storage_service.fastsql import FastResult, FastStatement
+from storage_service.journal_records import (
+    _RECEIPT_COLUMNS,
+    _RECEIPTS,
+    MAX_TASK_ID,
+    RECOVERABLE,
+    SS,
+    STEP_DONE,
+    STEP_RUNNING,
+    TERMINAL,
+    ReceiptRow,
+    StoredReceipt,
+    TaskRow,
+    _check_id,
+    _known_task_state,
+    _shown,
+    _stored_step_state,
+)
+from storage_service.ledgers import (
+    _STEP_OWNER,
+    _STEP_OWNER_LOCKING,
+    _TASK_OWNER,
+    _TASK_OWNER_LOCKING,
+    JournalBounds,
+    _check_owner,
+    _ledger_query,
+    _lock_player,
+    _make_room_for_receipts,
+    _owner_locked,
+    _param,
+    receipt_size,
+)
+
+__all__ = ["complete_step", "record_step"]
+
+
+def _check_same_step(
+    row: StoredReceipt, task_id: str, position: int, tool: str, player_id: str | None
+) -> None:
+    _stored_step_state(row)
+    _check_owner(row.player_id, player_id, f"step {row.step_id!r}")
+    if row.tool != tool:
+        raise FailedPrecondition(
+            f"step {row.step_id} was recorded for tool {row.tool!r}, not {tool!r}; a step id "
+            "names one tool call"
+        )
+    if row.task_id != task_id or row.position != position:
+        raise FailedPrecondition(
+            f"step {row.step_id} was recorded for task {row.task_id} at position {row.position}, "
+            f"not task {task_id} at position {position}; step ids must be stable and unique"
+        )
+
+
+def _record_fast() -> FastStatement:
+    """INSERT ... SELECT that records a new step in one statement when nothing stands in the
+    way: the task is the player's and unfinished, the step is new and the receipt fits the
+    ledger without eviction. It inserts nothing otherwise, and `record_step` then works out
+    why the long way (same transaction, same lock)."""
+    player = _param("p_player", String)
+    ledger = (
+        select(
+            func.count().label("entries"),
+            func.coalesce(func.sum(ReceiptRow.size_bytes), 0).label("bytes"),
+        )
+        .where(ReceiptRow.player_id == player)
+        .subquery()
+    )
+    size = _param("p_size", Integer)
+    now = _param("p_now", DateTime(timezone=True))
+    rows = (
+        select(
+            _param("p_step", String),
+            TaskRow.task_id,
+            TaskRow.player_id,
+            _param("p_position", BigInteger),
+            _param("p_tool", String),
+            literal(STEP_RUNNING, String),
+            null(),
+            literal("", String),
+            size,
+            now,
+            now,
+        )
+        .select_from(TaskRow)
+        .join(ledger, true())
+        .where(
+            TaskRow.task_id == _param("p_task", String),
+            TaskRow.player_id == player,
+            # Constants in the SQL: an IN list of parameters is expanded on every execution.
+            TaskRow.state.in_([literal_column(f"'{name}'") for name in sorted(RECOVERABLE)]),
+            ~exists().where(ReceiptRow.step_id == _param("p_step", String)),
+            ledger.c.entries + 1 <= _param("p_max_entries", Integer),
+            ledger.c.bytes + size <= _param("p_max_bytes", BigInteger),
+        )
+    )
+    columns = ["step_id", "task_id", "player_id", "position", "tool", "state", "result"]
+    columns += ["codec_id", "size_bytes", "created_at", "updated_at"]
+    return FastStatement(insert(_RECEIPTS).from_select(columns, rows))
+
+
+def _complete_fast() -> FastStatement:
+    """UPDATE ... RETURNING that completes a RUNNING step in one statement when its result
+    fits the ledger without eviction; it changes nothing otherwise, and `complete_step` then
+    works out why the long way. A RUNNING receipt holds no result and no codec (see
+    record_step), so its size grows by exactly the codec id's and the result's bytes."""
+    player = _param("p_player", String)
+    grows = _param("p_grows", Integer)
+    ledger_bytes = (
+        select(func.coalesce(func.sum(ReceiptRow.size_bytes), 0))
+        .where(ReceiptRow.player_id == player)
+        .scalar_subquery()
+    )
+    return FastStatement(
+        update(_RECEIPTS)
+        .where(
+            ReceiptRow.step_id == _param("p_step", String),
+            ReceiptRow.player_id == player,
+            ReceiptRow.tool == _param("p_tool", String),
+            ReceiptRow.state == STEP_RUNNING,
+            ReceiptRow.codec_id == "",
+            ReceiptRow.result.is_(None),
+            ledger_bytes + grows <= _param("p_max_bytes", BigInteger),
+        )
+        .values(
+            state=STEP_DONE,
+            result=_param("p_result", LargeBinary),
+            codec_id=_param("p_codec", String),
+            size_bytes=ReceiptRow.size_bytes + grows,
+            updated_at=_param("p_now", DateTime(timezone=True)),
+        )
+        .returning(*_RECEIPT_COLUMNS)
+    )
+
+
+_RECORD_FAST = _record_fast()
+_COMPLETE_FAST = _complete_fast()
+
+
+def _check_record(step_id: str, task_id: str, position: int, tool: str) -> None:
+    _check_id(step_id, "step_id")
+    _check_id(task_id, "task_id", MAX_TASK_ID)
+    _check_id(tool, "tool")
+    if not 0 <= position < 2**32:
+        raise InvalidArgument(f"position must be between 0 and {2**32 - 1}")
+
+
+def _record_params(
+    bounds: JournalBounds,
+    now: dt.datetime,
+    step_id: str,
+    task_id: str,
+    player_id: str,
+    position: int,
+    tool: str,
+    size: int,
+) -> dict[str, object]:
+    """The parameters of _RECORD_FAST."""
+    return {
+        "p_step": step_id,
+        "p_task": task_id,
+        "p_player": player_id,
+        "p_position": position,
+        "p_tool": tool,
+        "p_size": size,
+        "p_now": now,
+        "p_max_entries": bounds.receipt_max_entries,
+        "p_max_bytes": bounds.receipt_max_bytes,
+    }
+
+
+def _check_complete(
+    bounds: JournalBounds, step_id: str, tool: str, result: bytes, codec_id: str
+) -> None:
+    _check_id(step_id, "step_id")
+    _check_id(tool, "tool")
+    _check_id(codec_id, "codec_id")
+    if len(result) > bounds.max_result_bytes:
+        raise InvalidArgument(
+            f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
+        )
+
+
+def _complete_params(
+    bounds: JournalBounds,
+    now: dt.datetime,
+    step_id: str,
+    player_id: str,
+    tool: str,
+    result: bytes,
+    codec_id: str,
+) -> dict[str, object]:
+    """The parameters of _COMPLETE_FAST."""
+    return {
+        "p_step": step_id,
+        "p_player": player_id,
+        "p_tool": tool,
+        "p_grows": len(codec_id.encode()) + len(result),
+        "p_max_bytes": bounds.receipt_max_bytes,
+        "p_result": result,
+        "p_codec": codec_id,
+        "p_now": now,
+    }
+
+
+def _find_receipt(session: Session, step_id: str) -> StoredReceipt | None:
+    row = (
+        session.connection()
+        .execute(select(*_RECEIPT_COLUMNS).where(ReceiptRow.step_id == step_id))
+        .one_or_none()
+    )
+    return None if row is None else StoredReceipt.of(row)
+
+
+def _running_receipt(
+    step_id: str,
+    task_id: str,
+    player_id: str,
+    position: int,
+    tool: str,
+    size: int,
+    now: dt.datetime,
+) -> StoredReceipt:
+    """The receipt a new recording writes: RUNNING, no result and no codec yet."""
+    return StoredReceipt(
+        seq=None,
+        step_id=step_id,
+        task_id=task_id,
+        player_id=player_id,
+        position=position,
+        tool=tool,
+        state=STEP_RUNNING,
+        result=None,
+        codec_id="",
+        size_bytes=size,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def record_step(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    step_id: str,
+    task_id: str,
+    position: int,
+    tool: str,
+    player_id: str | None = None,
+) -> tuple[StoredReceipt, bool]:
+    """Records a step's intent (RUNNING). Returns (receipt, created); an existing receipt of
+    the same task, position and tool comes back with created False.
+
+    NOT_FOUND for a missing task; FAILED_PRECONDITION for a conflicting receipt or a task
+    already final; STORAGE_FULL when the player's receipts are full of unfinished tasks'.
+    """
+    _check_record(step_id, task_id, position, tool)
+    connection = session.connection()
+    owner = player_id
+    if owner is None:
+        owner = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
+        if owner is None:
+            existing = _find_receipt(session, step_id)
+            if existing is not None:
+                _check_same_step(existing, task_id, position, tool, player_id)
+                return existing, False
+            raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+    # Under the player's lock, one statement reads the rest: the receipt if it exists already
+    # (an earlier or concurrent recording), the task and the player's receipt ledger.
+    _lock_player(session, owner)
+    size = receipt_size(step_id, task_id, owner, tool, "", None)
+    if size <= bounds.receipt_max_bytes:
+        inserted = _RECORD_FAST.execute(
+            session, _record_params(bounds, now, step_id, task_id, owner, position, tool, size)
+        )
+        if inserted.rowcount == 1:
+            return _running_receipt(step_id, task_id, owner, position, tool, size, now), True
+    ledger = _ledger_query(owner).subquery()
+    found = connection.execute(
+        select(
+            select(ReceiptRow.seq)
+            .where(ReceiptRow.step_id == step_id)
+            .scalar_subquery()
+            .label("existing"),
+            TaskRow.player_id,
+            TaskRow.state,
+            ledger.c.ledger_count,
+            ledger.c.ledger_bytes,
+        )
+        .select_from(ledger)
+        .outerjoin(TaskRow, TaskRow.task_id == task_id)
+    ).one()
+    if found.existing is not None:
+        existing = _find_receipt(session, step_id)
+        assert existing is not None
+        _check_same_step(existing, task_id, position, tool, player_id)
+        return existing, False
+    if found.state is None:
+        raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+    _check_owner(found.player_id, player_id, f"task {task_id!r}")
+    state = _known_task_state(task_id, found.state)
+    if state in TERMINAL:
+        raise FailedPrecondition(
+            f"task {task_id} is {_shown(state)}, a final state; its steps can no longer be recorded"
+        )
+    size = receipt_size(step_id, task_id, found.player_id, tool, "", None)
+    if size > bounds.receipt_max_bytes:
+        raise InvalidArgument(
+            f"the receipt encodes to {size} bytes, over the {bounds.receipt_max_bytes} byte bound"
+        )
+    _make_room_for_receipts(
+        session,
+        bounds,
+        found.player_id,
+        1,
+        size,
+        ledger=(found.ledger_count, found.ledger_bytes),
+    )
+    receipt = _running_receipt(step_id, task_id, found.player_id, position, tool, size, now)
+    values = dataclasses.asdict(receipt)
+    del values["seq"]
+    connection.execute(insert(_RECEIPTS), values)
+    return receipt, True
+
+
+def complete_step(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    step_id: str,
+    tool: str,
+    result: bytes,
+    codec_id: str,
+    player_id: str | None = None,
+) -> StoredReceipt:
+    """Stores a step's result (DONE). Completing a DONE step with the same result and codec
+    changes nothing.
+
+    NOT_FOUND without a receipt; FAILED_PRECONDITION for another tool or a different result;
+    STORAGE_FULL when the result does not fit the player's bound.
+    """
+    _check_complete(bounds, step_id, tool, result, codec_id)
+    connection = session.connection()
+    owner = player_id
+    if owner is None:
+        owner = _owner_locked(session, (_STEP_OWNER, _STEP_OWNER_LOCKING), step_id)
+    found = None
+    if owner is not None:
+        _lock_player(session, owner)
+        done = _COMPLETE_FAST.execute(
+            session, _complete_params(bounds, now, step_id, owner, tool, result, codec_id)
+        ).first()
+        if done is not None:
+            return StoredReceipt(*done)
+        # The receipt, locked, with the bytes of the player's receipt ledger.
+        found = connection.execute(
+            select(
+                *_RECEIPT_COLUMNS,
+                _ledger_query(owner)
+                .with_only_columns(func.coalesce(func.sum(ReceiptRow.size_bytes), 0))
+                .scalar_subquery()
+                .label("ledger_bytes"),
+            )
+            .where(ReceiptRow.step_id == step_id)
+            .with_for_update(of=_RECEIPTS)
+        ).one_or_none()
+    if found is None:
+        raise NotFound(f"no receipt for step {step_id!r}; record the step before completing it")
+    row = StoredReceipt.of(found)
+    _check_owner(row.player_id, player_id, f"step {step_id!r}")
+    state = _stored_step_state(row)
+    if row.tool != tool:
+        raise FailedPrecondition(f"step {step_id} was recorded for tool {row.tool!r}, not {tool!r}")
+    if state == STEP_DONE:
+        if (row.result or b"") == result and row.codec_id == codec_id:
+            return row
+        raise FailedPrecondition(
+            f"step {step_id} is already DONE with a different result; a step's result is "
+            "stored once and replayed, never replaced"
+        )
+    size = receipt_size(row.step_id, row.task_id, row.player_id, row.tool, codec_id, result)
+    if size > row.size_bytes:
+        # The count does not matter when nothing is added: only the bytes are checked.
+        _make_room_for_receipts(
+            session,
+            bounds,
+            row.player_id,
+            0,
+            size - row.size_bytes,
+            exclude_seq=row.seq,
+            ledger=(0, found.ledger_bytes),
+        )
+    row.state = STEP_DONE
+    row.result = result
+    row.codec_id = codec_id
+    row.size_bytes = size
+    row.updated_at = now
+    connection.execute(
+        update(_RECEIPTS)
+        .where(ReceiptRow.seq == row.seq)
+        .values(state=STEP_DONE, result=result, codec_id=codec_id, size_bytes=size, updated_at=now)
+    )
+    return row
+
+
+_SS_RUNNING = int(SS.STEP_STATE_RUNNING)
+_SS_DONE = int(SS.STEP_STATE_DONE)
+
+
+def _receipt_fast(
+    bounds: JournalBounds, now: dt.datetime, player_id: str, write: journal_pb2.ReceiptWrite
+) -> tuple[FastStatement, dict[str, object]] | None:
+    """The one statement that applies `write` when nothing stands in the way (_RECORD_FAST,
+    _COMPLETE_FAST); None when the write is invalid or too large for it (the long way then
+    says why, or makes room)."""
+    try:
+        if write.state == _SS_RUNNING and not (write.result or write.codec_id):
+            _check_record(write.step_id, write.task_id, write.position, write.tool)
+            size = receipt_size(write.step_id, write.task_id, player_id, write.tool, "", None)
+            if size > bounds.receipt_max_bytes:
+                return None
+            params = _record_params(
+                bounds, now, write.step_id, write.task_id, player_id, write.position, write.tool,
+                size,
+            )  # fmt: skip
+            return _RECORD_FAST, params
+        if write.state == _SS_DONE:
+            _check_complete(bounds, write.step_id, write.tool, write.result, write.codec_id)
+            params = _complete_params(
+                bounds, now, write.step_id, player_id, write.tool, write.result, write.codec_id
+            )
+            return _COMPLETE_FAST, params
+    except ServiceError:
+        pass
+    return None
+
+
+def _receipt_applied(write: journal_pb2.ReceiptWrite, result: FastResult) -> bool:
+    """Whether _receipt_fast's statement applied the write (else it changed nothing)."""
+    if write.state == _SS_RUNNING:
+        return result.rowcount == 1
+    return result.first() is not None

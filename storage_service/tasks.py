@@ -1,0 +1,286 @@
+"""Event tasks: created once per (player, event key), moved only along the edges listed in
+journal.proto, and the page tokens of a player's task list.
+
+QUEUED, RUNNING and WAITING are recoverable, SUCCEEDED, FAILED and PARTIALLY_SUCCEEDED
+terminal: a terminal task never changes again. A move that adds a result makes room in the
+player's task ledger first (storage_service.ledgers). Claims are storage_service.claims.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+
+from google.protobuf import struct_pb2
+from sqlalchemy import Integer, LargeBinary, String, bindparam, insert, select, update
+from sqlalchemy.orm import Session
+from system.common.v1 import common_pb2
+
+from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
+from storage_service.dialect import ID, is_postgresql
+from storage_service.fastsql import FastStatement, pipelined
+from storage_service.journal_records import (
+    _MOVES,
+    _TASK_NAMES,
+    MAX_TASK_ID,
+    QUEUED,
+    TERMINAL,
+    TS,
+    TaskRow,
+    _check_id,
+    _shown,
+    _state_name,
+    _stored_task_state,
+)
+from storage_service.ledgers import (
+    _PLAYER_LOCK,
+    _TASK_LEDGER,
+    _TASK_OWNER,
+    _TASK_OWNER_LOCKING,
+    JournalBounds,
+    _check_owner,
+    _locks_held,
+    _make_room_for_tasks,
+    _owner_locked,
+    _player_lock_key,
+    task_size,
+)
+from storage_service.validation import check_player_id
+
+__all__ = ["create_task", "transition_task"]
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+
+# CreateTask runs for every event: its statements are rendered once (see fastsql).
+_TASKS = TaskRow.__table__
+_TASK_COLUMN_NAMES = [
+    "seq",
+    "task_id",
+    "player_id",
+    "module_id",
+    "event_key",
+    "state",
+    "input",
+    "result",
+    "attempts",
+    "size_bytes",
+    "created_at",
+    "updated_at",
+]
+_TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]  # type: ignore[attr-defined]
+
+
+def _task_row(values: Sequence[object]) -> TaskRow:
+    """A detached task row from a statement's columns in _TASK_COLUMN_NAMES order (read it;
+    change the table with statements, not through a session)."""
+    return TaskRow(**dict(zip(_TASK_COLUMN_NAMES, values, strict=True)))
+
+
+_TASK_BY_EVENT = FastStatement(
+    select(*_TASK_COLUMNS).where(
+        _TASKS.c.player_id == bindparam("player_id", type_=String),  # type: ignore[attr-defined]
+        _TASKS.c.event_key == bindparam("event_key", type_=String),  # type: ignore[attr-defined]
+    )
+)
+_TASK_INSERT = FastStatement(insert(_TASKS), column_keys=_TASK_COLUMN_NAMES[1:])
+
+
+def create_task(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    player_id: str,
+    module_id: str,
+    input: struct_pb2.Struct | None,
+    event_key: str,
+    initial_state: int = TS.TASK_STATE_UNSPECIFIED,
+) -> tuple[TaskRow, bool, int]:
+    """Creates a task, or finds the player's task with this event key.
+
+    Returns (row, created, evicted). STORAGE_FULL when the ledger is full of unfinished tasks.
+    """
+    check_player_id(player_id)
+    _check_id(module_id, "module_id")
+    _check_id(event_key, "event_key")
+    if initial_state == TS.TASK_STATE_UNSPECIFIED:
+        state = QUEUED
+    elif initial_state in (TS.TASK_STATE_QUEUED, TS.TASK_STATE_WAITING):
+        state = _TASK_NAMES[initial_state]
+    else:
+        raise InvalidArgument(
+            f"initial_state must be QUEUED or WAITING (or unset for QUEUED), got {initial_state}"
+        )
+    data = input.SerializeToString(deterministic=True) if input is not None else b""
+    task_id = str(uuid.uuid4())
+    size = task_size(task_id, player_id, module_id, event_key, data, None)
+    if size > bounds.task_max_bytes:
+        raise InvalidArgument(
+            f"the task encodes to {size} bytes, over the {bounds.task_max_bytes} byte bound of a "
+            "player's task ledger; pass a smaller input"
+        )
+    # Every event makes a task: the player's lock and both reads go to PostgreSQL together
+    # (one round trip, not three); the server still runs them in turn, so the reads see
+    # everything committed before the lock was granted.
+    locking = is_postgresql(session)
+    with pipelined(session):
+        lock = _PLAYER_LOCK.send(session, {"key": _player_lock_key(player_id)}) if locking else None
+        by_event = _TASK_BY_EVENT.send(session, {"player_id": player_id, "event_key": event_key})
+        ledger = _TASK_LEDGER.send(session, {"player_id": player_id})
+    if lock is not None:
+        lock.result()
+        _locks_held(session).add(player_id)
+    found = by_event.result().first()
+    if found is not None:
+        existing = _task_row(found)
+        _stored_task_state(existing)
+        return existing, False, 0
+    counted = ledger.result().first()
+    assert counted is not None  # an aggregate always returns a row
+    evicted = _make_room_for_tasks(
+        session, bounds, player_id, 1, size, ledger=(counted[0], counted[1])
+    )
+    values = {
+        "task_id": task_id,
+        "player_id": player_id,
+        "module_id": module_id,
+        "event_key": event_key,
+        "state": state,
+        "input": data,
+        "result": None,
+        "attempts": 0,
+        "size_bytes": size,
+        "created_at": now,
+        "updated_at": now,
+    }
+    _TASK_INSERT.execute(session, values)
+    # Not added to the session: the caller only reads it (task_message).
+    return TaskRow(**values), True, evicted
+
+
+_TASK_FOR_UPDATE = FastStatement(
+    select(*_TASK_COLUMNS)
+    .where(_TASKS.c.task_id == bindparam("task_id", type_=String))  # type: ignore[attr-defined]
+    .with_for_update()
+)
+# Every finished event task moves once: one UPDATE on the driver's cursor, no ORM flush.
+_TASK_MOVE = FastStatement(
+    update(_TASKS)
+    .where(_TASKS.c.seq == bindparam("p_seq", type_=ID))  # type: ignore[attr-defined]
+    .values(
+        state=bindparam("p_state", type_=String),
+        result=bindparam("p_result", type_=LargeBinary),
+        size_bytes=bindparam("p_size", type_=Integer),
+        updated_at=bindparam("p_now", type_=_TASKS.c.updated_at.type),  # type: ignore[attr-defined]
+    )
+)
+
+
+def _locked_task(session: Session, task_id: str, player_id: str | None = None) -> TaskRow:
+    """The task (a detached row: change it with statements, not the session), locked FOR
+    UPDATE after its player's ledger lock; NOT_FOUND when missing. `player_id`: the player
+    the caller expects (a Commit's, whose lock the batch took already: then the owner is not
+    looked up first; the caller checks that the task is that player's)."""
+    if player_id is None or player_id not in _locks_held(session):
+        player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
+    if player_id is not None:
+        found = _TASK_FOR_UPDATE.execute(session, {"task_id": task_id}).first()
+        if found is not None:
+            return _task_row(found)
+    raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+
+
+def transition_task(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    task_id: str,
+    state: int,
+    expected_state: int = TS.TASK_STATE_UNSPECIFIED,
+    result: common_pb2.AgentResult | None = None,
+    player_id: str | None = None,
+) -> TaskRow:
+    """Moves a task along a valid edge (see journal_records._MOVES); a final result only with a terminal state.
+
+    `player_id`, when given, must own the task (Commit). NOT_FOUND for a missing task;
+    FAILED_PRECONDITION for an invalid move or an `expected_state` that does not hold;
+    STORAGE_FULL when the result does not fit the player's bound.
+    """
+    _check_id(task_id, "task_id", MAX_TASK_ID)
+    target = _state_name(state, "state")
+    expected = (
+        None
+        if expected_state == TS.TASK_STATE_UNSPECIFIED
+        else _state_name(expected_state, "expected_state")
+    )
+    encoded = result.SerializeToString(deterministic=True) if result is not None else None
+    if encoded is not None:
+        if target not in TERMINAL:
+            raise InvalidArgument(
+                f"result is only for terminal states (SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED), "
+                f"not {_shown(target)}"
+            )
+        if len(encoded) > bounds.max_result_bytes:
+            raise InvalidArgument(
+                f"result encodes to {len(encoded)} bytes, over the {bounds.max_result_bytes} "
+                "byte limit"
+            )
+    row = _locked_task(session, task_id, player_id)
+    _check_owner(row.player_id, player_id, f"task {task_id!r}")
+    current = _stored_task_state(row)
+    if expected is not None and current != expected:
+        raise FailedPrecondition(
+            f"task {task_id} is {_shown(current)}, not the expected {_shown(expected)}"
+        )
+    if current in TERMINAL:
+        raise FailedPrecondition(
+            f"task {task_id} is {_shown(current)}, a final state; it never changes"
+        )
+    if target not in _MOVES[current]:
+        allowed = ", ".join(sorted(_shown(name) for name in _MOVES[current]))
+        raise FailedPrecondition(
+            f"task {task_id} cannot move from {_shown(current)} to {_shown(target)}; "
+            f"from {_shown(current)} it may move to {allowed}"
+        )
+    size = task_size(row.task_id, row.player_id, row.module_id, row.event_key, row.input, encoded)
+    if size > row.size_bytes:
+        _make_room_for_tasks(
+            session, bounds, row.player_id, 0, size - row.size_bytes, exclude_seq=row.seq
+        )
+    _TASK_MOVE.execute(
+        session,
+        {"p_seq": row.seq, "p_state": target, "p_result": encoded, "p_size": size, "p_now": now},
+    )
+    row.state = target
+    row.result = encoded
+    row.size_bytes = size
+    row.updated_at = now
+    return row
+
+
+# -- page tokens -------------------------------------------------------------------------------
+
+
+def _encode_token(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"t{seq}".encode()).decode()
+
+
+def _decode_token(token: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+        digits = raw[1:]
+        if not (raw.startswith("t") and digits.isascii() and digits.isdigit()):
+            raise ValueError
+        seq = int(digits)
+        if not 0 < seq < 2**63:
+            raise ValueError
+        return seq
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument(
+            "page_token is malformed; pass the next_page_token of a previous response unchanged"
+        ) from None
