@@ -151,6 +151,30 @@ def test_writes_and_guarded_requests_never_route_directly(router: SemanticRouter
     assert router.decide("buy the shop goods please", "en").outcome == "no_direct"
 
 
+def test_a_modules_own_phrasing_is_not_a_guard(router: SemanticRouter) -> None:
+    # `有没有` is how the inbox's examples ask: its 没 is no negation there.
+    assert router.decide("有没有新邮件", "zh").module_id == "system:inbox"
+    assert router.decide("不要打开收件箱", "zh").gate_failed == "guard:negation"
+    assert router.decide("没有新邮件就别打开", "zh").outcome == "no_direct"
+
+
+def test_generic_words_need_not_be_in_the_examples(analyzer: Analyzer) -> None:
+    model = ngram.NgramScorer.train(WEATHER, ["en"], analyzer).model("en")
+    assert model is not None and "right" in model.generic
+    sunny = analyzer.analyze("is it sunny right now")
+    assert model.only_generic_unknown(sunny)
+    assert model.topic_coverage(sunny, "demo:forecast") == 1.0
+    paris = analyzer.analyze("is it sunny in paris")  # a content word no example has
+    assert not model.only_generic_unknown(paris)
+    assert model.topic_coverage(paris, "demo:forecast") == 0.5
+
+
+def test_a_bare_number_never_routes(router: SemanticRouter) -> None:
+    for text, lang in [("666", "zh"), ("3", "en"), ("minecraft:diamond", "en"), ("第2个", "zh")]:
+        decision = router.decide(text, lang)
+        assert (decision.outcome, decision.gate_failed) == ("no_direct", "no_words"), text
+
+
 def test_the_scorer_respects_profiles_and_allowed(router: SemanticRouter) -> None:
     assert router.decide("shop goods please", "en", allowed={"system:help"}).outcome != "direct"
     for profile in router.profiles.values():

@@ -28,6 +28,7 @@ from router_service.semantic import (
     SemanticRouter,
     Threshold,
     check_guards,
+    declared_markers,
     detect_language,
     extract,
     fired_guards,
@@ -334,7 +335,6 @@ def test_config_examples_extend_registered_profiles_only(analyzer: Analyzer) -> 
         ("what is minecraft:oak_log", "en", "system:item", {"item_id": "minecraft:oak_log"}),
         ("查看聊天记录", "zh", "system:history", {}),
         ("show history", "en", "system:history", {}),
-        ("第三个", "zh", "system:quest_view", {"index": 3}),
         ("view 5", "en", "system:quest_view", {"index": 5}),
         ("ＯＰＥＮ ＴＨＥ ＳＴＯＲＥ", "en", "system:shop", {}),
     ],
@@ -348,6 +348,24 @@ def test_clear_paraphrases_route_directly(
     assert decision.s1 >= 0.9 and decision.margin >= 0.15 and decision.coverage >= 0.9
     assert decision.candidates[0].module_id == module
     assert decision.candidates[0].example_id.startswith(f"{module}@{lang}#")
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "gate"),
+    [
+        ("第三个", "zh", "no_words"),  # a list position: the structured stage's, with a list shown
+        ("3", "en", "no_words"),
+        ("666", "zh", "no_words"),
+        ("minecraft:gold_ingot", "en", "no_words"),  # an id alone names no module
+        ("#4", "en", "no_words"),
+        ("？？？", "zh", "no_candidate"),
+    ],
+)
+def test_numbers_ids_and_symbols_alone_never_route(
+    router: SemanticRouter, text: str, lang: str, gate: str
+) -> None:
+    decision = router.decide(text, lang)
+    assert (decision.outcome, decision.gate_failed) == ("no_direct", gate), decision
 
 
 def test_arguments_come_from_this_text_never_the_example(router: SemanticRouter) -> None:
@@ -474,6 +492,28 @@ def test_every_guard_blocks_a_direct_route(
 def test_guards_in_both_languages(text: str, guard: str) -> None:
     assert guard in fired_guards(text)
     assert check_guards(text) is not None
+
+
+def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
+    declared = declared_markers(
+        ["cancel it please", "stop that", "what time is the alarm set for", "有没有新邮件"]
+    )
+    # Each marker with one neighbour: `cancel it` declares `cancel|it` and `it|please`.
+    assert {
+        ("reference", "cancel|it"),
+        ("reference", "stop|that"),
+        ("negation", "有|没"),
+    } <= declared
+    assert all(name != "write" for name, _ in declared)  # write words are never declared
+    assert check_guards("cancel it") == "reference"
+    assert check_guards("cancel it", declared) is None
+    assert check_guards("有没有邮件", declared) is None
+    # Other markers still fire, and so does a write word the examples happen to use.
+    assert check_guards("set an alarm", declared) == "write"
+    assert check_guards("cancel it and stop that", declared) == "compound"
+    assert check_guards("don't cancel it", declared) == "negation"
+    # The same marker in other company is still a guard: `it` after `read` is a reference.
+    assert check_guards("read it", declared) == "reference"
 
 
 def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:

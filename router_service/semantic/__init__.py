@@ -26,7 +26,13 @@ from router_service.semantic.config import (
     reload_changes,
 )
 from router_service.semantic.extractors import EXTRACTORS, extract
-from router_service.semantic.guards import GUARDS, Guard, check_guards, fired_guards
+from router_service.semantic.guards import (
+    GUARDS,
+    Guard,
+    check_guards,
+    declared_markers,
+    fired_guards,
+)
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
 from router_service.semantic.ngram import NgramScorer
 from router_service.semantic.profiles import Profile, load_profiles, parse_profiles
@@ -72,6 +78,7 @@ __all__ = [
     "Threshold",
     "check_guards",
     "clean",
+    "declared_markers",
     "detect_language",
     "extract",
     "fired_guards",

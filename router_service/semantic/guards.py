@@ -5,16 +5,34 @@ never routes directly, however well it matches; the model (or the player) decide
 Both languages' patterns apply to every text, so mixed-script requests are covered. The guards
 err on the side of firing: a false alarm costs one model call, a miss may run the wrong module.
 Item registry ids are masked first, so `minecraft:oak_sign` or `create:and_gate` never fire.
+
+**A module's own phrasing is not a guard.** A negation, condition, reference or compound marker
+that the chosen module's own examples use (`declared_markers`) does not fire for that module:
+`有没有未读的邮件` asks the inbox (its examples say `有没有`), `cancel it` asks a stop command
+whose examples say `it`, `the rate between the dollar and the euro` is one request for a module
+whose examples say `between … and`. The catalogue's author wrote those words as the way the
+module is asked. Write words are never lifted this way (`LIFTABLE`): a read module's example
+such as `what time is the alarm set for` must not let `set an alarm` through (measured on the
+development set: it did).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Collection, Iterable, Iterator
 
 from router_service.semantic.text import ITEM_ID, normalize
 
-__all__ = ["GUARDS", "Guard", "check_guards", "fired_guards"]
+__all__ = [
+    "GUARDS",
+    "LIFTABLE",
+    "Guard",
+    "Marker",
+    "check_guards",
+    "declared_markers",
+    "fired_guards",
+]
 
 # English words match whole (no letter or digit on either side, so `it` misses `item`); Chinese
 # markers match anywhere, Chinese having no spaces between words.
@@ -84,18 +102,61 @@ WRITE = Guard("write", _pattern(
 
 GUARDS: tuple[Guard, ...] = (NEGATION, CONDITION, REFERENCE, COMPOUND, WRITE)
 """Every guard, in the order `check_guards` reports them."""
+LIFTABLE = frozenset({NEGATION.name, CONDITION.name, REFERENCE.name, COMPOUND.name})
+"""Guards whose markers a module's own examples may declare; never `write`."""
+
+Marker = tuple[str, str]
+"""(guard name, the marker with one neighbouring token, `left|marker` or `marker|right`):
+`("reference", "cancel|it")`. A token is a Latin word or one Chinese character; punctuation is
+skipped; the text's start or end is the empty token."""
+
+_TOKEN = re.compile(r"[a-z0-9'<>_]+|[^\W\d_a-z]", re.UNICODE)
 
 
 def _prepare(text: str) -> str:
     return ITEM_ID.sub(" <item> ", normalize(text))
 
 
-def check_guards(text: str) -> str | None:
-    """The name of the first guard that fires on `text`, or None."""
-    prepared = _prepare(text)
+def _occurrences(prepared: str) -> Iterator[tuple[str, tuple[Marker, Marker]]]:
+    """Every guard marker in `prepared`, in guard order: its guard and its two context forms."""
     for guard in GUARDS:
-        if guard.pattern.search(prepared):
-            return guard.name
+        for found in guard.pattern.finditer(prepared):
+            marker = " ".join(found.group().split())
+            before = _TOKEN.findall(prepared[: found.start()])
+            after = _TOKEN.findall(prepared[found.end() :])
+            left = before[-1] if before else ""
+            right = after[0] if after else ""
+            yield guard.name, ((guard.name, f"{left}|{marker}"), (guard.name, f"{marker}|{right}"))
+
+
+def declared_markers(examples: Iterable[str]) -> frozenset[Marker]:
+    """The liftable markers (`LIFTABLE`), in their context forms, that `examples` use: what
+    `check_guards` lets through for the module they belong to."""
+    return frozenset(
+        form
+        for example in examples
+        for name, forms in _occurrences(_prepare(example))
+        if name in LIFTABLE
+        for form in forms
+    )
+
+
+def check_guards(text: str, declared: Collection[Marker] = frozenset()) -> str | None:
+    """The name of the first guard that fires on `text`, or None.
+
+    Args:
+        text: the player's text.
+        declared: the chosen module's `declared_markers`; those markers do not fire.
+    """
+    prepared = _prepare(text)
+    if not declared:
+        for guard in GUARDS:
+            if guard.pattern.search(prepared):
+                return guard.name
+        return None
+    for name, (left, right) in _occurrences(prepared):
+        if left not in declared and right not in declared:
+            return name
     return None
 
 

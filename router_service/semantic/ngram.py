@@ -200,15 +200,24 @@ class LanguageModel:
     """Per class, the unigram features of all its examples (for module topic coverage)."""
     loo: tuple[tuple[float, bool], ...] = dataclasses.field(repr=False)
     """Every example's leave-one-out (margin, top module right)."""
+    generic: frozenset[str] = frozenset()
+    """The language's generic words (`Lexicon.generic`): not required of a module's examples."""
 
     def topic_coverage(self, analysis: Analysis, module_id: str) -> float:
         """The share of the text's content unigrams (topics and unknown words) that appear in
         some example of `module_id`: the seed's topic coverage over the module's examples
-        together rather than its single best example. 0 without content."""
-        content = analysis.content
+        together rather than its single best example. A generic word the module's examples
+        lack is left out rather than counted missing. 0 without content."""
+        known = self.unigrams.get(module_id, frozenset())
+        content = {u for u in analysis.content if u in known or u not in self.generic}
         if not content:
             return 0.0
-        return len(content & self.unigrams.get(module_id, frozenset())) / len(content)
+        return len(content & known) / len(content)
+
+    def only_generic_unknown(self, analysis: Analysis) -> bool:
+        """Whether every unigram of the text that no example holds is a generic word."""
+        vocabulary, generic = self.featurizer.vocabulary, self.generic
+        return all(u in generic or "w:" + u in vocabulary for u in analysis.unigrams)
 
     def scores(self, analysis: Analysis) -> np.ndarray | None:
         """Every class's score, in `classes` order; None when no feature of the text is known."""
@@ -231,6 +240,8 @@ class ScorerTop:
     """The language's threshold (before any configured offset)."""
     topic_coverage: float
     """`LanguageModel.topic_coverage` of the text for the module."""
+    only_generic_unknown: bool = False
+    """`LanguageModel.only_generic_unknown`: the words the catalogue lacks are generic ones."""
 
 
 class NgramScorer:
@@ -265,7 +276,13 @@ class NgramScorer:
                 for text in (*profile.examples.get(lang, ()), *extra):
                     texts.append(text)
                     labels.append(profile.module_id)
-            model = _fit_language(texts, labels, list(background.get(lang, ())), analyzer)
+            model = _fit_language(
+                texts,
+                labels,
+                list(background.get(lang, ())),
+                analyzer,
+                analyzer.lexicon.generic.get(lang, frozenset()),
+            )
             if model is not None:
                 models[lang] = model
                 log.info(
@@ -312,11 +329,16 @@ class NgramScorer:
             float(scores[best] - scores[second]),
             model.threshold,
             model.topic_coverage(analysis, module_id),
+            model.only_generic_unknown(analysis),
         )
 
 
 def _fit_language(
-    texts: list[str], labels: list[str], background: list[str], analyzer: Analyzer
+    texts: list[str],
+    labels: list[str],
+    background: list[str],
+    analyzer: Analyzer,
+    generic: frozenset[str] = frozenset(),
 ) -> LanguageModel | None:
     counts = Counter(labels)
     keep = [counts[label] >= 2 for label in labels]  # a single example has no leave-one-out
@@ -373,6 +395,7 @@ def _fit_language(
             }
         ),
         loo=tuple(loo),
+        generic=generic,
     )
 
 

@@ -10,23 +10,26 @@ failed, so an operator can see why a text did or did not route:
 | `language`           | no index for the language                                         |
 | `empty`              | nothing is left after normalisation                               |
 | `no_candidate`       | no example shares a feature with the text                         |
+| `no_words`           | the text is only numbers, item ids, symbols or punctuation (`666`) |
 | `reject_profile`     | the best module is a reject profile                               |
 | `not_direct_profile` | the best module is hints, explicit-only, structured-only, not interactive, has write steps or write tools, or is not declared direct |
 | `score`              | its best example scores under the module's threshold              |
 | `margin`             | it leads the best different module by less than the margin        |
 | `coverage`           | the index knows too little of the text (feature coverage)         |
 | `topic_coverage`     | the best example misses some of the text's topics or unknown words |
-| `guard:<name>`       | negation, condition, reference, compound or write words           |
+| `guard:<name>`       | negation, condition, reference, compound or write words (a negation, condition, reference or compound marker the module's own examples use does not fire: `guards.declared_markers`) |
 | `arguments`          | the module's extractor cannot parse its input from this text      |
 | `probability`        | scorer `strict` or `calibrated`: the top module's calibrated probability is under `scorer.target`, or it has none |
 
-In scorer mode `ngram` (the default) a text that fails only `score`, `margin` and/or
-`topic_coverage` may still route through the n-gram scorer (`ngram.NgramScorer`, trained here at
-start): its top module must be a direct read profile the player may use, lead the second module
-by the language's threshold (derived from the catalogue at start) plus `scorer.offset`, and
-cover the text's topics and unknown words with its examples taken together (at least
-`minCoverage` of them, where the seed's gate asks it of the single best example); the seed's
-feature `coverage` still holds, and the guards and the argument extractor then run as for any
+In scorer mode `ngram` (the default) a text that fails only `score`, `margin`,
+`topic_coverage` and/or `coverage` may still route through the n-gram scorer
+(`ngram.NgramScorer`, trained here at start): its top module must be a direct read profile the
+player may use, lead the second module by the language's threshold (derived from the catalogue
+at start) plus `scorer.offset`, and cover the text's topics and unknown words with its examples
+taken together (at least `minCoverage` of them, where the seed's gate asks it of the single
+best example; the lexicon's generic words, such as `have`, `six`, `一下`, are not asked of the
+examples); the seed's feature `coverage` may fail only on generic words (every word the
+catalogue lacks is one), and the guards and the argument extractor then run as for any
 route. (Letting the scorer stand in for the coverage gates altogether was measured and not
 kept: more coverage on unfamiliar phrasings, but requests that recombine the catalogue's own
 words into something else, another player's mail or a write without a write verb, got through;
@@ -57,11 +60,11 @@ from typing import Any, Literal
 from router_service.semantic.classifier import ModuleScorer
 from router_service.semantic.config import Mode, SemanticConfig, reload_changes, trained_scorer
 from router_service.semantic.extractors import extract
-from router_service.semantic.guards import check_guards
+from router_service.semantic.guards import Marker, check_guards, declared_markers
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
 from router_service.semantic.ngram import NgramScorer
 from router_service.semantic.profiles import Profile
-from router_service.semantic.text import Analysis, Analyzer, normalize
+from router_service.semantic.text import ITEM, NUM, Analysis, Analyzer, normalize
 from services.runtime.config import ConfigError
 
 __all__ = ["ALGORITHM", "FallbackCandidate", "LocalDecision", "Outcome", "SemanticRouter"]
@@ -72,9 +75,10 @@ ALGORITHM = "lexical-tfidf-v1"
 MAX_CANDIDATES = 5
 SOFT_GATES = frozenset({"score", "margin"})
 """Seed gates a calibrated probability may stand in for (scorer mode `calibrated`)."""
-NGRAM_GATES = frozenset({"score", "margin", "topic_coverage"})
+NGRAM_GATES = frozenset({"score", "margin", "topic_coverage", "coverage"})
 """Seed gates the n-gram scorer may stand in for (scorer mode `ngram`); its own topic coverage,
-over the module's examples together, replaces the best example's."""
+over the module's examples together, replaces the best example's, and `coverage` only where
+the words the catalogue lacks are all generic (`ScorerTop.only_generic_unknown`)."""
 _EPSILON = 1e-9  # cosine of identical texts may come out a hair under 1.0
 _SHORTCUT_SETS = 256  # allowed sets whose shortcut list is remembered
 
@@ -177,6 +181,16 @@ class SemanticRouter:
         )
         self._profiles: Mapping[str, Profile] = MappingProxyType({p.module_id: p for p in profiles})
         self._rejects = sum(p.kind == "reject" for p in profiles)
+        # Per module and language, the guard markers its own examples use (never write words).
+        self._declared: Mapping[tuple[str, str], frozenset[Marker]] = MappingProxyType(
+            {
+                (p.module_id, lang): declared_markers(
+                    (*examples, *config.examples.get(p.module_id, {}).get(lang, ()))
+                )
+                for p in profiles
+                for lang, examples in p.examples.items()
+            }
+        )
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
         trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
         self._scorer = ModuleScorer.train(self._index) if trains == "probability" else None
@@ -282,6 +296,8 @@ class SemanticRouter:
         top = match.top
         if top is None:
             return no("no_candidate", **scores)
+        if not _has_word(analysis):
+            return no("no_words", **scores)
         profile = self._profiles[top.module_id]
         if profile.kind == "reject":
             return no("reject_profile", **scores)
@@ -312,7 +328,7 @@ class SemanticRouter:
         )
         if failed and not may_stand_in:
             return no(failed[0], **scores)
-        guard = check_guards(normalized)
+        guard = check_guards(normalized, self._declared_for(profile.module_id, lang))
         if guard is not None:
             return no(f"guard:{guard}", **scores)
         arguments = extract(profile.extractor, text)
@@ -331,6 +347,10 @@ class SemanticRouter:
             route="gates",
             **scores,
         )
+
+    def _declared_for(self, module_id: str, lang: str) -> frozenset[Marker]:
+        """The guard markers `module_id`'s examples in `lang` use (`declared_markers`)."""
+        return self._declared.get((module_id, lang), frozenset())
 
     def _failed_gates(self, match: Match, profile: Profile, lang: str) -> list[str]:
         """The seed's score, margin and coverage gates `match` fails for `profile`."""
@@ -385,10 +405,11 @@ class SemanticRouter:
                 or (allowed is not None and chosen not in allowed)
                 or top.margin + _EPSILON < scores["scorer_threshold"]
                 or top.topic_coverage + _EPSILON < self._config.min_coverage
+                or ("coverage" in failed and not top.only_generic_unknown)
             ):
                 return no(failed[0], **scores)
             profile, route = chosen_profile, "scorer"
-        guard = check_guards(normalized)
+        guard = check_guards(normalized, self._declared_for(profile.module_id, lang))
         if guard is not None:
             return no(f"guard:{guard}", **scores)
         arguments = extract(profile.extractor, text)
@@ -489,3 +510,11 @@ class SemanticRouter:
         return index.match(
             normalized, lang, allowed=allowed, limit=MAX_CANDIDATES + self._rejects
         ).candidates
+
+
+def _has_word(analysis: Analysis) -> bool:
+    """Whether the text holds a word: a unigram other than a number or item id placeholder
+    and with a letter in it (an emoji or other symbol is not one). A bare number, an item id
+    alone or punctuation never routes by meaning: a number is a list position only where a
+    list is on screen (the structured stage), an id names no module."""
+    return any(u not in (NUM, ITEM) and any(ch.isalpha() for ch in u) for u in analysis.unigrams)

@@ -108,7 +108,7 @@ def _stem(word: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Lexicon:
-    """Per-language synonyms of domain features, their classes, and stopwords."""
+    """Per-language synonyms of domain features, their classes, stopwords and generic words."""
 
     synonyms: Mapping[str, Mapping[str, str]]
     """Language → normalised word or phrase → feature."""
@@ -116,6 +116,13 @@ class Lexicon:
     """Feature → `topic`, `action` or `write`."""
     stopwords: Mapping[str, frozenset[str]]
     """Language → words dropped from the features."""
+    generic: Mapping[str, frozenset[str]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Language → generic words (function words, number words, fillers: `have`, `right`,
+    `six`, `一下`): kept as features, but a module's examples need not hold them for the n-gram
+    scorer to route (`semantic/README.md`). English ones are also kept in their stemmed form,
+    as the analyzer writes unknown words."""
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Lexicon:
@@ -170,10 +177,15 @@ class Lexicon:
             language: frozenset(normalize(w) for w in words)
             for language, words in (data.get("stopwords") or {}).items()
         }
+        generic = {
+            language: frozenset(form for w in words for form in (normalize(w), _stem(normalize(w))))
+            for language, words in (data.get("generic") or {}).items()
+        }
         return cls(
             synonyms=MappingProxyType({k: MappingProxyType(v) for k, v in synonyms.items()}),
             classes=MappingProxyType(classes),
             stopwords=MappingProxyType(stopwords),
+            generic=MappingProxyType(generic),
         )
 
 
