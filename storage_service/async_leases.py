@@ -29,6 +29,7 @@ from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import ServiceError, Unavailable
 from storage_service.dbcall import map_unavailable, run_db
+from storage_service.dialect import is_postgresql
 from storage_service.journal import (
     JournalStore,
     LeaseSteps,
@@ -181,6 +182,6 @@ Leases = ThreadedLeases | AsyncLeases
 def leases_for(store: JournalStore, engine: Engine) -> Leases:
     """The lease calls' driver for the engine's database: the event loop on PostgreSQL, a
     worker thread elsewhere."""
-    if engine.dialect.name == "postgresql":
+    if is_postgresql(engine):
         return AsyncLeases(store, engine)
     return ThreadedLeases(store)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Boolean,
     DateTime,
     Engine,
@@ -22,11 +21,11 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.sql.dml import Insert
+
+from storage_service.dialect import ID, insert_for
 
 __all__ = ["Base", "HistoryRow", "PreferenceRow", "make_engine", "pool_capacity", "upsert_ignore"]
 
@@ -41,9 +40,7 @@ class HistoryRow(Base):
     __tablename__ = "history_entries"
     __table_args__ = (Index("ix_history_player_id", "player_id", "id"),)
 
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     player_id: Mapped[str] = mapped_column(String(64))
     role: Mapped[int] = mapped_column(Integer)
     text: Mapped[str] = mapped_column(Text)
@@ -71,11 +68,9 @@ def upsert_ignore(session: Session, table: type[Base] | Table, **values: Any) ->
     asked to preserve it, and an ORM-enabled insert never does, so the insert is made on the
     mapped class's Core table.
     """
-    dialect = session.get_bind().dialect.name
-    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
     target = table if isinstance(table, Table) else table.__table__
     return (
-        insert(target)
+        insert_for(session)(target)
         .values(**values)
         .on_conflict_do_nothing()
         .execution_options(preserve_rowcount=True)

@@ -66,9 +66,8 @@ def is_postgresql(target: Session | Connection | Engine) -> bool:
 
 
 def insert_for(target: Session | Connection | Engine) -> Any:
-    """The INSERT construct (with ON CONFLICT) of `target`'s database: PostgreSQL's, or
-    SQLite's for any other."""
-    return postgresql_insert if is_postgresql(target) else sqlite_insert
+    """The INSERT construct (with ON CONFLICT) of `target`'s database."""
+    return INSERT[name_of(target)]
 
 
 def aware(value: dt.datetime) -> dt.datetime:

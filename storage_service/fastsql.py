@@ -32,6 +32,8 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
+from storage_service.dialect import POSTGRESQL
+
 __all__ = ["FastResult", "FastStatement", "Sent", "pipelined"]
 
 
@@ -165,7 +167,7 @@ class FastStatement:
         args = rendered.args(params)
         cursor = _cursor(connection)
         try:
-            if self._planned_each_time and connection.dialect.name == "postgresql":
+            if self._planned_each_time and connection.dialect.name == POSTGRESQL:
                 cursor.execute(rendered.sql, args, prepare=False)  # psycopg: never prepare
             else:
                 cursor.execute(rendered.sql, args)

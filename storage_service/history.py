@@ -33,6 +33,7 @@ from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow, upsert_ignore
+from storage_service.dialect import is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.validation import check_player_id
 
@@ -206,7 +207,7 @@ class ConversationStore:
         # Every interactive request appends its exchange: statements on the driver's cursor
         # (storage_service.fastsql) rather than ORM objects and a flush.
         with self._sessions.begin() as session:
-            if session.get_bind().dialect.name == "postgresql":
+            if is_postgresql(session):
                 return self._append_pipelined(session, player_id, rows)
             if _INSERT_IF_ENABLED.execute(session, rows[0]).rowcount == 0:
                 return False, 0  # the player turned history off

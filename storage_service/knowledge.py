@@ -45,10 +45,8 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
     DateTime,
-    Integer,
     String,
     Text,
     UniqueConstraint,
@@ -68,6 +66,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.runtime.errors import InvalidArgument, NotFound
 from storage_service.db import Base, upsert_ignore
+from storage_service.dialect import ID, POSTGRESQL, SQLITE, is_postgresql, name_of
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 if TYPE_CHECKING:
@@ -111,9 +110,7 @@ class KnowledgeRow(Base):
     __table_args__ = (UniqueConstraint("player_id", "entry_id", name="uq_knowledge_entries_scope"),)
 
     # A stable integer key: the FTS5 index refers to rows by it (a plain rowid may change).
-    id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
+    id: Mapped[int] = mapped_column(ID, primary_key=True, autoincrement=True)
     player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID))
     entry_id: Mapped[str] = mapped_column(String(MAX_ENTRY_ID))
     title: Mapped[str] = mapped_column(String(MAX_TITLE))
@@ -165,11 +162,11 @@ def create_search_index(connection: Connection) -> bool:
     PostgreSQL: the GIN expression index. Returns False when SQLite has no FTS5 (searches then
     score with LIKE); a warning is logged.
     """
-    dialect = connection.dialect.name
-    if dialect == "postgresql":
+    dialect = name_of(connection)
+    if dialect == POSTGRESQL:
         connection.exec_driver_sql(_POSTGRES_INDEX)
         return True
-    if dialect != "sqlite":
+    if dialect != SQLITE:
         raise ValueError(f"knowledge search supports sqlite and postgresql, not {dialect}")
     created = False
     if not _sqlite_has_fts_table(connection):
@@ -191,7 +188,7 @@ def create_search_index(connection: Connection) -> bool:
 
 def drop_search_index(connection: Connection) -> None:
     """Drops what `create_search_index` made, idempotently; the rows stay."""
-    if connection.dialect.name == "postgresql":
+    if is_postgresql(connection):
         connection.exec_driver_sql(f"DROP INDEX IF EXISTS {PG_INDEX}")
         return
     for suffix in ("ai", "ad", "au"):
@@ -476,10 +473,10 @@ class KnowledgeStore:
         """SELECT (KnowledgeRow, score) for the words, best first, ties newest first."""
         recency = (KnowledgeRow.updated_at.desc(), KnowledgeRow.id.desc())
         in_scope = KnowledgeRow.player_id.in_(scopes)
-        dialect = session.get_bind().dialect.name
+        postgresql = is_postgresql(session)
         if self._use_index is None:
-            self._use_index = dialect == "postgresql" or _sqlite_has_fts_table(session.connection())
-        if self._use_index and dialect == "sqlite":
+            self._use_index = postgresql or _sqlite_has_fts_table(session.connection())
+        if self._use_index and not postgresql:
             # Every word quoted: a string, never an operator (words are letters and digits
             # anyway; doubling quotes keeps that true if tokens() ever changes).
             match = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)

@@ -23,6 +23,7 @@ from services.runtime.config import ConfigError
 from services.runtime.main import parse_config
 from storage_service.config import ENV_PREFIX, StorageConfig
 from storage_service.db import make_engine
+from storage_service.dialect import is_postgresql
 
 __all__ = ["current_revision", "head_revision", "upgrade"]
 
@@ -41,7 +42,7 @@ def _config(engine_connection: object | None = None) -> Config:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrades the database behind `engine` to `revision` in one transaction."""
     with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
+        if is_postgresql(connection):
             # Replicas starting together take turns; the lock ends with the transaction.
             connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
         command.upgrade(_config(connection), revision)

@@ -39,6 +39,7 @@ from system.storage.v1 import journal_pb2, player_data_pb2
 
 from services.runtime.errors import Aborted, InvalidArgument, NotFound
 from storage_service.db import Base, upsert_ignore
+from storage_service.dialect import aware, is_postgresql, utc_now
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 __all__ = [
@@ -220,15 +221,6 @@ def _current_version(session: Session, key: journal_pb2.DocumentKey, lock: bool 
     return int(version or 0)
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def _aware(value: dt.datetime) -> dt.datetime:
-    # SQLite returns naive datetimes; they were stored as UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
-
-
 # -- session-level writes (inside the caller's transaction; never commit here) ----------------
 
 
@@ -236,7 +228,7 @@ def _lock_key(session: Session, key: journal_pb2.DocumentKey) -> None:
     """On PostgreSQL, serialises every transaction that checks a document's absence or creates
     it, until that transaction ends. SQLite needs nothing: its write transactions begin
     IMMEDIATE and so run one at a time."""
-    if session.get_bind().dialect.name != "postgresql":
+    if not is_postgresql(session):
         return
     name = "\x1f".join(("document", key.player_id, key.owner_module, key.storage_type))
     session.execute(
@@ -281,7 +273,7 @@ def put_document(
         raise InvalidArgument(
             f"document {_describe(key)} is {len(data)} bytes, over the {max_bytes} byte limit"
         )
-    now = _now()
+    now = utc_now()
     if expected_version == 0:
         _lock_key(session, key)
         # The primary key decides: a concurrent insert of the same key makes this one do
@@ -375,7 +367,7 @@ def _document(row) -> journal_pb2.Document:  # type: ignore[no-untyped-def]
         data=row.data,
         codec_id=row.codec_id,
     )
-    document.updated_at.FromDatetime(_aware(row.updated_at))
+    document.updated_at.FromDatetime(aware(row.updated_at))
     return document
 
 
@@ -467,7 +459,7 @@ class PlayerDataStore:
     def grant_binding(self, player_id: str) -> int:
         """Marks the player BOUND; granting a bound player changes nothing. Returns the state."""
         check_player_id(player_id)
-        now = _now()
+        now = utc_now()
         with self._sessions.begin() as session:
             inserted = session.execute(
                 upsert_ignore(session, _BINDINGS, player_id=player_id, state=BOUND, changed_at=now)
@@ -489,7 +481,7 @@ class PlayerDataStore:
             ).one_or_none()
         if row is None:
             return player_data_pb2.BINDING_STATE_UNBOUND, None
-        return _state(row.state), _aware(row.changed_at)
+        return _state(row.state), aware(row.changed_at)
 
     # -- revoke / reset ------------------------------------------------------------------------
 
@@ -502,7 +494,7 @@ class PlayerDataStore:
         check_player_id(player_id)
         if mode not in (player_data_pb2.RESET_MODE_REVOKE, player_data_pb2.RESET_MODE_RESET):
             raise InvalidArgument("mode must be RESET_MODE_REVOKE or RESET_MODE_RESET")
-        now = _now()
+        now = utc_now()
         deleted = 0
         with self._sessions.begin() as session:
             for table in _reset_tables():

@@ -1,0 +1,196 @@
+"""What usage reservations store, and the values that go in and out of the usage ledger.
+
+The tables (`usage_totals`, everyone's use per UTC day; `usage_reservations`, one row per
+reservation; a player's daily use is player_data's `player_usage`), the limits a reservation
+is checked against, what a reserve and a settle answer, and the checks of their inputs. The
+ledger itself, reserve and settle, is storage_service.usage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+
+from sqlalchemy import BigInteger, Boolean, Date, DateTime, Index, String, Table, false
+from sqlalchemy.orm import Mapped, mapped_column
+from system.storage.v1 import player_data_pb2
+
+from services.runtime.errors import InvalidArgument
+from storage_service.db import Base
+from storage_service.player_data import KEEP_ON_RESET, MAX_USAGE_INCREMENT, UsageRow
+from storage_service.validation import MAX_PLAYER_ID, check_player_id
+
+__all__ = [
+    "AMOUNT_FIELDS",
+    "Grant",
+    "Limits",
+    "ReservationRow",
+    "SettleItem",
+    "Settled",
+    "UsageTotalRow",
+]
+
+MAX_RESERVATION_ID = 64
+RESERVATION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+MAX_TTL_SECONDS = 3600
+# How long a closed reservation is remembered, so a retried settle of it (by sequence number)
+# is recognised and not recorded twice. Holders retry within seconds; an hour is ample.
+SETTLED_MEMORY_SECONDS = 3600
+# Expired holds released (and forgotten reservations deleted) per reservation; the rest wait
+# for the next one, so one call never pays for a backlog left by a crash.
+SWEEP_BATCH = 64
+# Expired holds are looked for at most this often per process: they are rare (a replica died
+# mid-call), and looking costs every reservation a query.
+SWEEP_INTERVAL_SECONDS = 1.0
+# Most settles one SettleUsageBatch may carry.
+MAX_SETTLE_BATCH = 1000
+
+AMOUNT_FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "prompt_cache_hit_tokens",
+    "prompt_cache_miss_tokens",
+    "model_calls",
+    "web_searches",
+)
+_ZERO_ROW = {**dict.fromkeys(AMOUNT_FIELDS, 0), "reserved_tokens": 0, "reserved_web_searches": 0}
+
+
+class UsageTotalRow(Base):
+    """Everyone's use on one UTC day, calls on no player's behalf included."""
+
+    __tablename__ = "usage_totals"
+
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    prompt_cache_hit_tokens: Mapped[int] = mapped_column(BigInteger)
+    prompt_cache_miss_tokens: Mapped[int] = mapped_column(BigInteger)
+    model_calls: Mapped[int] = mapped_column(BigInteger)
+    web_searches: Mapped[int] = mapped_column(BigInteger)
+    reserved_tokens: Mapped[int] = mapped_column(BigInteger)
+    reserved_web_searches: Mapped[int] = mapped_column(BigInteger)
+
+
+class ReservationRow(Base):
+    """One reservation. `player_id` is "" for use on no player's behalf. An open one holds
+    `tokens` and `web_searches` until `expires_at`; a closed one holds nothing and is kept
+    until `expires_at` only to recognise retried settles. Kept by ResetPlayer: deleting an
+    open one would leave its amounts held in the usage rows for good."""
+
+    __tablename__ = "usage_reservations"
+    __table_args__ = (
+        Index("ix_usage_reservations_expires", "expires_at"),
+        {"info": {KEEP_ON_RESET: True}},
+    )
+
+    reservation_id: Mapped[str] = mapped_column(String(MAX_RESERVATION_ID), primary_key=True)
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID))
+    day: Mapped[dt.date] = mapped_column(Date)
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    web_searches: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    settled_sequence: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
+    """The highest settle sequence applied; a settle numbered at or below it is a repeat."""
+    closed: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
+    """Settled for good or expired: holds nothing."""
+
+
+_TOTALS: Table = UsageTotalRow.__table__  # type: ignore[assignment]
+_HOLDS: Table = ReservationRow.__table__  # type: ignore[assignment]
+_PLAYERS: Table = UsageRow.__table__  # type: ignore[assignment]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Daily limits; 0 is no limit."""
+
+    player_tokens: int = 0
+    player_web_searches: int = 0
+    global_tokens: int = 0
+    global_web_searches: int = 0
+
+    @classmethod
+    def from_proto(cls, limits: player_data_pb2.UsageLimits) -> Limits:
+        return cls(
+            limits.player_tokens,
+            limits.player_web_searches,
+            limits.global_tokens,
+            limits.global_web_searches,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """What a reservation holds, and the day it counts on."""
+
+    day: dt.date
+    tokens: int
+    web_searches: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """The outcome of one settle."""
+
+    found: bool
+    """The reservation was open (held something) when the settle came."""
+    duplicate: bool = False
+    """Its sequence had been applied already: nothing changed."""
+    held_tokens: int = 0
+    """Tokens the reservation holds now."""
+    held_web_searches: int = 0
+    """Web searches the reservation holds now."""
+    external_enabled: bool = True
+    """The player's external-services preference now."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SettleItem:
+    """One settle (see `UsageLedger.settle`)."""
+
+    reservation_id: str
+    player_id: str
+    used: dict[str, int]
+    """Amounts by AMOUNT_FIELDS name."""
+    sequence: int = 0
+    keep: tuple[int, int] | None = None
+    """(tokens, web searches) to keep holding, the reservation staying open; None closes it."""
+    ttl_seconds: int = 0
+
+    def check(self) -> None:
+        """Raises InvalidArgument for a malformed id, amount or ttl."""
+        _check_reservation_id(self.reservation_id)
+        _check_player(self.player_id)
+        for name in AMOUNT_FIELDS:
+            _check_amount(f"used.{name}", self.used.get(name, 0))
+        if set(self.used) - set(AMOUNT_FIELDS):
+            raise InvalidArgument(f"unknown amounts {sorted(set(self.used) - set(AMOUNT_FIELDS))}")
+        if self.keep is not None:
+            _check_ttl(self.ttl_seconds)
+
+
+def _check_reservation_id(reservation_id: str) -> None:
+    if not RESERVATION_ID.match(reservation_id):
+        raise InvalidArgument(
+            "reservation_id must be 1 to 64 of A-Z a-z 0-9 _ . : - (for example a UUID), "
+            f"got {reservation_id[:80]!r}"
+        )
+
+
+def _check_player(player_id: str) -> None:
+    if player_id:  # "" is use on no player's behalf
+        check_player_id(player_id)
+
+
+def _check_amount(name: str, value: int) -> None:
+    if value > MAX_USAGE_INCREMENT:
+        raise InvalidArgument(f"{name} is {value}; one call may use at most {MAX_USAGE_INCREMENT}")
+
+
+def _check_ttl(ttl_seconds: int) -> None:
+    if not 1 <= ttl_seconds <= MAX_TTL_SECONDS:
+        raise InvalidArgument(
+            f"ttl_seconds must be between 1 and {MAX_TTL_SECONDS}, got {ttl_seconds}"
+        )
