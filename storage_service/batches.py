@@ -17,13 +17,13 @@ import dataclasses
 import datetime as dt
 import hashlib
 
-from sqlalchemy import DateTime, LargeBinary, String, bindparam, func, update
+from sqlalchemy import DateTime, LargeBinary, String, bindparam, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument, ServiceError
 from storage_service.db import Base
-from storage_service.dialect import INSERT, POSTGRESQL, SQLITE, is_postgresql
+from storage_service.dialect import INSERT, POSTGRESQL, SQLITE, advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import MAX_ID, SS, _check_id
 from storage_service.leases import _check_token, check_fence
@@ -237,11 +237,7 @@ _BATCH_INSERT_POSTGRESQL = FastStatement(
 _BATCH_INSERT_LOCKING = FastStatement(
     INSERT[POSTGRESQL](_BATCHES)
     .on_conflict_do_nothing()
-    .returning(
-        func.pg_advisory_xact_lock(
-            func.hashtextextended(bindparam("p_lock_key", type_=String), 0)
-        ).is_(None)
-    ),
+    .returning(advisory_lock(bindparam("p_lock_key", type_=String)).is_(None)),
     column_keys=_BATCH_COLUMNS,
 )
 

@@ -32,6 +32,7 @@ __all__ = [
     "POSTGRESQL",
     "SQLITE",
     "OneStatement",
+    "advisory_lock",
     "aware",
     "insert_for",
     "is_postgresql",
@@ -73,6 +74,14 @@ def insert_for(target: Session | Connection | Engine) -> Any:
 def aware(value: dt.datetime) -> dt.datetime:
     """A stored time as an aware UTC datetime: SQLite returns naive datetimes, stored as UTC."""
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def advisory_lock(key: Any) -> Any:
+    """PostgreSQL only: the expression that takes the transaction-scoped advisory lock named
+    by the text `key` (hashed to the lock's 64-bit id), held until the transaction ends.
+    SQLite has no such locks and needs none: its writers take turns at BEGIN IMMEDIATE
+    (db.py)."""
+    return func.pg_advisory_xact_lock(func.hashtextextended(key, 0))
 
 
 def utc_now() -> dt.datetime:

@@ -33,7 +33,7 @@ from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow, upsert_ignore
-from storage_service.dialect import is_postgresql
+from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.validation import check_player_id
 
@@ -309,8 +309,5 @@ def _entry(row: HistoryRow) -> common_pb2.HistoryEntry:
     entry = common_pb2.HistoryEntry(role=row.role, text=row.text, request_id=row.request_id)
     if row.result is not None:
         entry.result.ParseFromString(row.result)
-    created = row.created_at
-    if created.tzinfo is None:  # SQLite returns naive datetimes; they were stored as UTC
-        created = created.replace(tzinfo=dt.UTC)
-    entry.created_at.FromDatetime(created)
+    entry.created_at.FromDatetime(aware(row.created_at))
     return entry

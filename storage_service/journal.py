@@ -50,6 +50,7 @@ from storage_service.journal_records import (
     ReceiptRow,
     TaskRow,
     _check_id,
+    _no_task,
     _state_name,
     receipt_message,
     task_message,
@@ -168,7 +169,7 @@ class JournalStore:
                 select(TaskRow).where(TaskRow.task_id == task_id)
             ).scalar_one_or_none()
             if row is None:
-                raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+                raise _no_task(task_id)
             return task_message(row)
 
     def list_tasks(

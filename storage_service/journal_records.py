@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, DateTime, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 from system.storage.v1 import journal_pb2
 
-from services.runtime.errors import InvalidArgument, ServiceError
+from services.runtime.errors import InvalidArgument, NotFound, ServiceError
 from storage_service.db import Base
 from storage_service.dialect import ID, aware
 from storage_service.validation import MAX_PLAYER_ID, check_id
@@ -193,6 +193,11 @@ def _known_task_state(task_id: str, state: str) -> str:
             "and not run again (was it written by a newer version of the storage service?)"
         )
     return state
+
+
+def _no_task(task_id: str) -> NotFound:
+    """The NOT_FOUND of a task that is not there."""
+    return NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
 
 
 def _stored_task_state(row: TaskRow) -> str:

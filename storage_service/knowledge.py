@@ -66,7 +66,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.runtime.errors import InvalidArgument, NotFound
 from storage_service.db import Base, upsert_ignore
-from storage_service.dialect import ID, POSTGRESQL, SQLITE, is_postgresql, name_of
+from storage_service.dialect import ID, POSTGRESQL, SQLITE, aware, is_postgresql, name_of
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 if TYPE_CHECKING:
@@ -332,9 +332,6 @@ def _scope(player_id: str) -> str:
 
 
 def _entry(row: KnowledgeRow) -> KnowledgeEntry:
-    updated = row.updated_at
-    if updated.tzinfo is None:  # SQLite returns naive datetimes; they were stored as UTC
-        updated = updated.replace(tzinfo=dt.UTC)
     return KnowledgeEntry(
         player_id=row.player_id,
         entry_id=row.entry_id,
@@ -342,7 +339,7 @@ def _entry(row: KnowledgeRow) -> KnowledgeEntry:
         body=row.body,
         language=row.language,
         source=row.source,
-        updated_at=updated,
+        updated_at=aware(row.updated_at),
     )
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import String, bindparam, delete, func, literal, or_, select
 from sqlalchemy.orm import Session
 
 from services.runtime.errors import InvalidArgument, ResourceExhausted
-from storage_service.dialect import is_postgresql
+from storage_service.dialect import advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import TERMINAL, ReceiptRow, TaskRow
 from storage_service.leases import LeaseRow
@@ -73,9 +73,7 @@ def receipt_size(
     return _utf8(step_id, task_id, player_id, tool, codec_id) + len(result or b"")
 
 
-_PLAYER_LOCK = FastStatement(
-    select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("key", type_=String), 0)))
-)
+_PLAYER_LOCK = FastStatement(select(advisory_lock(bindparam("key", type_=String))))
 _LOCKED = "system.storage.journal.locked_players"
 
 
@@ -253,9 +251,7 @@ def _owner_queries(column, key):  # type: ignore[no-untyped-def]
     """The owner of the row whose `key` is :p_key: plainly, and (PostgreSQL) with the owner's
     ledger lock taken in the same statement, one round trip instead of two."""
     where = key == _param("p_key", String)
-    lock = func.pg_advisory_xact_lock(
-        func.hashtextextended(literal(_player_lock_key(""), String) + column, 0)
-    ).is_(None)
+    lock = advisory_lock(literal(_player_lock_key(""), String) + column).is_(None)
     return FastStatement(select(column).where(where)), FastStatement(
         select(column, lock).where(where)
     )

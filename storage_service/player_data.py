@@ -29,9 +29,9 @@ from sqlalchemy import (
     String,
     Table,
     and_,
+    bindparam,
     delete,
     select,
-    text,
     update,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
@@ -39,7 +39,7 @@ from system.storage.v1 import journal_pb2, player_data_pb2
 
 from services.runtime.errors import Aborted, InvalidArgument, NotFound
 from storage_service.db import Base, upsert_ignore
-from storage_service.dialect import aware, is_postgresql, utc_now
+from storage_service.dialect import advisory_lock, aware, is_postgresql, utc_now
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 __all__ = [
@@ -231,9 +231,7 @@ def _lock_key(session: Session, key: journal_pb2.DocumentKey) -> None:
     if not is_postgresql(session):
         return
     name = "\x1f".join(("document", key.player_id, key.owner_module, key.storage_type))
-    session.execute(
-        text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name}
-    )
+    session.execute(select(advisory_lock(bindparam("name", type_=String))), {"name": name})
 
 
 def check_version(session: Session, key: journal_pb2.DocumentKey, expected_version: int) -> None:

@@ -49,6 +49,7 @@ from storage_service.journal_records import (
     TaskRow,
     _check_id,
     _known_task_state,
+    _no_task,
     _shown,
     _stored_step_state,
 )
@@ -300,7 +301,7 @@ def record_step(
             if existing is not None:
                 _check_same_step(existing, task_id, position, tool, player_id)
                 return existing, False
-            raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+            raise _no_task(task_id)
     # Under the player's lock, one statement reads the rest: the receipt if it exists already
     # (an earlier or concurrent recording), the task and the player's receipt ledger.
     _lock_player(session, owner)
@@ -332,7 +333,7 @@ def record_step(
         _check_same_step(existing, task_id, position, tool, player_id)
         return existing, False
     if found.state is None:
-        raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+        raise _no_task(task_id)
     _check_owner(found.player_id, player_id, f"task {task_id!r}")
     state = _known_task_state(task_id, found.state)
     if state in TERMINAL:

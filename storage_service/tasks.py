@@ -18,7 +18,7 @@ from sqlalchemy import Integer, LargeBinary, String, bindparam, insert, select, 
 from sqlalchemy.orm import Session
 from system.common.v1 import common_pb2
 
-from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.runtime.errors import FailedPrecondition, InvalidArgument
 from storage_service.dialect import ID, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.journal_records import (
@@ -30,6 +30,7 @@ from storage_service.journal_records import (
     TS,
     TaskRow,
     _check_id,
+    _no_task,
     _shown,
     _state_name,
     _stored_task_state,
@@ -191,7 +192,7 @@ def _locked_task(session: Session, task_id: str, player_id: str | None = None) -
         found = _TASK_FOR_UPDATE.execute(session, {"task_id": task_id}).first()
         if found is not None:
             return _task_row(found)
-    raise NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
+    raise _no_task(task_id)
 
 
 def transition_task(
