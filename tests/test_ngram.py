@@ -169,6 +169,40 @@ def test_generic_words_need_not_be_in_the_examples(analyzer: Analyzer) -> None:
     assert model.topic_coverage(paris, "demo:forecast") == 0.5
 
 
+def test_open_words_are_measured_on_the_modules_own_examples(analyzer: Analyzer) -> None:
+    cities = Profile(
+        "demo:city_weather",
+        "read",
+        {
+            "en": [
+                "weather in paris",
+                "weather in rome",
+                "weather for berlin",
+                "weather in oslo",
+                "weather in lima",
+            ]
+        },
+    )
+    model = ngram.NgramScorer.train([*WEATHER, cities], ["en"], analyzer).model("en")
+    assert model is not None
+    # Each example names a city the others lack: one word each, so one is allowed.
+    assert model.open_words["demo:city_weather"] == 1
+    # The fixed phrasings of the weather demo share their words less: none allowed.
+    assert model.open_words["demo:clock"] == 0
+    top = ngram.NgramScorer({"en": model}, 0.0).top(analyzer.analyze("weather in tokyo"), "en")
+    assert top is not None and top.module_id == "demo:city_weather"
+    assert (top.missing, top.open_words, top.content) == (1, 1, 2)
+
+
+def test_the_built_in_modules_allow_no_unknown_words(router: SemanticRouter) -> None:
+    for lang in ("zh", "en"):
+        model = router.ngram.model(lang)
+        assert model is not None
+        for module_id, profile in router.profiles.items():
+            if profile.routes_directly and module_id in model.open_words:
+                assert model.open_words[module_id] == 0, (module_id, lang)
+
+
 def test_a_bare_number_never_routes(router: SemanticRouter) -> None:
     for text, lang in [("666", "zh"), ("3", "en"), ("minecraft:diamond", "en"), ("第2个", "zh")]:
         decision = router.decide(text, lang)

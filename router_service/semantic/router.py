@@ -62,7 +62,7 @@ from router_service.semantic.config import Mode, SemanticConfig, reload_changes,
 from router_service.semantic.extractors import extract
 from router_service.semantic.guards import Marker, check_guards, declared_markers
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
-from router_service.semantic.ngram import NgramScorer
+from router_service.semantic.ngram import NgramScorer, ScorerTop
 from router_service.semantic.profiles import Profile
 from router_service.semantic.text import ITEM, NUM, Analysis, Analyzer, normalize
 from services.runtime.config import ConfigError
@@ -404,8 +404,7 @@ class SemanticRouter:
                 or not chosen_profile.routes_directly
                 or (allowed is not None and chosen not in allowed)
                 or top.margin + _EPSILON < scores["scorer_threshold"]
-                or top.topic_coverage + _EPSILON < self._config.min_coverage
-                or ("coverage" in failed and not top.only_generic_unknown)
+                or not _scorer_covers(top, failed, self._config.min_coverage)
             ):
                 return no(failed[0], **scores)
             profile, route = chosen_profile, "scorer"
@@ -518,3 +517,16 @@ def _has_word(analysis: Analysis) -> bool:
     alone or punctuation never routes by meaning: a number is a list position only where a
     list is on screen (the structured stage), an id names no module."""
     return any(u not in (NUM, ITEM) and any(ch.isalpha() for ch in u) for u in analysis.unigrams)
+
+
+def _scorer_covers(top: ScorerTop, failed: list[str], min_coverage: float) -> bool:
+    """Whether the n-gram scorer's module accounts for the text's words: its examples together
+    hold at least `min_coverage` of the text's content words and the words the catalogue lacks
+    are generic (`coverage` failed only on those); or, for a module whose examples each name
+    their own things (`ScorerTop.open_words`), the text holds at least one content word its
+    examples know and no more unknown ones than one of its examples typically does."""
+    if top.topic_coverage + _EPSILON >= min_coverage and (
+        "coverage" not in failed or top.only_generic_unknown
+    ):
+        return True
+    return 0 < top.missing <= top.open_words and top.missing < top.content
