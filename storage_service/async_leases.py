@@ -7,7 +7,7 @@ was mostly the hand-over: a thread woken to run it and the event loop woken agai
 answer cost about as much as the statement (measured on this 2-core machine: 1.0-1.5 ms for
 the statement run directly, 1.9-2.1 ms through the thread). Here the statement is sent from
 the event loop on one of a few autocommit connections of its own, and the loop goes on with
-other calls while the database answers. The rules are those of storage_service.journal
+other calls while the database answers. The rules are those of storage_service.leases
 (`acquire_steps`, `renew_steps`, `release_steps`); only the driver differs. SQLite keeps the
 thread: its driver has no asynchronous form.
 
@@ -30,13 +30,8 @@ from system.storage.v1 import journal_pb2
 from services.runtime.errors import ServiceError, Unavailable
 from storage_service.dbcall import map_unavailable, run_db
 from storage_service.dialect import is_postgresql
-from storage_service.journal import (
-    JournalStore,
-    LeaseSteps,
-    acquire_steps,
-    release_steps,
-    renew_steps,
-)
+from storage_service.journal import JournalStore
+from storage_service.leases import LeaseSteps, acquire_steps, release_steps, renew_steps
 
 __all__ = ["AsyncConnections", "AsyncLeases", "Leases", "ThreadedLeases", "leases_for"]
 
