@@ -504,12 +504,16 @@ def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
         ("reference", "stop|that"),
         ("negation", "有|没"),
     } <= declared
-    assert all(name != "write" for name, _ in declared)  # write words are never declared
+    # `set` is declared only with the word before it (`alarm|set`), never after it.
+    assert ("write", "alarm|set") in declared
+    assert not any(name == "write" and form.startswith("set|") for name, form in declared)
     assert check_guards("cancel it") == "reference"
     assert check_guards("cancel it", declared) is None
     assert check_guards("有没有邮件", declared) is None
-    # Other markers still fire, and so does a write word the examples happen to use.
+    # Other markers still fire, and so does a write word the examples use in other company.
     assert check_guards("set an alarm", declared) == "write"
+    assert check_guards("is my alarm set for six", declared) is None
+    assert check_guards("claim it please", declared_markers(["claim it please"])) == "write"
     assert check_guards("cancel it and stop that", declared) == "compound"
     assert check_guards("don't cancel it", declared) == "negation"
     # The same marker in other company is still a guard: `it` after `read` is a reference.
@@ -526,7 +530,14 @@ def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
         "查询物品类别",
     ):
         assert fired_guards(text) == [], text
-    assert [g.name for g in GUARDS] == ["negation", "condition", "reference", "compound", "write"]
+    assert [g.name for g in GUARDS] == [
+        "negation",
+        "condition",
+        "reference",
+        "compound",
+        "write",
+        "write",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,14 @@ Both languages' patterns apply to every text, so mixed-script requests are cover
 err on the side of firing: a false alarm costs one model call, a miss may run the wrong module.
 Item registry ids are masked first, so `minecraft:oak_sign` or `create:and_gate` never fire.
 
-**A module's own phrasing is not a guard.** A negation, condition, reference or compound marker
-that the chosen module's own examples use (`declared_markers`) does not fire for that module:
-`有没有未读的邮件` asks the inbox (its examples say `有没有`), `cancel it` asks a stop command
-whose examples say `it`, `the rate between the dollar and the euro` is one request for a module
-whose examples say `between … and`. The catalogue's author wrote those words as the way the
-module is asked. Write words are never lifted this way (`LIFTABLE`): a read module's example
-such as `what time is the alarm set for` must not let `set an alarm` through (measured on the
-development set: it did).
+**A module's own phrasing is not a guard.** A marker that the chosen module's own examples use
+in the same company (`declared_markers`: the marker with the token before or after it) does not
+fire for that module: `有没有未读的邮件` asks the inbox (its examples say `有没有`), `cancel it`
+asks a stop command whose examples say `cancel it please`. The catalogue's author wrote those
+words as the way the module is asked. Words that change state but that read requests use too
+(`CHANGE`: set, remove, turn on, 删除, 关闭...) are declared only with the word before them, so
+`what time is the alarm set for` declares `alarm|set` and `set an alarm` still fires. Claim,
+buy, pay, sign-in and the other write words (`WRITE`) never are (seed 004).
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Collection, Iterable, Iterator
+from typing import Literal
 
 from router_service.semantic.text import ITEM_ID, normalize
 
 __all__ = [
+    "CHANGE",
     "GUARDS",
-    "LIFTABLE",
     "Guard",
     "Marker",
     "check_guards",
@@ -55,6 +56,9 @@ class Guard:
 
     name: str
     pattern: re.Pattern[str]
+    lift: Literal["never", "either", "left"] = "either"
+    """Which of a marker's context forms a module's examples may declare (`declared_markers`):
+    `either` (`left|marker` or `marker|right`), `left` only, or `never`."""
 
     def check(self, text: str) -> str | None:
         """The guard's name when it fires on the normalised `text`, else None."""
@@ -90,20 +94,24 @@ WRITE = Guard("write", _pattern(
     ["claim", "buy", "purchase", "pay", "paid", "payment", "redeem", "sell", "sign in", "sign-in",
      "signin", "check in", "check-in", "checkin", "log in", "login", "execute", "run", "submit",
      "confirm", "accept", "abandon", "trade", "transfer", "spend", "order", "checkout",
-     "check out", "recharge", "top up", "give", "send", "delete", "remove", "clear", "reset",
-     "set", "change", "enable", "disable", "turn on", "turn off", "equip", "craft me", "collect",
-     "receive", "take", "get me", "grab"],
+     "check out", "recharge", "top up", "give", "send"],
     ["执行", "领取", "领", "购买", "买", "支付", "付款", "付钱", "签到", "打卡", "兑换", "出售", "卖",
-     "赠送", "送给", "转账", "提交", "确认", "下单", "充值", "交易", "删除", "清空", "清除", "修改",
-     "更改", "改成", "改为", "设为", "设置为", "开启", "关闭", "启用", "禁用", "接受", "放弃", "发送",
-     "装备上", "给我一", "送我", "拿", "收下", "提取"],
-))
+     "赠送", "送给", "转账", "提交", "确认", "下单", "充值", "交易", "接受", "放弃", "发送", "给我一",
+     "送我"],
+), lift="never")
+# Words that change state, but that a read request may use too (`the alarm set for six`,
+# `what's turned on`): a module's examples may declare them with the word before them.
+CHANGE = Guard("write", _pattern(
+    ["delete", "remove", "clear", "reset", "set", "change", "enable", "disable", "turn on",
+     "turn off", "equip", "craft me", "collect", "receive", "take", "get me", "grab"],
+    ["删除", "清空", "清除", "修改", "更改", "改成", "改为", "设为", "设置为", "开启", "关闭", "启用",
+     "禁用", "装备上", "拿", "收下", "提取"],
+), lift="left")
 # fmt: on
 
-GUARDS: tuple[Guard, ...] = (NEGATION, CONDITION, REFERENCE, COMPOUND, WRITE)
-"""Every guard, in the order `check_guards` reports them."""
-LIFTABLE = frozenset({NEGATION.name, CONDITION.name, REFERENCE.name, COMPOUND.name})
-"""Guards whose markers a module's own examples may declare; never `write`."""
+GUARDS: tuple[Guard, ...] = (NEGATION, CONDITION, REFERENCE, COMPOUND, WRITE, CHANGE)
+"""Every guard, in the order `check_guards` reports them (`WRITE` and `CHANGE` are both
+`write`)."""
 
 Marker = tuple[str, str]
 """(guard name, the marker with one neighbouring token, `left|marker` or `marker|right`):
@@ -117,26 +125,31 @@ def _prepare(text: str) -> str:
     return ITEM_ID.sub(" <item> ", normalize(text))
 
 
-def _occurrences(prepared: str) -> Iterator[tuple[str, tuple[Marker, Marker]]]:
-    """Every guard marker in `prepared`, in guard order: its guard and its two context forms."""
+def _occurrences(prepared: str) -> Iterator[tuple[str, tuple[Marker, ...]]]:
+    """Every guard marker in `prepared`, in guard order: its guard's name and the context forms
+    a module may declare (none for a guard that is never lifted)."""
     for guard in GUARDS:
         for found in guard.pattern.finditer(prepared):
+            if guard.lift == "never":
+                yield guard.name, ()
+                continue
             marker = " ".join(found.group().split())
             before = _TOKEN.findall(prepared[: found.start()])
+            left = (guard.name, f"{before[-1] if before else ''}|{marker}")
+            if guard.lift == "left":
+                yield guard.name, (left,)
+                continue
             after = _TOKEN.findall(prepared[found.end() :])
-            left = before[-1] if before else ""
-            right = after[0] if after else ""
-            yield guard.name, ((guard.name, f"{left}|{marker}"), (guard.name, f"{marker}|{right}"))
+            yield guard.name, (left, (guard.name, f"{marker}|{after[0] if after else ''}"))
 
 
 def declared_markers(examples: Iterable[str]) -> frozenset[Marker]:
-    """The liftable markers (`LIFTABLE`), in their context forms, that `examples` use: what
-    `check_guards` lets through for the module they belong to."""
+    """The markers, in their context forms, that `examples` use (write words such as `claim`,
+    `buy`, `pay` never): what `check_guards` lets through for the module they belong to."""
     return frozenset(
         form
         for example in examples
-        for name, forms in _occurrences(_prepare(example))
-        if name in LIFTABLE
+        for _, forms in _occurrences(_prepare(example))
         for form in forms
     )
 
@@ -154,13 +167,14 @@ def check_guards(text: str, declared: Collection[Marker] = frozenset()) -> str |
             if guard.pattern.search(prepared):
                 return guard.name
         return None
-    for name, (left, right) in _occurrences(prepared):
-        if left not in declared and right not in declared:
+    for name, forms in _occurrences(prepared):
+        if not any(form in declared for form in forms):
             return name
     return None
 
 
 def fired_guards(text: str) -> list[str]:
-    """Names of every guard that fires on `text` (for diagnostics and tests)."""
+    """Names of every guard that fires on `text` (for diagnostics and tests), each once."""
     prepared = _prepare(text)
-    return [guard.name for guard in GUARDS if guard.pattern.search(prepared)]
+    names = [guard.name for guard in GUARDS if guard.pattern.search(prepared)]
+    return list(dict.fromkeys(names))
