@@ -30,7 +30,7 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from google.protobuf import struct_pb2
 from sqlalchemy import select
@@ -108,6 +108,24 @@ __all__ = [
 log = logging.getLogger("system.storage.journal")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _own_transaction(
+    method: Callable[Concatenate[JournalStore, Session, P], T],
+) -> Callable[Concatenate[JournalStore, P], T]:
+    """The store method that runs `method` (a `*_in` method, which works inside a caller's
+    transaction) in a transaction of its own, with the same arguments but the session."""
+    name = method.__name__
+
+    def run(self: JournalStore, *args: P.args, **kwargs: P.kwargs) -> T:
+        # Looked up on each call, as a bound method, so it is the store's method of now.
+        return self.transaction(lambda session: getattr(self, name)(session, *args, **kwargs))
+
+    run.__name__ = name.removesuffix("_in")
+    run.__qualname__ = f"JournalStore.{run.__name__}"
+    run.__doc__ = f"`{name}` in a transaction of its own."
+    return run
 
 
 class JournalStore:
@@ -225,29 +243,9 @@ class JournalStore:
         with self._sessions.begin() as session:
             return unit(session)
 
-    def transition_task(
-        self,
-        task_id: str,
-        state: int,
-        expected_state: int = TS.TASK_STATE_UNSPECIFIED,
-        result: common_pb2.AgentResult | None = None,
-        fence: journal_pb2.Fence | None = None,
-    ) -> journal_pb2.EventTask:
-        return self.transaction(
-            functools.partial(
-                self.transition_task_in,
-                task_id=task_id,
-                state=state,
-                expected_state=expected_state,
-                result=result,
-                fence=fence,
-            )
-        )
-
     def transition_task_in(
         self,
         session: Session,
-        *,
         task_id: str,
         state: int,
         expected_state: int = TS.TASK_STATE_UNSPECIFIED,
@@ -268,31 +266,13 @@ class JournalStore:
         )
         return task_message(row)
 
-    # -- receipts ------------------------------------------------------------------------------
+    transition_task = _own_transaction(transition_task_in)
 
-    def record_step(
-        self,
-        step_id: str,
-        task_id: str,
-        position: int,
-        tool: str,
-        fence: journal_pb2.Fence | None = None,
-    ) -> tuple[journal_pb2.StepReceipt, bool]:
-        return self.transaction(
-            functools.partial(
-                self.record_step_in,
-                step_id=step_id,
-                task_id=task_id,
-                position=position,
-                tool=tool,
-                fence=fence,
-            )
-        )
+    # -- receipts ------------------------------------------------------------------------------
 
     def record_step_in(
         self,
         session: Session,
-        *,
         step_id: str,
         task_id: str,
         position: int,
@@ -334,29 +314,11 @@ class JournalStore:
         )
         return receipt_message(row), created
 
-    def complete_step(
-        self,
-        step_id: str,
-        tool: str,
-        result: bytes,
-        codec_id: str,
-        fence: journal_pb2.Fence | None = None,
-    ) -> journal_pb2.StepReceipt:
-        return self.transaction(
-            functools.partial(
-                self.complete_step_in,
-                step_id=step_id,
-                tool=tool,
-                result=result,
-                codec_id=codec_id,
-                fence=fence,
-            )
-        )
+    record_step = _own_transaction(record_step_in)
 
     def complete_step_in(
         self,
         session: Session,
-        *,
         step_id: str,
         tool: str,
         result: bytes,
@@ -376,6 +338,8 @@ class JournalStore:
             codec_id=codec_id,
         )
         return receipt_message(row)
+
+    complete_step = _own_transaction(complete_step_in)
 
     def get_step(self, step_id: str, tool: str) -> journal_pb2.StepReceipt:
         """The receipt for replay; FAILED_PRECONDITION when it was recorded for another tool."""
