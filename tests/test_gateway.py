@@ -600,8 +600,8 @@ async def test_tool_relay_reaches_the_game_server(chain: Chain, client: GameServ
     assert answer.result.WhichOneof("outcome") == "output"
     assert json_format.MessageToDict(answer.result.output) == {
         "items": [
-            {"item": "minecraft:bread", "count": 12},
-            {"item": "minecraft:torch", "count": 32},
+            {"item": "minecraft:bread", "count": 12, "name": {"zh": "面包", "en": "Bread"}},
+            {"item": "minecraft:torch", "count": 32, "name": {"zh": "火把", "en": "Torch"}},
         ]
     }
 

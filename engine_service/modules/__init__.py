@@ -36,6 +36,7 @@ from engine_service.web_tools import ExternalPreference, WebGate, WebTools
 
 __all__ = [
     "BUILTIN_MODULES",
+    "COMMERCE_MODULES",
     "QUEST_MODULES",
     "SMALL_TALK",
     "AdvancementRewardModule",
@@ -70,14 +71,13 @@ BUILTIN_MODULES = (
     ItemModule,
     InboxModule,
     MailClaimModule,
-    ShopModule,
-    ShopBuyModule,
-    ShopConfirmModule,
-    PayModule,
-    PayConfirmModule,
     AdvancementRewardModule,
 )
 """Classes of the core modules, which need no services, in help order."""
+
+COMMERCE_MODULES = (ShopModule, ShopBuyModule, ShopConfirmModule, PayModule, PayConfirmModule)
+"""Classes of the shop and payment modules, after the core ones in help order; they need the
+offer and order tools (engine_service/offers.py)."""
 
 QUEST_MODULES = (QuestsModule, QuestDetailModule, QuestClaimModule)
 """Classes of the quest modules (the `ftbquests` feature), after the core ones in help order."""
@@ -122,7 +122,7 @@ def register_builtins(
     for spec in QUEST_GAME_TOOLS:  # the ftbquests tools and the shared gift list
         registry.tools.game(spec)
     OfferTools(services.documents, services.offer_seconds).register(registry.tools)
-    for module_class in BUILTIN_MODULES:
+    for module_class in (*BUILTIN_MODULES, *COMMERCE_MODULES):
         registry.register(module_class())
     registry.register(SigninModule(services.signin_rewards))
     registry.register(QuestionModule(gate))
