@@ -520,6 +520,18 @@ def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
     assert check_guards("read it", declared) == "reference"
 
 
+def test_a_module_declares_the_markers_of_its_extra_examples_too(analyzer: Analyzer) -> None:
+    shop = Profile("test:shop", "read", {"en": ["open the shop", "show the shop"]})
+    other = Profile("test:mail", "read", {"en": ["open my mail", "show my mail"]})
+    plain = _router(analyzer, [shop, other])
+    extra = _router(
+        analyzer, [shop, other], examples={"test:shop": {"en": ["open the shop again"]}}
+    )
+    assert plain.decide("open the shop again", "en").gate_failed == "guard:reference"
+    decision = extra.decide("open the shop again", "en")
+    assert (decision.outcome, decision.module_id) == ("direct", "test:shop")
+
+
 def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
     for text in (
         "打开商店",

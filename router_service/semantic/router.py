@@ -185,10 +185,11 @@ class SemanticRouter:
         self._declared: Mapping[tuple[str, str], frozenset[Marker]] = MappingProxyType(
             {
                 (p.module_id, lang): declared_markers(
-                    (*examples, *config.examples.get(p.module_id, {}).get(lang, ()))
+                    (*p.examples.get(lang, ()), *extra.get(lang, ()))
                 )
                 for p in profiles
-                for lang, examples in p.examples.items()
+                for extra in (config.examples.get(p.module_id, {}),)
+                for lang in {*p.examples, *extra}
             }
         )
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
