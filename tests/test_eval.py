@@ -84,7 +84,6 @@ def test_profile_set_has_the_builtin_modules_in_the_standalone_format() -> None:
     }
     assert {i for i, k in kinds.items() if k == "hints"} == {
         "system:signin",
-        "system:claim_reward",
         "system:shop_buy",
         "system:pay",
     }
@@ -388,3 +387,23 @@ def test_compare_prints_the_modes_side_by_side(
     assert set(report["compare"]) == {"gates", "strict", "calibrated"}
     assert report["compare"]["gates"]["overall"]["direct"] == 0
     assert report["compare"]["calibrated"]["overall"]["direct"] == 3
+
+
+def test_every_profile_is_a_registered_module_with_its_examples() -> None:
+    """The profile set is the engine's catalogue as the router sees it: no profile of a module
+    that does not exist, and each with the registration's examples and routing kind."""
+    from system.common.v1 import catalog_pb2
+
+    from engine_service.app import build_registry
+    from engine_service.config import EngineConfig
+
+    registry = build_registry(EngineConfig())
+    for profile in _profiles()["modules"]:
+        if profile["kind"] == "reject":
+            continue
+        descriptor = registry.descriptor(profile["id"])  # KeyError: not a registered module
+        examples = {e.language: list(e.examples) for e in descriptor.semantic.examples}
+        assert examples == profile["examples"], profile["id"]
+        read = descriptor.routing_mode == catalog_pb2.ROUTING_MODE_READ
+        assert (profile["kind"] == "read") is read, profile["id"]
+        assert (descriptor.semantic.extractor or None) == profile["extractor"], profile["id"]
