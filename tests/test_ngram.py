@@ -294,3 +294,20 @@ def test_eval_writes_the_plot_and_the_sweep(tmp_path: Path) -> None:
     assert document["sweep"]["shipped"] == 0.0
     assert len(document["sweep"]["points"]) > 10
     assert set(document["scorer_thresholds"]) == {"en"}
+
+
+def test_a_catalogue_beyond_the_scorers_size_routes_with_the_gates_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from router_service.semantic import ngram
+
+    examples = [
+        ("test:a", ["open the shop", "browse the store"]),
+        ("test:b", ["show my mail", "read my inbox"]),
+    ]
+    texts = [t for _, ts in examples for t in ts]
+    labels = [m for m, ts in examples for _ in ts]
+    analyzer = ngram.Analyzer()
+    assert ngram._fit_language(texts, labels, [], analyzer) is not None
+    monkeypatch.setattr(ngram, "MAX_EXAMPLES", 3)
+    assert ngram._fit_language(texts, labels, [], analyzer) is None
