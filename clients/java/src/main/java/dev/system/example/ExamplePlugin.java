@@ -235,6 +235,8 @@ public final class ExamplePlugin {
 
       client.join(new Player(steve, "Steve", "en_us", 0));
       client.join(new Player(li, "Li", "zh_cn", 0));
+      world.joined(steve, "Steve");
+      world.joined(li, "Li");
 
       // 1. help, in English.
       PlayerResponse help = get(client.chat(steve, "help"));

@@ -26,13 +26,14 @@ public final class InMemoryWorld {
       """
       {"type":"object","properties":{},"additionalProperties":false}""";
 
-  /** {@code minecraft:inventory.read}: one entry per item kind the player carries. */
+  /** {@code minecraft:inventory.read}: one entry per item kind (its name is optional). */
   static final String INVENTORY_READ_OUTPUT =
       """
-      {"type":"object","properties":{"items":{"type":"array","items":{"type":"object",\
-      "properties":{"item":{"type":"string","minLength":1,"maxLength":128},\
-      "count":{"type":"integer","minimum":0}},"required":["item","count"]}}},\
-      "required":["items"]}""";
+      {"properties":{"items":{"items":{"properties":{"count":{"minimum":0,"type":"integer"},\
+      "item":{"maxLength":128,"minLength":1,"type":"string"},\
+      "name":{"properties":{"en":{"minLength":1,"type":"string"},"zh":{"minLength":1,\
+      "type":"string"}},"required":["zh","en"],"type":"object"}},"required":["item","count"],\
+      "type":"object"},"type":"array"}},"required":["items"],"type":"object"}""";
 
   /** {@code minecraft:item.give}: the item and how many to give. */
   static final String ITEM_GIVE_INPUT =
@@ -246,6 +247,8 @@ public final class InMemoryWorld {
           java.time.ZoneId.of("Asia/Shanghai"),
           0);
   private final Map<String, Map<String, Mail>> mailboxes = new ConcurrentHashMap<>();
+  /** Balances, the shop and payments (Commerce). */
+  private final Commerce commerce = new Commerce(this::record, this::inventoryOf);
 
   /** @param gameThreadName the name of the only thread tools may run on */
   public InMemoryWorld(String gameThreadName) {
@@ -254,7 +257,7 @@ public final class InMemoryWorld {
 
   /** The tools, as the hello declares them. */
   public List<GameTool> tools() {
-    return List.of(
+    List<GameTool> tools = new ArrayList<>(List.of(
         new GameTool(
             "minecraft:inventory.read",
             "List the items in the player's inventory.",
@@ -319,7 +322,14 @@ public final class InMemoryWorld {
             false,
             true,
             false,
-            this::mailClaim));
+            this::mailClaim)));
+    tools.addAll(commerce.tools()); // the shop and payments
+    return List.copyOf(tools);
+  }
+
+  /** A player joined with this name (payments name their recipient by it). */
+  public void joined(String playerId, String name) {
+    commerce.joined(playerId, name);
   }
 
   /**
@@ -414,7 +424,7 @@ public final class InMemoryWorld {
     long since = firstSeen.computeIfAbsent(playerId, id -> System.nanoTime());
     long session = (System.nanoTime() - since) / 1_000_000_000L;
     Map<String, Object> out = new LinkedHashMap<>();
-    out.put("balance", STARTING_BALANCE);
+    out.put("balance", commerce.balance(playerId));
     out.put("currency", CURRENCY.toMap());
     out.put("level", STARTING_LEVEL);
     out.put("play_seconds", STARTING_PLAY_SECONDS + session);
