@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
@@ -64,8 +65,9 @@ ACCESS = AccessPolicy(
 COMMIT_CONNECTIONS = 1
 
 
-def _name(module: object, service: str) -> str:
-    return module.DESCRIPTOR.services_by_name[service].full_name  # type: ignore[attr-defined]
+def _name(module: ModuleType, service: str) -> str:
+    full_name: str = module.DESCRIPTOR.services_by_name[service].full_name
+    return full_name
 
 
 SERVICE_NAME = _name(storage_pb2, "StorageService")

@@ -42,7 +42,7 @@ from storage_service.batches import (
     _batch_values,
 )
 from storage_service.dialect import is_postgresql
-from storage_service.fastsql import FastStatement, Sent
+from storage_service.fastsql import FastResult, FastStatement, Sent
 from storage_service.group_commit import NotApplied
 from storage_service.journal_records import _RECEIPTS, RECOVERABLE, STEP_DONE, STEP_RUNNING
 from storage_service.leases import _FENCE_QUERY, _LEASES, _fence_holds
@@ -74,8 +74,8 @@ RETURNING player_id, request_id,
         bindparam("now", type_=DateTime(timezone=True)),
     )
     .columns(
-        _BATCHES.c.player_id,  # type: ignore[attr-defined]
-        _BATCHES.c.request_id,  # type: ignore[attr-defined]
+        _BATCHES.c.player_id,
+        _BATCHES.c.request_id,
         literal_column("locked", Boolean),
     )
 )
@@ -179,12 +179,12 @@ SELECT step_id FROM recorded UNION ALL SELECT step_id FROM completed"""
         bindparam("max_entries", type_=Integer),
         bindparam("max_bytes", type_=BigInteger),
     )
-    .columns(_RECEIPTS.c.step_id),  # type: ignore[attr-defined]
+    .columns(_RECEIPTS.c.step_id),
     planned_each_time=True,
 )
 _FENCES_QUERY = FastStatement(
-    select(_LEASES.c.name, _LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at)  # type: ignore[attr-defined]
-    .where(_LEASES.c.name == func.any(bindparam("names", type_=ARRAY(String))))  # type: ignore[attr-defined]
+    select(_LEASES.c.name, _LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at)
+    .where(_LEASES.c.name == func.any(bindparam("names", type_=ARRAY(String))))
     .with_for_update(read=True)
 )
 
@@ -332,7 +332,7 @@ def send_batches(
                 now,
                 False,
                 rows,
-                (lambda fenced=fenced: fenced().first()) if fenced is not None else None,
+                functools.partial(_first_row, fenced) if fenced is not None else None,
                 checks,
             )
         )
@@ -347,7 +347,7 @@ def finish_batch(
     postgresql: bool,
     rows: _BatchRows,
     fence_row: Callable[[], tuple[object, ...] | None] | None,
-    applied: list[Callable[[], bool]],
+    applied: Sequence[Callable[[], bool]],
 ) -> journal_pb2.CommitResponse:
     """The answer of a batch sent ahead, once its results came; NotApplied when what was
     sent may not stand (a retried batch, a stale fence, a write that did not apply with
@@ -371,6 +371,10 @@ def finish_batch(
         # right where it would have run.
         _apply_operation(session, bounds, now, request, index, [])
     return journal_pb2.CommitResponse()
+
+
+def _first_row(sent: Callable[[], FastResult]) -> tuple[object, ...] | None:
+    return sent().first()
 
 
 def _applied_alone(write: journal_pb2.ReceiptWrite, sent: Sent) -> bool:

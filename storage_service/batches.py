@@ -22,7 +22,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument, ServiceError
-from storage_service.db import Base
+from storage_service.db import Base, table_of
 from storage_service.dialect import INSERT, POSTGRESQL, SQLITE, advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import MAX_ID, SS, _check_id
@@ -226,7 +226,7 @@ def _apply(
 
 # INSERT ... ON CONFLICT DO NOTHING of a batch's row, built once; its row count (1: inserted,
 # 0: the batch was there) tells whether this attempt applies the batch.
-_BATCHES = BatchRow.__table__
+_BATCHES = table_of(BatchRow)
 _BATCH_COLUMNS = ["player_id", "request_id", "digest", "response", "created_at"]
 _BATCH_INSERT_SQLITE = FastStatement(
     INSERT[SQLITE](_BATCHES).on_conflict_do_nothing(), column_keys=_BATCH_COLUMNS

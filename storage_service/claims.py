@@ -13,11 +13,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import BigInteger, Integer, String, bindparam, literal_column, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.types import TypeEngine
 from system.storage.v1 import journal_pb2
 
 from storage_service.dialect import aware, is_postgresql
@@ -51,14 +54,20 @@ _TAKE_LEASE = """ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner,
         token = {greatest}(l.token + 1, excluded.token),
         expires_at = excluded.expires_at"""
+_SqlType = TypeEngine[Any] | type[TypeEngine[Any]]
 _CLAIMED_COLUMNS = ", ".join(f"t.{name}" for name in _TASK_COLUMN_NAMES)
 
 
-def _claim_binds(*names: str, players=None):  # type: ignore[no-untyped-def]
+def _claim_binds(*names: str, players: _SqlType | None = None) -> list[BindParameter[Any]]:
     """The typed parameters `names` of a claim statement (SQLite stores times as text, so
     their type matters); `players` is the type of the player filter, when there is one."""
-    when = _LEASES.c.expires_at.type  # type: ignore[attr-defined]
-    types = {"now": when, "expires_at": when, "owner": String, "token": BigInteger}
+    when = _LEASES.c.expires_at.type
+    types: dict[str, _SqlType] = {
+        "now": when,
+        "expires_at": when,
+        "owner": String,
+        "token": BigInteger,
+    }
     types |= {"max_tasks": Integer, "seqs": String}
     binds = [bindparam(name, type_=types[name]) for name in names]
     return binds + ([bindparam("players", type_=players)] if players is not None else [])
@@ -107,7 +116,7 @@ SELECT * FROM claimed ORDER BY seq"""
         .columns(
             *_TASK_COLUMNS,
             literal_column("lease_token", BigInteger),
-            literal_column("lease_expires_at", _LEASES.c.expires_at.type),  # type: ignore[attr-defined]
+            literal_column("lease_expires_at", _LEASES.c.expires_at.type),
         )
     )
 
@@ -126,7 +135,7 @@ _PICK_SQLITE = {
             + " ORDER BY t.seq LIMIT :max_tasks"
         )
         .bindparams(*_claim_binds("now", "max_tasks", players=String if players else None))
-        .columns(_TASKS.c.seq)  # type: ignore[attr-defined]
+        .columns(_TASKS.c.seq)
     )
     for players in (False, True)
 }
@@ -139,7 +148,7 @@ _LEASE_SQLITE = FastStatement(
         + " RETURNING name, token, expires_at"
     )
     .bindparams(*_claim_binds("owner", "token", "expires_at", "seqs"))
-    .columns(_LEASES.c.name, _LEASES.c.token, _LEASES.c.expires_at)  # type: ignore[attr-defined]
+    .columns(_LEASES.c.name, _LEASES.c.token, _LEASES.c.expires_at)
 )
 _MARK_SQLITE = FastStatement(
     text(

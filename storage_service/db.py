@@ -6,7 +6,7 @@ import datetime as dt
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     Boolean,
@@ -21,7 +21,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import CursorResult, Result, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.sql.dml import Insert
 
@@ -60,6 +60,21 @@ class PreferenceRow(Base):
     external_enabled: Mapped[bool] = mapped_column(Boolean)
 
 
+def table_of(row: type[Base]) -> Table:
+    """The Core table behind a mapped class.
+
+    SQLAlchemy declares `__table__` as a FromClause (a mapping may target a join or a
+    subquery); every row class here maps one Table, so this only names that for the checker.
+    """
+    return cast(Table, row.__table__)
+
+
+def rowcount(result: Result[Any]) -> int:
+    """The rows an INSERT, UPDATE or DELETE run by `Session.execute` touched: at run time its
+    result is a CursorResult, which the signature only calls a Result."""
+    return cast(CursorResult[Any], result).rowcount
+
+
 def upsert_ignore(session: Session, table: type[Base] | Table, **values: Any) -> Insert:
     """INSERT that does nothing when the key exists, on SQLite and PostgreSQL.
 
@@ -68,7 +83,7 @@ def upsert_ignore(session: Session, table: type[Base] | Table, **values: Any) ->
     asked to preserve it, and an ORM-enabled insert never does, so the insert is made on the
     mapped class's Core table.
     """
-    target = table if isinstance(table, Table) else table.__table__
+    target = table if isinstance(table, Table) else table_of(table)
     return (
         insert_for(session)(target)
         .values(**values)
@@ -188,4 +203,5 @@ def pool_capacity(engine: Engine) -> int:
     overflow = getattr(engine.pool, "_max_overflow", 0)
     if not callable(size):
         return 1
-    return max(1, size() + max(overflow, 0))
+    capacity: int = size() + max(overflow, 0)
+    return max(1, capacity)

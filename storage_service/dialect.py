@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, func
+from sqlalchemy import BigInteger, Integer, Table, func
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
@@ -47,7 +48,10 @@ ID = BigInteger().with_variant(Integer, SQLITE)
 """An autoincrementing key: BIGINT on PostgreSQL; on SQLite INTEGER, the only type that
 makes a rowid alias (and so autoincrements)."""
 
-INSERT = {SQLITE: sqlite_insert, POSTGRESQL: postgresql_insert}
+DialectInsert = Callable[[Table], sqlite.Insert | postgresql.Insert]
+"""A dialect's `insert()`: both constructs have ON CONFLICT ... DO NOTHING / DO UPDATE."""
+
+INSERT: dict[str, DialectInsert] = {SQLITE: sqlite_insert, POSTGRESQL: postgresql_insert}
 """Each dialect's INSERT, the one with ON CONFLICT."""
 
 GREATEST = {SQLITE: func.max, POSTGRESQL: func.greatest}
@@ -66,7 +70,7 @@ def is_postgresql(target: Session | Connection | Engine) -> bool:
     return name_of(target) == POSTGRESQL
 
 
-def insert_for(target: Session | Connection | Engine) -> Any:
+def insert_for(target: Session | Connection | Engine) -> DialectInsert:
     """The INSERT construct (with ON CONFLICT) of `target`'s database."""
     return INSERT[name_of(target)]
 

@@ -25,12 +25,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine.default import DefaultDialect
+from sqlalchemy.engine.interfaces import DBAPIModule
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from storage_service.dialect import POSTGRESQL
 
@@ -84,7 +87,9 @@ def _positional_dialect(dialect: Dialect) -> Dialect:
     on every execution; the same dialect class with `format` renders `%s`."""
     if dialect.positional:
         return dialect
-    return type(dialect)(paramstyle="format")
+    # Every dialect SQLAlchemy ships is a DefaultDialect; the Dialect interface declares no
+    # constructor.
+    return cast(type[DefaultDialect], type(dialect))(paramstyle="format")
 
 
 class FastStatement:
@@ -116,7 +121,12 @@ class FastStatement:
         if rendered is not None:
             return rendered
         target = _positional_dialect(dialect)
-        compiled = self._statement.compile(dialect=target, column_keys=self._column_keys)
+        # A statement (not DDL) compiles to an SQLCompiler, whose positional names, bind and
+        # result processors this reads.
+        compiled = cast(
+            SQLCompiler,
+            self._statement.compile(dialect=target, column_keys=self._column_keys),
+        )
         assert compiled.positiontup is not None
         binds = {
             name: processor
@@ -131,7 +141,9 @@ class FastStatement:
             sql=compiled.string,
             names=tuple(compiled.positiontup),
             defaults=dict(compiled.params),
-            binds=binds,
+            # A processor is a sequence only for a tuple_() IN-list, which no fast statement
+            # uses.
+            binds=cast(Mapping[str, Callable[[Any], Any]], binds),
             results=results,
             returns_rows=bool(compiled._result_columns),  # noqa: SLF001
         )
@@ -265,8 +277,8 @@ def pipelined(session: Session) -> Iterator[None]:
 
 
 def _wrapped(
-    connection: Connection, sql: str, args: list[Any], error: Exception, cursor: Any
-) -> sa_exc.DBAPIError:
+    connection: Connection, sql: str, args: list[Any], error: DBAPIModule.Error, cursor: Any
+) -> sa_exc.StatementError:
     """The error SQLAlchemy would have raised for `error`; a lost connection is invalidated
     so the pool does not hand it out again."""
     dialect = connection.dialect

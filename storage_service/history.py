@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 
 from services.runtime.errors import InvalidArgument
-from storage_service.db import HistoryRow, PreferenceRow, upsert_ignore
+from storage_service.db import HistoryRow, PreferenceRow, rowcount, table_of, upsert_ignore
 from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.validation import check_player_id
@@ -82,8 +82,8 @@ def _decode_token(token: str) -> int:
         ) from None
 
 
-_HISTORY = HistoryRow.__table__
-_PREFERENCES = PreferenceRow.__table__
+_HISTORY = table_of(HistoryRow)
+_PREFERENCES = table_of(PreferenceRow)
 _ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
 _INSERT_ENTRY = FastStatement(insert(_HISTORY), column_keys=_ENTRY_COLUMNS)
 # Every interactive request appends its exchange, so the append is three statements: the first
@@ -92,12 +92,10 @@ _INSERT_ENTRY = FastStatement(insert(_HISTORY), column_keys=_ENTRY_COLUMNS)
 _INSERT_IF_ENABLED = FastStatement(
     insert(_HISTORY).from_select(
         _ENTRY_COLUMNS,
-        select(
-            *(bindparam(name, type_=_HISTORY.c[name].type) for name in _ENTRY_COLUMNS)  # type: ignore[attr-defined]
-        ).where(
+        select(*(bindparam(name, type_=_HISTORY.c[name].type) for name in _ENTRY_COLUMNS)).where(
             ~exists().where(
-                _PREFERENCES.c.player_id == bindparam("player_id", type_=String),  # type: ignore[attr-defined]
-                _PREFERENCES.c.history_enabled.is_(False),  # type: ignore[attr-defined]
+                _PREFERENCES.c.player_id == bindparam("player_id", type_=String),
+                _PREFERENCES.c.history_enabled.is_(False),
             )
         ),
     )
@@ -137,23 +135,21 @@ def _evict_statement() -> FastStatement:
     """Deletes the player's oldest entries until both bounds hold: counted from the newest, an
     entry goes when the entries or bytes up to it exceed a bound (both only grow with age, so
     what goes is always the oldest ones)."""
-    newest_first = _HISTORY.c.id.desc()  # type: ignore[attr-defined]
+    newest_first = _HISTORY.c.id.desc()
     ranked = (
         select(
-            _HISTORY.c.id,  # type: ignore[attr-defined]
+            _HISTORY.c.id,
             func.count().over(order_by=newest_first).label("entries"),
-            func.sum(_HISTORY.c.size_bytes).over(order_by=newest_first).label("bytes"),  # type: ignore[attr-defined]
+            func.sum(_HISTORY.c.size_bytes).over(order_by=newest_first).label("bytes"),
         )
-        .where(_HISTORY.c.player_id == bindparam("player_id", type_=String))  # type: ignore[attr-defined]
+        .where(_HISTORY.c.player_id == bindparam("player_id", type_=String))
         .subquery()
     )
     over = or_(
         ranked.c.entries > bindparam("max_entries", type_=Integer),
         ranked.c.bytes > bindparam("max_bytes", type_=BigInteger),
     )
-    return FastStatement(
-        delete(_HISTORY).where(_HISTORY.c.id.in_(select(ranked.c.id).where(over)))  # type: ignore[attr-defined]
-    )
+    return FastStatement(delete(_HISTORY).where(_HISTORY.c.id.in_(select(ranked.c.id).where(over))))
 
 
 _EVICT = _evict_statement()
@@ -296,7 +292,7 @@ class ConversationStore:
         check_player_id(player_id)
         with self._sessions.begin() as session:
             result = session.execute(delete(HistoryRow).where(HistoryRow.player_id == player_id))
-            return int(result.rowcount or 0)
+            return int(rowcount(result) or 0)
 
 
 def _preferences(row: PreferenceRow | None) -> Preferences:
@@ -306,7 +302,9 @@ def _preferences(row: PreferenceRow | None) -> Preferences:
 
 
 def _entry(row: HistoryRow) -> common_pb2.HistoryEntry:
-    entry = common_pb2.HistoryEntry(role=row.role, text=row.text, request_id=row.request_id)
+    # The column holds a HistoryRole number, checked when the entry was appended.
+    role = cast(common_pb2.HistoryRole, row.role)
+    entry = common_pb2.HistoryEntry(role=role, text=row.text, request_id=row.request_id)
     if row.result is not None:
         entry.result.ParseFromString(row.result)
     entry.created_at.FromDatetime(aware(row.created_at))

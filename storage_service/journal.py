@@ -118,9 +118,13 @@ def _own_transaction(
     transaction) in a transaction of its own, with the same arguments but the session."""
     name = method.__name__
 
-    def run(self: JournalStore, *args: P.args, **kwargs: P.kwargs) -> T:
-        # Looked up on each call, as a bound method, so it is the store's method of now.
-        return self.transaction(lambda session: getattr(self, name)(session, *args, **kwargs))
+    def run(self: JournalStore, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        def unit(session: Session) -> T:
+            # Looked up on each call, as a bound method, so it is the store's method of now.
+            bound: Callable[Concatenate[Session, P], T] = getattr(self, name)
+            return bound(session, *args, **kwargs)
+
+        return self.transaction(unit)
 
     run.__name__ = name.removesuffix("_in")
     run.__qualname__ = f"JournalStore.{run.__name__}"

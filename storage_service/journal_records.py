@@ -18,7 +18,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument, NotFound, ServiceError
-from storage_service.db import Base
+from storage_service.db import Base, table_of
 from storage_service.dialect import ID, aware
 from storage_service.validation import MAX_PLAYER_ID, check_id
 
@@ -59,7 +59,7 @@ PARTIALLY_SUCCEEDED = "partially_succeeded"
 STEP_RUNNING = "running"
 STEP_DONE = "done"
 
-_TASK_STATES: dict[str, int] = {
+_TASK_STATES: dict[str, journal_pb2.TaskState] = {
     QUEUED: TS.TASK_STATE_QUEUED,
     RUNNING: TS.TASK_STATE_RUNNING,
     WAITING: TS.TASK_STATE_WAITING,
@@ -67,8 +67,11 @@ _TASK_STATES: dict[str, int] = {
     FAILED: TS.TASK_STATE_FAILED,
     PARTIALLY_SUCCEEDED: TS.TASK_STATE_PARTIALLY_SUCCEEDED,
 }
-_TASK_NAMES = {number: name for name, number in _TASK_STATES.items()}
-_STEP_STATES: dict[str, int] = {STEP_RUNNING: SS.STEP_STATE_RUNNING, STEP_DONE: SS.STEP_STATE_DONE}
+_TASK_NAMES: dict[int, str] = {number: name for name, number in _TASK_STATES.items()}
+_STEP_STATES: dict[str, journal_pb2.StepState] = {
+    STEP_RUNNING: SS.STEP_STATE_RUNNING,
+    STEP_DONE: SS.STEP_STATE_DONE,
+}
 RECOVERABLE = frozenset({QUEUED, RUNNING, WAITING})
 TERMINAL = frozenset({SUCCEEDED, FAILED, PARTIALLY_SUCCEEDED})
 _MOVES: dict[str, frozenset[str]] = {
@@ -132,8 +135,8 @@ class ReceiptRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
-_RECEIPTS = ReceiptRow.__table__
-_RECEIPT_COLUMNS = tuple(_RECEIPTS.c)  # type: ignore[attr-defined]
+_RECEIPTS = table_of(ReceiptRow)
+_RECEIPT_COLUMNS = tuple(_RECEIPTS.c)
 
 
 @dataclasses.dataclass

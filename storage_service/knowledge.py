@@ -65,7 +65,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.runtime.errors import InvalidArgument, NotFound
-from storage_service.db import Base, upsert_ignore
+from storage_service.db import Base, rowcount, upsert_ignore
 from storage_service.dialect import ID, POSTGRESQL, SQLITE, aware, is_postgresql, name_of
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
@@ -419,11 +419,13 @@ class KnowledgeStore:
         check_player_id(player_id, required=False)
         _check_entry_id(entry_id)
         with self._sessions.begin() as session:
-            deleted = session.execute(
-                delete(KnowledgeRow).where(
-                    KnowledgeRow.player_id == player_id, KnowledgeRow.entry_id == entry_id
+            deleted = rowcount(
+                session.execute(
+                    delete(KnowledgeRow).where(
+                        KnowledgeRow.player_id == player_id, KnowledgeRow.entry_id == entry_id
+                    )
                 )
-            ).rowcount
+            )
         if not deleted:
             raise NotFound(f"no knowledge entry {entry_id!r} in {_scope(player_id)}")
 
@@ -437,7 +439,7 @@ class KnowledgeStore:
             result = session.execute(
                 delete(KnowledgeRow).where(KnowledgeRow.player_id == player_id)
             )
-            return int(result.rowcount or 0)
+            return int(rowcount(result) or 0)
 
     # -- search ------------------------------------------------------------------------------
 

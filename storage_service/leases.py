@@ -22,10 +22,11 @@ from typing import Any, NamedTuple
 from sqlalchemy import BigInteger, DateTime, Integer, String, bindparam, func, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import STALE_FENCE, FailedPrecondition, InvalidArgument
-from storage_service.db import Base
+from storage_service.db import Base, table_of
 from storage_service.dialect import GREATEST, INSERT, POSTGRESQL, SQLITE, aware
 from storage_service.fastsql import FastResult, FastStatement
 from storage_service.journal_records import MAX_ID, _check_id
@@ -112,7 +113,7 @@ def _acquire_statement(dialect_insert, greatest) -> FastStatement:  # type: igno
     )
 
 
-def _previous_token():  # type: ignore[no-untyped-def]
+def _previous_token() -> ColumnElement[Any]:
     """The lease's token as it was before the statement, 0 without a row: a subquery in
     RETURNING reads the statement's snapshot, not the row it just wrote (PostgreSQL; SQLite
     evaluates it as the row is written, so there it is read by a statement before, in the
@@ -129,12 +130,12 @@ def _previous_token():  # type: ignore[no-untyped-def]
     )
 
 
-_LEASES = LeaseRow.__table__
+_LEASES = table_of(LeaseRow)
 _ACQUIRE_SQLITE = _acquire_statement(INSERT[SQLITE], GREATEST[SQLITE])
 _ACQUIRE_POSTGRESQL = _acquire_statement(INSERT[POSTGRESQL], GREATEST[POSTGRESQL])
 
 
-def _held_lease_update(**values):  # type: ignore[no-untyped-def]
+def _held_lease_update(**values: Any) -> FastStatement:
     """UPDATE of a lease the caller holds (name, owner and token match); its row count says
     whether it was still theirs."""
     return FastStatement(
@@ -314,11 +315,11 @@ def release_earlier_incarnations(target: Session | Connection, name: str, incarn
 
 
 _LEASE_ROW = select(
-    _LEASES.c.name,  # type: ignore[attr-defined]
-    _LEASES.c.owner,  # type: ignore[attr-defined]
-    _LEASES.c.token,  # type: ignore[attr-defined]
-    _LEASES.c.expires_at,  # type: ignore[attr-defined]
-).where(_LEASES.c.name == bindparam("name", type_=String))  # type: ignore[attr-defined]
+    _LEASES.c.name,
+    _LEASES.c.owner,
+    _LEASES.c.token,
+    _LEASES.c.expires_at,
+).where(_LEASES.c.name == bindparam("name", type_=String))
 # A lease row as it is now (to say who holds it), and share-locked (a fence being checked).
 _LEASE_STATE = FastStatement(_LEASE_ROW)
 _FENCE_QUERY = FastStatement(_LEASE_ROW.with_for_update(read=True))

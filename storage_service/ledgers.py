@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import String, bindparam, delete, func, literal, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.types import TypeEngine
 
 from services.runtime.errors import InvalidArgument, ResourceExhausted
+from storage_service.db import table_of
 from storage_service.dialect import advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import TERMINAL, ReceiptRow, TaskRow
@@ -130,10 +134,10 @@ def _choose_evictions(
     return doomed if _fits(count, total, add_count, add_bytes, limits) else None
 
 
-_TASKS = TaskRow.__table__
+_TASKS = table_of(TaskRow)
 _TASK_LEDGER = FastStatement(
-    select(func.count(), func.coalesce(func.sum(_TASKS.c.size_bytes), 0)).where(  # type: ignore[attr-defined]
-        _TASKS.c.player_id == bindparam("player_id", type_=String)  # type: ignore[attr-defined]
+    select(func.count(), func.coalesce(func.sum(_TASKS.c.size_bytes), 0)).where(
+        _TASKS.c.player_id == bindparam("player_id", type_=String)
     )
 )
 
@@ -243,11 +247,13 @@ def _check_owner(actual: str, player_id: str | None, what: str) -> None:
         )
 
 
-def _param(name: str, type_):  # type: ignore[no-untyped-def]
+def _param(name: str, type_: TypeEngine[Any] | type[TypeEngine[Any]]) -> BindParameter[Any]:
     return bindparam(name, type_=type_)
 
 
-def _owner_queries(column, key):  # type: ignore[no-untyped-def]
+def _owner_queries(
+    column: InstrumentedAttribute[str], key: InstrumentedAttribute[str]
+) -> tuple[FastStatement, FastStatement]:
     """The owner of the row whose `key` is :p_key: plainly, and (PostgreSQL) with the owner's
     ledger lock taken in the same statement, one round trip instead of two."""
     where = key == _param("p_key", String)
@@ -273,5 +279,6 @@ def _owner_locked(
     row = locking.execute(session, {"p_key": key}).first()
     if row is None:
         return None
-    _locks_held(session).add(row[0])
-    return row[0]
+    owner: str = row[0]
+    _locks_held(session).add(owner)
+    return owner

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from system.storage.v1 import journal_pb2, player_data_pb2
 
 from services.runtime.errors import Aborted, InvalidArgument, NotFound
-from storage_service.db import Base, upsert_ignore
+from storage_service.db import Base, rowcount, table_of, upsert_ignore
 from storage_service.dialect import advisory_lock, aware, is_postgresql, utc_now
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
@@ -124,14 +124,14 @@ class BindingRow(Base):
     changed_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
-_DOCS: Table = DocumentRow.__table__  # type: ignore[assignment]
-_USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
-_BINDINGS: Table = BindingRow.__table__  # type: ignore[assignment]
+_DOCS = table_of(DocumentRow)
+_USAGE = table_of(UsageRow)
+_BINDINGS = table_of(BindingRow)
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "model_calls", "web_searches")
 
 BOUND = "bound"
 REVOKED = "revoked"
-_STATES = {
+_STATES: dict[str, player_data_pb2.BindingState] = {
     BOUND: player_data_pb2.BINDING_STATE_BOUND,
     REVOKED: player_data_pb2.BINDING_STATE_REVOKED,
 }
@@ -289,7 +289,7 @@ def put_document(
                 updated_at=now,
             )
         )
-        if inserted.rowcount != 1:
+        if rowcount(inserted) != 1:
             raise _conflict(key, 0, _current_version(session, key))
         return 1
     # The guard on the version makes this compare-and-set: the UPDATE locks the row, and a
@@ -299,7 +299,7 @@ def put_document(
         .where(_key_clause(key), _DOCS.c.version == expected_version)
         .values(version=expected_version + 1, data=data, codec_id=codec_id, updated_at=now)
     )
-    if updated.rowcount != 1:
+    if rowcount(updated) != 1:
         raise _conflict(key, expected_version, _current_version(session, key))
     return expected_version + 1
 
@@ -316,7 +316,7 @@ def delete_document(session: Session, key: journal_pb2.DocumentKey, expected_ver
     deleted = session.execute(
         delete(_DOCS).where(_key_clause(key), _DOCS.c.version == expected_version)
     )
-    if deleted.rowcount != 1:
+    if rowcount(deleted) != 1:
         raise _conflict(key, expected_version, _current_version(session, key))
 
 
@@ -454,7 +454,7 @@ class PlayerDataStore:
 
     # -- bindings ------------------------------------------------------------------------------
 
-    def grant_binding(self, player_id: str) -> int:
+    def grant_binding(self, player_id: str) -> player_data_pb2.BindingState:
         """Marks the player BOUND; granting a bound player changes nothing. Returns the state."""
         check_player_id(player_id)
         now = utc_now()
@@ -462,7 +462,7 @@ class PlayerDataStore:
             inserted = session.execute(
                 upsert_ignore(session, _BINDINGS, player_id=player_id, state=BOUND, changed_at=now)
             )
-            if inserted.rowcount != 1:
+            if rowcount(inserted) != 1:
                 session.execute(
                     update(_BINDINGS)
                     .where(_BINDINGS.c.player_id == player_id, _BINDINGS.c.state != BOUND)
@@ -470,7 +470,9 @@ class PlayerDataStore:
                 )
         return player_data_pb2.BINDING_STATE_BOUND
 
-    def get_binding(self, player_id: str) -> tuple[int, dt.datetime | None]:
+    def get_binding(
+        self, player_id: str
+    ) -> tuple[player_data_pb2.BindingState, dt.datetime | None]:
         """(state, changed_at); a player never granted is (UNBOUND, None)."""
         check_player_id(player_id)
         with self._sessions() as session:
@@ -483,7 +485,7 @@ class PlayerDataStore:
 
     # -- revoke / reset ------------------------------------------------------------------------
 
-    def reset_player(self, player_id: str, mode: int) -> tuple[int, int]:
+    def reset_player(self, player_id: str, mode: int) -> tuple[int, player_data_pb2.BindingState]:
         """Deletes the player's data in every table but usage and bindings, in one transaction.
 
         REVOKE also marks the binding REVOKED; RESET leaves it. Returns (rows deleted, binding
@@ -497,7 +499,7 @@ class PlayerDataStore:
         with self._sessions.begin() as session:
             for table in _reset_tables():
                 result = session.execute(delete(table).where(table.c.player_id == player_id))
-                deleted += int(result.rowcount or 0)
+                deleted += int(rowcount(result) or 0)
             leases = _leases_table()
             if leases is not None and "name" in leases.c and "player_id" not in leases.c:
                 # A player's interactive-run lease is named after them; the lease table has no
@@ -505,14 +507,14 @@ class PlayerDataStore:
                 result = session.execute(
                     delete(leases).where(leases.c.name == f"player:{player_id}")
                 )
-                deleted += int(result.rowcount or 0)
+                deleted += int(rowcount(result) or 0)
             if mode == player_data_pb2.RESET_MODE_REVOKE:
                 inserted = session.execute(
                     upsert_ignore(
                         session, _BINDINGS, player_id=player_id, state=REVOKED, changed_at=now
                     )
                 )
-                if inserted.rowcount != 1:
+                if rowcount(inserted) != 1:
                     session.execute(
                         update(_BINDINGS)
                         .where(_BINDINGS.c.player_id == player_id, _BINDINGS.c.state != REVOKED)
@@ -527,7 +529,7 @@ class PlayerDataStore:
         )
 
 
-def _state(name: str) -> int:
+def _state(name: str) -> player_data_pb2.BindingState:
     try:
         return _STATES[name]
     except KeyError:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from system.common.v1 import common_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument
+from storage_service.db import table_of
 from storage_service.dialect import ID, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.journal_records import (
@@ -57,7 +58,7 @@ MAX_PAGE_SIZE = 500
 
 
 # CreateTask runs for every event: its statements are rendered once (see fastsql).
-_TASKS = TaskRow.__table__
+_TASKS = table_of(TaskRow)
 _TASK_COLUMN_NAMES = [
     "seq",
     "task_id",
@@ -72,7 +73,7 @@ _TASK_COLUMN_NAMES = [
     "created_at",
     "updated_at",
 ]
-_TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]  # type: ignore[attr-defined]
+_TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]
 
 
 def _task_row(values: Sequence[object]) -> TaskRow:
@@ -83,8 +84,8 @@ def _task_row(values: Sequence[object]) -> TaskRow:
 
 _TASK_BY_EVENT = FastStatement(
     select(*_TASK_COLUMNS).where(
-        _TASKS.c.player_id == bindparam("player_id", type_=String),  # type: ignore[attr-defined]
-        _TASKS.c.event_key == bindparam("event_key", type_=String),  # type: ignore[attr-defined]
+        _TASKS.c.player_id == bindparam("player_id", type_=String),
+        _TASKS.c.event_key == bindparam("event_key", type_=String),
     )
 )
 _TASK_INSERT = FastStatement(insert(_TASKS), column_keys=_TASK_COLUMN_NAMES[1:])
@@ -165,18 +166,18 @@ def create_task(
 
 _TASK_FOR_UPDATE = FastStatement(
     select(*_TASK_COLUMNS)
-    .where(_TASKS.c.task_id == bindparam("task_id", type_=String))  # type: ignore[attr-defined]
+    .where(_TASKS.c.task_id == bindparam("task_id", type_=String))
     .with_for_update()
 )
 # Every finished event task moves once: one UPDATE on the driver's cursor, no ORM flush.
 _TASK_MOVE = FastStatement(
     update(_TASKS)
-    .where(_TASKS.c.seq == bindparam("p_seq", type_=ID))  # type: ignore[attr-defined]
+    .where(_TASKS.c.seq == bindparam("p_seq", type_=ID))
     .values(
         state=bindparam("p_state", type_=String),
         result=bindparam("p_result", type_=LargeBinary),
         size_bytes=bindparam("p_size", type_=Integer),
-        updated_at=bindparam("p_now", type_=_TASKS.c.updated_at.type),  # type: ignore[attr-defined]
+        updated_at=bindparam("p_now", type_=_TASKS.c.updated_at.type),
     )
 )
 

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from system.storage.v1 import player_data_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from storage_service.db import PreferenceRow, upsert_ignore
+from storage_service.db import PreferenceRow, rowcount, upsert_ignore
 from storage_service.dialect import insert_for
 from storage_service.usage_records import (
     _HOLDS,
@@ -156,7 +156,7 @@ class UsageLedger:
                     closed=False,
                 )
             )
-            if inserted.rowcount != 1:  # a repeated request: answer what it holds now
+            if rowcount(inserted) != 1:  # a repeated request: answer what it holds now
                 row = session.execute(
                     select(_HOLDS).where(_HOLDS.c.reservation_id == reservation_id)
                 ).one()

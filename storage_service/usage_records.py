@@ -12,12 +12,12 @@ import dataclasses
 import datetime as dt
 import re
 
-from sqlalchemy import BigInteger, Boolean, Date, DateTime, Index, String, Table, false
+from sqlalchemy import BigInteger, Boolean, Date, DateTime, Index, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 from system.storage.v1 import player_data_pb2
 
 from services.runtime.errors import InvalidArgument
-from storage_service.db import Base
+from storage_service.db import Base, table_of
 from storage_service.player_data import KEEP_ON_RESET, MAX_USAGE_INCREMENT, UsageRow
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
@@ -97,9 +97,9 @@ class ReservationRow(Base):
     """Settled for good or expired: holds nothing."""
 
 
-_TOTALS: Table = UsageTotalRow.__table__  # type: ignore[assignment]
-_HOLDS: Table = ReservationRow.__table__  # type: ignore[assignment]
-_PLAYERS: Table = UsageRow.__table__  # type: ignore[assignment]
+_TOTALS = table_of(UsageTotalRow)
+_HOLDS = table_of(ReservationRow)
+_PLAYERS = table_of(UsageRow)
 
 
 @dataclasses.dataclass(frozen=True)
