@@ -206,9 +206,9 @@ def _guards(normalized: str) -> set[tuple[ButtonReason, str]]:
     words = re.findall(r"[a-z0-9]+(?:'[a-z]+)*", normalized)
     for word in words:
         bare = word.replace("'", "")
-        for reason, terms in _GUARDS_WORD.items():
-            if bare in terms or word.endswith("n't"):
-                found.add((reason if bare in terms else ButtonReason.NEGATION, bare))
+        for reason, word_terms in _GUARDS_WORD.items():
+            if bare in word_terms or word.endswith("n't"):
+                found.add((reason if bare in word_terms else ButtonReason.NEGATION, bare))
     if words and words[0] in _QUESTION_OPENERS:
         found.add((ButtonReason.QUESTION, words[0]))
     if normalized.rstrip().endswith("?"):

@@ -138,7 +138,7 @@ class CatalogCache:
 
     def __init__(
         self,
-        engine: engine_pb2_grpc.EngineServiceStub | None,
+        engine: engine_pb2_grpc.EngineServiceAsyncStub | None,
         refresh_seconds: float,
         semantic_config: SemanticConfig,
         static: Catalog | None = None,

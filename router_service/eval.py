@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -50,7 +51,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from router_service.semantic import SemanticRouter
 
 __all__ = [
     "Case",
@@ -100,11 +104,22 @@ class Case:
 class Decision(Protocol):
     """What the eval reads from a decision (`router_service.semantic.LocalDecision`)."""
 
-    outcome: str
-    module_id: str | None
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def module_id(self) -> str | None: ...
 
 
 Decide = Callable[[str, str], Decision]
+
+
+def _language_tally(lang: str) -> Callable[[EvalReport], Tally | None]:
+    return lambda r: r.by_language.get(lang)
+
+
+def _category_tally(cat: str) -> Callable[[EvalReport], Tally | None]:
+    return lambda r: r.by_category.get(cat)
 
 
 def iter_cases(
@@ -437,13 +452,8 @@ def format_compare(reports: dict[str, EvalReport]) -> str:
     names = list(reports)
     first = reports[names[0]]
     groups: list[tuple[str, Callable[[EvalReport], Tally | None]]] = [("all", lambda r: r.overall)]
-    groups += [
-        (f"lang {lang}", lambda r, lang=lang: r.by_language.get(lang))
-        for lang in sorted(first.by_language)
-    ]
-    groups += [
-        (f"  {cat}", lambda r, cat=cat: r.by_category.get(cat)) for cat in sorted(first.by_category)
-    ]
+    groups += [(f"lang {lang}", _language_tally(lang)) for lang in sorted(first.by_language)]
+    groups += [(f"  {cat}", _category_tally(cat)) for cat in sorted(first.by_category)]
     header = ["group"]
     for name in names:
         header += [f"{name} cov", "prec", "false-direct", "writes"]
@@ -680,6 +690,10 @@ def _build_router(
     return (lambda text, lang: router.decide(text, lang)), meta, router, config
 
 
+def _decide_with(router: SemanticRouter, text: str, lang: str) -> Decision:
+    return router.decide(text, lang)
+
+
 def _build_routers(
     profiles_path: str, config_path: str | None
 ) -> tuple[dict[str, Decide], str, dict[str, Any]]:
@@ -707,7 +721,7 @@ def _build_routers(
         started = time.perf_counter()
         router = SemanticRouter(profiles, variant, analyzer=analyzer)
         meta[f"build_seconds_{mode}"] = round(time.perf_counter() - started, 4)
-        decides[mode] = lambda text, lang, router=router: router.decide(text, lang)
+        decides[mode] = functools.partial(_decide_with, router)
     return decides, config.scorer.mode, meta
 
 

@@ -116,7 +116,7 @@ def with_text_argument(
 class ModelRouter:
     """Asks the model gateway which module a text means."""
 
-    def __init__(self, stub: model_pb2_grpc.ModelGatewayServiceStub) -> None:
+    def __init__(self, stub: model_pb2_grpc.ModelGatewayServiceAsyncStub) -> None:
         self._stub = stub
 
     async def choose(

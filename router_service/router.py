@@ -35,7 +35,7 @@ log = logging.getLogger("system.router")
 ADMIN_LEVEL = 3
 """Permission level needed for diagnostics and reloads."""
 
-_CLEAR_REASONS = {
+_CLEAR_REASONS: dict[int, ClearReason] = {
     router_pb2.CLEAR_REASON_MEMORY_CLEARED: ClearReason.MEMORY_CLEARED,
     router_pb2.CLEAR_REASON_PREFERENCES_CHANGED: ClearReason.PREFERENCES_CHANGED,
     router_pb2.CLEAR_REASON_REVOKED: ClearReason.REVOKED,
@@ -110,7 +110,7 @@ class Router:
         # The modules a player may use depend only on the catalogue, their permission level
         # and their server's features: worked out once per such combination, not per call.
         self._allowed_catalog: Catalog | None = None
-        self._allowed_sets: dict[tuple[int, tuple[str, ...]], frozenset[str]] = {}
+        self._allowed_sets: dict[tuple[int, tuple[str, ...], tuple[str, ...]], frozenset[str]] = {}
 
     @property
     def config(self) -> SemanticConfig:

@@ -80,7 +80,8 @@ class _LanguageModel:
                 scaled = np.hstack((-scaled, scaled))
             scaled -= scaled.max(axis=1, keepdims=True)
             exp = np.exp(scaled)
-            return np.clip((exp / exp.sum(axis=1, keepdims=True)).mean(axis=0), 0.0, 1.0)
+            scores: np.ndarray = np.clip((exp / exp.sum(axis=1, keepdims=True)).mean(axis=0), 0, 1)
+            return scores
         calibrated = 1.0 / (1.0 + np.exp(self.slopes * logits + self.offsets))
         if k == 2:  # one logit per fold: the probability of classes[1]
             positive = calibrated
@@ -91,7 +92,8 @@ class _LanguageModel:
             per_fold = np.divide(
                 per_fold, sums, out=np.full_like(per_fold, 1.0 / k), where=sums != 0
             )
-        return np.clip(per_fold.mean(axis=0), 0.0, 1.0)
+        averaged: np.ndarray = np.clip(per_fold.mean(axis=0), 0.0, 1.0)
+        return averaged
 
 
 class ModuleScorer:

@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -189,7 +190,7 @@ class SemanticIndex:
         """The features of `text`."""
         return self.analyzer.analyze(text)
 
-    def training_set(self, lang: str) -> tuple[object, tuple[str, ...]] | None:
+    def training_set(self, lang: str) -> tuple[Any, tuple[str, ...]] | None:
         """The examples of `lang` as the index vectorised them (a CSR matrix, one l2-normalised
         tf-idf row per example) and each row's module id; None without an index for `lang`."""
         index = self._languages.get(lang)

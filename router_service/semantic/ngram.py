@@ -248,7 +248,8 @@ class LanguageModel:
             return None
         # Broadcast and sum rather than a BLAS product: one small product a call, and BLAS's
         # thread pool costs milliseconds at the tail for it.
-        return (self.weights[columns] * np.asarray(values)[:, None]).sum(axis=0)
+        scores: np.ndarray = (self.weights[columns] * np.asarray(values)[:, None]).sum(axis=0)
+        return scores
 
 
 @dataclasses.dataclass(frozen=True)

@@ -194,7 +194,11 @@ class SemanticRouter:
         )
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
         trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
-        self._scorer = ModuleScorer.train(self._index) if trains == "probability" else None
+        self._scorer = (
+            ModuleScorer.train(self._index)
+            if trains == "probability" and self._index is not None
+            else None
+        )
         self._ngram = (
             NgramScorer.train(
                 profiles,
