@@ -122,7 +122,8 @@ class AdvancementRule:
 
     def data(self) -> dict[str, Any]:
         """A fresh copy of the input, for a task to store."""
-        return json.loads(json.dumps(self.input, default=dict))
+        copy: dict[str, Any] = json.loads(json.dumps(self.input, default=dict))
+        return copy
 
 
 @dataclasses.dataclass(frozen=True)

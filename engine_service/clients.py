@@ -28,7 +28,7 @@ class JournalStream(StreamedCalls):
     call each (services.runtime.multiplex, decision 0008); unary calls on `journal`'s stub
     against a storage service without the stream."""
 
-    def __init__(self, journal: Dependency[journal_pb2_grpc.JournalServiceStub]) -> None:
+    def __init__(self, journal: Dependency[journal_pb2_grpc.JournalServiceAsyncStub]) -> None:
         super().__init__(
             journal,
             journal_pb2_grpc.JournalServiceStub,

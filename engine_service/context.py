@@ -390,7 +390,8 @@ class ExecutionContext:
                 f"{spec.tool_id} answered with output that breaks its schema: "
                 f"{found.text('the output')} (see docs/game-tools.md)",
             )
-        return normalise(spec.output_schema, output)
+        normalised: dict[str, Any] = normalise(spec.output_schema, output)
+        return normalised
 
     def charge_model_call(self) -> None:
         """Counts one model call against the budget (and as a step), after the same permission,

@@ -11,7 +11,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2
@@ -106,7 +106,7 @@ class BoundedExecutor:
             try:
                 await self._slots.acquire()
             finally:
-                self._queued.discard(task)  # type: ignore[arg-type]
+                self._queued.discard(task)
             try:
                 return await job()
             finally:
@@ -295,8 +295,8 @@ class Engine:
         run: Run,
         player: common_pb2.PlayerContext,
         spec: ModuleSpec,
-        body: Callable[[dict, ExecutionContext], Awaitable[common_pb2.AgentResult]],
-        data: dict,
+        body: Callable[[dict[str, Any], ExecutionContext], Awaitable[common_pb2.AgentResult]],
+        data: dict[str, Any],
         request_text: str,
         action: common_pb2.ModuleAction,
         source: int,
@@ -331,7 +331,7 @@ class Engine:
                     self.interactive.run(lambda: body(data, context), admission), timeout
                 )
             )
-            result = await run.job
+            result: common_pb2.AgentResult = await run.job
         except ModuleFailure as failure:
             result = _failure(context, failure.failure, failure.message)
         except TimeoutError:
@@ -378,7 +378,7 @@ class Engine:
         self,
         player: common_pb2.PlayerContext,
         module_id: str,
-        raw: dict,
+        raw: dict[str, Any],
         steps: TaskSteps,
     ) -> common_pb2.AgentResult | None:
         """Runs one event task's module (the same checks and budgets as `execute`, source

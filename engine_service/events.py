@@ -73,7 +73,7 @@ class EarlierIncarnations(Protocol):
     async def release_earlier(self) -> int: ...
 
 
-_TERMINAL = {
+_TERMINAL: dict[int, journal_pb2.TaskState] = {
     common_pb2.RESULT_STATUS_SUCCEEDED: journal_pb2.TASK_STATE_SUCCEEDED,
     common_pb2.RESULT_STATUS_PARTIALLY_SUCCEEDED: journal_pb2.TASK_STATE_PARTIALLY_SUCCEEDED,
 }

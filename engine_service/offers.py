@@ -255,7 +255,8 @@ def _unavailable(exc: grpc.aio.AioRpcError, what: str) -> ModuleFailure:
 
 
 def _decode(document: journal_pb2.Document) -> dict[str, Any]:
-    return json.loads(document.data.decode("utf-8"))
+    decoded: dict[str, Any] = json.loads(document.data.decode("utf-8"))
+    return decoded
 
 
 def _encode(data: dict[str, Any]) -> bytes:
@@ -357,7 +358,12 @@ class OfferTools:
         key = self._key(ctx, book, OFFER_TYPE)
         current = await self._get(ctx, key)
         offer = _decode(current) if current is not None else None
-        if offer is None or offer["offer_id"] != offer_id or current.version != version:
+        if (
+            current is None
+            or offer is None
+            or offer["offer_id"] != offer_id
+            or current.version != version
+        ):
             # Taken before (a second press, a retry), or replaced by a newer offer.
             ordered = await self._order(ctx, book, offer_id)
             if ordered is not None:

@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from typing import Any, Protocol
 
@@ -160,7 +160,7 @@ class ModuleSpec:
     """Description per language code (`zh`, `en`) for help and the model."""
     input_schema: dict[str, Any]
     commands: tuple[CommandSpec, ...] = ()
-    routing_mode: int = catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY
+    routing_mode: catalog_pb2.RoutingMode = catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY
     owner_feature: str = CORE_FEATURE
     min_permission_level: int = 0
     interactive: bool = True
@@ -358,7 +358,7 @@ class ModuleRegistry:
         """Modules handling `event_type`, in registration order."""
         return [self._modules[m] for m in self._handlers.get(event_type, ())]
 
-    def reject(self, profile_id: str, examples: dict[str, tuple[str, ...]]) -> None:
+    def reject(self, profile_id: str, examples: Mapping[str, tuple[str, ...]]) -> None:
         """Registers a reject profile: examples that take part in routing margins and fallbacks
         but never execute (say, small talk that looks like a command).
 

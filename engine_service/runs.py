@@ -200,8 +200,8 @@ class PlayerRuns:
         if known is None:
             # This replica has not run the player lately: another one may be running them
             # now, so nothing starts before the lease is held.
-            taken = await self._acquire(name)
-            return await self._held(run, name, taken.token, body(None))
+            acquired = await self._acquire(name)
+            return await self._held(run, name, acquired.token, body(None))
         lease: Lease = asyncio.get_running_loop().create_future()
         early = asyncio.ensure_future(body(lease))
         try:

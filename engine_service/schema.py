@@ -116,19 +116,21 @@ def _non_finite(value: Any, path: tuple[Any, ...] = ()) -> tuple[Any, ...] | Non
 def _describe(error: ValidationError) -> tuple[tuple[Any, ...], str]:
     """Where an error is (the missing key included for `required`) and what was expected."""
     path = tuple(error.absolute_path)
-    kind, rule, instance = error.validator, error.validator_value, error.instance
+    kind, instance = error.validator, error.instance
+    # What the failed keyword holds, and the (sub)schema holding it: JSON of whatever shape
+    # the keyword takes (the stubs add an "unset" marker that a raised error never carries).
+    rule: Any = error.validator_value
+    schema: Any = error.schema
     if kind == "required" and isinstance(instance, dict):
         missing = next((key for key in rule if key not in instance), "")
         return (*path, missing), "is required"
     if kind == "additionalProperties" and isinstance(instance, dict):
-        known = sorted(error.schema.get("properties", {}))
+        known = sorted(schema.get("properties", {}))
         extra = sorted(
             key
             for key in instance
             if key not in known
-            and not any(
-                re.search(pattern, key) for pattern in error.schema.get("patternProperties", {})
-            )
+            and not any(re.search(pattern, key) for pattern in schema.get("patternProperties", {}))
         )
         return path, (
             f"has unknown field(s) {', '.join(extra)}; known fields are "
@@ -207,4 +209,5 @@ def check_input(owner: str, schema: dict[str, Any], value: dict[str, Any]) -> di
                 f"{owner}: unknown input field(s) {found.expected.removeprefix('has unknown field(s) ')}"
             )
         raise InvalidArgument(f"{owner}: input field '{found.path or '.'}' {found.expected}")
-    return normalise(schema, value)
+    normalised: dict[str, Any] = normalise(schema, value)
+    return normalised

@@ -172,7 +172,9 @@ class TaskSteps:
             if isinstance(result, BaseException):
                 raise result
 
-    async def finish(self, state: int, result: common_pb2.AgentResult | None) -> None:
+    async def finish(
+        self, state: journal_pb2.TaskState, result: common_pb2.AgentResult | None
+    ) -> None:
         """Stores every result and moves the task to `state` (the last result and the move
         in one transaction).
 

@@ -214,7 +214,10 @@ class TaskStore:
         )
 
     async def finish(
-        self, claim: Claim, state: int, result: common_pb2.AgentResult | None = None
+        self,
+        claim: Claim,
+        state: journal_pb2.TaskState,
+        result: common_pb2.AgentResult | None = None,
     ) -> None:
         """Moves the claimed (RUNNING) task to `state` under its fence.
 
@@ -240,7 +243,7 @@ class TaskStore:
         self,
         claim: Claim,
         step: tuple[str, str, bytes, str],
-        state: int,
+        state: journal_pb2.TaskState,
         result: common_pb2.AgentResult | None,
     ) -> None:
         """Stores the last step's result and moves the task to `state` in one transaction

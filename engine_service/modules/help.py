@@ -7,7 +7,7 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.modules.text import pick
-from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec, SemanticSpec
+from engine_service.registry import CommandSpec, Module, ModuleContext, ModuleSpec, SemanticSpec
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 
 __all__ = ["HelpModule"]
@@ -115,7 +115,7 @@ class HelpModule:
                 )
         return succeeded(card("system:help", pick(_TITLE, language), lines, buttons))
 
-    def _explain(self, topic: str, modules: list, language: str) -> common_pb2.AgentResult:
+    def _explain(self, topic: str, modules: list[Module], language: str) -> common_pb2.AgentResult:
         key = topic.casefold()
         for module in modules:
             aliases = [a for c in module.spec.commands for a in c.aliases]

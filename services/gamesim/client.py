@@ -224,7 +224,9 @@ class GameServerClient:
             ),
         )
 
-    async def control(self, player_id: str, action: int) -> gateway_pb2.PlayerResponse:
+    async def control(
+        self, player_id: str, action: gateway_pb2.ControlAction
+    ) -> gateway_pb2.PlayerResponse:
         return await self.request(player_id, control=gateway_pb2.Control(action=action))
 
     async def _read(self) -> None:

@@ -208,7 +208,8 @@ class World:
         key = json.dumps([player_id, tool, call_id])
         if key in self._answers:
             self._answers.move_to_end(key)
-            return json.loads(json.dumps(self._answers[key]))
+            answer: dict[str, Any] = json.loads(json.dumps(self._answers[key]))
+            return answer
         output = self.call(player_id, tool, data)
         self._answers[key] = json.loads(json.dumps(output))
         while len(self._answers) > CALL_ID_MEMORY:
@@ -250,7 +251,7 @@ class World:
             raise ValueError("signin.claim needs a reward id of 1 to 64 characters")
         if not isinstance(stacks, list) or not 1 <= len(stacks) <= 8:
             raise ValueError("signin.claim needs 1 to 8 item stacks")
-        given = []
+        given: list[dict[str, Any]] = []
         for stack in stacks:
             item = stack.get("item") if isinstance(stack, dict) else None
             count = stack.get("count") if isinstance(stack, dict) else None

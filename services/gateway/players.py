@@ -9,7 +9,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -206,7 +206,7 @@ class PlayerRequests:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def forget(self, player: common_pb2.PlayerContext, reason: int) -> None:
+    def forget(self, player: common_pb2.PlayerContext, reason: router_pb2.ClearReason) -> None:
         """Tells the router to drop the player's intent-cache scope."""
         self._in_background(
             self.router.stub.ClearPlayerScope(
@@ -371,7 +371,7 @@ class PlayerRequests:
         self,
         player: common_pb2.PlayerContext,
         action: common_pb2.ModuleAction,
-        source: int,
+        source: engine_pb2.RouteSource,
         text: str,
     ) -> common_pb2.AgentResult:
         response = await self.engine.stub.Execute(
@@ -382,7 +382,7 @@ class PlayerRequests:
         return response.result
 
     def _selection(
-        self, player: common_pb2.PlayerContext, candidates: list[common_pb2.ModuleAction]
+        self, player: common_pb2.PlayerContext, candidates: Sequence[common_pb2.ModuleAction]
     ) -> common_pb2.AgentResult:
         """A selection card: one button per read-only candidate. Nothing runs until pressed."""
         buttons = [

@@ -7,6 +7,8 @@ import contextlib
 import hmac
 import logging
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -116,7 +118,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             )
         return checked
 
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> str:
+    def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         metadata = dict(context.invocation_metadata() or ())
         header = str(metadata.get("authorization", ""))
         scheme, _, token = header.partition(" ")
@@ -132,7 +134,13 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             raise Unauthenticated("the token is not valid for any game server")
         return server_id
 
-    async def Connect(self, request_iterator, context):  # type: ignore[no-untyped-def]
+    # Reads and writes the stream through `context` (grpc.aio), which the generated base's
+    # iterator-returning signature does not describe.
+    async def Connect(  # type: ignore[override]
+        self,
+        request_iterator: AsyncIterator[gateway_pb2.ConnectRequest],
+        context: grpc.aio.ServicerContext[gateway_pb2.ConnectRequest, gateway_pb2.ConnectResponse],
+    ) -> None:
         server_id = self._authenticate(context)
         timeout = self._config.hello_timeout_seconds
         try:
@@ -144,7 +152,8 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             ) from None
         except DecodeError:
             raise InvalidArgument(_UNDECODABLE + "; the first frame must be a hello") from None
-        if first is grpc.aio.EOF:
+        # read() gives EOF when the client closed the stream; the stub leaves EOF out.
+        if first is grpc.aio.EOF:  # type: ignore[comparison-overlap]
             return
         if first.WhichOneof("frame") != "hello":
             raise InvalidArgument("the first frame of a connection must be a hello")
@@ -217,7 +226,9 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             code, message = connection.ended
             raise _ENDED[code](message)
 
-    async def _read(self, connection: Connection, context: grpc.aio.ServicerContext) -> None:
+    async def _read(
+        self, connection: Connection, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
         """Handles frames until the game server half-closes (then answers what is in
         progress first) or the gateway ends the connection."""
         while not connection.closed:
@@ -234,7 +245,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             self._dispatch(connection, frame)
 
     @staticmethod
-    async def _write(connection: Connection, context: grpc.aio.ServicerContext) -> None:
+    async def _write(connection: Connection, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         while True:
             frame = await connection.next_frame()
             if frame is None:

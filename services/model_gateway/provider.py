@@ -253,7 +253,7 @@ class ChatProvider:
         return deadline - time.monotonic() - wait > MIN_CALL_SECONDS
 
     def _backoff(self, failure: AttemptFailed, attempt: int, deadline: float) -> float:
-        wait = self._config.retry_backoff_seconds * 2 ** (attempt - 1)
+        wait: float = self._config.retry_backoff_seconds * 2 ** (attempt - 1)
         if failure.retry_after is not None:
             wait = max(wait, failure.retry_after)
         return max(0.0, min(wait, deadline - time.monotonic()))

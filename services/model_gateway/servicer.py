@@ -3,6 +3,9 @@ errors raised there become status codes in the shared server interceptor."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from system.model.v1 import model_pb2, model_pb2_grpc
 
 from services.model_gateway.chat import ChatMessage, ChatRequest, ToolCall, ToolChoice, ToolSpec
@@ -12,39 +15,39 @@ from services.runtime.errors import InvalidArgument
 
 __all__ = ["ModelGatewayServicer"]
 
-_ROLES = {
+_ROLES: dict[int, str] = {
     model_pb2.MESSAGE_ROLE_SYSTEM: "system",
     model_pb2.MESSAGE_ROLE_USER: "user",
     model_pb2.MESSAGE_ROLE_ASSISTANT: "assistant",
     model_pb2.MESSAGE_ROLE_TOOL: "tool",
 }
-_TOOL_MODES = {
+_TOOL_MODES: dict[int, str] = {
     model_pb2.TOOL_CHOICE_MODE_UNSPECIFIED: "",
     model_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
     model_pb2.TOOL_CHOICE_MODE_NONE: "none",
     model_pb2.TOOL_CHOICE_MODE_REQUIRED: "required",
     model_pb2.TOOL_CHOICE_MODE_TOOL: "tool",
 }
-_FORMATS = {
+_FORMATS: dict[int, str] = {
     model_pb2.RESPONSE_FORMAT_UNSPECIFIED: "",
     model_pb2.RESPONSE_FORMAT_TEXT: "text",
     model_pb2.RESPONSE_FORMAT_JSON_OBJECT: "json_object",
 }
 
 
-def _name(enum: object, value: int, known: dict[int, str]) -> str:
+def _name(enum: EnumTypeWrapper, value: int, known: dict[int, str]) -> str:
     # Unknown values pass through under their enum name (or number) so validation names what
     # the caller actually sent.
     if value in known:
         return known[value]
     try:
-        return enum.Name(value)  # type: ignore[attr-defined, no-any-return]
+        return enum.Name(value)
     except ValueError:
         return str(value)
 
 
-def _calls(calls: object) -> tuple[ToolCall, ...]:
-    return tuple(ToolCall(c.id, c.name, c.arguments_json) for c in calls)  # type: ignore[attr-defined]
+def _calls(calls: Iterable[model_pb2.ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(c.id, c.name, c.arguments_json) for c in calls)
 
 
 def chat_request(request: model_pb2.CompleteRequest) -> ChatRequest:

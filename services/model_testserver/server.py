@@ -446,7 +446,7 @@ class FakeOpenAIServer:
     @staticmethod
     def _read_body(handler: _Handler) -> bytes:
         if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:

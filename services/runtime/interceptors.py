@@ -69,7 +69,7 @@ class Method:
 class _Call:
     """Bookkeeping for one server call: context variables, error mapping, log and metrics."""
 
-    def __init__(self, method: Method, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, method: Method, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         self.info = method
         self.method = method.method
         self.context = context
@@ -186,13 +186,17 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._guard = guard
         # method -> (the handler found for it, its wrapped version): grpc asks the
         # interceptor on every call, and the handlers of a server do not change.
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[
+            str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]
+        ] = {}
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method.startswith(_QUIET_PREFIXES):
@@ -204,7 +208,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: Method) -> grpc.RpcMethodHandler:
+    def _wrap(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: Method
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         guard = self._guard
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
@@ -224,6 +230,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        # A handler has exactly one of the four behaviours set.
+        assert handler.stream_unary is not None
         return grpc.stream_unary_rpc_method_handler(
             self._unary(handler.stream_unary, method, guard),
             request_deserializer=handler.request_deserializer,
@@ -237,7 +245,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         """Wraps a handler that is a coroutine (unary responses, or streams written with
         context.write)."""
 
-        async def wrapper(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wrapper(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             # What _guard does, written out: this runs for every call, and an async context
             # manager costs an async generator and two more awaits per call.
             call = _Call(method, context)
@@ -258,7 +266,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if not inspect.isasyncgenfunction(behavior):
             return cls._unary(behavior, method, guard)
 
-        async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def generator(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
             async with _guard(method, context, guard):
                 async for response in behavior(request, context):
                     yield response
@@ -268,7 +278,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
 @contextlib.asynccontextmanager
 async def _guard(
-    method: Method, context: grpc.aio.ServicerContext, guard: CallGuard | None
+    method: Method, context: grpc.aio.ServicerContext[Any, Any], guard: CallGuard | None
 ) -> AsyncIterator[None]:
     """Runs one call's body inside its request scope, mapping errors and recording the end."""
     call = _Call(method, context)
@@ -299,7 +309,8 @@ class ContextClientInterceptor(
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *self.metadata)
         request_id = request_context.current_request_id()
-        if request_id and request_context.REQUEST_ID_KEY not in metadata:
+        # Metadata is a collection of (key, value) pairs whose `in` tests a key.
+        if request_id and request_context.REQUEST_ID_KEY not in metadata:  # type: ignore[comparison-overlap]
             metadata.add(request_context.REQUEST_ID_KEY, request_id)
         timeout = request_context.remaining_seconds(details.timeout or self.default_timeout)
         return grpc.aio.ClientCallDetails(

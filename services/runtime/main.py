@@ -60,7 +60,7 @@ def _loop_runner(event_loop: str) -> Callable[[Coroutine[Any, Any, None]], None]
     if event_loop == "uvloop":
         import uvloop  # optional; config validation checked it is installed
 
-        return uvloop.run  # type: ignore[no-any-return]
+        return uvloop.run
     return asyncio.run
 
 

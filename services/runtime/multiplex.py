@@ -139,7 +139,9 @@ class MultiplexServer:
         return error, error.ByteSize()
 
     async def serve(
-        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext | None = None
+        self,
+        requests: AsyncIterator[Any],
+        context: grpc.aio.ServicerContext[Any, Any] | None = None,
     ) -> AsyncIterator[Any]:
         """The answers to the calls read from `requests`, as they finish. Ends once the client
         closed its side and every call answered.
@@ -500,6 +502,7 @@ def _walk(data: bytes) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value: an int, or bytes for length-delimited) of each field
     at the top level of a message. Raises DecodeError on corrupt framing."""
     at = 0
+    value: int | bytes
     while at < len(data):
         key, at = _varint(data, at)
         number, wire = key >> 3, key & 7

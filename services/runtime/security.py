@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -193,7 +194,9 @@ class ServerTls:
         """Server credentials for `add_secure_port`."""
         return grpc.dynamic_ssl_server_credentials(
             self._configuration(),
-            self._fetch,
+            # grpc calls this on each handshake and keeps the current certificate when it
+            # returns None; the stub's callback type leaves None out.
+            self._fetch,  # type: ignore[arg-type]
             require_client_authentication=bool(self.client_ca_file),
         )
 
@@ -214,7 +217,7 @@ class CallerBook:
         self.mutual_tls = mutual_tls
         self.open_locally = open_locally and not tokens and not mutual_tls
 
-    def caller(self, authorization: str, context: grpc.aio.ServicerContext) -> str:
+    def caller(self, authorization: str, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         """The caller's name. Raises Unauthenticated with a message saying what to send."""
         if self.open_locally:
             return LOCAL_CALLER
@@ -301,7 +304,9 @@ class CallGuard:
         self.book = book
         self.policy = policy
 
-    def admit(self, authorization: str, context: grpc.aio.ServicerContext, method: str) -> str:
+    def admit(
+        self, authorization: str, context: grpc.aio.ServicerContext[Any, Any], method: str
+    ) -> str:
         """The caller's name, when they may call `method`; raises Unauthenticated or
         PermissionDenied otherwise."""
         caller = self.book.caller(authorization, context)

@@ -233,7 +233,8 @@ class Stack:
         with grpc.insecure_channel(target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             try:
-                response = stub.Check(
+                # types-grpcio-health-checking declares HealthStub without its methods.
+                response: health_pb2.HealthCheckResponse = stub.Check(  # type: ignore[attr-defined]
                     health_pb2.HealthCheckRequest(service=proc.spec.health_name), timeout=timeout
                 )
             except grpc.RpcError:

@@ -67,7 +67,8 @@ async def resolve_public(host: str, port: int, *, allow_loopback: bool) -> IPAdd
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise Unavailable(f"cannot resolve {host}: {exc.strerror}") from None
-    addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    # An AF_INET or AF_INET6 address is a string (a scope id after "%" for link-local).
+    addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
     if not addresses:
         raise Unavailable(f"{host} resolves to no address")
     for address in addresses:

@@ -115,8 +115,10 @@ def _hits(payload: Any, max_results: int) -> list[SearchHit]:
         if urllib.parse.urlsplit(url).scheme not in ("http", "https") or url in seen:
             continue
         seen.add(url)
-        title = item.get("title") if isinstance(item.get("title"), str) else ""
-        snippet = item.get("content") if isinstance(item.get("content"), str) else ""
+        title = item.get("title")
+        title = title if isinstance(title, str) else ""
+        snippet = item.get("content")
+        snippet = snippet if isinstance(snippet, str) else ""
         hits.append(
             SearchHit(url, " ".join(title.split())[:MAX_TITLE], snippet.strip()[:MAX_SNIPPET])
         )
