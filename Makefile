@@ -12,7 +12,7 @@ export NO_PROXY := 127.0.0.1,localhost,$(NO_PROXY)
 export no_proxy := 127.0.0.1,localhost,$(no_proxy)
 PYTEST_ARGS ?=
 
-.PHONY: help venv protos check-protos run test test-fast bench lint fmt clean
+.PHONY: help venv protos check-protos run test test-fast bench lint typecheck fmt clean
 
 help:
 	@echo "make run [SAY='帮助']   run the whole stack and chat as a player (SAY: one message, then exit)"
@@ -21,7 +21,7 @@ help:
 	@echo "make bench             run the benchmarks and record results under bench/results/"
 	@echo "make protos            regenerate Python stubs in gen/ from protos/"
 	@echo "make check-protos      fail when gen/ does not match protos/"
-	@echo "make lint / make fmt   check / fix style with ruff"
+	@echo "make lint / make fmt   check style with ruff and types with mypy / fix style with ruff"
 	@echo "make java-client       build clients/java (javac, Debian's jars) and run its example against a stack"
 
 $(INSTALLED): pyproject.toml
@@ -68,9 +68,14 @@ bench: $(GEN_STAMP)
 java-client: $(GEN_STAMP)
 	$(PYTHON) scripts/java_client_check.py
 
-lint: $(INSTALLED)
+lint: $(GEN_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# mypy alone ([tool.mypy] in pyproject.toml: strict on the four service packages).
+typecheck: $(GEN_STAMP)
+	$(BIN)/mypy
 
 fmt: $(INSTALLED)
 	$(BIN)/ruff check --fix .

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,14 +33,26 @@ def generate(out: Path) -> None:
     from grpc_tools import protoc
 
     include = Path(grpc_tools.__file__).parent / "_proto"
+    # mypy-protobuf's plugin writes typed stubs (*_pb2_grpc.pyi) for the gRPC modules, which
+    # grpcio-tools leaves untyped; it is installed beside this interpreter (the dev extra).
+    plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
+    if not plugin.exists():
+        found = shutil.which("protoc-gen-mypy_grpc")
+        if found is None:
+            raise SystemExit(
+                "protoc-gen-mypy_grpc not found; install the dev extra (mypy-protobuf)"
+            )
+        plugin = Path(found)
     out.mkdir(parents=True, exist_ok=True)
     args = [
         "protoc",
         f"-I{PROTOS}",
         f"-I{include}",
+        f"--plugin=protoc-gen-mypy_grpc={plugin}",
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",
+        f"--mypy_grpc_out=quiet:{out}",
         *[str(p.relative_to(PROTOS)) for p in proto_files()],
     ]
     if protoc.main(args) != 0:
@@ -81,8 +94,6 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         generate(Path(tmp))
         if stale_files(GEN, Path(tmp)):
-            import shutil
-
             shutil.rmtree(GEN, ignore_errors=True)
             shutil.copytree(tmp, GEN)
             # copytree copies the temporary directory's 0700 mode onto gen/; give it the usual
