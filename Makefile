@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTHON := $(BIN)/python
 INSTALLED := $(VENV)/.installed
+# Every package `make venv` installs, pinned with hashes (pip-tools; `make lock` regenerates it).
+LOCK := requirements.lock
 PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := gen/.generated
 export TEST_POSTGRES_DSN ?= postgresql://127.0.0.1:5432/test
@@ -12,7 +14,7 @@ export NO_PROXY := 127.0.0.1,localhost,$(NO_PROXY)
 export no_proxy := 127.0.0.1,localhost,$(no_proxy)
 PYTEST_ARGS ?=
 
-.PHONY: help venv protos check-protos run test test-fast bench lint typecheck fmt clean
+.PHONY: help venv lock protos check-protos run test test-fast bench lint typecheck fmt clean
 
 help:
 	@echo "make run [SAY='帮助']   run the whole stack and chat as a player (SAY: one message, then exit)"
@@ -22,17 +24,29 @@ help:
 	@echo "make protos            regenerate Python stubs in gen/ from protos/"
 	@echo "make check-protos      fail when gen/ does not match protos/"
 	@echo "make lint / make fmt   check style with ruff and types with mypy / fix style with ruff"
+	@echo "make lock              re-resolve requirements.lock from pyproject.toml (after editing dependencies)"
 	@echo "make java-client       build clients/java (javac, Debian's jars) and run its example against a stack"
 
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	@# Exactly the locked versions (hash-checked), then the project itself without resolving again.
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
 	@# gen/ holds generated stubs whose imports start at `system.`; put it on the venv's path.
 	$(PYTHON) -c 'import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()["purelib"], "system_protos.pth").write_text("$(CURDIR)/gen\n")'
 	touch $@
 
 venv: $(INSTALLED)
+
+# Resolves pyproject.toml's dependencies and the dev and bench extras again, keeping the versions
+# already locked where they still fit (`make lock UPGRADE=1` takes the newest allowed instead).
+# requirements-runtime.lock: the runtime packages alone at the same versions, for the image.
+PIP_COMPILE = $(BIN)/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
+	--no-emit-index-url --no-emit-find-links
+lock: $(INSTALLED)
+	$(PIP_COMPILE) --extra dev --extra bench $(if $(UPGRADE),--upgrade) --output-file $(LOCK) \
+		pyproject.toml
+	$(PIP_COMPILE) --constraint $(LOCK) --output-file requirements-runtime.lock pyproject.toml
 
 $(GEN_STAMP): $(INSTALLED) $(PROTOS) scripts/gen_protos.py
 	$(PYTHON) scripts/gen_protos.py
