@@ -15,9 +15,9 @@ An order left `placed` (the engine or the storage stopped between placing and se
 picked up again by the next press of the same card: the game server answers a known order id
 with its first outcome, so the effect happens once.
 
-Four server tools, the only door to these documents (they go through the execution context's
-checks like every tool): `system:offer.make`, `system:offer.take`, `system:order.settle`
-(writes) and `system:order.read`.
+Three server tools, the only door to these documents (they go through the execution context's
+checks like every tool, and all three are writes): `system:offer.make`, `system:offer.take` and
+`system:order.settle`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ __all__ = [
     "OFFER_MAKE",
     "OFFER_SECONDS",
     "OFFER_TAKE",
-    "ORDER_READ",
     "ORDER_SETTLE",
     "DocumentStore",
     "OfferTools",
@@ -50,7 +49,6 @@ __all__ = [
 OFFER_MAKE = "system:offer.make"
 OFFER_TAKE = "system:offer.take"
 ORDER_SETTLE = "system:order.settle"
-ORDER_READ = "system:order.read"
 OFFER_SECONDS = 300
 """How long an offer may be taken after it was made, unless configured otherwise
 (EngineConfig.offer_seconds)."""
@@ -160,24 +158,6 @@ ORDER_SETTLE_SPEC = ToolSpec(
     idempotent=True,
     needs_context=True,
 )
-ORDER_READ_SPEC = ToolSpec(
-    tool_id=ORDER_READ,
-    description="Read one of the player's orders by id; found false when there is none.",
-    input_schema={
-        "type": "object",
-        "properties": {"book": _BOOK, "order_id": _OFFER_ID},
-        "required": ["book", "order_id"],
-        "additionalProperties": False,
-    },
-    output_schema={
-        "type": "object",
-        "properties": {"found": {"type": "boolean"}, "order": _ORDER},
-        "required": ["found"],
-    },
-    read_only=True,
-    idempotent=True,
-    needs_context=True,
-)
 
 
 class DocumentStore(Protocol):
@@ -264,7 +244,7 @@ def _encode(data: dict[str, Any]) -> bytes:
 
 
 class OfferTools:
-    """The handlers of the four offer and order tools.
+    """The handlers of the three offer and order tools.
 
     Args:
         store: where offers and orders live; None when the engine has no storage configured
@@ -287,7 +267,6 @@ class OfferTools:
         tools.server(OFFER_MAKE_SPEC, self.make)
         tools.server(OFFER_TAKE_SPEC, self.take)
         tools.server(ORDER_SETTLE_SPEC, self.settle)
-        tools.server(ORDER_READ_SPEC, self.read)
 
     def _ready(self, ctx: ExecutionContext) -> tuple[DocumentStore, float]:
         if self._store is None:
@@ -438,7 +417,3 @@ class OfferTools:
             again = await self._order(ctx, book, order_id)  # settled meanwhile: keep the first
             return {"order": again[0] if again else settled}
         return {"order": settled}
-
-    async def read(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
-        found = await self._order(ctx, payload["book"], payload["order_id"])
-        return {"found": True, "order": found[0]} if found else {"found": False}
