@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import grpc
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.storage.v1 import journal_pb2
 
@@ -36,7 +38,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self._replica = replica
         self._game_tools: engine_pb2.GetGameToolCatalogResponse | None = None
 
-    async def Execute(self, request, context):  # type: ignore[no-untyped-def]
+    async def Execute(
+        self, request: engine_pb2.ExecuteRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> engine_pb2.ExecuteResponse:
         if request.source == engine_pb2.ROUTE_SOURCE_UNSPECIFIED:
             raise InvalidArgument("source is required (how the module was chosen)")
         if request.source not in engine_pb2.RouteSource.values():
@@ -50,19 +54,25 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         )
         return engine_pb2.ExecuteResponse(result=result)
 
-    async def CancelRun(self, request, context):  # type: ignore[no-untyped-def]
+    async def CancelRun(
+        self, request: engine_pb2.CancelRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> engine_pb2.CancelRunResponse:
         if not request.player.player_id:
             raise InvalidArgument("player.player_id is required")
         cancelled = self._engine.cancel(request.player.player_id, request.request_id)
         return engine_pb2.CancelRunResponse(cancelled=cancelled)
 
-    async def SettleHistory(self, request, context):  # type: ignore[no-untyped-def]
+    async def SettleHistory(
+        self, request: engine_pb2.SettleHistoryRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> engine_pb2.SettleHistoryResponse:
         if not request.player.player_id:
             raise InvalidArgument("player.player_id is required")
         settled = await self._engine.settle_history(request.player.player_id)
         return engine_pb2.SettleHistoryResponse(settled=settled)
 
-    async def GetCatalog(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetCatalog(
+        self, request: engine_pb2.GetCatalogRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> engine_pb2.GetCatalogResponse:
         player = request.player if request.HasField("player") else None
         if player is not None and not player.player_id:
             raise InvalidArgument("player.player_id is required when a player is given")
@@ -73,7 +83,11 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             reject_profiles=registry.reject_profiles(),
         )
 
-    async def GetGameToolCatalog(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetGameToolCatalog(
+        self,
+        request: engine_pb2.GetGameToolCatalogRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> engine_pb2.GetGameToolCatalogResponse:
         if self._game_tools is None:  # the registry is frozen: built once
             self._game_tools = engine_pb2.GetGameToolCatalogResponse(
                 generation=self._engine.registry.generation,
@@ -81,7 +95,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             )
         return self._game_tools
 
-    async def SubmitEvent(self, request, context):  # type: ignore[no-untyped-def]
+    async def SubmitEvent(
+        self, request: engine_pb2.SubmitEventRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> engine_pb2.SubmitEventResponse:
         try:
             data = struct_to_dict(request.data)
         except ValueError as exc:
@@ -101,11 +117,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             ]
         )
 
-    async def ResumePlayerTasks(self, request, context):  # type: ignore[no-untyped-def]
+    async def ResumePlayerTasks(
+        self,
+        request: engine_pb2.ResumePlayerTasksRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> engine_pb2.ResumePlayerTasksResponse:
         resumed = await self._maintenance.run(lambda: self._events.resume(request.player))
         return engine_pb2.ResumePlayerTasksResponse(resumed=resumed)
 
-    async def ReloadAdvancements(self, request, context):  # type: ignore[no-untyped-def]
+    async def ReloadAdvancements(
+        self,
+        request: engine_pb2.ReloadAdvancementsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> engine_pb2.ReloadAdvancementsResponse:
         if self._advancements is None:
             raise FailedPrecondition("this engine has no advancement rules to reload")
         try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import grpc
 from system.router.v1 import router_pb2, router_pb2_grpc
 
 from router_service.router import Router
@@ -21,18 +23,28 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._router = router
         self._path = semantic_config_path
 
-    async def Route(self, request, context):  # type: ignore[no-untyped-def]
+    async def Route(
+        self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> router_pb2.RouteResponse:
         return await self._router.route(request)
 
-    async def RecordOutcome(self, request, context):  # type: ignore[no-untyped-def]
+    async def RecordOutcome(
+        self, request: router_pb2.RecordOutcomeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> router_pb2.RecordOutcomeResponse:
         cached, reason = await self._router.record_outcome(request)
         return router_pb2.RecordOutcomeResponse(cached=cached, reason=reason)
 
-    async def ClearPlayerScope(self, request, context):  # type: ignore[no-untyped-def]
+    async def ClearPlayerScope(
+        self,
+        request: router_pb2.ClearPlayerScopeRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> router_pb2.ClearPlayerScopeResponse:
         removed = self._router.clear_player(request.player_id, request.reason, request.server_id)
         return router_pb2.ClearPlayerScopeResponse(removed=removed)
 
-    async def GetDiagnostics(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetDiagnostics(
+        self, request: router_pb2.GetDiagnosticsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> router_pb2.GetDiagnosticsResponse:
         self._router.check_admin(request.player)
         snap = self._router.diagnostics_snapshot()
         last = snap.get("last_match") or {}
@@ -58,7 +70,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             ),
         )
 
-    async def ReloadConfig(self, request, context):  # type: ignore[no-untyped-def]
+    async def ReloadConfig(
+        self, request: router_pb2.ReloadConfigRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> router_pb2.ReloadConfigResponse:
         self._router.check_admin(request.player)
         if not self._path:
             raise FailedPrecondition(

@@ -21,7 +21,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import CursorResult, Result, make_url
+from sqlalchemy.engine import Connection, CursorResult, Result, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.sql.dml import Insert
 
@@ -92,7 +92,7 @@ def upsert_ignore(session: Session, table: type[Base] | Table, **values: Any) ->
     )
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+def _sqlite_pragmas(dbapi_connection: sqlite3.Connection, _record: object) -> None:
     # Let SQLAlchemy's "begin" event issue BEGIN itself (see _sqlite_begin).
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
@@ -158,10 +158,12 @@ class _SerializedConnection(sqlite3.Connection):
             self._release_write_lock()
 
 
-def _sqlite_begin(connection) -> None:  # type: ignore[no-untyped-def]
+def _sqlite_begin(connection: Connection) -> None:
     # IMMEDIATE takes the write lock at the start, so two transactions that read then write
-    # wait for each other instead of failing on the lock upgrade.
-    connection.connection.driver_connection.begin_immediate()
+    # wait for each other instead of failing on the lock upgrade. make_engine connects SQLite
+    # through _SerializedConnection.
+    driver = cast(_SerializedConnection, connection.connection.driver_connection)
+    driver.begin_immediate()
 
 
 # PostgreSQL connections, and threads working on them (see app.py). Sized for throughput on a

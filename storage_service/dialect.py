@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
 
 __all__ = [
     "GREATEST",
@@ -54,7 +55,10 @@ DialectInsert = Callable[[Table], sqlite.Insert | postgresql.Insert]
 INSERT: dict[str, DialectInsert] = {SQLITE: sqlite_insert, POSTGRESQL: postgresql_insert}
 """Each dialect's INSERT, the one with ON CONFLICT."""
 
-GREATEST = {SQLITE: func.max, POSTGRESQL: func.greatest}
+GREATEST: dict[str, Callable[..., ColumnElement[Any]]] = {
+    SQLITE: func.max,
+    POSTGRESQL: func.greatest,
+}
 """The larger of two values: SQLite's two-argument max() is PostgreSQL's greatest()."""
 
 

@@ -158,7 +158,7 @@ class StoredReceipt:
     updated_at: dt.datetime
 
     @classmethod
-    def of(cls, row) -> StoredReceipt:  # type: ignore[no-untyped-def]
+    def of(cls, row: object) -> StoredReceipt:
         return cls(**{column.name: getattr(row, column.name) for column in _RECEIPT_COLUMNS})
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
+import grpc
 from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
@@ -22,7 +23,11 @@ T = TypeVar("T")
 _SERVICE = journal_pb2.DESCRIPTOR.services_by_name["JournalService"].full_name
 
 
-def _fence(request) -> journal_pb2.Fence | None:  # type: ignore[no-untyped-def]
+def _fence(
+    request: journal_pb2.TransitionTaskRequest
+    | journal_pb2.RecordStepRequest
+    | journal_pb2.CompleteStepRequest,
+) -> journal_pb2.Fence | None:
     return request.fence if request.HasField("fence") else None
 
 
@@ -70,7 +75,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
             return await self._committer.run(unit)
         return await run_db(self._store.transaction, unit)
 
-    async def CreateTask(self, request, context):  # type: ignore[no-untyped-def]
+    async def CreateTask(
+        self, request: journal_pb2.CreateTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.CreateTaskResponse:
         task, created, evicted = await run_db(
             self._store.create_task,
             request.player_id,
@@ -81,11 +88,15 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         )
         return journal_pb2.CreateTaskResponse(task=task, created=created, evicted=evicted)
 
-    async def GetTask(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetTask(
+        self, request: journal_pb2.GetTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.GetTaskResponse:
         task = await run_db(self._store.get_task, request.task_id)
         return journal_pb2.GetTaskResponse(task=task)
 
-    async def ListTasks(self, request, context):  # type: ignore[no-untyped-def]
+    async def ListTasks(
+        self, request: journal_pb2.ListTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.ListTasksResponse:
         tasks, token = await run_db(
             self._store.list_tasks,
             request.player_id,
@@ -95,7 +106,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         )
         return journal_pb2.ListTasksResponse(tasks=tasks, next_page_token=token)
 
-    async def ClaimTasks(self, request, context):  # type: ignore[no-untyped-def]
+    async def ClaimTasks(
+        self, request: journal_pb2.ClaimTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.ClaimTasksResponse:
         claims = await run_db(
             self._store.claim_tasks,
             request.owner,
@@ -105,7 +118,11 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         )
         return journal_pb2.ClaimTasksResponse(claims=claims)
 
-    async def TransitionTask(self, request, context):  # type: ignore[no-untyped-def]
+    async def TransitionTask(
+        self,
+        request: journal_pb2.TransitionTaskRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> journal_pb2.TransitionTaskResponse:
         task = await self._write(
             functools.partial(
                 self._store.transition_task_in,
@@ -118,7 +135,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         )
         return journal_pb2.TransitionTaskResponse(task=task)
 
-    async def RecordStep(self, request, context):  # type: ignore[no-untyped-def]
+    async def RecordStep(
+        self, request: journal_pb2.RecordStepRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.RecordStepResponse:
         receipt, created = await self._write(
             functools.partial(
                 self._store.record_step_in,
@@ -132,7 +151,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         )
         return journal_pb2.RecordStepResponse(receipt=receipt, created=created)
 
-    async def CompleteStep(self, request, context):  # type: ignore[no-untyped-def]
+    async def CompleteStep(
+        self, request: journal_pb2.CompleteStepRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.CompleteStepResponse:
         receipt = await self._write(
             functools.partial(
                 self._store.complete_step_in,
@@ -145,35 +166,53 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         )
         return journal_pb2.CompleteStepResponse(receipt=receipt)
 
-    async def GetStep(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetStep(
+        self, request: journal_pb2.GetStepRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.GetStepResponse:
         receipt = await run_db(self._store.get_step, request.step_id, request.tool)
         return journal_pb2.GetStepResponse(receipt=receipt)
 
-    async def AcquireLease(self, request, context):  # type: ignore[no-untyped-def]
+    async def AcquireLease(
+        self, request: journal_pb2.AcquireLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.AcquireLeaseResponse:
         return await self._leases.take_lease(request.name, request.owner, request.ttl_seconds)
 
-    async def RenewLease(self, request, context):  # type: ignore[no-untyped-def]
+    async def RenewLease(
+        self, request: journal_pb2.RenewLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.RenewLeaseResponse:
         lease = await self._leases.renew_lease(
             request.name, request.owner, request.token, request.ttl_seconds
         )
         return journal_pb2.RenewLeaseResponse(lease=lease)
 
-    async def ReleaseLease(self, request, context):  # type: ignore[no-untyped-def]
+    async def ReleaseLease(
+        self, request: journal_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.ReleaseLeaseResponse:
         released = await self._leases.release_lease(request.name, request.owner, request.token)
         return journal_pb2.ReleaseLeaseResponse(released=released)
 
-    async def ReleaseEarlierIncarnations(self, request, context):  # type: ignore[no-untyped-def]
+    async def ReleaseEarlierIncarnations(
+        self,
+        request: journal_pb2.ReleaseEarlierIncarnationsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> journal_pb2.ReleaseEarlierIncarnationsResponse:
         # Once per engine start, not on any hot path: a worker thread on every database.
         released = await run_db(
             self._store.release_earlier_incarnations, request.name, request.incarnation
         )
         return journal_pb2.ReleaseEarlierIncarnationsResponse(released=released)
 
-    async def Commit(self, request, context):  # type: ignore[no-untyped-def]
+    async def Commit(
+        self, request: journal_pb2.CommitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.CommitResponse:
         # Validated here: a malformed batch is refused without waiting for a transaction.
         return await self._write(self._store.commit_unit(request))
 
-    async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
+    async def Multiplex(
+        self,
+        request_iterator: AsyncIterator[journal_pb2.MultiplexRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[journal_pb2.MultiplexResponse]:
         # The calls above, many on one stream (services.runtime.multiplex); each handler
         # ignores its context, so a call on the stream runs exactly as the unary one.
         async for response in self._multiplex.serve(request_iterator, context):

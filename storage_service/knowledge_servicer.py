@@ -6,6 +6,9 @@ server interceptor turns into status codes); this module only translates.
 
 from __future__ import annotations
 
+from typing import Any
+
+import grpc
 from system.storage.v1 import knowledge_pb2, knowledge_pb2_grpc
 
 from storage_service.dbcall import run_db
@@ -35,18 +38,30 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServiceServicer):
     def __init__(self, store: KnowledgeStore) -> None:
         self._store = store
 
-    async def PutKnowledge(self, request, context):  # type: ignore[no-untyped-def]
+    async def PutKnowledge(
+        self,
+        request: knowledge_pb2.PutKnowledgeRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> knowledge_pb2.PutKnowledgeResponse:
         e = request.entry
         entry, created = await run_db(
             self._store.put, e.player_id, e.entry_id, e.title, e.body, e.language, e.source
         )
         return knowledge_pb2.PutKnowledgeResponse(entry=_message(entry), created=created)
 
-    async def DeleteKnowledge(self, request, context):  # type: ignore[no-untyped-def]
+    async def DeleteKnowledge(
+        self,
+        request: knowledge_pb2.DeleteKnowledgeRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> knowledge_pb2.DeleteKnowledgeResponse:
         await run_db(self._store.delete, request.player_id, request.entry_id)
         return knowledge_pb2.DeleteKnowledgeResponse()
 
-    async def SearchKnowledge(self, request, context):  # type: ignore[no-untyped-def]
+    async def SearchKnowledge(
+        self,
+        request: knowledge_pb2.SearchKnowledgeRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> knowledge_pb2.SearchKnowledgeResponse:
         hits = await run_db(
             self._store.search,
             request.player_id,

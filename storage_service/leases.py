@@ -16,7 +16,7 @@ waits and no write lands under a token that has already been replaced.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from sqlalchemy import BigInteger, DateTime, Integer, String, bindparam, func, or_, select, update
@@ -27,7 +27,7 @@ from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import STALE_FENCE, FailedPrecondition, InvalidArgument
 from storage_service.db import Base, table_of
-from storage_service.dialect import GREATEST, INSERT, POSTGRESQL, SQLITE, aware
+from storage_service.dialect import GREATEST, INSERT, POSTGRESQL, SQLITE, DialectInsert, aware
 from storage_service.fastsql import FastResult, FastStatement
 from storage_service.journal_records import MAX_ID, _check_id
 
@@ -85,7 +85,9 @@ def _live(row: LeaseRow | _FencedLease, now: dt.datetime) -> bool:
     return row.owner is not None and row.expires_at is not None and aware(row.expires_at) > now
 
 
-def _acquire_statement(dialect_insert, greatest) -> FastStatement:  # type: ignore[no-untyped-def]
+def _acquire_statement(
+    dialect_insert: DialectInsert, greatest: Callable[..., ColumnElement[Any]]
+) -> FastStatement:
     """One statement that makes the row or takes it over when it is free, expired or already
     the owner's, returning the new token and the one before it (see _previous_token); no row
     comes back when someone else holds it."""

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import String, bindparam, delete, func, literal, or_, select
+from sqlalchemy import Select, String, bindparam, delete, func, literal, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import TypeEngine
@@ -188,7 +188,7 @@ def _make_room_for_tasks(
     return len(doomed)
 
 
-def _ledger_query(player_id: str):  # type: ignore[no-untyped-def]
+def _ledger_query(player_id: str) -> Select[int, Any]:
     return select(
         func.count().label("ledger_count"),
         func.coalesce(func.sum(ReceiptRow.size_bytes), 0).label("ledger_bytes"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -34,7 +35,9 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
 from system.storage.v1 import journal_pb2, player_data_pb2
 
 from services.runtime.errors import Aborted, InvalidArgument, NotFound
@@ -204,7 +207,7 @@ def _conflict(key: journal_pb2.DocumentKey, expected: int, actual: int) -> Abort
     )
 
 
-def _key_clause(key: journal_pb2.DocumentKey):  # type: ignore[no-untyped-def]
+def _key_clause(key: journal_pb2.DocumentKey) -> ColumnElement[bool]:
     return and_(
         _DOCS.c.player_id == key.player_id,
         _DOCS.c.owner_module == key.owner_module,
@@ -356,7 +359,7 @@ def add_usage(session: Session, player_id: str, increment: journal_pb2.UsageIncr
 # -- the store --------------------------------------------------------------------------------
 
 
-def _document(row) -> journal_pb2.Document:  # type: ignore[no-untyped-def]
+def _document(row: Row[*tuple[Any, ...]]) -> journal_pb2.Document:
     document = journal_pb2.Document(
         key=journal_pb2.DocumentKey(
             player_id=row.player_id, owner_module=row.owner_module, storage_type=row.storage_type
@@ -369,7 +372,7 @@ def _document(row) -> journal_pb2.Document:  # type: ignore[no-untyped-def]
     return document
 
 
-def _daily(row) -> player_data_pb2.DailyUsage:  # type: ignore[no-untyped-def]
+def _daily(row: Row[*tuple[Any, ...]]) -> player_data_pb2.DailyUsage:
     return player_data_pb2.DailyUsage(
         day=row.day.isoformat(),
         prompt_tokens=row.prompt_tokens,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import grpc
 from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from storage_service.dbcall import run_db
@@ -19,39 +22,65 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
         self._store = store
         self._ledger = ledger
 
-    async def GetDocument(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetDocument(
+        self,
+        request: player_data_pb2.GetDocumentRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.GetDocumentResponse:
         document = await run_db(self._store.get_document, request.key)
         return player_data_pb2.GetDocumentResponse(document=document)
 
-    async def ListDocuments(self, request, context):  # type: ignore[no-untyped-def]
+    async def ListDocuments(
+        self,
+        request: player_data_pb2.ListDocumentsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.ListDocumentsResponse:
         documents = await run_db(
             self._store.list_documents, request.player_id, request.owner_module
         )
         return player_data_pb2.ListDocumentsResponse(documents=documents)
 
-    async def GetUsage(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetUsage(
+        self, request: player_data_pb2.GetUsageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> player_data_pb2.GetUsageResponse:
         days = await run_db(
             self._store.get_usage, request.player_id, request.from_day, request.to_day
         )
         return player_data_pb2.GetUsageResponse(days=days)
 
-    async def GrantBinding(self, request, context):  # type: ignore[no-untyped-def]
+    async def GrantBinding(
+        self,
+        request: player_data_pb2.GrantBindingRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.GrantBindingResponse:
         state = await run_db(self._store.grant_binding, request.player_id)
         return player_data_pb2.GrantBindingResponse(state=state)
 
-    async def GetBinding(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetBinding(
+        self,
+        request: player_data_pb2.GetBindingRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.GetBindingResponse:
         state, changed_at = await run_db(self._store.get_binding, request.player_id)
         response = player_data_pb2.GetBindingResponse(state=state)
         if changed_at is not None:
             response.changed_at.FromDatetime(changed_at)
         return response
 
-    async def ResetPlayer(self, request, context):  # type: ignore[no-untyped-def]
+    async def ResetPlayer(
+        self,
+        request: player_data_pb2.ResetPlayerRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.ResetPlayerResponse:
         deleted, state = await run_db(self._store.reset_player, request.player_id, request.mode)
         # `deleted` is uint32 on the wire; a count past it is reported as its largest value.
         return player_data_pb2.ResetPlayerResponse(deleted=min(deleted, 2**32 - 1), state=state)
 
-    async def ReserveUsage(self, request, context):  # type: ignore[no-untyped-def]
+    async def ReserveUsage(
+        self,
+        request: player_data_pb2.ReserveUsageRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.ReserveUsageResponse:
         grant = await run_db(
             self._ledger.reserve,
             request.reservation_id,
@@ -67,11 +96,19 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
             day=grant.day.isoformat(), tokens=grant.tokens, web_searches=grant.web_searches
         )
 
-    async def SettleUsage(self, request, context):  # type: ignore[no-untyped-def]
+    async def SettleUsage(
+        self,
+        request: player_data_pb2.SettleUsageRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.SettleUsageResponse:
         [settled] = await run_db(self._ledger.settle_many, [_settle_item(request)])
         return _settled(settled)
 
-    async def SettleUsageBatch(self, request, context):  # type: ignore[no-untyped-def]
+    async def SettleUsageBatch(
+        self,
+        request: player_data_pb2.SettleUsageBatchRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.SettleUsageBatchResponse:
         items = [_settle_item(settle) for settle in request.settles]
         outcomes = await run_db(self._ledger.settle_many, items)
         return player_data_pb2.SettleUsageBatchResponse(results=[_settled(o) for o in outcomes])

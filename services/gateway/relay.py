@@ -10,7 +10,10 @@ player."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
+import grpc
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 from system.relay.v1 import relay_pb2, relay_pb2_grpc
@@ -50,13 +53,19 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
             },
         )
 
-    async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
+    async def Multiplex(
+        self,
+        request_iterator: AsyncIterator[relay_pb2.MultiplexRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[relay_pb2.MultiplexResponse]:
         # CallGameTool and NotifyPlayer, many on one stream (services.runtime.multiplex); a
         # handler reads its deadline from the request scope, which each call's timeout_ms sets.
         async for response in self._multiplex.serve(request_iterator, context):
             yield response
 
-    async def CallGameTool(self, request, context):  # type: ignore[no-untyped-def]
+    async def CallGameTool(
+        self, request: relay_pb2.CallGameToolRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> relay_pb2.CallGameToolResponse:
         check_id("call_id", request.call_id)
         check_id("player_id", request.player_id)
         check_id("tool", request.tool, MAX_NAME)
@@ -91,7 +100,9 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
                 del connection.tool_calls[request.call_id]
         return relay_pb2.CallGameToolResponse(result=result)
 
-    async def NotifyPlayer(self, request, context):  # type: ignore[no-untyped-def]
+    async def NotifyPlayer(
+        self, request: relay_pb2.NotifyPlayerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> relay_pb2.NotifyPlayerResponse:
         check_id("player_id", request.player_id)
         if request.result.status == common_pb2.RESULT_STATUS_UNSPECIFIED:
             raise InvalidArgument("result.status is required: say how the work ended")

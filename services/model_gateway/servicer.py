@@ -4,7 +4,9 @@ errors raised there become status codes in the shared server interceptor."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+import grpc
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from system.model.v1 import model_pb2, model_pb2_grpc
 
@@ -84,7 +86,9 @@ class ModelGatewayServicer(model_pb2_grpc.ModelGatewayServiceServicer):
         self._provider = provider
         self._web = web
 
-    async def Complete(self, request, context):  # type: ignore[no-untyped-def]
+    async def Complete(
+        self, request: model_pb2.CompleteRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> model_pb2.CompleteResponse:
         result = await self._provider.complete(chat_request(request))
         return model_pb2.CompleteResponse(
             content=result.content,
@@ -103,7 +107,9 @@ class ModelGatewayServicer(model_pb2_grpc.ModelGatewayServiceServicer):
             attempts=result.attempts,
         )
 
-    async def GetModelStatus(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetModelStatus(
+        self, request: model_pb2.GetModelStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> model_pb2.GetModelStatusResponse:
         status = self._provider.status()
         return model_pb2.GetModelStatusResponse(
             configured=status.configured,
@@ -111,7 +117,9 @@ class ModelGatewayServicer(model_pb2_grpc.ModelGatewayServiceServicer):
             search_configured=self._web.search_configured,
         )
 
-    async def WebSearch(self, request, context):  # type: ignore[no-untyped-def]
+    async def WebSearch(
+        self, request: model_pb2.WebSearchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> model_pb2.WebSearchResponse:
         hits = await self._web.search(
             request.player_id,
             request.search_session,
@@ -125,7 +133,9 @@ class ModelGatewayServicer(model_pb2_grpc.ModelGatewayServiceServicer):
             ]
         )
 
-    async def WebFetch(self, request, context):  # type: ignore[no-untyped-def]
+    async def WebFetch(
+        self, request: model_pb2.WebFetchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> model_pb2.WebFetchResponse:
         page = await self._web.fetch(
             request.player_id, request.search_session, request.url, request.max_chars
         )

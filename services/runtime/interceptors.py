@@ -17,7 +17,7 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -317,16 +317,46 @@ class ContextClientInterceptor(
             details.method, timeout, metadata, details.credentials, details.wait_for_ready
         )
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, Any], Awaitable[grpc.aio.UnaryUnaryCall[Any, Any]]
+        ],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> grpc.aio.UnaryUnaryCall[Any, Any]:
         return await continuation(self._details(client_call_details), request)
 
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_stream(
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, Any], Awaitable[grpc.aio.UnaryStreamCall[Any, Any]]
+        ],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> grpc.aio.UnaryStreamCall[Any, Any]:
         return await continuation(self._details(client_call_details), request)
 
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+    async def intercept_stream_unary(
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, AsyncIterable[Any] | Iterable[Any]],
+            Awaitable[grpc.aio.StreamUnaryCall[Any, Any]],
+        ],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: AsyncIterable[Any] | Iterable[Any],
+    ) -> grpc.aio.StreamUnaryCall[Any, Any]:
         return await continuation(self._details(client_call_details), request_iterator)
 
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+    async def intercept_stream_stream(
+        self,
+        continuation: Callable[
+            [grpc.aio.ClientCallDetails, AsyncIterable[Any] | Iterable[Any]],
+            Awaitable[grpc.aio.StreamStreamCall[Any, Any]],
+        ],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: AsyncIterable[Any] | Iterable[Any],
+    ) -> grpc.aio.StreamStreamCall[Any, Any]:
         return await continuation(self._details(client_call_details), request_iterator)
 
 
