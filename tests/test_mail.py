@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from system.common.v1 import catalog_pb2, common_pb2
@@ -22,6 +21,7 @@ from engine_service.schema import violation
 from engine_service.tools import BUILTIN_GAME_TOOLS, MAIL_PAGE_LIMIT
 from services.gamesim import mail
 from services.gamesim.world import World
+from tests.gametools import call_tool
 from tests.inprocess import Chain, card_lines, running_chain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -32,20 +32,12 @@ LIST, READ, CLAIM = "minecraft:mail.list", "minecraft:mail.read", "minecraft:mai
 NEWEST_FIRST = ["m6", "m5", "m4", "m3", "m2", "m1"]
 
 
-def _call(world: World, tool: str, data: dict[str, Any], player: str = "steve") -> Any:
-    """Runs a tool and checks its answer against the catalogue's output schema."""
-    answer = world.call(player, tool, data)
-    found = violation(TOOLS[tool].output_schema, answer)
-    assert found is None, (tool, data, found and found.text())
-    return answer
-
-
 # -- the simulated world -----------------------------------------------------------------------
 
 
 def test_every_player_starts_with_mail_in_both_languages_some_with_attachments() -> None:
     world = World()
-    listed = _call(world, LIST, {"page_size": 10})
+    listed = call_tool(world, LIST, {"page_size": 10})
     assert listed["total"] == 6 and [m["id"] for m in listed["mails"]] == NEWEST_FIRST
     subjects = [m["subject"] for m in listed["mails"]]
     assert "签到奖励补发" in subjects and "Double drops this weekend" in subjects
@@ -58,51 +50,51 @@ def test_every_player_starts_with_mail_in_both_languages_some_with_attachments()
     times = [m["sent_at"] for m in listed["mails"]]
     assert times == sorted(times, reverse=True)
     # Deterministic: another world, another player, the same mail.
-    assert _call(World(), LIST, {"page_size": 10}, "alex") == listed
+    assert call_tool(World(), LIST, {"page_size": 10}, "alex") == listed
 
 
 def test_the_list_pages_newest_first() -> None:
     world = World()
-    first = _call(world, LIST, {})
+    first = call_tool(world, LIST, {})
     assert (first["page"], first["page_size"], first["total"]) == (1, 5, 6)
     assert [m["id"] for m in first["mails"]] == NEWEST_FIRST[:5]
-    assert [m["id"] for m in _call(world, LIST, {"page": 2})["mails"]] == ["m1"]
-    assert [m["id"] for m in _call(world, LIST, {"page": 2, "page_size": 2})["mails"]] == [
+    assert [m["id"] for m in call_tool(world, LIST, {"page": 2})["mails"]] == ["m1"]
+    assert [m["id"] for m in call_tool(world, LIST, {"page": 2, "page_size": 2})["mails"]] == [
         "m4",
         "m3",
     ]
-    past = _call(world, LIST, {"page": 3})
+    past = call_tool(world, LIST, {"page": 3})
     assert past["mails"] == [] and past["total"] == 6
 
 
 def test_reading_changes_nothing_and_an_unknown_id_is_not_found() -> None:
     world = World()
-    before = _call(world, LIST, {"page_size": 10})
-    read = _call(world, READ, {"mail_id": "m5"})
+    before = call_tool(world, LIST, {"page_size": 10})
+    read = call_tool(world, READ, {"mail_id": "m5"})
     assert read["found"] is True and read["mail"]["body"].startswith("维护期间")
-    assert _call(world, READ, {"mail_id": "m5"}) == read
-    assert _call(world, LIST, {"page_size": 10}) == before
-    assert _call(world, READ, {"mail_id": "nope"}) == {"found": False}
+    assert call_tool(world, READ, {"mail_id": "m5"}) == read
+    assert call_tool(world, LIST, {"page_size": 10}) == before
+    assert call_tool(world, READ, {"mail_id": "nope"}) == {"found": False}
 
 
 def test_a_claim_delivers_the_items_and_marks_the_mail_together_once() -> None:
     world = World()
     inventory = world.inventory("steve")
-    claimed = _call(world, CLAIM, {"mail_id": "m2"})
+    claimed = call_tool(world, CLAIM, {"mail_id": "m2"})
     assert claimed["outcome"] == "claimed"
     assert [(s["item"], s["count"]) for s in claimed["items"]] == [
         ("minecraft:bread", 16),
         ("minecraft:torch", 16),
     ]
     assert inventory["minecraft:bread"] == 12 + 16 and inventory["minecraft:torch"] == 32 + 16
-    assert _call(world, READ, {"mail_id": "m2"})["mail"]["claimed"] is True
-    again = _call(world, CLAIM, {"mail_id": "m2"})
+    assert call_tool(world, READ, {"mail_id": "m2"})["mail"]["claimed"] is True
+    again = call_tool(world, CLAIM, {"mail_id": "m2"})
     assert again == {"outcome": "already_claimed", "items": []}
     assert inventory["minecraft:bread"] == 28 and inventory["minecraft:torch"] == 48
-    assert _call(world, CLAIM, {"mail_id": "m3"}) == {"outcome": "no_attachment", "items": []}
-    assert _call(world, CLAIM, {"mail_id": "nope"}) == {"outcome": "not_found", "items": []}
+    assert call_tool(world, CLAIM, {"mail_id": "m3"}) == {"outcome": "no_attachment", "items": []}
+    assert call_tool(world, CLAIM, {"mail_id": "nope"}) == {"outcome": "not_found", "items": []}
     # Another player's copy of the mail is untouched.
-    assert _call(world, READ, {"mail_id": "m2"}, "alex")["mail"]["claimed"] is False
+    assert call_tool(world, READ, {"mail_id": "m2"}, "alex")["mail"]["claimed"] is False
     assert world.inventory("alex")["minecraft:bread"] == 12
 
 

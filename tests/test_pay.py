@@ -18,9 +18,9 @@ from system.gateway.v1 import gateway_pb2
 from engine_service.app import build_registry
 from engine_service.config import EngineConfig
 from engine_service.modules.pay import OFFER_CARD, parse_payment
-from engine_service.schema import violation
 from engine_service.tools import BUILTIN_GAME_TOOLS
 from services.gamesim.world import STARTING_BALANCE, World
+from tests.gametools import call_tool
 from tests.inprocess import Chain, card_lines, running_chain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -31,10 +31,7 @@ SPEC = {spec.tool_id: spec for spec in BUILTIN_GAME_TOOLS}[TRANSFER]
 
 
 def _pay(world: World, data: dict[str, Any], player: str = "steve") -> Any:
-    answer = world.call(player, TRANSFER, data)
-    found = violation(SPEC.output_schema, answer)
-    assert found is None, found and found.text()
-    return answer
+    return call_tool(world, TRANSFER, data, player)
 
 
 def _world() -> World:

@@ -30,6 +30,7 @@ from services.gamesim.client import GameServerClient
 from services.gamesim.world import World
 from services.gateway.tool_contract import check_tools
 from services.runtime.permissions import CORE_FEATURE
+from tests.gametools import call_tool
 from tests.inprocess import Chain, card_lines, running_chain
 from tests.test_router_service import with_model  # noqa: F401 - the router with a model
 
@@ -49,14 +50,6 @@ OPEN_QUESTS = ["q1", "q3", "q4", "q5", "q7", "q8", "q10"]
 """The default list of every new player: in progress or claimable, in book order."""
 
 
-def _call(world: World, tool: str, data: dict[str, Any], player: str = "steve") -> Any:
-    """Runs a tool and checks its answer against the catalogue's output schema."""
-    answer = world.call(player, tool, data)
-    found = violation(TOOLS[tool].output_schema, answer)
-    assert found is None, (tool, data, found and found.text())
-    return answer
-
-
 def _ids(answer: dict[str, Any]) -> list[str]:
     return [q["id"] for q in answer["quests"]]
 
@@ -66,7 +59,7 @@ def _ids(answer: dict[str, Any]) -> list[str]:
 
 def test_the_default_list_holds_the_quests_in_progress_or_claimable() -> None:
     world = World()
-    listed = _call(world, QUERY, {})
+    listed = call_tool(world, QUERY, {})
     assert listed["total"] == 7 and _ids(listed) == OPEN_QUESTS
     by_id = {q["id"]: q for q in listed["quests"]}
     assert by_id["q1"] == {
@@ -81,26 +74,26 @@ def test_the_default_list_holds_the_quests_in_progress_or_claimable() -> None:
     # Claimed (q2), locked (q6) and hidden (q9) quests are left out.
     assert not {"q2", "q6", "q9"} & set(by_id)
     # Deterministic: another world, another player, the same list.
-    assert _call(World(), QUERY, {}, "alex") == listed
+    assert call_tool(World(), QUERY, {}, "alex") == listed
     assert len(quests.QUESTS) <= QUEST_LIST_LIMIT and quests.LIST_LIMIT == QUEST_LIST_LIMIT
 
 
 def test_find_searches_titles_in_both_languages_and_never_shows_hidden_quests() -> None:
     world = World()
-    assert _ids(_call(world, FIND, {"name": "铁"})) == ["q4", "q8"]
-    assert _ids(_call(world, FIND, {"name": "IRON"})) == ["q4", "q8"]
-    assert _ids(_call(world, FIND, {"name": "ｓｔｏｎｅ"})) == ["q3"]  # width folded
-    assert _ids(_call(world, FIND, {"name": "砍树"})) == ["q2"]  # claimed quests are found
-    nether = _call(world, FIND, {"name": "下界"})
+    assert _ids(call_tool(world, FIND, {"name": "铁"})) == ["q4", "q8"]
+    assert _ids(call_tool(world, FIND, {"name": "IRON"})) == ["q4", "q8"]
+    assert _ids(call_tool(world, FIND, {"name": "ｓｔｏｎｅ"})) == ["q3"]  # width folded
+    assert _ids(call_tool(world, FIND, {"name": "砍树"})) == ["q2"]  # claimed quests are found
+    nether = call_tool(world, FIND, {"name": "下界"})
     assert _ids(nether) == ["q6"] and nether["quests"][0]["status"] == "locked"
-    assert _call(world, FIND, {"name": "末地"}) == {"total": 0, "quests": []}  # hidden
-    assert _call(world, FIND, {"name": "The End"}) == {"total": 0, "quests": []}
+    assert call_tool(world, FIND, {"name": "末地"}) == {"total": 0, "quests": []}  # hidden
+    assert call_tool(world, FIND, {"name": "The End"}) == {"total": 0, "quests": []}
 
 
 def test_detail_reads_one_visible_quest_and_changes_nothing() -> None:
     world = World()
-    before = _call(world, QUERY, {})
-    stone = _call(world, DETAIL, {"quest_id": "q3"})["quest"]
+    before = call_tool(world, QUERY, {})
+    stone = call_tool(world, DETAIL, {"quest_id": "q3"})["quest"]
     assert stone["tasks"] == [
         {
             "kind": "item",
@@ -114,46 +107,46 @@ def test_detail_reads_one_visible_quest_and_changes_nothing() -> None:
         {"item": "minecraft:furnace", "name": {"zh": "熔炉", "en": "Furnace"}, "count": 1}
     ]
     assert stone["starter_gift"] == "" and stone["requires"][0]["id"] == "q2"
-    welcome = _call(world, DETAIL, {"quest_id": "q1"})["quest"]
+    welcome = call_tool(world, DETAIL, {"quest_id": "q1"})["quest"]
     assert welcome["starter_gift"] == "starter_kit" and welcome["rewards"] == []
     assert welcome["tasks"][0]["kind"] == "checkmark" and welcome["tasks"][0]["target"] == ""
-    locked = _call(world, DETAIL, {"quest_id": "q6"})["quest"]
+    locked = call_tool(world, DETAIL, {"quest_id": "q6"})["quest"]
     assert locked["status"] == "locked"
     assert [r["title"]["en"] for r in locked["requires"]] == ["Diamonds!"]
     # Unknown, and hidden while locked: the same answer, so a hidden quest cannot be probed.
-    assert _call(world, DETAIL, {"quest_id": "q9"}) == {"found": False}
-    assert _call(world, DETAIL, {"quest_id": "nope"}) == {"found": False}
-    assert _call(world, QUERY, {}) == before
+    assert call_tool(world, DETAIL, {"quest_id": "q9"}) == {"found": False}
+    assert call_tool(world, DETAIL, {"quest_id": "nope"}) == {"found": False}
+    assert call_tool(world, QUERY, {}) == before
 
 
 def test_a_claim_delivers_the_reward_and_marks_the_quest_together_once() -> None:
     world = World()
     inventory = world.inventory("steve")
-    claimed = _call(world, CLAIM, {"quest_id": "q4"})
+    claimed = call_tool(world, CLAIM, {"quest_id": "q4"})
     assert claimed["outcome"] == "claimed"
     assert [(s["item"], s["count"]) for s in claimed["items"]] == [
         ("minecraft:iron_pickaxe", 1),
         ("minecraft:bread", 8),
     ]
     assert inventory["minecraft:iron_pickaxe"] == 1 and inventory["minecraft:bread"] == 12 + 8
-    assert _call(world, DETAIL, {"quest_id": "q4"})["quest"]["status"] == "claimed"
-    assert "q4" not in _ids(_call(world, QUERY, {}))
-    again = _call(world, CLAIM, {"quest_id": "q4"})
+    assert call_tool(world, DETAIL, {"quest_id": "q4"})["quest"]["status"] == "claimed"
+    assert "q4" not in _ids(call_tool(world, QUERY, {}))
+    again = call_tool(world, CLAIM, {"quest_id": "q4"})
     assert again == {"outcome": "already_claimed", "items": []}
     assert inventory["minecraft:iron_pickaxe"] == 1 and inventory["minecraft:bread"] == 20
     # A starter gift quest delivers its gift.
-    gift = _call(world, CLAIM, {"quest_id": "q1"})
+    gift = call_tool(world, CLAIM, {"quest_id": "q1"})
     assert [(s["item"], s["count"]) for s in gift["items"]] == [
         ("minecraft:stone_sword", 1),
         ("minecraft:bread", 16),
         ("minecraft:torch", 16),
     ]
-    assert _call(world, CLAIM, {"quest_id": "q3"}) == {"outcome": "not_complete", "items": []}
-    assert _call(world, CLAIM, {"quest_id": "q6"}) == {"outcome": "not_complete", "items": []}
-    assert _call(world, CLAIM, {"quest_id": "q2"})["outcome"] == "already_claimed"
-    assert _call(world, CLAIM, {"quest_id": "q9"}) == {"outcome": "not_found", "items": []}
+    assert call_tool(world, CLAIM, {"quest_id": "q3"}) == {"outcome": "not_complete", "items": []}
+    assert call_tool(world, CLAIM, {"quest_id": "q6"}) == {"outcome": "not_complete", "items": []}
+    assert call_tool(world, CLAIM, {"quest_id": "q2"})["outcome"] == "already_claimed"
+    assert call_tool(world, CLAIM, {"quest_id": "q9"}) == {"outcome": "not_found", "items": []}
     # Another player's quests are untouched.
-    assert _call(world, DETAIL, {"quest_id": "q4"}, "alex")["quest"]["status"] == "claimable"
+    assert call_tool(world, DETAIL, {"quest_id": "q4"}, "alex")["quest"]["status"] == "claimable"
     assert world.inventory("alex")["minecraft:iron_pickaxe"] == 0
 
 
@@ -162,20 +155,20 @@ def test_progress_opens_locked_quests_and_hidden_ones_appear() -> None:
     progress = world.player("steve").quest_progress
     progress.advance("q5", 0, 99)  # capped at what the task requires
     assert progress.done["q5"] == [5]
-    assert _call(world, DETAIL, {"quest_id": "q6"})["quest"]["status"] == "in_progress"
-    assert _call(world, DETAIL, {"quest_id": "q9"}) == {"found": False}  # q6 not done yet
+    assert call_tool(world, DETAIL, {"quest_id": "q6"})["quest"]["status"] == "in_progress"
+    assert call_tool(world, DETAIL, {"quest_id": "q9"}) == {"found": False}  # q6 not done yet
     progress.advance("q6", 0, 5)
     progress.advance("q6", 1, 5)
-    assert _call(world, DETAIL, {"quest_id": "q9"})["quest"]["status"] == "in_progress"
-    assert _ids(_call(world, FIND, {"name": "末地"})) == ["q9"]
+    assert call_tool(world, DETAIL, {"quest_id": "q9"})["quest"]["status"] == "in_progress"
+    assert _ids(call_tool(world, FIND, {"name": "末地"})) == ["q9"]
 
 
 def test_the_gift_list_reads_a_gift() -> None:
     world = World()
-    kit = _call(world, GIFT, {"gift_id": "starter_kit"})
+    kit = call_tool(world, GIFT, {"gift_id": "starter_kit"})
     assert kit["gift"]["name"] == {"zh": "新手礼包", "en": "Starter Kit"}
     assert [s["count"] for s in kit["gift"]["items"]] == [1, 16, 16]
-    assert _call(world, GIFT, {"gift_id": "nope"}) == {"found": False}
+    assert call_tool(world, GIFT, {"gift_id": "nope"}) == {"found": False}
     assert world.inventory("steve")["minecraft:stone_sword"] == 0  # reading gives nothing
 
 

@@ -13,7 +13,6 @@ import asyncio
 import json
 import pathlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from system.common.v1 import catalog_pb2, common_pb2
@@ -28,6 +27,7 @@ from services.gamesim import shop
 from services.gamesim.client import GameServerClient
 from services.gamesim.world import STARTING_BALANCE, World
 from services.runtime.config import ConfigError
+from tests.gametools import call_tool
 from tests.inprocess import Chain, card_lines, running_chain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -37,20 +37,12 @@ TOOLS = {spec.tool_id: spec for spec in BUILTIN_GAME_TOOLS}
 LIST, ITEM, BUY = "minecraft:shop.list", "minecraft:shop.item", "minecraft:shop.buy"
 
 
-def _call(world: World, tool: str, data: dict[str, Any], player: str = "steve") -> Any:
-    """Runs a tool and checks its answer against the catalogue's output schema."""
-    answer = world.call(player, tool, data)
-    found = violation(TOOLS[tool].output_schema, answer)
-    assert found is None, (tool, data, found and found.text())
-    return answer
-
-
 # -- the simulated world -----------------------------------------------------------------------
 
 
 def test_the_shop_lists_by_page_category_and_name_in_both_languages() -> None:
     world = World()
-    first = _call(world, LIST, {})
+    first = call_tool(world, LIST, {})
     assert (first["total"], first["page"], first["page_size"]) == (16, 1, 5)
     assert [c["id"] for c in first["categories"]] == ["materials", "tools", "food", "misc"]
     assert first["listings"][0] == {
@@ -59,7 +51,7 @@ def test_the_shop_lists_by_page_category_and_name_in_both_languages() -> None:
         "stock": 64,
         "category": "materials",
     }
-    food = _call(world, LIST, {"category": "food", "page_size": 10})
+    food = call_tool(world, LIST, {"category": "food", "page_size": 10})
     assert [entry["item"]["id"] for entry in food["listings"]] == [
         "minecraft:bread",
         "minecraft:apple",
@@ -67,15 +59,15 @@ def test_the_shop_lists_by_page_category_and_name_in_both_languages() -> None:
         "minecraft:golden_apple",
     ]
     for query in ("钻石", "diamond", "DIAMOND", "minecraft:diamond"):
-        names = [e["item"]["id"] for e in _call(world, LIST, {"query": query})["listings"]]
+        names = [e["item"]["id"] for e in call_tool(world, LIST, {"query": query})["listings"]]
         assert "minecraft:diamond" in names, query
-    assert _call(world, LIST, {"query": "剑"})["listings"][0]["item"]["id"] == (
+    assert call_tool(world, LIST, {"query": "剑"})["listings"][0]["item"]["id"] == (
         "minecraft:diamond_sword"
     )
-    assert _call(world, LIST, {"query": "nothing like it"})["total"] == 0
-    assert _call(world, LIST, {"page": 9})["listings"] == []
-    assert _call(world, ITEM, {"item": "minecraft:bow"})["listing"]["price"] == 30
-    assert _call(world, ITEM, {"item": "minecraft:dirt"}) == {
+    assert call_tool(world, LIST, {"query": "nothing like it"})["total"] == 0
+    assert call_tool(world, LIST, {"page": 9})["listings"] == []
+    assert call_tool(world, ITEM, {"item": "minecraft:bow"})["listing"]["price"] == 30
+    assert call_tool(world, ITEM, {"item": "minecraft:dirt"}) == {
         "found": False,
         "currency": {"zh": "金币", "en": "coins"},
     }
@@ -85,7 +77,7 @@ def test_the_shop_lists_by_page_category_and_name_in_both_languages() -> None:
 def test_a_purchase_debits_takes_stock_and_delivers_together_once_per_order() -> None:
     world = World()
     order = {"order_id": "o1", "item": "minecraft:diamond", "count": 3, "unit_price": 100}
-    bought = _call(world, BUY, order)
+    bought = call_tool(world, BUY, order)
     assert (bought["outcome"], bought["total"], bought["balance"], bought["stock"]) == (
         "purchased",
         300,
@@ -94,13 +86,13 @@ def test_a_purchase_debits_takes_stock_and_delivers_together_once_per_order() ->
     )
     assert bought["replayed"] is False
     assert world.inventory("steve")["minecraft:diamond"] == 3
-    again = _call(world, BUY, order)
+    again = call_tool(world, BUY, order)
     assert again["replayed"] is True and again["outcome"] == "purchased"
     assert world.player("steve").balance == STARTING_BALANCE - 300
     assert world.inventory("steve")["minecraft:diamond"] == 3
     assert world.shop.listings["minecraft:diamond"].stock == 61
     # One order id per player: Alex's o1 is another order.
-    assert _call(world, BUY, order, "alex")["replayed"] is False
+    assert call_tool(world, BUY, order, "alex")["replayed"] is False
 
 
 def test_refusals_change_nothing() -> None:
@@ -109,7 +101,7 @@ def test_refusals_change_nothing() -> None:
 
     def buy(order_id: str, item: str, count: int, price: int) -> str:
         data = {"order_id": order_id, "item": item, "count": count, "unit_price": price}
-        return _call(world, BUY, data)["outcome"]
+        return call_tool(world, BUY, data)["outcome"]
 
     assert buy("a", "minecraft:diamond", 1, 90) == "price_changed"
     assert buy("b", "minecraft:diamond_pickaxe", 6, 400) == "sold_out"
