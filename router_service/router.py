@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2
@@ -87,6 +88,24 @@ def _read_only(module: catalog_pb2.ModuleDescriptor) -> bool:
         and module.HasField("semantic")
         and module.semantic.read_only_tools
     )
+
+
+_LABEL_END = re.compile(r"[:：,，。.;；(（]")
+_LABEL_CHARS = 48
+
+
+def choice_label(module: catalog_pb2.ModuleDescriptor | None, language: str) -> str:
+    """A selection button's words for a module: its description in the player's language (else
+    English) up to the first colon, comma or full stop (`逛商城`, `The server shop`)."""
+    if module is None:
+        return ""
+    texts = module.description.text
+    text = texts.get(language) or texts.get("en") or ""
+    label = _LABEL_END.split(text, maxsplit=1)[0].strip()
+    if len(label) > _LABEL_CHARS:  # cut at a word where there are words, and say so
+        cut = label[:_LABEL_CHARS]
+        label = (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "…"
+    return label
 
 
 class Router:
@@ -315,6 +334,9 @@ class Router:
                     _action(c.module_id, dict(c.input)) if c.input else _bare_action(c.module_id)
                     for c in candidates
                 ]
+            )
+            response.candidate_labels.extend(
+                choice_label(catalog.modules.get(c.module_id), language) for c in candidates
             )
             response.detail = "not sure what you meant; pick one, or type /help"
             return response

@@ -565,6 +565,14 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
         "system:inventory",
         "system:profile",
     }
+    # Labelled in the player's words (their module's description), not with module ids.
+    labels = {
+        "system:help": "List the commands and features you can use",
+        "system:history": "Show your recent conversation",
+        "system:inventory": "Show the items in your inventory",
+        "system:profile": "Show your profile",
+    }
+    assert [b.label for b in card.buttons] == [labels[b.args["module_id"]] for b in card.buttons]
 
     assert await history(chain, MALLORY) == []  # none of these ran a module
     invoked = await client.request(

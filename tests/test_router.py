@@ -699,3 +699,18 @@ async def test_service_with_unreachable_engine_is_unavailable() -> None:
         await channel.close()
         await router.host.stop()
         await router.aclose()
+
+
+def test_a_choice_is_labelled_by_its_description_in_the_players_language() -> None:
+    from router_service.router import choice_label
+
+    shop = build_registry(EngineConfig()).descriptor("system:shop")
+    assert choice_label(shop, "zh") == "逛商城"
+    assert choice_label(shop, "en") == "The server shop"
+    assert choice_label(shop, "fr") == "The server shop"  # English for other languages
+    long = catalog_pb2.ModuleDescriptor(module_id="test:long")
+    long.description.text["en"] = (
+        "Look up every single item that the whole server knows about today"
+    )
+    assert choice_label(long, "en") == "Look up every single item that the whole server…"
+    assert choice_label(None, "en") == ""

@@ -359,7 +359,7 @@ class PlayerRequests:
                 )
             return result, decision.action.module_id
         if decision.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK and decision.candidates:
-            return self._selection(player, decision.candidates), ""
+            return self._selection(player, decision.candidates, decision.candidate_labels), ""
         failure = (
             AgentFailure.UNKNOWN_COMMAND
             if decision.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
@@ -382,19 +382,24 @@ class PlayerRequests:
         return response.result
 
     def _selection(
-        self, player: common_pb2.PlayerContext, candidates: Sequence[common_pb2.ModuleAction]
+        self,
+        player: common_pb2.PlayerContext,
+        candidates: Sequence[common_pb2.ModuleAction],
+        labels: Sequence[str] = (),
     ) -> common_pb2.AgentResult:
-        """A selection card: one button per read-only candidate. Nothing runs until pressed."""
+        """A selection card: one button per read-only candidate, labelled in the player's
+        language where the router gave a label (else the module id). Nothing runs until
+        pressed."""
         buttons = [
             common_pb2.CardButton(
                 action_id="invoke",
-                label=candidate.module_id,
+                label=(labels[i] if i < len(labels) and labels[i] else candidate.module_id),
                 args={
                     "module_id": candidate.module_id,
                     "input": json.dumps(dict(candidate.input.items()), ensure_ascii=False),
                 },
             )
-            for candidate in candidates
+            for i, candidate in enumerate(candidates)
         ]
         selection = card(
             "system:selection", _pick(_FALLBACK_TITLE, player.language), ["/help"], buttons
