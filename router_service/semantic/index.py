@@ -28,7 +28,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 
 from router_service.semantic.config import SemanticConfig
 from router_service.semantic.profiles import Profile
-from router_service.semantic.text import Analysis, Analyzer
+from router_service.semantic.text import Analysis, Analyzer, default_analyzer
 from services.runtime.config import ConfigError
 
 __all__ = ["Match", "ModuleScore", "Profile", "SemanticIndex"]
@@ -157,7 +157,7 @@ class SemanticIndex:
             ConfigError: two profiles share a module id.
         """
         started = time.perf_counter()
-        analyzer = analyzer or Analyzer()
+        analyzer = analyzer or default_analyzer()
         by_id: dict[str, Profile] = {}
         for profile in profiles:
             if profile.module_id in by_id:
