@@ -137,17 +137,19 @@ OFFER_TAKE_SPEC = ToolSpec(
 )
 ORDER_SETTLE_SPEC = ToolSpec(
     tool_id=ORDER_SETTLE,
-    description="Settle a placed order with its outcome (completed or rejected), once: an order "
-    "settled before keeps its first outcome, which is answered back.",
+    description="Settle a placed order (as offer.take answered it, with its document version) "
+    "with its outcome (completed or rejected), once: an order settled before keeps its first "
+    "outcome, which is answered back.",
     input_schema={
         "type": "object",
         "properties": {
             "book": _BOOK,
-            "order_id": _OFFER_ID,
+            "order": _ORDER,
+            "order_version": {"type": "integer", "minimum": 1},
             "state": {"type": "string", "enum": ["completed", "rejected"]},
             "outcome": {"type": "object"},
         },
-        "required": ["book", "order_id", "outcome", "state"],
+        "required": ["book", "order", "order_version", "outcome", "state"],
         "additionalProperties": False,
     },
     output_schema={
@@ -388,15 +390,11 @@ class OfferTools:
         return {"outcome": "taken", "order": order, "order_version": response.versions[1]}
 
     async def settle(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
-        """Moves a placed order to its outcome; an order settled before keeps its first."""
+        """Moves a placed order to its outcome, written over the version `take` answered (no
+        second read); if the order moved since, the first outcome stays."""
         store, timeout = self._ready(ctx)
-        book, order_id = payload["book"], payload["order_id"]
-        found = await self._order(ctx, book, order_id)
-        if found is None:
-            raise ModuleFailure(AgentFailure.NOT_FOUND, f"there is no order {order_id}")
-        order, version = found
-        if order["state"] != "placed":
-            return {"order": order}
+        book, order, version = payload["book"], payload["order"], payload["order_version"]
+        order_id = order["order_id"]
         settled = {**order, "state": payload["state"], "outcome": payload["outcome"]}
         put = journal_pb2.DocumentPut(
             key=self._key(ctx, book, ORDER_TYPE + order_id),

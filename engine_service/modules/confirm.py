@@ -125,6 +125,12 @@ async def confirm_offer(
     with contextlib.suppress(ModuleFailure):
         await ctx.tool(
             ORDER_SETTLE,
-            {"book": book, "order_id": order["order_id"], "state": state, "outcome": outcome},
+            {
+                "book": book,
+                "order": order,
+                "order_version": taken["order_version"],
+                "state": state,
+                "outcome": outcome,
+            },
         )
     return Applied(order["terms"], outcome, replayed=bool(outcome.get("replayed")))

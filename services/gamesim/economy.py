@@ -9,15 +9,14 @@ once per payer: a repeat answers the first outcome again, marked `replayed`, and
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Protocol
 
-__all__ = ["MAX_AMOUNT", "ORDER_MEMORY", "Payments"]
+from services.gamesim.orders import DecidedOrders
+
+__all__ = ["MAX_AMOUNT", "Payments"]
 
 MAX_AMOUNT = 10**9
 """Most money one payment moves."""
-ORDER_MEMORY = 65536
-"""Most payment outcomes remembered per world (oldest forgotten first)."""
 
 
 class Account(Protocol):
@@ -30,7 +29,7 @@ class Payments:
     """The payments this world has decided."""
 
     def __init__(self) -> None:
-        self._orders: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._orders = DecidedOrders()
 
     def transfer(
         self, payer_id: str, accounts: dict[str, Account], data: dict[str, Any]
@@ -48,10 +47,9 @@ class Payments:
         if not 1 <= amount <= MAX_AMOUNT:
             raise ValueError(f"economy.transfer moves 1 to {MAX_AMOUNT}")
         payer = accounts[payer_id]
-        key = f"{payer_id}\x1f{order_id}"
-        if key in self._orders:
-            self._orders.move_to_end(key)
-            return {**self._orders[key], "replayed": True, "balance": payer.balance}
+        decided = self._orders.get(payer_id, order_id)
+        if decided is not None:
+            return {**decided, "replayed": True, "balance": payer.balance}
         wanted = to.strip().casefold()
         recipient_id = next(
             (pid for pid, account in accounts.items() if account.name.casefold() == wanted), None
@@ -74,7 +72,5 @@ class Payments:
             "recipient_online": bool(recipient is not None and recipient.online_since is not None),
             "amount": int(amount),
         }
-        self._orders[key] = answer
-        while len(self._orders) > ORDER_MEMORY:
-            self._orders.popitem(last=False)
+        self._orders.decide(payer_id, order_id, answer)
         return {**answer, "replayed": False, "balance": payer.balance}

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import unicodedata
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any
 
 from services.gamesim import items
+from services.gamesim.orders import DecidedOrders
 
-__all__ = ["CATEGORIES", "DEFAULT_PAGE_SIZE", "ORDER_MEMORY", "PAGE_LIMIT", "Shop"]
+__all__ = ["CATEGORIES", "DEFAULT_PAGE_SIZE", "PAGE_LIMIT", "Shop"]
 
 PAGE_LIMIT = 10
 """Most listings one page holds."""
 DEFAULT_PAGE_SIZE = 5
 MAX_COUNT = 64
 """Most items one order buys (one stack)."""
-ORDER_MEMORY = 65536
-"""Most order outcomes remembered per world (oldest forgotten first)."""
 CATEGORIES: dict[str, dict[str, str]] = {
     "materials": {"zh": "材料", "en": "Materials"},
     "tools": {"zh": "工具与武器", "en": "Tools and weapons"},
@@ -65,7 +64,7 @@ class Shop:
         self.listings: dict[str, items.ShopListing] = {
             s.item_id: dataclasses.replace(s) for s in items.SHOP
         }
-        self._orders: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._orders = DecidedOrders()
 
     @staticmethod
     def _matches(listing: items.ShopListing, query: str) -> bool:
@@ -135,10 +134,9 @@ class Shop:
             raise ValueError("shop.buy needs an item id of 1 to 128 characters")
         count = _int(data, "count", 1, MAX_COUNT, None)
         quoted = _int(data, "unit_price", 0, 10**12, None)
-        key = f"{player_id}\x1f{order_id}"
-        if key in self._orders:
-            self._orders.move_to_end(key)
-            return {**self._orders[key], "replayed": True, "balance": balance}, balance
+        decided = self._orders.get(player_id, order_id)
+        if decided is not None:
+            return {**decided, "replayed": True, "balance": balance}, balance
         listing = self.listings.get(item)
         outcome = "purchased"
         if listing is None:
@@ -165,7 +163,5 @@ class Shop:
             listing.stock -= count
             inventory[item] += count
             answer["stock"] = listing.stock
-        self._orders[key] = answer
-        while len(self._orders) > ORDER_MEMORY:
-            self._orders.popitem(last=False)
+        self._orders.decide(player_id, order_id, answer)
         return {**answer, "replayed": False, "balance": balance}, balance
