@@ -34,6 +34,7 @@ from storage_service.knowledge_servicer import KnowledgeServicer
 from storage_service.migrate import upgrade
 from storage_service.player_data import PlayerDataStore
 from storage_service.player_data_servicer import PlayerDataServicer
+from storage_service.runs import RunStore
 from storage_service.servicer import StorageServicer
 from storage_service.usage import UsageLedger
 
@@ -105,7 +106,8 @@ class StorageApp:
         history = StorageServicer(self.store)
         # PostgreSQL: lease calls from the event loop, on connections of their own.
         self.leases = leases_for(self.journal, engine)
-        journal = JournalServicer(self.journal, self.committer, self.leases)
+        runs = RunStore(self.store, self.journal.now)
+        journal = JournalServicer(self.journal, runs, self.committer, self.leases)
         player_data = PlayerDataServicer(self.player_data, UsageLedger(sessions))
         knowledge = KnowledgeServicer(self.knowledge)
         self.host = ServiceHost(

@@ -196,20 +196,55 @@ class ConversationStore:
 
     def append(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> tuple[bool, int]:
         """Appends entries atomically. Returns (recorded, evicted)."""
+        rows = self.rows(player_id, entries)
+        with self._sessions.begin() as session:
+            return self.append_in(session, player_id, rows)
+
+    def rows(self, player_id: str, entries: list[common_pb2.HistoryEntry]) -> list[dict[str, Any]]:
+        """The entries checked against the bounds, as rows for `append_in`. Raises
+        InvalidArgument naming the entry that breaks them."""
         check_player_id(player_id)
         if not entries:
             raise InvalidArgument("entries must hold at least one entry")
-        rows = [self._row(player_id, i, entry) for i, entry in enumerate(entries)]
+        return [self._row(player_id, i, entry) for i, entry in enumerate(entries)]
+
+    def append_in(
+        self, session: Session, player_id: str, rows: list[dict[str, Any]]
+    ) -> tuple[bool, int]:
+        """Appends `rows` (from `rows`) in the session's transaction, unless the player turned
+        history off, and evicts what no longer fits. Returns (recorded, evicted)."""
         # Every interactive request appends its exchange: statements on the driver's cursor
         # (storage_service.fastsql) rather than ORM objects and a flush.
-        with self._sessions.begin() as session:
-            if is_postgresql(session):
-                return self._append_pipelined(session, player_id, rows)
-            if _INSERT_IF_ENABLED.execute(session, rows[0]).rowcount == 0:
-                return False, 0  # the player turned history off
-            for row in rows[1:]:
-                _INSERT_ENTRY.execute(session, row)
-            return True, self._evict(session, player_id)
+        if is_postgresql(session):
+            return self._append_pipelined(session, player_id, rows)
+        if _INSERT_IF_ENABLED.execute(session, rows[0]).rowcount == 0:
+            return False, 0  # the player turned history off
+        for row in rows[1:]:
+            _INSERT_ENTRY.execute(session, row)
+        return True, self._evict(session, player_id)
+
+    def newest_request_id(self, session: Session, player_id: str) -> str | None:
+        """The request id of the player's newest entry (None: no history)."""
+        return session.scalar(
+            select(HistoryRow.request_id)
+            .where(HistoryRow.player_id == player_id)
+            .order_by(HistoryRow.id.desc())
+            .limit(1)
+        )
+
+    def tail_in(
+        self, session: Session, player_id: str, count: int
+    ) -> list[common_pb2.HistoryEntry]:
+        """The player's newest `count` entries, oldest first, in the session's transaction."""
+        rows = list(
+            session.scalars(
+                select(HistoryRow)
+                .where(HistoryRow.player_id == player_id)
+                .order_by(HistoryRow.id.desc())
+                .limit(count)
+            )
+        )
+        return [_entry(row) for row in reversed(rows)]
 
     def _append_pipelined(
         self, session: Session, player_id: str, rows: list[dict[str, Any]]
@@ -231,6 +266,11 @@ class ConversationStore:
             evicted = _EVICT.send(session, self._evict_params(player_id))
         # No row: the player turned history off (the eviction ran all the same).
         return inserted.result().rowcount > 0, evicted.result().rowcount
+
+    @staticmethod
+    def preferences_in(session: Session, player_id: str) -> Preferences:
+        """The player's preferences, in the session's transaction."""
+        return _preferences(session.get(PreferenceRow, player_id))
 
     def _row(self, player_id: str, index: int, entry: common_pb2.HistoryEntry) -> dict[str, Any]:
         if entry.role not in (common_pb2.HISTORY_ROLE_PLAYER, common_pb2.HISTORY_ROLE_ASSISTANT):

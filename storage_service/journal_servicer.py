@@ -15,6 +15,7 @@ from storage_service.async_leases import Leases, ThreadedLeases
 from storage_service.dbcall import run_db
 from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalStore
+from storage_service.runs import RunStore
 
 __all__ = ["JournalServicer"]
 
@@ -42,6 +43,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
             CompleteStep, TransitionTask) in shared transactions (see
             storage_service.group_commit); without one each is a transaction of its own on
             a worker thread.
+        runs: begins and finishes interactive runs (storage_service.runs).
         leases: runs the lease calls (storage_service.async_leases: on the event loop on
             PostgreSQL); without it they go to a worker thread.
     """
@@ -49,10 +51,12 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
     def __init__(
         self,
         store: JournalStore,
+        runs: RunStore,
         committer: GroupCommitter | None = None,
         leases: Leases | None = None,
     ) -> None:
         self._store = store
+        self._runs = runs
         self._committer = committer
         self._leases = leases if leases is not None else ThreadedLeases(store)
         self._multiplex = MultiplexServer(
@@ -67,6 +71,8 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
                 "acquire_lease": ("AcquireLease", self.AcquireLease),
                 "renew_lease": ("RenewLease", self.RenewLease),
                 "release_lease": ("ReleaseLease", self.ReleaseLease),
+                "begin_run": ("BeginRun", self.BeginRun),
+                "finish_run": ("FinishRun", self.FinishRun),
             },
         )
 
@@ -201,6 +207,16 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
             self._store.release_earlier_incarnations, request.name, request.incarnation
         )
         return journal_pb2.ReleaseEarlierIncarnationsResponse(released=released)
+
+    async def BeginRun(
+        self, request: journal_pb2.BeginRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.BeginRunResponse:
+        return await self._write(self._runs.begin_unit(request))
+
+    async def FinishRun(
+        self, request: journal_pb2.FinishRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> journal_pb2.FinishRunResponse:
+        return await self._write(self._runs.finish_unit(request))
 
     async def Commit(
         self, request: journal_pb2.CommitRequest, context: grpc.aio.ServicerContext[Any, Any]

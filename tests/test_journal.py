@@ -35,6 +35,7 @@ from storage_service import leases as leases_module
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
 from storage_service.group_commit import GroupCommitter
+from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import (
     JournalBounds,
     JournalStore,
@@ -43,6 +44,7 @@ from storage_service.journal import (
 )
 from storage_service.journal_servicer import JournalServicer
 from storage_service.player_data import PlayerDataStore
+from storage_service.runs import RunStore
 
 TS = journal_pb2.TaskState
 SS = journal_pb2.StepState
@@ -103,6 +105,9 @@ def _size(task: journal_pb2.EventTask) -> int:
         + len(task.input.SerializeToString(deterministic=True))
         + len(result)
     )
+
+
+HISTORY_BOUNDS = HistoryBounds(max_entries=200, max_bytes=262144, max_text_chars=4000)
 
 
 @pytest.fixture
@@ -1266,7 +1271,9 @@ async def stub(
     """The service as the app runs it (writes through the group committer) and with each
     write in a transaction of its own."""
     committer = GroupCommitter(sessions) if request.param == "group-commit" else None
-    servicer = JournalServicer(JournalStore(sessions, JournalBounds(task_max_entries=2)), committer)
+    journal = JournalStore(sessions, JournalBounds(task_max_entries=2))
+    runs = RunStore(ConversationStore(sessions, HISTORY_BOUNDS), journal.now)
+    servicer = JournalServicer(journal, runs, committer)
     config = StorageConfig(port=0, metrics_port=-1, drain_seconds=0, database_url=database_url)
     host = ServiceHost(
         "storage",
@@ -1582,3 +1589,171 @@ def test_absence_checks_never_allow_write_skew(store: JournalStore) -> None:
         with ThreadPoolExecutor(max_workers=2) as pool:
             won = list(pool.map(attempt, ["a", "b"], ["b", "a"]))
         assert won.count(True) <= 1, "both batches saw the other's document as absent"
+
+
+# --- Interactive runs: BeginRun and FinishRun ---------------------------------------------------
+
+
+def _exchange(text: str, request_id: str) -> list[common_pb2.HistoryEntry]:
+    return [
+        common_pb2.HistoryEntry(
+            role=common_pb2.HISTORY_ROLE_PLAYER, text=text, request_id=request_id
+        ),
+        common_pb2.HistoryEntry(
+            role=common_pb2.HISTORY_ROLE_ASSISTANT, text=f"re: {text}", request_id=request_id
+        ),
+    ]
+
+
+async def _begin(
+    stub: journal_pb2_grpc.JournalServiceStub, player: str, owner: str, history: int = 0
+) -> journal_pb2.BeginRunResponse:
+    return await stub.BeginRun(  # type: ignore[no-any-return]
+        journal_pb2.BeginRunRequest(
+            player_id=player, owner=owner, lease_seconds=30, history_entries=history
+        )
+    )
+
+
+async def test_a_run_begins_with_the_players_lease_and_what_it_reads_first(
+    stub: journal_pb2_grpc.JournalServiceStub,
+) -> None:
+    player = _player()
+    begun = await _begin(stub, player, "engine-a#1", history=10)
+    assert begun.lease.name == f"player:{player}" and begun.lease.owner == "engine-a#1"
+    assert begun.lease.token > 0
+    assert begun.preferences.history_enabled and begun.preferences.external_enabled
+    assert list(begun.history) == []
+    # One run per player: another replica is refused while the lease is held...
+    with pytest.raises(grpc.aio.AioRpcError) as held:
+        await _begin(stub, player, "engine-b#1")
+    assert held.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "engine-a#1" in (held.value.details() or "")
+    # ...and the holder itself may begin again (a larger token).
+    again = await _begin(stub, player, "engine-a#1")
+    assert again.lease.token > begun.lease.token
+
+
+async def test_finishing_stores_the_exchange_before_the_lease_is_free(
+    stub: journal_pb2_grpc.JournalServiceStub,
+) -> None:
+    """What a run on another replica reads when it begins holds the exchange just finished."""
+    player = _player()
+    first = await _begin(stub, player, "engine-a#1")
+    finished = await stub.FinishRun(
+        journal_pb2.FinishRunRequest(
+            player_id=player,
+            owner="engine-a#1",
+            token=first.lease.token,
+            entries=_exchange("hello", "r1"),
+        )
+    )
+    assert finished.recorded and finished.released and not finished.history_error
+    second = await _begin(stub, player, "engine-b#1", history=1)
+    assert [e.text for e in second.history] == ["re: hello"]  # the newest one
+    everything = await _begin(stub, player, "engine-b#1", history=100)
+    assert [e.text for e in everything.history] == ["hello", "re: hello"]  # oldest first
+
+
+async def test_a_retried_finish_writes_the_exchange_once(
+    stub: journal_pb2_grpc.JournalServiceStub,
+) -> None:
+    player = _player()
+    begun = await _begin(stub, player, "engine-a#1")
+    request = journal_pb2.FinishRunRequest(
+        player_id=player, owner="engine-a#1", token=begun.lease.token, entries=_exchange("x", "r1")
+    )
+    assert (await stub.FinishRun(request)).recorded
+    retried = await stub.FinishRun(request)
+    assert not retried.recorded and not retried.released  # written and given back already
+    after = await _begin(stub, player, "engine-b#1", history=100)
+    assert [e.text for e in after.history] == ["x", "re: x"]
+
+
+async def test_a_late_finish_records_history_but_frees_nothing_it_lost(
+    stub: journal_pb2_grpc.JournalServiceStub,
+) -> None:
+    """A finish with the token of a lease another replica holds now writes its exchange (a
+    history write never waits on a lease) and leaves the other replica's lease alone."""
+    player = _player()
+    old = await _begin(stub, player, "engine-a#1")
+    await stub.FinishRun(
+        journal_pb2.FinishRunRequest(player_id=player, owner="engine-a#1", token=old.lease.token)
+    )
+    await _begin(stub, player, "engine-b#1")
+    late = await stub.FinishRun(
+        journal_pb2.FinishRunRequest(
+            player_id=player,
+            owner="engine-a#1",
+            token=old.lease.token,
+            entries=_exchange("late", "r2"),
+        )
+    )
+    assert late.recorded and not late.released
+    with pytest.raises(grpc.aio.AioRpcError) as held:
+        await _begin(stub, player, "engine-c#1")
+    assert "engine-b#1" in (held.value.details() or "")
+
+
+async def test_an_exchange_over_the_history_bounds_still_frees_the_lease(
+    stub: journal_pb2_grpc.JournalServiceStub,
+) -> None:
+    player = _player()
+    begun = await _begin(stub, player, "engine-a#1")
+    finished = await stub.FinishRun(
+        journal_pb2.FinishRunRequest(
+            player_id=player,
+            owner="engine-a#1",
+            token=begun.lease.token,
+            entries=_exchange("y" * 5000, "r1"),
+        )
+    )
+    assert not finished.recorded and finished.released
+    assert "4000" in finished.history_error
+    after = await _begin(stub, player, "engine-b#1", history=10)
+    assert list(after.history) == []
+
+
+async def test_a_run_of_a_player_with_history_off_records_nothing(
+    stub: journal_pb2_grpc.JournalServiceStub,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    player = _player()
+    ConversationStore(sessions, HISTORY_BOUNDS).update_preferences(player, False, None)
+    begun = await _begin(stub, player, "engine-a#1", history=5)
+    assert not begun.preferences.history_enabled and begun.preferences.external_enabled
+    finished = await stub.FinishRun(
+        journal_pb2.FinishRunRequest(
+            player_id=player,
+            owner="engine-a#1",
+            token=begun.lease.token,
+            entries=_exchange("z", "r"),
+        )
+    )
+    assert not finished.recorded and finished.released
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (journal_pb2.BeginRunRequest(owner="e#1", lease_seconds=30), "player_id is required"),
+        (journal_pb2.BeginRunRequest(player_id="p", lease_seconds=30), "owner"),
+        (journal_pb2.BeginRunRequest(player_id="p", owner="e#1"), "ttl"),
+        (
+            journal_pb2.BeginRunRequest(
+                player_id="p", owner="e#1", lease_seconds=30, history_entries=101
+            ),
+            "at most 100",
+        ),
+        (journal_pb2.FinishRunRequest(player_id="p", owner="e#1"), "token"),
+        (journal_pb2.FinishRunRequest(owner="e#1", token=1), "player_id is required"),
+    ],
+)
+async def test_bad_run_calls_are_invalid_argument(
+    stub: journal_pb2_grpc.JournalServiceStub, request_: Any, message: str
+) -> None:
+    call = stub.BeginRun if isinstance(request_, journal_pb2.BeginRunRequest) else stub.FinishRun
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(request_)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (refused.value.details() or "")

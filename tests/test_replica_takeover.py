@@ -45,8 +45,10 @@ from storage_service.app import ACCESS
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
+from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import JournalBounds, JournalStore, LeaseRow
 from storage_service.journal_servicer import JournalServicer
+from storage_service.runs import RunStore
 from tests.service_process import ServiceProcess, free_port
 from tests.test_engine_events import (
     ADVANCEMENT,
@@ -218,8 +220,10 @@ def test_bad_input_is_invalid_argument(
 async def stub(
     database_url: str,
     store: JournalStore,
+    sessions: sessionmaker,  # type: ignore[type-arg]
 ) -> AsyncIterator[journal_pb2_grpc.JournalServiceStub]:
-    servicer = JournalServicer(store)
+    history = ConversationStore(sessions, HistoryBounds(200, 262144, 4000))
+    servicer = JournalServicer(store, RunStore(history, store.now))
     config = StorageConfig(port=0, metrics_port=-1, drain_seconds=0, database_url=database_url)
     host = ServiceHost(
         "storage",
