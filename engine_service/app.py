@@ -7,7 +7,7 @@ import dataclasses
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
 from engine_service.advancements import AdvancementConfig
-from engine_service.clients import GatewayGameTools, JournalLeases, StorageHistory
+from engine_service.clients import GatewayGameTools, JournalRuns, StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventRunner, EventTasks
@@ -70,7 +70,7 @@ class EngineApp:
         self.identity = replica_identity(config.replica_id, config.workers)
         self.storage = StorageHistory(config.storage_target, channels)
         self.game_tools = GatewayGameTools(config.gateway_target, channels)
-        self.leases = JournalLeases(config.storage_target, settings=channels)
+        self.runs = JournalRuns(config.storage_target, settings=channels)
         self.models = ModelClient(config.model_target, channels)
         self.knowledge = StorageKnowledge(config.storage_target, channels)
         self.preferences = StoragePreferences(config.storage_target, channels)
@@ -88,7 +88,12 @@ class EngineApp:
             config.execute_timeout_seconds,
             config.history_timeout_seconds,
             self.game_tools,
-            PlayerRuns(self.leases, self.identity.owner, config.player_lease_seconds),
+            PlayerRuns(
+                self.runs,
+                self.identity.owner,
+                config.player_lease_seconds,
+                finish_timeout=config.history_timeout_seconds,
+            ),
             self.models,
         )
         self.tasks = TaskStore(config.storage_target, settings=channels)
@@ -129,8 +134,8 @@ class EngineApp:
         await self.runner.stop()
         self.maintenance.shutdown()
         self.engine.interactive.shutdown()
-        await self.engine.flush_history()  # exchanges already answered still reach history
-        await self.engine.runs.flush_releases()  # and the players' leases are given back
+        # Exchanges already answered still reach history, and the players' leases go back.
+        await self.engine.flush_history()
         await self.tasks.aclose()
         await self.runner_tasks.aclose()
         await self.incarnations.aclose()
@@ -139,7 +144,7 @@ class EngineApp:
         await self.knowledge.aclose()
         await self.documents.aclose()
         await self.game_tools.aclose()
-        await self.leases.aclose()
+        await self.runs.aclose()
         await self.storage.aclose()
 
 

@@ -1,5 +1,5 @@
-"""What the engine calls: the storage service (history, player leases) and the gateway's tool
-relay."""
+"""What the engine calls: the storage service (runs begun and finished, history pages) and
+the gateway's tool relay."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from system.common.v1 import common_pb2
 from system.relay.v1 import relay_pb2, relay_pb2_grpc
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
-from engine_service.runs import LeaseTaken
+from engine_service.runs import RunStart
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.errors import ResourceExhausted, Unavailable
 from services.runtime.multiplex import StreamedCalls
 
-__all__ = ["GatewayGameTools", "JournalLeases", "JournalStream", "StorageHistory"]
+__all__ = ["GatewayGameTools", "JournalRuns", "JournalStream", "StorageHistory"]
 
 _JOURNAL = "system.storage.v1.JournalService"
 
@@ -42,16 +42,19 @@ class JournalStream(StreamedCalls):
                 "acquire_lease": f"{_JOURNAL}/AcquireLease",
                 "renew_lease": f"{_JOURNAL}/RenewLease",
                 "release_lease": f"{_JOURNAL}/ReleaseLease",
+                "begin_run": f"{_JOURNAL}/BeginRun",
+                "finish_run": f"{_JOURNAL}/FinishRun",
             },
         )
 
 
-class JournalLeases:
-    """Named leases over the storage service's JournalService (PlayerLeases in the engine).
+class JournalRuns:
+    """The RunJournal over the storage service's JournalService: BeginRun and FinishRun (and
+    RenewLease for a long run) on the engine's journal stream.
 
-    Acquire, renew and release are safe to repeat for the same owner, so transport failures
-    are retried. A lease held by another owner is BUSY (ResourceExhausted); a storage service
-    that cannot be reached is Unavailable: the caller must not run without the lease.
+    All three are safe to repeat (a retried finish writes its exchange once), so transport
+    failures are retried. A lease held by another owner is BUSY (ResourceExhausted); a
+    storage service that cannot be reached is Unavailable: the run must not start.
     """
 
     def __init__(
@@ -63,19 +66,26 @@ class JournalLeases:
             journal_pb2_grpc.JournalServiceStub,
             settings=settings,
             idempotent_methods=[
-                f"{_JOURNAL}/AcquireLease",
+                f"{_JOURNAL}/BeginRun",
+                f"{_JOURNAL}/FinishRun",
                 f"{_JOURNAL}/RenewLease",
-                f"{_JOURNAL}/ReleaseLease",
             ],
         )
         self._calls = JournalStream(self._dep)
 
-    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> LeaseTaken:
-        """Takes the lease: its fencing token, and the token of the acquisition before."""
+    async def begin(
+        self, player_id: str, owner: str, lease_seconds: int, history_entries: int
+    ) -> RunStart:
+        """Takes the player's lease and reads what the run reads first."""
         try:
             response = await self._calls.call(
-                "acquire_lease",
-                journal_pb2.AcquireLeaseRequest(name=name, owner=owner, ttl_seconds=ttl_seconds),
+                "begin_run",
+                journal_pb2.BeginRunRequest(
+                    player_id=player_id,
+                    owner=owner,
+                    lease_seconds=lease_seconds,
+                    history_entries=history_entries,
+                ),
                 self._timeout,
             )
         except grpc.aio.AioRpcError as exc:
@@ -83,29 +93,45 @@ class JournalLeases:
                 raise ResourceExhausted(
                     "another request of this player is in progress; try again shortly"
                 ) from None
-            raise Unavailable(f"the player lease could not be taken: {exc.details()}") from None
-        return LeaseTaken(int(response.lease.token), int(response.previous_token))
+            raise Unavailable(f"the player's run could not begin: {exc.details()}") from None
+        return RunStart(
+            int(response.lease.token),
+            response.preferences.history_enabled,
+            response.preferences.external_enabled,
+            list(response.history) if history_entries else None,
+        )
 
-    async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None:
-        """Extends the lease. Raises grpc.aio.AioRpcError when it was lost or not reachable."""
+    async def renew(self, player_id: str, owner: str, token: int, lease_seconds: int) -> None:
+        """Extends the player's lease. Raises grpc.aio.AioRpcError when it was lost or not
+        reachable."""
         await self._calls.call(
             "renew_lease",
             journal_pb2.RenewLeaseRequest(
-                name=name, owner=owner, token=token, ttl_seconds=ttl_seconds
+                name=_player_lease(player_id), owner=owner, token=token, ttl_seconds=lease_seconds
             ),
             self._timeout,
         )
 
-    async def release(self, name: str, owner: str, token: int) -> None:
+    async def finish(
+        self, player_id: str, owner: str, token: int, entries: list[common_pb2.HistoryEntry]
+    ) -> None:
+        """Stores the run's exchange and gives the lease back."""
         await self._calls.call(
-            "release_lease",
-            journal_pb2.ReleaseLeaseRequest(name=name, owner=owner, token=token),
+            "finish_run",
+            journal_pb2.FinishRunRequest(
+                player_id=player_id, owner=owner, token=token, entries=entries
+            ),
             self._timeout,
         )
 
     async def aclose(self) -> None:
         await self._calls.aclose()
         await self._dep.aclose()
+
+
+def _player_lease(player_id: str) -> str:
+    """The storage lease BeginRun takes for a player (storage_service.runs.player_lease)."""
+    return f"player:{player_id}"
 
 
 class StorageHistory:

@@ -18,9 +18,7 @@ A game tool's answer is checked against the tool's output schema before anything
 answer that breaks it fails the step with `system.error.tool_output_invalid`, naming the tool
 and the first error's path.
 
-A run that started while its player's lease was being taken (runs.PlayerRuns.hold) waits
-for the lease before any tool but a read-only, idempotent game tool, before a model call and
-before reading history. Then it calls the server tool's handler (with the context itself when the tool declares
+Then it calls the server tool's handler (with the context itself when the tool declares
 `needs_context`) or relays the game tool through the gateway, with the time left as its
 timeout, and records the completed step. The run's web gate (`open_web`, closed by default,
 never opened for an event run) is what the web tools check; `web_tools.WebGate` decides.
@@ -38,7 +36,7 @@ import dataclasses
 import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from system.common.v1 import common_pb2
@@ -140,10 +138,10 @@ class ExecutionContext:
         run_id: identifies the run in call ids (a fresh one by default).
         steps: the step journal of an event task's run; write steps go through it.
         models: the model gateway; None when the engine has none configured.
-        lease: done once the player's lease is held, for a run started while it is being
-            taken (runs.PlayerRuns.hold): until then only read-only, idempotent game tools
-            run, and every other tool, model call and history read waits for it. None: the
-            run holds all it needs already.
+        history_tail: the player's newest history entries, read when the run began
+            (JournalService.BeginRun, as many as the module declares it reads first:
+            `ModuleSpec.history_entries`); `list_history` answers from them when they cover
+            the page. None: nothing was read.
     """
 
     def __init__(
@@ -160,7 +158,7 @@ class ExecutionContext:
         run_id: str = "",
         steps: TaskSteps | None = None,
         models: ModelClient | None = None,
-        lease: asyncio.Future[None] | None = None,
+        history_tail: Sequence[common_pb2.HistoryEntry] | None = None,
     ) -> None:
         self.player = player
         self.registry = registry
@@ -181,7 +179,7 @@ class ExecutionContext:
         self._cancelled = False
         self._steps = steps
         self._models = models
-        self._lease = lease
+        self._history_tail = history_tail
         self._web_open = False
         self.web_urls: set[str] = set()
         """URLs this run's web searches returned: the only ones its web fetches may ask for."""
@@ -203,13 +201,6 @@ class ExecutionContext:
     def live_player(self) -> common_pb2.PlayerContext:
         """The player's live permission snapshot (features and level as they are now)."""
         return self._current_player()
-
-    async def leased(self) -> None:
-        """Returns once the player's lease is held (at once for a run that did not start
-        early). A run started early that cannot stand is cancelled while it waits here."""
-        lease = self._lease
-        if lease is not None and not lease.done():
-            await asyncio.wait([lease])  # not awaited directly: a cancel must not cancel it
 
     # -- web gate --------------------------------------------------------------------------
 
@@ -319,10 +310,6 @@ class ExecutionContext:
         if not spec.read_only:
             self.write_steps += 1
         call_id = f"{self.run_id}.{next(self._call_ids)}"
-        if not (spec.read_only and spec.idempotent and spec.kind == ToolKind.GAME):
-            # A read-only game tool changes nothing and costs nothing: it may run while the
-            # lease is being taken. The rest (a paid search is read-only too) waits for it.
-            await self.leased()
         if self._steps is not None and not spec.read_only:
             # The step id doubles as the call id, so a game server may deduplicate on it too.
             output = await self._steps.run(
@@ -425,7 +412,6 @@ class ExecutionContext:
         self.charge_model_call()
         if self._models is None:
             raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, "this engine has no model gateway")
-        await self.leased()
         timeout = min(self.policy.model_call_seconds, self.remaining())
         return await self._models.complete(
             self.player.player_id,
@@ -443,9 +429,15 @@ class ExecutionContext:
         return self._models
 
     async def list_history(self, page_size: int) -> list[common_pb2.HistoryEntry]:
-        # Another replica's run of the player writes its exchange before it gives the lease
-        # back: read with the lease held, so that exchange is there.
-        await self.leased()
+        tail = self._history_tail
+        if (
+            tail is not None
+            and page_size > 0
+            and (page_size <= len(tail) or len(tail) < self.spec.history_entries)
+        ):
+            # Read when the run began, under the player's lease: every exchange already
+            # answered is in it (a tail shorter than asked for is the whole history).
+            return list(tail[-page_size:])
         try:
             return await self._history.list_history(self.player.player_id, page_size)
         except Exception as exc:  # noqa: BLE001 - any storage failure is the same to a module

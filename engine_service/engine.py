@@ -11,7 +11,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2
@@ -19,7 +19,7 @@ from system.engine.v1 import engine_pb2
 from engine_service.context import ExecutionContext, GameTools, partial_result
 from engine_service.models import ModelClient
 from engine_service.registry import ModuleRegistry, ModuleSpec, struct_to_dict
-from engine_service.runs import Lease, PlayerRuns, Run, fingerprint
+from engine_service.runs import HistoryStore, LocalRuns, PlayerRuns, Run, RunStart, fingerprint
 from engine_service.schema import check_input
 from engine_service.steps import TaskSteps
 from engine_service.task_store import LeaseLost
@@ -47,18 +47,6 @@ __all__ = [
 log = logging.getLogger("system.engine")
 
 T = TypeVar("T")
-
-
-class HistoryStore(Protocol):
-    """What the engine needs of storage: the player's history."""
-
-    async def append_history(
-        self, player_id: str, entries: list[common_pb2.HistoryEntry]
-    ) -> None: ...
-
-    async def list_history(
-        self, player_id: str, page_size: int
-    ) -> list[common_pb2.HistoryEntry]: ...
 
 
 class BoundedExecutor:
@@ -194,9 +182,11 @@ class Engine:
         self.history_timeout = history_timeout
         self.game_tools = game_tools
         self.players = PlayerSnapshots()
-        self.runs = runs if runs is not None else PlayerRuns(None, "local", 5)
-        # The history write of each player's latest exchange while it travels (see _record).
-        self._writing: dict[str, asyncio.Task[None]] = {}
+        self.runs = (
+            runs
+            if runs is not None
+            else PlayerRuns(LocalRuns(history), "local", 5, finish_timeout=history_timeout)
+        )
 
     def update_player(self, player: common_pb2.PlayerContext) -> None:
         """A player's permissions changed (revoke, level, features): runs in progress see the
@@ -254,13 +244,9 @@ class Engine:
             return await asyncio.shield(running.result)
         # The queue place first: a full engine answers BUSY before asking storage for a lease.
         admission = self.interactive.admit()
-        places = [admission]
         run = self.runs.start(player.player_id, request_id or current_request_id(), print_)
 
-        async def attempt(lease: Lease | None) -> common_pb2.AgentResult:
-            # An early start thrown away gave its place back: the run proper takes another
-            # (inside the coroutine, so a refusal still gives the lease back).
-            place = places.pop() if places else self.interactive.admit()
+        async def attempt(start: RunStart) -> common_pb2.AgentResult:
             return await self._run(
                 run,
                 player,
@@ -270,12 +256,12 @@ class Engine:
                 request_text,
                 action,
                 source,
-                place,
-                lease,
+                admission,
+                start,
             )
 
         try:
-            result = await self.runs.hold(run, attempt)
+            result = await self.runs.hold(run, module.spec.history_entries, attempt)
         except BaseException as exc:
             if not run.result.done():
                 if isinstance(exc, asyncio.CancelledError):
@@ -301,12 +287,11 @@ class Engine:
         action: common_pb2.ModuleAction,
         source: int,
         admission: Admission,
-        lease: Lease | None,
+        start: RunStart,
     ) -> common_pb2.AgentResult:
-        """One run under the player's lease: the module, then its history entry (none for a
-        cancelled run). With `lease` not yet done the run has started early, while the lease
-        is being taken: its context holds back all but read-only game tools until it is, and
-        its result waits for it (see runs.PlayerRuns.hold)."""
+        """One run under the player's lease, begun with `start`: the module, then the
+        exchange its finish stores in history (none for a cancelled run, nor for a player
+        who keeps no history)."""
         timeout = min(remaining_seconds(self.execute_timeout) or 0.0, float(spec.policy.seconds))
         context = ExecutionContext(
             player=player,
@@ -318,19 +303,21 @@ class Engine:
             deadline=time.monotonic() + timeout,
             current_player=lambda: self.players.current(player),
             models=self.models,
-            lease=lease,
+            history_tail=start.history,
         )
         self.players.enter(player)
         try:
-            # The player's previous exchange is in history before this run can read it.
-            await self._written(player.player_id)
             if run.cancelled:
                 raise asyncio.CancelledError
-            run.job = asyncio.ensure_future(
-                asyncio.wait_for(
+
+            async def job() -> common_pb2.AgentResult:
+                # The executor's coroutine is made only once the job runs, so a run cancelled
+                # before it began leaves none unawaited.
+                return await asyncio.wait_for(
                     self.interactive.run(lambda: body(data, context), admission), timeout
                 )
-            )
+
+            run.job = asyncio.ensure_future(job())
             result: common_pb2.AgentResult = await run.job
         except ModuleFailure as failure:
             result = _failure(context, failure.failure, failure.message)
@@ -361,7 +348,6 @@ class Engine:
         finally:
             self.players.leave(player.player_id)
             admission.release()
-        await context.leased()  # an early start's result stands only once the lease is held
         log.info(
             "executed %s",
             action.module_id,
@@ -370,8 +356,8 @@ class Engine:
                 "status": common_pb2.ResultStatus.Name(result.status),
             },
         )
-        if not run.cancelled:
-            run.written = self._record(player, request_text or _describe(action), result)
+        if not run.cancelled and start.history_enabled:
+            run.entries = _exchange(request_text or _describe(action), result)
         return result
 
     async def run_event(
@@ -440,72 +426,31 @@ class Engine:
         """Cancels the player's run on this replica (only `request_id`'s when given)."""
         return self.runs.cancel(player_id, request_id)
 
-    async def _written(self, player_id: str) -> None:
-        """Waits for the player's history write in flight, if any (it is bounded by
-        history_timeout and never raises)."""
-        writing = self._writing.get(player_id)
-        if writing is not None:
-            await asyncio.wait([writing])
-
     async def settle_history(self, player_id: str) -> bool:
         """Returns once every exchange of the player already answered is in history, on any
         replica; False when a run of the player is still in progress (see
         PlayerRuns.settle)."""
-        await self._written(player_id)
         return await self.runs.settle(player_id)
 
     async def flush_history(self) -> None:
-        """Waits for every history write in flight (at shutdown, and in tests)."""
-        while self._writing:
-            await asyncio.wait(list(self._writing.values()))
+        """Waits for every run's finish in flight (at shutdown, and in tests)."""
+        await self.runs.flush()
 
-    def _record(
-        self, player: common_pb2.PlayerContext, text: str, result: common_pb2.AgentResult
-    ) -> asyncio.Task[None]:
-        """Writes the exchange to history after the result has gone back: the player does not
-        wait for it. Order is kept: a player's writes go one after the other, the player's
-        next run on this replica waits for it before it starts (`_written`), and the player's
-        lease is released only once it is done (`Run.written`), so a run on another replica
-        cannot start before it either. A failure is logged and never reaches the player."""
-        player_id = player.player_id
-        previous = self._writing.get(player_id)
-        task = asyncio.ensure_future(self._write(previous, player, text, result))
-        self._writing[player_id] = task
 
-        def forget(done: asyncio.Task[None]) -> None:
-            if self._writing.get(player_id) is done:
-                del self._writing[player_id]
-
-        task.add_done_callback(forget)
-        return task
-
-    async def _write(
-        self,
-        previous: asyncio.Task[None] | None,
-        player: common_pb2.PlayerContext,
-        text: str,
-        result: common_pb2.AgentResult,
-    ) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])
-        request_id = current_request_id()
-        entries = [
-            common_pb2.HistoryEntry(
-                role=common_pb2.HISTORY_ROLE_PLAYER, text=text, request_id=request_id
-            ),
-            common_pb2.HistoryEntry(
-                role=common_pb2.HISTORY_ROLE_ASSISTANT,
-                text=result.text,
-                result=result,
-                request_id=request_id,
-            ),
-        ]
-        try:
-            await asyncio.wait_for(
-                self.history.append_history(player.player_id, entries), self.history_timeout
-            )
-        except Exception as exc:  # noqa: BLE001 - history must never block a result
-            log.warning("history write failed: %s", exc)
+def _exchange(text: str, result: common_pb2.AgentResult) -> list[common_pb2.HistoryEntry]:
+    """A run's exchange as history entries: the player's request and the answer."""
+    request_id = current_request_id()
+    return [
+        common_pb2.HistoryEntry(
+            role=common_pb2.HISTORY_ROLE_PLAYER, text=text, request_id=request_id
+        ),
+        common_pb2.HistoryEntry(
+            role=common_pb2.HISTORY_ROLE_ASSISTANT,
+            text=result.text,
+            result=result,
+            request_id=request_id,
+        ),
+    ]
 
 
 def _failure(

@@ -174,6 +174,9 @@ class ModuleSpec:
     absence never disables the module. Never overlaps `tools`."""
     policy: ExecutionPolicy = dataclasses.field(default_factory=ExecutionPolicy)
     """Budgets of one run."""
+    history_entries: int = 0
+    """How many of the player's newest history entries an interactive run reads: they come
+    with the run's begin call (JournalService.BeginRun) instead of a call of their own."""
     events: tuple[str, ...] = ()
     """Game event types (`minecraft:advancement`) the module handles: each such event becomes a
     persisted task running this module with the event's data as input. Needs

@@ -21,7 +21,6 @@ from system.storage.v1 import (
 
 from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
-from storage_service.async_leases import leases_for
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine, pool_capacity
 from storage_service.dbcall import use_executor
@@ -104,10 +103,8 @@ class StorageApp:
         self.player_data = PlayerDataStore(sessions)
         self.knowledge = KnowledgeStore(sessions, config.max_knowledge_chars)
         history = StorageServicer(self.store)
-        # PostgreSQL: lease calls from the event loop, on connections of their own.
-        self.leases = leases_for(self.journal, engine)
         runs = RunStore(self.store, self.journal.now)
-        journal = JournalServicer(self.journal, runs, self.committer, self.leases)
+        journal = JournalServicer(self.journal, runs, self.committer)
         player_data = PlayerDataServicer(self.player_data, UsageLedger(sessions))
         knowledge = KnowledgeServicer(self.knowledge)
         self.host = ServiceHost(
@@ -126,7 +123,6 @@ class StorageApp:
         )
 
     async def aclose(self) -> None:
-        await self.leases.aclose()
         use_executor(None, replacing=self.executor)
         self.executor.shutdown(wait=False)
         await asyncio.to_thread(self.committer.close)

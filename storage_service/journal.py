@@ -42,7 +42,7 @@ from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFoun
 from storage_service.batch_groups import _CommitSender, _SendableCommit, send_batches
 from storage_service.batches import BatchRow, _Batch, apply_batch
 from storage_service.claims import MAX_CLAIM, MAX_CLAIM_PLAYERS, claim_tasks
-from storage_service.dialect import SQLITE, OneStatement, name_of, utc_now
+from storage_service.dialect import OneStatement, utc_now
 from storage_service.group_commit import run_group
 from storage_service.journal_records import (
     MAX_TASK_ID,
@@ -58,14 +58,12 @@ from storage_service.journal_records import (
 from storage_service.leases import (
     OWNER_SEPARATOR,
     LeaseRow,
-    LeaseSteps,
     _check_ttl,
-    acquire_steps,
+    acquire,
     check_fence,
+    release,
     release_earlier_incarnations,
-    release_steps,
-    renew_steps,
-    run_steps,
+    renew,
 )
 from storage_service.ledgers import JournalBounds, receipt_size, task_size
 from storage_service.receipts import complete_step, record_step
@@ -86,13 +84,8 @@ __all__ = [
     "LeaseRow",
     "ReceiptRow",
     "TaskRow",
-    "LeaseSteps",
-    "acquire_steps",
     "OWNER_SEPARATOR",
     "release_earlier_incarnations",
-    "release_steps",
-    "renew_steps",
-    "run_steps",
     "check_fence",
     "complete_step",
     "create_task",
@@ -365,28 +358,22 @@ class JournalStore:
     # -- leases --------------------------------------------------------------------------------
 
     def acquire_lease(self, name: str, owner: str, ttl_seconds: int) -> journal_pb2.Lease:
-        return self.take_lease(name, owner, ttl_seconds).lease
-
-    def take_lease(
-        self, name: str, owner: str, ttl_seconds: int
-    ) -> journal_pb2.AcquireLeaseResponse:
-        """`acquire_lease` with the token of the acquisition before (AcquireLease's answer)."""
+        """Takes a lease (see storage_service.leases.acquire). One statement, in autocommit on
+        PostgreSQL."""
         now = self._now()
         with self._one_statement.begin() as session:
-            steps = acquire_steps(name, owner, ttl_seconds, now, name_of(session) == SQLITE)
-            return run_steps(steps, session)  # type: ignore[no-any-return]
+            return acquire(session, name, owner, ttl_seconds, now)
 
     def renew_lease(self, name: str, owner: str, token: int, ttl_seconds: int) -> journal_pb2.Lease:
         """Extends a lease the caller holds (also after it expired, if nobody took it since)."""
-        steps = renew_steps(name, owner, token, ttl_seconds, self._now())
+        now = self._now()
         with self._one_statement.begin() as session:
-            return run_steps(steps, session)  # type: ignore[no-any-return]
+            return renew(session, name, owner, token, ttl_seconds, now)
 
     def release_lease(self, name: str, owner: str, token: int) -> bool:
         """Gives a lease up; False when it was no longer the caller's. The token is kept."""
-        steps = release_steps(name, owner, token)
         with self._one_statement.begin() as session:
-            return run_steps(steps, session)  # type: ignore[no-any-return]
+            return release(session, name, owner, token)
 
     def release_earlier_incarnations(self, name: str, incarnation: str) -> int:
         """Ends the leases of replica `name`'s earlier incarnations; answers how many (see the

@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.multiplex import MultiplexServer
-from storage_service.async_leases import Leases, ThreadedLeases
 from storage_service.dbcall import run_db
 from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalStore
@@ -44,8 +43,6 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
             storage_service.group_commit); without one each is a transaction of its own on
             a worker thread.
         runs: begins and finishes interactive runs (storage_service.runs).
-        leases: runs the lease calls (storage_service.async_leases: on the event loop on
-            PostgreSQL); without it they go to a worker thread.
     """
 
     def __init__(
@@ -53,12 +50,10 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         store: JournalStore,
         runs: RunStore,
         committer: GroupCommitter | None = None,
-        leases: Leases | None = None,
     ) -> None:
         self._store = store
         self._runs = runs
         self._committer = committer
-        self._leases = leases if leases is not None else ThreadedLeases(store)
         self._multiplex = MultiplexServer(
             _SERVICE,
             journal_pb2.MultiplexResponse,
@@ -181,20 +176,25 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
     async def AcquireLease(
         self, request: journal_pb2.AcquireLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.AcquireLeaseResponse:
-        return await self._leases.take_lease(request.name, request.owner, request.ttl_seconds)
+        lease = await run_db(
+            self._store.acquire_lease, request.name, request.owner, request.ttl_seconds
+        )
+        return journal_pb2.AcquireLeaseResponse(lease=lease)
 
     async def RenewLease(
         self, request: journal_pb2.RenewLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.RenewLeaseResponse:
-        lease = await self._leases.renew_lease(
-            request.name, request.owner, request.token, request.ttl_seconds
+        lease = await run_db(
+            self._store.renew_lease, request.name, request.owner, request.token, request.ttl_seconds
         )
         return journal_pb2.RenewLeaseResponse(lease=lease)
 
     async def ReleaseLease(
         self, request: journal_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.ReleaseLeaseResponse:
-        released = await self._leases.release_lease(request.name, request.owner, request.token)
+        released = await run_db(
+            self._store.release_lease, request.name, request.owner, request.token
+        )
         return journal_pb2.ReleaseLeaseResponse(released=released)
 
     async def ReleaseEarlierIncarnations(

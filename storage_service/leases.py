@@ -7,8 +7,9 @@ player reset, or the eviction of a finished task) and made again. An engine repl
 are owned by `<name>#<incarnation>`: a restarted replica ends its earlier incarnations'
 leases at start (`release_earlier_incarnations`, decision 0014).
 
-The lease calls are written once, as generators of statements (`LeaseSteps`): `run_steps`
-drives them in a session or on a connection, storage_service.async_leases on the event loop.
+Each lease call is a function of a session (or a connection) doing its work in that
+transaction: the journal's own lease calls run it alone, BeginRun and FinishRun beside the
+run's reads and history write.
 A fence locks its lease FOR SHARE until the fenced write commits, so a concurrent acquisition
 waits and no write lands under a token that has already been replaced.
 """
@@ -16,7 +17,7 @@ waits and no write lands under a token that has already been replaced.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from sqlalchemy import BigInteger, DateTime, Integer, String, bindparam, func, or_, select, update
@@ -27,7 +28,15 @@ from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import STALE_FENCE, FailedPrecondition, InvalidArgument
 from storage_service.db import Base, table_of
-from storage_service.dialect import GREATEST, INSERT, POSTGRESQL, SQLITE, DialectInsert, aware
+from storage_service.dialect import (
+    GREATEST,
+    INSERT,
+    POSTGRESQL,
+    SQLITE,
+    DialectInsert,
+    aware,
+    name_of,
+)
 from storage_service.fastsql import FastResult, FastStatement
 from storage_service.journal_records import MAX_ID, _check_id
 
@@ -35,13 +44,12 @@ __all__ = [
     "ACQUIRE_ATTEMPTS",
     "OWNER_SEPARATOR",
     "LeaseRow",
-    "LeaseSteps",
-    "acquire_steps",
+    "acquire",
     "check_fence",
+    "check_holder",
+    "release",
     "release_earlier_incarnations",
-    "release_steps",
-    "renew_steps",
-    "run_steps",
+    "renew",
 ]
 
 MAX_TTL_SECONDS = 3600
@@ -89,8 +97,7 @@ def _acquire_statement(
     dialect_insert: DialectInsert, greatest: Callable[..., ColumnElement[Any]]
 ) -> FastStatement:
     """One statement that makes the row or takes it over when it is free, expired or already
-    the owner's, returning the new token and the one before it (see _previous_token); no row
-    comes back when someone else holds it."""
+    the owner's, returning the new token; no row comes back when someone else holds it."""
     inserted = dialect_insert(_LEASES).values(
         name=bindparam("name", type_=String),
         owner=bindparam("owner", type_=String),
@@ -111,24 +118,7 @@ def _acquire_statement(
                 _LEASES.c.expires_at <= bindparam("now", type_=_LEASES.c.expires_at.type),
                 _LEASES.c.owner == inserted.excluded.owner,
             ),
-        ).returning(_LEASES.c.token, _previous_token())
-    )
-
-
-def _previous_token() -> ColumnElement[Any]:
-    """The lease's token as it was before the statement, 0 without a row: a subquery in
-    RETURNING reads the statement's snapshot, not the row it just wrote (PostgreSQL; SQLite
-    evaluates it as the row is written, so there it is read by a statement before, in the
-    same transaction). On PostgreSQL, a statement that waited for another's lock on the row
-    reads the snapshot from before the wait, so the token it returns can be older than the
-    one it replaced: it misses another owner's acquisition only when that owner took the
-    lease and gave it back while this one statement ran."""
-    before = _LEASES.alias("before")
-    return func.coalesce(
-        select(before.c.token)
-        .where(before.c.name == bindparam("name", type_=String))
-        .scalar_subquery(),
-        0,
+        ).returning(_LEASES.c.token)
     )
 
 
@@ -162,34 +152,16 @@ ACQUIRE_ATTEMPTS = 3
 whom (the holder gave it back in between)."""
 
 
-LeaseSteps = Generator[tuple[FastStatement, dict[str, Any]], FastResult, Any]
-"""A lease call as the statements it runs: it yields each statement with its parameters and
-is sent that statement's result; what it returns is the call's answer. One driver runs them
-in a session or on a connection (`run_steps`), another on the event loop
-(storage_service.async_leases), so the rules are written once."""
-
-
-def run_steps(steps: LeaseSteps, target: Session | Connection) -> Any:
-    """Runs a lease call's statements in the session's transaction (or on the connection)."""
-    try:
-        statement, params = next(steps)
-        while True:
-            statement, params = steps.send(statement.execute(target, params))
-    except StopIteration as done:
-        return done.value
-
-
-def acquire_steps(
-    name: str, owner: str, ttl_seconds: int, now: dt.datetime, sqlite: bool
-) -> LeaseSteps:
+def acquire(
+    target: Session | Connection, name: str, owner: str, ttl_seconds: int, now: dt.datetime
+) -> journal_pb2.Lease:
     """Takes `name` for `owner` until now + ttl when it is free, expired or already the
-    owner's; every acquisition gets a larger token (see _micros), and the answer
-    (AcquireLeaseResponse) carries the token of the acquisition before it (0 for a first
-    one). FAILED_PRECONDITION when someone else holds it.
+    owner's; every acquisition gets a larger token (see _micros). FAILED_PRECONDITION when
+    someone else holds it.
 
     One statement (an upsert that only updates a row it may take, returning the token): the
-    player's lease is taken before every interactive run, so its cost is on every request's
-    critical path."""
+    player's lease is taken before every interactive run (BeginRun), so its cost is on every
+    request's critical path."""
     _check_id(name, "name")
     _check_id(owner, "owner")
     _check_ttl(ttl_seconds, "ttl_seconds")
@@ -201,21 +173,16 @@ def acquire_steps(
         "expires_at": expires_at,
         "now": now,
     }
+    statement = _ACQUIRE_SQLITE if name_of(target) == SQLITE else _ACQUIRE_POSTGRESQL
     for _ in range(ACQUIRE_ATTEMPTS):
-        before = None
-        if sqlite:  # one writer at a time: read before writing, in the same transaction
-            before = _lease_row((yield _LEASE_STATE, {"name": name}))
-        taken = yield (_ACQUIRE_SQLITE if sqlite else _ACQUIRE_POSTGRESQL), params
-        if taken.rows:
-            token, previous = taken.rows[0]
-            if sqlite:  # see _previous_token
-                previous = 0 if before is None else before.token
-            lease = journal_pb2.Lease(name=name, owner=owner, token=int(token))
+        taken = statement.execute(target, params).first()
+        if taken is not None:
+            lease = journal_pb2.Lease(name=name, owner=owner, token=int(taken[0]))
             lease.expires_at.FromDatetime(expires_at)
-            return journal_pb2.AcquireLeaseResponse(lease=lease, previous_token=int(previous))
+            return lease
         # Someone held it. Read who, to say so; in autocommit (PostgreSQL) the holder may have
         # given it back between the two statements, and then it is asked for again.
-        holder = _lease_row((yield _LEASE_STATE, {"name": name}))
+        holder = _lease_row(_LEASE_STATE.execute(target, {"name": name}))
         if holder is not None and _live(holder, now):
             assert holder.expires_at is not None
             raise FailedPrecondition(
@@ -227,9 +194,14 @@ def acquire_steps(
     )
 
 
-def renew_steps(
-    name: str, owner: str, token: int, ttl_seconds: int, now: dt.datetime
-) -> LeaseSteps:
+def renew(
+    target: Session | Connection,
+    name: str,
+    owner: str,
+    token: int,
+    ttl_seconds: int,
+    now: dt.datetime,
+) -> journal_pb2.Lease:
     """Extends a lease the caller holds (also after it expired, if nobody took it since);
     answers the Lease. FAILED_PRECONDITION when it is not the caller's."""
     _check_id(name, "name")
@@ -237,15 +209,14 @@ def renew_steps(
     _check_token(token)
     _check_ttl(ttl_seconds, "ttl_seconds")
     expires_at = now + dt.timedelta(seconds=ttl_seconds)
-    renewed = yield (
-        _RENEW,
-        {"name": name, "holder": owner, "held_token": token, "expires_at": expires_at},
+    renewed = _RENEW.execute(
+        target, {"name": name, "holder": owner, "held_token": token, "expires_at": expires_at}
     )
     if renewed.rowcount == 1:
         lease = journal_pb2.Lease(name=name, owner=owner, token=token)
         lease.expires_at.FromDatetime(expires_at)
         return lease
-    row = _lease_row((yield _LEASE_STATE, {"name": name}))
+    row = _lease_row(_LEASE_STATE.execute(target, {"name": name}))
     if row is None or row.owner is None:
         raise FailedPrecondition(f"lease {name!r} is not held; acquire it again")
     raise FailedPrecondition(
@@ -254,14 +225,19 @@ def renew_steps(
     )
 
 
-def release_steps(name: str, owner: str, token: int) -> LeaseSteps:
-    """Gives a lease up; answers False when it was no longer the caller's. The token is
-    kept."""
+def check_holder(name: str, owner: str, token: int) -> None:
+    """INVALID_ARGUMENT unless `name`, `owner` and `token` can name a held lease."""
     _check_id(name, "name")
     _check_id(owner, "owner")
     _check_token(token)
-    released = yield _RELEASE, {"name": name, "holder": owner, "held_token": token}
-    return released.rowcount == 1
+
+
+def release(target: Session | Connection, name: str, owner: str, token: int) -> bool:
+    """Gives a lease up; answers False when it was no longer the caller's. The token is
+    kept."""
+    check_holder(name, owner, token)
+    released = _RELEASE.execute(target, {"name": name, "holder": owner, "held_token": token})
+    return bool(released.rowcount == 1)
 
 
 OWNER_SEPARATOR = "#"

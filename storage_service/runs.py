@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2, storage_pb2
 
 from services.runtime.errors import InvalidArgument
-from storage_service.dialect import SQLITE, name_of
 from storage_service.history import ConversationStore, Preferences
-from storage_service.leases import acquire_steps, release_steps, run_steps
+from storage_service.leases import acquire, check_holder, release
 from storage_service.validation import check_player_id
 
 __all__ = ["MAX_HISTORY_ENTRIES", "RunStore", "player_lease"]
@@ -71,16 +70,11 @@ class RunStore:
         now = self._now()
 
         def unit(session: Session) -> journal_pb2.BeginRunResponse:
-            steps = acquire_steps(
-                player_lease(player_id),
-                request.owner,
-                request.lease_seconds,
-                now,
-                name_of(session) == SQLITE,
+            lease = acquire(
+                session, player_lease(player_id), request.owner, request.lease_seconds, now
             )
-            taken: journal_pb2.AcquireLeaseResponse = run_steps(steps, session)
             response = journal_pb2.BeginRunResponse(
-                lease=taken.lease,
+                lease=lease,
                 preferences=_preferences(self._history.preferences_in(session, player_id)),
             )
             if request.history_entries:
@@ -99,7 +93,8 @@ class RunStore:
         check_player_id(request.player_id)
         player_id = request.player_id
         entries = list(request.entries)
-        release = release_steps(player_lease(player_id), request.owner, request.token)
+        lease = player_lease(player_id)
+        check_holder(lease, request.owner, request.token)
         rows = []
         error = ""
         if entries:
@@ -117,7 +112,7 @@ class RunStore:
             ):
                 recorded, evicted = self._history.append_in(session, player_id, rows)
                 response.recorded, response.evicted = recorded, evicted
-            response.released = run_steps(release, session)
+            response.released = release(session, lease, request.owner, request.token)
             return response
 
         return unit

@@ -174,9 +174,7 @@ def test_request_id_travels_across_services(stack: Stack) -> None:
         }
 
     def shared() -> set[str]:
-        return (
-            ids("router", "/Route") & ids("engine", "/Execute") & ids("storage", "/AppendHistory")
-        )
+        return ids("router", "/Route") & ids("engine", "/Execute") & ids("storage", "/FinishRun")
 
     # Access logs are written in batches (at most 0.1 s late): give the last lines a moment.
     deadline = time.monotonic() + 5

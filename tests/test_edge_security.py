@@ -319,12 +319,12 @@ async def test_every_long_lived_stream_survives_idle_ping_intervals(tmp_path: Pa
         chain._clients.append(client)
         welcome = await client.connect()
         await client.join("steve", "Steve", "en_us")
-        # Opens the engine's journal stream (lease) and relay stream (the game tool).
+        # Opens the engine's journal stream (the run) and relay stream (the game tool).
         assert (
             await client.chat("steve", "/inventory")
         ).reply.result.status == common_pb2.RESULT_STATUS_SUCCEEDED
         engine = chain.apps["engine"]
-        journal, relay = engine.leases._calls, engine.game_tools._calls
+        journal, relay = engine.runs._calls, engine.game_tools._calls
         assert (journal.streams_opened, relay.streams_opened) == (1, 1)
 
         await asyncio.sleep(IDLE_SECONDS)

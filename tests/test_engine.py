@@ -32,7 +32,7 @@ from engine_service.registry import (
     RegistryError,
     load_entry_point_modules,
 )
-from engine_service.runs import LeaseTaken, PlayerRuns
+from engine_service.runs import PlayerRuns, RunStart
 from engine_service.schema import check_input
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 from services.runtime.context import request_scope
@@ -957,107 +957,115 @@ def test_semantic_profiles_reach_the_catalogue() -> None:
     assert profile.read_only_tools and profile.shortcut
 
 
-class RecordingLeases:
-    """PlayerLeases in memory, recording what happened in order."""
+class RecordingRuns:
+    """A RunJournal in memory, recording what happened in order; each finish waits for
+    `open`."""
 
     def __init__(self, log: list[str]) -> None:
         self.log = log
         self.token = 0
+        self.open = asyncio.Event()
 
-    async def acquire(self, name: str, owner: str, ttl_seconds: int) -> LeaseTaken:
+    async def begin(
+        self, player_id: str, owner: str, lease_seconds: int, history_entries: int
+    ) -> RunStart:
         self.token += 1
-        self.log.append(f"acquire {self.token}")
-        return LeaseTaken(self.token, self.token - 1)
+        self.log.append(f"begin {self.token}")
+        return RunStart(self.token, history=[] if history_entries else None)
 
-    async def renew(self, name: str, owner: str, token: int, ttl_seconds: int) -> None:
+    async def renew(self, player_id: str, owner: str, token: int, lease_seconds: int) -> None:
         pass
 
-    async def release(self, name: str, owner: str, token: int) -> None:
-        self.log.append(f"release {token}")
+    async def finish(
+        self, player_id: str, owner: str, token: int, entries: list[common_pb2.HistoryEntry]
+    ) -> None:
+        await self.open.wait()
+        self.log.append(f"finish {token}: {len(entries)} entries")
 
 
-def _leased_engine(events: list[str]) -> tuple[Engine, GatedHistory]:
-    """An engine on recording player leases whose history writes wait for `history.open`;
-    both record into `events` in the order things happen."""
-
-    class LoggedHistory(GatedHistory):
-        async def append_history(self, player_id: str, entries: Any) -> None:
-            await super().append_history(player_id, entries)
-            events.append("history")
-
-    history = LoggedHistory()
-    engine = Engine(
-        _registry(),
-        history,
-        BoundedExecutor("interactive", 4, 8),
-        execute_timeout=5.0,
-        history_timeout=1.0,
-        runs=PlayerRuns(RecordingLeases(events), "replica-a", 5),
-    )
-    return engine, history
-
-
-async def test_the_player_lease_is_given_back_only_after_the_history_write() -> None:
-    """Another replica cannot start a run of the player before the exchange is stored."""
-    events: list[str] = []
-    engine, history = _leased_engine(events)
-    result = await engine.execute(_player(), _action("system:help"), "help")
-    assert result.status == SUCCEEDED
-    await asyncio.sleep(0.05)
-    assert events == ["acquire 1"]  # answered; the write and so the release still wait
-    history.open.set()
-    await engine.flush_history()
-    for _ in range(20):
-        await asyncio.sleep(0.01)
-    assert events == ["acquire 1", "history", "release 1"]
-
-
-async def test_a_release_superseded_by_the_players_next_run_is_not_sent() -> None:
-    """The player's next request took the lease again before the first run's release went
-    out: that release (of an older token, which storage would refuse) is dropped, and only
-    the newer run gives the lease back."""
-    events: list[str] = []
-    engine, history = _leased_engine(events)
-    await engine.execute(_player(), _action("system:help"), "first")
-    second = asyncio.ensure_future(engine.execute(_player(), _action("system:help"), "second"))
-    await asyncio.sleep(0.05)
-    assert events == ["acquire 1", "acquire 2"]  # the second waits for the first's history
-    history.open.set()
-    await second
-    await engine.flush_history()
-    for _ in range(20):
-        await asyncio.sleep(0.01)
-    assert events == ["acquire 1", "acquire 2", "history", "history", "release 2"]
-
-
-async def test_settle_history_waits_for_the_answered_exchange() -> None:
-    """SettleHistory returns once the exchange already answered is stored (and the lease it
-    took is given back); with a run of the player in progress it answers False."""
-    events: list[str] = []
-    engine, history = _leased_engine(events)
-    await engine.execute(_player(), _action("system:help"), "help")
-    settle = asyncio.ensure_future(engine.settle_history("p-1"))
-    await asyncio.sleep(0.05)
-    assert not settle.done() and "history" not in events
-    history.open.set()
-    assert await settle is True
-    assert events.index("history") < events.index("acquire 2")
-    assert events[-1] == "release 2"
-
-    gate = asyncio.Event()
+def _journaled_engine(
+    events: list[str], gate: asyncio.Event | None = None
+) -> tuple[Engine, RecordingRuns]:
+    """An engine whose runs begin and finish on a recording journal (finishes gated); with
+    `gate`, it also has `test:wait`, a module that waits for the gate."""
 
     async def waits(data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
+        assert gate is not None
         await gate.wait()
         return await _ok(data, ctx)
 
-    busy = Engine(
-        _registry(_module("test:wait", waits)),
+    journal = RecordingRuns(events)
+    engine = Engine(
+        _registry(_module("test:wait", waits)) if gate is not None else _registry(),
         MemoryHistory(),
         BoundedExecutor("interactive", 4, 8),
         execute_timeout=5.0,
         history_timeout=1.0,
-        runs=PlayerRuns(RecordingLeases([]), "replica-a", 5),
+        runs=PlayerRuns(journal, "replica-a", 5),
     )
+    return engine, journal
+
+
+async def test_a_run_is_one_begin_before_it_and_one_finish_after_the_reply() -> None:
+    """The lease and the history tail come with the begin; the exchange and the lease's
+    release go in one finish, which the reply does not wait for."""
+    events: list[str] = []
+    engine, journal = _journaled_engine(events)
+    result = await engine.execute(_player(), _action("system:help"), "help")
+    assert result.status == SUCCEEDED
+    assert events == ["begin 1"]  # answered; the finish still waits
+    journal.open.set()
+    await engine.flush_history()
+    assert events == ["begin 1", "finish 1: 2 entries"]
+
+
+async def test_the_players_next_run_begins_once_the_previous_finish_landed() -> None:
+    """This replica owns the lease already, so only waiting for its own finish keeps the
+    player's history in order (and the older token's release from crossing the new one)."""
+    events: list[str] = []
+    engine, journal = _journaled_engine(events)
+    await engine.execute(_player(), _action("system:help"), "first")
+    second = asyncio.ensure_future(engine.execute(_player(), _action("system:help"), "second"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert events == ["begin 1"] and not second.done()
+    journal.open.set()
+    await second
+    await engine.flush_history()
+    assert events == ["begin 1", "finish 1: 2 entries", "begin 2", "finish 2: 2 entries"]
+
+
+async def test_a_cancelled_run_finishes_without_history() -> None:
+    events: list[str] = []
+    engine, journal = _journaled_engine(events, asyncio.Event())
+    journal.open.set()
+    running = asyncio.ensure_future(engine.execute(_player(), _action("test:wait"), "wait"))
+    while not events:
+        await asyncio.sleep(0)
+    assert engine.cancel("p-1")
+    result = await running
+    assert result.failure.key == "system.error.cancelled"
+    await engine.flush_history()
+    assert events == ["begin 1", "finish 1: 0 entries"]
+
+
+async def test_settle_history_waits_for_the_answered_exchange() -> None:
+    """SettleHistory returns once the exchange already answered is stored (an empty run
+    begun and finished after it); with a run of the player in progress it answers False."""
+    events: list[str] = []
+    engine, journal = _journaled_engine(events)
+    await engine.execute(_player(), _action("system:help"), "help")
+    settle = asyncio.ensure_future(engine.settle_history("p-1"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not settle.done() and events == ["begin 1"]
+    journal.open.set()
+    assert await settle is True
+    assert events == ["begin 1", "finish 1: 2 entries", "begin 2", "finish 2: 0 entries"]
+
+    gate = asyncio.Event()
+    busy, idle = _journaled_engine([], gate)
+    idle.open.set()
     running = asyncio.ensure_future(busy.execute(_player(), _action("test:wait"), "wait"))
     await asyncio.sleep(0.05)
     assert await busy.settle_history("p-1") is False

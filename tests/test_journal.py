@@ -647,31 +647,6 @@ def test_lease_acquire_renew_release_expiry(store: JournalStore, clock: Clock) -
     assert again.token > taken.token
 
 
-def test_acquire_answers_the_token_of_the_acquisition_before(
-    store: JournalStore, clock: Clock
-) -> None:
-    """AcquireLease says which acquisition came before it (kept across releases and
-    expiries): a replica that remembers its own last token learns whether anyone else held
-    the lease since (decision 0009)."""
-    first = store.take_lease("player:prev", "engine-a", 30)
-    assert first.previous_token == 0  # never taken before
-    store.release_lease("player:prev", "engine-a", first.lease.token)
-    mine = store.take_lease("player:prev", "engine-a", 30)
-    assert mine.previous_token == first.lease.token  # nobody else since
-    again = store.take_lease("player:prev", "engine-a", 30)  # while held: the owner's own
-    assert again.previous_token == mine.lease.token
-    store.release_lease("player:prev", "engine-a", again.lease.token)
-    other = store.take_lease("player:prev", "engine-b", 30)
-    store.release_lease("player:prev", "engine-b", other.lease.token)
-    back = store.take_lease("player:prev", "engine-a", 30)
-    assert back.previous_token == other.lease.token != again.lease.token
-    clock.advance(31)  # expired, never released
-    taken = store.take_lease("player:prev", "engine-b", 30)
-    assert taken.previous_token == back.lease.token
-    with pytest.raises(FailedPrecondition, match="held by 'engine-b'"):
-        store.take_lease("player:prev", "engine-a", 30)
-
-
 def test_acquire_asks_again_when_the_holder_lets_go_meanwhile(
     store: JournalStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,6 +19,7 @@ _ROLE = {
     common_pb2.HISTORY_ROLE_ASSISTANT: {"zh": "助手", "en": "Assistant"},
 }
 DEFAULT_COUNT = 10
+MAX_COUNT = 50
 
 
 class HistoryModule:
@@ -29,9 +30,10 @@ class HistoryModule:
         description={"zh": "查看最近的对话记录。", "en": "Show your recent conversation."},
         input_schema={
             "type": "object",
-            "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 50}},
+            "properties": {"count": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}},
             "additionalProperties": False,
         },
+        history_entries=MAX_COUNT,
         commands=(CommandSpec(("history", "历史", "对话记录")),),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         semantic=SemanticSpec(
