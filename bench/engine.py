@@ -24,8 +24,15 @@ result. N players are online; N events are submitted (16 at a time) and the cloc
 first submission until the game server has seen all 2N gives; every task is then checked to be
 SUCCEEDED with exactly its two gives. With the seed's 2 event workers per replica, a replica
 runs two tasks at a time, so throughput is bound by one task's latency: 1 and 2 replicas are
-measured, with the CPU each process of the stack spent per task. Results go to
-bench/results/engine.{json,md,png}.
+measured, with the CPU each process of the stack spent per task.
+
+Peer (issue 16), in the same run when PostgreSQL is measured: DBOS Transact on the same
+PostgreSQL server (bench/peers.py: workflows of two `@DBOS.step()` steps, one small write
+each, in a process of its own on a database of its own), as many workflows in flight as the
+engine runs event tasks at once at the most replicas measured (event workers × replicas),
+for as long as the longest PostgreSQL event run took. Recorded: our best PostgreSQL tasks/s
+over DBOS's workflows/s (target at least 2) and over the tasks/s the cores allow at the
+floor (target at least 60 %). Results go to bench/results/engine.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc
 from bench.cpu import cpu_seconds, postgres_cpu_seconds
 from bench.databases import database
 from bench.machine import describe_machine
+from bench.peers import measure_dbos
 from bench.report import progress, summarize
 from bench.transport import measure_transport
 from engine_service.app import EngineApp
@@ -69,6 +77,11 @@ from services.stack.launcher import free_port
 RESULTS = Path(__file__).resolve().parent / "results"
 DIAMOND = "minecraft:story/mine_diamond"
 SUBMITTERS = 16
+OVER_DBOS_TARGET = 2.0
+"""Issue 16: our PostgreSQL event tasks/s at least this many times DBOS's workflows/s."""
+OF_FLOOR_TARGET = 0.6
+"""Issue 16: our PostgreSQL event tasks/s at least this share of what the cores allow at the
+floor (`tasks_per_s_at_floor`)."""
 
 
 class CountingGame(GameServerClient):
@@ -103,14 +116,13 @@ class _Timed:
         self._tool_now = 0.0
         engine = app.engine
         execute, call = engine.execute, app.game_tools.call
-        leases = engine.runs.leases
-        assert leases is not None
-        acquire = leases.acquire
+        journal = engine.runs.journal
+        begin = journal.begin
 
-        async def timed_acquire(*args: Any, **kwargs: Any) -> Any:
+        async def timed_begin(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
-                return await acquire(*args, **kwargs)
+                return await begin(*args, **kwargs)
             finally:
                 self.lease_ms.append((time.perf_counter() - start) * 1000)
 
@@ -133,7 +145,7 @@ class _Timed:
         engine.execute = timed_execute  # type: ignore[method-assign]
         engine.game_tools = app.game_tools  # the context reads it from here
         app.game_tools.call = timed_call  # type: ignore[method-assign]
-        leases.acquire = timed_acquire  # type: ignore[method-assign]
+        journal.begin = timed_begin  # type: ignore[method-assign]
 
 
 async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict[str, Any]:
@@ -195,7 +207,6 @@ async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict
         await gateway_channel.close()
         await app.host.stop()
         await app.aclose()
-    early = dict(app.engine.runs.early_starts)
     samples = {key: values[10:] for key, values in samples.items()}  # drop the warm-up
     inside = [e - t for e, t in zip(timed.execute_ms, timed.tool_ms, strict=True)][10:]
     execute_s = summarize(samples["execute"])
@@ -204,9 +215,9 @@ async def measure_overhead(stack: Stack, game: GameServerClient, n: int) -> dict
         "execute": execute_s,
         "relay_tool_call": summarize(samples["relay"]),
         "tool_inside_engine": summarize(timed.tool_ms[10:]),
-        # The one storage round trip left on the critical path, as the engine sees it.
-        "lease_acquire": summarize(timed.lease_ms[10:]),
-        "early_starts": early,
+        # The one storage round trip on the critical path (JournalService.BeginRun), as the
+        # engine sees it.
+        "begin_run": summarize(timed.lease_ms[10:]),
         "engine_overhead": inside_s,
         "transport_floor": summarize(samples["floor"]),
         "overhead_p50_ms": inside_s["p50_ms"],
@@ -448,7 +459,7 @@ async def _bench_backend(
     return result
 
 
-def _plot(results: dict[str, Any], out: Path) -> None:
+def _plot(results: dict[str, Any], out: Path, dbos: dict[str, Any] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -499,6 +510,13 @@ def _plot(results: dict[str, Any], out: Path) -> None:
             [k.removeprefix("events_").replace("_", " ") for k in runs],
         )
     right.axhline(300, color="grey", linestyle="--", label="target (PostgreSQL)")
+    if dbos is not None:
+        right.axhline(
+            dbos["workflows_per_s"],
+            color="tab:red",
+            linestyle=":",
+            label=f"DBOS {dbos['dbos_version']}, same PostgreSQL ({dbos['concurrency']} in flight)",
+        )
     right.set_ylabel("event tasks / s (two write steps each)")
     right.set_title("event tasks with receipts")
     right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, fontsize=8)
@@ -517,18 +535,17 @@ def _markdown(report: dict[str, Any]) -> str:
         "",
         "## Overhead per execution (read-only module, one game tool)",
         "",
-        "| database | engine overhead p50 / p99 | player's lease p50 (early starts kept"
-        " / dropped) | tool inside p50 | Execute (caller) p50 / p99 | relay call alone p50 "
+        "| database | engine overhead p50 / p99 | BeginRun p50 (the player's lease and"
+        " what the run reads first) | tool inside p50 | Execute (caller) p50 / p99 | relay call alone p50 "
         "| floor p50 |",
         "|---|---|---|---|---|---|---|",
     ]
     for backend, result in report["results"].items():
         o = result["overhead"]
-        lease = o.get("lease_acquire", {}).get("p50_ms", "")
-        early = o.get("early_starts", {})
+        lease = o.get("begin_run", {}).get("p50_ms", "")
         lines.append(
             f"| {backend} | **{o['overhead_p50_ms']} / {o['overhead_p99_ms']} ms** "
-            f"| {lease} ms ({early.get('kept', '?')} / {early.get('dropped', '?')}) "
+            f"| {lease} ms "
             f"| {o['tool_inside_engine']['p50_ms']} ms "
             f"| {o['execute']['p50_ms']} / {o['execute']['p99_ms']} ms "
             f"| {o['relay_tool_call']['p50_ms']} ms | {o['transport_floor']['p50_ms']} ms |"
@@ -570,21 +587,51 @@ def _markdown(report: dict[str, Any]) -> str:
         " the most tasks/s this machine allows with these processes even if the services did "
         "no work of their own.",
     ]
+    peers = report.get("peers")
+    if peers is not None:
+        d, over, floor = peers["dbos"], peers["ours_over_dbos"], peers["ours_of_floor"]
+        cpu = ", ".join(f"{name} {ms}" for name, ms in d["cpu_ms_per_workflow"].items())
+        lines += [
+            "",
+            "## Peer: DBOS on the same PostgreSQL (issue 16)",
+            "",
+            f"DBOS {d['dbos_version']} (bench/peers.py), workflows of two `@DBOS.step()` steps "
+            f"that each make one small INSERT, {d['concurrency']} in flight (as many event tasks"
+            f" as the engine runs at once at the most replicas measured) for {d['seconds']} s: "
+            f"**{d['workflows_per_s']} workflows/s**, latency p50 {d['latency']['p50_ms']} ms / "
+            f"p99 {d['latency']['p99_ms']} ms, CPU ms per workflow: {cpu}; final states "
+            f"{d['states']}.",
+            "",
+            "| PostgreSQL run | tasks/s | ours / DBOS | share of tasks/s at the floor |",
+            "|---|---|---|---|",
+        ]
+        for key, e in report["results"]["postgres"].items():
+            if key.startswith("events_"):
+                lines.append(
+                    f"| {key.removeprefix('events_').replace('_', ' ')} | {e['tasks_per_s']} "
+                    f"| {e['over_dbos']}× | {round(100 * e['of_floor'], 1)} % |"
+                )
+        lines += [
+            "",
+            f"Best PostgreSQL run ({over['run'].removeprefix('events_').replace('_', ' ')}): "
+            f"ours / DBOS **{over['value']}×** (target ≥ {over['target_at_least']}×: "
+            f"{'met' if over['met'] else 'not met'}); of the floor "
+            f"**{round(100 * floor['value'], 1)} %** (target ≥ "
+            f"{round(100 * floor['target_at_least'])} %: {'met' if floor['met'] else 'not met'}).",
+        ]
     lines += [
         "",
         "## Reading",
         "",
         "Engine overhead is what an execution spends outside its tool: the checks and the",
-        "context (a few tenths of a millisecond), and the part of the player's lease",
-        "(`AcquireLease`, one upsert statement, for one run per player across replicas; a call",
-        "on the engine's `JournalService.Multiplex` stream, decision 0008) that the tool does",
-        "not cover: a player the replica ran last starts their next run while the lease is",
-        "being taken, its read-only game tool going ahead, and the reply waits for the lease",
-        "(decision 0009; an early start is dropped and the run made again under the lease when",
-        "another owner held it since). The history write goes out just after the reply",
-        "(decision 0006: in",
-        "order per player, the player's next run and the lease's release wait for it), and the",
-        "lease's release is sent in the background. An event task with two write steps waits",
+        "context (a few tenths of a millisecond), and the run's begin call",
+        "(`JournalService.BeginRun`: the player's lease, for one run per player across",
+        "replicas, and what the run reads first, in one transaction; a call on the engine's",
+        "`JournalService.Multiplex` stream, decision 0008). The run's finish",
+        "(`FinishRun`: the exchange into history and the lease's release in one transaction)",
+        "goes out just after the reply (decision 0006: in order per player, the player's next",
+        "run waits for it) and is not on the critical path.",
+        "An event task with two write steps waits",
         "for three journal writes (intent; intent with the first result; last result with the",
         "final transition; all three on the stream) and two game-tool calls through the",
         "gateway. With the seed's two",
@@ -608,6 +655,37 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             with database(backend, folder, "bench_engine") as url:
                 results[backend] = await _bench_backend(backend, url, args, folder)
     return results
+
+
+def _peers(postgres: dict[str, Any] | None, concurrency: int) -> dict[str, Any] | None:
+    """DBOS measured beside our PostgreSQL event runs (None when PostgreSQL was not measured):
+    `concurrency` workflows in flight for as long as the longest run took. Adds `over_dbos`
+    to each run; the targets are read on the best run."""
+    if postgres is None:
+        return None
+    runs = {key: value for key, value in postgres.items() if key.startswith("events_")}
+    seconds = max(max(run["seconds"] for run in runs.values()), 2.0)
+    progress(0, 1, "DBOS peer")
+    dbos = measure_dbos(seconds, concurrency)
+    progress(1, 1, "DBOS peer")
+    for run in runs.values():
+        run["over_dbos"] = round(run["tasks_per_s"] / dbos["workflows_per_s"], 2)
+    best = max(runs, key=lambda key: runs[key]["tasks_per_s"])
+    return {
+        "dbos": dbos,
+        "ours_over_dbos": {
+            "run": best,
+            "value": runs[best]["over_dbos"],
+            "target_at_least": OVER_DBOS_TARGET,
+            "met": runs[best]["over_dbos"] >= OVER_DBOS_TARGET,
+        },
+        "ours_of_floor": {
+            "run": best,
+            "value": runs[best]["of_floor"],
+            "target_at_least": OF_FLOOR_TARGET,
+            "met": runs[best]["of_floor"] >= OF_FLOOR_TARGET,
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -638,6 +716,10 @@ def main(argv: list[str] | None = None) -> None:
     for result in results.values():
         for key in [k for k in result if k.startswith("events_")]:
             result[key]["floor"] = _floor(result[key], transport, cores)
+            result[key]["of_floor"] = round(
+                result[key]["tasks_per_s"] / result[key]["floor"]["tasks_per_s_at_floor"], 3
+            )
+    peers = _peers(results.get("postgres"), EngineConfig().event_workers * max(args.replicas))
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python -m bench.engine " + " ".join(argv or sys.argv[1:]),
@@ -646,13 +728,15 @@ def main(argv: list[str] | None = None) -> None:
         "transport": transport,
         "results": results,
     }
+    if peers is not None:
+        report["peers"] = peers
     args.out.mkdir(parents=True, exist_ok=True)
     stored = json.loads(json.dumps(report))
     for result in stored["results"].values():
         result["overhead"].pop("samples", None)
     (args.out / "engine.json").write_text(json.dumps(stored, indent=2) + "\n")
     (args.out / "engine.md").write_text(_markdown(stored))
-    _plot(stored["results"], args.out / "engine.png")
+    _plot(stored["results"], args.out / "engine.png", peers["dbos"] if peers else None)
     print(_markdown(stored))
 
 

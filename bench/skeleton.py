@@ -1,13 +1,15 @@
 """Start-up time of the whole stack and the round trip of a help request.
 
-    python -m bench.skeleton [--starts 5] [--requests 100]
+    python -m bench.skeleton [--starts 5] [--requests 100] [--out DIR]
 
 Starts the five services as processes (as `make run` does) several times and times each start
 until all answer SERVING and a game server is welcomed. Then, on one running stack, it times
 `help` through the gateway (gateway → router → engine → storage and back) and, as baselines
 measured in the same run, each hop alone: a health check of the gateway (the transport
-floor), router.Route, engine.Execute and storage.AppendHistory. Results go to
-bench/results/skeleton.{json,md,png}.
+floor), router.Route, engine.Execute and storage.AppendHistory; and, as a peer, the same
+hops with nothing behind them: a plain `grpc.aio` echo chain of four processes arranged like
+the help path (bench/peers.py), recorded as `help p50 / echo chain p50` (target at most
+2). Results go to bench/results/skeleton.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from bench.machine import describe_machine
+from bench.peers import measure_echo_chain
 from bench.report import progress, summarize
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
+HELP = "help via gateway (all five hops)"
+ECHO = "peer: grpc.aio echo chain, same hops"
+ECHO_TARGET = 2.0
+"""Issue 16: help's p50 at most this many times the echo chain's."""
 PLAYER = "00000000-0000-4000-8000-00000000be00"
 
 
@@ -124,9 +131,7 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
                     metadata=gateway_credential,
                 ),
             ),
-            "help via gateway (all five hops)": await _time(
-                "help via gateway", n, lambda: client.chat(PLAYER, "help")
-            ),
+            HELP: await _time("help via gateway", n, lambda: client.chat(PLAYER, "help")),
         }
     finally:
         await client.close()
@@ -153,7 +158,7 @@ def _plot(paths: dict[str, list[float]], starts: list[float], out: Path) -> None
     left.boxplot([paths[k] for k in labels], orientation="horizontal", showfliers=True)
     left.set_yticks(range(1, len(labels) + 1), labels)
     left.set_xlabel("round trip (ms)")
-    left.set_title("Round trips on loopback, 100 each")
+    left.set_title(f"Round trips on loopback, {len(paths[labels[0]])} each")
     right.bar(range(1, len(starts) + 1), starts, color="tab:green")
     right.set_xlabel("start")
     right.set_ylabel("seconds")
@@ -168,6 +173,7 @@ def main() -> int:
     )
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     starts = measure_starts(args.starts)
@@ -179,8 +185,12 @@ def main() -> int:
             rss = {spec.name: _rss_mib(stack.processes[spec.name].process.pid) for spec in SERVICES}
         finally:
             stack.stop()
+    # The peer, in the same run with the stack stopped: the same hops with nothing behind them.
+    echo = measure_echo_chain(args.requests)
+    paths[ECHO] = echo.pop("samples_ms")
 
     summaries = {name: summarize(samples) for name, samples in paths.items()}
+    ratio = round(summaries[HELP]["p50_ms"] / summaries[ECHO]["p50_ms"], 2)
     floor = summaries["gateway health check (transport floor)"]["p50_ms"]
     results = {
         "benchmark": "skeleton",
@@ -194,10 +204,17 @@ def main() -> int:
             name: {**summary, "p50_vs_floor": round(summary["p50_ms"] / floor, 2)}
             for name, summary in summaries.items()
         },
+        "echo_chain_cpu_ms_per_round_trip": echo["cpu_ms_per_round_trip"],
+        "help_p50_over_echo_chain_p50": {
+            "value": ratio,
+            "target_at_most": ECHO_TARGET,
+            "met": ratio <= ECHO_TARGET,
+        },
         "rss_mib": rss,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "skeleton.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "skeleton.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     lines = [
         f"# Skeleton benchmark — {results['date']}",
         "",
@@ -218,11 +235,18 @@ def main() -> int:
         )
     lines += [
         "",
+        f"help p50 / echo chain p50: **{ratio}×** (target ≤ {ECHO_TARGET}×: "
+        f"{'met' if ratio <= ECHO_TARGET else 'not met'}). The echo chain (bench/peers.py) is "
+        "four `grpc.aio` processes on raw bytes arranged like help's path: one message on a "
+        "bidi stream to G, which calls R then E (unary), E calling S (unary) before it "
+        "answers, ~200-byte answers; all five processes spent "
+        f"{echo['cpu_ms_per_round_trip']} ms CPU per round trip.",
+        "",
         "Resident memory after the run (MiB): " + ", ".join(f"{k} {v}" for k, v in rss.items()),
         "",
     ]
-    (RESULTS / "skeleton.md").write_text("\n".join(lines))
-    _plot(paths, starts, RESULTS / "skeleton.png")
+    (out / "skeleton.md").write_text("\n".join(lines))
+    _plot(paths, starts, out / "skeleton.png")
     print("\n".join(lines))
     return 0
 

@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import grpc
 from bench.cpu import cpu_seconds
 from services.stack.launcher import free_port
 
-__all__ = ["measure_transport"]
+__all__ = ["measure_transport", "serve_echo"]
 
 _SERVICE = "bench.transport.Echo"
 PAYLOAD = b"x" * 200
@@ -38,13 +39,16 @@ def _same(value: bytes) -> bytes:
     return value
 
 
-async def _serve(port: int) -> None:
+async def serve_echo(port: int, answer: Callable[[bytes], Awaitable[bytes]]) -> None:
+    """Serves `Unary` and `Stream` (a message each way) on `port`, each message answered by
+    `answer`, until the process ends; prints "serving" once up."""
+
     async def unary(request: bytes, context: Any) -> bytes:
-        return request
+        return await answer(request)
 
     async def stream(requests: Any, context: Any) -> Any:
         async for request in requests:
-            yield request
+            yield await answer(request)
 
     handler = grpc.method_handlers_generic_handler(
         _SERVICE,
@@ -59,6 +63,14 @@ async def _serve(port: int) -> None:
     await server.start()
     print("serving", flush=True)
     await server.wait_for_termination()
+
+
+async def _echo(request: bytes) -> bytes:
+    return request
+
+
+async def _serve(port: int) -> None:
+    await serve_echo(port, _echo)
 
 
 async def _client(port: int, calls: int, kind: str) -> dict[str, float]:
