@@ -261,7 +261,9 @@ class Engine:
             )
 
         try:
-            result = await self.runs.hold(run, module.spec.history_entries, attempt)
+            result = await self.runs.hold(
+                run, module.spec.history_entries, attempt, module.spec.needs_player_lease
+            )
         except BaseException as exc:
             if not run.result.done():
                 if isinstance(exc, asyncio.CancelledError):

@@ -187,6 +187,15 @@ class ModuleSpec:
         """Write steps the policy allows (what the catalogue publishes)."""
         return self.policy.write_steps
 
+    @property
+    def needs_player_lease(self) -> bool:
+        """Whether an interactive run holds the player's storage lease (decision 0020): a
+        run that may write, so that one such run per player goes on across replicas, and a
+        run that reads the history, so that it sees the exchange answered before it. Other
+        runs read only the game and what this request carries: they take no lease, and the
+        gateway already lets a player have one request in progress at a time."""
+        return self.policy.write_steps > 0 or self.history_entries > 0
+
     def descriptor(self, read_only_tools: bool = True) -> catalog_pb2.ModuleDescriptor:
         """The catalogue entry. `read_only_tools` says whether every declared tool is read-only;
         the registry, which knows the tools, passes it (see `ModuleRegistry.descriptor`)."""

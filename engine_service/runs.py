@@ -4,10 +4,12 @@ A player has at most one interactive run at a time. On this replica an in-memory
 so (checked and set without awaiting, so no lock is needed); across replicas the run holds the
 player's storage lease, owned by this replica and renewed while the run lasts.
 
-A run is two storage calls (a `RunJournal`, JournalService in production): `begin` takes the
-lease and reads what the run reads first (preferences, the history tail its module declares),
-and `finish`, sent after the reply, stores the exchange in history and gives the lease back in
-one transaction. So another replica can begin a run of the player only once this one's
+A run that needs the lease (one that may write or reads the history:
+`ModuleSpec.needs_player_lease`) is two storage calls (a `RunJournal`, JournalService in
+production): `begin` takes the lease and reads what the run reads first (preferences, the
+history tail its module declares), and `finish`, sent after the reply, stores the exchange in
+history and gives the lease back in one transaction. Any other run is one call, the finish,
+which only stores the exchange. So another replica can begin a run of the player only once this one's
 exchange is stored, and this replica begins the player's next run only once its `finish`
 has landed (the same owner could otherwise take its own lease again before the history write).
 
@@ -210,20 +212,27 @@ class PlayerRuns:
         run: Run,
         history_entries: int,
         body: Callable[[RunStart], Awaitable[common_pb2.AgentResult]],
+        leased: bool = True,
     ) -> common_pb2.AgentResult:
         """Begins the run in storage (the lease, and `history_entries` of history), runs
         `body` with what it began with while the lease is renewed, then finishes it in the
         background with `run.entries` (set by the body). Raises what `begin` raises; nothing
-        runs then."""
+        runs then. Not `leased`: no begin and no lease (token 0); the finish only stores the
+        exchange."""
         await self._finished(run.player_id)
-        start = await self._begin(run.player_id, history_entries)
-        keeper = _detached(self._keep(run, start.token))
+        if not leased:
+            start = RunStart(0)
+            keeper = None
+        else:
+            start = await self._begin(run.player_id, history_entries)
+            keeper = _detached(self._keep(run, start.token))
         try:
             return await body(start)
         finally:
-            keeper.cancel()
-            with contextlib.suppress(BaseException):
-                await keeper
+            if keeper is not None:
+                keeper.cancel()
+                with contextlib.suppress(BaseException):
+                    await keeper
             # After the reply: the player's slot here frees at once, and the player's next
             # run waits for this finish before it begins (_finished).
             self._finishing[run.player_id] = _detached(

@@ -89,12 +89,14 @@ class RunStore:
         self, request: journal_pb2.FinishRunRequest
     ) -> Callable[[Session], journal_pb2.FinishRunResponse]:
         """FinishRun's work for a transaction. Entries that break the history's bounds are
-        dropped here (said in `history_error`), so the lease is released all the same."""
+        dropped here (said in `history_error`), so the lease is released all the same. Token
+        0: the run held no lease; only its exchange is stored."""
         check_player_id(request.player_id)
         player_id = request.player_id
         entries = list(request.entries)
         lease = player_lease(player_id)
-        check_holder(lease, request.owner, request.token)
+        if request.token:
+            check_holder(lease, request.owner, request.token)
         rows = []
         error = ""
         if entries:
@@ -112,7 +114,8 @@ class RunStore:
             ):
                 recorded, evicted = self._history.append_in(session, player_id, rows)
                 response.recorded, response.evicted = recorded, evicted
-            response.released = release(session, lease, request.owner, request.token)
+            if request.token:
+                response.released = release(session, lease, request.owner, request.token)
             return response
 
         return unit

@@ -27,6 +27,7 @@ from engine_service.engine import BoundedExecutor, Engine
 from engine_service.modules import BUILTIN_MODULES, SMALL_TALK, register_builtins
 from engine_service.registry import (
     CommandSpec,
+    ExecutionPolicy,
     ModuleRegistry,
     ModuleSpec,
     RegistryError,
@@ -996,7 +997,10 @@ def _journaled_engine(
 
     journal = RecordingRuns(events)
     engine = Engine(
-        _registry(_module("test:wait", waits)) if gate is not None else _registry(),
+        # test:wait may write, so its runs hold the player's lease.
+        _registry(_module("test:wait", waits, policy=ExecutionPolicy(write_steps=1)))
+        if gate is not None
+        else _registry(),
         MemoryHistory(),
         BoundedExecutor("interactive", 4, 8),
         execute_timeout=5.0,
@@ -1007,16 +1011,28 @@ def _journaled_engine(
 
 
 async def test_a_run_is_one_begin_before_it_and_one_finish_after_the_reply() -> None:
-    """The lease and the history tail come with the begin; the exchange and the lease's
-    release go in one finish, which the reply does not wait for."""
+    """A run that holds the player's lease (here one reading the history): the lease and the
+    history tail come with the begin; the exchange and the lease's release go in one finish,
+    which the reply does not wait for."""
     events: list[str] = []
     engine, journal = _journaled_engine(events)
-    result = await engine.execute(_player(), _action("system:help"), "help")
+    result = await engine.execute(_player(), _action("system:history"), "history")
     assert result.status == SUCCEEDED
     assert events == ["begin 1"]  # answered; the finish still waits
     journal.open.set()
     await engine.flush_history()
     assert events == ["begin 1", "finish 1: 2 entries"]
+
+
+async def test_a_run_that_neither_writes_nor_reads_history_takes_no_lease() -> None:
+    """`/help` needs nothing of storage before its reply: its one call is the finish, which
+    stores the exchange (token 0: no lease to give back)."""
+    events: list[str] = []
+    engine, journal = _journaled_engine(events)
+    journal.open.set()
+    assert (await engine.execute(_player(), _action("system:help"), "help")).status == SUCCEEDED
+    await engine.flush_history()
+    assert events == ["finish 0: 2 entries"]
 
 
 async def test_the_players_next_run_begins_once_the_previous_finish_landed() -> None:
@@ -1025,14 +1041,14 @@ async def test_the_players_next_run_begins_once_the_previous_finish_landed() -> 
     events: list[str] = []
     engine, journal = _journaled_engine(events)
     await engine.execute(_player(), _action("system:help"), "first")
-    second = asyncio.ensure_future(engine.execute(_player(), _action("system:help"), "second"))
+    second = asyncio.ensure_future(engine.execute(_player(), _action("system:history"), "second"))
     for _ in range(5):
         await asyncio.sleep(0)
-    assert events == ["begin 1"] and not second.done()
+    assert events == [] and not second.done()  # the first's finish is held
     journal.open.set()
     await second
     await engine.flush_history()
-    assert events == ["begin 1", "finish 1: 2 entries", "begin 2", "finish 2: 2 entries"]
+    assert events == ["finish 0: 2 entries", "begin 1", "finish 1: 2 entries"]
 
 
 async def test_a_cancelled_run_finishes_without_history() -> None:
@@ -1058,10 +1074,10 @@ async def test_settle_history_waits_for_the_answered_exchange() -> None:
     settle = asyncio.ensure_future(engine.settle_history("p-1"))
     for _ in range(5):
         await asyncio.sleep(0)
-    assert not settle.done() and events == ["begin 1"]
+    assert not settle.done() and events == []
     journal.open.set()
     assert await settle is True
-    assert events == ["begin 1", "finish 1: 2 entries", "begin 2", "finish 2: 0 entries"]
+    assert events == ["finish 0: 2 entries", "begin 1", "finish 1: 0 entries"]
 
     gate = asyncio.Event()
     busy, idle = _journaled_engine([], gate)

@@ -27,7 +27,7 @@ from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor
 from engine_service.modules import BUILTIN_MODULES
-from engine_service.registry import ModuleRegistry, ModuleSpec
+from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from services.results import AgentFailure, card, succeeded
 from services.runtime.errors import ResourceExhausted, Unavailable
 from storage_service.app import create_app as create_storage
@@ -51,6 +51,8 @@ class SlowModule:
                 "properties": {"n": {"type": "integer"}},
                 "additionalProperties": False,
             },
+            # A run that may write holds the player's lease (a read-only one needs none).
+            policy=ExecutionPolicy(write_steps=1),
         )
         self.gate = asyncio.Event()
         self.started = asyncio.Event()

@@ -1670,6 +1670,24 @@ async def test_a_late_finish_records_history_but_frees_nothing_it_lost(
     assert "engine-b#1" in (held.value.details() or "")
 
 
+async def test_a_run_without_a_lease_finishes_with_its_exchange_alone(
+    stub: journal_pb2_grpc.JournalServiceStub,
+) -> None:
+    """Token 0: a run that took no lease (it neither writes nor reads history) stores its
+    exchange and leaves the player's lease, held by a run elsewhere, alone."""
+    player = _player()
+    await _begin(stub, player, "engine-b#1")
+    finished = await stub.FinishRun(
+        journal_pb2.FinishRunRequest(
+            player_id=player, owner="engine-a#1", entries=_exchange("h", "r")
+        )
+    )
+    assert finished.recorded and not finished.released
+    with pytest.raises(grpc.aio.AioRpcError) as held:
+        await _begin(stub, player, "engine-c#1")
+    assert "engine-b#1" in (held.value.details() or "")
+
+
 async def test_an_exchange_over_the_history_bounds_still_frees_the_lease(
     stub: journal_pb2_grpc.JournalServiceStub,
 ) -> None:
@@ -1720,7 +1738,7 @@ async def test_a_run_of_a_player_with_history_off_records_nothing(
             ),
             "at most 100",
         ),
-        (journal_pb2.FinishRunRequest(player_id="p", owner="e#1"), "token"),
+        (journal_pb2.FinishRunRequest(player_id="p", token=1), "owner"),
         (journal_pb2.FinishRunRequest(owner="e#1", token=1), "player_id is required"),
     ],
 )
