@@ -9,9 +9,11 @@ A run that needs the lease (one that may write or reads the history:
 production): `begin` takes the lease and reads what the run reads first (preferences, the
 history tail its module declares), and `finish`, sent after the reply, stores the exchange in
 history and gives the lease back in one transaction. Any other run is one call, the finish,
-which only stores the exchange. So another replica can begin a run of the player only once this one's
-exchange is stored, and this replica begins the player's next run only once its `finish`
-has landed (the same owner could otherwise take its own lease again before the history write).
+which only stores the exchange. A player's finishes go out one after the other, in the order
+of the runs. So another replica can begin a run of the player only once this one's
+exchange is stored, and this replica begins the player's next leased run only once its
+`finish` has landed (the same owner could otherwise take its own lease again before the history
+write).
 
 - A request identical to the player's run in progress (same fingerprint: player, module,
   input and request text) is a duplicate: it waits for that run and gets its result.
@@ -219,11 +221,13 @@ class PlayerRuns:
         background with `run.entries` (set by the body). Raises what `begin` raises; nothing
         runs then. Not `leased`: no begin and no lease (token 0); the finish only stores the
         exchange."""
-        await self._finished(run.player_id)
         if not leased:
+            # Reads nothing the previous run wrote: it need not wait for that finish (its own
+            # finish does, below, so the history keeps the order of the exchanges).
             start = RunStart(0)
             keeper = None
         else:
+            await self._finished(run.player_id)
             start = await self._begin(run.player_id, history_entries)
             keeper = _detached(self._keep(run, start.token))
         try:
@@ -235,8 +239,11 @@ class PlayerRuns:
                     await keeper
             # After the reply: the player's slot here frees at once, and the player's next
             # run waits for this finish before it begins (_finished).
+            previous = self._finishing.get(run.player_id)
             self._finishing[run.player_id] = _detached(
-                self._finish(run.player_id, start.token, run.entries, current_request_id())
+                self._finish(
+                    run.player_id, start.token, run.entries, current_request_id(), previous
+                )
             )
 
     async def flush(self) -> None:
@@ -273,7 +280,10 @@ class PlayerRuns:
         token: int,
         entries: list[common_pb2.HistoryEntry],
         request_id: str = "",
+        after: asyncio.Task[None] | None = None,
     ) -> None:
+        if after is not None:
+            await asyncio.wait([after])  # the player's previous finish first (never raises)
         # The run's request id (its logs follow it into storage), without its deadline.
         with request_scope(request_id or None):
             await self._finish_in_scope(player_id, token, entries)

@@ -8,8 +8,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
 
 import services  # noqa: F401 - turns gRPC fork support off before any gRPC import
 
@@ -66,3 +67,27 @@ def database_url(request: pytest.FixtureRequest, tmp_path) -> str:  # type: igno
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'storage.db'}"
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """The storage schema as declared (create_all) on `database_url`, every table emptied
+    first: the PostgreSQL database is shared by the module's tests, and ClaimTasks, say,
+    takes any player's runnable task."""
+    from storage_service.db import Base, make_engine
+
+    made = make_engine(database_url)
+    Base.metadata.create_all(made)
+    with made.begin() as connection:
+        for table in reversed(Base.metadata.sorted_tables):
+            connection.execute(table.delete())
+    try:
+        yield made
+    finally:
+        made.dispose()
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    """Sessions on `engine`, as the storage service makes them."""
+    return sessionmaker(engine, expire_on_commit=False)

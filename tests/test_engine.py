@@ -541,8 +541,8 @@ async def test_the_result_does_not_wait_for_the_history_write() -> None:
 
 
 async def test_a_players_next_run_reads_history_with_the_previous_exchange() -> None:
-    """The next run of the player starts only once the previous exchange is stored, and
-    writes keep the order of the exchanges."""
+    """The next run of the player that reads history (it declares so) starts only once the
+    previous exchange is stored, and writes keep the order of the exchanges."""
     history = GatedHistory()
     seen: list[list[str]] = []
 
@@ -550,7 +550,7 @@ async def test_a_players_next_run_reads_history_with_the_previous_exchange() -> 
         seen.append([e.text for e in await history.list_history("p-1", 10)])
         return await _ok(data, ctx)
 
-    engine = _engine(_registry(_module("test:reads", reads)), history)
+    engine = _engine(_registry(_module("test:reads", reads, history_entries=10)), history)
     await engine.execute(_player(), _action("test:reads"), "first")
     second = asyncio.ensure_future(engine.execute(_player(), _action("test:reads"), "second"))
     await asyncio.sleep(0.05)
@@ -559,6 +559,20 @@ async def test_a_players_next_run_reads_history_with_the_previous_exchange() -> 
     await second
     await engine.flush_history()
     assert seen[1][0] == "first"
+    players = [e.text for e in history.entries["p-1"] if e.role == common_pb2.HISTORY_ROLE_PLAYER]
+    assert players == ["first", "second"]
+
+
+async def test_a_run_that_reads_no_history_does_not_wait_for_the_previous_write() -> None:
+    """`/help` right after `/help`: the second answers while the first's exchange is still
+    being stored, and the two exchanges are stored in the order they were answered."""
+    history = GatedHistory()
+    engine = _engine(history=history)
+    await engine.execute(_player(), _action("system:help"), "first")
+    second = await asyncio.wait_for(engine.execute(_player(), _action("system:help"), "second"), 2)
+    assert second.status == SUCCEEDED and history.entries == {}
+    history.open.set()
+    await engine.flush_history()
     players = [e.text for e in history.entries["p-1"] if e.role == common_pb2.HISTORY_ROLE_PLAYER]
     assert players == ["first", "second"]
 

@@ -8,7 +8,7 @@ import asyncio
 import functools
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -32,16 +32,6 @@ from storage_service.journal import JournalBounds, JournalStore
 from storage_service.player_data import PlayerDataStore
 
 DAY = "2030-01-01"
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url)
-    Base.metadata.create_all(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture

@@ -111,26 +111,6 @@ HISTORY_BOUNDS = HistoryBounds(max_entries=200, max_bytes=262144, max_text_chars
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url)
-    Base.metadata.create_all(engine)
-    # The PostgreSQL database is shared by this module's tests: start each one empty, since
-    # ClaimTasks reclaims any player's expired RUNNING tasks.
-    with engine.begin() as conn:
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker:  # type: ignore[type-arg]
-    return sessionmaker(engine, expire_on_commit=False)
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -17,7 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine, delete, inspect
+from sqlalchemy import Engine, inspect
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import knowledge_pb2, knowledge_pb2_grpc
 
@@ -28,7 +28,6 @@ from storage_service.db import Base, make_engine
 from storage_service.knowledge import (
     FTS_TABLE,
     KnowledgeHit,
-    KnowledgeRow,
     KnowledgeStore,
     create_search_index,
     drop_search_index,
@@ -48,25 +47,6 @@ def _player() -> str:
 
 def _ids(hits: list[KnowledgeHit]) -> list[str]:
     return [hit.entry.entry_id for hit in hits]
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    """The schema made by create_all (which also builds the search index). PostgreSQL's
-    database lives for the module, so each test starts with an empty knowledge table."""
-    engine = make_engine(database_url)
-    Base.metadata.create_all(engine)
-    with engine.begin() as connection:
-        connection.execute(delete(KnowledgeRow))
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker:  # type: ignore[type-arg]
-    return sessionmaker(engine, expire_on_commit=False)
 
 
 @pytest.fixture(params=["index", "like"])

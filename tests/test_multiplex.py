@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -21,7 +21,6 @@ from services.runtime.metrics import RPC_HANDLED
 from services.runtime.multiplex import MAX_ITEM_BYTES, PACK_BYTES, MultiplexClient, MultiplexServer
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
-from storage_service.db import Base, make_engine
 from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
@@ -29,19 +28,6 @@ from storage_service.journal_servicer import JournalServicer
 JOURNAL = "system.storage.v1.JournalService"
 RUNNING = journal_pb2.STEP_STATE_RUNNING
 DONE = journal_pb2.STEP_STATE_DONE
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url)
-    Base.metadata.create_all(engine)
-    with engine.begin() as conn:  # the PostgreSQL database is shared by this module's tests
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 class _Service:

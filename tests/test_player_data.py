@@ -7,7 +7,7 @@ import datetime as dt
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -60,22 +60,6 @@ def _usage(day: str = "", p: int = 0, c: int = 0, m: int = 0, w: int = 0):  # ty
     return journal_pb2.UsageIncrement(
         day=day, prompt_tokens=p, completion_tokens=c, model_calls=m, web_searches=w
     )
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url)
-    # Migrations for these tables come later; until then the metadata makes them.
-    Base.metadata.create_all(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
 
 
 @pytest.fixture

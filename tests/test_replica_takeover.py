@@ -16,13 +16,13 @@ import os
 import socket
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2
@@ -44,7 +44,6 @@ from services.runtime.server import ServiceHost
 from storage_service.app import ACCESS
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
-from storage_service.db import Base, make_engine
 from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import JournalBounds, JournalStore, LeaseRow
 from storage_service.journal_servicer import JournalServicer
@@ -73,24 +72,6 @@ class Clock:
 
     def __call__(self) -> dt.datetime:
         return self.now
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    engine = make_engine(database_url)
-    Base.metadata.create_all(engine)
-    with engine.begin() as conn:  # the PostgreSQL database is shared by this module's tests
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def sessions(engine: Engine) -> sessionmaker:  # type: ignore[type-arg]
-    return sessionmaker(engine, expire_on_commit=False)
 
 
 @pytest.fixture
