@@ -20,6 +20,12 @@ seed's gates alone, `strict`, `calibrated`; the config's other settings, `scorer
 side by side; the JSON document then holds one report per mode under `compare`, and the
 `--fail-under-*` checks apply to the config's own scorer mode.
 
+`--hold-out N [--seed S]` leaves N modules, drawn at random, out of the router, and their
+cases become out-of-scope cases (expected null): the way public sets hold out whole intents,
+on any profile set, so the threshold can be checked against out-of-scope text close to the
+catalogue (a held-out sibling such as volume-down beside volume-up). The JSON names them
+under `held_out`.
+
 A case is one JSON object a line: `{"text", "lang", "expected", "category", "split"}`, where
 `expected` is the module a perfect router would route *directly* (`ns:path`), or null when the
 text must not route directly (out of scope, a write, a trap). `lang` defaults to the profile
@@ -655,13 +661,20 @@ def _count_cases(path: str | Path, split: str) -> int:
 
 
 def _build_router(
-    profiles_path: str, config_path: str | None
+    profiles_path: str, config_path: str | None, hold_out: int = 0, seed: int = 0
 ) -> tuple[Decide, dict[str, Any], Any, Any]:
     """Loads the profile set and the matcher; returns `decide(text, lang)`, run metadata, the
-    router and its config."""
+    router and its config. `hold_out` modules drawn at random (`seed`) are left out of the
+    router; `module_ids` in the metadata still names every module of the set and `held_out`
+    the ones left out."""
+    import random
+
     from router_service.semantic import SemanticConfig, SemanticRouter, load_profiles
 
     language, profiles = load_profiles(profiles_path)
+    every = [_profile_id(p) for p in profiles]
+    held = set(random.Random(seed).sample(sorted(every), min(hold_out, len(every))))
+    profiles = [p for p in profiles if _profile_id(p) not in held]
     config = _load_config(SemanticConfig, config_path)
     started = time.perf_counter()
     router = SemanticRouter(profiles, config)
@@ -679,8 +692,10 @@ def _build_router(
         "mode": str(getattr(config, "mode", "?")).rsplit(".", 1)[-1],
         "scorer": getattr(getattr(config, "scorer", None), "mode", "?"),
         "build_seconds": round(built, 4),
-        "module_ids": [_profile_id(p) for p in profiles],
+        "module_ids": every,
     }
+    if held:
+        meta["held_out"] = sorted(held)
     ngram = getattr(router, "ngram", None)
     if ngram is not None:
         meta["scorer_thresholds"] = {
@@ -771,6 +786,15 @@ def _parser() -> argparse.ArgumentParser:
         help="also sweep the threshold and write coverage vs precision and the confusion list",
     )
     parser.add_argument(
+        "--hold-out",
+        type=int,
+        default=0,
+        metavar="N",
+        help="leave N modules drawn at random out of the router; their cases become out of "
+        "scope (how a public set holds out whole intents; not with --compare)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random draw of --hold-out (default 0)")
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -781,15 +805,25 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.compare and args.hold_out:
+        print("error: --hold-out does not combine with --compare", file=sys.stderr)
+        return 2
     if args.compare:
         return _compare(args)
     err = sys.stderr
     try:
-        decide, meta, router, config = _build_router(args.profiles, args.config)
+        decide, meta, router, config = _build_router(
+            args.profiles, args.config, args.hold_out, args.seed
+        )
         module_ids = meta.pop("module_ids")
         cases: Iterable[Case] = iter_cases(
             args.cases, split=args.split, known_modules=module_ids, default_lang=meta["language"]
         )
+        held = frozenset(meta.get("held_out", ()))
+        if held:  # a held-out module's cases must not route: out of scope for this router
+            cases = (
+                dataclasses.replace(c, expected=None) if c.expected in held else c for c in cases
+            )
         if args.plot:
             cases = list(cases)  # routed again by the sweep
         show = args.progress if args.progress is not None else err.isatty()

@@ -244,7 +244,7 @@ def _stub_decide(text: str, lang: str) -> Any:
     )
 
 
-def _stub_router(profiles: str, config: str | None) -> tuple[Any, dict[str, Any]]:
+def _stub_router(profiles: str, config: str | None, *_: Any) -> tuple[Any, dict[str, Any]]:
     ids = [m["id"] for m in json.loads(Path(profiles).read_text(encoding="utf-8"))["modules"]]
     meta = {"profiles": len(ids), "language": "en", "mode": "STUB", "module_ids": ids}
     return _stub_decide, meta
@@ -326,6 +326,25 @@ def test_cli_reports_a_malformed_line_and_exits_2(
     assert ev.main(["--profiles", str(profiles), "--cases", str(cases), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"error: {cases}:6:" in err and "test:nope" in err
+
+
+@pytest.mark.skipif(not REAL_MATCHER, reason="needs the real matcher")
+def test_hold_out_leaves_modules_out_and_their_cases_out_of_scope(
+    tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profiles, cases = tiny
+    base = ["--profiles", str(profiles), "--cases", str(cases), "--no-progress"]
+    out = tmp_path / "held.json"
+    assert ev.main([*base, "--hold-out", "1", "--seed", "3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    (held,) = report["held_out"]
+    kept = sum(c["expected"] not in (None, held) for c in TINY_CASES)
+    assert report["overall"]["in_scope"] == kept
+    assert report["overall"]["out_of_scope"] == len(TINY_CASES) - kept
+    assert report["profiles"] == 1
+    capsys.readouterr()
+    assert ev.main([*base, "--hold-out", "1", "--compare"]) == 2
+    assert "--hold-out" in capsys.readouterr().err
 
 
 def test_progress_bar_goes_to_stderr(

@@ -23,6 +23,7 @@ from router_service.semantic import (
     normalize,
 )
 from router_service.semantic.config import Scorer, parse_semantic_config
+from router_service.semantic.router import _scorer_covers
 
 CORPUS = Path(__file__).resolve().parents[1] / "router_service" / "corpus"
 
@@ -192,6 +193,28 @@ def test_open_words_are_measured_on_the_modules_own_examples(analyzer: Analyzer)
     top = ngram.NgramScorer({"en": model}, 0.0).top(analyzer.analyze("weather in tokyo"), "en")
     assert top is not None and top.module_id == "demo:city_weather"
     assert (top.missing, top.open_words, top.content) == (1, 1, 2)
+    assert top.missing_elsewhere == 0
+    assert _scorer_covers(top, ["coverage", "topic_coverage"], 0.9)
+
+
+def test_an_open_modules_unknown_word_must_be_unknown_to_the_catalogue(
+    analyzer: Analyzer,
+) -> None:
+    """A word the module's examples lack but another module's examples hold is no open name:
+    it is what the other module is asked with (`new` is the timer's word)."""
+    cities = Profile(
+        "demo:city_weather",
+        "read",
+        {"en": ["weather in paris", "weather in rome", "weather for berlin", "weather in oslo"]},
+    )
+    model = ngram.NgramScorer.train([*WEATHER, cities], ["en"], analyzer).model("en")
+    assert model is not None and model.open_words["demo:city_weather"] == 1
+    scorer = ngram.NgramScorer({"en": model}, 0.0)
+    top = scorer.top(analyzer.analyze("weather in berlin new"), "en")
+    assert top is not None and top.module_id == "demo:city_weather"
+    assert top.margin >= top.threshold
+    assert (top.missing, top.missing_elsewhere) == (1, 1)
+    assert not _scorer_covers(top, ["coverage", "topic_coverage"], 0.9)
 
 
 def test_the_built_in_modules_allow_no_unknown_words(router: SemanticRouter) -> None:

@@ -529,9 +529,15 @@ def _scorer_covers(top: ScorerTop, failed: list[str], min_coverage: float) -> bo
     hold at least `min_coverage` of the text's content words and the words the catalogue lacks
     are generic (`coverage` failed only on those); or, for a module whose examples each name
     their own things (`ScorerTop.open_words`), the text holds at least one content word its
-    examples know and no more unknown ones than one of its examples typically does."""
+    examples know and no more unknown ones than one of its examples typically does, none of
+    them a word another module's examples hold (`ScorerTop.missing_elsewhere`: `lower the
+    volume` is not a name a volume-up module leaves open when a dimming module says `lower`)."""
     if top.topic_coverage + _EPSILON >= min_coverage and (
         "coverage" not in failed or top.only_generic_unknown
     ):
         return True
-    return 0 < top.missing <= top.open_words and top.missing < top.content
+    return (
+        0 < top.missing <= top.open_words
+        and top.missing < top.content
+        and top.missing_elsewhere == 0
+    )
