@@ -87,9 +87,12 @@ def _start_hop(downstream: list[int]) -> tuple[subprocess.Popen[str], int]:
     return process, port
 
 
-async def _time_chain(port: int, n: int, pids: list[int]) -> tuple[list[float], float]:
-    """n round trips of one message on a stream to G, after the warm-up; and the CPU every
-    process (the four hops and this client) spent per round trip, in ms."""
+async def _time_chain(
+    port: int, n: int, pids: list[int], pause: float = 0.0
+) -> tuple[list[float], float, list[float]]:
+    """n round trips of one message on a stream to G, after the warm-up; the CPU every
+    process (the four hops and this client) spent per round trip, in ms; and, with `pause`,
+    n more round trips `pause` seconds apart."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         await channel.channel_ready()
         call = channel.stream_stream(f"/{_SERVICE}/Stream", _same, _same)()
@@ -105,14 +108,23 @@ async def _time_chain(port: int, n: int, pids: list[int]) -> tuple[list[float], 
             samples.append((time.perf_counter() - start) * 1000)
             progress(i + 1, n, "echo chain")
         cpu = sum(cpu_seconds(pid) for pid in pids) + time.process_time() - cpu
+        paced = []
+        for i in range(n if pause else 0):
+            await asyncio.sleep(pause)
+            start = time.perf_counter()
+            await call.write(PAYLOAD)
+            await call.read()
+            paced.append((time.perf_counter() - start) * 1000)
+            progress(i + 1, n, "echo chain, paced")
         await call.done_writing()
-    return samples, 1000 * cpu / n
+    return samples, 1000 * cpu / n, paced
 
 
-def measure_echo_chain(n: int = 1000) -> dict[str, Any]:
+def measure_echo_chain(n: int = 1000, pause: float = 0.0) -> dict[str, Any]:
     """Round trips of one stream message through the four-process echo chain: summarize()'s
     figures (n, p50_ms, p90_ms, p99_ms, ...), `cpu_ms_per_round_trip` of all five processes,
-    and the samples themselves under `samples_ms`."""
+    and the samples themselves under `samples_ms`; with `pause`, as many round trips `pause`
+    seconds apart under `paced_samples_ms` (a player's pace: processes idle in between)."""
     started: list[subprocess.Popen[str]] = []
     try:
         s, s_port = _start_hop([])
@@ -123,7 +135,9 @@ def measure_echo_chain(n: int = 1000) -> dict[str, Any]:
         started.append(e)
         g, g_port = _start_hop([r_port, e_port])
         started.append(g)
-        samples, cpu_ms = asyncio.run(_time_chain(g_port, n, [p.pid for p in started]))
+        samples, cpu_ms, paced = asyncio.run(
+            _time_chain(g_port, n, [p.pid for p in started], pause)
+        )
     finally:
         for process in started:
             process.terminate()
@@ -133,6 +147,7 @@ def measure_echo_chain(n: int = 1000) -> dict[str, Any]:
         **summarize(samples),
         "cpu_ms_per_round_trip": round(cpu_ms, 3),
         "samples_ms": samples,
+        "paced_samples_ms": paced,
     }
 
 
