@@ -18,7 +18,7 @@ from router_service.config import RouterConfig
 from router_service.diagnostics import RouterDiagnostics
 from router_service.model_routing import ModelRouter
 from router_service.router import Router
-from router_service.semantic import SemanticConfig, load_semantic_config
+from router_service.semantic import SemanticConfig, ensure_semantic_config
 from router_service.servicer import RouterServicer
 from services.runtime.channels import Dependency
 from services.runtime.security import AccessPolicy
@@ -111,9 +111,13 @@ class RouterApp:
 
 
 async def create_app(config: RouterConfig) -> RouterApp:
-    semantic = (
-        load_semantic_config(config.semantic_config) if config.semantic_config else SemanticConfig()
-    )
+    semantic = SemanticConfig()
+    if config.semantic_config:
+        semantic, written = ensure_semantic_config(config.semantic_config)
+        if written:
+            log.info(
+                "wrote the default semantic config to %s (mode ENFORCE)", config.semantic_config
+            )
     logging.getLogger("jieba").setLevel(logging.WARNING)
     app = RouterApp(config, semantic)
     app.warm_up()

@@ -20,8 +20,9 @@ class RouterConfig(ServerConfig):
     model_target: str = "127.0.0.1:50054"
     """`host:port` of the model gateway, for the one routing call; empty for none."""
     semantic_config: str = ""
-    """Path of `system-semantic.json` (seed 004's fields); empty for the built-in defaults.
-    Reloaded by the ReloadConfig RPC."""
+    """Path of `system-semantic.json` (seed 004's fields); empty for the built-in defaults. A
+    path with no file yet gets one with the defaults at the first start (mode ENFORCE), for the
+    operator to edit; reloaded by the ReloadConfig RPC."""
     profiles_file: str = ""
     """Standalone use: a profile-set JSON file (see router_service/corpus/profiles.json) routed
     without the engine. Empty: profiles and commands come from the engine's catalogue."""

@@ -30,6 +30,7 @@ from router_service.semantic import (
     check_guards,
     declared_markers,
     detect_language,
+    ensure_semantic_config,
     extract,
     fired_guards,
     load_profiles,
@@ -209,6 +210,38 @@ def test_config_file_errors(tmp_path: Path) -> None:
     bad.write_text('{"mode": "ENFORCE",\n "maxCharacters": }', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"not valid JSON at line 2 column"):
         load_semantic_config(bad)
+
+
+def test_the_first_start_writes_the_defaults_for_the_operator(tmp_path: Path) -> None:
+    """Seed 004: no file yet means one is written with every field at its default (mode
+    ENFORCE); the next start reads it, edits included."""
+    path = tmp_path / "config" / "system-semantic.json"
+    config, written = ensure_semantic_config(path)
+    assert written and config == SemanticConfig()
+    document = json.loads(path.read_text(encoding="utf-8"))
+    assert document["mode"] == "ENFORCE" and document["maxCharacters"] == 240
+    assert parse_semantic_config(document) == SemanticConfig()  # every field round-trips
+    assert [p.name for p in path.parent.iterdir()] == ["system-semantic.json"]  # no leftovers
+    document["minCoverage"] = 0.95
+    path.write_text(json.dumps(document), encoding="utf-8")
+    again, written = ensure_semantic_config(path)
+    assert not written and again.min_coverage == 0.95
+
+
+def test_an_existing_broken_file_is_refused_not_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "system-semantic.json"
+    path.write_text('{"mode": "LOUD"}', encoding="utf-8")
+    with pytest.raises(ConfigError, match="mode must be ENFORCE, SHADOW or OFF"):
+        ensure_semantic_config(path)
+    assert path.read_text(encoding="utf-8") == '{"mode": "LOUD"}'
+
+
+def test_a_folder_that_cannot_be_written_leaves_the_defaults(tmp_path: Path) -> None:
+    """A read-only mount (a ConfigMap without the file): the defaults apply, nothing fails."""
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the folder would be", encoding="utf-8")
+    config, written = ensure_semantic_config(blocked / "system-semantic.json")
+    assert not written and config == SemanticConfig()
 
 
 def test_reload_changes_say_what_applies_live_and_what_needs_a_restart() -> None:

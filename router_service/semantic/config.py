@@ -37,7 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+import logging
 import math
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,11 +55,14 @@ __all__ = [
     "Scorer",
     "SemanticConfig",
     "Threshold",
+    "ensure_semantic_config",
     "load_semantic_config",
     "parse_semantic_config",
     "reload_changes",
     "trained_scorer",
 ]
+
+log = logging.getLogger("system.router.semantic")
 
 _MODULE_ID = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
 _LANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]{2,8})?$")
@@ -361,6 +367,33 @@ def trained_scorer(mode: str) -> str:
     if mode == "ngram":
         return "ngram"
     return "probability" if mode in _PROBABILITY_MODES else "none"
+
+
+def ensure_semantic_config(path: str | Path) -> tuple[SemanticConfig, bool]:
+    """The config at `path`, written there with the defaults first when no file exists (seed
+    004: the first start writes `system-semantic.json` with mode ENFORCE, so an operator has
+    every field in front of them to edit). Returns the config and whether it was written.
+    A file that exists is read as `load_semantic_config` reads it; a folder that cannot be
+    written (a read-only mount) leaves the defaults in force, unwritten.
+
+    Raises:
+        ConfigError: as `load_semantic_config`, for a file that exists.
+    """
+    target = Path(path)
+    if target.exists():
+        return load_semantic_config(target), False
+    defaults = SemanticConfig()
+    text = json.dumps(defaults.to_json(), indent=2, ensure_ascii=False) + "\n"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole or not at all: a reader never sees half a file.
+        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, target)
+    except OSError as exc:
+        log.warning("could not write the default %s (%s); using the defaults", target, exc)
+        return defaults, False
+    return defaults, True
 
 
 def load_semantic_config(path: str | Path) -> SemanticConfig:

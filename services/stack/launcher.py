@@ -176,6 +176,8 @@ class Stack:
             "router": {
                 "ENGINE_TARGET": self.target("engine"),
                 "MODEL_TARGET": self.target("model"),
+                # Written with the defaults on the first start; edit it and /system reload.
+                "SEMANTIC_CONFIG": str(self.data_dir / "config" / "system-semantic.json"),
             },
             "gateway": {
                 "ROUTER_TARGET": self.target("router"),
