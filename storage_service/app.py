@@ -29,6 +29,7 @@ from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
 from storage_service.knowledge import KnowledgeStore, warm_up
+from storage_service.knowledge_files import seed_starter
 from storage_service.knowledge_servicer import KnowledgeServicer
 from storage_service.migrate import upgrade
 from storage_service.player_data import PlayerDataStore
@@ -134,4 +135,7 @@ async def create_app(config: StorageConfig) -> StorageApp:
     if config.run_migrations:
         await asyncio.to_thread(upgrade, engine)
     await asyncio.to_thread(warm_up)  # load jieba's dictionary now, not on the first search
-    return StorageApp(config, engine)
+    app = StorageApp(config, engine)
+    if config.starter_knowledge:
+        await asyncio.to_thread(seed_starter, app.knowledge)
+    return app

@@ -37,6 +37,10 @@ class StorageConfig(ServerConfig):
     """Largest encoded step result or task result."""
     max_knowledge_chars: int = 20_000
     """Longest knowledge entry body."""
+    starter_knowledge: bool = True
+    """Write the starter set about the assistant (storage_service/starter_knowledge) into the
+    shared knowledge table at start when that table is empty, so /question answers out of the
+    box."""
     commit_group_max: int = 48
     """Most Commit calls applied together in one database transaction (group commit: a
     writer thread takes every Commit waiting when it is free). 1 gives each its own."""

@@ -36,6 +36,7 @@ Schema
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import logging
@@ -93,6 +94,8 @@ MAX_SOURCE = 2048
 MAX_QUERY = 500
 MAX_LIMIT = 50
 DEFAULT_LIMIT = 10
+MAX_PAGE = 200
+DEFAULT_PAGE = 50
 LANGUAGES = ("zh", "en")
 MAX_TOKEN_CHARS = 64
 """Longer words are cut: no real word is that long, and PostgreSQL ignores lexemes over 2 KB."""
@@ -327,6 +330,23 @@ def _no_nul(name: str, value: str) -> None:
         raise InvalidArgument(f"{name} must not contain NUL characters")
 
 
+def _encode_page(entry_id: str) -> str:
+    return base64.urlsafe_b64encode(f"k{entry_id}".encode()).decode()
+
+
+def _decode_page(token: str) -> str:
+    """The entry id a page token of `_encode_page` carries."""
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raw = ""
+    if not raw.startswith("k") or len(raw) < 2:
+        raise InvalidArgument(
+            "page_token is malformed; pass the next_page_token of a previous response unchanged"
+        )
+    return raw[1:]
+
+
 def _scope(player_id: str) -> str:
     return "the shared table" if not player_id else f"player {player_id}'s table"
 
@@ -440,6 +460,25 @@ class KnowledgeStore:
                 delete(KnowledgeRow).where(KnowledgeRow.player_id == player_id)
             )
             return int(rowcount(result) or 0)
+
+    def list_entries(
+        self, player_id: str, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[KnowledgeEntry], str]:
+        """A page of one scope's entries in entry id order, and the next page's token (empty
+        on the last): a player's private table, or the shared one for an empty id."""
+        check_player_id(player_id, required=False)
+        if not 0 <= page_size <= MAX_PAGE:
+            raise InvalidArgument(f"page_size must be between 0 and {MAX_PAGE}, got {page_size}")
+        after = _decode_page(page_token) if page_token else ""
+        size = page_size or DEFAULT_PAGE
+        query = select(KnowledgeRow).where(KnowledgeRow.player_id == player_id)
+        if after:
+            query = query.where(KnowledgeRow.entry_id > after)
+        with self._sessions() as session:
+            rows = list(session.scalars(query.order_by(KnowledgeRow.entry_id).limit(size + 1)))
+        more = len(rows) > size
+        rows = rows[:size]
+        return [_entry(row) for row in rows], _encode_page(rows[-1].entry_id) if more else ""
 
     # -- search ------------------------------------------------------------------------------
 

@@ -57,6 +57,18 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServiceServicer):
         await run_db(self._store.delete, request.player_id, request.entry_id)
         return knowledge_pb2.DeleteKnowledgeResponse()
 
+    async def ListKnowledge(
+        self,
+        request: knowledge_pb2.ListKnowledgeRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> knowledge_pb2.ListKnowledgeResponse:
+        entries, token = await run_db(
+            self._store.list_entries, request.player_id, request.page_size, request.page_token
+        )
+        return knowledge_pb2.ListKnowledgeResponse(
+            entries=[_message(e) for e in entries], next_page_token=token
+        )
+
     async def SearchKnowledge(
         self,
         request: knowledge_pb2.SearchKnowledgeRequest,

@@ -4,11 +4,13 @@ in-process on port 0 behind a real gRPC channel."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import re
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -23,6 +25,7 @@ from system.storage.v1 import knowledge_pb2, knowledge_pb2_grpc
 
 from services.runtime.errors import InvalidArgument, NotFound
 from services.runtime.server import ServiceHost
+from storage_service import knowledge_cli
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
 from storage_service.knowledge import (
@@ -35,6 +38,7 @@ from storage_service.knowledge import (
     query_tokens,
     tokens,
 )
+from storage_service.knowledge_files import read_entry, seed_starter, starter
 from storage_service.knowledge_servicer import SERVICE_NAME, KnowledgeServicer
 
 MAX_BODY = 1000
@@ -421,7 +425,7 @@ def test_include_name_hides_the_search_index_from_autogenerate(engine: Engine) -
 
 
 @pytest.fixture
-async def channel(database_url: str, engine: Engine) -> AsyncIterator[grpc.aio.Channel]:
+async def target(database_url: str, engine: Engine) -> AsyncIterator[str]:
     """The KnowledgeService alone on port 0, with a 100-character body limit."""
     servicer = KnowledgeServicer(KnowledgeStore(sessionmaker(engine, expire_on_commit=False), 100))
     host = ServiceHost(
@@ -434,10 +438,15 @@ async def channel(database_url: str, engine: Engine) -> AsyncIterator[grpc.aio.C
     )
     await host.start()
     try:
-        async with grpc.aio.insecure_channel(host.target) as channel:
-            yield channel
+        yield host.target
     finally:
         await host.stop()
+
+
+@pytest.fixture
+async def channel(target: str) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(target) as channel:
+        yield channel
 
 
 @pytest.fixture
@@ -544,3 +553,94 @@ async def test_service_health(channel: grpc.aio.Channel) -> None:
     health = health_pb2_grpc.HealthStub(channel)
     response = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10)
     assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+# --- Listing, files, the starter set and the operator's tool --------------------------------
+
+
+def test_list_pages_one_scope_in_entry_id_order(store: KnowledgeStore) -> None:
+    player = _player()
+    for n in (3, 1, 2):
+        store.put(player, f"e{n}", "", f"body {n}", "en")
+    store.put("", "shared", "", "a shared body", "en")
+    first, token = store.list_entries(player, 2)
+    assert [e.entry_id for e in first] == ["e1", "e2"] and token
+    rest, token = store.list_entries(player, 2, token)
+    assert [e.entry_id for e in rest] == ["e3"] and token == ""
+    assert [e.entry_id for e in store.list_entries("")[0]] == ["shared"]
+    with pytest.raises(InvalidArgument, match="page_token is malformed"):
+        store.list_entries(player, 2, "not-a-token")
+    with pytest.raises(InvalidArgument, match="page_size must be between 0 and 200"):
+        store.list_entries(player, 201)
+
+
+def test_a_file_gives_title_body_and_language(tmp_path: Path) -> None:
+    zh = tmp_path / "smelting.md"
+    zh.write_text("# 熔炼铁矿\n\n把铁矿石放进熔炉，用煤炭做燃料。\n", encoding="utf-8")
+    entry = read_entry(zh)
+    assert (entry.entry_id, entry.title, entry.language, entry.source) == (
+        "smelting",
+        "熔炼铁矿",
+        "zh",
+        "smelting.md",
+    )
+    assert entry.body == "把铁矿石放进熔炉，用煤炭做燃料。"
+    plain = tmp_path / "note.txt"
+    plain.write_text("Iron ore smelts into iron ingots in a furnace.", encoding="utf-8")
+    assert read_entry(plain).title == "note" and read_entry(plain).language == "en"
+    for name, content, message in [
+        ("picture.png", "x", "Markdown or plain text"),
+        ("empty.md", "# Only a title\n", "no body"),
+    ]:
+        (tmp_path / name).write_text(content, encoding="utf-8")
+        with pytest.raises(InvalidArgument, match=message):
+            read_entry(tmp_path / name)
+
+
+def test_the_starter_set_fills_an_empty_shared_table_once(store: KnowledgeStore) -> None:
+    starters = starter()
+    assert {e.language for e in starters} == {"zh", "en"}
+    assert all(e.entry_id.startswith("system:") and e.title for e in starters)
+    assert seed_starter(store) == len(starters)
+    assert seed_starter(store) == 0  # not empty any more: nothing rewritten
+    # A question about the assistant finds its answer (among the few best hits).
+    assert "system:purchases.en" in _ids(store.search("", "is my purchase charged twice", 3))
+    assert "system:purchases.zh" in _ids(store.search("", "购买会重复扣款吗", 3))
+    assert "system:privacy.en" in _ids(store.search("", "can I turn the history off", 3))
+
+
+def test_an_operators_own_entries_keep_the_starter_set_out(store: KnowledgeStore) -> None:
+    store.put("", "rules", "Server rules", "No griefing.", "en")
+    assert seed_starter(store) == 0
+    assert [e.entry_id for e in store.list_entries("")[0]] == ["rules"]
+
+
+async def test_the_operators_tool_adds_lists_and_removes(
+    stub: knowledge_pb2_grpc.KnowledgeServiceStub,
+    target: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`python -m storage_service.knowledge_cli` against a real KnowledgeService."""
+    note = tmp_path / "rules.md"
+    note.write_text("# Server rules\nNo griefing near spawn.\n", encoding="utf-8")
+    cli = ["--target", target]
+    assert await asyncio.to_thread(knowledge_cli.main, [*cli, "add", str(note)]) == 0
+    assert "added rules (en) in the shared table: Server rules" in capsys.readouterr().out
+    player = _player()
+    assert (
+        await asyncio.to_thread(
+            knowledge_cli.main, [*cli, "add", str(note), "--player", player, "--id", "mine"]
+        )
+        == 0
+    )
+    assert await asyncio.to_thread(knowledge_cli.main, [*cli, "list"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("rules\ten\tServer rules")
+    hits = await stub.SearchKnowledge(knowledge_pb2.SearchKnowledgeRequest(query="griefing"))
+    assert [h.entry.entry_id for h in hits.hits] == ["rules"]
+    assert await asyncio.to_thread(knowledge_cli.main, [*cli, "remove", "rules"]) == 0
+    assert await asyncio.to_thread(knowledge_cli.main, [*cli, "remove", "rules"]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err
+    assert await asyncio.to_thread(knowledge_cli.main, [*cli, "add", str(tmp_path)]) == 2
+    private = await stub.ListKnowledge(knowledge_pb2.ListKnowledgeRequest(player_id=player))
+    assert [e.entry_id for e in private.entries] == ["mine"]

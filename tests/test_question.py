@@ -190,7 +190,12 @@ async def _model_gateway(fake: FakeOpenAIServer, storage: str, **overrides: Any)
 @pytest.fixture
 async def stack(tmp_path: Any, fake: FakeOpenAIServer) -> AsyncIterator[Stack]:
     storage = await create_storage(
-        StorageConfig(**HOST, database_url=f"sqlite:///{tmp_path / 'storage.db'}")
+        StorageConfig(
+            **HOST,
+            database_url=f"sqlite:///{tmp_path / 'storage.db'}",
+            # These tests choose what the knowledge base holds (empty for "nothing found").
+            starter_knowledge=False,
+        )
     )
     await storage.host.start()
     gateway = await _model_gateway(fake, storage.host.target)

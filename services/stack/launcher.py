@@ -192,6 +192,21 @@ class Stack:
         env.update(self.service_env.get(spec.name, {}))
         return env
 
+    def _write_operator_file(self) -> None:
+        """`run/operator.json`: where storage listens and this run's operator token, readable
+        by this user alone, for operators' tools (`python -m storage_service.knowledge_cli
+        --stack DIR`)."""
+        path = self.data_dir / "run" / "operator.json"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            json.dump(
+                {
+                    "storage_target": self.target("storage"),
+                    "token": self.service_tokens["operator"],
+                },
+                file,
+            )
+
     def start(self, timeout: float = 30.0) -> float:
         """Starts every service and waits until all answer SERVING. Returns seconds taken.
 
@@ -201,6 +216,7 @@ class Stack:
         started = time.perf_counter()
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.data_dir / "run").mkdir(parents=True, exist_ok=True)
+        self._write_operator_file()
         # All start at once: channels connect lazily, so start order does not matter for
         # correctness, and parallel starts keep the stack's start-up short.
         for spec in SERVICES:
