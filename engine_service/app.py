@@ -6,6 +6,7 @@ import dataclasses
 
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
+from engine_service.admin_tools import AdminTools, RouterDiagnostics
 from engine_service.advancements import AdvancementConfig
 from engine_service.clients import GatewayGameTools, JournalRuns, StorageHistory
 from engine_service.config import EngineConfig
@@ -75,12 +76,19 @@ class EngineApp:
         self.knowledge = StorageKnowledge(config.storage_target, channels)
         self.preferences = StoragePreferences(config.storage_target, channels)
         self.documents = StorageDocuments(config.storage_target, channels)
+        self.router_admin = (
+            RouterDiagnostics(config.router_target, channels) if config.router_target else None
+        )
+        self.admin = AdminTools(self.router_admin)
         registry = build_registry(
             config,
-            BuiltinServices(self.knowledge, self.preferences, documents=self.documents),
+            BuiltinServices(
+                self.knowledge, self.preferences, documents=self.documents, admin=self.admin
+            ),
         )
         # Checked against the frozen registry; a bad file stops the start (ConfigError).
         self.advancements = AdvancementConfig(config.advancements_file, registry)
+        self.admin.advancements = self.advancements  # reloaded with the router's config
         self.engine = Engine(
             registry,
             self.storage,
@@ -143,6 +151,8 @@ class EngineApp:
         await self.preferences.aclose()
         await self.knowledge.aclose()
         await self.documents.aclose()
+        if self.router_admin is not None:
+            await self.router_admin.aclose()
         await self.game_tools.aclose()
         await self.runs.aclose()
         await self.storage.aclose()

@@ -20,6 +20,9 @@ class EngineConfig(ServerConfig):
     """`host:port` of the storage service."""
     model_target: str = "127.0.0.1:50054"
     """`host:port` of the model gateway (model calls, web search and fetch)."""
+    router_target: str = "127.0.0.1:50052"
+    """`host:port` of the router, for the admins' `/system routing` and `/system reload`;
+    empty: those commands answer that no router is configured."""
     gateway_target: str = "127.0.0.1:50051"
     """`host:port` of the gateway's ToolRelayService, through which game tools are called."""
     execute_timeout_seconds: float = 120.0

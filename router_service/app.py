@@ -32,9 +32,10 @@ SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["RouterService"].full_name
 ACCESS = AccessPolicy(
     {
         SERVICE_NAME: ["gateway"],
-        # Diagnostics and config reloads: operators' tooling alone.
-        f"{SERVICE_NAME}/GetDiagnostics": [],
-        f"{SERVICE_NAME}/ReloadConfig": [],
+        # Diagnostics and config reloads: operators' tooling, and the engine for the admins'
+        # in-game commands (the router checks the player's permission level itself).
+        f"{SERVICE_NAME}/GetDiagnostics": ["engine"],
+        f"{SERVICE_NAME}/ReloadConfig": ["engine"],
     }
 )
 """Who may call what (services.runtime.security); operators may call everything."""

@@ -190,6 +190,7 @@ async def running_chain(
     credentials: bool = False,
     every_service: dict[str, Any] | None = None,
     engine_settings: dict[str, Any] | None = None,
+    router_settings: dict[str, Any] | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Chain]:
     """Starts storage, engine, router and gateway; stops them in reverse order on exit.
@@ -197,7 +198,8 @@ async def running_chain(
     With `credentials`, every service requires service credentials and holds its own, as
     in production (services.runtime.security); `chain.credentials` has them all.
     `every_service` holds settings given to all four (keepalive intervals, say);
-    `engine_settings` the engine's own (its `advancements_file`, say).
+    `engine_settings` the engine's own (its `advancements_file`, say), `router_settings` the
+    router's (its `semantic_config`).
     """
     common = every_service or {}
     token = secrets.token_urlsafe(16)
@@ -225,13 +227,14 @@ async def running_chain(
 
         # The engine must know the gateway's address before the gateway starts (game tools go
         # engine -> gateway); channels connect lazily, so a port chosen up front is enough.
-        relay_port = free_port()
+        relay_port, router_port = free_port(), free_port()
         engine_config = EngineConfig(
             **_HOST,
             **auth("engine"),
             **(engine_settings or {}),
             storage_target=storage.host.target,
             gateway_target=f"127.0.0.1:{relay_port}",
+            router_target=f"127.0.0.1:{router_port}",
         )
         chain._restart["engine"] = (create_engine, engine_config)
         engine = await create_engine(engine_config)
@@ -239,7 +242,12 @@ async def running_chain(
         await engine.host.start()
 
         router = await create_router(
-            RouterConfig(**_HOST, **auth("router"), engine_target=engine.host.target)
+            RouterConfig(
+                **{**_HOST, "port": router_port},
+                **auth("router"),
+                **(router_settings or {}),
+                engine_target=engine.host.target,
+            )
         )
         apps["router"] = router
         await router.host.start()

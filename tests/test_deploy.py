@@ -79,6 +79,7 @@ SPECS = (
             "storage_target": "storage",
             "gateway_target": "gateway-internal",
             "model_target": "model-gateway",
+            "router_target": "router",
         },
     ),
     Spec(

@@ -196,6 +196,8 @@ def test_builtin_registry() -> None:
         "system:question",
         "system:search",
         *QUEST_MODULES,
+        "system:routing",
+        "system:reload",
         "system:reasoning",
     ]
     assert [m.spec.module_id for m in registry.handlers("minecraft:advancement")] == [
@@ -316,6 +318,8 @@ def test_available_filters_by_permission_and_feature() -> None:
         *BUILTIN,
         "system:search",
         *QUEST_MODULES,
+        "system:routing",
+        "system:reload",
         "test:ban",
         "ftbquests:quests",
         "system:reasoning",
@@ -674,6 +678,8 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/signin",
         "/question",
         "/ban",
+        "/routing",
+        "/reload",
         "/reason",
     }
     # A command that needs an argument (/item <query>) gets no button.
@@ -685,6 +691,8 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "system:shop",
         "system:signin",
         "test:ban",
+        "system:routing",
+        "system:reload",
     }
 
 
@@ -926,6 +934,8 @@ async def test_service_catalog(services: Services) -> None:
         "system:question",
         "system:search",
         *QUEST_MODULES,
+        "system:routing",
+        "system:reload",
         "system:reasoning",
     ]
     assert catalog.generation == services.generation != ""
@@ -935,10 +945,12 @@ async def test_service_catalog(services: Services) -> None:
     assert for_player.generation == catalog.generation
     # The web search feature is granted explicitly; without it /search appears nowhere, and
     # without FTB Quests on the player's server the quests appear nowhere either.
+    # Nor do the admin commands for an ordinary player.
     assert list(for_player.modules) == [
         m
         for m in catalog.modules
-        if m.module_id != "system:search" and m.module_id not in QUEST_MODULES
+        if m.module_id not in ("system:search", "system:routing", "system:reload")
+        and m.module_id not in QUEST_MODULES
     ]
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await services.engine.GetCatalog(

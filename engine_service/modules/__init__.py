@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from engine_service.admin_tools import AdminTools
 from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
+from engine_service.modules.admin import ReloadModule, RoutingModule
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
@@ -106,6 +108,8 @@ class BuiltinServices:
     """Player documents and atomic batches (storage): the shop's quotes and orders."""
     offer_seconds: int = OFFER_SECONDS
     """How long an offer (a shop quote) may be confirmed."""
+    admin: AdminTools | None = None
+    """The admin commands' tools (the router's diagnostics and reload); None: no router."""
 
 
 def register_builtins(
@@ -122,6 +126,7 @@ def register_builtins(
     for spec in QUEST_GAME_TOOLS:  # the ftbquests tools and the shared gift list
         registry.tools.game(spec)
     OfferTools(services.documents, services.offer_seconds).register(registry.tools)
+    (services.admin or AdminTools(None)).register(registry.tools)
     for module_class in (*BUILTIN_MODULES, *COMMERCE_MODULES):
         registry.register(module_class())
     registry.register(SigninModule(services.signin_rewards))
@@ -131,6 +136,8 @@ def register_builtins(
     registry.register(SearchModule(gate))  # type: ignore[arg-type]
     for quest_class in QUEST_MODULES:
         registry.register(quest_class())
+    registry.register(RoutingModule())
+    registry.register(ReloadModule())
     for module in extra:
         registry.register(module)
     registry.register(ReasoningModule.over(registry))  # type: ignore[arg-type]

@@ -170,6 +170,7 @@ class Stack:
             "model": {"STORAGE_TARGET": self.target("storage")},
             "engine": {
                 "STORAGE_TARGET": self.target("storage"),
+                "ROUTER_TARGET": self.target("router"),
                 "GATEWAY_TARGET": self.target("gateway_internal"),
                 "MODEL_TARGET": self.target("model"),
             },

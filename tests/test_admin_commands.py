@@ -1,0 +1,74 @@
+"""The administrators' in-game commands end to end (issue 18): `/system routing` and
+`/system reload` through the gateway, router and engine, in zh and en, and their absence for an
+ordinary player."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from system.common.v1 import common_pb2
+
+from tests.inprocess import running_chain
+
+SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+
+
+def card_lines(result: common_pb2.AgentResult) -> list[str]:
+    return [line.text for line in result.card.lines]
+
+
+async def test_an_admin_sees_routing_diagnostics_and_an_ordinary_player_does_not(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(tmp_path, credentials=True) as chain:
+        client = await chain.client()
+        await client.join("op", "Op", "en_us", permission_level=3)
+        await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
+        await client.join("steve", "Steve", "en_us")
+        assert (await client.chat("op", "help")).reply.result.status == SUCCEEDED
+        await client.chat("op", "what is in my inventory")  # a local route, counted
+
+        shown = (await client.chat("op", "/system routing")).reply.result
+        assert shown.status == SUCCEEDED and shown.card.title == "Routing diagnostics"
+        lines = card_lines(shown)
+        assert lines[0].startswith("Mode ENFORCE, ready;")
+        assert lines[1].startswith("By source: COMMAND 2, LOCAL 1")  # help; the inventory text
+        assert lines[2].startswith("Gates and fallback reasons: ")
+        zh = (await client.chat("zhop", "/system 路由诊断")).reply.result
+        assert zh.status == SUCCEEDED and zh.card.title == "路由诊断"
+        assert card_lines(zh)[0].startswith("模式 ENFORCE")
+
+        refused = (await client.chat("steve", "/system routing")).reply.result
+        assert refused.status != SUCCEEDED
+        assert refused.failure.key == "system.error.unknown_command"
+        helped = card_lines((await client.chat("steve", "/help")).reply.result)
+        assert not any("/routing" in line or "/reload" in line for line in helped)
+
+
+async def test_reload_applies_an_edited_semantic_config_and_names_a_bad_key(
+    tmp_path: pathlib.Path,
+) -> None:
+    semantic = tmp_path / "config" / "system-semantic.json"
+    async with running_chain(tmp_path, router_settings={"semantic_config": str(semantic)}) as chain:
+        assert json.loads(semantic.read_text(encoding="utf-8"))["mode"] == "ENFORCE"  # written
+        client = await chain.client()
+        await client.join("op", "Op", "en_us", permission_level=3)
+
+        document = json.loads(semantic.read_text(encoding="utf-8"))
+        document["minCoverage"] = 0.95
+        semantic.write_text(json.dumps(document), encoding="utf-8")
+        done = (await client.chat("op", "/system reload")).reply.result
+        assert done.status == SUCCEEDED and done.card.title == "Configuration reloaded"
+        assert any(
+            line.startswith("Applied: ") and "minCoverage" in line for line in card_lines(done)
+        )
+        assert chain.apps["router"].router.config.min_coverage == 0.95
+
+        document["scorer"] = {"mode": "loud"}
+        semantic.write_text(json.dumps(document), encoding="utf-8")
+        broken = (await client.chat("op", "/system reload")).reply.result
+        assert broken.status == SUCCEEDED
+        (error,) = [line for line in card_lines(broken) if "was not reloaded" in line]
+        assert "scorer.mode" in error and "the previous settings stay in force" in error
+        assert chain.apps["router"].router.config.min_coverage == 0.95  # still the last good one
