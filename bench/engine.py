@@ -628,7 +628,7 @@ def _markdown(report: dict[str, Any]) -> str:
         "context (a few tenths of a millisecond), and the run's begin call",
         "(`JournalService.BeginRun`: the player's lease, for one run per player across",
         "replicas, and what the run reads first, in one transaction; a call on the engine's",
-        "`JournalService.Multiplex` stream, decision 0008). The run's finish",
+        "`JournalService.MultiplexCalls` stream, decision 0008). The run's finish",
         "(`FinishRun`: the exchange into history and the lease's release in one transaction)",
         "goes out just after the reply (decision 0006: in order per player, the player's next",
         "run waits for it) and is not on the critical path.",

@@ -395,7 +395,7 @@ async def _run_grpc(
     path: str = "grpc",
 ) -> dict[str, Any]:
     """`clients` concurrent clients making step Commits: each its own unary call (`grpc`), or
-    as calls on one JournalService.Multiplex stream per channel, shared by the clients on
+    as calls on one JournalService.MultiplexCalls stream per channel, shared by the clients on
     it as an engine replica shares its stream (`stream`)."""
     label = f"{backend} {'gRPC' if path == 'grpc' else 'gRPC stream'} x{clients}"
     channels = _connections(storage.target, min(connections, clients))
@@ -406,7 +406,7 @@ async def _run_grpc(
         if path == "stream":
             streams = [
                 MultiplexClient(
-                    stub.Multiplex, journal_pb2.MultiplexRequest, journal_pb2.MultiplexCall
+                    stub.MultiplexCalls, journal_pb2.DESCRIPTOR.services_by_name["JournalService"]
                 )
                 for stub in stubs
             ]
@@ -426,7 +426,7 @@ async def _run_grpc(
                         began = time.perf_counter()
                         if streams:
                             await streams[index % len(streams)].call(
-                                "commit", request, timeout=30, idempotent=True
+                                "Commit", request, timeout=30, idempotent=True
                             )
                         else:
                             await stub.Commit(request, timeout=30)
@@ -656,7 +656,7 @@ def _pg32(cells: list[dict[str, Any]], path: str) -> dict[str, Any] | None:
 
 
 def _targets(cells: list[dict[str, Any]], probes: list[dict[str, Any]]) -> dict[str, Any]:
-    # Through gRPC either way: a unary call per Commit, or calls on the Multiplex stream (how
+    # Through gRPC either way: a unary call per Commit, or calls on the MultiplexCalls stream (how
     # the engine sends them); the better of the two is checked, both are recorded.
     measured = [c for c in (_pg32(cells, "grpc"), _pg32(cells, "stream")) if c is not None]
     best = max(measured, key=lambda c: c["receipt_writes_per_s"], default=None)
@@ -753,7 +753,7 @@ def _markdown(results: dict[str, Any]) -> str:
         + "".join(f"; {path}: {rate}/s" for path, rate in pg.get("by_path", {}).items() if rate)
         + f"); target {pg['target']}: **{'met' if pg['met'] else 'not met'}**. Path `grpc` is "
         "a unary Commit per write, `stream` the same Commits as calls on one "
-        "`JournalService.Multiplex` stream per channel (as the engine sends them).",
+        "`JournalService.MultiplexCalls` stream per channel (as the engine sends them).",
         "- Service overhead p50 at 1 client, beyond a bare gRPC round trip: "
         + ", ".join(f"{k} **{v} ms**" for k, v in ov["measured"].items())
         + f"; target {ov['target']} ms: **{'met' if ov['met'] else 'not met'}**. "
@@ -952,7 +952,7 @@ def main() -> int:
         "--paths",
         default="direct,grpc,stream",
         help="any of direct, grpc (a unary call per Commit) and stream (calls on "
-        "JournalService.Multiplex)",
+        "JournalService.MultiplexCalls)",
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for the results")
     parser.add_argument(

@@ -24,28 +24,13 @@ _JOURNAL = "system.storage.v1.JournalService"
 
 class JournalStream(StreamedCalls):
     """The engine's hot journal calls (every event's task, every step's receipts, every run's
-    player lease) on one `JournalService.Multiplex` stream, which costs both processes a fraction of a unary
-    call each (services.runtime.multiplex, decision 0008); unary calls on `journal`'s stub
-    against a storage service without the stream."""
+    begin and finish) on one `JournalService.MultiplexCalls` stream, which costs both processes
+    a fraction of a unary call each (services.runtime.multiplex, decisions 0008 and 0021); unary
+    calls on `journal`'s stub against a storage service without the stream (or without the
+    method on it). Calls name their unary RPC: `call("Commit", request, timeout)`."""
 
     def __init__(self, journal: Dependency[journal_pb2_grpc.JournalServiceAsyncStub]) -> None:
-        super().__init__(
-            journal,
-            journal_pb2_grpc.JournalServiceStub,
-            journal_pb2.MultiplexRequest,
-            journal_pb2.MultiplexCall,
-            {
-                "create_task": f"{_JOURNAL}/CreateTask",
-                "commit": f"{_JOURNAL}/Commit",
-                "record_step": f"{_JOURNAL}/RecordStep",
-                "complete_step": f"{_JOURNAL}/CompleteStep",
-                "acquire_lease": f"{_JOURNAL}/AcquireLease",
-                "renew_lease": f"{_JOURNAL}/RenewLease",
-                "release_lease": f"{_JOURNAL}/ReleaseLease",
-                "begin_run": f"{_JOURNAL}/BeginRun",
-                "finish_run": f"{_JOURNAL}/FinishRun",
-            },
-        )
+        super().__init__(journal, journal_pb2.DESCRIPTOR.services_by_name["JournalService"])
 
 
 class JournalRuns:
@@ -79,7 +64,7 @@ class JournalRuns:
         """Takes the player's lease and reads what the run reads first."""
         try:
             response = await self._calls.call(
-                "begin_run",
+                "BeginRun",
                 journal_pb2.BeginRunRequest(
                     player_id=player_id,
                     owner=owner,
@@ -105,7 +90,7 @@ class JournalRuns:
         """Extends the player's lease. Raises grpc.aio.AioRpcError when it was lost or not
         reachable."""
         await self._calls.call(
-            "renew_lease",
+            "RenewLease",
             journal_pb2.RenewLeaseRequest(
                 name=_player_lease(player_id), owner=owner, token=token, ttl_seconds=lease_seconds
             ),
@@ -117,7 +102,7 @@ class JournalRuns:
     ) -> None:
         """Stores the run's exchange and gives the lease back."""
         await self._calls.call(
-            "finish_run",
+            "FinishRun",
             journal_pb2.FinishRunRequest(
                 player_id=player_id, owner=owner, token=token, entries=entries
             ),
@@ -173,16 +158,9 @@ class GatewayGameTools:
 
     def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
         self._dep = Dependency(target, relay_pb2_grpc.ToolRelayServiceStub, settings=settings)
-        # Every call on one ToolRelayService.Multiplex stream, its deadline carried with it.
+        # Every call on one ToolRelayService.MultiplexCalls stream, its deadline carried with it.
         self._calls = StreamedCalls(
-            self._dep,
-            relay_pb2_grpc.ToolRelayServiceStub,
-            relay_pb2.MultiplexRequest,
-            relay_pb2.MultiplexCall,
-            {
-                "call_game_tool": "system.relay.v1.ToolRelayService/CallGameTool",
-                "notify_player": "system.relay.v1.ToolRelayService/NotifyPlayer",
-            },
+            self._dep, relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"]
         )
 
     async def call(
@@ -203,7 +181,7 @@ class GatewayGameTools:
             server_id=server_id,
         )
         try:
-            response = await self._calls.call("call_game_tool", request, timeout)
+            response = await self._calls.call("CallGameTool", request, timeout)
         except grpc.aio.AioRpcError as exc:
             raise _failure(exc, tool_id, idempotent) from None
         result = response.result
@@ -225,7 +203,7 @@ class GatewayGameTools:
         (PlayerNotices). Raises grpc.aio.AioRpcError when it could not be sent
         (FAILED_PRECONDITION: offline)."""
         await self._calls.call(
-            "notify_player",
+            "NotifyPlayer",
             relay_pb2.NotifyPlayerRequest(player_id=player_id, result=result, server_id=server_id),
             timeout,
         )

@@ -119,7 +119,7 @@ class TaskStore:
             else journal_pb2.TASK_STATE_QUEUED,
         )
         try:
-            response = await self._calls.call("create_task", request, self._timeout)
+            response = await self._calls.call("CreateTask", request, self._timeout)
         except grpc.aio.AioRpcError as exc:
             detail = exc.details() or exc.code().name
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
@@ -190,7 +190,7 @@ class TaskStore:
         """Extends the task's lease. Raises LeaseLost when it is no longer ours."""
         try:
             await self._calls.call(
-                "renew_lease",
+                "RenewLease",
                 journal_pb2.RenewLeaseRequest(
                     name=claim.fence.lease_name,
                     owner=owner,
@@ -206,7 +206,7 @@ class TaskStore:
 
     async def release(self, claim: Claim, owner: str) -> None:
         await self._calls.call(
-            "release_lease",
+            "ReleaseLease",
             journal_pb2.ReleaseLeaseRequest(
                 name=claim.fence.lease_name, owner=owner, token=claim.fence.token
             ),
@@ -277,7 +277,7 @@ class TaskStore:
             fence=claim.fence,
         )
         try:
-            await self._calls.call("commit", request, self._timeout)
+            await self._calls.call("Commit", request, self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"task {task.task_id} could not be finished") from None
 
@@ -295,7 +295,7 @@ class TaskStore:
         transaction, when given); returns the receipt and whether it is new."""
         try:
             response = await self._calls.call(
-                "record_step",
+                "RecordStep",
                 journal_pb2.RecordStepRequest(
                     step_id=step_id,
                     task_id=claim.task.task_id,
@@ -315,7 +315,7 @@ class TaskStore:
     ) -> None:
         try:
             await self._calls.call(
-                "complete_step",
+                "CompleteStep",
                 journal_pb2.CompleteStepRequest(
                     step_id=step_id,
                     tool=tool,

@@ -20,7 +20,7 @@ __all__ = ["JournalServicer"]
 
 T = TypeVar("T")
 
-_SERVICE = journal_pb2.DESCRIPTOR.services_by_name["JournalService"].full_name
+_SERVICE = journal_pb2.DESCRIPTOR.services_by_name["JournalService"]
 
 
 def _fence(
@@ -56,18 +56,16 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         self._committer = committer
         self._multiplex = MultiplexServer(
             _SERVICE,
-            journal_pb2.MultiplexResponse,
-            journal_pb2.MultiplexAnswer,
             {
-                "commit": ("Commit", self.Commit),
-                "record_step": ("RecordStep", self.RecordStep),
-                "complete_step": ("CompleteStep", self.CompleteStep),
-                "create_task": ("CreateTask", self.CreateTask),
-                "acquire_lease": ("AcquireLease", self.AcquireLease),
-                "renew_lease": ("RenewLease", self.RenewLease),
-                "release_lease": ("ReleaseLease", self.ReleaseLease),
-                "begin_run": ("BeginRun", self.BeginRun),
-                "finish_run": ("FinishRun", self.FinishRun),
+                "Commit": self.Commit,
+                "RecordStep": self.RecordStep,
+                "CompleteStep": self.CompleteStep,
+                "CreateTask": self.CreateTask,
+                "AcquireLease": self.AcquireLease,
+                "RenewLease": self.RenewLease,
+                "ReleaseLease": self.ReleaseLease,
+                "BeginRun": self.BeginRun,
+                "FinishRun": self.FinishRun,
             },
         )
 
@@ -224,11 +222,11 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         # Validated here: a malformed batch is refused without waiting for a transaction.
         return await self._write(self._store.commit_unit(request))
 
-    async def Multiplex(
+    async def MultiplexCalls(
         self,
-        request_iterator: AsyncIterator[journal_pb2.MultiplexRequest],
+        request_iterator: AsyncIterator[journal_pb2.MultiplexCallsRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[journal_pb2.MultiplexResponse]:
+    ) -> AsyncIterator[journal_pb2.MultiplexCallsResponse]:
         # The calls above, many on one stream (services.runtime.multiplex); each handler
         # ignores its context, so a call on the stream runs exactly as the unary one.
         async for response in self._multiplex.serve(request_iterator, context):

@@ -298,6 +298,8 @@ class CutOffClient(GameServerClient):
                 self._cut = None
                 # Off the reader task, which must go on reading while the service goes away.
                 asyncio.get_running_loop().create_task(interrupt())
+                # Not a wait for a condition: a game server answering late, its answer held
+                # while the service goes away.
                 await asyncio.sleep(0.5)
                 if drop:
                     return

@@ -3,18 +3,17 @@ kill -9 it and start it again on the address other services already dial."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.stack.launcher import free_port
+from tests.waiting import wait_until
 
 __all__ = ["ServiceProcess", "free_port"]
 
@@ -71,27 +70,29 @@ class ServiceProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + timeout
+        process = self.process
         # Loopback: never through a proxy the environment may name.
         options = [("grpc.enable_http_proxy", 0)]
         async with grpc.aio.insecure_channel(self.target, options=options) as channel:
             health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.process.poll() is not None:
+
+            async def serving() -> bool:
+                if process.poll() is not None:
                     raise AssertionError(
-                        f"{self.package} exited with {self.process.returncode}:\n{self.log_tail()}"
+                        f"{self.package} exited with {process.returncode}:\n{self.log_tail()}"
                     )
                 try:
                     response = await health.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-                    if response.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
                 except grpc.aio.AioRpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"{self.package} not serving after {timeout} s:\n{self.log_tail()}"
-                    )
-                await asyncio.sleep(0.05)
+                    return False
+                return response.status == health_pb2.HealthCheckResponse.SERVING
+
+            await wait_until(
+                serving,
+                timeout,
+                interval=0.05,
+                what=lambda: f"{self.package} to serve:\n{self.log_tail()}",
+            )
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs; leases it held stay until they expire."""

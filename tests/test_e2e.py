@@ -3,11 +3,11 @@ gateway and player Steve asks for help; the router, engine and storage each do t
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from system.storage.v1 import storage_pb2, storage_pb2_grpc
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
 from services.stack.launcher import ROOT
+from tests.waiting import wait_until_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -177,10 +178,19 @@ def test_request_id_travels_across_services(stack: Stack) -> None:
         return ids("router", "/Route") & ids("engine", "/Execute") & ids("storage", "/FinishRun")
 
     # Access logs are written in batches (at most 0.1 s late): give the last lines a moment.
-    deadline = time.monotonic() + 5
-    while len(shared()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(shared()) >= 3
+    wait_until_sync(
+        lambda: len(shared()) >= 3,
+        interval=0.05,
+        what=lambda: f"three request ids in every access log, shared: {shared()}",
+    )
+
+
+def _not_serving_or_gone(stack: Stack, name: str, seen: set[str]) -> bool:
+    """True once the service answered NOT_SERVING (added to `seen`) or its process ended."""
+    if stack.processes[name].process.poll() is not None:
+        return True
+    seen.add(stack.health(name, timeout=0.3))
+    return "NOT_SERVING" in seen
 
 
 def test_health_turns_not_serving_during_shutdown(tmp_path: Path) -> None:
@@ -190,11 +200,12 @@ def test_health_turns_not_serving_during_shutdown(tmp_path: Path) -> None:
         for spec in SERVICES:
             proc = stack.processes[spec.name]
             proc.process.send_signal(signal.SIGTERM)
-            seen = set()
-            deadline = time.monotonic() + 5
-            while proc.process.poll() is None and time.monotonic() < deadline:
-                seen.add(stack.health(spec.name, timeout=0.3))
-                time.sleep(0.02)
+            seen: set[str] = set()
+            wait_until_sync(
+                functools.partial(_not_serving_or_gone, stack, spec.name, seen),
+                interval=0.02,
+                what=f"{spec.name} to drain or exit",
+            )
             assert "NOT_SERVING" in seen, f"{spec.name} never answered NOT_SERVING: {seen}"
             assert proc.process.wait(10) == 0, f"{spec.name} did not exit cleanly"
     finally:

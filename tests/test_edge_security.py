@@ -28,6 +28,7 @@ from services.runtime.security import (
 )
 from services.runtime.server import ServiceHost
 from tests.inprocess import Chain, running_chain
+from tests.waiting import wait_until
 
 ECHO = "test.Whoami"
 TOKENS = {"engine": "engine-token-0123456789", "router": "router-token-0123456789"}
@@ -354,7 +355,8 @@ async def test_gRPC_default_server_policy_would_end_the_idle_stream(tmp_path: Pa
         chain._clients.append(client)
         await client.connect()
         await client.join("steve", "Steve", "en_us")
-        await asyncio.sleep(IDLE_SECONDS)
+        # Within the idle time the test above survives, the servers end the stream.
+        await asyncio.wait_for(client.wait_closed(), IDLE_SECONDS)
         with pytest.raises(Exception):  # noqa: B017 - any failure: the stream is gone
             await client.chat("steve", "help", timeout=3)
 
@@ -384,10 +386,13 @@ async def test_aged_connections_are_replaced_so_clients_find_new_replicas() -> N
     try:
         peer = channel.unary_unary(f"/{ECHO}/Peer")
         first = await peer(b"", timeout=5)
-        await asyncio.sleep(1.5)
-        # The old connection was closed; the channel made a new one (another client port).
-        second = await peer(b"", timeout=5)
-        assert first != second
+
+        async def another_connection() -> bool:
+            return await peer(b"", timeout=5) != first
+
+        # The old connection is closed once aged (0.5 s, then 0.2 s of grace); the channel
+        # makes a new one (another client port).
+        await wait_until(another_connection, timeout=1.5, interval=0.05, what="a new connection")
     finally:
         await channel.close()
         await host.stop()

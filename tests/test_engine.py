@@ -46,6 +46,7 @@ from services.runtime.errors import (
 )
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
+from tests.waiting import holds_for, wait_until
 
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -557,8 +558,12 @@ async def test_a_players_next_run_reads_history_with_the_previous_exchange() -> 
     engine = _engine(_registry(_module("test:reads", reads, history_entries=10)), history)
     await engine.execute(_player(), _action("test:reads"), "first")
     second = asyncio.ensure_future(engine.execute(_player(), _action("test:reads"), "second"))
-    await asyncio.sleep(0.05)
-    assert not second.done() and seen == [[]]  # waits for "first" to be stored
+    await wait_until(lambda: history.writes == 1, what="the first exchange's write, held")
+    await holds_for(
+        lambda: not second.done() and seen == [[]],
+        0.05,
+        what='the second run waiting for "first" to be stored',
+    )
     history.open.set()
     await second
     await engine.flush_history()
@@ -590,7 +595,7 @@ async def test_full_interactive_queue_is_resource_exhausted() -> None:
 
     engine = _engine(_registry(_module("test:wait", waits)), workers=1, queue=0)
     first = asyncio.create_task(engine.execute(_player(), _action("test:wait"), ""))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: engine.interactive.admitted == 1, what="the first run admitted")
     with pytest.raises(ResourceExhausted, match="queue is full"):  # another player: the queue
         await engine.execute(_player(player_id="p-2"), _action("system:help"), "")
     gate.set()
@@ -616,8 +621,9 @@ async def test_bounded_executor_refuses_at_once_beyond_workers_plus_queue() -> N
 
     first = asyncio.create_task(executor.run(job))
     second = asyncio.create_task(executor.run(job))
-    await asyncio.sleep(0.01)
-    assert executor.admitted == 2
+    await wait_until(
+        lambda: executor.admitted == 2 and running == 1, what="one job running, one queued"
+    )
     started = time.monotonic()
     with pytest.raises(ResourceExhausted, match="interactive queue is full"):
         await executor.run(job)
@@ -640,7 +646,7 @@ async def test_bounded_executor_frees_the_slot_of_a_cancelled_or_failing_job() -
     with pytest.raises(ValueError):
         await executor.run(boom)
     task = asyncio.create_task(executor.run(lambda: asyncio.sleep(10)))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: executor.admitted == 1, what="the job admitted")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -1082,8 +1088,7 @@ async def test_a_cancelled_run_finishes_without_history() -> None:
     engine, journal = _journaled_engine(events, asyncio.Event())
     journal.open.set()
     running = asyncio.ensure_future(engine.execute(_player(), _action("test:wait"), "wait"))
-    while not events:
-        await asyncio.sleep(0)
+    await wait_until(lambda: events == ["begin 1"], what="the run to begin")
     assert engine.cancel("p-1")
     result = await running
     assert result.failure.key == "system.error.cancelled"
@@ -1106,10 +1111,11 @@ async def test_settle_history_waits_for_the_answered_exchange() -> None:
     assert events == ["finish 0: 2 entries", "begin 1", "finish 1: 0 entries"]
 
     gate = asyncio.Event()
-    busy, idle = _journaled_engine([], gate)
+    busy_events: list[str] = []
+    busy, idle = _journaled_engine(busy_events, gate)
     idle.open.set()
     running = asyncio.ensure_future(busy.execute(_player(), _action("test:wait"), "wait"))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: busy_events == ["begin 1"], what="the run to begin")
     assert await busy.settle_history("p-1") is False
     gate.set()
     await running

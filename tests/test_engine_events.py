@@ -11,9 +11,8 @@ import contextlib
 import dataclasses
 import json
 import secrets
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from services.gateway.config import GatewayConfig
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from tests.service_process import ServiceProcess, free_port
+from tests.waiting import holds_for, wait_until
 
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 SERVER = "sim"
@@ -102,32 +102,23 @@ class Stack:
         self, players: list[str], timeout: float = 30.0, states: set[int] = TERMINAL
     ) -> dict[str, journal_pb2.EventTask]:
         """Waits until every player's (single) task is in one of `states`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = {}
+        found: dict[str, journal_pb2.EventTask] = {}
+
+        async def all_settled() -> bool:
+            found.clear()
             for player in players:
                 tasks = await self.tasks(player)
                 if len(tasks) == 1 and tasks[0].state in states:
                     found[player] = tasks[0]
-            if len(found) == len(players):
-                return found
-            if time.monotonic() > deadline:
-                missing = sorted(set(players) - set(found))
-                raise AssertionError(f"tasks not settled after {timeout} s: {missing[:5]}")
-            await asyncio.sleep(0.05)
+            return len(found) == len(players)
 
-
-async def _until(check: Callable[[], Awaitable[bool] | bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if not isinstance(value, bool):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
+        await wait_until(
+            all_settled,
+            timeout,
+            interval=0.05,
+            what=lambda: f"tasks settled, missing: {sorted(set(players) - set(found))[:5]}",
+        )
+        return found
 
 
 @contextlib.asynccontextmanager
@@ -201,6 +192,21 @@ async def _one_engine(database_url: str, **settings: Any) -> AsyncIterator[tuple
             await _stop(engine)
 
 
+def _count_claims(engine: EngineApp) -> list[int]:
+    """From now on, how many tasks each claim of the engine's event runner got."""
+    store = engine.runner_tasks
+    real_claim = store.claim
+    claims: list[int] = []
+
+    async def counted_claim(*args: Any, **kwargs: Any) -> Any:
+        got = await real_claim(*args, **kwargs)
+        claims.append(len(got))
+        return got
+
+    store.claim = counted_claim  # type: ignore[method-assign]
+    return claims
+
+
 def _player(player_id: str) -> common_pb2.PlayerContext:
     """The player as the gateway names them to other services: scoped to their game server
     (decision 0012)."""
@@ -251,11 +257,18 @@ async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> 
             timeout=5,
         )
         assert [(t.task_id, t.created) for t in resent.tasks] == [(task.task_id, False)]
-        await asyncio.sleep(0.5)
-        assert len(await stack.tasks("steve")) == 1
-        assert stack.game.gained("steve") == REWARD
-        assert not stack.game.frame_errors
-        assert stack.game.notices.empty()  # and told once
+
+        async def nothing_new() -> bool:
+            return (
+                len(await stack.tasks("steve")) == 1
+                and stack.game.gained("steve") == REWARD
+                and not stack.game.frame_errors
+                and stack.game.notices.empty()  # and told once
+            )
+
+        # The resend through the gateway is not answered: look for half a second (five of the
+        # engine's polls) that nothing is given, told or refused.
+        await holds_for(nothing_new, 0.5, interval=0.05, what="nothing new after the resend")
 
 
 async def test_an_offline_players_task_waits_for_them(fresh_database_url: str) -> None:
@@ -263,7 +276,9 @@ async def test_an_offline_players_task_waits_for_them(fresh_database_url: str) -
         # Alex is not on the server: the event is kept, nothing is given yet.
         await stack.game.event("alex", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
         waiting = await stack.settled(["alex"], states={journal_pb2.TASK_STATE_WAITING})
-        await asyncio.sleep(0.5)  # several polls: a waiting task is never claimed
+        claims = _count_claims(engine)
+        await wait_until(lambda: len(claims) >= 3, what="three claims of the runner")
+        assert not any(claims)  # several polls: a waiting task is never claimed
         assert (await stack.tasks("alex"))[0].state == journal_pb2.TASK_STATE_WAITING
         assert stack.game.calls == []
 
@@ -338,7 +353,7 @@ async def test_bad_events_are_refused_and_make_no_task(fresh_database_url: str) 
         # Through the gateway: a bad frame gets a FrameError naming the event key.
         await stack.game.event("steve", ADVANCEMENT, "adv-9", {"nope": 1})
         await stack.game.event("steve", "no-namespace", "adv-10", {})
-        await _until(lambda: len(stack.game.frame_errors) == 2)
+        await wait_until(lambda: len(stack.game.frame_errors) == 2, timeout=20)
         errors = {e.request_id: e for e in stack.game.frame_errors}
         assert errors["adv-9"].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         assert "advancement" in errors["adv-9"].message
@@ -398,14 +413,14 @@ async def test_kill_9_mid_give_repeats_nothing_and_the_other_replica_finishes(
                     ),
                     timeout=10,
                 )
-            await _until(lambda: any(c[0] == "stuck" for c in game.calls))
+            await wait_until(lambda: any(c[0] == "stuck" for c in game.calls), timeout=20)
             b = await _engine(stack.storage.host.target, gateway_port, port=b_port)
             # The gateway dialled B in vain while it was down (resuming joined players' tasks);
             # wait for its channel to reconnect rather than have events refused UNAVAILABLE.
             await asyncio.wait_for(stack.gateway.players.engine.channel.channel_ready(), 10)
             for player in players:
                 await game.event(player, ADVANCEMENT, "adv", {"advancement": DIAMOND})
-            await _until(lambda: len(game.calls) >= 12)
+            await wait_until(lambda: len(game.calls) >= 12, timeout=20)
             replica_a.kill()
             await replica_a.start()  # the restarted replica joins B in finishing the work
 
@@ -447,7 +462,7 @@ async def test_stopping_a_replica_gives_its_tasks_back_at_once(fresh_database_ur
         await stack.game.join("slow", "Slow")
         stack.game.hold.add("slow")
         await stack.game.event("slow", ADVANCEMENT, "adv", {"advancement": DIAMOND})
-        await _until(lambda: len(stack.game.calls) == 1)
+        await wait_until(lambda: len(stack.game.calls) == 1, timeout=20)
         await _stop(engine)
         task = (await stack.tasks("slow"))[0]
         assert task.state == journal_pb2.TASK_STATE_RUNNING

@@ -33,6 +33,7 @@ from services.runtime.errors import ResourceExhausted, Unavailable
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from tests.inprocess import running_chain
+from tests.waiting import holds_for, wait_until
 
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 SLOW = "test:slow"
@@ -205,13 +206,14 @@ async def _started(module: SlowModule) -> None:
     module.started.clear()
 
 
-async def _lease_freed(journal: journal_pb2_grpc.JournalServiceStub, player_id: str) -> bool:
-    """True once the player's lease is free: it is released in the background right after a
-    run, so it may take a moment."""
-    deadline = time.monotonic() + 2
-    while await _lease_holder(journal, player_id) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    return await _lease_holder(journal, player_id) == ""
+async def _lease_freed(journal: journal_pb2_grpc.JournalServiceStub, player_id: str) -> None:
+    """Returns once the player's lease is free: it is released in the background right after
+    a run, so it may take a moment."""
+
+    async def free() -> bool:
+        return await _lease_holder(journal, player_id) == ""
+
+    await wait_until(free, timeout=2, interval=0.02, what=f"{player_id}'s lease released")
 
 
 async def _lease_holder(journal: journal_pb2_grpc.JournalServiceStub, player_id: str) -> str:
@@ -252,7 +254,7 @@ async def test_second_replica_is_busy_while_the_player_runs_then_succeeds(
     assert after.result.status == SUCCEEDED
     assert replicas.module.runs == 2
     assert replicas.module.peak == 1  # never two runs of the player at once
-    assert await _lease_freed(replicas.journal, "p-1")
+    await _lease_freed(replicas.journal, "p-1")
 
 
 async def test_different_players_run_concurrently(replicas: Replicas) -> None:
@@ -262,10 +264,7 @@ async def test_different_players_run_concurrently(replicas: Replicas) -> None:
         asyncio.ensure_future(second.Execute(_request("p-2"), timeout=10)),
         asyncio.ensure_future(first.Execute(_request("p-3"), timeout=10)),
     ]
-    deadline = time.monotonic() + 5
-    while replicas.module.active < 3 and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert replicas.module.active == 3
+    await wait_until(lambda: replicas.module.active == 3, what="three players' runs at once")
     replicas.module.gate.set()
     for call in calls:
         assert (await call).result.status == SUCCEEDED
@@ -282,17 +281,14 @@ async def test_duplicates_share_one_run(replicas: Replicas) -> None:
     # The duplicates must reach the run before it ends (a fixed pause is too short on a busy
     # machine): the engine counts each one it joins to the run.
     run = replicas.apps[0].engine.runs.running("p-dup")
-    deadline = time.monotonic() + 5
-    while run.duplicates < 3 and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert run.duplicates == 3
+    await wait_until(lambda: run.duplicates == 3, what="three duplicates joined to the run")
     replicas.module.gate.set()
     results = [(await call).result for call in [first, *duplicates]]
     assert replicas.module.runs == 1
     assert all(result == results[0] for result in results)
     assert results[0].status == SUCCEEDED
     # One exchange in history, not four (written before the lease is released).
-    assert await _lease_freed(replicas.journal, "p-dup")
+    await _lease_freed(replicas.journal, "p-dup")
     async with grpc.aio.insecure_channel(replicas.storage_target) as channel:
         page = await storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
             storage_pb2.ListHistoryRequest(player_id="p-dup")
@@ -321,14 +317,14 @@ async def test_cancel_run_stops_the_run_and_releases_the_lease(replicas: Replica
     assert result.status == common_pb2.RESULT_STATUS_FAILED
     assert result.failure.key == AgentFailure.CANCELLED.value
     assert replicas.module.cancelled == 1
-    assert await _lease_freed(replicas.journal, "p-cancel")
+    await _lease_freed(replicas.journal, "p-cancel")
     # A new request of the player runs at once, on either replica.
     replicas.module.gate.set()
     started = time.monotonic()
     assert (await second.Execute(_request("p-cancel", n=1), timeout=5)).result.status == SUCCEEDED
     assert time.monotonic() - started < 1.5
     # No history entry for the cancelled run: only the second exchange.
-    assert await _lease_freed(replicas.journal, "p-cancel")
+    await _lease_freed(replicas.journal, "p-cancel")
     async with grpc.aio.insecure_channel(replicas.storage_target) as channel:
         page = await storage_pb2_grpc.StorageServiceStub(channel).ListHistory(
             storage_pb2.ListHistoryRequest(player_id="p-cancel")
@@ -399,7 +395,7 @@ async def test_a_restarted_storage_serves_the_next_run(tmp_path: pathlib.Path) -
         running.module.gate.set()
         (stub,) = running.stubs
         assert (await stub.Execute(_request(n=1), timeout=10)).result.status == SUCCEEDED
-        assert await _lease_freed(running.journal, "p-1")
+        await _lease_freed(running.journal, "p-1")
         port = int(running.storage_target.rsplit(":", 1)[1])
         old = running.storage
         await old.host.stop()
@@ -424,10 +420,8 @@ async def test_players_cancel_control_stops_a_slow_run(tmp_path: pathlib.Path) -
         await client.control("steve", gateway_pb2.CONTROL_ACTION_CANCEL)
         response = await asyncio.wait_for(pending, 5)
         assert response.reply.result.failure.key == AgentFailure.CANCELLED.value
-        deadline = time.monotonic() + 5
-        while module.active and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert module.active == 0 and module.cancelled == 1
+        await wait_until(lambda: module.active == 0, what="the slow run to stop")
+        assert module.cancelled == 1
         # The player's lease is free again: the next run starts at once.
         module.gate.set()
         started = time.monotonic()
@@ -462,11 +456,8 @@ async def _burst(running: Replicas, size: int, tag: str) -> tuple[int, int]:
             busy += 1
     # Every refusal came back while all accepted runs were still held.
     assert len(pending) == capacity and not any(call.done() for call in pending)
-    for _ in range(100):  # the accepted ones reach the workers once their leases are taken
-        if module.active == WORKERS:
-            break
-        await asyncio.sleep(0.05)
-    assert module.active == WORKERS
+    # The accepted ones reach the workers once their leases are taken.
+    await wait_until(lambda: module.active == WORKERS, what="every worker busy")
     module.gate.set()
     results = await asyncio.gather(*pending)
     return busy, sum(r.result.status == SUCCEEDED for r in results)
@@ -507,10 +498,12 @@ async def test_a_burst_ten_times_the_queue_gets_busy_at_once_and_leaves_nothing(
 
 
 async def _until_idle(engine: Any) -> None:
-    for _ in range(200):
-        if engine.interactive.admitted == 0 and not engine.runs.active_players():
-            return
-        await asyncio.sleep(0.05)
+    await wait_until(
+        lambda: engine.interactive.admitted == 0 and not engine.runs.active_players(),
+        timeout=10,
+        interval=0.05,
+        what="the engine idle: no queue places or runs left",
+    )
 
 
 async def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
@@ -523,7 +516,7 @@ async def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
 
     running = asyncio.ensure_future(executor.run(job))
     queued = [asyncio.ensure_future(executor.run(job)) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: executor.admitted == 3, what="one job running, two queued")
     with pytest.raises(ResourceExhausted):
         await executor.run(job)
     assert executor.shutdown() == 2
@@ -564,14 +557,15 @@ async def test_an_event_backlog_is_claimed_in_batches(database_url: str) -> None
             )
         # Nothing finishes yet: the runner holds what it claimed while it had room, the rest
         # stays in storage, where another replica could take it.
-        await asyncio.sleep(0.3)
-        held = sum(claims)
-        assert 0 < held < tasks
+        await wait_until(lambda: sum(claims) > 0, what="a first claim")
+        await holds_for(
+            lambda: sum(claims) < tasks,
+            0.3,
+            what=lambda: f"the runner holds only part of the backlog, claims: {claims}",
+        )
         ticks.gate.set()
-        deadline = time.monotonic() + 10
-        while ticks.runs < tasks and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert ticks.runs == tasks and sum(claims) == tasks
+        await wait_until(lambda: ticks.runs == tasks, timeout=10, interval=0.02, what="every tick")
+        assert sum(claims) == tasks
         # One claim per finished task would make 40 and more; claiming only once four or
         # fewer are left makes a handful (the last ones find nothing, a poll may add one).
         assert len(claims) <= 12, claims

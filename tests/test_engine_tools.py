@@ -37,6 +37,7 @@ from services.results import AgentFailure, ModuleFailure, card, succeeded
 from services.runtime.errors import PermissionDenied
 from services.runtime.multiplex import MultiplexServer
 from tests.inprocess import Chain, running_chain
+from tests.waiting import holds_for, wait_until
 
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
 FAILED = common_pb2.RESULT_STATUS_FAILED
@@ -467,10 +468,10 @@ async def test_cancellation_stops_a_run() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.05)
-    assert tools.calls == [COUNTER]
-    assert engine.interactive.admitted == 0
+    await wait_until(lambda: engine.interactive.admitted == 0, what="the run's slot given back")
     assert engine.players.current(_player(level=9)).permission_level == 9  # snapshot released
+    # Nothing of the run goes on after it: no second call of the three.
+    await holds_for(lambda: tools.calls == [COUNTER], 0.05, what="no tool call after the cancel")
 
 
 async def test_cooperative_cancel_and_deadline() -> None:
@@ -733,13 +734,8 @@ class RecordingRelay(relay_pb2_grpc.ToolRelayServiceServicer):
     def __init__(self) -> None:
         self.requests: list[Any] = []
         self._multiplex = MultiplexServer(
-            "system.relay.v1.ToolRelayService",
-            relay_pb2.MultiplexResponse,
-            relay_pb2.MultiplexAnswer,
-            {
-                "call_game_tool": ("CallGameTool", self.CallGameTool),
-                "notify_player": ("NotifyPlayer", self.NotifyPlayer),
-            },
+            relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"],
+            {"CallGameTool": self.CallGameTool, "NotifyPlayer": self.NotifyPlayer},
         )
 
     async def CallGameTool(self, request, context):  # type: ignore[no-untyped-def]
@@ -752,7 +748,7 @@ class RecordingRelay(relay_pb2_grpc.ToolRelayServiceServicer):
         self.requests.append(request)
         return relay_pb2.NotifyPlayerResponse()
 
-    async def Multiplex(self, request_iterator, context):  # type: ignore[no-untyped-def]
+    async def MultiplexCalls(self, request_iterator, context):  # type: ignore[no-untyped-def]
         async for response in self._multiplex.serve(request_iterator):
             yield response
 

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -25,6 +24,7 @@ from system.gateway.v1 import gateway_pb2
 from services.gamesim.client import FrameRefused, GameServerClient
 from services.runtime.metrics import RPC_HANDLED
 from tests.inprocess import Chain, running_chain
+from tests.waiting import wait_until
 
 CHECKER = "checker"  # joined by the tests only; random player ids all start with "p"
 POOL = ("p-steve", "p-alex", "p-ghost")
@@ -112,10 +112,12 @@ async def settle(chain: Chain, client: GameServerClient, timeout: float = 20.0) 
     )
     assert state.WhichOneof("body") == "state", state
     connection = chain.apps["gateway"].connections.for_player(f"{chain.server_id}/{CHECKER}")
-    deadline = time.monotonic() + timeout
-    while connection.running:
-        assert time.monotonic() < deadline, f"requests still running: {list(connection.running)}"
-        await asyncio.sleep(0.005)
+    await wait_until(
+        lambda: not connection.running,
+        timeout,
+        interval=0.005,
+        what=lambda: f"requests to drain, still running: {list(connection.running)}",
+    )
 
 
 def drain(client: GameServerClient) -> int:

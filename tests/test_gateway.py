@@ -27,6 +27,7 @@ ALEX = "00000000-0000-4000-8000-000000000002"
 MALLORY = "00000000-0000-4000-8000-000000000003"
 GHOST = "00000000-0000-4000-8000-00000000dead"
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+RELAY_SERVICE = relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"]
 FAILED = common_pb2.RESULT_STATUS_FAILED
 HELP_FORMS = ("帮助", "help", "/help", "/HELP", "/system help")
 
@@ -649,14 +650,14 @@ async def test_tool_relay_reaches_the_game_server(chain: Chain, client: GameServ
 async def test_tool_relay_stream_answers_as_the_unary_relay(
     chain: Chain, client: GameServerClient
 ) -> None:
-    """ToolRelayService.Multiplex: the engine's game-tool calls on one stream."""
+    """ToolRelayService.MultiplexCalls: the engine's game-tool calls on one stream."""
     relay = chain.relay_stub()
-    calls = MultiplexClient(relay.Multiplex, relay_pb2.MultiplexRequest, relay_pb2.MultiplexCall)
+    calls = MultiplexClient(relay.MultiplexCalls, RELAY_SERVICE)
     try:
         read, given = await asyncio.gather(
-            calls.call("call_game_tool", _tool_request("minecraft:inventory.read"), 5),
+            calls.call("CallGameTool", _tool_request("minecraft:inventory.read"), 5),
             calls.call(
-                "call_game_tool",
+                "CallGameTool",
                 _tool_request(
                     "minecraft:item.give", call_id="c2", item="minecraft:diamond", count=3
                 ),
@@ -669,12 +670,12 @@ async def test_tool_relay_stream_answers_as_the_unary_relay(
             "count": 3,
         }
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await calls.call("call_game_tool", _tool_request("minecraft:nope"), 5)
+            await calls.call("CallGameTool", _tool_request("minecraft:nope"), 5)
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
         assert caught.value.details() == "game server sim does not offer tool minecraft:nope"
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await calls.call(
-                "call_game_tool", _tool_request("minecraft:inventory.read", player=GHOST), 5
+                "CallGameTool", _tool_request("minecraft:inventory.read", player=GHOST), 5
             )
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     finally:
@@ -695,17 +696,17 @@ async def test_notify_player_shows_a_notice_on_their_game_server(
     assert (notice.player_id, notice.request_id) == (STEVE, "")
     assert notice.notice.result == reward
 
-    calls = MultiplexClient(relay.Multiplex, relay_pb2.MultiplexRequest, relay_pb2.MultiplexCall)
+    calls = MultiplexClient(relay.MultiplexCalls, RELAY_SERVICE)
     try:
         await calls.call(
-            "notify_player",
+            "NotifyPlayer",
             relay_pb2.NotifyPlayerRequest(player_id=scoped(STEVE), result=reward),
             5,
         )
         assert (await asyncio.wait_for(client.notices.get(), 5)).notice.result == reward
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await calls.call(
-                "notify_player",
+                "NotifyPlayer",
                 relay_pb2.NotifyPlayerRequest(player_id=scoped(GHOST), result=reward),
                 5,
             )

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 from unittest import mock
@@ -21,7 +20,7 @@ from unittest import mock
 import grpc
 import pytest
 from google.protobuf import struct_pb2
-from system.common.v1 import common_pb2
+from system.common.v1 import common_pb2, stream_pb2
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.relay.v1 import relay_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2
@@ -33,9 +32,10 @@ from services.results import card, succeeded
 from services.runtime.config import ConfigError
 from services.runtime.logging import JsonFormatter, RepeatedLines
 from services.runtime.metrics import RPC_HANDLED
-from services.runtime.multiplex import tolerant_parser
+from services.runtime.multiplex import MultiplexClient
 from tests import inprocess
 from tests.inprocess import Chain, running_chain
+from tests.waiting import wait_until
 
 STEVE = "00000000-0000-4000-8000-000000000001"
 ALEX = "00000000-0000-4000-8000-000000000002"
@@ -49,6 +49,7 @@ TOKENS = {
 HUB = ("hub=lobby+survival",)
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
 FAILED = common_pb2.RESULT_STATUS_FAILED
+RELAY_SERVICE = relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"]
 MINE_DIAMOND = {"advancement": "minecraft:story/mine_diamond"}
 
 
@@ -117,13 +118,6 @@ async def tasks(chain: Chain, player_id: str) -> list[journal_pb2.Task]:
     journal = journal_pb2_grpc.JournalServiceStub(chain.channel("storage"))
     page = await journal.ListTasks(journal_pb2.ListTasksRequest(player_id=player_id), timeout=5)
     return list(page.tasks)
-
-
-async def until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def deep(levels: int) -> dict[str, Any]:
@@ -272,12 +266,9 @@ async def test_another_servers_join_touches_nothing_of_the_first(tmp_path: Any) 
 
 async def _eventually_tasks(chain: Chain, player_id: str) -> list[journal_pb2.Task]:
     """The player's tasks once there is one (an event is submitted in the background)."""
-    deadline = time.monotonic() + 10
-    while True:
-        found = await tasks(chain, player_id)
-        if found or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.02)
+    return await wait_until(
+        lambda: tasks(chain, player_id), timeout=10, interval=0.02, what=f"{player_id}'s task"
+    )
 
 
 # -- a network: one player, attached to one server at a time ---------------------------------
@@ -308,7 +299,7 @@ async def test_a_network_player_moves_with_a_join(tmp_path: Any) -> None:
         before = len(lobby.frame_errors)
         await lobby.leave(STEVE)
         await lobby.event(STEVE, "minecraft:advancement", "adv-l", MINE_DIAMOND)
-        await until(lambda: len(lobby.frame_errors) >= before + 2)
+        await wait_until(lambda: len(lobby.frame_errors) >= before + 2, timeout=10)
         assert {e.code for e in lobby.frame_errors[before:]} == {
             grpc.StatusCode.FAILED_PRECONDITION.value[0]
         }
@@ -367,7 +358,7 @@ async def test_a_move_during_a_run_cancels_the_old_attachments_work(tmp_path: An
         # ends; nothing of it reaches survival.
         answered = await asyncio.wait_for(running, 10)
         assert answered.reply.result.failure.key == "system.error.cancelled"
-        await until(lambda: engine.runs.running(steve) is None)
+        await wait_until(lambda: engine.runs.running(steve) is None, timeout=10)
         # He is served on survival at once, with survival's tools.
         inventory = await survival.chat(STEVE, "/inventory")
         assert inventory.reply.result.status == SUCCEEDED, inventory.reply.result.failure
@@ -454,7 +445,7 @@ async def test_a_stalled_reader_has_a_bounded_outbox(tmp_path: Any) -> None:
             )
         )
         registry = chain.apps["gateway"].connections
-        await until(lambda: registry.attached(scoped(STEVE, "a")) is not None)
+        await wait_until(lambda: registry.attached(scoped(STEVE, "a")) is not None, timeout=10)
         connection = registry.attached(scoped(STEVE, "a"))
         relay = chain.relay_stub()
         big = succeeded(card("system:reward", "x" * 2000, ["y" * 2000]))
@@ -475,7 +466,7 @@ async def test_a_stalled_reader_has_a_bounded_outbox(tmp_path: Any) -> None:
             await call.write(gateway_pb2.ConnectRequest())
             if connection.ended:
                 break
-        await until(lambda: connection.ended is not None)
+        await wait_until(lambda: connection.ended is not None, timeout=10)
         assert connection.ended[0] == "RESOURCE_EXHAUSTED"
         with contextlib.suppress(grpc.aio.AioRpcError):  # reads again: the status comes
             while await call.read() is not grpc.aio.EOF:
@@ -664,58 +655,114 @@ def _deep_struct_bytes(levels: int) -> bytes:
     return struct_bytes
 
 
-def test_an_undecodable_answer_fails_its_call_alone() -> None:
-    good = relay_pb2.MultiplexAnswer(
-        call_id=1, notify_player=relay_pb2.NotifyPlayerResponse()
-    ).SerializeToString()
+async def test_an_undecodable_answer_fails_its_call_alone() -> None:
+    """An answer's response travels as bytes in the envelope, so one the client cannot decode
+    (nested deeper than protobuf decodes) fails its call alone, INTERNAL; the message and the
+    stream's other answers are read as usual."""
     tool_result = _field(1, b"c") + _field(2, _deep_struct_bytes(40))
-    bad = _varint(1 << 3) + _varint(2) + _field(10, _field(1, tool_result))
-    raw = _field(1, good) + _field(1, bad)
-    with pytest.raises(Exception):  # noqa: B017 - what protobuf raises whole
-        relay_pb2.MultiplexResponse.FromString(raw)
-    parsed = tolerant_parser(relay_pb2.MultiplexResponse, relay_pb2.MultiplexAnswer)(raw)
-    first, second = parsed.answers
-    assert first.call_id == 1 and first.WhichOneof("outcome") == "notify_player"
-    assert second.call_id == 2 and second.error.code == grpc.StatusCode.INTERNAL.value[0]
-    assert second.error.message.startswith("the answer could not be decoded")
+    deep = _field(1, tool_result)  # CallGameToolResponse.result
+    with pytest.raises(Exception):  # noqa: B017 - what protobuf raises
+        relay_pb2.CallGameToolResponse.FromString(deep)
+
+    class Answering:
+        """A stream call answering call 1 with a notice's response and call 2 with `deep`."""
+
+        def __init__(self) -> None:
+            self._out: asyncio.Queue[Any] = asyncio.Queue()
+            self._calls = 0
+
+        async def write(self, message: relay_pb2.MultiplexCallsRequest) -> None:
+            self._calls += len(message.calls)
+            if self._calls == 2:
+                self._out.put_nowait(
+                    relay_pb2.MultiplexCallsResponse(
+                        answers=[
+                            stream_pb2.StreamedAnswer(
+                                call_id=1,
+                                response=relay_pb2.NotifyPlayerResponse().SerializeToString(),
+                            ),
+                            stream_pb2.StreamedAnswer(call_id=2, response=deep),
+                        ]
+                    )
+                )
+
+        async def read(self) -> Any:
+            return await self._out.get()
+
+        def cancel(self) -> None:
+            self._out.put_nowait(grpc.aio.EOF)
+
+    stream = Answering()
+    client = MultiplexClient(lambda: stream, RELAY_SERVICE)
+    try:
+        notified, called = await asyncio.gather(
+            client.call("NotifyPlayer", relay_pb2.NotifyPlayerRequest(), 5),
+            client.call("CallGameTool", relay_pb2.CallGameToolRequest(), 5),
+            return_exceptions=True,
+        )
+    finally:
+        await client.aclose()
+    assert notified == relay_pb2.NotifyPlayerResponse()
+    assert isinstance(called, grpc.aio.AioRpcError)
+    assert called.code() == grpc.StatusCode.INTERNAL
+    assert (called.details() or "").startswith("the answer could not be decoded")
+    assert client.streams_opened == 1
 
 
 async def test_an_undecodable_call_leaves_the_relay_stream_up(tmp_path: Any) -> None:
+    """A call whose request cannot be decoded (nested deeper than protobuf decodes) is refused
+    alone, INVALID_ARGUMENT; a message whose envelope itself is corrupt goes unanswered; the
+    calls around both are answered and the stream ends OK."""
     async with servers_chain(tmp_path) as chain:
         a = await connect(chain, "a")
         await a.join(STEVE, "Steve")
         channel = grpc.aio.insecure_channel(chain.apps["gateway"].host.internal_target)
         try:
             raw = channel.stream_stream(
-                "/system.relay.v1.ToolRelayService/Multiplex",
+                "/system.relay.v1.ToolRelayService/MultiplexCalls",
                 request_serializer=lambda b: b,
-                response_deserializer=relay_pb2.MultiplexResponse.FromString,
+                response_deserializer=relay_pb2.MultiplexCallsResponse.FromString,
             )
             call = raw(timeout=10)
 
             def notify(call_id: int) -> bytes:
-                return relay_pb2.MultiplexRequest(
+                request = relay_pb2.NotifyPlayerRequest(
+                    player_id=scoped(STEVE, "a"),
+                    result=common_pb2.AgentResult(status=SUCCEEDED, text="hi"),
+                )
+                return relay_pb2.MultiplexCallsRequest(
                     calls=[
-                        relay_pb2.MultiplexCall(
+                        stream_pb2.StreamedCall(
                             call_id=call_id,
                             timeout_ms=5000,
-                            notify_player=relay_pb2.NotifyPlayerRequest(
-                                player_id=scoped(STEVE, "a"),
-                                result=common_pb2.AgentResult(status=SUCCEEDED, text="hi"),
-                            ),
+                            method="NotifyPlayer",
+                            request=request.SerializeToString(),
                         )
                     ]
                 ).SerializeToString()
 
             await call.write(notify(1))
-            deep_call = _field(
-                1, _varint(2 << 3) + _varint(7) + _field(10, _field(4, _deep_struct_bytes(40)))
+            deep_request = _field(4, _deep_struct_bytes(40))  # CallGameToolRequest.input
+            await call.write(
+                relay_pb2.MultiplexCallsRequest(
+                    calls=[
+                        stream_pb2.StreamedCall(
+                            call_id=2, method="CallGameTool", request=deep_request
+                        )
+                    ]
+                ).SerializeToString()
             )
-            await call.write(deep_call)
+            await call.write(_field(1, b"\x08"))  # a call cut short: the envelope is corrupt
             await call.write(notify(3))
             await call.done_writing()
-            answered = [a.call_id async for response in call for a in response.answers]
-            assert sorted(answered) == [1, 3]
+            answered = {a.call_id: a async for response in call for a in response.answers}
+            assert sorted(answered) == [1, 2, 3]
+            assert answered[1].WhichOneof("outcome") == answered[3].WhichOneof("outcome")
+            assert answered[3].WhichOneof("outcome") == "response"
+            assert answered[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            assert answered[2].error.message.startswith(
+                "the request of CallGameTool could not be decoded"
+            )
             assert await call.code() == grpc.StatusCode.OK
         finally:
             await channel.close()

@@ -30,6 +30,7 @@ from storage_service.dbcall import is_unavailable
 from storage_service.group_commit import DEFAULT_MAX_GROUP, GroupCommitter, Unit, run_group
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.player_data import PlayerDataStore
+from tests.waiting import wait_until
 
 DAY = "2030-01-01"
 
@@ -182,6 +183,14 @@ def _submit(
     return asyncio.ensure_future(committer.run(store.commit_unit(request)))
 
 
+async def _queued(committer: GroupCommitter, count: int) -> None:
+    """Returns once `count` calls wait in the writer's queue (behind the group it runs)."""
+    await wait_until(
+        lambda: committer._queue.qsize() == count,
+        what=lambda: f"{count} calls queued, {committer._queue.qsize()} are",
+    )
+
+
 def _queue(
     committer: GroupCommitter, unit: Callable[..., Any], **arguments: Any
 ) -> asyncio.Future[Any]:
@@ -198,7 +207,7 @@ async def test_calls_waiting_while_the_writer_is_busy_share_one_transaction(
         first = _submit(committer, store, _commit(players[0], _put(players[0], 0)))
         await asyncio.to_thread(committer.started.wait, 10)
         rest = [_submit(committer, store, _commit(p, _put(p, 0))) for p in players[1:]]
-        await asyncio.sleep(0.05)  # all eleven are queued behind the first group
+        await _queued(committer, 11)  # all eleven are queued behind the first group
         committer.gate.set()
         responses = await asyncio.gather(first, *rest)
     finally:
@@ -253,7 +262,7 @@ async def test_every_journal_write_of_a_step_can_share_a_group(store: JournalSto
             state=journal_pb2.TASK_STATE_SUCCEEDED,
             fence=fence,
         )
-        await asyncio.sleep(0.05)
+        await _queued(committer, 4)
         committer.gate.set()
         await blocker
         (receipt, created), done, moved = await asyncio.gather(record, complete, finish)
@@ -341,7 +350,7 @@ async def test_close_applies_what_is_queued_and_refuses_more(store: JournalStore
     first = _submit(committer, store, _commit(player, _put(player, 0)))
     await asyncio.to_thread(committer.started.wait, 10)
     second = _submit(committer, store, _commit(player, _put(player, 1)))
-    await asyncio.sleep(0.01)
+    await _queued(committer, 1)
     closing = asyncio.ensure_future(asyncio.to_thread(committer.close))
     committer.gate.set()
     await closing

@@ -22,6 +22,7 @@ from services.gateway.tool_contract import check_tools
 from services.results import AgentFailure, ModuleFailure
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
+from tests.waiting import wait_until
 
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 LEASE = 1
@@ -53,13 +54,11 @@ async def store(tmp_path: pathlib.Path) -> AsyncIterator[TaskStore]:
 
 
 async def _claim(store: TaskStore, owner: str, task_id: str) -> Claim:
-    for _ in range(100):
+    async def claimed() -> Claim | None:
         claims = await store.claim(owner, 8, LEASE)
-        for claim in claims:
-            if claim.task.task_id == task_id:
-                return claim
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{owner} could not claim {task_id}")
+        return next((claim for claim in claims if claim.task.task_id == task_id), None)
+
+    return await wait_until(claimed, timeout=15, interval=0.1, what=f"{owner} to claim {task_id}")
 
 
 async def _interrupted(store: TaskStore, player: str, spec: ToolSpec) -> str:

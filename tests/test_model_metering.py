@@ -32,6 +32,7 @@ from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from tests.service_process import ServiceProcess
+from tests.waiting import wait_until
 
 KEY = "test-key"
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
@@ -258,14 +259,20 @@ async def test_storage_down_is_unavailable_and_nothing_is_sent(fake: FakeOpenAIS
 async def _eventually(call: Any, timeout: float, step: float = 0.2) -> float:
     """Calls `call()` until it stops raising AioRpcError; returns the seconds it took."""
     began = time.monotonic()
-    while True:
+    refused: list[grpc.aio.AioRpcError] = []
+
+    async def answered() -> bool:
         try:
             await call()
-            return time.monotonic() - began
-        except grpc.aio.AioRpcError:
-            if time.monotonic() - began > timeout:
-                raise
-            await asyncio.sleep(step)
+        except grpc.aio.AioRpcError as exc:
+            refused[:] = [exc]
+            return False
+        return True
+
+    await wait_until(
+        answered, timeout, interval=step, what=lambda: f"the call answered, last: {refused}"
+    )
+    return time.monotonic() - began
 
 
 async def test_leases_on_two_replicas_never_exceed_the_budget(
@@ -370,6 +377,8 @@ async def test_external_services_off_is_honoured_while_a_lease_is_held(
     await storage_stubs[1].UpdatePreferences(
         storage_pb2.UpdatePreferencesRequest(player_id="lease-4", external_enabled=False)
     )
+    # Time passing is what is tested (a probe before would be served, and counted): the
+    # lease's 0.6 s bound, and a margin.
     await asyncio.sleep(0.6 + 0.3)
     error = await _fails(stub.Complete(_request("lease-4"), timeout=5))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION

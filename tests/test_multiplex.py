@@ -1,5 +1,6 @@
-"""JournalService.Multiplex: the journal's hot calls as messages on one stream
-(services.runtime.multiplex), against the real servicer on SQLite and PostgreSQL."""
+"""JournalService.MultiplexCalls: the journal's hot calls as messages on one stream
+(services.runtime.multiplex, the envelope of system/common/v1/stream.proto), against the real
+servicer on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import grpc
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
+from system.common.v1 import common_pb2, stream_pb2
 from system.relay.v1 import relay_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
@@ -22,10 +24,14 @@ from services.runtime.multiplex import MAX_ITEM_BYTES, PACK_BYTES, MultiplexClie
 from services.runtime.server import ServiceHost
 from storage_service.config import StorageConfig
 from storage_service.group_commit import GroupCommitter
+from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
+from storage_service.runs import RunStore
 
 JOURNAL = "system.storage.v1.JournalService"
+SERVICE = journal_pb2.DESCRIPTOR.services_by_name["JournalService"]
+RELAY = relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"]
 RUNNING = journal_pb2.STEP_STATE_RUNNING
 DONE = journal_pb2.STEP_STATE_DONE
 
@@ -36,7 +42,11 @@ class _Service:
     def __init__(self, engine: Engine, servicer_type: type[JournalServicer] = JournalServicer):
         sessions = sessionmaker(engine, expire_on_commit=False)
         self.committer = GroupCommitter(sessions)
-        self.servicer = servicer_type(JournalStore(sessions, JournalBounds()), self.committer)
+        journal = JournalStore(sessions, JournalBounds())
+        history = ConversationStore(
+            sessions, HistoryBounds(max_entries=200, max_bytes=262144, max_text_chars=4000)
+        )
+        self.servicer = servicer_type(journal, RunStore(history, journal.now), self.committer)
         self.host: ServiceHost | None = None
 
     async def start(self, port: int = 0) -> str:
@@ -80,11 +90,7 @@ async def channel(service: _Service) -> AsyncIterator[grpc.aio.Channel]:
 
 
 def _client(channel: grpc.aio.Channel) -> MultiplexClient:
-    return MultiplexClient(
-        journal_pb2_grpc.JournalServiceStub(channel).Multiplex,
-        journal_pb2.MultiplexRequest,
-        journal_pb2.MultiplexCall,
-    )
+    return MultiplexClient(journal_pb2_grpc.JournalServiceStub(channel).MultiplexCalls, SERVICE)
 
 
 async def _task(channel: grpc.aio.Channel, player: str) -> journal_pb2.EventTask:
@@ -116,7 +122,7 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
     task = await _task(channel, player)
     try:
         lease = await client.call(
-            "acquire_lease",
+            "AcquireLease",
             journal_pb2.AcquireLeaseRequest(
                 name=f"task:{task.task_id}", owner="r1", ttl_seconds=30
             ),
@@ -124,7 +130,7 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
         )
         fence = journal_pb2.Fence(lease_name=lease.lease.name, token=lease.lease.token)
         recorded = await client.call(
-            "record_step",
+            "RecordStep",
             journal_pb2.RecordStepRequest(
                 step_id="s1", task_id=task.task_id, position=0, tool="test:write", fence=fence
             ),
@@ -132,7 +138,7 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
         )
         assert recorded.created and recorded.receipt.state == RUNNING
         completed = await client.call(
-            "complete_step",
+            "CompleteStep",
             journal_pb2.CompleteStepRequest(
                 step_id="s1", tool="test:write", result=b"r", codec_id="c", fence=fence
             ),
@@ -140,15 +146,15 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
         )
         assert completed.receipt.state == DONE and completed.receipt.result == b"r"
         committed = await client.call(
-            "commit", _receipt_commit(player, task.task_id, "s2", RUNNING, fence), timeout=10
+            "Commit", _receipt_commit(player, task.task_id, "s2", RUNNING, fence), timeout=10
         )
         assert not committed.replayed
         again = await client.call(
-            "commit", _receipt_commit(player, task.task_id, "s2", RUNNING, fence), timeout=10
+            "Commit", _receipt_commit(player, task.task_id, "s2", RUNNING, fence), timeout=10
         )
         assert again.replayed  # the same request id applies once, as on the unary RPC
         renewed = await client.call(
-            "renew_lease",
+            "RenewLease",
             journal_pb2.RenewLeaseRequest(
                 name=fence.lease_name, owner="r1", token=fence.token, ttl_seconds=60
             ),
@@ -156,7 +162,7 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
         )
         assert renewed.lease.token == fence.token
         released = await client.call(
-            "release_lease",
+            "ReleaseLease",
             journal_pb2.ReleaseLeaseRequest(name=fence.lease_name, owner="r1", token=fence.token),
             timeout=10,
         )
@@ -165,9 +171,9 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
         request = journal_pb2.CreateTaskRequest(
             player_id=player, module_id="system:test", event_key="e2"
         )
-        made = await client.call("create_task", request, timeout=10)
+        made = await client.call("CreateTask", request, timeout=10)
         assert made.created and made.task.state == journal_pb2.TASK_STATE_QUEUED
-        again_made = await client.call("create_task", request, timeout=10)
+        again_made = await client.call("CreateTask", request, timeout=10)
         assert (again_made.created, again_made.task.task_id) == (False, made.task.task_id)
     finally:
         await client.aclose()
@@ -176,6 +182,43 @@ async def test_each_call_answers_as_its_unary_rpc(channel: grpc.aio.Channel) -> 
     assert step.receipt.state == RUNNING and step.receipt.task_id == task.task_id
     listed = await stub.ListTasks(journal_pb2.ListTasksRequest(player_id=player))
     assert {t.task_id for t in listed.tasks} == {task.task_id, made.task.task_id}
+
+
+async def test_a_run_begins_and_finishes_on_the_stream(channel: grpc.aio.Channel) -> None:
+    """BeginRun and FinishRun, the two storage calls of an interactive run (decision 0020)."""
+    client = _client(channel)
+    player = f"p-{uuid.uuid4()}"
+    try:
+        begun = await client.call(
+            "BeginRun",
+            journal_pb2.BeginRunRequest(
+                player_id=player, owner="r1", lease_seconds=30, history_entries=5
+            ),
+            timeout=10,
+        )
+        assert begun.lease.token > 0 and list(begun.history) == []
+        entries = [
+            common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="hi", request_id="q1")
+        ]
+        finished = await client.call(
+            "FinishRun",
+            journal_pb2.FinishRunRequest(
+                player_id=player, owner="r1", token=begun.lease.token, entries=entries
+            ),
+            timeout=10,
+        )
+        assert finished.recorded and finished.released
+        again = await client.call(
+            "BeginRun",
+            journal_pb2.BeginRunRequest(
+                player_id=player, owner="r2", lease_seconds=30, history_entries=5
+            ),
+            timeout=10,
+        )
+        assert [e.text for e in again.history] == ["hi"]
+        assert again.lease.token > begun.lease.token
+    finally:
+        await client.aclose()
 
 
 async def test_a_failing_call_answers_its_status_and_the_stream_goes_on(
@@ -187,32 +230,32 @@ async def test_a_failing_call_answers_its_status_and_the_stream_goes_on(
     try:
         with pytest.raises(grpc.aio.AioRpcError) as invalid:
             await client.call(
-                "commit", journal_pb2.CommitRequest(request_id="r", player_id=player), timeout=10
+                "Commit", journal_pb2.CommitRequest(request_id="r", player_id=player), timeout=10
             )
         assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "operation" in (invalid.value.details() or "")
         stale = journal_pb2.Fence(lease_name=f"task:{task.task_id}", token=1)
         with pytest.raises(grpc.aio.AioRpcError) as fenced:
             await client.call(
-                "commit", _receipt_commit(player, task.task_id, "s1", RUNNING, stale), timeout=10
+                "Commit", _receipt_commit(player, task.task_id, "s1", RUNNING, stale), timeout=10
             )
         assert fenced.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert error_reason(fenced.value) == STALE_FENCE
         with pytest.raises(grpc.aio.AioRpcError) as held:
             await client.call(
-                "acquire_lease",
+                "AcquireLease",
                 journal_pb2.AcquireLeaseRequest(name="player:x", owner="a", ttl_seconds=30),
                 timeout=10,
             )
             await client.call(
-                "acquire_lease",
+                "AcquireLease",
                 journal_pb2.AcquireLeaseRequest(name="player:x", owner="b", ttl_seconds=30),
                 timeout=10,
             )
         assert held.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         stream = client._stream  # noqa: SLF001 - the same stream carried every call
         answer = await client.call(
-            "commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=10
+            "Commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=10
         )
         assert not answer.replayed
         assert client._stream is stream  # noqa: SLF001
@@ -233,7 +276,7 @@ async def test_concurrent_calls_share_the_stream_and_group_commits(
         answers = await asyncio.gather(
             *(
                 client.call(
-                    "commit", _receipt_commit(player, task.task_id, f"s{i}", RUNNING), timeout=30
+                    "Commit", _receipt_commit(player, task.task_id, f"s{i}", RUNNING), timeout=30
                 )
                 for i in range(40)
             )
@@ -271,13 +314,13 @@ async def test_a_call_past_its_timeout_fails_alone(engine: Engine) -> None:
             task = await _task(channel, player)
             with pytest.raises(grpc.aio.AioRpcError) as late:
                 await client.call(
-                    "commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=0.2
+                    "Commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=0.2
                 )
             assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             service.servicer.gate.set()  # type: ignore[attr-defined]
             # The late call's answer comes and is dropped; the stream serves the next call.
             lease = await client.call(
-                "acquire_lease",
+                "AcquireLease",
                 journal_pb2.AcquireLeaseRequest(name="player:t", owner="a", ttl_seconds=30),
                 timeout=10,
             )
@@ -300,7 +343,7 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reopens_it(
         player = f"p-{uuid.uuid4()}"
         task = await _task(channel, player)
         stuck = asyncio.ensure_future(
-            client.call("commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=30)
+            client.call("Commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=30)
         )
         await asyncio.sleep(0.2)
         await service.stop()  # the service goes away with the call in flight
@@ -312,7 +355,7 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reopens_it(
         try:
             # Idempotent calls are retried while the channel reconnects.
             lease = await client.call(
-                "acquire_lease",
+                "AcquireLease",
                 journal_pb2.AcquireLeaseRequest(name="player:r", owner="a", ttl_seconds=30),
                 timeout=10,
                 idempotent=True,
@@ -320,7 +363,7 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reopens_it(
             assert lease.lease.owner == "a"
             # The cut call may or may not have applied; retried with its request id, once.
             retried = await client.call(
-                "commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=10
+                "Commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=10
             )
             assert retried.versions == []
         finally:
@@ -332,10 +375,20 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reopens_it(
 # -- the server loop alone ---------------------------------------------------------------------
 
 
-async def _requests(*requests: journal_pb2.MultiplexRequest) -> AsyncIterator[Any]:
+async def _requests(*requests: journal_pb2.MultiplexCallsRequest) -> AsyncIterator[Any]:
     for request in requests:
         yield request
         await asyncio.sleep(0)
+
+
+def _call(call_id: int, method: str, request: Any = None, **fields: Any) -> stream_pb2.StreamedCall:
+    payload = request.SerializeToString() if request is not None else b""
+    return stream_pb2.StreamedCall(call_id=call_id, method=method, request=payload, **fields)
+
+
+def _lease_answer(answer: stream_pb2.StreamedAnswer) -> journal_pb2.AcquireLeaseResponse:
+    assert answer.WhichOneof("outcome") == "response"
+    return journal_pb2.AcquireLeaseResponse.FromString(answer.response)
 
 
 async def test_bad_calls_are_refused_one_by_one() -> None:
@@ -345,75 +398,86 @@ async def test_bad_calls_are_refused_one_by_one() -> None:
         await gate.wait()
         return journal_pb2.AcquireLeaseResponse(lease=journal_pb2.Lease(name=request.name))
 
-    server = MultiplexServer(
-        JOURNAL,
-        journal_pb2.MultiplexResponse,
-        journal_pb2.MultiplexAnswer,
-        {"acquire_lease": ("AcquireLease", acquire)},
-        max_in_flight=2,
-    )
+    server = MultiplexServer(SERVICE, {"AcquireLease": acquire}, max_in_flight=2)
 
-    def lease(call_id: int, name: str) -> journal_pb2.MultiplexCall:
-        return journal_pb2.MultiplexCall(
-            call_id=call_id, acquire_lease=journal_pb2.AcquireLeaseRequest(name=name)
-        )
+    def lease(call_id: int, name: str) -> stream_pb2.StreamedCall:
+        return _call(call_id, "AcquireLease", journal_pb2.AcquireLeaseRequest(name=name))
 
     requests = _requests(
         # Several calls in one message, and one alone.
-        journal_pb2.MultiplexRequest(
+        journal_pb2.MultiplexCallsRequest(
             calls=[
-                journal_pb2.MultiplexCall(call_id=1),  # no call
+                stream_pb2.StreamedCall(call_id=1),  # no method
+                # a request that is not an AcquireLeaseRequest: a field cut short
+                stream_pb2.StreamedCall(call_id=6, method="AcquireLease", request=b"\x0a\x05ab"),
                 lease(2, "a"),
                 lease(2, "again"),  # id in flight
                 lease(3, "b"),
             ]
         ),
-        journal_pb2.MultiplexRequest(
+        journal_pb2.MultiplexCallsRequest(
             calls=[
                 lease(4, "c"),  # a third in flight
-                journal_pb2.MultiplexCall(
-                    call_id=5, commit=journal_pb2.CommitRequest()
-                ),  # no handler
+                _call(5, "Commit", journal_pb2.CommitRequest()),  # not served on this stream
             ]
         ),
     )
-    answers: dict[int, list[journal_pb2.MultiplexAnswer]] = {}
+    answers: dict[int, list[stream_pb2.StreamedAnswer]] = {}
     stream = server.serve(requests)
-    while sum(len(a) for a in answers.values()) < 4:  # the refusals come at once
+    while sum(len(a) for a in answers.values()) < 5:  # the refusals come at once
         for answer in (await anext(stream)).answers:
             answers.setdefault(answer.call_id, []).append(answer)
-    assert not any(a.WhichOneof("outcome") == "acquire_lease" for v in answers.values() for a in v)
+    assert not any(a.WhichOneof("outcome") == "response" for v in answers.values() for a in v)
     gate.set()
     async for response in stream:
         for answer in response.answers:
             answers.setdefault(answer.call_id, []).append(answer)
     invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
     exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-    assert answers[1][0].error.code == invalid
-    assert [a.WhichOneof("outcome") for a in answers[2]] == ["error", "acquire_lease"]
+    unimplemented = grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert answers[1][0].error.code == invalid and "no method" in answers[1][0].error.message
+    assert answers[6][0].error.code == invalid
+    assert answers[6][0].error.message.startswith(
+        "the request of AcquireLease could not be decoded"
+    )
+    assert [a.WhichOneof("outcome") for a in answers[2]] == ["error", "response"]
     assert answers[2][0].error.code == invalid and "in flight" in answers[2][0].error.message
-    assert answers[2][1].acquire_lease.lease.name == "a"
-    assert answers[3][0].acquire_lease.lease.name == "b"
+    assert _lease_answer(answers[2][1]).lease.name == "a"
+    assert _lease_answer(answers[3][0]).lease.name == "b"
     assert answers[4][0].error.code == exhausted
-    assert answers[5][0].error.code == invalid
+    # What a unary call of a method the service lacks answers, naming what the stream serves.
+    assert answers[5][0].error.code == unimplemented
+    assert answers[5][0].error.message == (
+        "JournalService serves no 'Commit' on this stream; it serves AcquireLease"
+    )
+
+
+def test_a_server_refuses_handlers_of_rpcs_its_service_lacks() -> None:
+    async def handler(request: Any, context: Any) -> Any:
+        return None
+
+    with pytest.raises(ValueError, match="no unary RPC Nope"):
+        MultiplexServer(SERVICE, {"Nope": handler})
+    with pytest.raises(ValueError, match="no unary RPC MultiplexCalls"):
+        MultiplexServer(SERVICE, {"MultiplexCalls": handler})
+
+
+async def test_a_client_refuses_a_method_or_request_its_service_lacks() -> None:
+    client = MultiplexClient(lambda: None, SERVICE)
+    with pytest.raises(ValueError, match="no unary RPC 'Nope'"):
+        await client.call("Nope", journal_pb2.CommitRequest(), timeout=1)
+    with pytest.raises(TypeError, match="Commit takes system.storage.v1.CommitRequest"):
+        await client.call("Commit", journal_pb2.RecordStepRequest(), timeout=1)
+    assert client.streams_opened == 0
 
 
 async def test_an_unexpected_error_is_internal_with_the_request_id() -> None:
     async def broken(request: Any, context: Any) -> Any:
         raise RuntimeError("a bug")
 
-    server = MultiplexServer(
-        JOURNAL,
-        journal_pb2.MultiplexResponse,
-        journal_pb2.MultiplexAnswer,
-        {"release_lease": ("ReleaseLease", broken)},
-    )
-    request = journal_pb2.MultiplexRequest(
-        calls=[
-            journal_pb2.MultiplexCall(
-                call_id=7, request_id="rid-123", release_lease=journal_pb2.ReleaseLeaseRequest()
-            )
-        ]
+    server = MultiplexServer(SERVICE, {"ReleaseLease": broken})
+    request = journal_pb2.MultiplexCallsRequest(
+        calls=[_call(7, "ReleaseLease", journal_pb2.ReleaseLeaseRequest(), request_id="rid-123")]
     )
     answers = [
         a
@@ -426,14 +490,21 @@ async def test_an_unexpected_error_is_internal_with_the_request_id() -> None:
 
 
 async def test_the_engine_falls_back_to_unary_calls_on_a_service_without_the_stream() -> None:
-    """A storage service of an older version (no Multiplex) during a rolling upgrade."""
+    """A storage service of an older version during a rolling upgrade: its stream is the old
+    `Multiplex` (another envelope), never called; MultiplexCalls answers UNIMPLEMENTED."""
     from engine_service.clients import JournalStream
 
     asked: list[str] = []
+    old_streams: list[object] = []
 
     async def acquire(request: Any, context: Any) -> journal_pb2.AcquireLeaseResponse:
         asked.append(request.name)
         return journal_pb2.AcquireLeaseResponse(lease=journal_pb2.Lease(name=request.name, token=9))
+
+    async def old_multiplex(requests: Any, context: Any) -> AsyncIterator[bytes]:
+        old_streams.append(context)
+        async for _ in requests:
+            yield b""
 
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
@@ -445,7 +516,8 @@ async def test_the_engine_falls_back_to_unary_calls_on_a_service_without_the_str
                         acquire,
                         request_deserializer=journal_pb2.AcquireLeaseRequest.FromString,
                         response_serializer=journal_pb2.AcquireLeaseResponse.SerializeToString,
-                    )
+                    ),
+                    "Multiplex": grpc.stream_stream_rpc_method_handler(old_multiplex),
                 },
             ),
         )
@@ -457,16 +529,67 @@ async def test_the_engine_falls_back_to_unary_calls_on_a_service_without_the_str
     try:
         for name in ("player:a", "player:b"):
             answer = await calls.call(
-                "acquire_lease",
+                "AcquireLease",
                 journal_pb2.AcquireLeaseRequest(name=name, owner="o", ttl_seconds=5),
                 timeout=5,
             )
             assert answer.lease.token == 9
+        assert calls.streams_opened == 1  # tried once, then unary
     finally:
         await calls.aclose()
         await journal.aclose()
         await server.stop(0)
     assert asked == ["player:a", "player:b"]
+    assert old_streams == []
+
+
+async def test_an_older_client_hears_unimplemented_and_makes_unary_calls(
+    channel: grpc.aio.Channel,
+) -> None:
+    """An engine of the version before decision 0021 opens `Multiplex`, which this service no
+    longer has: UNIMPLEMENTED, on which that engine makes its calls as unary RPCs."""
+    old = channel.stream_stream(
+        f"/{JOURNAL}/Multiplex", request_serializer=bytes, response_deserializer=bytes
+    )
+    call = old(timeout=10)
+    # MultiplexRequest{calls: [MultiplexCall{call_id: 1, acquire_lease (13): {}}]}
+    await call.write(b"\x0a\x04\x08\x01\x6a\x00")
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await call.read()
+    assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_method_not_on_the_stream_goes_unary_alone(service: _Service) -> None:
+    """A service whose stream lacks a method (one added to the stream by a newer client, say)
+    answers UNIMPLEMENTED for it; that method goes unary from then on, the others stay."""
+    from engine_service.clients import JournalStream
+
+    assert service.host is not None
+    journal = Dependency(service.host.target, journal_pb2_grpc.JournalServiceStub)
+    calls = JournalStream(journal)
+    player = f"p-{uuid.uuid4()}"
+    try:
+        made = await calls.call(
+            "CreateTask",
+            journal_pb2.CreateTaskRequest(player_id=player, module_id="system:test", event_key="e"),
+            timeout=10,
+        )
+        for _ in range(2):
+            got = await calls.call(
+                "GetTask", journal_pb2.GetTaskRequest(task_id=made.task.task_id), timeout=10
+            )
+            assert got.task.task_id == made.task.task_id
+        lease = await calls.call(
+            "AcquireLease",
+            journal_pb2.AcquireLeaseRequest(name="player:u", owner="a", ttl_seconds=30),
+            timeout=10,
+        )
+        assert lease.lease.owner == "a"
+        assert calls.streams_opened == 1
+        assert calls._unary_only == {"GetTask"}  # noqa: SLF001
+    finally:
+        await calls.aclose()
+        await journal.aclose()
 
 
 class _SlowStream:
@@ -474,20 +597,22 @@ class _SlowStream:
     call it is sent with an empty lease."""
 
     def __init__(self) -> None:
-        self.written: list[journal_pb2.MultiplexRequest] = []
+        self.written: list[journal_pb2.MultiplexCallsRequest] = []
         self._answers: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def write(self, message: journal_pb2.MultiplexRequest) -> None:
+    async def write(self, message: journal_pb2.MultiplexCallsRequest) -> None:
         self.written.append(message)
         await asyncio.sleep(0.02)
         self._answers.put_nowait(
-            journal_pb2.MultiplexResponse(
+            journal_pb2.MultiplexCallsResponse(
                 answers=[
-                    journal_pb2.MultiplexAnswer(
+                    stream_pb2.StreamedAnswer(
                         call_id=call.call_id,
-                        acquire_lease=journal_pb2.AcquireLeaseResponse(
-                            lease=journal_pb2.Lease(name=call.acquire_lease.name)
-                        ),
+                        response=journal_pb2.AcquireLeaseResponse(
+                            lease=journal_pb2.Lease(
+                                name=journal_pb2.AcquireLeaseRequest.FromString(call.request).name
+                            )
+                        ).SerializeToString(),
                     )
                     for call in message.calls
                 ]
@@ -503,14 +628,10 @@ class _SlowStream:
 
 async def test_calls_made_while_a_message_is_written_go_together_in_the_next() -> None:
     stream = _SlowStream()
-    client = MultiplexClient(
-        lambda: stream, journal_pb2.MultiplexRequest, journal_pb2.MultiplexCall
-    )
+    client = MultiplexClient(lambda: stream, SERVICE)
 
     def call(i: int) -> Any:
-        return client.call(
-            "acquire_lease", journal_pb2.AcquireLeaseRequest(name=f"n{i}"), timeout=5
-        )
+        return client.call("AcquireLease", journal_pb2.AcquireLeaseRequest(name=f"n{i}"), timeout=5)
 
     try:
         first = asyncio.ensure_future(call(0))
@@ -520,25 +641,24 @@ async def test_calls_made_while_a_message_is_written_go_together_in_the_next() -
         await client.aclose()
     assert [a.lease.name for a in answers] == [f"n{i}" for i in range(20)]
     assert [len(message.calls) for message in stream.written] == [1, 19]
+    assert {call.method for message in stream.written for call in message.calls} == {"AcquireLease"}
 
 
 async def test_calls_are_packed_into_messages_of_bounded_size() -> None:
     stream = _SlowStream()
-    client = MultiplexClient(
-        lambda: stream, journal_pb2.MultiplexRequest, journal_pb2.MultiplexCall
-    )
+    client = MultiplexClient(lambda: stream, SERVICE)
     big = "x" * (PACK_BYTES // 4)
 
     def call(i: int) -> Any:
         return client.call(
-            "acquire_lease", journal_pb2.AcquireLeaseRequest(name=f"{i}{big}"), timeout=5
+            "AcquireLease", journal_pb2.AcquireLeaseRequest(name=f"{i}{big}"), timeout=5
         )
 
     try:
         answers = await asyncio.gather(*(call(i) for i in range(10)))
         with pytest.raises(grpc.aio.AioRpcError) as huge:
             await client.call(
-                "acquire_lease",
+                "AcquireLease",
                 journal_pb2.AcquireLeaseRequest(name="y" * (MAX_ITEM_BYTES + 1)),
                 timeout=5,
             )
@@ -560,17 +680,10 @@ async def test_an_answer_too_large_for_a_message_is_refused_alone() -> None:
             receipt=journal_pb2.StepReceipt(step_id=request.step_id, result=b"r" * size)
         )
 
-    server = MultiplexServer(
-        JOURNAL,
-        journal_pb2.MultiplexResponse,
-        journal_pb2.MultiplexAnswer,
-        {"record_step": ("RecordStep", record)},
-    )
-    request = journal_pb2.MultiplexRequest(
+    server = MultiplexServer(SERVICE, {"RecordStep": record})
+    request = journal_pb2.MultiplexCallsRequest(
         calls=[
-            journal_pb2.MultiplexCall(
-                call_id=n, record_step=journal_pb2.RecordStepRequest(step_id=step)
-            )
+            _call(n, "RecordStep", journal_pb2.RecordStepRequest(step_id=step))
             for n, step in enumerate(["small", "huge", "also-small"])
         ]
     )
@@ -579,14 +692,19 @@ async def test_an_answer_too_large_for_a_message_is_refused_alone() -> None:
         async for response in server.serve(_requests(request))
         for answer in response.answers
     }
-    assert answers[0].record_step.receipt.step_id == "small"
+
+    def step(answer: stream_pb2.StreamedAnswer) -> str:
+        return journal_pb2.RecordStepResponse.FromString(answer.response).receipt.step_id
+
+    assert step(answers[0]) == "small"
     assert answers[1].error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-    assert answers[2].record_step.receipt.step_id == "also-small"
+    assert step(answers[2]) == "also-small"
 
 
 async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
-    """Where the envelope has `timeout_ms` (the gateway's relay), the client sends each call's
-    timeout and the handler sees it as its request's deadline, as on a unary call."""
+    """The client sends each call's timeout (`timeout_ms`) and the handler sees it as its
+    request's deadline, as on a unary call (the gateway's relay waits on the game server that
+    long)."""
 
     from services.runtime.context import remaining_seconds
 
@@ -596,13 +714,8 @@ async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
         seen.append(remaining_seconds())
         return relay_pb2.CallGameToolResponse()
 
-    server = MultiplexServer(
-        "system.relay.v1.ToolRelayService",
-        relay_pb2.MultiplexResponse,
-        relay_pb2.MultiplexAnswer,
-        {"call_game_tool": ("CallGameTool", call_tool)},
-    )
-    written: list[relay_pb2.MultiplexRequest] = []
+    server = MultiplexServer(RELAY, {"CallGameTool": call_tool})
+    written: list[relay_pb2.MultiplexCallsRequest] = []
 
     class Loopback:
         """A stream call served by `server` in this process."""
@@ -615,7 +728,7 @@ async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
             while (request := await self._in.get()) is not None:
                 yield request
 
-        async def write(self, message: relay_pb2.MultiplexRequest) -> None:
+        async def write(self, message: relay_pb2.MultiplexCallsRequest) -> None:
             written.append(message)
             self._in.put_nowait(message)
 
@@ -625,11 +738,11 @@ async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
         def cancel(self) -> None:
             self._in.put_nowait(None)
 
-    client = MultiplexClient(Loopback, relay_pb2.MultiplexRequest, relay_pb2.MultiplexCall)
+    client = MultiplexClient(Loopback, RELAY)
     try:
         request = relay_pb2.CallGameToolRequest(call_id="c", player_id="p", tool="t")
-        await client.call("call_game_tool", request, timeout=0.5)
-        await client.call("call_game_tool", request, timeout=None)
+        await client.call("CallGameTool", request, timeout=0.5)
+        await client.call("CallGameTool", request, timeout=None)
     finally:
         await client.aclose()
     sent = [call.timeout_ms for m in written for call in m.calls]

@@ -320,6 +320,8 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "ftbquests:quest.find",
         "ftbquests:quest.detail",
         "minecraft:gift.list",
+        # Offered only to a player who may use /system routing (an admin): see `offered`.
+        "system:routing.diagnostics",
         "ftbquests:quests.list",
     )
 

@@ -59,8 +59,8 @@ from tests.test_engine_events import (
     _player,
     _stack,
     _stop,
-    _until,
 )
+from tests.waiting import wait_until
 
 RUNNING = journal_pb2.TASK_STATE_RUNNING
 HOUR = 3600
@@ -357,7 +357,7 @@ async def test_the_runner_takes_back_before_its_first_claim(
     )
     runner.start()
     try:
-        await _until(lambda: len(journal.asked) > len(expected) + 1)
+        await wait_until(lambda: len(journal.asked) > len(expected) + 1, timeout=20)
     finally:
         await runner.stop()
     assert journal.asked[: len(expected)] == expected
@@ -436,7 +436,7 @@ async def test_a_restarted_replica_takes_its_task_back_without_waiting_out_the_l
                     ),
                     timeout=10,
                 )
-            await _until(lambda: sum(c[0] == "stuck" for c in game.calls) == 2)
+            await wait_until(lambda: sum(c[0] == "stuck" for c in game.calls) == 2, timeout=20)
             a.kill()
             (stuck,) = await stack.tasks("stuck")
             assert stuck.state == RUNNING and stuck.attempts == 1
@@ -462,7 +462,7 @@ async def test_a_restarted_replica_takes_its_task_back_without_waiting_out_the_l
             # slot-b holds a task of its own (its give is never answered) ...
             game.hold.add("busy")
             await game.event("busy", ADVANCEMENT, "adv", {"advancement": DIAMOND})
-            await _until(lambda: any(c[0] == "busy" for c in game.calls))
+            await wait_until(lambda: any(c[0] == "busy" for c in game.calls), timeout=20)
             (busy,) = await stack.tasks("busy")
             assert _lease_owner(stack, busy.task_id) == b.identity.owner
 

@@ -30,6 +30,7 @@ from services.runtime.logging import (
     access_handler,
 )
 from services.runtime.server import ServiceHost
+from tests.waiting import wait_until
 
 # --- config -----------------------------------------------------------------------------------
 
@@ -407,10 +408,11 @@ def _handled(method: str, code: str) -> float:
 async def _handled_soon(method: str, code: str, expected: float) -> float:
     """The counter once it reaches `expected` (or after a second): context.abort sends the
     status before the interceptor's bookkeeping runs, so the client can see it first."""
-    for _ in range(100):
-        if _handled(method, code) >= expected:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(
+        lambda: _handled(method, code) >= expected,
+        timeout=1,
+        what=lambda: f"{method} {code} counted {expected:g} times, not {_handled(method, code):g}",
+    )
     return _handled(method, code)
 
 
@@ -541,9 +543,12 @@ async def test_stop_drains_with_not_serving_then_cleans_up(tmp_path: Path) -> No
         assert await _health(channel, ECHO) == health_pb2.HealthCheckResponse.SERVING
         started = time.monotonic()
         stopping = asyncio.create_task(host.stop())
-        await asyncio.sleep(0.1)
+
+        async def not_serving() -> bool:
+            return await _health(channel, "") == health_pb2.HealthCheckResponse.NOT_SERVING
+
+        await wait_until(not_serving, what="the host to drain")
         assert not stopping.done()
-        assert await _health(channel, "") == health_pb2.HealthCheckResponse.NOT_SERVING
         assert await _health(channel, ECHO) == health_pb2.HealthCheckResponse.NOT_SERVING
         # Calls still work while draining: only new work from balancers stops.
         assert (await _call(channel, b"echo"))["scope_id"]

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 
 from services.runtime.config import ConfigError, ServerConfig, load_config
 from services.runtime.workers import worker_metrics_port
+from tests.waiting import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT")
@@ -57,14 +57,21 @@ def _router(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], dict[s
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            _, err = process.communicate()
-            pytest.fail(f"router did not start: {err.decode(errors='replace')[-2000:]}")
-        time.sleep(0.05)
+
+    def started() -> bool:
+        if process.poll() is not None:
+            pytest.fail(_start_failure(process))
+        return port_file.exists()
+
+    wait_until_sync(started, timeout=60, interval=0.05, what=lambda: _start_failure(process))
     return process, json.loads(port_file.read_text())
+
+
+def _start_failure(process: subprocess.Popen[bytes]) -> str:
+    """Why the router did not start: its stderr, once it is killed (the wait failed)."""
+    process.kill()
+    _, err = process.communicate()
+    return f"router did not start: {err.decode(errors='replace')[-2000:]}"
 
 
 @pytest.fixture

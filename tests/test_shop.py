@@ -29,6 +29,7 @@ from services.gamesim.world import STARTING_BALANCE, World
 from services.runtime.config import ConfigError
 from tests.gametools import call_tool
 from tests.inprocess import Chain, card_lines, running_chain
+from tests.waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -383,15 +384,24 @@ async def _press_until_answered(
     client: GameServerClient, card: common_pb2.Card, button: common_pb2.CardButton
 ) -> gateway_pb2.PlayerResponse:
     """Presses again while the restarted service is not reachable yet (as a player would)."""
-    for _ in range(40):
+    last: list[gateway_pb2.PlayerResponse] = []
+
+    async def answered() -> gateway_pb2.PlayerResponse | None:
         response = await client.press("steve", card, button)
+        last[:] = [response]
         key = response.reply.result.failure.key
         if key not in ("system.error.storage_unavailable", "system.error.busy") and (
             response.reply.module_id == "system:shop_confirm"
         ):
             return response
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"no answer from the restarted service: {response}")
+        return None
+
+    return await wait_until(
+        answered,
+        timeout=15,
+        interval=0.25,
+        what=lambda: f"an answer from the restarted service, last: {last}",
+    )
 
 
 async def test_a_purchase_cut_off_by_an_engine_restart_is_applied_once(chain: Chain) -> None:

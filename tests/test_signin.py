@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from system.common.v1 import catalog_pb2, common_pb2
 from system.engine.v1 import engine_pb2
+from system.gateway.v1 import gateway_pb2
 
 from engine_service.app import build_registry
 from engine_service.config import EngineConfig
@@ -37,6 +38,7 @@ from services.runtime.config import ConfigError
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from tests.inprocess import Chain, card_lines, running_chain
+from tests.waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -378,12 +380,11 @@ async def store(tmp_path: pathlib.Path) -> AsyncIterator[TaskStore]:
 
 
 async def _claim(store: TaskStore, owner: str, task_id: str) -> Claim:
-    for _ in range(100):
-        for claim in await store.claim(owner, 8, 1):
-            if claim.task.task_id == task_id:
-                return claim
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{owner} could not claim {task_id}")
+    async def claimed() -> Claim | None:
+        claims = await store.claim(owner, 8, 1)
+        return next((claim for claim in claims if claim.task.task_id == task_id), None)
+
+    return await wait_until(claimed, timeout=15, interval=0.1, what=f"{owner} to claim {task_id}")
 
 
 async def test_a_sign_in_step_retried_after_a_crash_applies_once(store: TaskStore) -> None:
@@ -486,12 +487,16 @@ async def test_an_engine_killed_in_the_middle_of_a_sign_in_signs_in_once(chain: 
     state = world.player("steve")
     assert len(state.signins) == 1
     given = dict(state.inventory)
-    # Asked again once the engine is back: already signed in, nothing given twice.
-    for _ in range(40):
-        again = await client.chat("steve", "/signin")
-        if again.reply.module_id == "system:signin":
-            break
-        await asyncio.sleep(0.25)
+
+    # Asked again once the engine is back (as a player would): already signed in, nothing
+    # given twice.
+    async def answered() -> gateway_pb2.PlayerResponse | None:
+        response = await client.chat("steve", "/signin")
+        return response if response.reply.module_id == "system:signin" else None
+
+    again = await wait_until(
+        answered, timeout=15, interval=0.25, what="an answer from the restarted engine"
+    )
     assert again.reply.result.status == common_pb2.RESULT_STATUS_SUCCEEDED
     assert card_lines(again)[0].startswith("今天（") and "已经签到过了" in card_lines(again)[0]
     assert len(state.signins) == 1 and dict(state.inventory) == given

@@ -5,7 +5,6 @@ breaking its schema reaches the player as TOOL_OUTPUT_INVALID)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
@@ -27,6 +26,7 @@ from services.gamesim.world import World
 from services.gateway.tool_contract import check_tools
 from tests import inprocess
 from tests.inprocess import Chain, running_chain
+from tests.waiting import wait_until
 
 INVENTORY = "minecraft:inventory.read"
 GIVE = "minecraft:item.give"
@@ -336,9 +336,6 @@ async def test_bad_schemas_in_a_hello_are_problems_and_the_connection_serves(
         await client.event(
             "steve", "minecraft:advancement", "adv-1", {"advancement": "minecraft:story/mine_stone"}
         )
-        for _ in range(100):
-            if client.frame_errors:
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: client.frame_errors, timeout=5, what="the event refused")
         assert [e.request_id for e in client.frame_errors] == ["adv-1"]
         assert client.frame_errors[0].code == 5  # NOT_FOUND: no module handles it here

@@ -44,20 +44,15 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
         self._registry = registry
         self._scopes = PlayerScopes(config.player_scopes())
         self._multiplex = MultiplexServer(
-            relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name,
-            relay_pb2.MultiplexResponse,
-            relay_pb2.MultiplexAnswer,
-            {
-                "call_game_tool": ("CallGameTool", self.CallGameTool),
-                "notify_player": ("NotifyPlayer", self.NotifyPlayer),
-            },
+            relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"],
+            {"CallGameTool": self.CallGameTool, "NotifyPlayer": self.NotifyPlayer},
         )
 
-    async def Multiplex(
+    async def MultiplexCalls(
         self,
-        request_iterator: AsyncIterator[relay_pb2.MultiplexRequest],
+        request_iterator: AsyncIterator[relay_pb2.MultiplexCallsRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[relay_pb2.MultiplexResponse]:
+    ) -> AsyncIterator[relay_pb2.MultiplexCallsResponse]:
         # CallGameTool and NotifyPlayer, many on one stream (services.runtime.multiplex); a
         # handler reads its deadline from the request scope, which each call's timeout_ms sets.
         async for response in self._multiplex.serve(request_iterator, context):

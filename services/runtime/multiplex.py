@@ -1,24 +1,28 @@
-"""Many unary calls on one long-lived gRPC stream (`JournalService.Multiplex`).
+"""Many unary calls on one long-lived gRPC stream (a service's `MultiplexCalls`).
 
 In Python gRPC a unary call costs each end a few hundred microseconds of its own machinery
 (a call object, metadata, an HTTP/2 stream opened and closed); a message on a stream that is
 already open costs a fraction of that (measured: about three times the messages per second for
 the same CPU). A client that calls one service all the time (an engine replica writing receipts
-and taking leases) sends its calls as messages on one stream instead; each carries an id the
-client chose, and its answer, or the status it failed with, comes back with that id. Calls
-made while a message is being written go together in the next one, and answers ready together
-go back together, so under load a message carries several.
+and taking leases) sends its calls as messages on one stream instead. Every such stream carries
+the one envelope of `system/common/v1/stream.proto`: a `StreamedCall` names its unary RPC
+(`method`) and holds that RPC's request, serialized, with an id the client chose; its
+`StreamedAnswer`, with the same id, holds the RPC's response, serialized, or the status it
+failed with. Calls made while a message is being written go together in the next one, and
+answers ready together go back together, so under load a message carries several.
 
 Server: `MultiplexServer.serve` runs each call on the stream as its own task through the
 handler its unary RPC uses, so a call does and answers exactly what the unary call would; per
 call it keeps what the server interceptor keeps for a unary call (request scope with the
-call's request id and, where the envelope has `timeout_ms`, its deadline; error mapping,
-metrics, one access-log line, named `<Service>/Multiplex/<Method>`).
+call's request id and `timeout_ms` as its deadline, error mapping, metrics, one access-log
+line, named `<Service>/Multiplex/<Method>`).
 
 Client: `MultiplexClient` opens the stream on first use and again after it broke, and raises
 `grpc.aio.AioRpcError` like a unary call would, with the `x-error-reason` trailing metadata,
 so callers handle both alike. Calls in flight when the stream breaks fail UNAVAILABLE;
-idempotent ones are retried as the unary channels' retry policy would.
+idempotent ones are retried as the unary channels' retry policy would. `StreamedCalls` adds
+the owner's channel settings and the fall back to unary calls where the service answers
+UNIMPLEMENTED (decision 0021).
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from typing import Any
 
 import grpc
 from google.protobuf import message_factory
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from system.common.v1.stream_pb2 import StreamedAnswer, StreamedCall
 
 from services.runtime import context as request_context
 from services.runtime.channels import Dependency, open_channel
@@ -46,12 +52,17 @@ __all__ = [
     "MAX_IN_FLIGHT",
     "MAX_ITEM_BYTES",
     "PACK_BYTES",
+    "STREAM_METHOD",
     "MultiplexClient",
     "MultiplexServer",
     "StreamedCalls",
 ]
 
 log = logging.getLogger("system.multiplex")
+
+STREAM_METHOD = "MultiplexCalls"
+"""The stream RPC of a service that has one; its request holds `calls` (StreamedCall), its
+response `answers` (StreamedAnswer)."""
 
 MAX_IN_FLIGHT = 1024
 """Calls one stream may have in flight on the server; more are refused RESOURCE_EXHAUSTED."""
@@ -71,6 +82,21 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
+def _unary_methods(service: ServiceDescriptor) -> dict[str, MethodDescriptor]:
+    return {m.name: m for m in service.methods if not (m.client_streaming or m.server_streaming)}
+
+
+def _stream_types(service: ServiceDescriptor) -> tuple[type[Message], type[Message]]:
+    """The request and response messages of the service's stream RPC."""
+    method = service.methods_by_name.get(STREAM_METHOD)
+    if method is None:
+        raise ValueError(f"{service.full_name} has no {STREAM_METHOD} stream")
+    return (
+        message_factory.GetMessageClass(method.input_type),
+        message_factory.GetMessageClass(method.output_type),
+    )
+
+
 def _packed(items: list[tuple[Any, int]]) -> Iterator[list[Any]]:
     """`items` (each with its size) in consecutive groups of at most PACK_BYTES, each group
     holding at least one item."""
@@ -86,57 +112,92 @@ def _packed(items: list[tuple[Any, int]]) -> Iterator[list[Any]]:
         yield group
 
 
+def _error(call_id: int, code: str, message: str, reason: str = "") -> StreamedAnswer:
+    answer = StreamedAnswer(call_id=call_id)
+    answer.error.code = _CODE_NUMBERS[code]
+    answer.error.message = message
+    answer.error.reason = reason
+    return answer
+
+
+def _sized(answer: StreamedAnswer) -> tuple[StreamedAnswer, int]:
+    """The answer and its size; an answer too large for a message becomes the error its unary
+    call's caller would have seen."""
+    size = answer.ByteSize()
+    if size <= MAX_ITEM_BYTES:
+        return answer, size
+    error = _error(
+        answer.call_id,
+        "RESOURCE_EXHAUSTED",
+        f"the answer is {size} bytes, more than a message carries ({MAX_ITEM_BYTES})",
+    )
+    return error, error.ByteSize()
+
+
 class MultiplexServer:
-    """Serves `Multiplex` streams of one service.
+    """Serves the `MultiplexCalls` stream of one service.
 
     Args:
-        service: the full service name (`system.storage.v1.JournalService`), for logs and
-            metrics.
-        response_type: the stream's response message, whose `answers` holds answers.
-        answer_type: one answer: `call_id`, an `error` (CallStatus) and one field per call,
-            named as the call's.
-        handlers: per call field (`commit`), the unary RPC's method name (`Commit`) and its
-            handler; each is called as `handler(request, None)`.
+        service: the service's descriptor (`journal_pb2.DESCRIPTOR.services_by_name[...]`):
+            its stream's messages, and each unary RPC's request message.
+        handlers: per unary RPC served on the stream (`Commit`), its handler; each is called
+            as `handler(request, None)`.
         max_in_flight: calls one stream may have in flight.
     """
 
     def __init__(
         self,
-        service: str,
-        response_type: type[Any],
-        answer_type: type[Any],
-        handlers: Mapping[str, tuple[str, Handler]],
+        service: ServiceDescriptor,
+        handlers: Mapping[str, Handler],
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
-        self._response_type = response_type
-        self._answer_type = answer_type
+        unary = _unary_methods(service)
+        unknown = sorted(set(handlers) - set(unary))
+        if unknown:
+            raise ValueError(f"{service.full_name} has no unary RPC {', '.join(unknown)}")
+        self._name = service.name
+        self._response_type = _stream_types(service)[1]
         self._routes = {
-            field: (handler, Method(f"/{service}/Multiplex/{name}"))
-            for field, (name, handler) in handlers.items()
+            name: (
+                message_factory.GetMessageClass(unary[name].input_type),
+                handler,
+                Method(f"/{service.full_name}/Multiplex/{name}"),
+            )
+            for name, handler in handlers.items()
         }
+        self._served = ", ".join(sorted(handlers))
         self._max_in_flight = max_in_flight
         self._repeated = RepeatedLines(log)
 
-    def _error(self, call_id: int, code: str, message: str, reason: str = "") -> Any:
-        answer = self._answer_type(call_id=call_id)
-        error = answer.error
-        error.code = _CODE_NUMBERS[code]
-        error.message = message
-        error.reason = reason
-        return answer
-
-    def _sized(self, answer: Any) -> tuple[Any, int]:
-        """The answer and its size; an answer too large for a message becomes the error its
-        unary call's caller would have seen."""
-        size = answer.ByteSize()
-        if size <= MAX_ITEM_BYTES:
-            return answer, size
-        error = self._error(
-            answer.call_id,
-            "RESOURCE_EXHAUSTED",
-            f"the answer is {size} bytes, more than a message carries ({MAX_ITEM_BYTES})",
-        )
-        return error, error.ByteSize()
+    def _refusal(
+        self, call: StreamedCall, in_flight: Mapping[int, object]
+    ) -> StreamedAnswer | None:
+        """The answer refusing `call` before it runs, or None when it may run."""
+        call_id = call.call_id
+        if not call.method:
+            return _error(call_id, "INVALID_ARGUMENT", "the call names no method")
+        if call.method not in self._routes:
+            return _error(
+                call_id,
+                "UNIMPLEMENTED",
+                f"{self._name} serves no {call.method[:100]!r} on this stream; "
+                f"it serves {self._served}",
+            )
+        if call_id in in_flight:
+            return _error(
+                call_id,
+                "INVALID_ARGUMENT",
+                f"call id {call_id} is already in flight on this stream; "
+                "give each call in flight its own id",
+            )
+        if len(in_flight) >= self._max_in_flight:
+            return _error(
+                call_id,
+                "RESOURCE_EXHAUSTED",
+                f"{self._max_in_flight} calls are in flight on this stream; "
+                "wait for answers before sending more",
+            )
+        return None
 
     async def serve(
         self,
@@ -146,78 +207,60 @@ class MultiplexServer:
         """The answers to the calls read from `requests`, as they finish. Ends once the client
         closed its side and every call answered.
 
-        With the stream's `context`, messages are read from it instead, so that one message
-        that cannot be decoded (corrupt, or nested deeper than protobuf decodes) ends no
-        stream: its calls, which cannot be told apart, get no answer (each caller's own
-        deadline ends it) and every other call goes on. Without it, such a message ends the
-        stream as gRPC does."""
+        With the stream's `context`, messages are read from it instead, so that a message
+        whose envelope cannot be decoded (corrupt framing) ends no stream: its calls, which
+        cannot be told apart, get no answer (each caller's own deadline ends it) and every
+        other call goes on. Without it, such a message ends the stream as gRPC does. A call
+        whose own request cannot be decoded is refused alone, INVALID_ARGUMENT."""
         loop = asyncio.get_running_loop()
         answers: asyncio.Queue[Any] = asyncio.Queue()
         in_flight: dict[int, asyncio.Task[None]] = {}
-        # Whether this envelope's calls carry `timeout_ms`, known from the first call.
-        with_deadline: bool | None = None
 
         async def run(
-            call_id: int, field: str, request: Any, request_id: str, timeout: float | None
+            call_id: int, name: str, request: Any, request_id: str, timeout_ms: int
         ) -> None:
-            handler, method = self._routes[field]
-            tokens = request_context.enter_request(request_id or None, timeout)
+            _, handler, method = self._routes[name]
+            tokens = request_context.enter_request(
+                request_id or None, timeout_ms / 1000 if timeout_ms else None
+            )
             started = time.perf_counter()
             code = "OK"
             try:
                 response = await handler(request, None)
-                answer = self._answer_type(call_id=call_id, **{field: response})
+                answer = StreamedAnswer(call_id=call_id, response=response.SerializeToString())
             except asyncio.CancelledError:
                 code = "CANCELLED"
                 raise
             except Exception as exc:  # noqa: BLE001 - becomes this call's status
                 code, message, reason = error_status(exc, method.method)
-                answer = self._error(call_id, code, message, reason)
+                answer = _error(call_id, code, message, reason)
             finally:
                 del in_flight[call_id]
                 record_call(method, code, time.perf_counter() - started)
                 request_context.leave_request(tokens)
             answers.put_nowait(answer)
 
-        def start(call: Any) -> None:
-            nonlocal with_deadline
-            if with_deadline is None:
-                with_deadline = "timeout_ms" in call.DESCRIPTOR.fields_by_name
-            call_id = call.call_id
-            field = call.WhichOneof("call")
-            if field is None or field not in self._routes:
-                answers.put_nowait(self._error(call_id, "INVALID_ARGUMENT", "the call is empty"))
-            elif call_id in in_flight:
+        def start(call: StreamedCall) -> None:
+            refusal = self._refusal(call, in_flight)
+            if refusal is not None:
+                answers.put_nowait(refusal)
+                return
+            try:
+                request = self._routes[call.method][0].FromString(call.request)
+            except DecodeError as exc:
                 answers.put_nowait(
-                    self._error(
-                        call_id,
+                    _error(
+                        call.call_id,
                         "INVALID_ARGUMENT",
-                        f"call id {call_id} is already in flight on this stream; "
-                        "give each call in flight its own id",
+                        f"the request of {call.method} could not be decoded: {str(exc)[:200]}",
                     )
                 )
-            elif len(in_flight) >= self._max_in_flight:
-                answers.put_nowait(
-                    self._error(
-                        call_id,
-                        "RESOURCE_EXHAUSTED",
-                        f"{self._max_in_flight} calls are in flight on this stream; "
-                        "wait for answers before sending more",
-                    )
-                )
-            else:
-                # A context of its own per call: its request scope (id, deadline) is its own.
-                timeout_ms = call.timeout_ms if with_deadline else 0
-                in_flight[call_id] = loop.create_task(
-                    run(
-                        call_id,
-                        field,
-                        getattr(call, field),
-                        call.request_id,
-                        timeout_ms / 1000 if timeout_ms else None,
-                    ),
-                    context=contextvars.Context(),
-                )
+                return
+            # A context of its own per call: its request scope (id, deadline) is its own.
+            in_flight[call.call_id] = loop.create_task(
+                run(call.call_id, call.method, request, call.request_id, call.timeout_ms),
+                context=contextvars.Context(),
+            )
 
         async def read() -> None:
             try:
@@ -233,7 +276,7 @@ class MultiplexServer:
                             self._repeated.log(
                                 logging.WARNING,
                                 "undecodable",
-                                "a Multiplex message could not be decoded; its calls go "
+                                "a stream message could not be decoded; its calls go "
                                 "unanswered, the stream goes on: %s",
                                 str(exc)[:200],
                             )
@@ -257,7 +300,7 @@ class MultiplexServer:
                 if ready[-1] is _DONE:
                     done = True
                     ready.pop()
-                for packed in _packed([self._sized(answer) for answer in ready]):
+                for packed in _packed([_sized(answer) for answer in ready]):
                     yield self._response_type(answers=packed)
             await reader  # the request stream's own failure, if it failed
         finally:
@@ -267,27 +310,26 @@ class MultiplexServer:
 
 
 class MultiplexClient:
-    """Calls on one `Multiplex` stream (see the module docstring).
+    """Calls on one `MultiplexCalls` stream (see the module docstring).
 
     Args:
-        open_stream: starts the stream RPC (a stub's `Multiplex`, called with no arguments).
-        request_type: the stream's request message, whose `calls` holds calls.
-        call_type: one call: `call_id`, `request_id` and one field per call.
+        open_stream: starts the stream RPC (a stub's `MultiplexCalls`, called with no
+            arguments).
+        service: the service's descriptor: its stream's request message, and each unary
+            RPC's request and response messages.
         retries: attempts after the first for calls marked idempotent that failed UNAVAILABLE.
     """
 
     def __init__(
-        self,
-        open_stream: Callable[[], Any],
-        request_type: type[Any],
-        call_type: type[Any],
-        retries: int = 2,
+        self, open_stream: Callable[[], Any], service: ServiceDescriptor, retries: int = 2
     ) -> None:
         self._open_stream = open_stream
-        self._request_type = request_type
-        self._call_type = call_type
-        # An envelope with `timeout_ms` carries each call's deadline to the server.
-        self._sends_deadline = "timeout_ms" in call_type.DESCRIPTOR.fields_by_name
+        self._service = service.full_name
+        self._request_type = _stream_types(service)[0]
+        self._methods = {
+            name: (m.input_type, message_factory.GetMessageClass(m.output_type))
+            for name, m in _unary_methods(service).items()
+        }
         self._retries = retries
         self._stream: _Stream | None = None
         self._next_id = 0
@@ -296,11 +338,19 @@ class MultiplexClient:
         """Streams opened so far: 1 while the first stays up (a broken one is reopened)."""
 
     async def call(
-        self, field: str, request: Any, timeout: float | None, idempotent: bool = False
+        self, method: str, request: Message, timeout: float | None, idempotent: bool = False
     ) -> Any:
-        """The answer to `request` sent as the call `field`; raises grpc.aio.AioRpcError as
-        the unary RPC would. `timeout` (for all attempts together) is capped by the current
-        request's deadline."""
+        """The answer to `request` sent as a call of the unary RPC `method` (`Commit`);
+        raises grpc.aio.AioRpcError as the unary RPC would. `timeout` (for all attempts
+        together) is capped by the current request's deadline."""
+        types = self._methods.get(method)
+        if types is None:
+            raise ValueError(f"{self._service} has no unary RPC {method!r}")
+        expected, response_type = types
+        if request.DESCRIPTOR is not expected:
+            raise TypeError(
+                f"{method} takes {expected.full_name}, not {request.DESCRIPTOR.full_name}"
+            )
         loop = asyncio.get_running_loop()
         timeout = request_context.remaining_seconds(timeout)
         deadline = None if timeout is None else loop.time() + timeout
@@ -309,7 +359,7 @@ class MultiplexClient:
         while True:
             left = None if deadline is None else deadline - loop.time()
             try:
-                return await self._call_once(field, request, left)
+                return await self._call_once(method, request, response_type, left)
             except grpc.aio.AioRpcError as exc:
                 if (
                     not idempotent
@@ -321,7 +371,9 @@ class MultiplexClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    async def _call_once(self, field: str, request: Any, timeout: float | None) -> Any:
+    async def _call_once(
+        self, method: str, request: Message, response_type: type[Message], timeout: float | None
+    ) -> Any:
         if self._closed:
             raise _rpc_error(grpc.StatusCode.CANCELLED, "the client is closed")
         if timeout is not None and timeout <= 0:
@@ -333,10 +385,13 @@ class MultiplexClient:
         self._next_id += 1
         call_id = self._next_id
         future = stream.expect(call_id)
-        call = self._call_type(
-            call_id=call_id, request_id=request_context.current_request_id(), **{field: request}
+        call = StreamedCall(
+            call_id=call_id,
+            request_id=request_context.current_request_id(),
+            method=method,
+            request=request.SerializeToString(),
         )
-        if self._sends_deadline and timeout is not None:
+        if timeout is not None:
             call.timeout_ms = max(1, int(timeout * 1000))
         stream.submit(call)
         timer = None
@@ -345,18 +400,23 @@ class MultiplexClient:
                 timeout, stream.expire, call_id, "deadline exceeded"
             )
         try:
-            response = await future
+            answer = await future
         finally:
             if timer is not None:
                 timer.cancel()
             stream.forget(call_id)
             if future.done() and not future.cancelled():
                 future.exception()  # heard of here or by the caller: never "not retrieved"
-        if response.WhichOneof("outcome") == "error":
-            error = response.error
+        if answer.WhichOneof("outcome") == "error":
+            error = answer.error
             code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
             raise _rpc_error(code, error.message, error.reason)
-        return getattr(response, field)
+        try:
+            return response_type.FromString(answer.response)
+        except DecodeError as exc:  # nested deeper than protobuf decodes, say: this call alone
+            raise _rpc_error(
+                grpc.StatusCode.INTERNAL, f"the answer could not be decoded: {str(exc)[:200]}"
+            ) from None
 
     async def aclose(self) -> None:
         self._closed = True
@@ -365,39 +425,30 @@ class MultiplexClient:
 
 
 class StreamedCalls:
-    """A client's calls to one service on that service's `Multiplex` stream, on a channel of
-    its own, without interceptors: the stream outlives every request, and each call carries
-    its request id (and deadline, where the envelope has one) itself.
+    """A client's calls to one service on that service's `MultiplexCalls` stream, on a
+    channel of its own, without interceptors: the stream outlives every request, and each
+    call carries its request id and deadline itself.
 
     Everything else comes from the owner's `Dependency` on the service: its target, whether
     its connections are private, which methods are idempotent (those calls are retried on
-    UNAVAILABLE, as its channel's retry policy retries them), and its stub, on which the calls
-    go as unary RPCs once the service answered UNIMPLEMENTED (an older version without the
-    stream, during a rolling upgrade).
+    UNAVAILABLE, as its channel's retry policy retries them), and its stub, on which a call
+    goes as a unary RPC once the service answered UNIMPLEMENTED for its method on the stream:
+    a service without the stream (another version, during a rolling upgrade: decision 0021)
+    or without that method on it.
 
     Args:
         dependency: the owner's channel and stub to the service.
-        stub_type: the generated stub class (its `Multiplex` opens the stream).
-        request_type: the stream's request message (`calls`).
-        call_type: one call in it.
-        methods: per call field (`commit`), the unary RPC's full name
-            (`system.storage.v1.JournalService/Commit`).
+        service: the service's descriptor (`journal_pb2.DESCRIPTOR.services_by_name[...]`).
     """
 
-    def __init__(
-        self,
-        dependency: Dependency[Any],
-        stub_type: Callable[[grpc.aio.Channel], Any],
-        request_type: type[Any],
-        call_type: type[Any],
-        methods: Mapping[str, str],
-    ) -> None:
+    def __init__(self, dependency: Dependency[Any], service: ServiceDescriptor) -> None:
         self._unary = dependency.stub
-        self._methods = {field: name.rpartition("/")[2] for field, name in methods.items()}
         self._idempotent = {
-            field for field, name in methods.items() if name in dependency.idempotent_methods
+            name
+            for name in _unary_methods(service)
+            if f"{service.full_name}/{name}" in dependency.idempotent_methods
         }
-        self._streamed = True
+        self._unary_only: set[str] = set()
         self._channel = open_channel(
             dependency.target,
             interceptors=False,
@@ -405,17 +456,15 @@ class StreamedCalls:
             settings=dependency.settings,
         )
         metadata = dependency.settings.security.metadata
-        # Opened with a parser that fails one undecodable answer alone (tolerant_parser).
-        path, response_type, answer_type = _stream_method(request_type)
+        request_type, response_type = _stream_types(service)
         open_stream = self._channel.stream_stream(
-            path,
+            f"/{service.full_name}/{STREAM_METHOD}",
             request_serializer=request_type.SerializeToString,
-            response_deserializer=tolerant_parser(response_type, answer_type),
+            response_deserializer=response_type.FromString,
         )
         self._client = MultiplexClient(
             functools.partial(open_stream, metadata=metadata) if metadata else open_stream,
-            request_type,
-            call_type,
+            service,
         )
 
     @property
@@ -423,114 +472,24 @@ class StreamedCalls:
         """Streams opened so far (see MultiplexClient.streams_opened)."""
         return self._client.streams_opened
 
-    async def call(self, field: str, request: Any, timeout: float) -> Any:
-        """The answer of the call `field`; raises grpc.aio.AioRpcError as the unary RPC
-        does."""
-        if self._streamed:
+    async def call(self, method: str, request: Message, timeout: float) -> Any:
+        """The answer of a call of the unary RPC `method` (`Commit`); raises
+        grpc.aio.AioRpcError as the unary RPC does."""
+        if method not in self._unary_only:
             try:
                 return await self._client.call(
-                    field, request, timeout, idempotent=field in self._idempotent
+                    method, request, timeout, idempotent=method in self._idempotent
                 )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
-                self._streamed = False
-        return await getattr(self._unary, self._methods[field])(request, timeout=timeout)
+                # Nothing ran: the service has no such stream, or not this method on it.
+                self._unary_only.add(method)
+        return await getattr(self._unary, method)(request, timeout=timeout)
 
     async def aclose(self) -> None:
         await self._client.aclose()
         await self._channel.close()
-
-
-def _stream_method(request_type: type[Any]) -> tuple[str, type[Any], type[Any]]:
-    """The `Multiplex` method whose requests are `request_type`: its path, its response
-    message and the response's answer message."""
-    descriptor = request_type.DESCRIPTOR
-    for service in descriptor.file.services_by_name.values():
-        method = service.methods_by_name.get("Multiplex")
-        if method is not None and method.input_type is descriptor:
-            response = method.output_type
-            answer = response.fields_by_name["answers"].message_type
-            return (
-                f"/{service.full_name}/Multiplex",
-                message_factory.GetMessageClass(response),
-                message_factory.GetMessageClass(answer),
-            )
-    raise ValueError(f"no Multiplex method takes {descriptor.full_name}")
-
-
-def tolerant_parser(response_type: type[Any], answer_type: type[Any]) -> Callable[[bytes], Any]:
-    """A deserializer of a stream's responses that fails one answer, not the stream, when
-    the answer cannot be decoded (nested deeper than protobuf decodes, say): that answer
-    becomes an INTERNAL error for its call. Only a message whose envelope itself is corrupt
-    still fails to decode (and ends the stream, as before)."""
-
-    def parse(raw: bytes) -> Any:
-        try:
-            return response_type.FromString(raw)
-        except DecodeError:
-            pass
-        response = response_type()
-        for item in _fields(raw, 1):
-            try:
-                response.answers.append(answer_type.FromString(item))
-            except DecodeError as exc:
-                call_id = _varint_field(item, 1)
-                if call_id:
-                    answer = response.answers.add(call_id=call_id)
-                    answer.error.code = grpc.StatusCode.INTERNAL.value[0]
-                    answer.error.message = f"the answer could not be decoded: {str(exc)[:200]}"
-        return response
-
-    return parse
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise DecodeError("truncated varint")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
-
-
-def _walk(data: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value: an int, or bytes for length-delimited) of each field
-    at the top level of a message. Raises DecodeError on corrupt framing."""
-    at = 0
-    value: int | bytes
-    while at < len(data):
-        key, at = _varint(data, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, at = _varint(data, at)
-        elif wire == 1:
-            value, at = data[at : at + 8], at + 8
-        elif wire == 2:
-            size, at = _varint(data, at)
-            value, at = data[at : at + size], at + size
-        elif wire == 5:
-            value, at = data[at : at + 4], at + 4
-        else:
-            raise DecodeError(f"unsupported wire type {wire}")
-        if at > len(data):
-            raise DecodeError("truncated field")
-        yield number, wire, value
-
-
-def _fields(data: bytes, number: int) -> list[bytes]:
-    return [v for n, wire, v in _walk(data) if n == number and wire == 2]
-
-
-def _varint_field(data: bytes, number: int) -> int:
-    try:
-        return next((v for n, wire, v in _walk(data) if n == number and wire == 0), 0)
-    except DecodeError:
-        return 0
 
 
 def _rpc_error(code: grpc.StatusCode, message: str, reason: str = "") -> grpc.aio.AioRpcError:
