@@ -81,18 +81,18 @@ class JournalRuns:
             raise Unavailable(f"the player's run could not begin: {exc.details()}") from None
         return RunStart(
             int(response.lease.token),
+            response.lease.name,
             response.preferences.history_enabled,
-            response.preferences.external_enabled,
             list(response.history) if history_entries else None,
         )
 
-    async def renew(self, player_id: str, owner: str, token: int, lease_seconds: int) -> None:
+    async def renew(self, lease: str, owner: str, token: int, lease_seconds: int) -> None:
         """Extends the player's lease. Raises grpc.aio.AioRpcError when it was lost or not
         reachable."""
         await self._calls.call(
             "RenewLease",
             journal_pb2.RenewLeaseRequest(
-                name=_player_lease(player_id), owner=owner, token=token, ttl_seconds=lease_seconds
+                name=lease, owner=owner, token=token, ttl_seconds=lease_seconds
             ),
             self._timeout,
         )
@@ -112,11 +112,6 @@ class JournalRuns:
     async def aclose(self) -> None:
         await self._calls.aclose()
         await self._dep.aclose()
-
-
-def _player_lease(player_id: str) -> str:
-    """The storage lease BeginRun takes for a player (storage_service.runs.player_lease)."""
-    return f"player:{player_id}"
 
 
 class StorageHistory:

@@ -56,12 +56,13 @@ log = logging.getLogger("system.engine")
 
 
 class RunStart(NamedTuple):
-    """What a run begins with: the lease's fencing token, the player's preferences and the
-    history tail asked for (None when none was asked for)."""
+    """What a run begins with: the lease it holds (its fencing token, 0 for none, and its name
+    as storage gave it), whether the player keeps history, and the history tail asked for
+    (None when none was asked for)."""
 
     token: int
+    lease: str = ""
     history_enabled: bool = True
-    external_enabled: bool = True
     history: Sequence[common_pb2.HistoryEntry] | None = None
 
 
@@ -73,7 +74,7 @@ class RunJournal(Protocol):
         self, player_id: str, owner: str, lease_seconds: int, history_entries: int
     ) -> RunStart: ...
 
-    async def renew(self, player_id: str, owner: str, token: int, lease_seconds: int) -> None: ...
+    async def renew(self, lease: str, owner: str, token: int, lease_seconds: int) -> None: ...
 
     async def finish(
         self, player_id: str, owner: str, token: int, entries: list[common_pb2.HistoryEntry]
@@ -104,7 +105,7 @@ class LocalRuns:
     ) -> RunStart:
         return RunStart(0)  # no tail: the run reads the history it needs when it needs it
 
-    async def renew(self, player_id: str, owner: str, token: int, lease_seconds: int) -> None:
+    async def renew(self, lease: str, owner: str, token: int, lease_seconds: int) -> None:
         return None
 
     async def finish(
@@ -229,7 +230,7 @@ class PlayerRuns:
         else:
             await self._finished(run.player_id)
             start = await self._begin(run.player_id, history_entries)
-            keeper = _detached(self._keep(run, start.token))
+            keeper = _detached(self._keep(run, start))
         try:
             return await body(start)
         finally:
@@ -322,13 +323,13 @@ class PlayerRuns:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
 
-    async def _keep(self, run: Run, token: int) -> None:
+    async def _keep(self, run: Run, start: RunStart) -> None:
         """Renews the lease every third of its length; a lease that cannot be renewed stops
         the run (another replica may take the player once it expires)."""
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
-                await self.journal.renew(run.player_id, self.owner, token, self.lease_seconds)
+                await self.journal.renew(start.lease, self.owner, start.token, self.lease_seconds)
             except Exception as exc:  # noqa: BLE001 - any failure means the lease may be gone
                 log.warning("the lease of player %s was lost: %s", run.player_id, exc)
                 run.lost_lease = True

@@ -1006,7 +1006,7 @@ class RecordingRuns:
         self.log.append(f"begin {self.token}")
         return RunStart(self.token, history=[] if history_entries else None)
 
-    async def renew(self, player_id: str, owner: str, token: int, lease_seconds: int) -> None:
+    async def renew(self, lease: str, owner: str, token: int, lease_seconds: int) -> None:
         pass
 
     async def finish(

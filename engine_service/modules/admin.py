@@ -45,7 +45,23 @@ _RULES = {"zh": "事件规则：{rules}", "en": "Event rules: {rules}"}
 _RULES_ERROR = {"zh": "事件规则未重载：{error}", "en": "Event rules were not reloaded: {error}"}
 _NOTHING = {"zh": "没有变化", "en": "nothing changed"}
 
-_ADMIN_POLICY = ExecutionPolicy(rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0)
+
+def _admin_spec(
+    module_id: str, description: dict[str, str], aliases: tuple[str, ...], tool: str, writes: int
+) -> ModuleSpec:
+    """An admin command: explicit only, level ADMIN_LEVEL, one call of its one tool."""
+    return ModuleSpec(
+        module_id=module_id,
+        description=description,
+        input_schema=_NO_INPUT,
+        commands=(CommandSpec(aliases),),
+        routing_mode=catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
+        min_permission_level=ADMIN_LEVEL,
+        tools=(tool,),
+        policy=ExecutionPolicy(
+            rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0, write_steps=writes
+        ),
+    )
 
 
 def _counts(counts: dict[str, int], language: str) -> str:
@@ -57,18 +73,15 @@ def _counts(counts: dict[str, int], language: str) -> str:
 class RoutingModule:
     """`/system routing`: one card of the router's diagnostics."""
 
-    spec = ModuleSpec(
-        module_id="system:routing",
-        description={
+    spec = _admin_spec(
+        "system:routing",
+        {
             "zh": "管理员：查看路由诊断，包括各来源的计数和拦下本地路由的原因。",
             "en": "Admin: routing diagnostics, with counts per source and why local routes stopped.",
         },
-        input_schema=_NO_INPUT,
-        commands=(CommandSpec(("routing", "路由诊断")),),
-        routing_mode=catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
-        min_permission_level=ADMIN_LEVEL,
-        tools=(ROUTING_DIAGNOSTICS,),
-        policy=_ADMIN_POLICY,
+        ("routing", "路由诊断"),
+        ROUTING_DIAGNOSTICS,
+        writes=0,
     )
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
@@ -101,20 +114,15 @@ class RoutingModule:
 class ReloadModule:
     """`/system reload`: the router's semantic config and the event rules, read again."""
 
-    spec = ModuleSpec(
-        module_id="system:reload",
-        description={
+    spec = _admin_spec(
+        "system:reload",
+        {
             "zh": "管理员：重新读取语义路由配置和事件规则。",
             "en": "Admin: read the semantic routing config and the event rules again.",
         },
-        input_schema=_NO_INPUT,
-        commands=(CommandSpec(("reload", "重载配置")),),
-        routing_mode=catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
-        min_permission_level=ADMIN_LEVEL,
-        tools=(CONFIG_RELOAD,),
-        policy=ExecutionPolicy(
-            rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0, write_steps=1
-        ),
+        ("reload", "重载配置"),
+        CONFIG_RELOAD,
+        writes=1,  # changes the router's settings: it holds the player's lease
     )
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
