@@ -198,6 +198,26 @@ class ExecutionContext:
     def cancelled(self) -> bool:
         return self._cancelled
 
+    def narrow(self, policy: ExecutionPolicy) -> None:
+        """Tightens this run's budgets to `policy` where it is stricter (a module spending less
+        in some runs: the conversation module in standard mode, say); never loosens them."""
+        self.policy = dataclasses.replace(
+            self.policy,
+            **{
+                name: min(getattr(self.policy, name), getattr(policy, name))
+                for name in (
+                    "rounds",
+                    "model_calls",
+                    "tool_calls",
+                    "steps",
+                    "write_steps",
+                    "seconds",
+                    "model_call_seconds",
+                )
+            },
+        )
+        self.deadline = min(self.deadline, time.monotonic() + self.policy.seconds)
+
     def live_player(self) -> common_pb2.PlayerContext:
         """The player's live permission snapshot (features and level as they are now)."""
         return self._current_player()
@@ -406,12 +426,14 @@ class ExecutionContext:
 
         Raises:
             ModuleFailure: the checks of `charge_model_call`; MODEL_UNAVAILABLE with no model
-                (or none configured), PERMISSION_DENIED when the player turned external
+                (or none configured) and in the player's offline mode, PERMISSION_DENIED when the player turned external
                 services off, BUDGET_EXHAUSTED for a spent daily budget, TIMEOUT.
         """
         self.charge_model_call()
         if self._models is None:
             raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, "this engine has no model gateway")
+        if self.live_player().conversation_mode == common_pb2.CONVERSATION_MODE_OFFLINE:
+            raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, "offline mode makes no model calls")
         timeout = min(self.policy.model_call_seconds, self.remaining())
         return await self._models.complete(
             self.player.player_id,

@@ -43,6 +43,8 @@ class DecisionSource(enum.StrEnum):
     MODEL = "MODEL"
     LOCAL_FALLBACK = "LOCAL_FALLBACK"
     NONE = "NONE"
+    CHAT = "CHAT"
+    """No module fit; answered in conversation (`system:chat`)."""
     SHADOW_DIRECT = "SHADOW_DIRECT"
     """SHADOW mode: a candidate that would have routed directly (it did not)."""
 

@@ -3,12 +3,19 @@
     structured button / current list number → exact command → the player's exact intent
     cache → local lexical match → one model call → LOCAL_FALLBACK selection candidates
 
+The player's conversation mode (system.common.v1.ConversationMode) shapes it: OFFLINE never
+asks the model; STANDARD answers text the model finds no module for in conversation
+(`system:chat`); EXTENDED does too, and routes locally only at the stricter `freeChat` score;
+FREE goes from the exact command straight to conversation. Without a model the modes fall
+back to the selection card, as offline does.
+
 Every decision is counted in the diagnostics; local matching reports what it saw (scores,
 candidates, the gate that stopped it) so operators can tell why a text did or did not route.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -35,6 +42,8 @@ log = logging.getLogger("system.router")
 
 ADMIN_LEVEL = 3
 """Permission level needed for diagnostics and reloads."""
+CHAT_MODULE = "system:chat"
+"""The engine's conversation module: what DECISION_SOURCE_CHAT runs."""
 
 _CLEAR_REASONS: dict[int, ClearReason] = {
     router_pb2.CLEAR_REASON_MEMORY_CLEARED: ClearReason.MEMORY_CLEARED,
@@ -108,6 +117,16 @@ def choice_label(module: catalog_pb2.ModuleDescriptor | None, language: str) -> 
     return label
 
 
+def _stricter(local: LocalDecision, free_chat_score: float) -> LocalDecision:
+    """Extended mode: a direct route also needs the best score to reach `modeScores.freeChat`
+    (text below it is answered in conversation instead)."""
+    if local.outcome not in ("direct", "shadow_direct") or local.s1 >= free_chat_score:
+        return local
+    return dataclasses.replace(
+        local, outcome="no_direct", module_id=None, input=None, gate_failed="mode:free_chat"
+    )
+
+
 class Router:
     """Turns a player's text into a routing decision."""
 
@@ -157,13 +176,25 @@ class Router:
         if decided is not None:
             return decided
         allowed = self._allowed(catalog, player)
-        mode = catalog.semantic.config.mode
+        conversation = player.conversation_mode or common_pb2.CONVERSATION_MODE_STANDARD
+        # The model is asked (to route, or to converse) only where the player's mode and
+        # preference allow it; offline never.
+        model_allowed = (
+            self._model is not None
+            and request.external_enabled
+            and conversation != common_pb2.CONVERSATION_MODE_OFFLINE
+        )
+        chat_allowed = model_allowed and CHAT_MODULE in allowed
+        if conversation == common_pb2.CONVERSATION_MODE_FREE and chat_allowed:
+            return self._chat(text)  # free mode skips routing
         scope = self.cache.scope(_scope_id(player))
-        if mode is Mode.ENFORCE:
+        if catalog.semantic.config.mode is Mode.ENFORCE and not request.history_disabled:
             hit = self._cached(catalog, scope, language, text, allowed)
             if hit is not None:
                 return hit
         local = catalog.semantic.decide(text, language, allowed)
+        if conversation == common_pb2.CONVERSATION_MODE_EXTENDED:
+            local = _stricter(local, catalog.semantic.config.free_chat_score)
         # Every answer from here on reports the match: it is written into the response in
         # place (building a LocalMatch and copying it in costs twice as much).
         response = router_pb2.RouteResponse()
@@ -175,9 +206,26 @@ class Router:
             return response
         if local.outcome == "shadow_direct":
             self.diagnostics.record_decision(diag.DecisionSource.SHADOW_DIRECT)
-        if await self._ask_model(request, catalog, allowed, scope, response):
+        asked = (
+            await self._ask_model(request, catalog, allowed, scope, response)
+            if model_allowed
+            else None
+        )
+        if asked is True:
             return response
+        if chat_allowed and asked is False:
+            # The model saw the catalogue and found no module: the text is conversation.
+            chat = self._chat(text)
+            chat.local.CopyFrom(response.local)
+            return chat
         return self._fallback(catalog, text, language, allowed, response, local)
+
+    def _chat(self, text: str) -> router_pb2.RouteResponse:
+        """A conversation answer: `system:chat` with the text (the engine answers by mode)."""
+        self.diagnostics.record_decision(diag.DecisionSource.CHAT)
+        return router_pb2.RouteResponse(
+            source=router_pb2.DECISION_SOURCE_CHAT, action=_action(CHAT_MODULE, {"text": text})
+        )
 
     def _allowed(self, catalog: Catalog, player: common_pb2.PlayerContext) -> frozenset[str]:
         """Ids of the modules `player` may use (`module_available`, less the player's
@@ -299,16 +347,17 @@ class Router:
         allowed: frozenset[str],
         scope: PlayerScope,
         response: router_pb2.RouteResponse,
-    ) -> bool:
-        """Asks the model; True when it chose a module, written into `response`."""
-        if self._model is None or not request.external_enabled:
-            return False
+    ) -> bool | None:
+        """Asks the model: True when it chose a module (written into `response`), False when
+        it found none fits (clarify), None when no model could be asked."""
+        if self._model is None:
+            return None
         modules = [catalog.modules[m] for m in catalog.modules if m in allowed]
         choice = await self._model.choose(request.player, request.text, modules)
         if choice is None:
-            return False  # no model configured or reachable: fall back locally
+            return None  # no model configured or reachable: fall back locally
         if choice.module_id == CLARIFY:
-            return False  # clarification shows this text's candidates first
+            return False
         self.diagnostics.record_decision(diag.DecisionSource.MODEL)
         response.source = router_pb2.DECISION_SOURCE_MODEL
         response.action.CopyFrom(_action(choice.module_id, choice.arguments))

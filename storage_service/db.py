@@ -15,6 +15,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -58,6 +59,8 @@ class PreferenceRow(Base):
     player_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     history_enabled: Mapped[bool] = mapped_column(Boolean)
     external_enabled: Mapped[bool] = mapped_column(Boolean)
+    conversation_mode: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    """A `system.common.v1.ConversationMode` number; 0 follows the server's default."""
 
 
 def table_of(row: type[Base]) -> Table:

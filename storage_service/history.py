@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
+from system.storage.v1 import storage_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow, rowcount, table_of, upsert_ignore
@@ -58,6 +59,15 @@ class Preferences:
 
     history_enabled: bool = True
     external_enabled: bool = True
+    conversation_mode: int = 0
+    """A `ConversationMode` number; 0 (UNSPECIFIED) follows the server's default."""
+
+    def message(self) -> storage_pb2.PlayerPreferences:
+        return storage_pb2.PlayerPreferences(
+            history_enabled=self.history_enabled,
+            external_enabled=self.external_enabled,
+            conversation_mode=cast(common_pb2.ConversationMode, self.conversation_mode),
+        )
 
 
 def _encode_token(row_id: int) -> str:
@@ -171,9 +181,19 @@ class ConversationStore:
             return _preferences(row)
 
     def update_preferences(
-        self, player_id: str, history_enabled: bool | None, external_enabled: bool | None
+        self,
+        player_id: str,
+        history_enabled: bool | None,
+        external_enabled: bool | None,
+        conversation_mode: int | None = None,
     ) -> Preferences:
         check_player_id(player_id)
+        if conversation_mode is not None and (
+            conversation_mode not in common_pb2.ConversationMode.values()
+        ):
+            raise InvalidArgument(
+                f"conversation_mode {conversation_mode} is not a ConversationMode (0..4)"
+            )
         with self._sessions.begin() as session:
             # Make sure the row exists before locking it: FOR UPDATE cannot lock a missing row,
             # and two first-time updates would otherwise both insert.
@@ -190,6 +210,8 @@ class ConversationStore:
                 row.history_enabled = history_enabled
             if external_enabled is not None:
                 row.external_enabled = external_enabled
+            if conversation_mode is not None:
+                row.conversation_mode = conversation_mode
             return _preferences(row)
 
     # -- history ---------------------------------------------------------------------------
@@ -338,7 +360,11 @@ class ConversationStore:
 def _preferences(row: PreferenceRow | None) -> Preferences:
     if row is None:
         return Preferences()
-    return Preferences(history_enabled=row.history_enabled, external_enabled=row.external_enabled)
+    return Preferences(
+        history_enabled=row.history_enabled,
+        external_enabled=row.external_enabled,
+        conversation_mode=row.conversation_mode,
+    )
 
 
 def _entry(row: HistoryRow) -> common_pb2.HistoryEntry:

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 
 from sqlalchemy.orm import Session
-from system.storage.v1 import journal_pb2, storage_pb2
+from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument
-from storage_service.history import ConversationStore, Preferences
+from storage_service.history import ConversationStore
 from storage_service.leases import acquire, check_holder, release
 from storage_service.validation import check_player_id
 
@@ -35,12 +35,6 @@ MAX_HISTORY_ENTRIES = 100
 def player_lease(player_id: str) -> str:
     """The name of the lease that keeps one interactive run per player."""
     return f"player:{player_id}"
-
-
-def _preferences(value: Preferences) -> storage_pb2.PlayerPreferences:
-    return storage_pb2.PlayerPreferences(
-        history_enabled=value.history_enabled, external_enabled=value.external_enabled
-    )
 
 
 class RunStore:
@@ -75,7 +69,7 @@ class RunStore:
             )
             response = journal_pb2.BeginRunResponse(
                 lease=lease,
-                preferences=_preferences(self._history.preferences_in(session, player_id)),
+                preferences=self._history.preferences_in(session, player_id).message(),
             )
             if request.history_entries:
                 response.history.extend(

@@ -8,15 +8,9 @@ import grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from storage_service.dbcall import run_db
-from storage_service.history import ConversationStore, Preferences
+from storage_service.history import ConversationStore
 
 __all__ = ["StorageServicer"]
-
-
-def _prefs(p: Preferences) -> storage_pb2.PlayerPreferences:
-    return storage_pb2.PlayerPreferences(
-        history_enabled=p.history_enabled, external_enabled=p.external_enabled
-    )
 
 
 class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
@@ -53,7 +47,7 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> storage_pb2.GetPreferencesResponse:
         prefs = await run_db(self._store.get_preferences, request.player_id)
-        return storage_pb2.GetPreferencesResponse(preferences=_prefs(prefs))
+        return storage_pb2.GetPreferencesResponse(preferences=prefs.message())
 
     async def UpdatePreferences(
         self,
@@ -65,5 +59,6 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
             request.player_id,
             request.history_enabled if request.HasField("history_enabled") else None,
             request.external_enabled if request.HasField("external_enabled") else None,
+            request.conversation_mode if request.HasField("conversation_mode") else None,
         )
-        return storage_pb2.UpdatePreferencesResponse(preferences=_prefs(prefs))
+        return storage_pb2.UpdatePreferencesResponse(preferences=prefs.message())

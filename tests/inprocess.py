@@ -33,6 +33,9 @@ from services.gamesim.client import GameServerClient
 from services.gamesim.world import World
 from services.gateway.app import create_app as create_gateway
 from services.gateway.config import GatewayConfig
+from services.model_gateway.app import create_app as create_model_gateway
+from services.model_gateway.config import ModelConfig
+from services.model_testserver import FakeOpenAIServer
 from services.runtime.interceptors import client_interceptors
 from services.runtime.security import CALLERS
 from services.stack.launcher import free_port
@@ -191,6 +194,7 @@ async def running_chain(
     every_service: dict[str, Any] | None = None,
     engine_settings: dict[str, Any] | None = None,
     router_settings: dict[str, Any] | None = None,
+    model: FakeOpenAIServer | None = None,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Chain]:
     """Starts storage, engine, router and gateway; stops them in reverse order on exit.
@@ -199,7 +203,9 @@ async def running_chain(
     in production (services.runtime.security); `chain.credentials` has them all.
     `every_service` holds settings given to all four (keepalive intervals, say);
     `engine_settings` the engine's own (its `advancements_file`, say), `router_settings` the
-    router's (its `semantic_config`).
+    router's (its `semantic_config`). With `model` (a running FakeOpenAIServer), a model gateway
+    in front of it serves the engine and the router (`chain.apps["model"]`); without, their
+    model target is a closed port.
     """
     common = every_service or {}
     token = secrets.token_urlsafe(16)
@@ -224,6 +230,19 @@ async def running_chain(
         storage = await create_storage(storage_config)
         apps["storage"] = storage
         await storage.host.start()
+        model_target = "127.0.0.1:1"
+        if model is not None:
+            model_config = ModelConfig(
+                **_HOST,
+                **auth("model"),
+                base_url=model.base_url,
+                api_key=model.api_key,
+                storage_target=storage.host.target,
+                max_attempts=1,
+            )
+            apps["model"] = await create_model_gateway(model_config)
+            await apps["model"].host.start()
+            model_target = apps["model"].host.target
 
         # The engine must know the gateway's address before the gateway starts (game tools go
         # engine -> gateway); channels connect lazily, so a port chosen up front is enough.
@@ -235,6 +254,7 @@ async def running_chain(
             storage_target=storage.host.target,
             gateway_target=f"127.0.0.1:{relay_port}",
             router_target=f"127.0.0.1:{router_port}",
+            model_target=model_target,
         )
         chain._restart["engine"] = (create_engine, engine_config)
         engine = await create_engine(engine_config)
@@ -247,6 +267,7 @@ async def running_chain(
                 **auth("router"),
                 **(router_settings or {}),
                 engine_target=engine.host.target,
+                model_target=model_target,
             )
         )
         apps["router"] = router

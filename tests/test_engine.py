@@ -200,6 +200,7 @@ def test_builtin_registry() -> None:
         "system:routing",
         "system:reload",
         "system:reasoning",
+        "system:chat",
     ]
     assert [m.spec.module_id for m in registry.handlers("minecraft:advancement")] == [
         "system:advancement_reward"
@@ -324,15 +325,17 @@ def test_available_filters_by_permission_and_feature() -> None:
         "test:ban",
         "ftbquests:quests",
         "system:reasoning",
+        "system:chat",
     ]
-    assert ids(_player(level=0)) == [*BUILTIN, "system:reasoning"]
-    assert ids(_player(level=2)) == [*BUILTIN, "test:ban", "system:reasoning"]
+    assert ids(_player(level=0)) == [*BUILTIN, "system:reasoning", "system:chat"]
+    assert ids(_player(level=2)) == [*BUILTIN, "test:ban", "system:reasoning", "system:chat"]
     assert ids(_player(level=4, features=("ftbquests", "system:search"))) == ids(None)
     assert ids(_player(features=("ftbquests",))) == [
         *BUILTIN,
         *QUEST_MODULES,
         "ftbquests:quests",
         "system:reasoning",
+        "system:chat",
     ]
     assert [d.module_id for d in registry.descriptors(_player(level=4))] == ids(_player(level=4))
 
@@ -687,6 +690,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/routing",
         "/reload",
         "/reason",
+        "/chat",
     }
     # A command that needs an argument (/item <query>) gets no button.
     assert {b.args["module_id"] for b in admin.card.buttons} == {
@@ -824,10 +828,12 @@ def test_entry_point_modules_are_loaded_and_broken_ones_skipped(
 
 def test_entry_point_modules_join_the_registry_unless_disabled(entry_points: list[str]) -> None:
     registry = build_registry(EngineConfig())
-    # Entry-point modules come after the built-ins, before reasoning (which sees their tools).
-    assert [m.spec.module_id for m in registry.modules()][-2:] == [
+    # Entry-point modules come after the built-ins, before reasoning and chat (which see their
+    # tools).
+    assert [m.spec.module_id for m in registry.modules()][-3:] == [
         "plugin:hello",
         "system:reasoning",
+        "system:chat",
     ]
     assert registry.generation != _registry().generation
     assert load_entry_point_modules(["hello"]) == []
@@ -943,6 +949,7 @@ async def test_service_catalog(services: Services) -> None:
         "system:routing",
         "system:reload",
         "system:reasoning",
+        "system:chat",
     ]
     assert catalog.generation == services.generation != ""
     for_player = await services.engine.GetCatalog(

@@ -233,7 +233,13 @@ async def test_history_controls_right_after_a_reply_see_its_exchange(
 
 async def test_controls_and_preferences(chain: Chain, client: GameServerClient) -> None:
     state = await client.control(ALEX, gateway_pb2.CONTROL_ACTION_STATE)
-    assert state.state == gateway_pb2.State(busy=False, history_enabled=True, external_enabled=True)
+    assert state.state == gateway_pb2.State(
+        busy=False,
+        history_enabled=True,
+        external_enabled=True,
+        mode=common_pb2.CONVERSATION_MODE_STANDARD,
+        mode_is_default=True,
+    )
 
     await serves(client)
     page = await client.control(ALEX, gateway_pb2.CONTROL_ACTION_HISTORY)
@@ -250,7 +256,12 @@ async def test_controls_and_preferences(chain: Chain, client: GameServerClient) 
 
     # History off: later exchanges are answered but not recorded.
     off = await client.request(ALEX, preferences=gateway_pb2.Preferences(history=False))
-    assert off.state == gateway_pb2.State(history_enabled=False, external_enabled=True)
+    assert off.state == gateway_pb2.State(
+        history_enabled=False,
+        external_enabled=True,
+        mode=common_pb2.CONVERSATION_MODE_STANDARD,
+        mode_is_default=True,
+    )
     await serves(client)
     assert_help(await client.chat(ALEX, "/help"))
     assert not (await client.control(ALEX, gateway_pb2.CONTROL_ACTION_HISTORY)).history.entries
@@ -260,7 +271,12 @@ async def test_controls_and_preferences(chain: Chain, client: GameServerClient) 
 
     # Unset fields stay as they were.
     external = await client.request(ALEX, preferences=gateway_pb2.Preferences(external=False))
-    assert external.state == gateway_pb2.State(history_enabled=False, external_enabled=False)
+    assert external.state == gateway_pb2.State(
+        history_enabled=False,
+        external_enabled=False,
+        mode=common_pb2.CONVERSATION_MODE_STANDARD,
+        mode_is_default=True,
+    )
     unchanged = await client.request(ALEX, preferences=gateway_pb2.Preferences())
     assert unchanged.state == external.state
 

@@ -20,6 +20,7 @@ from engine_service.context import ExecutionContext
 from engine_service.models import Completion, ToolCall
 from engine_service.modules import ReasoningModule, register_builtins
 from engine_service.modules.compose import check_citations
+from engine_service.modules.reasoning import offered_tools
 from engine_service.react import LoopTool, ReActLoop
 from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.tools import ToolRegistry, ToolSpec
@@ -336,7 +337,7 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
             game_tools=None,
             deadline=time.monotonic() + 5,
         )
-        return [tool.name for tool in reasoning._offered(ctx)]
+        return [tool.name for tool in offered_tools(ctx, reasoning.spec.optional_tools)]
 
     core = [
         "minecraft_inventory_read",

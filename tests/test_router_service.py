@@ -137,16 +137,16 @@ async def test_model_answers_outside_the_catalogue_never_decode(with_model) -> N
         router_pb2.RouteRequest(player=STEVE, text="do the thing", external_enabled=True),
         timeout=10,
     )
-    assert decision.source in (
-        router_pb2.DECISION_SOURCE_LOCAL_FALLBACK,
-        router_pb2.DECISION_SOURCE_NONE,
-    )
-    assert decision.action.module_id == ""
+    # Read as "nothing fits": standard mode answers it in conversation, never the invention.
+    assert decision.source == router_pb2.DECISION_SOURCE_CHAT
+    assert decision.action.module_id == "system:chat"
+    assert decision.action.input["text"] == "do the thing"
 
 
 async def test_a_provider_outage_falls_back_locally(with_model) -> None:  # type: ignore[no-untyped-def]
     stub, fake = with_model
-    fake.script(status=500, message="overloaded")
+    for _ in range(4):  # the model gateway's retries meet the outage too
+        fake.script(status=500, message="overloaded")
     decision = await stub.Route(
         router_pb2.RouteRequest(player=STEVE, text="do the thing", external_enabled=True),
         timeout=10,
@@ -155,3 +155,115 @@ async def test_a_provider_outage_falls_back_locally(with_model) -> None:  # type
         router_pb2.DECISION_SOURCE_LOCAL_FALLBACK,
         router_pb2.DECISION_SOURCE_NONE,
     )
+
+
+# -- conversation modes ------------------------------------------------------------------------
+
+
+def _in_mode(mode: int) -> common_pb2.PlayerContext:
+    player = common_pb2.PlayerContext()
+    player.CopyFrom(STEVE)
+    player.conversation_mode = mode  # type: ignore[assignment]
+    return player
+
+
+async def test_offline_mode_never_asks_the_model(with_model) -> None:  # type: ignore[no-untyped-def]
+    stub, fake = with_model
+    fake.script(json.dumps({"capabilityId": "system:history", "arguments": {}}))
+    offline = _in_mode(common_pb2.CONVERSATION_MODE_OFFLINE)
+    decision = await stub.Route(
+        router_pb2.RouteRequest(
+            player=offline, text="remind me what we were saying", external_enabled=True
+        ),
+        timeout=10,
+    )
+    assert decision.source in (
+        router_pb2.DECISION_SOURCE_LOCAL_FALLBACK,
+        router_pb2.DECISION_SOURCE_NONE,
+    )
+    assert fake.completions == []
+    # Commands still work offline.
+    command = await stub.Route(router_pb2.RouteRequest(player=offline, text="/help"), timeout=10)
+    assert command.source == router_pb2.DECISION_SOURCE_COMMAND
+
+
+async def test_free_mode_converses_without_routing(with_model) -> None:  # type: ignore[no-untyped-def]
+    stub, fake = with_model
+    free = _in_mode(common_pb2.CONVERSATION_MODE_FREE)
+    # Text that would route locally in standard mode is conversation in free mode...
+    decision = await stub.Route(
+        router_pb2.RouteRequest(player=free, text="打开帮助菜单", external_enabled=True),
+        timeout=10,
+    )
+    assert decision.source == router_pb2.DECISION_SOURCE_CHAT
+    assert decision.action.input["text"] == "打开帮助菜单"
+    assert fake.completions == []  # no routing call: the engine's chat makes the one call
+    # ...while exact commands still run, and with external services off there is no chat.
+    command = await stub.Route(router_pb2.RouteRequest(player=free, text="/help"), timeout=10)
+    assert command.source == router_pb2.DECISION_SOURCE_COMMAND
+    off = await stub.Route(
+        router_pb2.RouteRequest(player=free, text="打开帮助菜单", external_enabled=False),
+        timeout=10,
+    )
+    assert off.source == router_pb2.DECISION_SOURCE_LOCAL
+    assert off.action.module_id == "system:help"
+
+
+async def test_extended_mode_routes_locally_only_at_the_free_chat_score(with_model) -> None:  # type: ignore[no-untyped-def]
+    stub, fake = with_model
+    text = "what's in my inventory right now"
+    standard = await stub.Route(
+        router_pb2.RouteRequest(player=STEVE, text=text, external_enabled=True), timeout=10
+    )
+    assert standard.source == router_pb2.DECISION_SOURCE_LOCAL
+    assert standard.action.module_id == "system:inventory"
+    assert standard.local.top_score < 0.95  # below the default freeChat score
+    assert fake.completions == []
+    fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
+    extended = await stub.Route(
+        router_pb2.RouteRequest(
+            player=_in_mode(common_pb2.CONVERSATION_MODE_EXTENDED), text=text, external_enabled=True
+        ),
+        timeout=10,
+    )
+    # Not direct in extended mode: the model is asked, finds nothing, and it is conversation.
+    assert extended.local.gate_failed == "mode:free_chat"
+    assert len(fake.completions) == 1
+    assert extended.source == router_pb2.DECISION_SOURCE_CHAT
+    # A text scoring at freeChat or above routes locally in extended mode too.
+    exact = await stub.Route(
+        router_pb2.RouteRequest(
+            player=_in_mode(common_pb2.CONVERSATION_MODE_EXTENDED),
+            text="check my inventory",
+            external_enabled=True,
+        ),
+        timeout=10,
+    )
+    assert exact.source == router_pb2.DECISION_SOURCE_LOCAL
+    assert exact.action.module_id == "system:inventory"
+
+
+async def test_history_off_keeps_the_intent_cache_out(with_model) -> None:  # type: ignore[no-untyped-def]
+    stub, fake = with_model
+    text = "remind me what we were saying earlier"
+    fake.script(json.dumps({"capabilityId": "system:history", "arguments": {}}))
+    first = await stub.Route(
+        router_pb2.RouteRequest(player=STEVE, text=text, external_enabled=True), timeout=10
+    )
+    assert first.source == router_pb2.DECISION_SOURCE_MODEL
+    recorded = await stub.RecordOutcome(
+        router_pb2.RecordOutcomeRequest(
+            player=STEVE, text=text, action=first.action, cache_token=first.cache_token
+        ),
+        timeout=5,
+    )
+    assert recorded.cached
+    fake.script(json.dumps({"capabilityId": "system:history", "arguments": {}}))
+    forgetful = await stub.Route(
+        router_pb2.RouteRequest(
+            player=STEVE, text=text, external_enabled=True, history_disabled=True
+        ),
+        timeout=10,
+    )
+    assert forgetful.source == router_pb2.DECISION_SOURCE_MODEL  # not CACHE
+    assert len(fake.completions) == 2

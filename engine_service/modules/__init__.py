@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from engine_service.admin_tools import AdminTools
 from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
 from engine_service.modules.admin import ReloadModule, RoutingModule
+from engine_service.modules.chat import ChatModule
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
@@ -57,6 +58,7 @@ __all__ = [
     "QuestionModule",
     "QuestsModule",
     "ReasoningModule",
+    "ChatModule",
     "SearchModule",
     "ShopBuyModule",
     "ShopConfirmModule",
@@ -118,7 +120,7 @@ def register_builtins(
     extra: Iterable[Module] = (),
 ) -> None:
     """Registers the built-in server tools and modules, then `extra` (entry-point modules),
-    then `system:reasoning`, which offers the read-only tools of all of them."""
+    then `system:reasoning` and `system:chat`, which offer the read-only tools of all of them."""
     services = services or BuiltinServices()
     gate = WebGate(services.preferences)
     KnowledgeTools(services.knowledge).register(registry.tools)
@@ -141,3 +143,4 @@ def register_builtins(
     for module in extra:
         registry.register(module)
     registry.register(ReasoningModule.over(registry))  # type: ignore[arg-type]
+    registry.register(ChatModule.over(registry))  # type: ignore[arg-type]

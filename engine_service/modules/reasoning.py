@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
@@ -25,9 +26,12 @@ from engine_service.web_tools import SEARCH_FEATURE
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 from services.runtime.permissions import CORE_FEATURE
 
-__all__ = ["REASONING_POLICY", "ReasoningModule", "loop_name"]
+__all__ = ["REASONING_POLICY", "ReasoningModule", "loop_name", "offered_tools", "reason"]
 
 MODULE_ID = "system:reasoning"
+OFFERING_MODULES = frozenset({MODULE_ID, "system:chat"})
+"""Modules that offer the read-only tools of others: declaring a tool does not make it usable
+for a player through them."""
 REASONING_POLICY = ExecutionPolicy(
     rounds=3, model_calls=4, tool_calls=6, steps=12, seconds=60.0, model_call_seconds=20.0
 )
@@ -132,57 +136,69 @@ class ReasoningModule:
         """The module offering the read-only tools of every module registered so far."""
         return cls(read_only_tools(registry), policy)
 
-    def _offered(self, ctx: ExecutionContext) -> list[LoopTool]:
-        """This run's tools: declared by a module the player may use now, feature enabled."""
-        live = ctx.live_player()
-        usable: set[str] = set()
-        for module in ctx.registry.available(live):
-            if module.spec.module_id != MODULE_ID:
-                usable.update((*module.spec.tools, *module.spec.optional_tools))
-        offered = []
-        for tool_id in self.spec.optional_tools:
-            spec = ctx.registry.tools.get(tool_id)
-            if spec is None or tool_id not in usable:
-                continue
-            if (
-                spec.owner_feature not in ("", CORE_FEATURE)
-                and spec.owner_feature not in live.features
-            ):
-                continue
-            offered.append(
-                LoopTool(loop_name(tool_id), tool_id, spec.description, spec.input_schema)
-            )
-        return offered
-
     async def run(self, data: dict[str, Any], ctx: ExecutionContext) -> common_pb2.AgentResult:
         language = ctx.player.language
         question = data["question"].strip()
         if not question:
             raise ModuleFailure(AgentFailure.INVALID_INPUT, "ask a question")
-        loop = ReActLoop(
-            ctx,
-            _INSTRUCTIONS.format(language=language_name(language)),
-            self._offered(ctx),
-            rounds=rounds_sparing_one_call(ctx),
-        )
-        outcome = await loop.run(question)
-        if outcome.stopped == "answer":
-            composed = check_citations(outcome.answer, outcome.sources, len(outcome.observations))
-            return _answer(composed, outcome, language, partial=False)
-        if not outcome.observations:
-            if outcome.failure is not None:
-                raise outcome.failure
-            raise ModuleFailure(AgentFailure.MODULE_FAILED, _t("no_answer", language))
-        material = [
-            {"tool": o.tool, "arguments": o.arguments, "output": o.output}
-            for o in outcome.observations
-        ]
-        composed_now, _ = await compose(ctx, question, material)
-        if composed_now is None:
-            lines = [_t("not_composed", language)]
-            lines += [_observation_line(n, outcome) for n in range(1, len(material) + 1)]
-            return succeeded(card(TEMPLATE, _t("found", language), lines))
-        return _answer(composed_now, outcome, language, partial=True)
+        instructions = _INSTRUCTIONS.format(language=language_name(language))
+        return await reason(ctx, question, instructions, self.spec.optional_tools)
+
+
+def offered_tools(ctx: ExecutionContext, tool_ids: Sequence[str]) -> list[LoopTool]:
+    """This run's loop tools among `tool_ids`: each declared by a module the player may use
+    now (the modules that offer other modules' tools left out), with its exporting feature
+    enabled for them."""
+    live = ctx.live_player()
+    usable: set[str] = set()
+    for module in ctx.registry.available(live):
+        if module.spec.module_id not in OFFERING_MODULES:
+            usable.update((*module.spec.tools, *module.spec.optional_tools))
+    offered = []
+    for tool_id in tool_ids:
+        spec = ctx.registry.tools.get(tool_id)
+        if spec is None or tool_id not in usable:
+            continue
+        if spec.owner_feature not in ("", CORE_FEATURE) and spec.owner_feature not in live.features:
+            continue
+        offered.append(LoopTool(loop_name(tool_id), tool_id, spec.description, spec.input_schema))
+    return offered
+
+
+async def reason(
+    ctx: ExecutionContext,
+    question: str,
+    instructions: str,
+    tool_ids: Sequence[str],
+    context: str = "",
+    title: dict[str, str] | None = None,
+) -> common_pb2.AgentResult:
+    """Answers `question` through the ReAct loop over the read-only tools of `tool_ids` the
+    player may use now; when the loop ends without an answer, one more model call composes
+    from what was looked up. `context` goes before the question (earlier conversation, say);
+    `title` is the card's title in each language (the analysis title by default)."""
+    language = ctx.player.language
+    loop = ReActLoop(
+        ctx, instructions, offered_tools(ctx, tool_ids), rounds=rounds_sparing_one_call(ctx)
+    )
+    outcome = await loop.run(question, context)
+    title = title or _T["title"]
+    if outcome.stopped == "answer":
+        composed = check_citations(outcome.answer, outcome.sources, len(outcome.observations))
+        return _answer(composed, outcome, language, partial=False, title=title)
+    if not outcome.observations:
+        if outcome.failure is not None:
+            raise outcome.failure
+        raise ModuleFailure(AgentFailure.MODULE_FAILED, _t("no_answer", language))
+    material = [
+        {"tool": o.tool, "arguments": o.arguments, "output": o.output} for o in outcome.observations
+    ]
+    composed_now, _ = await compose(ctx, question, material)
+    if composed_now is None:
+        lines = [_t("not_composed", language)]
+        lines += [_observation_line(n, outcome) for n in range(1, len(material) + 1)]
+        return succeeded(card(TEMPLATE, _t("found", language), lines))
+    return _answer(composed_now, outcome, language, partial=True, title=title)
 
 
 def _observation_line(number: int, outcome: LoopOutcome) -> str:
@@ -194,7 +210,11 @@ def _observation_line(number: int, outcome: LoopOutcome) -> str:
 
 
 def _answer(
-    composed: Composed, outcome: LoopOutcome, language: str, partial: bool
+    composed: Composed,
+    outcome: LoopOutcome,
+    language: str,
+    partial: bool,
+    title: dict[str, str],
 ) -> common_pb2.AgentResult:
     lines = [line for line in composed.answer.splitlines() if line.strip()]
     if partial:
@@ -204,4 +224,4 @@ def _answer(
     if composed.sources:
         lines.append(_t("sources", language))
         lines += [_observation_line(n, outcome) for n in composed.sources]
-    return succeeded(card(TEMPLATE, _t("title", language), lines))
+    return succeeded(card(TEMPLATE, pick(title, language), lines, speech=composed.answer))

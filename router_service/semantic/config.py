@@ -14,9 +14,15 @@ The file is one JSON object; every field is optional and defaults to the seed's 
   "cacheEntries": 1024,
   "cacheSeconds": 300,
   "entriesPerPlayer": 32,
-  "scorer": {"mode": "ngram", "target": 0.8, "offset": 0.0}
+  "scorer": {"mode": "ngram", "target": 0.8, "offset": 0.0},
+  "modeScores": {"freeChat": 0.95}
 }
 ```
+
+`modeScores` (seed 004) sets the conversation modes' local routing: offline and standard use
+the `functions` thresholds (`defaultThreshold` and `lexicalThresholds`); extended mode also
+needs the best example's score to reach `freeChat`, since text it does not route confidently
+is answered in conversation rather than lost.
 
 `scorer` (beyond the seed) picks how direct routes are decided: `ngram` (the default: the seed's
 gates, or, for a text that failed only the score or margin gate, the word and character n-gram
@@ -147,6 +153,9 @@ class SemanticConfig:
     scorer: Scorer = Scorer()
     """`scorer`: `{"mode": "ngram" | "gates" | "strict" | "calibrated", "target": 0.5..1,
     "offset": -1..1}`."""
+    free_chat_score: float = 0.95
+    """`modeScores.freeChat`: least best-example score for a direct local route in extended
+    mode, 0..1 (offline and standard use the `functions` thresholds above)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))  # accept "SHADOW" from code too
@@ -179,6 +188,7 @@ class SemanticConfig:
             "cacheSeconds": self.cache_seconds,
             "entriesPerPlayer": self.entries_per_player,
             "scorer": dataclasses.asdict(self.scorer),
+            "modeScores": {"freeChat": self.free_chat_score},
         }
 
 
@@ -195,6 +205,7 @@ _FIELDS = {
     "cacheSeconds": "cache_seconds",
     "entriesPerPlayer": "entries_per_player",
     "scorer": "scorer",
+    "modeScores": "free_chat_score",
 }
 
 
@@ -339,6 +350,18 @@ def parse_semantic_config(data: Any, source: str = "system-semantic.json") -> Se
         )
     if "scorer" in data:
         values["scorer"] = _scorer(source, data["scorer"])
+    if "modeScores" in data:
+        scores = _object(source, "modeScores", data["modeScores"])
+        unknown = sorted(set(scores) - {"freeChat"})
+        if unknown:
+            raise ConfigError(
+                f"{source}: modeScores has unknown key(s) {', '.join(unknown)}; allowed: "
+                "freeChat (the functions thresholds are defaultThreshold and lexicalThresholds)"
+            )
+        if "freeChat" in scores:
+            values["free_chat_score"] = _number(
+                source, "modeScores.freeChat", scores["freeChat"], 0, 1
+            )
     return SemanticConfig(**values)
 
 

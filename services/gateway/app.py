@@ -33,6 +33,7 @@ class GatewayApp:
             config.engine_target,
             config.storage_target,
             config.channel_settings(),
+            config.default_mode(),
         )
         gateway = GatewayServicer(config, self.connections, self.players)
         relay = ToolRelayServicer(config, self.connections)

@@ -6,6 +6,9 @@ import dataclasses
 import os
 import re
 
+from system.common.v1 import common_pb2
+
+from services.modes import MODES, mode_by_name
 from services.runtime.config import ConfigError, ServerConfig
 
 ENV_PREFIX = "SYSTEM_GATEWAY_"
@@ -69,6 +72,9 @@ class GatewayConfig(ServerConfig):
     RESOURCE_EXHAUSTED (the game server is not reading)."""
     outbox_bytes: int = 16 * 1024 * 1024
     """Bytes waiting to be written to one game server; the same policy as `outbox_frames`."""
+    conversation_mode: str = "standard"
+    """The server's default conversation mode, for players who chose none: `offline` (never a
+    model call), `standard`, `extended` or `free` (see system.common.v1.ConversationMode)."""
 
     def validate(self) -> None:
         super().validate()
@@ -93,6 +99,7 @@ class GatewayConfig(ServerConfig):
             if path and not os.path.isfile(path):
                 raise ConfigError(f"{name}: {path} does not exist")
         self.player_scopes()
+        self.default_mode()
         if self.hello_timeout_seconds <= 0:
             raise ConfigError(
                 f"hello_timeout_seconds must be positive, got {self.hello_timeout_seconds}"
@@ -111,6 +118,16 @@ class GatewayConfig(ServerConfig):
             raise ConfigError(
                 "request_timeout_seconds and tool_call_timeout_seconds must be positive"
             )
+
+    def default_mode(self) -> common_pb2.ConversationMode:
+        """`conversation_mode` as the enum; raises ConfigError for an unknown name."""
+        mode = mode_by_name(self.conversation_mode)
+        if mode is None:
+            raise ConfigError(
+                f"conversation_mode must be one of {', '.join(MODES)}; "
+                f"got {self.conversation_mode!r}"
+            )
+        return mode
 
     def player_scopes(self) -> dict[str, str]:
         """Server id → the scope its players belong to: its network's name, or its own id.

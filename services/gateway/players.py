@@ -36,6 +36,7 @@ _SOURCES = {
     router_pb2.DECISION_SOURCE_CACHE: engine_pb2.ROUTE_SOURCE_CACHE,
     router_pb2.DECISION_SOURCE_LOCAL: engine_pb2.ROUTE_SOURCE_LOCAL,
     router_pb2.DECISION_SOURCE_MODEL: engine_pb2.ROUTE_SOURCE_MODEL,
+    router_pb2.DECISION_SOURCE_CHAT: engine_pb2.ROUTE_SOURCE_CHAT,
 }
 _FALLBACK_TITLE = {"zh": "想做哪一项？", "en": "Which of these did you mean?"}
 _CLEARED = {"zh": "对话记录已清空（{n} 条）。", "en": "Conversation history cleared ({n} entries)."}
@@ -99,8 +100,10 @@ class PlayerState:
 
     current_list: list[common_pb2.ModuleAction] = dataclasses.field(default_factory=list)
     """Actions of the numbered buttons on the last card shown (`查看 1` picks the first)."""
-    external_enabled: bool | None = None
-    """The player's external-services preference; None until first read from storage."""
+    preferences: storage_pb2.PlayerPreferences | None = None
+    """The player's preferences; None until first read from storage. This gateway is the only
+    writer of preferences (their frames and the settings card's buttons come through it), so
+    the copy stays true while the player is connected here."""
 
 
 def _listed_actions(result: common_pb2.AgentResult) -> list[common_pb2.ModuleAction]:
@@ -132,7 +135,10 @@ class PlayerRequests:
         engine_target: str,
         storage_target: str,
         settings: ChannelSettings | None = None,
+        default_mode: common_pb2.ConversationMode = common_pb2.CONVERSATION_MODE_STANDARD,
     ) -> None:
+        self.default_mode = default_mode
+        """The server's conversation mode for players who chose none."""
         self.router = Dependency(
             router_target,
             router_pb2_grpc.RouterServiceStub,
@@ -284,6 +290,8 @@ class PlayerRequests:
         )
         kind = request.WhichOneof("body")
         try:
+            if kind in ("chat", "invoke", "card_action"):
+                player = self._in_mode(player, await self._preferences_of(player, state))
             if kind == "chat":
                 result, module_id = await self._chat(player, request.chat.text, state)
                 response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
@@ -300,8 +308,9 @@ class PlayerRequests:
             elif kind == "control":
                 await self._control(player, request.control.action, response, busy_request_id)
             elif kind == "preferences":
-                await self._preferences(player, request.preferences, response, busy_request_id)
-                state.external_enabled = response.state.external_enabled
+                state.preferences = await self._preferences(
+                    player, request.preferences, response, busy_request_id
+                )
             if response.HasField("reply") and response.reply.result.HasField("card"):
                 state.current_list = _listed_actions(response.reply.result)
         except grpc.aio.AioRpcError as exc:
@@ -315,28 +324,49 @@ class PlayerRequests:
             response.reply.CopyFrom(gateway_pb2.Reply(result=rpc_failure(exc)))
         return response
 
-    async def _external_enabled(self, player: common_pb2.PlayerContext, state: PlayerState) -> bool:
-        if state.external_enabled is None:
+    async def _preferences_of(
+        self, player: common_pb2.PlayerContext, state: PlayerState
+    ) -> storage_pb2.PlayerPreferences | None:
+        """The player's preferences, read from storage once per connection; None when storage
+        cannot say (then no model call, no intent cache, the server's mode: ask again next
+        time)."""
+        if state.preferences is None:
             try:
                 prefs = await self.storage.stub.GetPreferences(
                     storage_pb2.GetPreferencesRequest(player_id=player.player_id)
                 )
-                state.external_enabled = prefs.preferences.external_enabled
             except grpc.aio.AioRpcError as exc:
-                # Unknown preference: no model call this time, ask again next time.
                 log.info("preferences unavailable (%s); routing without the model", exc.code().name)
-                return False
-        return state.external_enabled
+                return None
+            state.preferences = prefs.preferences
+        return state.preferences
+
+    def mode_of(self, prefs: storage_pb2.PlayerPreferences | None) -> common_pb2.ConversationMode:
+        """The mode in force: the player's choice, else the server's default."""
+        if prefs is not None and prefs.conversation_mode:
+            return prefs.conversation_mode
+        return self.default_mode
+
+    def _in_mode(
+        self, player: common_pb2.PlayerContext, prefs: storage_pb2.PlayerPreferences | None
+    ) -> common_pb2.PlayerContext:
+        """The player with the mode in force filled in (a copy: the connection's own stays)."""
+        moded = common_pb2.PlayerContext()
+        moded.CopyFrom(player)
+        moded.conversation_mode = self.mode_of(prefs)
+        return moded
 
     async def _chat(
         self, player: common_pb2.PlayerContext, text: str, state: PlayerState
     ) -> tuple[common_pb2.AgentResult, str]:
+        prefs = state.preferences  # read by `handle` just before
         decision: router_pb2.RouteResponse = await self.router.stub.Route(
             router_pb2.RouteRequest(
                 player=player,
                 text=text,
                 current_list=state.current_list,
-                external_enabled=await self._external_enabled(player, state),
+                external_enabled=prefs is not None and prefs.external_enabled,
+                history_disabled=prefs is None or not prefs.history_enabled,
             )
         )
         source = _SOURCES.get(decision.source)
@@ -345,6 +375,8 @@ class PlayerRequests:
             if (
                 decision.source == router_pb2.DECISION_SOURCE_MODEL
                 and result.status == common_pb2.RESULT_STATUS_SUCCEEDED
+                and prefs is not None
+                and prefs.history_enabled
             ):
                 self._in_background(
                     self.router.stub.RecordOutcome(
@@ -457,7 +489,7 @@ class PlayerRequests:
             prefs = await stub.GetPreferences(
                 storage_pb2.GetPreferencesRequest(player_id=player.player_id)
             )
-            response.state.CopyFrom(_state(prefs.preferences, busy_request_id))
+            response.state.CopyFrom(self._state(prefs.preferences, busy_request_id))
         elif action == gateway_pb2.CONTROL_ACTION_HISTORY:
             await self._settle_history(player)
             page = await stub.ListHistory(
@@ -485,21 +517,28 @@ class PlayerRequests:
         prefs: gateway_pb2.Preferences,
         response: gateway_pb2.PlayerResponse,
         busy_request_id: str,
-    ) -> None:
+    ) -> storage_pb2.PlayerPreferences:
+        """Applies a preference change; `response.state` tells the player the outcome."""
         update = storage_pb2.UpdatePreferencesRequest(player_id=player.player_id)
         if prefs.HasField("history"):
             update.history_enabled = prefs.history
         if prefs.HasField("external"):
             update.external_enabled = prefs.external
+        if prefs.HasField("mode"):
+            update.conversation_mode = prefs.mode
         updated = await self.storage.stub.UpdatePreferences(update)
         self.forget(player, router_pb2.CLEAR_REASON_PREFERENCES_CHANGED)
-        response.state.CopyFrom(_state(updated.preferences, busy_request_id))
+        response.state.CopyFrom(self._state(updated.preferences, busy_request_id))
+        return updated.preferences
 
-
-def _state(prefs: storage_pb2.PlayerPreferences, busy_request_id: str) -> gateway_pb2.State:
-    return gateway_pb2.State(
-        busy=bool(busy_request_id),
-        running_request_id=busy_request_id,
-        history_enabled=prefs.history_enabled,
-        external_enabled=prefs.external_enabled,
-    )
+    def _state(
+        self, prefs: storage_pb2.PlayerPreferences, busy_request_id: str
+    ) -> gateway_pb2.State:
+        return gateway_pb2.State(
+            busy=bool(busy_request_id),
+            running_request_id=busy_request_id,
+            history_enabled=prefs.history_enabled,
+            external_enabled=prefs.external_enabled,
+            mode=self.mode_of(prefs),
+            mode_is_default=not prefs.conversation_mode,
+        )

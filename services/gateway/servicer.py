@@ -423,6 +423,14 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             check_struct("invoke.call.input", request.invoke.call.input, MAX_INPUT_BYTES)
         elif kind == "control" and request.control.action not in _CONTROL_ACTIONS:
             raise InvalidArgument("control.action must be STATE, CANCEL, HISTORY or CLEAR_HISTORY")
+        elif kind == "preferences" and (
+            request.preferences.HasField("mode")
+            and request.preferences.mode not in common_pb2.ConversationMode.values()
+        ):
+            raise InvalidArgument(
+                "preferences.mode must be OFFLINE, STANDARD, EXTENDED, FREE, or UNSPECIFIED "
+                "(follow the server's default)"
+            )
         elif kind == "card_action":
             if not request.card_action.action_id:
                 raise InvalidArgument("card_action.action_id is required")

@@ -1,0 +1,181 @@
+"""Conversation modes end to end (issue 18): gateway, router, engine, model gateway and storage,
+each a real gRPC server, with the project's OpenAI-compatible test server as the model.
+
+Standard mode answers text no module fits in a short conversation reply (one model call, no
+tools); offline never calls a model; free mode converses at once and the model may call the
+player's read-only tools and nothing else; the server's default applies until a player
+chooses. In zh and en.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2
+
+from services.gamesim.client import FrameRefused
+from services.model_testserver import FakeOpenAIServer
+from tests.inprocess import running_chain
+
+SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+OFFLINE = common_pb2.CONVERSATION_MODE_OFFLINE
+STANDARD = common_pb2.CONVERSATION_MODE_STANDARD
+FREE = common_pb2.CONVERSATION_MODE_FREE
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(api_key="modes-test-key") as server:
+        yield server
+
+
+def _routes_nowhere(fake: FakeOpenAIServer) -> None:
+    """The next completion is the router's: no module fits."""
+    fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
+
+
+def _tool_call(fake: FakeOpenAIServer, name: str, **arguments: Any) -> None:
+    call = {
+        "id": f"call-{time.monotonic_ns()}",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+    fake.script(content="", finish_reason="tool_calls", tool_calls=[call])
+
+
+def _offered(request: Any) -> set[str]:
+    return {tool["function"]["name"] for tool in request.json.get("tools", [])}
+
+
+async def _set_mode(client: Any, player: str, mode: int) -> gateway_pb2.State:
+    response = await client.request(player, preferences=gateway_pb2.Preferences(mode=mode))
+    return response.state
+
+
+async def test_standard_mode_answers_small_talk_in_a_short_reply(
+    tmp_path: pathlib.Path, fake: FakeOpenAIServer
+) -> None:
+    async with running_chain(tmp_path, model=fake) as chain:
+        client = await chain.steve_and_alex()
+        _routes_nowhere(fake)
+        fake.script("Why did the creeper cross the road? To get to the other sssside.")
+        joke = (await client.chat("alex", "tell me a joke")).reply
+        assert joke.module_id == "system:chat"
+        assert joke.result.status == SUCCEEDED
+        assert joke.result.card.template == "system:chat"
+        assert joke.result.card.title == "Assistant"
+        assert "creeper" in joke.result.card.speech  # voice clients speak the answer
+        routing, chatting = fake.completions
+        assert "catalogue" in routing.json["messages"][1]["content"]
+        assert _offered(chatting) == set()  # standard mode: no tools
+        assert chatting.json["messages"][-1]["content"] == "tell me a joke"
+
+        _routes_nowhere(fake)
+        fake.script("今天是个挖矿的好日子。")
+        weather = (await client.chat("steve", "今天天气怎么样")).reply
+        assert weather.result.card.title == "助手"
+        assert weather.result.card.lines[0].text == "今天是个挖矿的好日子。"
+
+        state = (await client.control("alex", gateway_pb2.CONTROL_ACTION_STATE)).state
+        assert state.mode == STANDARD and state.mode_is_default
+
+
+async def test_offline_mode_never_calls_a_model(
+    tmp_path: pathlib.Path, fake: FakeOpenAIServer
+) -> None:
+    async with running_chain(tmp_path, model=fake) as chain:
+        client = await chain.steve_and_alex()
+        state = await _set_mode(client, "alex", OFFLINE)
+        assert state.mode == OFFLINE and not state.mode_is_default
+        joke = (await client.chat("alex", "tell me a joke")).reply.result
+        assert joke.card.template in ("system:selection", "system:error")
+        # Asked by name, the conversation module is refused rather than calling the model.
+        chat = (await client.chat("alex", "/chat hello there")).reply.result
+        assert chat.status != SUCCEEDED
+        assert chat.failure.key == "system.error.model_unavailable"
+        assert "offline" in chat.failure.message
+        # Local routes and commands still work.
+        shown = (await client.chat("alex", "check my inventory")).reply
+        assert shown.module_id == "system:inventory" and shown.result.status == SUCCEEDED
+        assert fake.completions == []
+
+        # The choice is the player's: Steve still talks in the server's default (standard).
+        _routes_nowhere(fake)
+        fake.script("你好！")
+        hello = (await client.chat("steve", "讲个笑话吧")).reply
+        assert hello.module_id == "system:chat"
+        # And it is kept in storage: a new connection finds it again.
+        again = await chain.client()
+        await again.join("alex", "Alex", "en_us")
+        state = (await again.control("alex", gateway_pb2.CONTROL_ACTION_STATE)).state
+        assert state.mode == OFFLINE
+
+
+async def test_free_mode_converses_with_read_only_tools_only(
+    tmp_path: pathlib.Path, fake: FakeOpenAIServer
+) -> None:
+    async with running_chain(tmp_path, model=fake) as chain:
+        client = await chain.steve_and_alex()
+        assert (await _set_mode(client, "steve", FREE)).mode == FREE
+        client.world.inventory("steve")["minecraft:diamond"] = 3
+        _tool_call(fake, "minecraft_inventory_read")
+        _tool_call(fake, "answer", answer="你有 3 颗钻石 [1]。", sources=[1])
+        reply = (await client.chat("steve", "我的背包里有什么好东西")).reply
+        assert reply.module_id == "system:chat"
+        assert reply.result.status == SUCCEEDED
+        assert reply.result.card.title == "助手"
+        assert reply.result.card.lines[0].text == "你有 3 颗钻石 [1]。"
+        first, second = fake.completions  # no routing call: free mode skips routing
+        offered = _offered(first)
+        assert "minecraft_inventory_read" in offered and "answer" in offered
+        writes = {"minecraft_shop_buy", "minecraft_mail_claim", "minecraft_pay", "minecraft_give"}
+        assert not offered & writes
+        assert not any("buy" in name or "claim" in name for name in offered)
+        # Exact commands still run without the model in free mode.
+        helped = (await client.chat("steve", "/help")).reply
+        assert helped.module_id == "system:help" and len(fake.completions) == 2
+
+        # A model that asks for a tool it was not offered gets nothing run.
+        fake.script(
+            content="",
+            finish_reason="tool_calls",
+            tool_calls=[
+                {
+                    "id": "call-x",
+                    "function": {"name": "minecraft_mail_claim", "arguments": "{}"},
+                }
+            ],
+        )
+        refused = (await client.chat("steve", "帮我把邮件都领了")).reply.result
+        assert refused.status == common_pb2.RESULT_STATUS_FAILED
+        assert refused.failure.key == "system.error.module_failed"
+        assert len(fake.completions) == 3  # the loop stopped at the refused call
+
+
+async def test_the_server_default_mode_applies_until_a_player_chooses(
+    tmp_path: pathlib.Path, fake: FakeOpenAIServer
+) -> None:
+    async with running_chain(tmp_path, model=fake, conversation_mode="free") as chain:
+        client = await chain.steve_and_alex()
+        state = (await client.control("alex", gateway_pb2.CONTROL_ACTION_STATE)).state
+        assert state.mode == FREE and state.mode_is_default
+        fake.script("Hi Alex!")
+        hi = (await client.chat("alex", "hello")).reply
+        assert hi.module_id == "system:chat" and hi.result.card.lines[0].text == "Hi Alex!"
+        assert len(fake.completions) == 1
+
+        chosen = await _set_mode(client, "alex", STANDARD)
+        assert chosen.mode == STANDARD and not chosen.mode_is_default
+        back = await _set_mode(client, "alex", common_pb2.CONVERSATION_MODE_UNSPECIFIED)
+        assert back.mode == FREE and back.mode_is_default
+
+        with pytest.raises(FrameRefused) as refused:
+            await client.request("alex", preferences=gateway_pb2.Preferences(mode=9))  # type: ignore[arg-type]
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "preferences.mode" in refused.value.message
