@@ -1,33 +1,43 @@
 """Checks on the deployment files: the Kubernetes manifests under deploy/kubernetes and the
 image's deploy/Dockerfile.
 
-Pure file reads, no cluster and no Docker. The one exception renders the kustomizations with
-`kubectl kustomize` (local, no network), and is skipped where kubectl is not installed.
+Pure file reads, no cluster and no Docker: base's ConfigMaps are read from the env files its
+configMapGenerator names. The rendered checks run `kubectl kustomize` (local, no network) on
+base, on every overlay and on base with each component, and apply the same rules to what
+comes out; they are skipped where kubectl is not installed.
+
+No schema validator runs here: none is installed offline (kubeconform needs its schemas
+downloaded). The rules below read the fields they check; the CloudNativePG `Cluster` and the
+PodMonitors are custom resources that a core-schema check would have to skip anyway.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import ipaddress
 import os
 import re
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from services.runtime.config import ServerConfig
+from services.runtime.config import ServerConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUBE = DEPLOY / "kubernetes"
 BASE = KUBE / "base"
+COMPONENTS = KUBE / "components"
+OVERLAYS = KUBE / "overlays"
 DOCKERFILE = DEPLOY / "Dockerfile"
+README = DEPLOY / "README.md"
 SECRET_NAME = "system-secrets"
 IMAGE_UID = 10001
 
@@ -46,7 +56,7 @@ class Spec:
     grpc_service: str
     """Full name of the service the readiness probe asks about."""
     targets: dict[str, str]
-    """Target setting -> the app it must point at."""
+    """Target setting -> the Service it must dial."""
 
 
 SPECS = (
@@ -102,9 +112,38 @@ SPECS = (
     ),
 )
 BY_APP = {spec.app: spec for spec in SPECS}
+STATELESS = frozenset({"router", "engine", "model-gateway"})
+"""Services whose replicas share nothing: each has an autoscaler. Storage joins them on
+PostgreSQL; on SQLite it is one replica. The gateway is one replica until the engine's relay
+routes each call to the replica holding the player (issue 19's presence routing)."""
+PUBLIC_PORT = ("gateway", 50051)
+"""The one port reachable from anywhere."""
+MIGRATE_JOB = "storage-migrate"
+MIGRATE_MODULE = "storage_service.migrate"
+STORAGE_IDLE_MIB = 149
+"""The storage service's measured memory use when idle; its request must cover it."""
+TOPOLOGY_KEYS = {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
+MONITORING = "namespaces(system-assistant/scrape-metrics=true)"
+"""Where scrapes may come from: the namespaces labelled so (see _peer_names)."""
+DNS = "namespaces(kubernetes.io/metadata.name=kube-system)/pods(k8s-app=kube-dns)"
+ANYWHERE = "anywhere"
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16")
+"""What the internet egress must leave out: private networks and the cloud metadata range."""
+EXTRA_SETTINGS = {"SERVICE_MODULE", "GRPC_DNS_RESOLVER"}
+"""Variables a container may have beside its service's settings: what `python -m` runs, and
+gRPC's resolver."""
+LIBPQ_SETTINGS = {"PGSSLMODE", "PGSSLROOTCERT"}
+"""libpq's own variables, which storage's database connections read."""
+SECRET_NAMES = {SECRET_NAME, "system-db-app", "system-db-ca", "gateway-public-tls"}
+"""Secrets the manifests read: the operator's, and those CloudNativePG and cert-manager make."""
 
-# Env names that always hold a secret; DATABASE_URL holds one only in its PostgreSQL form.
+# Env names that always hold a secret (a `_FILE` is a path to one); DATABASE_URL holds one only
+# in its PostgreSQL form.
 SECRET_ENV = re.compile(r"API_KEY|TOKENS?$|PASSWORD|SECRET")
+
+
+def _is_secret_name(name: str) -> bool:
+    return not name.endswith("_FILE") and bool(SECRET_ENV.search(name))
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -117,6 +156,11 @@ def _load_all(path: Path) -> list[Any]:
 
 def _yaml_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml"))
+
+
+def _kustomization(folder: Path) -> dict[str, Any]:
+    (doc,) = _load_all(folder / "kustomization.yaml")
+    return doc
 
 
 def _inline_patches(kustomization: dict[str, Any]) -> list[Any]:
@@ -139,41 +183,119 @@ def _every_document() -> list[tuple[Path, Any]]:
     return found
 
 
-def _base_kustomization() -> dict[str, Any]:
-    (doc,) = _load_all(BASE / "kustomization.yaml")
-    return doc
-
-
-def _base_objects(kind: str) -> dict[str, dict[str, Any]]:
-    objects = {}
-    for path in _yaml_files(BASE):
-        if path.name == "kustomization.yaml":
+def _env_file(path: Path) -> dict[str, str]:
+    """A kustomize env file: KEY=VALUE lines; `#` lines and blank lines are skipped."""
+    values = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
-        for doc in _load_all(path):
-            if doc.get("kind") == kind:
-                objects[doc["metadata"]["name"]] = doc
-    return objects
+        key, sep, value = line.partition("=")
+        assert sep, f"{path.relative_to(ROOT)}: {line!r} is not KEY=VALUE"
+        assert key not in values, f"{path.relative_to(ROOT)}: {key} appears twice"
+        values[key] = value
+    return values
 
 
-DEPLOYMENTS = _base_objects("Deployment")
-SERVICES = _base_objects("Service")
+def _generated_config_maps(folder: Path) -> list[dict[str, Any]]:
+    """The ConfigMaps a kustomization's configMapGenerator makes, under their plain names."""
+    maps = []
+    for generator in _kustomization(folder).get("configMapGenerator") or []:
+        data: dict[str, str] = {}
+        for env in generator.get("envs") or []:
+            data.update(_env_file(folder / env))
+        for literal in generator.get("literals") or []:
+            key, _, value = literal.partition("=")
+            data[key] = value
+        maps.append(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}}
+            | {"data": data, "behavior": generator.get("behavior", "create")}
+        )
+    return maps
 
 
-def _pod(deployment: dict[str, Any]) -> dict[str, Any]:
-    return deployment["spec"]["template"]["spec"]
+def _base_documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for name in _kustomization(BASE)["resources"]:
+        docs.extend(_load_all(BASE / name))
+    return docs + _generated_config_maps(BASE)
 
 
-def _server_container(deployment: dict[str, Any]) -> dict[str, Any]:
-    """The one container with a port named `grpc`."""
-    servers = [
-        c
-        for c in _pod(deployment)["containers"]
-        if any(p.get("name") == "grpc" for p in c.get("ports", []))
-    ]
-    assert len(servers) == 1, (
-        f"Deployment {deployment['metadata']['name']}: expected exactly one container with a "
-        f"port named grpc, found {len(servers)}"
-    )
+@dataclasses.dataclass(frozen=True)
+class Pod:
+    """A pod template's name (its `app` label), labels and named container ports."""
+
+    app: str
+    labels: dict[str, str]
+    ports: dict[str, int]
+
+
+class Manifests:
+    """Kubernetes objects, with the lookups the rules need."""
+
+    def __init__(self, docs: Iterable[dict[str, Any]]) -> None:
+        self.docs = list(docs)
+
+    def of(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {d["metadata"]["name"]: d for d in self.docs if d.get("kind") == kind}
+
+    def workloads(self) -> list[dict[str, Any]]:
+        """Deployments and Jobs: everything with a pod template."""
+        return [d for d in self.docs if d.get("kind") in ("Deployment", "Job")]
+
+    def settings(self, workload: dict[str, Any]) -> dict[str, str | None]:
+        """The server container's environment as the kubelet builds it: the ConfigMaps of
+        `envFrom`, then `env` entries over them. A variable from a Secret reads None."""
+        container = _server_container(workload)
+        config_maps = self.of("ConfigMap")
+        values: dict[str, str | None] = {}
+        for source in container.get("envFrom") or []:
+            name = source["configMapRef"]["name"]
+            assert name in config_maps, f"{_name(workload)}: envFrom names no ConfigMap {name}"
+            values.update(config_maps[name].get("data") or {})
+        for entry in container.get("env") or []:
+            values[entry["name"]] = entry.get("value") if "valueFrom" not in entry else None
+        return values
+
+    def env_refs(self, workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The server container's variables that come from a Secret: name -> secretKeyRef."""
+        return {
+            e["name"]: e["valueFrom"]["secretKeyRef"]
+            for e in _server_container(workload).get("env") or []
+            if "secretKeyRef" in (e.get("valueFrom") or {})
+        }
+
+    def pods(self) -> list[Pod]:
+        pods = []
+        for workload in self.workloads():
+            template = workload["spec"]["template"]
+            ports = {
+                p["name"]: p["containerPort"]
+                for c in template["spec"]["containers"]
+                for p in c.get("ports", [])
+            }
+            pods.append(
+                Pod(template["metadata"]["labels"]["app"], template["metadata"]["labels"], ports)
+            )
+        return pods
+
+
+def _name(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']} {doc['metadata']['name']}"
+
+
+BASE_MANIFESTS = Manifests(_base_documents())
+DEPLOYMENTS = BASE_MANIFESTS.of("Deployment")
+SERVICES = BASE_MANIFESTS.of("Service")
+
+
+def _pod(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def _server_container(workload: dict[str, Any]) -> dict[str, Any]:
+    """The one container named `server` (a Deployment's has the port named `grpc`)."""
+    servers = [c for c in _pod(workload)["containers"] if c["name"] == "server"]
+    assert len(servers) == 1, f"{_name(workload)}: expected one container named server"
     return servers[0]
 
 
@@ -204,7 +326,373 @@ def _deployment(spec: Spec) -> dict[str, Any]:
     return DEPLOYMENTS[spec.app]
 
 
+def _config_class(spec: Spec) -> type[ServerConfig]:
+    config_module = importlib.import_module(f"{spec.module}.config")
+    (config_cls,) = [
+        c
+        for c in vars(config_module).values()
+        if isinstance(c, type)
+        and issubclass(c, ServerConfig)
+        and c.__module__ == config_module.__name__
+    ]
+    return config_cls
+
+
+def _setting(spec: Spec, settings: dict[str, str | None], name: str) -> float:
+    """A numeric setting as the service reads it: the manifests' value, else the default."""
+    value = settings.get(f"{spec.env_prefix}{name.upper()}")
+    if value is not None:
+        return float(value)
+    defaults = {f.name: f.default for f in dataclasses.fields(_config_class(spec))}
+    return float(defaults[name])
+
+
+def _target(value: str | None) -> tuple[str, int]:
+    """`dns:///host:port` -> (host, port)."""
+    assert value and value.startswith("dns:///"), (
+        f"target {value!r}: clients balance over a headless Service's pods only with a "
+        "dns:/// target"
+    )
+    host, _, port = value.removeprefix("dns:///").rpartition(":")
+    return host, int(port)
+
+
+def _selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels and matchExpressions); {} selects everything."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values") or []
+        if (
+            (operator == "In" and labels.get(key) not in values)
+            or (operator == "NotIn" and key in labels and labels[key] in values)
+            or (operator == "Exists" and key not in labels)
+            or (operator == "DoesNotExist" and key in labels)
+        ):
+            return False
+    return True
+
+
 per_service = pytest.mark.parametrize("spec", SPECS, ids=[s.app for s in SPECS])
+
+
+# --- the rules, on any set of manifests (base's files, or a rendered overlay) -----------------
+
+
+def check_settings_are_known(manifests: Manifests) -> None:
+    """Every variable a workload's server container gets is one of its service's settings:
+    load_config ignores unknown variables, so a misspelt one would pass unnoticed."""
+    for workload in manifests.workloads():
+        app = workload["spec"]["template"]["metadata"]["labels"]["app"]
+        spec = BY_APP["storage" if app == MIGRATE_JOB else app]
+        known = {
+            f"{spec.env_prefix}{f.name.upper()}" for f in dataclasses.fields(_config_class(spec))
+        }
+        known |= EXTRA_SETTINGS | {f"{spec.env_prefix}CONFIG"}
+        if spec.app == "storage":
+            known |= LIBPQ_SETTINGS
+        unknown = set(manifests.settings(workload)) - known
+        assert not unknown, f"{_name(workload)}: no setting named {sorted(unknown)}"
+
+
+def check_no_secret_literals(manifests: Manifests) -> None:
+    """Secrets reach containers from Secrets only: never as an env literal or in a ConfigMap."""
+    for config_map in manifests.of("ConfigMap").values():
+        for key, value in (config_map.get("data") or {}).items():
+            assert not _is_secret_name(key), f"{_name(config_map)}: {key} is a secret"
+            if key.endswith("DATABASE_URL"):
+                assert value.startswith("sqlite:"), (
+                    f"{_name(config_map)}: a database URL is a secret"
+                )
+    for workload in manifests.workloads():
+        for entry in _env_entries(workload):
+            if _is_secret_name(entry["name"]) or entry["name"].endswith("DATABASE_URL"):
+                ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+                literal = entry.get("value")
+                if literal is not None and str(literal).startswith("sqlite:"):
+                    continue
+                assert ref and literal is None, f"{_name(workload)}: {entry['name']} is a literal"
+                # Or a Secret the overlay generates (its name then carries a hash).
+                known = SECRET_NAMES | set(manifests.of("Secret"))
+                assert ref["name"] in known, f"{_name(workload)}: Secret {ref['name']}"
+
+
+def check_grace_outlasts_the_longest_request(manifests: Manifests) -> None:
+    """terminationGracePeriodSeconds covers the longest request deadline (the gateway's
+    request_timeout_seconds) plus the drain, and the service's own drain + grace."""
+    gateway = manifests.of("Deployment")["gateway"]
+    deadline = _setting(BY_APP["gateway"], manifests.settings(gateway), "request_timeout_seconds")
+    for name, deployment in manifests.of("Deployment").items():
+        spec, settings = BY_APP[name], manifests.settings(deployment)
+        period = _pod(deployment).get("terminationGracePeriodSeconds")
+        assert isinstance(period, int), f"{name}: terminationGracePeriodSeconds is not set"
+        drain = _setting(spec, settings, "drain_seconds")
+        grace = _setting(spec, settings, "grace_seconds")
+        assert period >= deadline + drain, (
+            f"{name}: {period} s < deadline {deadline} + drain {drain}"
+        )
+        assert period > drain + grace, f"{name}: {period} s <= drain {drain} + grace {grace}"
+
+
+def _on_sqlite(manifests: Manifests) -> bool:
+    storage = manifests.of("Deployment")["storage"]
+    url = manifests.settings(storage).get("SYSTEM_STORAGE_DATABASE_URL")
+    return str(url).startswith("sqlite:")
+
+
+def check_autoscaling(manifests: Manifests) -> None:
+    """An autoscaler (autoscaling/v2, on CPU) for each service whose replicas share nothing:
+    the stateless four, and storage once its database is PostgreSQL; those Deployments leave
+    `replicas` to it. Storage on SQLite stays at one replica, recreated, never two at once."""
+    deployments = manifests.of("Deployment")
+    storage = deployments["storage"]
+    on_sqlite = _on_sqlite(manifests)
+    scaled = STATELESS if on_sqlite else STATELESS | {"storage"}
+    autoscalers = {
+        h["spec"]["scaleTargetRef"]["name"]: h
+        for h in manifests.of("HorizontalPodAutoscaler").values()
+        if h["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    }
+    assert set(autoscalers) == scaled
+    for name, hpa in autoscalers.items():
+        assert hpa["apiVersion"] == "autoscaling/v2", name
+        assert name in deployments, f"HPA {hpa['metadata']['name']} scales no Deployment"
+        assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"], name
+        cpu = [
+            m
+            for m in hpa["spec"]["metrics"]
+            if m["type"] == "Resource" and m["resource"]["name"] == "cpu"
+        ]
+        assert cpu and cpu[0]["resource"]["target"]["type"] == "Utilization", name
+        assert "replicas" not in deployments[name]["spec"], (
+            f"{name}: `replicas` would reset the autoscaler's count on every apply"
+        )
+    for name in set(deployments) - scaled:
+        assert deployments[name]["spec"].get("replicas") == 1, name
+    strategy = storage["spec"].get("strategy", {}).get("type", "RollingUpdate")
+    assert strategy == ("Recreate" if on_sqlite else "RollingUpdate")
+
+
+def check_disruption_budgets(manifests: Manifests) -> None:
+    """Each Deployment has one PodDisruptionBudget, which still lets a drain evict one pod
+    when the Deployment is at its smallest (a budget that allows nothing blocks node drains)."""
+    budgets = manifests.of("PodDisruptionBudget").values()
+    minimum = {
+        h["spec"]["scaleTargetRef"]["name"]: h["spec"]["minReplicas"]
+        for h in manifests.of("HorizontalPodAutoscaler").values()
+    }
+    for name, deployment in manifests.of("Deployment").items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        mine = [b for b in budgets if _selects(b["spec"]["selector"], labels)]
+        assert len(mine) == 1, f"{name}: {len(mine)} PodDisruptionBudgets select its pods"
+        (budget,) = mine
+        assert budget["apiVersion"] == "policy/v1"
+        smallest = minimum.get(name, deployment["spec"].get("replicas", 1))
+        if "maxUnavailable" in budget["spec"]:
+            assert isinstance(budget["spec"]["maxUnavailable"], int)
+            assert budget["spec"]["maxUnavailable"] >= 1, name
+        else:
+            assert isinstance(budget["spec"]["minAvailable"], int)
+            assert budget["spec"]["minAvailable"] < smallest, f"{name}: the budget allows nothing"
+
+
+def check_topology_spread(manifests: Manifests) -> None:
+    """Every Deployment's pods spread over zones and nodes, softly (ScheduleAnyway)."""
+    for name, deployment in manifests.of("Deployment").items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        constraints = _pod(deployment).get("topologySpreadConstraints") or []
+        assert {c["topologyKey"] for c in constraints} == TOPOLOGY_KEYS, name
+        for constraint in constraints:
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway", name
+            assert constraint["maxSkew"] >= 1, name
+            assert _selects(constraint["labelSelector"], labels), f"{name}: spreads other pods"
+
+
+def _types(policy: dict[str, Any]) -> set[str]:
+    spec = policy["spec"]
+    if "policyTypes" in spec:
+        return set(spec["policyTypes"])
+    return {"Ingress"} | ({"Egress"} if "egress" in spec else set())
+
+
+def _describe(selector: dict[str, Any]) -> str:
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    parts += [
+        f"{e['key']} {e['operator']} {sorted(e.get('values') or [])}"
+        for e in selector.get("matchExpressions") or []
+    ]
+    return ",".join(parts) or "all"
+
+
+def _peer_names(peer: dict[str, Any], pods: list[Pod]) -> set[str]:
+    """Who a policy peer is: the apps of this namespace's pods it selects, or a description
+    of what lies outside (other namespaces, address blocks)."""
+    if "ipBlock" in peer:
+        block = peer["ipBlock"]
+        return {f"ip({block['cidr']} except {sorted(block.get('except') or [])})"}
+    namespaces, selector = peer.get("namespaceSelector"), peer.get("podSelector")
+    if namespaces is not None:
+        described = f"namespaces({_describe(namespaces)})"
+        return {described + (f"/pods({_describe(selector)})" if selector is not None else "")}
+    apps = {pod.app for pod in pods if _selects(selector, pod.labels)}
+    return apps or {f"pods({_describe(selector or {})})"}
+
+
+def _port_numbers(rule_ports: list[dict[str, Any]] | None, pod: Pod | None) -> set[tuple[str, Any]]:
+    """(protocol, port) pairs a rule names; ("*", "*") for every port. Named ports resolve
+    against `pod` (the policy's own pod, for ingress)."""
+    if not rule_ports:
+        return {("*", "*")}
+    found = set()
+    for entry in rule_ports:
+        protocol, port = entry.get("protocol", "TCP"), entry.get("port", "*")
+        if isinstance(port, str) and port != "*":
+            assert pod is not None, f"named port {port} in an egress rule"
+            port = pod.ports[port]
+        if isinstance(port, int) and "endPort" in entry:
+            found |= {(protocol, p) for p in range(port, entry["endPort"] + 1)}
+        else:
+            found.add((protocol, port))
+    return found
+
+
+def _ingress_sources(manifests: Manifests, pod: Pod, port: int) -> set[str]:
+    """Who the NetworkPolicies let reach `port` (TCP) of `pod`."""
+    pods = manifests.pods()
+    sources: set[str] = set()
+    for policy in manifests.of("NetworkPolicy").values():
+        if "Ingress" not in _types(policy) or not _selects(
+            policy["spec"]["podSelector"], pod.labels
+        ):
+            continue
+        for rule in policy["spec"].get("ingress") or []:
+            ports = _port_numbers(rule.get("ports"), pod)
+            if not ({("TCP", port), ("TCP", "*"), ("*", "*")} & ports):
+                continue
+            peers = rule.get("from")
+            if not peers:
+                sources.add(ANYWHERE)
+            for peer in peers or []:
+                sources |= _peer_names(peer, pods)
+    return sources
+
+
+def _egress_destinations(manifests: Manifests, pod: Pod) -> set[tuple[str, str, Any]]:
+    """(destination, protocol, port) the NetworkPolicies let `pod` open connections to."""
+    pods = manifests.pods()
+    found: set[tuple[str, str, Any]] = set()
+    for policy in manifests.of("NetworkPolicy").values():
+        if "Egress" not in _types(policy) or not _selects(
+            policy["spec"]["podSelector"], pod.labels
+        ):
+            continue
+        for rule in policy["spec"].get("egress") or []:
+            names = {ANYWHERE} if not rule.get("to") else set()
+            for peer in rule.get("to") or []:
+                names |= _peer_names(peer, pods)
+            found |= {
+                (n, proto, port)
+                for n in names
+                for proto, port in _port_numbers(rule.get("ports"), None)
+            }
+    return found
+
+
+def _expected_callers(manifests: Manifests) -> dict[tuple[str, int], set[str]]:
+    """(app, container port) -> the apps whose *_target settings dial it."""
+    services = manifests.of("Service")
+    pods = {pod.app: pod for pod in manifests.pods()}
+    callers: dict[tuple[str, int], set[str]] = {}
+    for name, deployment in manifests.of("Deployment").items():
+        for setting, value in manifests.settings(deployment).items():
+            if not setting.endswith("_TARGET"):
+                continue
+            host, port = _target(value)
+            service = services[host]
+            (service_port,) = [p for p in service["spec"]["ports"] if p["port"] == port]
+            callee = pods[service["spec"]["selector"]["app"]]
+            target_port = service_port.get("targetPort", port)
+            number = callee.ports[target_port] if isinstance(target_port, str) else target_port
+            callers.setdefault((callee.app, number), set()).add(name)
+    return callers
+
+
+def check_network_policies(manifests: Manifests) -> None:
+    """Everything is denied first; each internal port admits exactly the services that dial
+    it, the public port admits anyone and is the only one that does, metrics ports admit the
+    monitoring namespaces, and each pod may open exactly the connections it needs."""
+    policies = manifests.of("NetworkPolicy").values()
+    assert any(
+        p["spec"]["podSelector"] == {}
+        and _types(p) == {"Ingress", "Egress"}
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+        for p in policies
+    ), "no default-deny NetworkPolicy (ingress and egress) for the whole namespace"
+    callers = _expected_callers(manifests)
+    deployments = manifests.of("Deployment")
+    for pod in manifests.pods():
+        for port_name, port in pod.ports.items():
+            sources = _ingress_sources(manifests, pod, port)
+            where = f"{pod.app}:{port} ({port_name})"
+            if (pod.app, port) == PUBLIC_PORT:
+                assert sources == {ANYWHERE}, where
+            elif port_name == "metrics":
+                assert sources == {MONITORING}, f"{where} admits {sorted(sources)}"
+            else:
+                expected = callers.get((pod.app, port), set())
+                assert sources == expected, (
+                    f"{where} admits {sorted(sources)}, not {sorted(expected)}"
+                )
+        destinations = _egress_destinations(manifests, pod)
+        assert {(DNS, "UDP", 53), (DNS, "TCP", 53)} <= destinations, f"{pod.app}: no DNS"
+        inside = {(n, port) for n, proto, port in destinations if n in deployments}
+        expected_inside = {
+            (callee, port) for (callee, port), who in callers.items() if pod.app in who
+        }
+        assert inside == expected_inside, f"{pod.app} may call {sorted(inside)}"
+        outside = {(n, proto, port) for n, proto, port in destinations if n not in deployments}
+        outside -= {(DNS, "UDP", 53), (DNS, "TCP", 53)}
+        assert all(n != ANYWHERE and port != "*" for n, _, port in outside), (
+            f"{pod.app}: egress without a destination or a port: {sorted(outside)}"
+        )
+        if pod.app == "model-gateway":
+            assert {port for _, _, port in outside} == {80, 443}, sorted(outside)
+            for block in (
+                p["ipBlock"]
+                for policy in policies
+                if _selects(policy["spec"]["podSelector"], pod.labels)
+                for rule in policy["spec"].get("egress") or []
+                for p in rule.get("to") or []
+                if "ipBlock" in p and ipaddress.ip_network(p["ipBlock"]["cidr"]).version == 4
+            ):
+                excepted = [ipaddress.ip_network(e) for e in block.get("except") or []]
+                for private in map(ipaddress.ip_network, PRIVATE_RANGES):
+                    assert any(private.subnet_of(e) for e in excepted), (
+                        f"model-gateway may reach {private}"
+                    )
+        elif pod.app in ("storage", MIGRATE_JOB):
+            # The database's port, once the database is PostgreSQL; nothing else.
+            expected_ports = set() if _on_sqlite(manifests) else {5432}
+            assert {port for _, _, port in outside} == expected_ports, (
+                f"{pod.app}: {sorted(outside)}"
+            )
+        else:
+            assert not outside, f"{pod.app} may reach {sorted(outside)}"
+
+
+def check_everything(manifests: Manifests) -> None:
+    check_settings_are_known(manifests)
+    check_no_secret_literals(manifests)
+    check_grace_outlasts_the_longest_request(manifests)
+    check_autoscaling(manifests)
+    check_disruption_budgets(manifests)
+    check_topology_spread(manifests)
+    check_network_policies(manifests)
 
 
 # --- the layout --------------------------------------------------------------------------------
@@ -227,52 +715,84 @@ def test_base_has_a_deployment_and_a_service_per_service() -> None:
 def test_the_public_service_carries_only_the_game_servers_port() -> None:
     assert [p["name"] for p in SERVICES["gateway"]["spec"]["ports"]] == ["grpc"]
     internal = {p["name"]: p["port"] for p in SERVICES["gateway-internal"]["spec"]["ports"]}
-    env = _env(_server_container(_deployment(BY_APP["gateway"])))
-    assert internal["relay"] == int(env["SYSTEM_GATEWAY_INTERNAL_PORT"]["value"])
+    settings = BASE_MANIFESTS.settings(_deployment(BY_APP["gateway"]))
+    assert internal["relay"] == int(settings["SYSTEM_GATEWAY_INTERNAL_PORT"] or 0)
+
+
+def test_internal_services_are_headless_and_the_public_one_is_not() -> None:
+    """Clients balance over pod addresses only when DNS hands them out: a headless Service.
+    Game servers reach the public port through a virtual IP (or a load balancer)."""
+    for name, service in SERVICES.items():
+        if name == "gateway":
+            assert service["spec"].get("clusterIP") != "None"
+            assert service["spec"].get("type", "ClusterIP") in ("ClusterIP", "LoadBalancer")
+        else:
+            assert service["spec"].get("clusterIP") == "None", f"{name} is not headless"
 
 
 @per_service
 def test_every_service_holds_and_checks_service_credentials(spec: Spec) -> None:
-    env = _env(_server_container(_deployment(spec)))
+    refs = BASE_MANIFESTS.env_refs(_deployment(spec))
     for name in ("SERVICE_TOKEN", "CALLER_TOKENS"):
-        ref = env[f"{spec.env_prefix}{name}"]["valueFrom"]["secretKeyRef"]
-        assert ref["name"] == SECRET_NAME
+        assert refs[f"{spec.env_prefix}{name}"]["name"] == SECRET_NAME
 
 
 def test_every_base_file_is_listed_in_the_kustomization() -> None:
-    listed = set(_base_kustomization().get("resources", []))
+    kustomization = _kustomization(BASE)
+    listed = set(kustomization.get("resources", []))
     files = {p.name for p in _yaml_files(BASE) if p.name != "kustomization.yaml"}
     assert files - listed == set(), "base files missing from base/kustomization.yaml"
     assert listed - files == set(), "base/kustomization.yaml lists files that do not exist"
+    envs = {e for g in kustomization["configMapGenerator"] for e in g.get("envs", [])}
+    on_disk = {p.relative_to(BASE).as_posix() for p in BASE.rglob("*.env")}
+    assert envs == on_disk, "every env file under base/ makes a ConfigMap, and only those"
 
 
 def test_base_kustomization_sets_common_labels() -> None:
-    kustomization = _base_kustomization()
+    kustomization = _kustomization(BASE)
     pairs = [item.get("pairs", {}) for item in kustomization.get("labels", [])]
     assert any("app.kubernetes.io/part-of" in p for p in pairs) or kustomization.get(
         "commonLabels"
     ), "base/kustomization.yaml sets no common labels"
 
 
-def test_postgres_component_is_a_component() -> None:
-    (doc,) = _load_all(KUBE / "components" / "postgres-external" / "kustomization.yaml")
+@pytest.mark.parametrize(
+    ("component", "secret", "key"),
+    [("postgres-external", SECRET_NAME, "database-url"), ("postgres-cnpg", "system-db-app", "uri")],
+)
+def test_postgres_components_set_the_url_from_a_secret(
+    component: str, secret: str, key: str
+) -> None:
+    doc = _kustomization(COMPONENTS / component)
     assert doc["kind"] == "Component"
-    urls = [
-        e
-        for patch in _inline_patches(doc)
-        for e in _env_entries(patch)
+    assert "../postgres-common" in doc.get("components", []), "the migration Job and scaling"
+    patched = [
+        (patch["target"], e)
+        for patch in doc.get("patches", [])
+        for parsed in yaml.safe_load_all(patch["patch"])
+        for e in _env_entries(parsed)
         if e["name"] == "SYSTEM_STORAGE_DATABASE_URL"
     ]
-    assert urls, "the component does not set SYSTEM_STORAGE_DATABASE_URL"
-    for entry in urls:
-        assert entry["valueFrom"]["secretKeyRef"]["name"] == SECRET_NAME
-        # An env entry may not carry both; null removes base's literal SQLite URL.
-        assert "value" in entry and entry["value"] is None
+    assert patched, "the component does not set SYSTEM_STORAGE_DATABASE_URL"
+    for target, entry in patched:
+        # One patch for the Deployment and the migration Job: both dial the same database.
+        assert re.fullmatch(target["kind"], "Deployment") and re.fullmatch(target["kind"], "Job")
+        assert re.fullmatch(target["name"], "storage") and re.fullmatch(target["name"], MIGRATE_JOB)
+        assert entry["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
+        assert "value" not in entry
 
 
-def test_dev_overlay_builds_on_base() -> None:
-    (doc,) = _load_all(KUBE / "overlays" / "dev" / "kustomization.yaml")
-    assert "../../base" in doc.get("resources", [])
+def test_every_overlay_builds_on_base() -> None:
+    overlays = sorted(p for p in OVERLAYS.iterdir() if (p / "kustomization.yaml").is_file())
+    assert {p.name for p in overlays} >= {"dev", "prod"}
+    for overlay in overlays:
+        assert "../../base" in _kustomization(overlay).get("resources", []), overlay.name
+
+
+def test_the_readme_names_every_component() -> None:
+    text = README.read_text(encoding="utf-8")
+    for component in sorted(p.name for p in COMPONENTS.iterdir() if p.is_dir()):
+        assert f"components/{component}" in text, f"deploy/README.md never mentions {component}"
 
 
 # --- each Deployment ---------------------------------------------------------------------------
@@ -301,42 +821,99 @@ def test_native_grpc_probes_on_the_grpc_port(spec: Spec) -> None:
         assert container["startupProbe"]["grpc"]["port"] == grpc_port
 
 
-@per_service
-def test_runs_locked_down(spec: Spec) -> None:
-    deployment = _deployment(spec)
-    pod_context = _pod(deployment).get("securityContext", {})
-    for container in _pod(deployment)["containers"]:
+def _workloads_in_files() -> list[dict[str, Any]]:
+    """Every Deployment and Job in base and in the components' own files."""
+    found = list(DEPLOYMENTS.values())
+    for path in _yaml_files(COMPONENTS):
+        found += [d for d in _load_all(path) if d.get("kind") in ("Deployment", "Job")]
+    return found
+
+
+WORKLOADS = _workloads_in_files()
+per_workload = pytest.mark.parametrize("workload", WORKLOADS, ids=[_name(w) for w in WORKLOADS])
+
+
+@per_workload
+def test_runs_locked_down(workload: dict[str, Any]) -> None:
+    pod = _pod(workload)
+    pod_context = pod.get("securityContext", {})
+    assert pod.get("automountServiceAccountToken") is False, _name(workload)
+    assert pod_context.get("seccompProfile", {}).get("type") == "RuntimeDefault", _name(workload)
+    for container in pod["containers"]:
         context = container.get("securityContext", {})
-        name = f"{spec.app}/{container['name']}"
+        name = f"{_name(workload)}/{container['name']}"
         assert context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is True, name
         assert context.get("readOnlyRootFilesystem") is True, name
         assert context.get("allowPrivilegeEscalation") is False, name
         assert "ALL" in context.get("capabilities", {}).get("drop", []), name
 
 
-@per_service
-def test_resource_requests_and_limits(spec: Spec) -> None:
-    for container in _pod(_deployment(spec))["containers"]:
+@per_workload
+def test_resource_requests_and_limits(workload: dict[str, Any]) -> None:
+    for container in _pod(workload)["containers"]:
         resources = container.get("resources", {})
         for kind in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(resources.get(kind, {})), (
-                f"{spec.app}/{container['name']}: {kind} must set cpu and memory"
+                f"{_name(workload)}/{container['name']}: {kind} must set cpu and memory"
             )
 
 
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi)", quantity)
+    assert match, f"memory quantity {quantity!r}: use Ki, Mi or Gi"
+    return float(match.group(1)) * units[match.group(2)]
+
+
+def test_storage_memory_request_covers_its_idle_use() -> None:
+    resources = _server_container(_deployment(BY_APP["storage"]))["resources"]
+    assert _mebibytes(resources["requests"]["memory"]) >= STORAGE_IDLE_MIB
+    assert _mebibytes(resources["limits"]["memory"]) > _mebibytes(resources["requests"]["memory"])
+
+
 @per_service
-def test_termination_grace_outlasts_drain_and_grace(spec: Spec) -> None:
-    deployment = _deployment(spec)
-    period = _pod(deployment).get("terminationGracePeriodSeconds")
-    assert isinstance(period, int), f"{spec.app}: terminationGracePeriodSeconds is not set"
-    env = _env(_server_container(deployment))
-    defaults = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+def test_termination_grace_lets_requests_finish(spec: Spec) -> None:
+    """The services that run a player's request to its end (the gateway and the engine) wait
+    that long on SIGTERM; terminationGracePeriodSeconds then outlasts it (check below)."""
+    settings = BASE_MANIFESTS.settings(_deployment(spec))
+    grace = _setting(spec, settings, "grace_seconds")
+    if spec.app == "gateway":
+        assert grace >= _setting(spec, settings, "request_timeout_seconds")
+    if spec.app == "engine":
+        assert grace >= _setting(spec, settings, "execute_timeout_seconds")
+    drain = _setting(spec, settings, "drain_seconds")
+    # Readiness fails after failureThreshold x periodSeconds; the drain keeps serving that long.
+    readiness = _server_container(_deployment(spec))["readinessProbe"]
+    assert drain >= readiness["periodSeconds"] * readiness["failureThreshold"]
 
-    def seconds(setting: str) -> float:
-        entry = env.get(f"{spec.env_prefix}{setting.upper()}")
-        return float(entry["value"]) if entry else float(defaults[setting])
 
-    assert period > seconds("drain_seconds") + seconds("grace_seconds")
+def test_termination_grace_outlasts_the_longest_request_and_the_drain() -> None:
+    check_grace_outlasts_the_longest_request(BASE_MANIFESTS)
+
+
+def test_stateless_services_autoscale_and_storage_on_sqlite_stays_single() -> None:
+    check_autoscaling(BASE_MANIFESTS)
+
+
+def test_every_deployment_has_a_disruption_budget() -> None:
+    check_disruption_budgets(BASE_MANIFESTS)
+
+
+def test_every_deployment_spreads_over_zones_and_nodes() -> None:
+    check_topology_spread(BASE_MANIFESTS)
+
+
+def test_network_policies_admit_exactly_the_callers() -> None:
+    check_network_policies(BASE_MANIFESTS)
+
+
+def test_only_the_gateways_public_port_is_open_to_anyone() -> None:
+    for pod in BASE_MANIFESTS.pods():
+        for port in pod.ports.values():
+            if ANYWHERE in _ingress_sources(BASE_MANIFESTS, pod, port):
+                assert (pod.app, port) == PUBLIC_PORT, f"{pod.app}:{port} is open to anyone"
+    (gateway,) = [p for p in BASE_MANIFESTS.pods() if p.app == "gateway"]
+    assert ANYWHERE in _ingress_sources(BASE_MANIFESTS, gateway, PUBLIC_PORT[1])
 
 
 @per_service
@@ -351,47 +928,56 @@ def test_runs_the_module_from_the_table(spec: Spec) -> None:
 
 
 @per_service
-def test_settings_match_the_service(spec: Spec) -> None:
-    env = _env(_server_container(_deployment(spec)))
-    for name in env:
-        assert name == "SERVICE_MODULE" or name.startswith(spec.env_prefix), (
+def test_settings_live_in_the_services_config_map(spec: Spec) -> None:
+    """Settings come from the service's ConfigMap; the Deployment's own env holds what runs
+    (SERVICE_MODULE) and references to Secrets, nothing else."""
+    container = _server_container(_deployment(spec))
+    assert container["envFrom"] == [{"configMapRef": {"name": f"{spec.app}-config"}}]
+    for entry in container.get("env", []):
+        assert entry["name"] == "SERVICE_MODULE" or "secretKeyRef" in entry["valueFrom"], (
+            f"{spec.app}: {entry['name']} belongs in {spec.app}-config"
+        )
+    settings = BASE_MANIFESTS.settings(_deployment(spec))
+    for name in settings:
+        assert name in EXTRA_SETTINGS or name.startswith(spec.env_prefix), (
             f"{spec.app}: {name} is not one of its settings ({spec.env_prefix}*)"
         )
-    assert env[f"{spec.env_prefix}HOST"]["value"] == "0.0.0.0"
+    assert settings[f"{spec.env_prefix}HOST"] == "0.0.0.0"
     for setting, port in (("PORT", spec.grpc_port), ("METRICS_PORT", spec.metrics_port)):
-        if f"{spec.env_prefix}{setting}" in env:
-            assert int(env[f"{spec.env_prefix}{setting}"]["value"]) == port
+        assert int(settings[f"{spec.env_prefix}{setting}"] or 0) == port
+
+
+def test_settings_exist_in_the_config_classes() -> None:
+    check_settings_are_known(BASE_MANIFESTS)
 
 
 @per_service
-def test_settings_exist_in_the_config_class(spec: Spec) -> None:
-    """load_config ignores unknown variables, so a misspelt setting would pass unnoticed."""
-    config_module = importlib.import_module(f"{spec.module}.config")
-    (config_cls,) = [
-        c
-        for c in vars(config_module).values()
-        if isinstance(c, type)
-        and issubclass(c, ServerConfig)
-        and c.__module__ == config_module.__name__
-    ]
-    known = {f"{spec.env_prefix}{f.name.upper()}" for f in dataclasses.fields(config_cls)}
-    known |= {"SERVICE_MODULE", f"{spec.env_prefix}CONFIG"}
-    unknown = set(_env(_server_container(_deployment(spec)))) - known
-    assert not unknown, f"{spec.app}: {config_cls.__name__} has no setting for {sorted(unknown)}"
+def test_settings_pass_the_services_validation(spec: Spec) -> None:
+    """What the manifests give a service, with placeholder credentials, is a config it starts
+    with: no value of the wrong type, no setting it refuses."""
+    environ = {k: v for k, v in BASE_MANIFESTS.settings(_deployment(spec)).items() if v}
+    for name in BASE_MANIFESTS.env_refs(_deployment(spec)):
+        environ[name] = "placeholder-credential"
+    environ[f"{spec.env_prefix}CALLER_TOKENS"] = "engine=placeholder-credential"
+    environ[f"{spec.env_prefix}TOKENS"] = "dev-server=placeholder-token"
+    environ.pop(f"{spec.env_prefix}API_KEY", None)
+    load_config(_config_class(spec), None, env_prefix=spec.env_prefix, environ=environ)
 
 
 @per_service
-def test_targets_name_the_services_they_depend_on(spec: Spec) -> None:
-    env = _env(_server_container(_deployment(spec)))
-    targets = {n for n in env if n.endswith("_TARGET")}
+def test_targets_dial_headless_services_by_dns(spec: Spec) -> None:
+    settings = BASE_MANIFESTS.settings(_deployment(spec))
+    targets = {n for n in settings if n.endswith("_TARGET")}
     assert targets == {f"{spec.env_prefix}{s.upper()}" for s in spec.targets}
-    for setting, app in spec.targets.items():
-        value = env[f"{spec.env_prefix}{setting.upper()}"]["value"]
-        host, _, port = value.rpartition(":")
-        assert host == app, f"{spec.app}: {setting} should dial the {app} Service, got {value}"
-        service_ports = {p["name"]: p["port"] for p in SERVICES[app]["spec"]["ports"]}
-        expected = service_ports.get("grpc", service_ports.get("relay"))
-        assert int(port) == expected, f"{spec.app}: {setting} port {port}"
+    for setting, service_name in spec.targets.items():
+        host, port = _target(settings[f"{spec.env_prefix}{setting.upper()}"])
+        assert host == service_name, f"{spec.app}: {setting} should dial {service_name}"
+        service_ports = {p["name"]: p["port"] for p in SERVICES[host]["spec"]["ports"]}
+        assert port == service_ports.get("grpc", service_ports.get("relay"))
+        assert SERVICES[host]["spec"].get("clusterIP") == "None"
+    if spec.targets:
+        # Short names resolve through the pod's DNS search path with the system resolver.
+        assert settings.get("GRPC_DNS_RESOLVER") == "native"
 
 
 @per_service
@@ -416,15 +1002,35 @@ def test_module_has_a_main(spec: Spec) -> None:
 
 def test_storage_stays_single_on_sqlite() -> None:
     deployment = _deployment(BY_APP["storage"])
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"].get("strategy", {}).get("type") == "Recreate"
     container = _server_container(deployment)
-    assert _env(container)["SYSTEM_STORAGE_DATABASE_URL"]["value"] == "sqlite:////data/storage.db"
+    settings = BASE_MANIFESTS.settings(deployment)
+    assert settings["SYSTEM_STORAGE_DATABASE_URL"] == "sqlite:////data/storage.db"
     mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
     assert "/data" in mounts and not mounts["/data"].get("readOnly", False)
     volumes = {v["name"]: v for v in _pod(deployment).get("volumes", [])}
     data = volumes[mounts["/data"]["name"]]
     assert "emptyDir" in data or "persistentVolumeClaim" in data
+
+
+def test_the_migration_job_runs_the_schema_upgrade_alone() -> None:
+    (job,) = [w for w in WORKLOADS if w["kind"] == "Job"]
+    assert job["metadata"]["name"] == MIGRATE_JOB
+    assert job["spec"]["template"]["metadata"]["labels"]["app"] == MIGRATE_JOB
+    assert job["spec"]["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
+    assert job["spec"]["backoffLimit"] >= 1 and job["spec"]["activeDeadlineSeconds"] > 0
+    container = _server_container(job)
+    env = _env(container)
+    assert env["SERVICE_MODULE"]["value"] == MIGRATE_MODULE
+    assert ROOT.joinpath(*MIGRATE_MODULE.split(".")).with_suffix(".py").is_file()
+    assert container["envFrom"] == [{"configMapRef": {"name": "storage-config"}}]
+    # The command serves nothing: on a loopback host its settings need no credentials.
+    assert env["SYSTEM_STORAGE_HOST"]["value"] in ("127.0.0.1", "localhost")
+    listed = _kustomization(COMPONENTS / "postgres-common")["resources"]
+    assert any(
+        doc["metadata"]["name"] == MIGRATE_JOB
+        for r in listed
+        for doc in _load_all(COMPONENTS / "postgres-common" / r)
+    )
 
 
 # --- secrets -----------------------------------------------------------------------------------
@@ -434,26 +1040,32 @@ def test_secrets_come_only_from_secret_refs() -> None:
     checked = 0
     for path, doc in _every_document():
         for entry in _env_entries(doc):
+            if entry.get("$patch") == "delete":
+                continue  # a patch removing the variable
             name = entry["name"]
             literal = entry.get("value")
             ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
             where = f"{path.relative_to(ROOT)}: env {name}"
-            if SECRET_ENV.search(name):
+            if _is_secret_name(name):
                 assert literal is None and ref, f"{where} must come from a secretKeyRef"
             elif name.endswith("DATABASE_URL") and literal is not None:
                 assert str(literal).startswith("sqlite:"), f"{where}: a database URL is a secret"
             else:
                 continue
             if ref:
-                assert ref["name"] == SECRET_NAME, f"{where}: secrets live in {SECRET_NAME}"
+                assert ref["name"] in SECRET_NAMES, f"{where}: an unknown Secret {ref['name']}"
             checked += 1
     assert checked >= 3, "expected the tokens, API key and database URL to be checked"
+    check_no_secret_literals(BASE_MANIFESTS)
+    for folder in [BASE, *COMPONENTS.iterdir(), *OVERLAYS.iterdir()]:
+        for config_map in _generated_config_maps(folder):
+            for key in config_map["data"]:
+                assert not _is_secret_name(key), f"{folder.name}: {key} in a ConfigMap"
 
 
 def test_base_holds_no_secret_values() -> None:
-    assert not _base_objects("Secret"), "base must not define Secrets; they hold real values"
-    kustomization = _base_kustomization()
-    assert "secretGenerator" not in kustomization
+    assert not BASE_MANIFESTS.of("Secret"), "base must not define Secrets; they hold real values"
+    assert "secretGenerator" not in _kustomization(BASE)
 
 
 # --- the image ---------------------------------------------------------------------------------
@@ -493,8 +1105,8 @@ def test_image_runs_as_a_non_root_user() -> None:
     assert user not in ("root", "0")
     # Numeric, so Kubernetes can check runAsNonRoot, and the same uid the manifests ask for.
     assert user == str(IMAGE_UID)
-    for deployment in DEPLOYMENTS.values():
-        assert _pod(deployment)["securityContext"].get("runAsUser", IMAGE_UID) == IMAGE_UID
+    for workload in WORKLOADS:
+        assert _pod(workload)["securityContext"].get("runAsUser", IMAGE_UID) == IMAGE_UID
 
 
 def test_image_selects_its_service_by_service_module() -> None:
@@ -532,46 +1144,264 @@ def test_dockerignore_keeps_what_the_image_copies() -> None:
                     assert source.strip("/") not in ignored, f".dockerignore drops {source}"
 
 
+# --- the rules hold: each can fail -------------------------------------------------------------
+
+
+def _without(kind: str, name: str) -> Manifests:
+    return Manifests(
+        d for d in BASE_MANIFESTS.docs if (d["kind"], d["metadata"]["name"]) != (kind, name)
+    )
+
+
+def _edited(kind: str, name: str, edit: Any) -> Manifests:
+    docs = yaml.safe_load(yaml.safe_dump(BASE_MANIFESTS.docs))
+    (doc,) = [d for d in docs if (d["kind"], d["metadata"]["name"]) == (kind, name)]
+    edit(doc)
+    return Manifests(docs)
+
+
+def _add_router_ingress_from_model_gateway(policy: dict[str, Any]) -> None:
+    policy["spec"]["ingress"][0]["from"].append(
+        {"podSelector": {"matchLabels": {"app": "model-gateway"}}}
+    )
+
+
+def _open_storage_to_anyone(policy: dict[str, Any]) -> None:
+    del policy["spec"]["ingress"][0]["from"]
+
+
+@pytest.mark.parametrize(
+    ("check", "broken"),
+    [
+        (check_disruption_budgets, lambda: _without("PodDisruptionBudget", "engine")),
+        (check_autoscaling, lambda: _without("HorizontalPodAutoscaler", "router")),
+        (
+            check_autoscaling,
+            lambda: _edited("Deployment", "engine", lambda d: d["spec"].update(replicas=2)),
+        ),
+        (
+            check_topology_spread,
+            lambda: _edited(
+                "Deployment", "storage", lambda d: _pod(d).pop("topologySpreadConstraints")
+            ),
+        ),
+        (
+            check_grace_outlasts_the_longest_request,
+            lambda: _edited(
+                "Deployment", "router", lambda d: _pod(d).update(terminationGracePeriodSeconds=60)
+            ),
+        ),
+        (check_network_policies, lambda: _without("NetworkPolicy", "default-deny")),
+        (check_network_policies, lambda: _without("NetworkPolicy", "engine-egress")),
+        (
+            check_network_policies,
+            lambda: _edited(
+                "NetworkPolicy", "router-ingress", _add_router_ingress_from_model_gateway
+            ),
+        ),
+        (
+            check_network_policies,
+            lambda: _edited("NetworkPolicy", "storage-ingress", _open_storage_to_anyone),
+        ),
+        (
+            check_no_secret_literals,
+            lambda: _edited(
+                "ConfigMap",
+                "gateway-config",
+                lambda d: d["data"].update(SYSTEM_GATEWAY_TOKENS="a=b"),
+            ),
+        ),
+        (
+            check_settings_are_known,
+            lambda: _edited(
+                "ConfigMap",
+                "router-config",
+                lambda d: d["data"].update(SYSTEM_ROUTER_DRAIN_SECOND="5"),
+            ),
+        ),
+    ],
+    ids=[
+        "no-pdb",
+        "no-hpa",
+        "replicas-beside-hpa",
+        "no-spread",
+        "short-grace",
+        "no-default-deny",
+        "no-egress",
+        "extra-caller",
+        "storage-open",
+        "token-in-configmap",
+        "misspelt-setting",
+    ],
+)
+def test_each_rule_fails_on_a_broken_manifest(check: Any, broken: Any) -> None:
+    check(BASE_MANIFESTS)
+    with pytest.raises(AssertionError):
+        check(broken())
+
+
 # --- rendered ----------------------------------------------------------------------------------
 
+needs_kubectl = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl is not installed"
+)
 
-def _render(folder: Path) -> list[dict[str, Any]]:
+
+def _render(folder: Path) -> Manifests:
     result = subprocess.run(
         ["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+    return Manifests(d for d in yaml.safe_load_all(result.stdout) if d is not None)
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_kustomizations_render(tmp_path: Path) -> None:
-    assert {d["kind"] for d in _render(BASE)} == {"Deployment", "Service"}
-
-    dev = _render(KUBE / "overlays" / "dev")
-    (secret,) = [d for d in dev if d["kind"] == "Secret"]
-    refs = {
-        e["valueFrom"]["secretKeyRef"]["name"]
-        for d in dev
-        for e in _env_entries(d)
-        if "secretKeyRef" in e.get("valueFrom", {})
-    }
-    assert refs == {secret["metadata"]["name"]}, "references follow the generated name"
-
-    overlay = tmp_path / "postgres"
+def _render_with(tmp_path: Path, *components: str) -> Manifests:
+    """Base with the named components, through an overlay in tmp_path."""
+    overlay = tmp_path / "overlay"
     overlay.mkdir()
     # kustomize refuses absolute paths to bases and components.
     (overlay / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
                 "resources": [os.path.relpath(BASE, overlay)],
-                "components": [os.path.relpath(KUBE / "components" / "postgres-external", overlay)],
+                "components": [os.path.relpath(COMPONENTS / c, overlay) for c in components],
             }
         )
     )
-    (storage,) = [
-        d
-        for d in _render(overlay)
-        if d["kind"] == "Deployment" and d["metadata"]["name"] == "storage"
+    return _render(overlay)
+
+
+def _mounted_from(workload: dict[str, Any], path: str) -> dict[str, Any]:
+    """The secret volume a file path of the server container lies in."""
+    container = _server_container(workload)
+    volumes = {v["name"]: v for v in _pod(workload).get("volumes", [])}
+    (mount,) = [
+        m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")
     ]
-    url = _env(_server_container(storage))["SYSTEM_STORAGE_DATABASE_URL"]
-    assert "value" not in url and url["valueFrom"]["secretKeyRef"]["name"] == SECRET_NAME
+    secret = volumes[mount["name"]]["secret"]
+    relative = path.removeprefix(mount["mountPath"] + "/")
+    items = secret.get("items")
+    assert items is None or relative in {i["path"] for i in items}, f"{path} is not mounted"
+    return secret
+
+
+@needs_kubectl
+def test_base_renders() -> None:
+    rendered = _render(BASE)
+    assert {d["kind"] for d in rendered.docs} == {
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    }
+    check_everything(rendered)
+    # Generated names carry a hash; envFrom follows them.
+    for deployment in rendered.of("Deployment").values():
+        (source,) = _server_container(deployment)["envFrom"]
+        assert re.fullmatch(
+            rf"{deployment['metadata']['name']}-config-\w+", source["configMapRef"]["name"]
+        )
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(p.name for p in OVERLAYS.iterdir() if p.is_dir()))
+def test_every_overlay_renders_and_keeps_the_rules(overlay: str) -> None:
+    rendered = _render(OVERLAYS / overlay)
+    check_everything(rendered)
+    images = {c["image"] for w in rendered.workloads() for c in _pod(w)["containers"]}
+    if overlay == "dev":
+        (secret,) = rendered.of("Secret").values()
+        refs = {r["name"] for w in rendered.workloads() for r in rendered.env_refs(w).values()}
+        assert refs == {secret["metadata"]["name"]}, "references follow the generated name"
+    if overlay == "prod":
+        assert all(re.fullmatch(r"\S+@sha256:[0-9a-f]{64}", image) for image in images), images
+        assert rendered.of("Service")["gateway"]["spec"]["type"] == "LoadBalancer"
+        assert {"Cluster", "PodMonitor", "Job"} <= {d["kind"] for d in rendered.docs}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("component", ["postgres-external", "postgres-cnpg"])
+def test_postgres_components_render_with_the_migration_job(tmp_path: Path, component: str) -> None:
+    rendered = _render_with(tmp_path, component)
+    check_everything(rendered)  # storage autoscaled, rolling updates, database egress
+    storage = rendered.of("Deployment")["storage"]
+    (job,) = rendered.of("Job").values()
+    assert job["metadata"]["name"] == MIGRATE_JOB
+    assert _server_container(job)["image"] == _server_container(storage)["image"]
+    job_settings, storage_settings = rendered.settings(job), rendered.settings(storage)
+    assert job_settings["SERVICE_MODULE"] == MIGRATE_MODULE
+    # The same database, reached the same way.
+    url_ref = rendered.env_refs(storage)["SYSTEM_STORAGE_DATABASE_URL"]
+    assert rendered.env_refs(job)["SYSTEM_STORAGE_DATABASE_URL"] == url_ref
+    for name in LIBPQ_SETTINGS:
+        assert job_settings.get(name) == storage_settings.get(name)
+    if component == "postgres-external":
+        assert url_ref == {"name": SECRET_NAME, "key": "database-url"}
+    else:
+        assert url_ref == {"name": "system-db-app", "key": "uri"}
+
+
+@needs_kubectl
+def test_the_cnpg_component_renders_a_cluster_over_tls(tmp_path: Path) -> None:
+    rendered = _render_with(tmp_path, "postgres-cnpg")
+    (cluster,) = rendered.of("Cluster").values()
+    assert cluster["apiVersion"] == "postgresql.cnpg.io/v1"
+    assert cluster["metadata"]["name"] == "system-db"
+    assert cluster["spec"]["instances"] >= 2
+    assert cluster["spec"]["bootstrap"]["initdb"]["owner"]
+    for workload in (rendered.of("Deployment")["storage"], rendered.of("Job")[MIGRATE_JOB]):
+        settings = rendered.settings(workload)
+        assert settings["PGSSLMODE"] in ("verify-full", "require")
+        if settings["PGSSLMODE"] == "verify-full":
+            secret = _mounted_from(workload, str(settings["PGSSLROOTCERT"]))
+            assert secret["secretName"] == "system-db-ca"
+            # The CA's certificate alone, not its private key.
+            assert [i["key"] for i in secret["items"]] == ["ca.crt"]
+    # The database port admits storage and the migration Job, besides the operator and the
+    # instances themselves.
+    database = Pod("system-db", {"cnpg.io/cluster": "system-db"}, {"postgresql": 5432})
+    sources = _ingress_sources(rendered, database, 5432)
+    assert {"storage", MIGRATE_JOB} <= sources
+    assert sources - {"storage", MIGRATE_JOB, "pods(cnpg.io/cluster=system-db)"} == {
+        "namespaces(kubernetes.io/metadata.name=cnpg-system)/pods(app.kubernetes.io/name=cloudnative-pg)"
+    }
+    (storage,) = [p for p in rendered.pods() if p.app == "storage"]
+    assert ("pods(cnpg.io/cluster=system-db)", "TCP", 5432) in _egress_destinations(
+        rendered, storage
+    )
+
+
+@needs_kubectl
+def test_the_monitoring_component_renders_a_pod_monitor_per_service(tmp_path: Path) -> None:
+    rendered = _render_with(tmp_path, "monitoring")
+    check_everything(rendered)
+    monitors = rendered.of("PodMonitor").values()
+    pods = rendered.pods()
+    covered = set()
+    for monitor in monitors:
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        selected = [p for p in pods if _selects(monitor["spec"]["selector"], p.labels)]
+        assert selected, f"PodMonitor {monitor['metadata']['name']} selects no pods"
+        for pod in selected:
+            assert pod.ports[endpoint["port"]] == BY_APP[pod.app].metrics_port
+            covered.add(pod.app)
+    assert covered == set(BY_APP)
+
+
+@needs_kubectl
+def test_the_file_components_mount_their_secrets(tmp_path: Path) -> None:
+    rendered = _render_with(tmp_path, "model-key-file", "gateway-public-tls")
+    check_everything(rendered)
+    model = rendered.of("Deployment")["model-gateway"]
+    settings = rendered.settings(model)
+    assert "SYSTEM_MODEL_API_KEY" not in settings, "a key and a key file is a start-up error"
+    secret = _mounted_from(model, str(settings["SYSTEM_MODEL_API_KEY_FILE"]))
+    assert secret["secretName"] == SECRET_NAME
+    assert [i["key"] for i in secret["items"]] == ["model-api-key"]
+    gateway = rendered.of("Deployment")["gateway"]
+    settings = rendered.settings(gateway)
+    for name in ("SYSTEM_GATEWAY_PUBLIC_TLS_CERT_FILE", "SYSTEM_GATEWAY_PUBLIC_TLS_KEY_FILE"):
+        assert _mounted_from(gateway, str(settings[name]))["secretName"] == "gateway-public-tls"
