@@ -177,34 +177,53 @@ async def test_help_card_history_button_runs_history(client: GameServerClient) -
     assert texts[:2] == ["You: help", "Assistant: Assistant help"]
 
 
-async def test_card_action_the_gateway_does_not_know(client: GameServerClient) -> None:
-    response = await client.request(
-        ALEX,
-        card_action=gateway_pb2.CardAction(action_id="explode", args={"module_id": "system:help"}),
-    )
-    assert_failed(
-        response,
-        "system.error.invalid_input",
-        "card action 'explode' is not one this gateway knows",
-    )
+async def test_card_actions_are_checked_against_the_card_they_came_from(
+    client: GameServerClient,
+) -> None:
+    # A card this connection never sent: nothing runs.
     response = await client.request(
         ALEX,
         card_action=gateway_pb2.CardAction(
-            action_id="invoke", args={"module_id": "system:help", "input": "[1, 2]"}
+            source=common_pb2.CardRef(card_id="forged", version=1),
+            action_id="invoke",
+            args={"module_id": "system:help"},
         ),
     )
-    assert_failed(response, "system.error.invalid_input", "the button's input is not a JSON object")
-    for unsendable in ('{"count": ' + "9" * 400 + "}", '{"a": ' * 40 + "1" + "}" * 40):
+    assert_failed(response, "system.error.stale_card")
+    assert response.reply.result.failure.message == (
+        "That card is no longer active (it is from before a reconnect, or too old); ask again."
+    )
+    assert dict(response.reply.result.failure.args) == {"card_id": "forged", "version": "1"}
+
+    shown = (await client.chat(ALEX, "help")).reply.result.card
+    [button] = [b for b in shown.buttons if b.label == "/history"]
+    # A button the card did not carry (another module, or other input) is refused...
+    for action_id, args in (
+        ("invoke", {**button.args, "module_id": "system:mail_claim"}),
+        ("invoke", {**button.args, "input": '{"page_size": 5}'}),
+        ("explode", dict(button.args)),
+    ):
         response = await client.request(
             ALEX,
-            card_action=gateway_pb2.CardAction(
-                action_id="invoke", args={"module_id": "system:history", "input": unsendable}
-            ),
+            card_action=gateway_pb2.CardAction(source=shown.ref, action_id=action_id, args=args),
         )
-        assert_failed(response, "system.error.invalid_input")
-        assert response.reply.result.failure.message.startswith(
-            "the button's input cannot be sent on"
+        assert_failed(response, "system.error.stale_card")
+        assert response.reply.result.failure.message == (
+            "That button is not on the card; use the card's own buttons."
         )
+    # ...and so is a version that is not the one on screen.
+    newer = common_pb2.CardRef(card_id=shown.ref.card_id, version=shown.ref.version + 1)
+    response = await client.request(
+        ALEX,
+        card_action=gateway_pb2.CardAction(
+            source=newer, action_id=button.action_id, args=button.args
+        ),
+    )
+    assert_failed(response, "system.error.stale_card")
+    # The card's own button runs, as often as the card is on screen.
+    for _ in range(2):
+        pressed = await client.press(ALEX, shown, button)
+        assert pressed.reply.module_id == "system:history"
     await serves(client)
 
 
@@ -719,7 +738,11 @@ async def test_notify_player_shows_a_notice_on_their_game_server(
             relay_pb2.NotifyPlayerRequest(player_id=scoped(STEVE), result=reward),
             5,
         )
-        assert (await asyncio.wait_for(client.notices.get(), 5)).notice.result == reward
+        again = (await asyncio.wait_for(client.notices.get(), 5)).notice.result
+        # The same card sent again is its next version (the gateway numbers versions).
+        assert again.card.ref.version == reward.card.ref.version + 1
+        again.card.ref.version = reward.card.ref.version
+        assert again == reward
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await calls.call(
                 "NotifyPlayer",

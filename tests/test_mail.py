@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from system.common.v1 import catalog_pb2, common_pb2
 from system.engine.v1 import engine_pb2
+from system.gateway.v1 import gateway_pb2
 
 from engine_service.app import build_registry
 from engine_service.config import EngineConfig
@@ -269,7 +270,13 @@ async def test_the_inbox_pages(chain: Chain) -> None:
         label="forged",
         args={"module_id": "system:inbox", "input": json.dumps({"page": 3})},
     )
-    past = await client.press("alex", first.reply.result.card, forged)
+    # A button the card never carried runs nothing...
+    refused = await client.press("steve", first.reply.result.card, forged)
+    assert refused.reply.result.failure.key == "system.error.stale_card"
+    # ...and asked for directly, a page past the end says so.
+    past = await client.request(
+        "alex", invoke=gateway_pb2.Invoke(call=_call("system:inbox", {"page": 3}))
+    )
     assert past.reply.result.status == SUCCEEDED
     assert past.reply.result.card.title == "Inbox (6 mails, page 3 of 2)"
     assert card_lines(past) == ["There is no page 3 (there are 2)."]
@@ -400,6 +407,18 @@ async def test_bad_input_is_refused_with_a_message(chain: Chain) -> None:
             label="forged",
             args={"module_id": module_id, "input": json.dumps(forged)},
         )
-        refused = await client.press("alex", listed, button)
+        # Pressed as if from the card, a forged button runs nothing...
+        pressed = await client.press("alex", listed, button)
+        assert pressed.reply.result.failure.key == "system.error.stale_card", forged
+        # ...and asked for directly, the module refuses the input.
+        refused = await client.request(
+            "alex", invoke=gateway_pb2.Invoke(call=_call(module_id, forged))
+        )
         assert refused.reply.result.failure.key == "system.error.invalid_input", forged
     assert client.world.inventory("alex")["minecraft:iron_ingot"] == 0
+
+
+def _call(module_id: str, data: dict[str, object]) -> common_pb2.ModuleAction:
+    call = common_pb2.ModuleAction(module_id=module_id)
+    call.input.update(data)
+    return call

@@ -168,7 +168,7 @@ async def test_refusals_and_a_stale_card(chain: Chain) -> None:
     newer = await client.chat("alex", "/pay Steve 20")
     stale = await client.press("alex", older.reply.result.card, older.reply.result.card.buttons[0])
     assert stale.reply.result.failure.key == "system.error.stale_card"
-    assert stale.reply.result.card.title == "This payment card is no longer valid"
+    assert stale.reply.result.failure.message.startswith("That card was updated (version 2")
     poor = await client.chat("alex", "/pay Steve 5000")
     assert card_lines(poor)[-1] == (
         "You cannot pay this: It takes 5000 coins and your balance is 1000."

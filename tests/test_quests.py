@@ -584,8 +584,12 @@ async def test_bad_input_is_refused_with_a_message(chain: Chain) -> None:
             label="forged",
             args={"module_id": module_id, "input": json.dumps(forged)},
         )
-        refused = (await client.press("alex", listed, button)).reply.result
-        assert refused.failure.key == "system.error.invalid_input", forged
+        pressed = (await client.press("alex", listed, button)).reply.result
+        assert pressed.failure.key == "system.error.stale_card", forged  # not on the card
+        call = common_pb2.ModuleAction(module_id=module_id)
+        call.input.update(forged)
+        invoked = await client.request("alex", invoke=gateway_pb2.Invoke(call=call))
+        assert invoked.reply.result.failure.key == "system.error.invalid_input", forged
     assert client.world.inventory("alex")["minecraft:iron_pickaxe"] == 0
 
 
@@ -646,8 +650,15 @@ async def test_without_ftbquests_an_old_quest_button_is_refused(chain: Chain) ->
     detail = _button(opened, "返回任务列表")
     vanilla = await _vanilla(chain)
     for button in (claim, detail):
+        # A card from before the reconnect is no longer active on the new connection...
         refused = await vanilla.press("steve", opened.reply.result.card, button)
         result = refused.reply.result
+        assert (result.status, result.failure.key) == (FAILED, "system.error.stale_card")
+        # ...and its action asked for directly needs the feature this server lacks.
+        call = common_pb2.ModuleAction(module_id=button.args["module_id"])
+        call.input.update(json.loads(button.args["input"]))
+        invoked = await vanilla.request("steve", invoke=gateway_pb2.Invoke(call=call))
+        result = invoked.reply.result
         assert (result.status, result.failure.key) == (
             FAILED,
             "system.error.permission_denied",

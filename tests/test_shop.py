@@ -329,7 +329,8 @@ async def test_a_newer_quote_makes_the_older_stale(chain: Chain) -> None:
     stale = await client.press("steve", older.reply.result.card, older_confirm)
     result = stale.reply.result
     assert result.status == FAILED and result.failure.key == "system.error.stale_card"
-    assert result.card.title == "报价已失效"
+    # The gateway refuses it: the quote card on screen is the newer version.
+    assert result.failure.message.startswith("这张卡片已更新")
     assert client.world.player("steve").balance == STARTING_BALANCE
     done = await client.press("steve", newer.reply.result.card, newer_confirm)
     assert _ok(done).card.title == "购买成功"
@@ -365,7 +366,7 @@ async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
     quoted, confirm = await _quote(client, "alex", "/buy golden apple")
     world.shop.listings["minecraft:golden_apple"].price = 180
     changed = await client.press("alex", quoted.reply.result.card, confirm)
-    assert changed.reply.result.failure.key == "system.error.price_changed"
+    assert changed.reply.result.failure.key == "system.error.price_changed", changed
     assert changed.reply.result.card.title == "The price changed"
     assert _labels(changed) == ["Quote at the new price", "Back to the shop"]
     requote = await client.press(
@@ -374,9 +375,9 @@ async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
     assert card_lines(requote)[1] == "180 each, 180 coins in all"
     assert world.player("alex").balance == STARTING_BALANCE
     assert world.player("steve").balance == STARTING_BALANCE
-    # The second press of a refused order repeats its refusal; nothing is charged then either.
+    # The requote updated the quote card: a press of the old one is stale; nothing is charged.
     again = await client.press("alex", quoted.reply.result.card, confirm)
-    assert again.reply.result.failure.key == "system.error.price_changed"
+    assert again.reply.result.failure.key == "system.error.stale_card"
     assert world.player("alex").balance == STARTING_BALANCE
 
 

@@ -138,10 +138,37 @@ class Connection:
                     "every frame as it arrives",
                 )
                 return False
+        self._track_card(frame)
         self._outbox.append(_Outgoing(frame, size, droppable))
         self._outbox_bytes += size
         self._ready.set()
         return True
+
+    def _track_card(self, frame: gateway_pb2.ConnectResponse) -> None:
+        """Records the card an answer or notice shows (numbering its version: cards.py), so
+        presses of its buttons can be checked, and closes the cards an answer closes."""
+        if not frame.HasField("response"):
+            return
+        response = frame.response
+        body = response.WhichOneof("body")
+        if body == "reply":
+            result = response.reply.result
+        elif body == "notice":
+            result = response.notice.result
+        else:
+            return
+        state = self.player_state(response.player_id)
+        for ref in response.reply.closes if body == "reply" else ():
+            state.cards.close(ref.card_id)
+        if result.HasField("card"):
+            state.cards.show(result.card)
+
+    def player_state(self, player_id: str) -> PlayerState:
+        """What the gateway remembers of a joined player (by the game server's own id)."""
+        state = self.states.get(player_id)
+        if state is None:
+            state = self.states[player_id] = PlayerState()
+        return state
 
     def _full(self, size: int) -> bool:
         return bool(self._outbox) and (

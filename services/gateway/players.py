@@ -20,6 +20,7 @@ from system.gateway.v1 import gateway_pb2
 from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
+from services.gateway.cards import CardBook
 from services.results import AgentFailure, card, failed
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.logging import RepeatedLines
@@ -39,6 +40,7 @@ _SOURCES = {
     router_pb2.DECISION_SOURCE_CHAT: engine_pb2.ROUTE_SOURCE_CHAT,
 }
 _FALLBACK_TITLE = {"zh": "想做哪一项？", "en": "Which of these did you mean?"}
+SELECTION_TEMPLATE = "system:selection"
 _CLEARED = {"zh": "对话记录已清空（{n} 条）。", "en": "Conversation history cleared ({n} entries)."}
 
 # Status codes from a dependency, as the failure a player sees.
@@ -100,6 +102,8 @@ class PlayerState:
 
     current_list: list[common_pb2.ModuleAction] = dataclasses.field(default_factory=list)
     """Actions of the numbered buttons on the last card shown (`查看 1` picks the first)."""
+    cards: CardBook = dataclasses.field(default_factory=CardBook)
+    """The cards sent to the player on this connection, for checking their button presses."""
     preferences: storage_pb2.PlayerPreferences | None = None
     """The player's preferences; None until first read from storage. This gateway is the only
     writer of preferences (their frames and the settings card's buttons come through it), so
@@ -303,8 +307,7 @@ class PlayerRequests:
                     gateway_pb2.Reply(result=result, module_id=request.invoke.call.module_id)
                 )
             elif kind == "card_action":
-                result, module_id = await self._card_action(player, request.card_action)
-                response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
+                response.reply.CopyFrom(await self._pressed(player, request.card_action, state))
             elif kind == "control":
                 await self._control(player, request.control.action, response, busy_request_id)
             elif kind == "preferences":
@@ -434,11 +437,45 @@ class PlayerRequests:
             for i, candidate in enumerate(candidates)
         ]
         selection = card(
-            "system:selection", _pick(_FALLBACK_TITLE, player.language), ["/help"], buttons
+            SELECTION_TEMPLATE, _pick(_FALLBACK_TITLE, player.language), ["/help"], buttons
         )
         return common_pb2.AgentResult(
             status=common_pb2.RESULT_STATUS_SUCCEEDED, card=selection, text=selection.title
         )
+
+    async def _pressed(
+        self,
+        player: common_pb2.PlayerContext,
+        action: gateway_pb2.CardAction,
+        state: PlayerState,
+    ) -> gateway_pb2.Reply:
+        """A button press, checked against the card it names (cards.py): a stale or unknown
+        card, or a button it did not carry, runs nothing. An answer that is a new card of the
+        pressed card's template updates the pressed card (same id, next version); a selection
+        card is closed once a choice was made."""
+        refusal = state.cards.refusal(action, player.language)
+        pressed = state.cards.shown(action.source.card_id)
+        if refusal is not None or pressed is None:
+            result = failed(AgentFailure.STALE_CARD, refusal or "that card is no longer active")
+            result.failure.args.update(
+                {"card_id": action.source.card_id, "version": str(action.source.version)}
+            )
+            return gateway_pb2.Reply(result=result)
+        result, module_id = await self._card_action(player, action)
+        reply = gateway_pb2.Reply(result=result, module_id=module_id)
+        answer = reply.result.card
+        if (
+            result.HasField("card")
+            and answer.template == pressed.template
+            and not state.cards.known(answer.ref.card_id)
+        ):
+            answer.ref.CopyFrom(
+                common_pb2.CardRef(card_id=action.source.card_id, version=pressed.version + 1)
+            )
+        elif pressed.template == SELECTION_TEMPLATE:
+            state.cards.close(action.source.card_id)
+            reply.closes.append(action.source)
+        return reply
 
     async def _card_action(
         self, player: common_pb2.PlayerContext, action: gateway_pb2.CardAction

@@ -19,7 +19,7 @@ from system.router.v1 import router_pb2
 
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
-from services.gateway.players import PlayerRequests, PlayerState
+from services.gateway.players import PlayerRequests
 from services.gateway.scopes import PlayerScopes
 from services.gateway.tool_contract import ContractCheck, check_tools
 from services.gateway.validation import (
@@ -506,7 +506,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
     ) -> None:
         with request_scope(new_request_id(), self._config.request_timeout_seconds):
             try:
-                state = connection.states.setdefault(request.player_id, PlayerState())
+                state = connection.player_state(request.player_id)
                 response = await self._players.handle(player, request, busy, state)
                 response.player_id = request.player_id  # the game server's own id
             except asyncio.CancelledError:

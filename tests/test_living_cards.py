@@ -1,0 +1,83 @@
+"""Cards that live (issue 18), end to end through the gateway: an answer to a press updates the
+card it came from (same id, higher version), the older version's buttons are refused, a
+selection card is closed once a choice is made, a button must be one the card carried, and
+refusals name the card so clients can translate them. In zh and en."""
+
+from __future__ import annotations
+
+import pathlib
+
+from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2
+
+from tests.inprocess import running_chain
+
+SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+STALE = "system.error.stale_card"
+
+
+def _button(card: common_pb2.Card, label: str) -> common_pb2.CardButton:
+    return next(b for b in card.buttons if b.label == label)
+
+
+async def test_paging_updates_the_card_and_the_older_version_goes_stale(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        first = (await client.chat("steve", "/mail")).reply.result.card
+        assert first.ref.version == 1
+        second = (await client.press("steve", first, _button(first, "下一页"))).reply
+        page2 = second.result.card
+        assert (page2.ref.card_id, page2.ref.version) == (first.ref.card_id, 2)
+        assert page2.title == "收件箱（共 6 封，第 2/2 页）"
+        # The first version's buttons are stale now: refused, nothing runs.
+        late = (await client.press("steve", first, _button(first, "下一页"))).reply.result
+        assert late.failure.key == STALE
+        assert late.failure.message.startswith("这张卡片已更新（当前是第 2 版，按钮来自第 1 版）")
+        assert dict(late.failure.args) == {"card_id": first.ref.card_id, "version": "1"}
+        # The newest version's buttons work, and update it again.
+        back = (await client.press("steve", page2, _button(page2, "上一页"))).reply.result
+        assert back.card.ref.version == 3 and back.card.title.endswith("第 1/2 页）")
+
+        # Another player's card is not this player's: unknown to them, refused.
+        stolen = (await client.press("alex", page2, _button(page2, "上一页"))).reply.result
+        assert stolen.failure.key == STALE
+        assert stolen.failure.message.startswith("That card is no longer active")
+
+        # A new /mail is a new card of its own; the one on screen keeps its id and version.
+        again = (await client.chat("steve", "/mail")).reply.result.card
+        assert again.ref.card_id != first.ref.card_id and again.ref.version == 1
+
+
+async def test_a_selection_card_closes_once_a_choice_is_made(tmp_path: pathlib.Path) -> None:
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        # No model in this chain: low-confidence text gets a selection card.
+        shown = (await client.chat("alex", "stuff things items")).reply.result.card
+        assert shown.template == "system:selection", shown
+        choice = shown.buttons[0]
+        picked = (await client.press("alex", shown, choice)).reply
+        assert picked.result.status == SUCCEEDED
+        assert [(c.card_id, c.version) for c in picked.closes] == [
+            (shown.ref.card_id, shown.ref.version)
+        ]
+        again = (await client.press("alex", shown, choice)).reply.result
+        assert again.failure.key == STALE
+        assert again.failure.message == "That card was closed; ask again."
+
+
+async def test_reconnecting_forgets_the_cards_of_the_old_connection(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        helped = (await client.chat("alex", "/help")).reply.result.card
+        button = _button(helped, "/history")
+        assert (await client.press("alex", helped, button)).reply.module_id == "system:history"
+        fresh = await chain.client()
+        await fresh.join("alex", "Alex", "en_us")
+        old = (await fresh.press("alex", helped, button)).reply.result
+        assert old.failure.key == STALE
+        state = await fresh.control("alex", gateway_pb2.CONTROL_ACTION_STATE)
+        assert not state.state.busy  # the refusal ran nothing
