@@ -88,6 +88,10 @@ class ExternalPreference(Protocol):
 
     async def external_allowed(self, player_id: str, timeout: float) -> bool: ...
 
+    async def read(self, player_id: str, timeout: float) -> storage_pb2.PlayerPreferences:
+        """All of the player's preferences (the settings card shows them)."""
+        ...
+
 
 class StoragePreferences:
     """ExternalPreference over the storage service's `StorageService.GetPreferences`."""
@@ -101,10 +105,14 @@ class StoragePreferences:
         )
 
     async def external_allowed(self, player_id: str, timeout: float) -> bool:
+        return (await self.read(player_id, timeout)).external_enabled
+
+    async def read(self, player_id: str, timeout: float) -> storage_pb2.PlayerPreferences:
+        """The player's preferences as storage keeps them."""
         response = await self._dep.stub.GetPreferences(
             storage_pb2.GetPreferencesRequest(player_id=player_id), timeout=timeout
         )
-        return response.preferences.external_enabled
+        return response.preferences
 
     async def aclose(self) -> None:
         await self._dep.aclose()

@@ -179,3 +179,70 @@ async def test_the_server_default_mode_applies_until_a_player_chooses(
             await client.request("alex", preferences=gateway_pb2.Preferences(mode=9))  # type: ignore[arg-type]
         assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "preferences.mode" in refused.value.message
+
+
+# -- /system settings ---------------------------------------------------------------------------
+
+
+def _settings_button(card: common_pb2.Card, label: str) -> common_pb2.CardButton:
+    return next(b for b in card.buttons if b.label == label)
+
+
+async def test_settings_card_changes_mode_history_and_clears_memory(
+    tmp_path: pathlib.Path, fake: FakeOpenAIServer
+) -> None:
+    async with running_chain(tmp_path, model=fake) as chain:
+        client = await chain.steve_and_alex()
+        shown = (await client.chat("alex", "/system settings")).reply.result.card
+        assert shown.template == "system:settings" and shown.title == "Assistant settings"
+        assert [line.text for line in shown.lines] == [
+            "Conversation history: on",
+            "External services (model, web): on",
+            "Conversation mode: standard (the server's default)",
+        ]
+        free = await client.press("alex", shown, _settings_button(shown, "Switch to free mode"))
+        updated = free.reply.result.card
+        assert (updated.ref.card_id, updated.ref.version) == (shown.ref.card_id, 2)
+        assert updated.lines[2].text == "Conversation mode: free"
+        state = (await client.control("alex", gateway_pb2.CONTROL_ACTION_STATE)).state
+        assert state.mode == FREE and not state.mode_is_default
+        # The change is in force at once: text now goes to conversation.
+        fake.script("Hello!")
+        assert (await client.chat("alex", "hi there")).reply.module_id == "system:chat"
+
+        off = await client.press("alex", updated, _settings_button(updated, "Turn history off"))
+        card = off.reply.result.card
+        assert card.ref.version == 3 and card.lines[0].text == "Conversation history: off"
+        back = await client.press(
+            "alex", card, _settings_button(card, "Follow the server's default mode")
+        )
+        card = back.reply.result.card
+        assert card.lines[2].text == "Conversation mode: standard (the server's default)"
+        # The older version's buttons are stale: nothing changes.
+        stale = await client.press("alex", updated, _settings_button(updated, "Turn history off"))
+        assert stale.reply.result.failure.key == "system.error.stale_card"
+
+        on = await client.press("alex", card, _settings_button(card, "Turn history on"))
+        card = on.reply.result.card
+        assert (await client.chat("alex", "/help")).reply.result.status == SUCCEEDED
+        before = await client.control("alex", gateway_pb2.CONTROL_ACTION_HISTORY)
+        kept = len(before.history.entries)
+        assert kept >= 2
+        cleared = await client.press(
+            "alex", card, _settings_button(card, "Clear conversation memory")
+        )
+        card = cleared.reply.result.card
+        assert card.lines[-1].text == f"Cleared {kept} history entries."
+        history = await client.control("alex", gateway_pb2.CONTROL_ACTION_HISTORY)
+        # Only the press that cleared it remains: the settings card it showed.
+        left = [(e.role, e.text.split(" ")[0]) for e in history.history.entries]
+        assert left == [
+            (common_pb2.HISTORY_ROLE_PLAYER, "system:settings"),
+            (common_pb2.HISTORY_ROLE_ASSISTANT, "Assistant"),
+        ]
+
+        zh = (await client.chat("steve", "/设置")).reply.result.card
+        assert zh.title == "助手设置"
+        assert zh.lines[2].text == "对话模式：标准（服务器默认）"
+        offline = await client.press("steve", zh, _settings_button(zh, "切换到离线模式"))
+        assert offline.reply.result.card.lines[2].text == "对话模式：离线"

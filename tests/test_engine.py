@@ -199,6 +199,7 @@ def test_builtin_registry() -> None:
         *QUEST_MODULES,
         "system:routing",
         "system:reload",
+        "system:settings",
         "system:reasoning",
         "system:chat",
     ]
@@ -322,17 +323,20 @@ def test_available_filters_by_permission_and_feature() -> None:
         *QUEST_MODULES,
         "system:routing",
         "system:reload",
+        "system:settings",
         "test:ban",
         "ftbquests:quests",
         "system:reasoning",
         "system:chat",
     ]
-    assert ids(_player(level=0)) == [*BUILTIN, "system:reasoning", "system:chat"]
-    assert ids(_player(level=2)) == [*BUILTIN, "test:ban", "system:reasoning", "system:chat"]
+    everyone = ["system:reasoning", "system:chat"]
+    assert ids(_player(level=0)) == [*BUILTIN, "system:settings", *everyone]
+    assert ids(_player(level=2)) == [*BUILTIN, "system:settings", "test:ban", *everyone]
     assert ids(_player(level=4, features=("ftbquests", "system:search"))) == ids(None)
     assert ids(_player(features=("ftbquests",))) == [
         *BUILTIN,
         *QUEST_MODULES,
+        "system:settings",
         "ftbquests:quests",
         "system:reasoning",
         "system:chat",
@@ -689,6 +693,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/ban",
         "/routing",
         "/reload",
+        "/settings",
         "/reason",
         "/chat",
     }
@@ -703,6 +708,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "test:ban",
         "system:routing",
         "system:reload",
+        "system:settings",
     }
 
 
@@ -948,6 +954,7 @@ async def test_service_catalog(services: Services) -> None:
         *QUEST_MODULES,
         "system:routing",
         "system:reload",
+        "system:settings",
         "system:reasoning",
         "system:chat",
     ]

@@ -29,6 +29,7 @@ from engine_service.modules.quests import QuestClaimModule, QuestDetailModule, Q
 from engine_service.modules.reasoning import ReasoningModule
 from engine_service.modules.rewards import AdvancementRewardModule
 from engine_service.modules.search import SearchModule
+from engine_service.modules.settings import PreferenceTools, SettingsModule
 from engine_service.modules.shop import ShopBuyModule, ShopConfirmModule, ShopModule
 from engine_service.modules.signin import SigninModule
 from engine_service.offers import OFFER_SECONDS, DocumentStore, OfferTools
@@ -58,6 +59,7 @@ __all__ = [
     "QuestionModule",
     "QuestsModule",
     "ReasoningModule",
+    "SettingsModule",
     "ChatModule",
     "SearchModule",
     "ShopBuyModule",
@@ -140,6 +142,8 @@ def register_builtins(
         registry.register(quest_class())
     registry.register(RoutingModule())
     registry.register(ReloadModule())
+    PreferenceTools(services.preferences).register(registry.tools)
+    registry.register(SettingsModule())
     for module in extra:
         registry.register(module)
     registry.register(ReasoningModule.over(registry))  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from services.gateway.cards import CardBook
+from services.modes import MODES, mode_by_name
 from services.results import AgentFailure, card, failed
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.logging import RepeatedLines
@@ -41,6 +42,10 @@ _SOURCES = {
 }
 _FALLBACK_TITLE = {"zh": "想做哪一项？", "en": "Which of these did you mean?"}
 SELECTION_TEMPLATE = "system:selection"
+SETTINGS_MODULE = "system:settings"
+SETTINGS_ACTIONS = frozenset({"preferences", "clear_history"})
+"""Card actions the gateway carries out itself (the settings card's buttons), then shows the
+settings card again."""
 _CLEARED = {"zh": "对话记录已清空（{n} 条）。", "en": "Conversation history cleared ({n} entries)."}
 
 # Status codes from a dependency, as the failure a player sees.
@@ -461,7 +466,10 @@ class PlayerRequests:
                 {"card_id": action.source.card_id, "version": str(action.source.version)}
             )
             return gateway_pb2.Reply(result=result)
-        result, module_id = await self._card_action(player, action)
+        if action.action_id in SETTINGS_ACTIONS:
+            result, module_id = await self._settings_press(player, action, state)
+        else:
+            result, module_id = await self._card_action(player, action)
         reply = gateway_pb2.Reply(result=result, module_id=module_id)
         answer = reply.result.card
         if (
@@ -476,6 +484,40 @@ class PlayerRequests:
             state.cards.close(action.source.card_id)
             reply.closes.append(action.source)
         return reply
+
+    async def _settings_press(
+        self,
+        player: common_pb2.PlayerContext,
+        action: gateway_pb2.CardAction,
+        state: PlayerState,
+    ) -> tuple[common_pb2.AgentResult, str]:
+        """A settings card's button (`system:settings`): a preference change or clearing the
+        conversation memory, carried out here (the gateway owns preferences), then the card
+        shown again with what changed."""
+        shown: dict[str, Any] = {}
+        if action.action_id == "preferences":
+            change = _preference_change(dict(action.args))
+            if change is None:
+                return failed(
+                    AgentFailure.INVALID_INPUT,
+                    "a preferences button sets history or external to on or off, or mode to "
+                    "offline, standard, extended, free or default",
+                ), ""
+            state.preferences = await self._apply_preferences(player, change)
+        else:
+            await self._settle_history(player)
+            cleared = await self.storage.stub.ClearHistory(
+                storage_pb2.ClearHistoryRequest(player_id=player.player_id)
+            )
+            self.forget(player, router_pb2.CLEAR_REASON_MEMORY_CLEARED)
+            shown["cleared"] = cleared.deleted
+        data = struct_pb2.Struct()
+        data.update(shown)
+        call = common_pb2.ModuleAction(module_id=SETTINGS_MODULE, input=data)
+        player = self._in_mode(player, state.preferences)
+        return await self._execute(
+            player, call, engine_pb2.ROUTE_SOURCE_BUTTON, ""
+        ), SETTINGS_MODULE
 
     async def _card_action(
         self, player: common_pb2.PlayerContext, action: gateway_pb2.CardAction
@@ -556,6 +598,15 @@ class PlayerRequests:
         busy_request_id: str,
     ) -> storage_pb2.PlayerPreferences:
         """Applies a preference change; `response.state` tells the player the outcome."""
+        updated = await self._apply_preferences(player, prefs)
+        response.state.CopyFrom(self._state(updated, busy_request_id))
+        return updated
+
+    async def _apply_preferences(
+        self, player: common_pb2.PlayerContext, prefs: gateway_pb2.Preferences
+    ) -> storage_pb2.PlayerPreferences:
+        """Stores a preference change (unset fields stay) and forgets the player's routing
+        scope; returns the preferences after it."""
         update = storage_pb2.UpdatePreferencesRequest(player_id=player.player_id)
         if prefs.HasField("history"):
             update.history_enabled = prefs.history
@@ -565,7 +616,6 @@ class PlayerRequests:
             update.conversation_mode = prefs.mode
         updated = await self.storage.stub.UpdatePreferences(update)
         self.forget(player, router_pb2.CLEAR_REASON_PREFERENCES_CHANGED)
-        response.state.CopyFrom(self._state(updated.preferences, busy_request_id))
         return updated.preferences
 
     def _state(
@@ -579,3 +629,21 @@ class PlayerRequests:
             mode=self.mode_of(prefs),
             mode_is_default=not prefs.conversation_mode,
         )
+
+
+def _preference_change(args: dict[str, str]) -> gateway_pb2.Preferences | None:
+    """A settings button's arguments as a preference change; None when they are not one
+    (`history`/`external`: `on` or `off`; `mode`: a mode's name or `default`)."""
+    change = gateway_pb2.Preferences()
+    if not args:
+        return None
+    for key, value in args.items():
+        if key in ("history", "external") and value in ("on", "off"):
+            setattr(change, key, value == "on")
+        elif key == "mode" and value == "default":
+            change.mode = common_pb2.CONVERSATION_MODE_UNSPECIFIED
+        elif key == "mode" and mode_by_name(value) is not None:
+            change.mode = MODES[value]
+        else:
+            return None
+    return change
