@@ -81,3 +81,40 @@ async def test_reconnecting_forgets_the_cards_of_the_old_connection(
         assert old.failure.key == STALE
         state = await fresh.control("alex", gateway_pb2.CONTROL_ACTION_STATE)
         assert not state.state.busy  # the refusal ran nothing
+
+
+async def test_typing_claim_presses_the_button_of_the_card_being_viewed(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        iron = lambda: client.world.inventory("alex")["minecraft:iron_ingot"]  # noqa: E731
+        mail = (await client.chat("alex", "/mail m4")).reply.result.card
+        assert [b.label_key for b in mail.buttons] == ["claim", ""]
+        # Not looking at the card: "claim it" is ordinary text, and a write never routes so.
+        blind = (await client.chat("alex", "claim it")).reply
+        assert blind.module_id != "system:mail_claim" and iron() == 0
+        # Looking at another card with no claim button: nothing is pressed either.
+        helped = (await client.chat("alex", "/help")).reply.result.card
+        other = (await client.chat("alex", "claim it", viewing=helped)).reply
+        assert other.module_id != "system:mail_claim" and iron() == 0
+        # A question about the button is not a press of it.
+        maybe = (await client.chat("alex", "don't claim it", viewing=mail)).reply
+        assert maybe.module_id != "system:mail_claim" and iron() == 0
+        # Looking at the mail: the phrase presses its claim button, and only that.
+        claimed = (await client.chat("alex", "claim it", viewing=mail)).reply
+        assert claimed.module_id == "system:mail_claim"
+        assert claimed.result.status == SUCCEEDED and iron() == 16
+
+    async with running_chain(tmp_path / "zh") as chain:
+        client = await chain.steve_and_alex()
+        mail = (await client.chat("steve", "/mail m4")).reply.result.card
+        claimed = (await client.chat("steve", "领取", viewing=mail)).reply
+        assert claimed.module_id == "system:mail_claim"
+        assert client.world.inventory("steve")["minecraft:iron_ingot"] == 16
+        # A stale view (a version no longer on screen) is ignored: nothing is pressed.
+        stale = common_pb2.Card()
+        stale.CopyFrom(mail)
+        stale.ref.version += 1
+        again = (await client.chat("steve", "领取", viewing=stale)).reply
+        assert again.module_id != "system:mail_claim"

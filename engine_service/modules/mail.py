@@ -243,6 +243,7 @@ class InboxModule:
                         pick(_CLAIM_BUTTON, language),
                         {"mail_id": mail["id"]},
                         press_only=True,
+                        label_key="claim",
                     )
                 )
         buttons.append(invoke(INBOX, pick(_BACK, language), {}))

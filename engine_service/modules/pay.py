@@ -218,6 +218,7 @@ class PayModule:
             pick(_CONFIRM, language),
             {"offer_id": offer["offer_id"], "version": offer["version"]},
             press_only=True,
+            label_key="confirm",
         )
         offered = card(PAY, title, lines, [confirm])
         offered.ref.card_id = OFFER_CARD

@@ -25,12 +25,12 @@ quest: a second press gives nothing and says so.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.modules.buttons import invoke
 from engine_service.modules.text import pick
 from engine_service.quest_tools import (
     FEATURE,
@@ -154,18 +154,8 @@ _NOT_COMPLETE = {
 _POLICY = ExecutionPolicy(rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0)
 
 
-def _invoke(
-    module_id: str, label: str, data: dict[str, Any], **extra: str
-) -> common_pb2.CardButton:
-    return common_pb2.CardButton(
-        action_id="invoke",
-        label=label,
-        args={"module_id": module_id, "input": json.dumps(data, ensure_ascii=False), **extra},
-    )
-
-
 def _back(language: str) -> common_pb2.CardButton:
-    return _invoke(QUESTS, pick(_BACK, language), {})
+    return invoke(QUESTS, pick(_BACK, language), {})
 
 
 def _stacks(stacks: list[dict[str, Any]], language: str) -> list[str | tuple[str, str]]:
@@ -197,7 +187,7 @@ def _entries(
             status=_status(quest, language),
         )
         lines.append((text, f"/quest {quest['id']}"))
-        buttons.append(_invoke(DETAIL, pick(quest["title"], language), {"quest_id": quest["id"]}))
+        buttons.append(invoke(DETAIL, pick(quest["title"], language), {"quest_id": quest["id"]}))
     return lines, buttons
 
 
@@ -430,11 +420,12 @@ class QuestDetailModule:
         if status == "claimable":
             # press_only: a typed number (查看 1) never presses a write button.
             buttons.append(
-                _invoke(
+                invoke(
                     CLAIM,
                     pick(_CLAIM_BUTTON, language),
                     {"quest_id": quest["id"]},
-                    press_only="true",
+                    press_only=True,
+                    label_key="claim",
                 )
             )
         buttons.append(_back(language))

@@ -523,6 +523,7 @@ class ShopBuyModule:
             pick(_CONFIRM, language),
             {"offer_id": offer["offer_id"], "version": offer["version"]},
             press_only=True,
+            label_key="confirm",
         )
         quote = card(BUY, pick(_QUOTE_TITLE, language), lines, [confirm, back])
         quote.ref.card_id = QUOTE_CARD

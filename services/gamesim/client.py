@@ -210,9 +210,17 @@ class GameServerClient:
             self._pending.pop(request_id, None)
 
     async def chat(
-        self, player_id: str, text: str, timeout: float = 30.0
+        self,
+        player_id: str,
+        text: str,
+        timeout: float = 30.0,
+        viewing: common_pb2.Card | None = None,
     ) -> gateway_pb2.PlayerResponse:
-        return await self.request(player_id, timeout, chat=gateway_pb2.Chat(text=text))
+        """Sends chat text; `viewing`: the card the player is looking at while typing."""
+        chat = gateway_pb2.Chat(text=text)
+        if viewing is not None:
+            chat.viewing.CopyFrom(viewing.ref)
+        return await self.request(player_id, timeout, chat=chat)
 
     async def press(
         self, player_id: str, card: common_pb2.Card, button: common_pb2.CardButton

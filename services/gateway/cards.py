@@ -55,6 +55,9 @@ class ShownCard:
     version: int
     template: str
     buttons: frozenset[tuple[str, tuple[tuple[str, str], ...]]]
+    """Each button as (action id, sorted arguments): what a press must match."""
+    shown: tuple[common_pb2.CardButton, ...] = ()
+    """The buttons as sent, in order."""
     closed: bool = False
 
 
@@ -83,6 +86,7 @@ class CardBook:
             version=card.ref.version,
             template=card.template,
             buttons=frozenset(_button_key(b.action_id, dict(b.args)) for b in card.buttons),
+            shown=tuple(card.buttons),
         )
         self._cards.move_to_end(card.ref.card_id)
         while len(self._cards) > self._limit:
@@ -114,6 +118,13 @@ class CardBook:
         texts = _REFUSALS[reason]
         text = texts.get(language) or texts["en"]
         return text.format(shown=known.version if known else 0, pressed=ref.version)
+
+    def current(self, ref: common_pb2.CardRef) -> ShownCard | None:
+        """The card `ref` names when it is on screen in that version (not closed); else None."""
+        known = self._cards.get(ref.card_id) if ref.card_id else None
+        if known is None or known.closed or known.version != ref.version:
+            return None
+        return known
 
     def shown(self, card_id: str) -> ShownCard | None:
         """The card with `card_id` as it is on screen, if remembered."""

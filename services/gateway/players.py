@@ -115,23 +115,48 @@ class PlayerState:
     the copy stays true while the player is connected here."""
 
 
+def _notification_buttons(
+    buttons: Sequence[common_pb2.CardButton],
+) -> list[router_pb2.NotificationButton]:
+    """The `invoke` buttons of the card a player is looking at, for the router's notification
+    matching: a typed `领取` may press one of these, and nothing else."""
+    found = []
+    for button in buttons:
+        action = _button_action(button)
+        if action is not None:
+            found.append(
+                router_pb2.NotificationButton(
+                    action=action, label_key=button.label_key, label=button.label
+                )
+            )
+    return found
+
+
+def _button_action(button: common_pb2.CardButton) -> common_pb2.ModuleAction | None:
+    """The module action of an `invoke` button; None for another button or unreadable input."""
+    if button.action_id != "invoke" or not button.args.get("module_id"):
+        return None
+    data = struct_pb2.Struct()
+    try:
+        parsed = json.loads(button.args.get("input") or "{}")
+        if not isinstance(parsed, dict):
+            return None
+        data.update(parsed)
+    except (ValueError, OverflowError, RecursionError):
+        return None
+    return common_pb2.ModuleAction(module_id=button.args["module_id"], input=data)
+
+
 def _listed_actions(result: common_pb2.AgentResult) -> list[common_pb2.ModuleAction]:
     """The actions of a card's `invoke` buttons, in order, less those marked
     `press_only` (a write's button, say a mail's claim: a typed `查看 1` never presses it)."""
     actions = []
     for button in result.card.buttons:
-        if button.action_id != "invoke" or not button.args.get("module_id"):
-            continue
         if button.args.get("press_only") == "true":
             continue
-        data = struct_pb2.Struct()
-        try:
-            parsed = json.loads(button.args.get("input") or "{}")
-            if isinstance(parsed, dict):
-                data.update(parsed)
-        except (json.JSONDecodeError, ValueError):
-            continue
-        actions.append(common_pb2.ModuleAction(module_id=button.args["module_id"], input=data))
+        action = _button_action(button)
+        if action is not None:
+            actions.append(action)
     return actions
 
 
@@ -302,7 +327,9 @@ class PlayerRequests:
             if kind in ("chat", "invoke", "card_action"):
                 player = self._in_mode(player, await self._preferences_of(player, state))
             if kind == "chat":
-                result, module_id = await self._chat(player, request.chat.text, state)
+                result, module_id = await self._chat(
+                    player, request.chat.text, state, request.chat.viewing
+                )
                 response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
             elif kind == "invoke":
                 result = await self._execute(
@@ -365,14 +392,20 @@ class PlayerRequests:
         return moded
 
     async def _chat(
-        self, player: common_pb2.PlayerContext, text: str, state: PlayerState
+        self,
+        player: common_pb2.PlayerContext,
+        text: str,
+        state: PlayerState,
+        viewing: common_pb2.CardRef | None = None,
     ) -> tuple[common_pb2.AgentResult, str]:
         prefs = state.preferences  # read by `handle` just before
+        viewed = state.cards.current(viewing) if viewing is not None else None
         decision: router_pb2.RouteResponse = await self.router.stub.Route(
             router_pb2.RouteRequest(
                 player=player,
                 text=text,
                 current_list=state.current_list,
+                notification_buttons=_notification_buttons(viewed.shown) if viewed else (),
                 external_enabled=prefs is not None and prefs.external_enabled,
                 history_disabled=prefs is None or not prefs.history_enabled,
             )
