@@ -23,6 +23,7 @@ from engine_service.servicer import EngineServicer
 from engine_service.signin_rewards import load_signin_rewards
 from engine_service.task_store import TaskStore
 from engine_service.web_tools import StoragePreferences
+from services.runtime.config import ConfigError
 from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
 
@@ -58,6 +59,16 @@ def build_registry(config: EngineConfig, services: BuiltinServices | None = None
         registry, services, extra=load_entry_point_modules(config.disabled_entry_points)
     )
     registry.reject("system:small_talk", SMALL_TALK)
+    for module_id, budgets in config.module_policy_overrides().items():
+        module = registry.get(module_id)
+        if module is None:
+            raise ConfigError(
+                f"module_policies names {module_id}, which is not registered; "
+                f"modules: {', '.join(m.spec.module_id for m in registry.modules())}"
+            )
+        # On this registry's own module object (built above), never on a shared class.
+        policy = dataclasses.replace(module.spec.policy, **budgets)  # type: ignore[arg-type]
+        module.spec = dataclasses.replace(module.spec, policy=policy)
     registry.freeze()
     return registry
 
@@ -70,7 +81,8 @@ class EngineApp:
         # Made here, in the serving process (after any fork): the pid is this worker's own.
         self.identity = replica_identity(config.replica_id, config.workers)
         self.storage = StorageHistory(config.storage_target, channels)
-        self.game_tools = GatewayGameTools(config.gateway_target, channels)
+        # To the gateway replica each player is connected to, as storage's presence says.
+        self.game_tools = GatewayGameTools(config.gateway_target, channels, config.storage_target)
         self.runs = JournalRuns(config.storage_target, settings=channels)
         self.models = ModelClient(config.model_target, channels)
         self.knowledge = StorageKnowledge(config.storage_target, channels)

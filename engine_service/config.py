@@ -10,6 +10,18 @@ from services.runtime.config import ConfigError, ServerConfig
 ENV_PREFIX = "SYSTEM_ENGINE_"
 
 
+OVERRIDABLE_BUDGETS = (
+    "rounds",
+    "model_calls",
+    "tool_calls",
+    "steps",
+    "seconds",
+    "model_call_seconds",
+)
+"""ExecutionPolicy fields an operator may override per module (not write_steps: how many
+writes a module makes is part of what it is)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig(ServerConfig):
     """Settings of the engine service (env prefix `SYSTEM_ENGINE_`)."""
@@ -24,7 +36,9 @@ class EngineConfig(ServerConfig):
     """`host:port` of the router, for the admins' `/system routing` and `/system reload`;
     empty: those commands answer that no router is configured."""
     gateway_target: str = "127.0.0.1:50051"
-    """`host:port` of the gateway's ToolRelayService, through which game tools are called."""
+    """`host:port` of the gateway's ToolRelayService, through which game tools are called:
+    where a player goes whose gateway replica storage does not know (decision 0023); others
+    go to the internal address of the replica they are connected to."""
     execute_timeout_seconds: float = 120.0
     """Longest a module may run when the caller's deadline is later (or absent)."""
     history_timeout_seconds: float = 2.0
@@ -70,6 +84,12 @@ class EngineConfig(ServerConfig):
     offer_seconds: int = 300
     """How long a confirmation card's offer (a shop quote) may be confirmed after it was made;
     later its confirm button answers "expired" and charges nothing."""
+    module_policies: tuple[str, ...] = ()
+    """Per-module budget overrides, each `module@budget=value` (env: comma-separated), for
+    example `system:chat@model_calls=2` or `system:question@seconds=45`. Budgets: rounds,
+    model_calls, tool_calls, steps (whole numbers >= 1, rounds and steps; >= 0 the others),
+    seconds and model_call_seconds (positive). A module's write steps are its own and cannot
+    be changed here. Checked at start against the registry (`module_policy_overrides`)."""
 
     def validate(self) -> None:
         super().validate()
@@ -101,5 +121,39 @@ class EngineConfig(ServerConfig):
             raise ConfigError("task_lease_seconds must be between 3 and 3600")
         if not 0.01 <= self.event_poll_seconds <= 60:
             raise ConfigError("event_poll_seconds must be between 0.01 and 60")
+        self.module_policy_overrides()
+
+    def module_policy_overrides(self) -> dict[str, dict[str, int | float]]:
+        """`module_policies` as module id -> {budget: value}. Raises ConfigError naming the
+        entry for a malformed one, an unknown budget or a value out of range."""
+        found: dict[str, dict[str, int | float]] = {}
+        for index, entry in enumerate(self.module_policies):
+            module_id, at, assignment = entry.strip().partition("@")
+            budget, equals, raw = assignment.partition("=")
+            budget = budget.strip()
+            if not at or not equals or ":" not in module_id or not budget:
+                raise ConfigError(
+                    f"module_policies[{index}] must look like module@budget=value "
+                    f"(system:chat@model_calls=2), got {entry!r}"
+                )
+            if budget not in OVERRIDABLE_BUDGETS:
+                raise ConfigError(
+                    f"module_policies[{index}]: {budget!r} is not a budget; use one of "
+                    f"{', '.join(OVERRIDABLE_BUDGETS)}"
+                )
+            try:
+                value: int | float = float(raw) if budget.endswith("seconds") else int(raw)
+            except ValueError:
+                raise ConfigError(
+                    f"module_policies[{index}]: {budget} must be a number, got {raw!r}"
+                ) from None
+            least = 1 if budget in ("rounds", "steps") else 0
+            if value < least or (budget.endswith("seconds") and not 0 < value < 86400):
+                raise ConfigError(
+                    f"module_policies[{index}]: {budget} must be at least {least} (seconds: "
+                    f"positive, under a day), got {raw!r}"
+                )
+            found.setdefault(module_id.strip(), {})[budget] = value
+        return found
         if not 1 <= self.offer_seconds <= 86400:
             raise ConfigError("offer_seconds must be between 1 and 86400 (a day)")

@@ -36,6 +36,7 @@ from engine_service.registry import (
 from engine_service.runs import PlayerRuns, RunStart
 from engine_service.schema import check_input
 from services.results import AgentFailure, ModuleFailure, card, succeeded
+from services.runtime.config import ConfigError
 from services.runtime.context import request_scope
 from services.runtime.errors import (
     FailedPrecondition,
@@ -1134,3 +1135,48 @@ async def test_settle_history_waits_for_the_answered_exchange() -> None:
     gate.set()
     await running
     assert await busy.settle_history("p-1") is True
+
+
+# -- per-module budget overrides -------------------------------------------------------------------
+
+
+def test_module_policies_override_a_modules_budgets() -> None:
+    config = EngineConfig(
+        module_policies=(
+            "system:chat@model_calls=2",
+            "system:chat@seconds=12.5",
+            "system:question@tool_calls=3",
+        )
+    )
+    config.validate()
+    registry = build_registry(config)
+    chat = registry.get("system:chat")
+    assert chat is not None
+    assert (chat.spec.policy.model_calls, chat.spec.policy.seconds) == (2, 12.5)
+    assert chat.spec.policy.rounds == 3  # untouched budgets keep the module's own
+    question = registry.get("system:question")
+    assert question is not None and question.spec.policy.tool_calls == 3
+    # Another registry (another engine in the same process) keeps the shipped budgets.
+    assert build_registry(EngineConfig()).get("system:chat").spec.policy.model_calls == 4  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("system:chat", "must look like module@budget=value"),
+        ("chat@model_calls=2", "must look like module@budget=value"),
+        ("system:chat@write_steps=3", "'write_steps' is not a budget"),
+        ("system:chat@model_calls=two", "model_calls must be a number"),
+        ("system:chat@steps=0", "steps must be at least 1"),
+        ("system:chat@seconds=-1", "seconds: positive"),
+    ],
+)
+def test_a_malformed_module_policy_is_refused_naming_the_entry(entry: str, message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig(module_policies=(entry,)).validate()
+    assert "module_policies[0]" in str(refused.value) and message in str(refused.value)
+
+
+def test_a_module_policy_for_an_unknown_module_stops_the_start() -> None:
+    with pytest.raises(ConfigError, match="module_policies names system:nope, which is not"):
+        build_registry(EngineConfig(module_policies=("system:nope@rounds=2",)))
