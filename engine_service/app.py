@@ -22,6 +22,7 @@ from engine_service.runs import PlayerRuns
 from engine_service.servicer import EngineServicer
 from engine_service.signin_rewards import load_signin_rewards
 from engine_service.task_store import TaskStore
+from engine_service.usage_tools import StorageUsage
 from engine_service.web_tools import StoragePreferences
 from services.runtime.config import ConfigError
 from services.runtime.security import AccessPolicy
@@ -88,6 +89,7 @@ class EngineApp:
         self.knowledge = StorageKnowledge(config.storage_target, channels)
         self.preferences = StoragePreferences(config.storage_target, channels)
         self.documents = StorageDocuments(config.storage_target, channels)
+        self.usage = StorageUsage(config.storage_target, channels)
         self.router_admin = (
             RouterDiagnostics(config.router_target, channels) if config.router_target else None
         )
@@ -95,7 +97,11 @@ class EngineApp:
         registry = build_registry(
             config,
             BuiltinServices(
-                self.knowledge, self.preferences, documents=self.documents, admin=self.admin
+                self.knowledge,
+                self.preferences,
+                documents=self.documents,
+                admin=self.admin,
+                usage=self.usage,
             ),
         )
         # Checked against the frozen registry; a bad file stops the start (ConfigError).
@@ -163,6 +169,7 @@ class EngineApp:
         await self.preferences.aclose()
         await self.knowledge.aclose()
         await self.documents.aclose()
+        await self.usage.aclose()
         if self.router_admin is not None:
             await self.router_admin.aclose()
         await self.game_tools.aclose()

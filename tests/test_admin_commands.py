@@ -10,6 +10,7 @@ import pathlib
 from system.common.v1 import common_pb2
 
 from tests.inprocess import running_chain
+from tests.waiting import wait_until
 
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
 
@@ -72,3 +73,37 @@ async def test_reload_applies_an_edited_semantic_config_and_names_a_bad_key(
         (error,) = [line for line in card_lines(broken) if "was not reloaded" in line]
         assert "scorer.mode" in error and "the previous settings stay in force" in error
         assert chain.apps["router"].router.config.min_coverage == 0.95  # still the last good one
+
+
+async def test_an_admin_reads_a_players_usage_and_an_ordinary_player_cannot(
+    tmp_path: pathlib.Path,
+) -> None:
+    from services.model_testserver import FakeOpenAIServer
+
+    with FakeOpenAIServer(api_key="usage-test-key") as fake:
+        async with running_chain(tmp_path, model=fake) as chain:
+            client = await chain.client()
+            await client.join("op", "Op", "en_us", permission_level=3)
+            await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
+            await client.join("steve", "Steve", "en_us")
+            fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
+            fake.script("Hello Steve!", prompt_tokens=40, completion_tokens=5)
+            assert (await client.chat("steve", "hello there")).reply.module_id == "system:chat"
+
+            async def settled() -> list[str] | None:
+                shown = (await client.chat("op", "/system usage steve")).reply.result
+                assert shown.status == SUCCEEDED and shown.card.title == "Usage of steve"
+                lines = card_lines(shown)
+                return lines if lines[-1].startswith("Last 7 days: 2 model calls,") else None
+
+            # The model gateway settles metered use in batches, a moment after the calls.
+            lines = await wait_until(settled, timeout=10, what="steve's two model calls settled")
+            assert "web searches" in lines[0]
+            mine = (await client.chat("zhop", "/system 用量")).reply.result
+            assert mine.card.title == "zhop 的用量"
+            assert card_lines(mine) == ["近 7 天没有用量。"]
+            bad = (await client.chat("op", "/system usage other/steve")).reply.result
+            assert bad.failure.key == "system.error.invalid_input"
+
+            refused = (await client.chat("steve", "/system usage op")).reply.result
+            assert refused.failure.key == "system.error.unknown_command"

@@ -200,6 +200,7 @@ def test_builtin_registry() -> None:
         *QUEST_MODULES,
         "system:routing",
         "system:reload",
+        "system:usage",
         "system:settings",
         "system:reasoning",
         "system:chat",
@@ -324,6 +325,7 @@ def test_available_filters_by_permission_and_feature() -> None:
         *QUEST_MODULES,
         "system:routing",
         "system:reload",
+        "system:usage",
         "system:settings",
         "test:ban",
         "ftbquests:quests",
@@ -694,6 +696,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/ban",
         "/routing",
         "/reload",
+        "/usage",
         "/settings",
         "/reason",
         "/chat",
@@ -709,6 +712,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "test:ban",
         "system:routing",
         "system:reload",
+        "system:usage",
         "system:settings",
     }
 
@@ -955,6 +959,7 @@ async def test_service_catalog(services: Services) -> None:
         *QUEST_MODULES,
         "system:routing",
         "system:reload",
+        "system:usage",
         "system:settings",
         "system:reasoning",
         "system:chat",
@@ -970,7 +975,7 @@ async def test_service_catalog(services: Services) -> None:
     assert list(for_player.modules) == [
         m
         for m in catalog.modules
-        if m.module_id not in ("system:search", "system:routing", "system:reload")
+        if m.module_id not in ("system:search", "system:routing", "system:reload", "system:usage")
         and m.module_id not in QUEST_MODULES
     ]
     with pytest.raises(grpc.aio.AioRpcError) as info:

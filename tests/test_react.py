@@ -321,8 +321,11 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "ftbquests:quest.find",
         "ftbquests:quest.detail",
         "minecraft:gift.list",
-        # Offered only to a player who may use /system routing (an admin): see `offered`.
+        # Offered only to a player who may use /system routing and /system usage (an
+        # admin): see `offered`.
         "system:routing.diagnostics",
+        "system:usage.read",
+        "system:preferences.read",
         "ftbquests:quests.list",
     )
 
@@ -349,15 +352,17 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft_shop_list",
         "minecraft_shop_item",
         "system_database_query",
+        "system_preferences_read",  # the player's own settings (/system settings)
     ]
     assert offered() == core
     # With FTB Quests: the quest reads, the gift list (a core tool only the quest detail
     # declares) and the third-party module's tool.
     assert offered("ftbquests", "system:search") == [
-        *core,
+        *core[:-1],
         "ftbquests_quest_query",
         "ftbquests_quest_find",
         "ftbquests_quest_detail",
         "minecraft_gift_list",
+        core[-1],
         "ftbquests_quests_list",
     ]

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from engine_service.admin_tools import AdminTools
 from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
-from engine_service.modules.admin import ReloadModule, RoutingModule
+from engine_service.modules.admin import ReloadModule, RoutingModule, UsageModule
 from engine_service.modules.chat import ChatModule
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
@@ -36,6 +36,7 @@ from engine_service.offers import OFFER_SECONDS, DocumentStore, OfferTools
 from engine_service.quest_tools import QUEST_GAME_TOOLS
 from engine_service.registry import Module, ModuleRegistry
 from engine_service.signin_rewards import SigninRewards
+from engine_service.usage_tools import UsageReader, UsageTools
 from engine_service.web_tools import ExternalPreference, WebGate, WebTools
 
 __all__ = [
@@ -114,6 +115,8 @@ class BuiltinServices:
     """How long an offer (a shop quote) may be confirmed."""
     admin: AdminTools | None = None
     """The admin commands' tools (the router's diagnostics and reload); None: no router."""
+    usage: UsageReader | None = None
+    """Players' usage per day (storage's PlayerDataService.GetUsage), for `/system usage`."""
 
 
 def register_builtins(
@@ -142,6 +145,8 @@ def register_builtins(
         registry.register(quest_class())
     registry.register(RoutingModule())
     registry.register(ReloadModule())
+    UsageTools(services.usage).register(registry.tools)
+    registry.register(UsageModule())
     PreferenceTools(services.preferences).register(registry.tools)
     registry.register(SettingsModule())
     for module in extra:

@@ -13,9 +13,10 @@ from system.common.v1 import catalog_pb2, common_pb2
 from engine_service.admin_tools import ADMIN_LEVEL, CONFIG_RELOAD, ROUTING_DIAGNOSTICS
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleContext, ModuleSpec
+from engine_service.usage_tools import USAGE_DAYS, USAGE_READ
 from services.results import card, succeeded
 
-__all__ = ["ReloadModule", "RoutingModule"]
+__all__ = ["ReloadModule", "RoutingModule", "UsageModule"]
 
 _NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 _ROUTING_TITLE = {"zh": "路由诊断", "en": "Routing diagnostics"}
@@ -47,14 +48,27 @@ _NOTHING = {"zh": "没有变化", "en": "nothing changed"}
 
 
 def _admin_spec(
-    module_id: str, description: dict[str, str], aliases: tuple[str, ...], tool: str, writes: int
+    module_id: str,
+    description: dict[str, str],
+    aliases: tuple[str, ...],
+    tool: str,
+    writes: int,
+    argument: str = "",
 ) -> ModuleSpec:
-    """An admin command: explicit only, level ADMIN_LEVEL, one call of its one tool."""
+    """An admin command: explicit only, level ADMIN_LEVEL, one call of its one tool;
+    `argument`: the name of its one optional text argument, if it takes one."""
+    schema = _NO_INPUT
+    if argument:
+        schema = {
+            "type": "object",
+            "properties": {argument: {"type": "string", "maxLength": 63}},
+            "additionalProperties": False,
+        }
     return ModuleSpec(
         module_id=module_id,
         description=description,
-        input_schema=_NO_INPUT,
-        commands=(CommandSpec(aliases),),
+        input_schema=schema,
+        commands=(CommandSpec(aliases, argument),),
         routing_mode=catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
         min_permission_level=ADMIN_LEVEL,
         tools=(tool,),
@@ -144,3 +158,61 @@ class ReloadModule:
                 "system:reload", pick(_RELOAD_TITLE, language), lines or [pick(_NOTHING, language)]
             )
         )
+
+
+_USAGE_TITLE = {"zh": "{player} 的用量", "en": "Usage of {player}"}
+_USAGE_DAY = {
+    "zh": "{day}：模型调用 {calls} 次，输入 {prompt} / 输出 {completion} tokens，联网搜索 {searches} 次",
+    "en": "{day}: {calls} model calls, {prompt} prompt / {completion} completion tokens, "
+    "{searches} web searches",
+}
+_USAGE_TOTAL = {
+    "zh": "近 {days} 天合计：模型调用 {calls} 次，{tokens} tokens，联网搜索 {searches} 次",
+    "en": "Last {days} days: {calls} model calls, {tokens} tokens, {searches} web searches",
+}
+_USAGE_NONE = {"zh": "近 {days} 天没有用量。", "en": "No usage in the last {days} days."}
+
+
+class UsageModule:
+    """`/system usage [player]`: a player's external-service use per day (oneself by default)."""
+
+    spec = _admin_spec(
+        "system:usage",
+        {
+            "zh": "管理员：查看玩家近一周的模型和联网用量。",
+            "en": "Admin: a player's model and web use over the last week.",
+        },
+        ("usage", "用量"),
+        USAGE_READ,
+        writes=0,
+        argument="player",
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        player = (data.get("player") or "").strip() or ctx.player.player_id.rpartition("/")[2]
+        found = await ctx.tool(USAGE_READ, {"player": player})
+        days = found["days"]
+        lines = [
+            pick(_USAGE_DAY, language).format(
+                day=d["day"],
+                calls=d["model_calls"],
+                prompt=d["prompt_tokens"],
+                completion=d["completion_tokens"],
+                searches=d["web_searches"],
+            )
+            for d in days
+        ]
+        if days:
+            lines.append(
+                pick(_USAGE_TOTAL, language).format(
+                    days=USAGE_DAYS,
+                    calls=sum(d["model_calls"] for d in days),
+                    tokens=sum(d["prompt_tokens"] + d["completion_tokens"] for d in days),
+                    searches=sum(d["web_searches"] for d in days),
+                )
+            )
+        else:
+            lines.append(pick(_USAGE_NONE, language).format(days=USAGE_DAYS))
+        title = pick(_USAGE_TITLE, language).format(player=found["player"])
+        return succeeded(card("system:usage", title, lines))

@@ -1,0 +1,124 @@
+"""`system:usage.read`: a player's external-service use (model calls, tokens, web searches) per
+day, read from storage's PlayerDataService.GetUsage, for the administrators' `/system usage`.
+
+Players are named as their game server knows them; the tool reads them in the asking
+administrator's player scope (their game server, or its network: decision 0012), so an
+administrator of one server never reads another server's players.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Protocol
+
+import grpc
+from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
+
+from engine_service.context import ExecutionContext
+from engine_service.tools import ToolRegistry, ToolSpec
+from services.results import AgentFailure, ModuleFailure
+from services.runtime.channels import ChannelSettings, Dependency
+
+__all__ = ["USAGE_DAYS", "USAGE_READ", "StorageUsage", "UsageReader", "UsageTools"]
+
+USAGE_READ = "system:usage.read"
+USAGE_DAYS = 7
+"""Days shown, today (UTC) included."""
+STORAGE_TIMEOUT_SECONDS = 5.0
+
+USAGE_READ_SPEC = ToolSpec(
+    tool_id=USAGE_READ,
+    description=(
+        "Read one player's use of external services (model calls, tokens, web searches) per "
+        "day over the last week, for administrators."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {"player": {"type": "string", "minLength": 1, "maxLength": 63}},
+        "required": ["player"],
+        "additionalProperties": False,
+    },
+    read_only=True,
+    idempotent=True,
+    needs_context=True,
+)
+
+
+class UsageReader(Protocol):
+    """Where usage is read (storage in production)."""
+
+    async def days(
+        self, player_id: str, first: str, last: str, timeout: float
+    ) -> list[player_data_pb2.DailyUsage]: ...
+
+
+class StorageUsage:
+    """UsageReader over `PlayerDataService.GetUsage` (a read: retried on UNAVAILABLE)."""
+
+    def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
+        self._dep = Dependency(
+            target,
+            player_data_pb2_grpc.PlayerDataServiceStub,
+            idempotent_methods=["system.storage.v1.PlayerDataService/GetUsage"],
+            settings=settings,
+        )
+
+    async def days(
+        self, player_id: str, first: str, last: str, timeout: float
+    ) -> list[player_data_pb2.DailyUsage]:
+        response = await self._dep.stub.GetUsage(
+            player_data_pb2.GetUsageRequest(player_id=player_id, from_day=first, to_day=last),
+            timeout=timeout,
+        )
+        return list(response.days)
+
+    async def aclose(self) -> None:
+        await self._dep.aclose()
+
+
+class UsageTools:
+    """The handler of `system:usage.read`; `reader` None: no storage (STORAGE_UNAVAILABLE)."""
+
+    def __init__(self, reader: UsageReader | None) -> None:
+        self._reader = reader
+
+    def register(self, tools: ToolRegistry) -> None:
+        tools.server(USAGE_READ_SPEC, self.read)
+
+    async def read(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
+        if self._reader is None:
+            raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
+        name = payload["player"].strip()
+        if not name or "/" in name or not name.isprintable():
+            raise ModuleFailure(
+                AgentFailure.INVALID_INPUT,
+                f"{name!r} is not a player id; give the id the game server knows them by",
+            )
+        # The asker's scoped id is `<scope>/<id>`: the player asked about is in the same scope.
+        scope = ctx.player.player_id.rpartition("/")[0]
+        scoped = f"{scope}/{name}" if scope else name
+        today = dt.datetime.now(dt.UTC).date()
+        first = (today - dt.timedelta(days=USAGE_DAYS - 1)).isoformat()
+        try:
+            days = await self._reader.days(
+                scoped, first, today.isoformat(), min(STORAGE_TIMEOUT_SECONDS, ctx.remaining())
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ModuleFailure(AgentFailure.INVALID_INPUT, exc.details() or "") from None
+            raise ModuleFailure(
+                AgentFailure.STORAGE_UNAVAILABLE, "usage could not be read; try again later"
+            ) from None
+        return {
+            "player": name,
+            "days": [
+                {
+                    "day": d.day,
+                    "model_calls": d.model_calls,
+                    "prompt_tokens": d.prompt_tokens,
+                    "completion_tokens": d.completion_tokens,
+                    "web_searches": d.web_searches,
+                }
+                for d in days
+            ],
+        }
