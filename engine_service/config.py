@@ -121,6 +121,8 @@ class EngineConfig(ServerConfig):
             raise ConfigError("task_lease_seconds must be between 3 and 3600")
         if not 0.01 <= self.event_poll_seconds <= 60:
             raise ConfigError("event_poll_seconds must be between 0.01 and 60")
+        if not 1 <= self.offer_seconds <= 86400:
+            raise ConfigError("offer_seconds must be between 1 and 86400 (a day)")
         self.module_policy_overrides()
 
     def module_policy_overrides(self) -> dict[str, dict[str, int | float]]:
@@ -155,5 +157,3 @@ class EngineConfig(ServerConfig):
                 )
             found.setdefault(module_id.strip(), {})[budget] = value
         return found
-        if not 1 <= self.offer_seconds <= 86400:
-            raise ConfigError("offer_seconds must be between 1 and 86400 (a day)")

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2
 
 from engine_service.app import build_registry
 from engine_service.config import EngineConfig
@@ -297,7 +298,7 @@ async def test_bad_input_is_refused_with_a_message(chain: Chain) -> None:
     assert "longer than 64 characters" in long.reply.result.failure.message
     extra = await client.chat("alex", "/profile me")
     assert extra.reply.result.failure.key == "system.error.invalid_input"
-    # Buttons carry input the engine checks like any other.
+    # Buttons, and invocations, carry input the engine checks like any other.
     listed = (await client.chat("alex", "/item sword")).reply.result.card
     for forged in ({"item_id": "Not An Id"}, {"item_id": "minecraft:stone", "query": "x"}, {}):
         button = common_pb2.CardButton(
@@ -305,5 +306,11 @@ async def test_bad_input_is_refused_with_a_message(chain: Chain) -> None:
             label="forged",
             args={"module_id": "system:item", "input": json.dumps(forged)},
         )
-        refused = await client.press("alex", listed, button)
+        # Pressed as if from the card, a button it never carried runs nothing...
+        pressed = await client.press("alex", listed, button)
+        assert pressed.reply.result.failure.key == "system.error.stale_card", forged
+        # ...and sent as an invocation, the module refuses the input.
+        call = common_pb2.ModuleAction(module_id="system:item")
+        call.input.update(forged)
+        refused = await client.request("alex", invoke=gateway_pb2.Invoke(call=call))
         assert refused.reply.result.failure.key == "system.error.invalid_input", forged

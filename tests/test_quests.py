@@ -280,7 +280,8 @@ def test_the_claim_is_a_write_of_the_feature_reached_only_by_buttons_and_its_com
     catalogue = json.loads((ROOT / "docs/game-tools.json").read_text("utf-8"))
     needed = {t["name"]: [n["module_id"] for n in t["needed_by"]] for t in catalogue["tools"]}
     assert needed[CLAIM] == ["system:quest_claim"]
-    assert needed[GIFT] == ["system:quest_detail", "system:reasoning"]  # reasoning: optional
+    # reasoning and chat: optional
+    assert needed[GIFT] == ["system:quest_detail", "system:reasoning", "system:chat"]
 
 
 def test_reasoning_may_read_quests_but_never_claim() -> None:
