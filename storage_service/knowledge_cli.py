@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 from system.storage.v1 import knowledge_pb2, knowledge_pb2_grpc
 
+from services.runtime.channels import open_channel
 from services.runtime.errors import InvalidArgument
 from storage_service.knowledge_files import FileEntry, read_entry, starter
 
@@ -50,7 +51,7 @@ def _put_request(entry: FileEntry, player_id: str) -> knowledge_pb2.PutKnowledge
 
 async def _run(args: argparse.Namespace, target: str, token: str) -> int:
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with open_channel(target) as channel:
         stub = knowledge_pb2_grpc.KnowledgeServiceStub(channel)
         scope = f"player {args.player}" if args.player else "the shared table"
         if args.command in ("add", "starter"):

@@ -2,6 +2,17 @@
 
 Every channel carries the calling service's credential and keeps the stack's one keepalive
 policy (`ChannelSettings`, made from the service's config by `ServerConfig.channel_settings`).
+
+A target that names its resolver balances its calls round robin over every address that
+resolves to (decision 0022): `dns:///storage-headless:50054` (a headless Service: one address
+per ready replica, resolved again as connections close) and `ipv4:10.0.0.1:50054,10.0.0.2:50054`
+(a static list; `ipv6:` alike). gRPC's default, pick_first, would send every call of the
+process to one address. A plain `host:port` (a ClusterIP Service's virtual IP,
+`127.0.0.1:port`) keeps pick_first: one connection, made again on the next call after it was
+lost, so a restarted server is reached at once (round robin would retry it on the reconnect
+backoff and fail calls fast meanwhile). Servers close every internal connection after a
+maximum age (`ServerConfig.max_connection_age_seconds`), so a client also finds replicas
+added after it resolved, and a connection through a virtual IP lands on another replica.
 """
 
 from __future__ import annotations
@@ -28,10 +39,23 @@ class ChannelSettings:
     """The service's credential, and TLS to its targets."""
     keepalive: KeepalivePolicy = KeepalivePolicy()
     """Pings on idle connections (services.runtime.keepalive)."""
+    stream_seconds: float = 30.0
+    """How long a long-lived stream of calls (services.runtime.multiplex) takes new calls:
+    after that the next call opens a new stream (on the next address round robin, or on the
+    new connection of a server that aged the old one out) and the old stream is closed once
+    its calls are answered. It must stay below the servers'
+    `max_connection_age_grace_seconds` less the longest call on a stream, so that no stream
+    is still in use when its aged connection is closed. 0: one stream for good."""
 
 
-def _retry_config(idempotent_methods: Sequence[str]) -> str:
-    """Service config that retries the named methods on UNAVAILABLE, and nothing else.
+_BALANCED_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+"""Targets starting so are balanced round robin over their addresses (see the module
+docstring)."""
+
+
+def _service_config(idempotent_methods: Sequence[str], balanced: bool) -> str:
+    """Service config that retries the named methods on UNAVAILABLE, and nothing else, and,
+    when `balanced`, sends calls round robin over the target's addresses.
 
     Only idempotent calls may be sent twice; everything else fails fast to the caller.
     """
@@ -45,7 +69,12 @@ def _retry_config(idempotent_methods: Sequence[str]) -> str:
         "backoffMultiplier": 2,
         "retryableStatusCodes": ["UNAVAILABLE"],
     }
-    return json.dumps({"methodConfig": [{"name": names, "retryPolicy": policy}] if names else []})
+    config: dict[str, object] = {
+        "methodConfig": [{"name": names, "retryPolicy": policy}] if names else []
+    }
+    if balanced:
+        config["loadBalancingConfig"] = [{"round_robin": {}}]
+    return json.dumps(config)
 
 
 def open_channel(
@@ -61,7 +90,9 @@ def open_channel(
     propagation, over TLS when the settings trust a CA.
 
     Args:
-        target: `host:port` of the dependency.
+        target: the dependency's address: `host:port` (one connection), or
+            `dns:///host:port` or `ipv4:addr:port,addr:port` (calls round robin over every
+            address it resolves to).
         idempotent_methods: `package.Service/Method` names retried on UNAVAILABLE.
         default_timeout: seconds for calls made outside any request deadline.
         private: give the channel its own connections instead of sharing them with other
@@ -74,7 +105,12 @@ def open_channel(
     """
     settings = settings or ChannelSettings()
     options: list[tuple[str, object]] = [
-        ("grpc.service_config", _retry_config(idempotent_methods)),
+        (
+            "grpc.service_config",
+            _service_config(idempotent_methods, target.startswith(_BALANCED_SCHEMES)),
+        ),
+        # Ours alone: a service config published in DNS (TXT records) never replaces it.
+        ("grpc.service_config_disable_resolution", 1),
         ("grpc.enable_retries", 1),
         *settings.keepalive.channel_options(),
         # gRPC's default backoff grows to two minutes between attempts: a dependency that was
@@ -100,7 +136,7 @@ class Dependency(Generic[S]):
     """A channel to one dependency and the stub on it, owned by the object that uses it.
 
     Args:
-        target: `host:port`.
+        target: the dependency's address (see `open_channel`).
         stub_factory: the generated `...Stub` class.
         idempotent_methods: `package.Service/Method` names retried on UNAVAILABLE.
         private: connections of its own (see `open_channel`).

@@ -90,12 +90,19 @@ class ServerConfig:
     """Keepalive: how often this server pings idle client connections."""
     keepalive_timeout_seconds: float = 20.0
     """Keepalive: how long a ping may go unacknowledged before the connection is closed."""
-    max_connection_age_seconds: float = 0.0
-    """Close each client connection to the internal port after this long (0: never), so
-    clients of a scaled service reconnect and find new replicas; calls and streams open then
-    get `max_connection_age_grace_seconds` to finish."""
-    max_connection_age_grace_seconds: float = 30.0
-    """How long calls open on an aged connection may go on before it is closed."""
+    max_connection_age_seconds: float = 300.0
+    """Close each client connection to the internal port after about this long (gRPC adds
+    up to 10% either way, so connections made together are not closed together; 0: never).
+    The client then connects again, resolving its target anew: it finds replicas added since
+    (decision 0022). Calls open then get `max_connection_age_grace_seconds` to finish; new
+    calls go on the new connection. The gateway's public port never ages connections: a game
+    server holds one stream there for as long as it runs, and closing it would drop its
+    players."""
+    max_connection_age_grace_seconds: float = 150.0
+    """How long calls open on an aged connection may go on before it is closed: more than the
+    longest request (the gateway's `request_timeout_seconds`, 120 s), so that aging never cuts
+    one. Long-lived streams of calls move to a new stream well within it
+    (`ChannelSettings.stream_seconds`)."""
 
     def validate(self) -> None:
         """Raises ConfigError for values that cannot work. Subclasses extend it."""
@@ -123,6 +130,12 @@ class ServerConfig:
             raise ConfigError(
                 "max_connection_age_seconds and max_connection_age_grace_seconds must not be "
                 "negative"
+            )
+        if self.max_connection_age_seconds and not self.max_connection_age_grace_seconds:
+            raise ConfigError(
+                "max_connection_age_grace_seconds must be positive when "
+                "max_connection_age_seconds is set: with no grace every call open on an aged "
+                "connection is cut; give it more than the longest request"
             )
         problems = self.keepalive().problems()
         if problems:

@@ -23,6 +23,15 @@ so callers handle both alike. Calls in flight when the stream breaks fail UNAVAI
 idempotent ones are retried as the unary channels' retry policy would. `StreamedCalls` adds
 the owner's channel settings and the fall back to unary calls where the service answers
 UNIMPLEMENTED (decision 0021).
+
+Streams are replaced, not held for good (decision 0022): a stream takes new calls for
+`stream_seconds` (`ChannelSettings.stream_seconds`, 30 s), then the next call opens a new
+stream and the old one is closed cleanly once its calls are answered: the client ends its
+side, the server answers what it runs and ends the stream with OK. No call is cut or sent
+twice by it. That way a stream follows its channel's round robin to every replica in turn,
+and it is never in use when a server closes its aged connection (`max_connection_age_seconds`
+with a grace longer than `stream_seconds` plus the longest call): after the GOAWAY the next
+stream goes on the new connection, and the old one ends within the grace.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from google.protobuf.message import DecodeError, Message
 from system.common.v1.stream_pb2 import StreamedAnswer, StreamedCall
 
 from services.runtime import context as request_context
-from services.runtime.channels import Dependency, open_channel
+from services.runtime.channels import ChannelSettings, Dependency, open_channel
 from services.runtime.errors import ERROR_REASON_KEY
 from services.runtime.interceptors import Method, error_status, record_call
 from services.runtime.logging import RepeatedLines
@@ -318,10 +327,16 @@ class MultiplexClient:
         service: the service's descriptor: its stream's request message, and each unary
             RPC's request and response messages.
         retries: attempts after the first for calls marked idempotent that failed UNAVAILABLE.
+        stream_seconds: how long a stream takes new calls before the next call opens a new
+            one (see the module docstring); 0: one stream until it breaks.
     """
 
     def __init__(
-        self, open_stream: Callable[[], Any], service: ServiceDescriptor, retries: int = 2
+        self,
+        open_stream: Callable[[], Any],
+        service: ServiceDescriptor,
+        retries: int = 2,
+        stream_seconds: float = ChannelSettings.stream_seconds,
     ) -> None:
         self._open_stream = open_stream
         self._service = service.full_name
@@ -331,11 +346,15 @@ class MultiplexClient:
             for name, m in _unary_methods(service).items()
         }
         self._retries = retries
+        self._stream_seconds = stream_seconds
         self._stream: _Stream | None = None
+        self._replacement: asyncio.TimerHandle | None = None
+        self._retiring: dict[_Stream, asyncio.Task[None]] = {}
         self._next_id = 0
         self._closed = False
         self.streams_opened = 0
-        """Streams opened so far: 1 while the first stays up (a broken one is reopened)."""
+        """Streams opened so far: 1 while the first stays up, and one more after each
+        `stream_seconds` with calls, or after a stream broke."""
 
     async def call(
         self, method: str, request: Message, timeout: float | None, idempotent: bool = False
@@ -380,8 +399,9 @@ class MultiplexClient:
             raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
         stream = self._stream
         if stream is None or stream.broken:
-            stream = self._stream = _Stream(self._open_stream(), self._request_type)
-            self.streams_opened += 1
+            stream = self._open()
+        # From here to `submit` nothing awaits: the call goes on the stream just taken, which
+        # a replacement cannot retire in between.
         self._next_id += 1
         call_id = self._next_id
         future = stream.expect(call_id)
@@ -418,8 +438,41 @@ class MultiplexClient:
                 grpc.StatusCode.INTERNAL, f"the answer could not be decoded: {str(exc)[:200]}"
             ) from None
 
+    def _open(self) -> _Stream:
+        if self._replacement is not None:
+            self._replacement.cancel()
+        stream = self._stream = _Stream(self._open_stream(), self._request_type)
+        self.streams_opened += 1
+        if self._stream_seconds > 0:
+            self._replacement = asyncio.get_running_loop().call_later(
+                self._stream_seconds, self._retire, stream
+            )
+        return stream
+
+    def _retire(self, stream: _Stream) -> None:
+        """`stream` takes no more calls (the next call opens a new stream) and is closed once
+        the calls on it are answered."""
+        if self._stream is stream:
+            self._stream = None
+            self._replacement = None
+        if self._closed or stream.broken:
+            return
+        # Detached, like the stream's reader: it outlives the call that happened to open it.
+        retirement = asyncio.get_running_loop().create_task(
+            stream.finish(), context=contextvars.Context()
+        )
+        self._retiring[stream] = retirement
+        retirement.add_done_callback(lambda _: self._retiring.pop(stream, None))
+
     async def aclose(self) -> None:
         self._closed = True
+        if self._replacement is not None:
+            self._replacement.cancel()
+        for stream, retirement in list(self._retiring.items()):
+            retirement.cancel()
+            await stream.close()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retirement
         if self._stream is not None:
             await self._stream.close()
 
@@ -430,7 +483,8 @@ class StreamedCalls:
     call carries its request id and deadline itself.
 
     Everything else comes from the owner's `Dependency` on the service: its target, whether
-    its connections are private, which methods are idempotent (those calls are retried on
+    its connections are private, how long a stream takes calls before it is replaced (its
+    settings' `stream_seconds`), which methods are idempotent (those calls are retried on
     UNAVAILABLE, as its channel's retry policy retries them), and its stub, on which a call
     goes as a unary RPC once the service answered UNIMPLEMENTED for its method on the stream:
     a service without the stream (another version, during a rolling upgrade: decision 0021)
@@ -465,6 +519,7 @@ class StreamedCalls:
         self._client = MultiplexClient(
             functools.partial(open_stream, metadata=metadata) if metadata else open_stream,
             service,
+            stream_seconds=dependency.settings.stream_seconds,
         )
 
     @property
@@ -507,6 +562,8 @@ class _Stream:
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._unsent: list[tuple[Any, int]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._answered = asyncio.Event()
+        """Set whenever no call waits for an answer (a retired stream may then end)."""
         self.broken = False
         # Detached: the reader outlives the request that happened to open the stream.
         self._reader = asyncio.get_running_loop().create_task(
@@ -522,11 +579,15 @@ class _Stream:
 
     def forget(self, call_id: int) -> None:
         self._waiting.pop(call_id, None)
+        if not self._waiting:
+            self._answered.set()
 
     def expire(self, call_id: int, message: str) -> None:
         future = self._waiting.pop(call_id, None)
         if future is not None and not future.done():
             future.set_exception(_rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, message))
+        if not self._waiting:
+            self._answered.set()
 
     def submit(self, call: Any) -> None:
         """Queues a call for the next message: one message at a time is written, and what
@@ -601,6 +662,23 @@ class _Stream:
                     )
                 )
         self._waiting.clear()
+        self._answered.set()
+
+    async def finish(self) -> None:
+        """Ends the stream cleanly once no call on it waits for its answer (the client takes
+        no new calls onto it): the rest of what was submitted is written, the client ends
+        its side, and the server, having answered every call it read, ends the stream with OK
+        (the reader's EOF)."""
+        while self._waiting:
+            self._answered.clear()
+            await self._answered.wait()
+        if self._writer is not None:
+            await self._writer
+        if not self.broken:
+            # A stream that ended meanwhile fails here; its reader has heard how.
+            with contextlib.suppress(Exception):
+                await self._call.done_writing()
+        await self._reader
 
     async def close(self) -> None:
         self._break(None, None)

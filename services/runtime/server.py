@@ -7,6 +7,13 @@ port (`PublicPort`) carrying only the game servers' contract, as a separate grpc
 no internal service is reachable there. Both keep the keepalive policy of
 services.runtime.keepalive.
 
+The internal port closes every client connection once it is `max_connection_age_seconds` old
+(after a GOAWAY, calls open on it get `max_connection_age_grace_seconds` to finish), so that
+clients connect again: those balancing round robin over a `dns:///` target's addresses
+(services.runtime.channels) resolve it anew and spread over replicas started after them, and
+those dialling a virtual IP land on another replica. The public port never does: each game
+server holds one Connect stream there for as long as it runs.
+
 Shutdown order on SIGTERM/SIGINT: health flips to NOT_SERVING (so load balancers and probes
 stop sending work), the host waits `drain_seconds`, then the server stops accepting and gives
 running calls `grace_seconds` to finish.
@@ -160,6 +167,7 @@ class ServiceHost:
         )
         self.health = health.aio.HealthServicer()
         internal_options = list(options)
+        # Internal port only: a GOAWAY on the public port would end game servers' streams.
         if config.max_connection_age_seconds:
             internal_options += [
                 ("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
