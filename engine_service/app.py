@@ -82,7 +82,8 @@ class EngineApp:
         # Made here, in the serving process (after any fork): the pid is this worker's own.
         self.identity = replica_identity(config.replica_id, config.workers)
         self.storage = StorageHistory(config.storage_target, channels)
-        self.game_tools = GatewayGameTools(config.gateway_target, channels)
+        # To the gateway replica each player is connected to, as storage's presence says.
+        self.game_tools = GatewayGameTools(config.gateway_target, channels, config.storage_target)
         self.runs = JournalRuns(config.storage_target, settings=channels)
         self.models = ModelClient(config.model_target, channels)
         self.knowledge = StorageKnowledge(config.storage_target, channels)

@@ -3,14 +3,17 @@ the gateway's tool relay."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
 from google.protobuf import json_format, struct_pb2
+from google.protobuf.message import Message
 from system.common.v1 import common_pb2
-from system.relay.v1 import relay_pb2, relay_pb2_grpc
+from system.relay.v1 import relay_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storage_pb2_grpc
 
+from engine_service.relay_routes import RelayRoutes
 from engine_service.runs import RunStart
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 from services.runtime.channels import ChannelSettings, Dependency
@@ -142,21 +145,56 @@ class StorageHistory:
 
 class GatewayGameTools:
     """GameTools over the gateway's `ToolRelayService.CallGameTool`, and PlayerNotices over
-    its `NotifyPlayer`.
+    its `NotifyPlayer`, sent to the gateway replica the player is connected to
+    (engine_service.relay_routes, decision 0023).
 
-    Calls are never retried: a game tool may write, and the relay cannot tell whether the game
-    server ran a call whose answer was lost. Errors become catalogued module failures:
+    Calls are never retried where they may have reached the game server: a game tool may
+    write, and the relay cannot tell whether the game server ran a call whose answer was
+    lost. FAILED_PRECONDITION (the player is not connected to that replica) means nothing was
+    sent, so the player is looked up again and, when storage names another replica now (they
+    reconnected there), the call goes there once. Errors become catalogued module failures:
     FAILED_PRECONDITION (player not connected) and NOT_FOUND (their server does not offer the
     tool) are TOOL_UNAVAILABLE, raised as `NotDelivered` since the call never left; a lost answer of a non-idempotent tool is EFFECT_UNKNOWN, of any other
     TIMEOUT or TOOL_UNAVAILABLE; a failure the game server reports keeps its catalogue key.
     """
 
-    def __init__(self, target: str, settings: ChannelSettings | None = None) -> None:
-        self._dep = Dependency(target, relay_pb2_grpc.ToolRelayServiceStub, settings=settings)
-        # Every call on one ToolRelayService.MultiplexCalls stream, its deadline carried with it.
-        self._calls = StreamedCalls(
-            self._dep, relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"]
-        )
+    def __init__(
+        self,
+        target: str,
+        settings: ChannelSettings | None = None,
+        storage_target: str | None = None,
+    ) -> None:
+        self.routes = RelayRoutes(target, storage_target, settings)
+        # The default target's route: every call to it on one MultiplexCalls stream.
+        self._dep = self.routes.default.dependency
+        self._calls = self.routes.default.calls
+
+    async def _send(self, player_id: str, method: str, request: Message, timeout: float) -> Any:
+        """Sends the call to the player's replica; once more to another replica when the
+        first answered that the player is not connected there."""
+        deadline = time.monotonic() + timeout
+        route = await self.routes.route(player_id)
+        retried = False
+        while True:
+            route.in_flight += 1
+            try:
+                return await route.calls.call(
+                    method, request, max(0.0, deadline - time.monotonic())
+                )
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
+                    raise
+                self.routes.forget(player_id)
+                if code != grpc.StatusCode.FAILED_PRECONDITION or retried:
+                    raise
+                retried = True
+                moved = await self.routes.route(player_id, fresh=True)
+                if moved.address == route.address:
+                    raise
+            finally:
+                route.in_flight -= 1
+            route = moved
 
     async def call(
         self,
@@ -176,7 +214,7 @@ class GatewayGameTools:
             server_id=server_id,
         )
         try:
-            response = await self._calls.call("CallGameTool", request, timeout)
+            response = await self._send(player_id, "CallGameTool", request, timeout)
         except grpc.aio.AioRpcError as exc:
             raise _failure(exc, tool_id, idempotent) from None
         result = response.result
@@ -195,17 +233,17 @@ class GatewayGameTools:
         server_id: str = "",
     ) -> None:
         """Shows `result` to the player of game server `server_id` as a notice
-        (PlayerNotices). Raises grpc.aio.AioRpcError when it could not be sent
-        (FAILED_PRECONDITION: offline)."""
-        await self._calls.call(
+        (PlayerNotices), on whichever gateway replica they are connected to. Raises
+        grpc.aio.AioRpcError when it could not be sent (FAILED_PRECONDITION: offline)."""
+        await self._send(
+            player_id,
             "NotifyPlayer",
             relay_pb2.NotifyPlayerRequest(player_id=player_id, result=result, server_id=server_id),
             timeout,
         )
 
     async def aclose(self) -> None:
-        await self._calls.aclose()
-        await self._dep.aclose()
+        await self.routes.aclose()
 
 
 def _struct(data: dict[str, Any]) -> struct_pb2.Struct:

@@ -1,4 +1,4 @@
-"""Assembles the storage service: database engine, the four stores, their servicers, host."""
+"""Assembles the storage service: database engine, the stores, their servicers, host."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from system.storage.v1 import (
     knowledge_pb2_grpc,
     player_data_pb2,
     player_data_pb2_grpc,
+    presence_pb2,
+    presence_pb2_grpc,
     storage_pb2,
     storage_pb2_grpc,
 )
@@ -34,6 +36,8 @@ from storage_service.knowledge_servicer import KnowledgeServicer
 from storage_service.migrate import upgrade
 from storage_service.player_data import PlayerDataStore
 from storage_service.player_data_servicer import PlayerDataServicer
+from storage_service.presence import PresenceStore
+from storage_service.presence_servicer import PresenceServicer
 from storage_service.runs import RunStore
 from storage_service.servicer import StorageServicer
 from storage_service.usage import UsageLedger
@@ -56,6 +60,10 @@ ACCESS = AccessPolicy(
         _S + "PlayerDataService/SettleUsage": ["model"],
         _S + "PlayerDataService/SettleUsageBatch": ["model"],
         _S + "KnowledgeService/SearchKnowledge": ["engine"],
+        # Which gateway replica holds each player: written by gateway replicas, read by the
+        # engine's relay client (decision 0023).
+        _S + "PresenceService": ["gateway"],
+        _S + "PresenceService/LocatePlayer": ["engine"],
         # Not listed, so operators' tooling alone: GrantBinding, ResetPlayer, PutKnowledge,
         # DeleteKnowledge.
     }
@@ -77,6 +85,7 @@ SERVICE_NAMES = [
     _name(journal_pb2, "JournalService"),
     _name(player_data_pb2, "PlayerDataService"),
     _name(knowledge_pb2, "KnowledgeService"),
+    _name(presence_pb2, "PresenceService"),
 ]
 
 
@@ -108,6 +117,8 @@ class StorageApp:
         journal = JournalServicer(self.journal, runs, self.committer)
         player_data = PlayerDataServicer(self.player_data, UsageLedger(sessions))
         knowledge = KnowledgeServicer(self.knowledge)
+        self.presence = PresenceStore(sessions)
+        presence = PresenceServicer(self.presence)
         self.host = ServiceHost(
             "storage",
             config,
@@ -118,6 +129,7 @@ class StorageApp:
                     player_data, s
                 ),
                 lambda s: knowledge_pb2_grpc.add_KnowledgeServiceServicer_to_server(knowledge, s),
+                lambda s: presence_pb2_grpc.add_PresenceServiceServicer_to_server(presence, s),
             ],
             SERVICE_NAMES,
             access=ACCESS,

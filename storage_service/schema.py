@@ -13,6 +13,7 @@ from storage_service import (  # noqa: F401
     journal_records,
     leases,
     player_data,
+    presence,
     usage_records,
 )
 from storage_service.knowledge import include_name

@@ -85,11 +85,12 @@ class Chain:
         return self.target("storage")
 
     def new_client(
-        self, server_id: str | None = None, token: str | None = None
+        self, server_id: str | None = None, token: str | None = None, *, gateway: str = "gateway"
     ) -> GameServerClient:
-        """A GameServerClient (not connected) closed with the chain."""
+        """A GameServerClient (not connected) closed with the chain, for the public port of
+        `gateway` (`gateway_b`, ... with `gateway_replicas`)."""
         client = GameServerClient(
-            self.gateway_target,
+            self.target(gateway),
             self.server_id if server_id is None else server_id,
             self.token if token is None else token,
         )
@@ -97,10 +98,10 @@ class Chain:
         return client
 
     async def client(
-        self, server_id: str | None = None, token: str | None = None
+        self, server_id: str | None = None, token: str | None = None, *, gateway: str = "gateway"
     ) -> GameServerClient:
         """A connected GameServerClient (welcome received), closed with the chain."""
-        client = self.new_client(server_id, token)
+        client = self.new_client(server_id, token, gateway=gateway)
         await client.connect()
         return client
 
@@ -195,6 +196,7 @@ async def running_chain(
     engine_settings: dict[str, Any] | None = None,
     router_settings: dict[str, Any] | None = None,
     model: FakeOpenAIServer | None = None,
+    gateway_replicas: int = 1,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Chain]:
     """Starts storage, engine, router and gateway; stops them in reverse order on exit.
@@ -246,15 +248,15 @@ async def running_chain(
 
         # The engine must know the gateway's address before the gateway starts (game tools go
         # engine -> gateway); channels connect lazily, so a port chosen up front is enough.
-        relay_port, router_port = free_port(), free_port()
+        relay_ports = [free_port() for _ in range(gateway_replicas)]
+        router_port = free_port()
         engine_config = EngineConfig(
             **_HOST,
             **auth("engine"),
-            **(engine_settings or {}),
+            **{"model_target": model_target, **(engine_settings or {})},
             storage_target=storage.host.target,
-            gateway_target=f"127.0.0.1:{relay_port}",
+            gateway_target=f"127.0.0.1:{relay_ports[-1]}",
             router_target=f"127.0.0.1:{router_port}",
-            model_target=model_target,
         )
         chain._restart["engine"] = (create_engine, engine_config)
         engine = await create_engine(engine_config)
@@ -265,28 +267,30 @@ async def running_chain(
             RouterConfig(
                 **{**_HOST, "port": router_port},
                 **auth("router"),
-                **(router_settings or {}),
+                **{"model_target": model_target, **(router_settings or {})},
                 engine_target=engine.host.target,
-                model_target=model_target,
             )
         )
         apps["router"] = router
         await router.host.start()
 
-        config = GatewayConfig(
-            **_HOST,
-            **auth("gateway"),
-            internal_port=relay_port,
-            router_target=router.host.target,
-            engine_target=engine.host.target,
-            storage_target=storage.host.target,
-            tokens=(f"{SERVER_ID}={token}",),
-            **gateway_overrides,
-        )
-        config.validate()
-        gateway = await create_gateway(config)
-        apps["gateway"] = gateway
-        await gateway.host.start()
+        for index, relay_port in enumerate(relay_ports):
+            name = "gateway" if index == 0 else f"gateway_{chr(ord('a') + index)}"
+            config = GatewayConfig(
+                **_HOST,
+                **auth("gateway"),
+                internal_port=relay_port,
+                router_target=router.host.target,
+                engine_target=engine.host.target,
+                storage_target=storage.host.target,
+                tokens=(f"{SERVER_ID}={token}",),
+                **gateway_overrides,
+            )
+            config.validate()
+            chain._restart[name] = (create_gateway, config)
+            gateway = await create_gateway(config)
+            apps[name] = gateway
+            await gateway.host.start()
         yield chain
     finally:
         await chain._close()

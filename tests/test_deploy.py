@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from services.gateway.config import GatewayConfig
 from services.runtime.config import ServerConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,10 +113,10 @@ SPECS = (
     ),
 )
 BY_APP = {spec.app: spec for spec in SPECS}
-STATELESS = frozenset({"router", "engine", "model-gateway"})
+STATELESS = frozenset({"gateway", "router", "engine", "model-gateway"})
 """Services whose replicas share nothing: each has an autoscaler. Storage joins them on
-PostgreSQL; on SQLite it is one replica. The gateway is one replica until the engine's relay
-routes each call to the replica holding the player (issue 19's presence routing)."""
+PostgreSQL; on SQLite it is one replica. Gateway replicas record in storage which players
+each holds, and the engine's relay goes to that replica (decision 0023)."""
 PUBLIC_PORT = ("gateway", 50051)
 """The one port reachable from anywhere."""
 MIGRATE_JOB = "storage-migrate"
@@ -719,6 +720,23 @@ def test_the_public_service_carries_only_the_game_servers_port() -> None:
     assert internal["relay"] == int(settings["SYSTEM_GATEWAY_INTERNAL_PORT"] or 0)
 
 
+def test_each_gateway_pod_advertises_its_own_internal_address() -> None:
+    """Engine replicas reach the replica holding a player at the address it recorded in
+    storage (decision 0023): the pod's IP, from the downward API, on the relay port."""
+    gateway = _deployment(BY_APP["gateway"])
+    [entry] = [
+        e
+        for e in _server_container(gateway).get("env", [])
+        if e["name"] == "SYSTEM_GATEWAY_INTERNAL_ADVERTISE"
+    ]
+    assert entry["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    config = GatewayConfig(tokens=("sim=12345678",), internal_advertise="10.1.2.3")
+    port = int(BASE_MANIFESTS.settings(gateway)["SYSTEM_GATEWAY_INTERNAL_PORT"] or 0)
+    assert config.advertised_address(port) == f"10.1.2.3:{port}"
+    assert _port(_server_container(gateway), "relay") == port
+    assert "replicas" not in gateway["spec"]
+
+
 def test_internal_services_are_headless_and_the_public_one_is_not() -> None:
     """Clients balance over pod addresses only when DNS hands them out: a headless Service.
     Game servers reach the public port through a virtual IP (or a load balancer)."""
@@ -930,13 +948,15 @@ def test_runs_the_module_from_the_table(spec: Spec) -> None:
 @per_service
 def test_settings_live_in_the_services_config_map(spec: Spec) -> None:
     """Settings come from the service's ConfigMap; the Deployment's own env holds what runs
-    (SERVICE_MODULE) and references to Secrets, nothing else."""
+    (SERVICE_MODULE), references to Secrets, and what only the pod knows (the downward API:
+    the gateway's pod IP), nothing else."""
     container = _server_container(_deployment(spec))
     assert container["envFrom"] == [{"configMapRef": {"name": f"{spec.app}-config"}}]
     for entry in container.get("env", []):
-        assert entry["name"] == "SERVICE_MODULE" or "secretKeyRef" in entry["valueFrom"], (
-            f"{spec.app}: {entry['name']} belongs in {spec.app}-config"
-        )
+        source = entry.get("valueFrom") or {}
+        assert (
+            entry["name"] == "SERVICE_MODULE" or "secretKeyRef" in source or "fieldRef" in source
+        ), f"{spec.app}: {entry['name']} belongs in {spec.app}-config"
     settings = BASE_MANIFESTS.settings(_deployment(spec))
     for name in settings:
         assert name in EXTRA_SETTINGS or name.startswith(spec.env_prefix), (

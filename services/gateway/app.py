@@ -8,6 +8,7 @@ from system.relay.v1 import relay_pb2, relay_pb2_grpc
 from services.gateway.config import GatewayConfig
 from services.gateway.connection import ConnectionRegistry
 from services.gateway.players import PlayerRequests
+from services.gateway.presence import PresenceReporter
 from services.gateway.relay import ToolRelayServicer
 from services.gateway.servicer import GatewayServicer
 from services.runtime.security import AccessPolicy, ServerTls
@@ -35,7 +36,16 @@ class GatewayApp:
             config.channel_settings(),
             config.default_mode(),
         )
-        gateway = GatewayServicer(config, self.connections, self.players)
+        # Which players this replica holds, in storage, so that engine replicas send their
+        # tool calls and notices here (decision 0023).
+        self.presence = PresenceReporter(
+            config.storage_target,
+            config.new_replica_id(),
+            config.presence_lease_seconds,
+            lambda: self._internal_address(config),
+            config.channel_settings(),
+        )
+        gateway = GatewayServicer(config, self.connections, self.players, self.presence)
         relay = ToolRelayServicer(config, self.connections)
         # Two servers: game servers reach the public port, which carries their contract alone;
         # the relay lives on the internal port, behind service credentials.
@@ -64,9 +74,17 @@ class GatewayApp:
             internal_port=config.internal_port,
         )
 
+    def _internal_address(self, config: GatewayConfig) -> str:
+        """Where other services reach the internal port; "" until it is bound (port 0)."""
+        port = config.internal_port or self.host.internal_port
+        return config.advertised_address(port) if port else ""
+
     async def aclose(self) -> None:
+        await self.presence.aclose()
         await self.players.aclose()
 
 
 async def create_app(config: GatewayConfig) -> GatewayApp:
-    return GatewayApp(config)
+    app = GatewayApp(config)
+    app.presence.start()
+    return app

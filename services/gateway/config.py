@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
+import uuid
 
 from system.common.v1 import common_pb2
 
@@ -29,6 +31,20 @@ class GatewayConfig(ServerConfig):
     internal_port: int = 50056
     """The internal port: the engine's tool relay (system.relay.v1), health and reflection;
     every call needs a service credential (`caller_tokens` or mutual TLS)."""
+    internal_advertise: str = ""
+    """Where other services (engine replicas) reach this replica's internal port, recorded in
+    storage with the players it holds (decision 0023): `host:port`, or a host alone (an IPv4
+    or IPv6 address or a name), which gets `internal_port`. In Kubernetes the pod's IP
+    (deploy/kubernetes/base/gateway.yaml sets it from the downward API). Empty:
+    `127.0.0.1:<internal port>`, for one machine."""
+    replica_name: str = ""
+    """Names this replica in storage's presence rows and in logs: `<replica_name>-<random>`,
+    new at every start (a restarted gateway holds none of its earlier connections). Empty:
+    the host name (the pod's name in Kubernetes). At most 48 printable characters."""
+    presence_lease_seconds: int = 15
+    """Lease of this replica's presence in storage, renewed every third of it. When a replica
+    dies, tool calls and notices for its players fail at most this long before the engine
+    sees them gone (they are offline until their game server reconnects anywhere)."""
     public_tls_cert_file: str = ""
     """PEM certificate chain the public port serves TLS with; reloaded when the file changes.
     Empty: plaintext (loopback development only; game-server tokens would cross in clear)."""
@@ -100,6 +116,19 @@ class GatewayConfig(ServerConfig):
                 raise ConfigError(f"{name}: {path} does not exist")
         self.player_scopes()
         self.default_mode()
+        if self.workers > 1:
+            raise ConfigError(
+                "workers must be 1 for the gateway: each worker would hold its own game "
+                "servers behind one internal address; run more replicas instead"
+            )
+        if self.internal_advertise:
+            self.advertised_address(self.internal_port or 1)
+        if len(self.replica_name) > 48 or not self.replica_name.isprintable():
+            raise ConfigError("replica_name must be at most 48 printable characters")
+        if not 3 <= self.presence_lease_seconds <= 3600:
+            raise ConfigError(
+                f"presence_lease_seconds must be between 3 and 3600, got {self.presence_lease_seconds}"
+            )
         if self.hello_timeout_seconds <= 0:
             raise ConfigError(
                 f"hello_timeout_seconds must be positive, got {self.hello_timeout_seconds}"
@@ -118,6 +147,29 @@ class GatewayConfig(ServerConfig):
             raise ConfigError(
                 "request_timeout_seconds and tool_call_timeout_seconds must be positive"
             )
+
+    def advertised_address(self, internal_port: int) -> str:
+        """The `host:port` recorded for this replica's internal port, bound at
+        `internal_port`. Raises ConfigError for a malformed `internal_advertise`."""
+        value = self.internal_advertise.strip()
+        if not value:
+            return f"127.0.0.1:{internal_port}"
+        if value.count(":") > 1 and not value.startswith("["):
+            value = f"[{value}]"  # a bare IPv6 address: the host alone
+        host, sep, port = value.rpartition(":")
+        if not sep or host.endswith(":") or (value.startswith("[") and not host.endswith("]")):
+            host, port = value, str(internal_port)
+        if not host or " " in host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ConfigError(
+                "internal_advertise must be host:port or a host alone (this replica's internal "
+                f"port as other services dial it), got {self.internal_advertise!r}"
+            )
+        return f"{host}:{port}"
+
+    def new_replica_id(self) -> str:
+        """A replica id for this start: `replica_name` (or the host name) and a random part."""
+        name = (self.replica_name or socket.gethostname() or "gateway")[:48]
+        return f"{name}-{uuid.uuid4().hex[:12]}"
 
     def default_mode(self) -> common_pb2.ConversationMode:
         """`conversation_mode` as the enum; raises ConfigError for an unknown name."""

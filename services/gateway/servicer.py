@@ -20,7 +20,8 @@ from system.router.v1 import router_pb2
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
 from services.gateway.players import PlayerRequests
-from services.gateway.scopes import PlayerScopes
+from services.gateway.presence import PresenceReporter
+from services.gateway.scopes import PlayerScopes, split
 from services.gateway.tool_contract import ContractCheck, check_tools
 from services.gateway.validation import (
     MAX_INPUT_BYTES,
@@ -82,9 +83,17 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
     """Accepts game servers' connections and serves their players."""
 
     def __init__(
-        self, config: GatewayConfig, registry: ConnectionRegistry, players: PlayerRequests
+        self,
+        config: GatewayConfig,
+        registry: ConnectionRegistry,
+        players: PlayerRequests,
+        presence: PresenceReporter | None = None,
     ) -> None:
         self._config = config
+        self._reporter = presence
+        """Records in storage which players this replica holds (decision 0023)."""
+        if presence is not None:
+            presence.on_taken = self._taken_elsewhere
         self._tokens = config.token_book()
         self._scopes = PlayerScopes(config.player_scopes())
         self._registry = registry
@@ -210,6 +219,8 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             for player in connection.players.values():
                 self._players.forget(player, router_pb2.CLEAR_REASON_DISCONNECTED)
             self._registry.remove(connection)
+            for player in connection.players.values():
+                self._left_replica(player.player_id)
             CONNECTIONS.set(len(self._registry))
             PLAYERS.set(self._registry.players())
             # Writes what is left, unless the gateway ended the stream (then its outbox is
@@ -323,6 +334,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             left = connection.players.pop(player_id)
             connection.states.pop(player_id, None)
             self._registry.detach(left.player_id, connection)
+            self._left_replica(left.player_id)
             self._players.forget(left, router_pb2.CLEAR_REASON_DISCONNECTED)
         else:
             if presence.kind == gateway_pb2.PRESENCE_KIND_UPDATE and not known:
@@ -345,9 +357,41 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             if not known:
                 connection.moved.pop(player_id, None)
                 before = self._registry.attach(player.player_id, connection)
+                if self._reporter is not None:
+                    # Takes the player over from any other replica they were attached to.
+                    self._reporter.attached(player.player_id)
                 if before is not None:
                     self._take_from(before, player_id, connection)
                 self._players.resume_tasks(player)
+        PLAYERS.set(self._registry.players())
+
+    def _left_replica(self, scoped_id: str) -> None:
+        """The player's attachment here ended: unless another connection of this replica has
+        them, storage stops naming this replica for them."""
+        if self._reporter is not None and self._registry.attached(scoped_id) is None:
+            self._reporter.detached(scoped_id)
+
+    def _taken_elsewhere(self, scoped_ids: list[str]) -> None:
+        """Storage says these players joined on another gateway replica since they joined
+        here (their game server reconnected there while its stream here has not ended yet,
+        or they moved within their network): their attachment here ends as it would for a
+        newer connection on this replica, and the engine's calls for them go there."""
+        for scoped_id in scoped_ids:
+            connection = self._registry.attached(scoped_id)
+            parts = split(scoped_id)
+            if connection is None or parts is None:
+                continue
+            player_id = parts[1]
+            connection.cancel_player(
+                player_id, f"player {shown(player_id)} joined on another gateway replica"
+            )
+            connection.players.pop(player_id, None)
+            connection.states.pop(player_id, None)
+            self._registry.detach(scoped_id, connection)
+            log.info(
+                "player taken over by another gateway replica",
+                extra={"server_id": connection.server_id, "session_id": connection.session_id},
+            )
         PLAYERS.set(self._registry.players())
 
     def _take_from(self, before: Connection, player_id: str, now: Connection) -> None:

@@ -1,0 +1,342 @@
+"""Two gateway replicas over one storage and one engine, all real gRPC servers on loopback
+(decision 0023): the engine's game-tool calls and notices reach a player on whichever replica
+their game server is connected to, a game server reconnecting to the other replica takes its
+players over, and a replica that stops renewing its lease is ignored once the lease ends.
+
+The engine's `gateway_target` names replica B (`running_chain(gateway_replicas=2)`), so a
+player on replica A is reached only through the presence recorded in storage."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from sqlalchemy import delete, select
+from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2
+from system.storage.v1 import presence_pb2, presence_pb2_grpc
+
+from services.gamesim.client import FrameRefused, GameServerClient
+from services.gamesim.world import World
+from storage_service.presence import PlayerPresenceRow
+from tests.inprocess import SERVER_ID, Chain, running_chain
+from tests.waiting import wait_until
+
+SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
+LEASE_SECONDS = 3  # the shortest a gateway accepts; renewed every second
+STEVE = f"{SERVER_ID}/steve"
+INVENTORY = "minecraft:inventory.read"
+
+
+class RecordingClient(GameServerClient):
+    """A simulated game server that records the game-tool calls it was sent."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.tool_calls: list[str] = []
+
+    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
+        self.tool_calls.append(call.tool)
+        return super()._run_tool(call)
+
+
+@pytest.fixture
+async def chain(tmp_path: pathlib.Path) -> AsyncIterator[Chain]:
+    async with running_chain(
+        tmp_path, gateway_replicas=2, presence_lease_seconds=LEASE_SECONDS
+    ) as running:
+        yield running
+
+
+def connect_to(chain: Chain, gateway: str, world: World) -> RecordingClient:
+    client = RecordingClient(chain.target(gateway), SERVER_ID, chain.token, world)
+    chain._clients.append(client)
+    return client
+
+
+def presence(chain: Chain) -> presence_pb2_grpc.PresenceServiceStub:
+    return presence_pb2_grpc.PresenceServiceStub(chain.channel("storage"))
+
+
+async def located(chain: Chain, player_id: str = STEVE) -> presence_pb2.LocatePlayerResponse:
+    return await presence(chain).LocatePlayer(
+        presence_pb2.LocatePlayerRequest(player_id=player_id), timeout=5
+    )
+
+
+def relay_address(chain: Chain, gateway: str) -> str:
+    return chain.apps[gateway].host.internal_target
+
+
+async def wait_located_at(chain: Chain, gateway: str) -> None:
+    address = relay_address(chain, gateway)
+
+    async def there() -> bool:
+        found = await located(chain)
+        return found.connected and found.address == address
+
+    await wait_until(there, what=f"steve located at {gateway} ({address})")
+
+
+async def next_notice(client: GameServerClient) -> gateway_pb2.PlayerResponse:
+    """The next notice the game server was sent; fails the test after 5 s without one."""
+    return await asyncio.wait_for(client.notices.get(), 5.0)
+
+
+def notice(text: str) -> common_pb2.AgentResult:
+    return common_pb2.AgentResult(status=SUCCEEDED, text=text)
+
+
+async def test_tool_calls_follow_the_game_server_to_the_other_replica(chain: Chain) -> None:
+    world = World()
+    on_a = connect_to(chain, "gateway", world)
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    # The engine's own target is replica B; the inventory read reaches steve on A.
+    shown = (await on_a.chat("steve", "check my inventory")).reply
+    assert shown.module_id == "system:inventory" and shown.result.status == SUCCEEDED
+    assert on_a.tool_calls == [INVENTORY]
+
+    # The game server reconnects to replica B: steve goes with it.
+    await on_a.close()
+    on_b = connect_to(chain, "gateway_b", world)
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway_b")
+    shown = (await on_b.chat("steve", "check my inventory")).reply
+    assert shown.module_id == "system:inventory" and shown.result.status == SUCCEEDED
+    assert on_b.tool_calls == [INVENTORY]
+    assert on_a.tool_calls == [INVENTORY]
+
+    # And back to A: the engine's cached route to B answers "not connected", so it asks
+    # storage again and follows.
+    await on_b.close()
+    again = connect_to(chain, "gateway", world)
+    await again.connect()
+    await again.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    shown = (await again.chat("steve", "check my inventory")).reply
+    assert shown.result.status == SUCCEEDED
+    assert again.tool_calls == [INVENTORY] and on_b.tool_calls == [INVENTORY]
+    # A notice from the engine (an event task's outcome) goes the same way.
+    tools = chain.apps["engine"].game_tools
+    await tools.notify(STEVE, notice("done"), 5.0, server_id=SERVER_ID)
+    shown_notice = await next_notice(again)
+    assert shown_notice.player_id == "steve" and shown_notice.notice.result.text == "done"
+
+
+async def test_a_reconnection_elsewhere_takes_the_players_over_and_notices_follow(
+    chain: Chain,
+) -> None:
+    world = World()
+    on_b = connect_to(chain, "gateway_b", world)
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway_b")
+    shown = (await on_b.chat("steve", "check my inventory")).reply
+    assert shown.result.status == SUCCEEDED and on_b.tool_calls == [INVENTORY]
+
+    # A new stream on replica A while the one on B is still open (a link B has not seen
+    # die yet): the JOIN on A takes steve's row over.
+    on_a = connect_to(chain, "gateway", world)
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    # B's next renewal learns it from storage and lets steve go, as a newer connection on
+    # one replica would: the old stream's frames for steve are refused.
+    b = chain.apps["gateway_b"]
+    await wait_until(
+        lambda: b.connections.attached(STEVE) is None and not b.presence.holds(STEVE),
+        timeout=LEASE_SECONDS * 3,
+        what="B let steve go",
+    )
+    with pytest.raises(FrameRefused) as refused:
+        await on_b.chat("steve", "check my inventory")
+    assert refused.value.error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    # B's repair does not take steve back.
+    renewed = b.presence.renewals
+    await wait_until(lambda: b.presence.renewals > renewed + 1, what="two more renewals of B")
+    await wait_located_at(chain, "gateway")
+
+    # The engine's notice and tool calls reach steve on A, not on B (the engine's own
+    # target, where its last call for steve went).
+    tools = chain.apps["engine"].game_tools
+    await tools.notify(STEVE, notice("moved"), 5.0, server_id=SERVER_ID)
+    moved = await next_notice(on_a)
+    assert moved.player_id == "steve" and moved.notice.result.text == "moved"
+    reply = (await on_a.chat("steve", "check my inventory")).reply
+    assert reply.result.status == SUCCEEDED and on_a.tool_calls == [INVENTORY]
+    assert on_b.tool_calls == [INVENTORY]
+    assert on_b.notices.empty()
+
+
+async def test_a_late_leave_on_the_old_replica_leaves_the_new_row_alone(chain: Chain) -> None:
+    world = World()
+    on_b = connect_to(chain, "gateway_b", world)
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway_b")
+    on_a = connect_to(chain, "gateway", world)
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    # B's old stream ends before B heard of the takeover, or after: either way B's write
+    # (a detach, or its repair) never removes the row A holds.
+    b = chain.apps["gateway_b"].presence
+    await on_b.close()
+    await wait_until(lambda: not b.holds(STEVE) and b.settled, what="B wrote steve's leave")
+    renewed = b.renewals
+    await wait_until(lambda: b.renewals > renewed, what="another renewal of B")
+    await wait_located_at(chain, "gateway")
+    reply = (await on_a.chat("steve", "check my inventory")).reply
+    assert reply.result.status == SUCCEEDED and on_a.tool_calls == [INVENTORY]
+
+
+async def test_a_replica_that_stops_renewing_is_ignored_after_its_lease(chain: Chain) -> None:
+    world = World()
+    on_a = connect_to(chain, "gateway", world)
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+
+    # Replica A hangs as far as storage can tell: no more renewals. It still holds the
+    # stream, but once its lease ends nothing names it.
+    await chain.apps["gateway"].presence.stop()
+
+    async def gone() -> bool:
+        return not (await located(chain)).connected
+
+    await wait_until(gone, timeout=LEASE_SECONDS * 3, what="A's lease ended")
+
+    # B's next renewal deletes A's rows.
+    def no_rows_left() -> bool:
+        with chain.apps["storage"].engine.connect() as connection:
+            return connection.execute(select(PlayerPresenceRow)).first() is None
+
+    await wait_until(no_rows_left, timeout=LEASE_SECONDS * 3, what="A's rows deleted")
+    # The engine no longer finds steve on A: its notice goes to its own target (B), where
+    # steve is not.
+    tools = chain.apps["engine"].game_tools
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await tools.notify(STEVE, notice("lost"), 5.0, server_id=SERVER_ID)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert on_a.notices.empty()
+
+    # The game server reconnects to B and is reachable again.
+    await on_a.close()
+    on_b = connect_to(chain, "gateway_b", world)
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway_b")
+    await tools.notify(STEVE, notice("found"), 5.0, server_id=SERVER_ID)
+    assert (await next_notice(on_b)).notice.result.text == "found"
+
+
+async def test_a_gateway_that_shuts_down_takes_its_players_out_at_once(chain: Chain) -> None:
+    on_a = connect_to(chain, "gateway", World())
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    await chain.stop("gateway")
+    assert not (await located(chain)).connected
+
+
+async def test_the_engine_may_locate_players_and_nobody_else_may_write_presence(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(
+        tmp_path, credentials=True, gateway_replicas=2, presence_lease_seconds=LEASE_SECONDS
+    ) as chain:
+        on_a = connect_to(chain, "gateway", World())
+        await on_a.connect()
+        await on_a.join("steve", "Steve", "en_us")
+        # Through the engine's credential: the relay to A, located in storage.
+        shown = (await on_a.chat("steve", "check my inventory")).reply
+        assert shown.result.status == SUCCEEDED and on_a.tool_calls == [INVENTORY]
+
+        def stub(
+            caller: str,
+        ) -> tuple[presence_pb2_grpc.PresenceServiceStub, tuple[tuple[str, str], ...]]:
+            channel = grpc.aio.insecure_channel(chain.storage_target)
+            chain._channels.append(channel)
+            return presence_pb2_grpc.PresenceServiceStub(channel), (
+                ("authorization", f"Bearer {chain.credentials[caller]}"),
+            )
+
+        engine, as_engine = stub("engine")
+        found = await engine.LocatePlayer(
+            presence_pb2.LocatePlayerRequest(player_id=STEVE), metadata=as_engine, timeout=5
+        )
+        assert found.connected
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await engine.AttachPlayers(
+                presence_pb2.AttachPlayersRequest(replica_id="x", player_ids=[STEVE]),
+                metadata=as_engine,
+                timeout=5,
+            )
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        router, as_router = stub("router")
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await router.LocatePlayer(
+                presence_pb2.LocatePlayerRequest(player_id=STEVE), metadata=as_router, timeout=5
+            )
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_bad_presence_calls_say_what_to_fix(chain: Chain) -> None:
+    stub = presence(chain)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.RenewReplica(
+            presence_pb2.RenewReplicaRequest(replica_id="r1", address="nowhere", lease_seconds=5),
+            timeout=5,
+        )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "host:port" in (refused.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.AttachPlayers(
+            presence_pb2.AttachPlayersRequest(replica_id="never-renewed", player_ids=[STEVE]),
+            timeout=5,
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "RenewReplica" in (refused.value.details() or "")
+
+
+async def test_the_engine_closes_a_replicas_idle_channel_and_opens_it_again(
+    chain: Chain,
+) -> None:
+    on_a = connect_to(chain, "gateway", World())
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    routes = chain.apps["engine"].game_tools.routes
+    address_a = relay_address(chain, "gateway")
+    assert (await on_a.chat("steve", "check my inventory")).reply.result.status == SUCCEEDED
+    assert address_a in routes.addresses
+    # Every route counts as idle from now on: the next lookup closes A's channel, never the
+    # engine's own target's.
+    routes.idle_seconds = routes.route_seconds = 0.0
+    await routes.route(f"{SERVER_ID}/nobody")
+    assert routes.addresses == [routes.default.address]
+    # The next call for steve opens it again.
+    assert (await on_a.chat("steve", "check my inventory")).reply.result.status == SUCCEEDED
+    assert on_a.tool_calls == [INVENTORY, INVENTORY]
+
+
+async def test_a_row_storage_lost_is_written_again_at_the_next_renewal(chain: Chain) -> None:
+    on_a = connect_to(chain, "gateway", World())
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    a = chain.apps["gateway"].presence
+    syncs = a.syncs
+    # The row goes missing (a write lost in a failover, say): the digest of A's next renewal
+    # no longer matches, and A sends its list once.
+    with chain.apps["storage"].engine.begin() as connection:
+        connection.execute(delete(PlayerPresenceRow))
+    assert not (await located(chain)).connected
+    await wait_located_at(chain, "gateway")
+    assert a.syncs == syncs + 1
