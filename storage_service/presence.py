@@ -17,7 +17,7 @@ tests say what time it is.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from sqlalchemy import DateTime, Index, String, delete, select
@@ -210,18 +210,7 @@ class PresenceStore:
                 select(_PRESENCE.c.replica_id).where(_PRESENCE.c.player_id.in_(players))
             )
             taken_over = sum(1 for (holder,) in before if holder != replica_id and holder in live)
-            inserted = insert_for(session)(_PRESENCE).values(
-                [{"player_id": p, "replica_id": replica_id, "attached_at": now} for p in players]
-            )
-            session.execute(
-                inserted.on_conflict_do_update(
-                    index_elements=["player_id"],
-                    set_={
-                        "replica_id": inserted.excluded.replica_id,
-                        "attached_at": inserted.excluded.attached_at,
-                    },
-                )
-            )
+            _claim(session, replica_id, players, now)
         return taken_over
 
     def detach(self, replica_id: str, player_ids: Sequence[str]) -> int:
@@ -279,21 +268,9 @@ class PresenceStore:
                 elsewhere += [p for p in chunk if holders.get(p) in live]
                 if not free:
                     continue
-                inserted = insert_for(session)(_PRESENCE).values(
-                    [{"player_id": p, "replica_id": replica_id, "attached_at": now} for p in free]
-                )
                 # A row of a gone replica is taken; a live replica's row (made between the
                 # read and this write) is left to it.
-                session.execute(
-                    inserted.on_conflict_do_update(
-                        index_elements=["player_id"],
-                        set_={
-                            "replica_id": inserted.excluded.replica_id,
-                            "attached_at": inserted.excluded.attached_at,
-                        },
-                        where=_PRESENCE.c.replica_id.not_in(sorted(live)),
-                    )
-                )
+                _claim(session, replica_id, free, now, unless_held_by=live)
                 added += len(free)
         return Sync(added, len(gone), sorted(elsewhere))
 
@@ -317,3 +294,27 @@ class PresenceStore:
             )
             session.execute(delete(_REPLICAS).where(_REPLICAS.c.replica_id == replica_id))
         return removed
+
+
+def _claim(
+    session: Session,
+    replica_id: str,
+    players: Sequence[str],
+    now: dt.datetime,
+    unless_held_by: Collection[str] = (),
+) -> None:
+    """Writes the players' rows as attached to `replica_id` now, replacing existing rows
+    except those held by a replica in `unless_held_by`."""
+    inserted = insert_for(session)(_PRESENCE).values(
+        [{"player_id": p, "replica_id": replica_id, "attached_at": now} for p in players]
+    )
+    session.execute(
+        inserted.on_conflict_do_update(
+            index_elements=["player_id"],
+            set_={
+                "replica_id": inserted.excluded.replica_id,
+                "attached_at": inserted.excluded.attached_at,
+            },
+            where=_PRESENCE.c.replica_id.not_in(sorted(unless_held_by)) if unless_held_by else None,
+        )
+    )
