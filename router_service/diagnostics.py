@@ -18,6 +18,7 @@ import enum
 import math
 import re
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["DecisionSource", "LastMatch", "RouterDiagnostics"]
@@ -58,6 +59,10 @@ class LastMatch:
     score: float
     margin: float
     coverage: float
+    candidates: tuple[tuple[str, float], ...] = ()
+    """The top candidates as (module id, score), best first (module ids only: no text)."""
+    gate: str = ""
+    """The gate that stopped a direct route; empty when it routed."""
 
 
 def _label(member: enum.Enum) -> str:
@@ -131,14 +136,28 @@ class RouterDiagnostics:
             self._gates[gate] += 1
 
     def record_match(
-        self, module_id: str, language: str, score: float, margin: float, coverage: float
+        self,
+        module_id: str,
+        language: str,
+        score: float,
+        margin: float,
+        coverage: float,
+        candidates: Sequence[tuple[str, float]] = (),
+        gate: str = "",
     ) -> None:
-        """Replaces the last local match.
+        """Replaces the last local match; `candidates` are its top (module id, score) pairs,
+        `gate` the gate that stopped it (empty when it routed).
 
         Raises:
-            ValueError: `module_id` is not a `namespace:path` id, `language` not a language
-                code, or a number outside 0..1; these checks keep free text out.
+            ValueError: `module_id` or a candidate is not a `namespace:path` id, `language` not
+                a language code, `gate` not a gate name, or a number outside 0..1; these
+                checks keep free text out.
         """
+        for other, _ in candidates:
+            if not isinstance(other, str) or not _MODULE_ID.fullmatch(other):
+                raise ValueError("candidates must be namespace:path module ids")
+        if gate and (not isinstance(gate, str) or not _GATE.fullmatch(gate)):
+            raise ValueError("gate must be a gate name such as score or guard:negation")
         if (
             type(module_id) is not str
             or type(language) is not str
@@ -155,6 +174,8 @@ class RouterDiagnostics:
             _unit("score", score),
             _unit("margin", margin),
             _unit("coverage", coverage),
+            tuple((other, _unit("score", value)) for other, value in candidates[:3]),
+            gate,
         )
         with self._lock:
             self._last = match

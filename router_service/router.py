@@ -336,6 +336,8 @@ class Router:
                 min(max(local.s1, 0.0), 1.0),
                 min(max(local.margin, 0.0), 1.0),
                 min(max(local.coverage, 0.0), 1.0),
+                [(c.module_id, min(max(c.score, 0.0), 1.0)) for c in local.candidates[:3]],
+                local.gate_failed,
             )
         if local.gate_failed:
             self.diagnostics.record_gate(local.gate_failed)

@@ -67,6 +67,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 top_score=last.get("score", 0.0),
                 margin=last.get("margin", 0.0),
                 coverage=last.get("coverage", 0.0),
+                gate_failed=last.get("gate", ""),
+                candidates=[
+                    router_pb2.ScoredCandidate(module_id=m, score=score)
+                    for m, score in last.get("candidates", ())
+                ],
             ),
         )
 

@@ -36,6 +36,11 @@ async def test_an_admin_sees_routing_diagnostics_and_an_ordinary_player_does_not
         assert lines[0].startswith("Mode ENFORCE, ready;")
         assert lines[1].startswith("By source: COMMAND 2, LOCAL 1")  # help; the inventory text
         assert lines[2].startswith("Gates and fallback reasons: ")
+        # The last local match: its top candidates by module and score, and what stopped it.
+        assert lines[3].startswith("Last local match: system:inventory (score ")
+        assert lines[4].startswith("Candidates: system:inventory ")
+        assert lines[5] == "Gate that stopped it: none (it routed)"
+        assert "what is in my inventory" not in " ".join(lines)  # never the text
         zh = (await client.chat("zhop", "/system 路由诊断")).reply.result
         assert zh.status == SUCCEEDED and zh.card.title == "路由诊断"
         assert card_lines(zh)[0].startswith("模式 ENFORCE")

@@ -72,6 +72,8 @@ def test_snapshot_contents() -> None:
             "score": 0.95,
             "margin": 0.2,
             "coverage": 0.9,
+            "candidates": (),
+            "gate": "",
         },
     }
     custom = diagnostics.snapshot(
@@ -147,3 +149,29 @@ def test_concurrent_counting_loses_nothing() -> None:
         mode="ENFORCE", status="READY", example_count=0, cache_entries=0
     )
     assert snapshot["fallback_reasons"] == {"LOW_SCORE": 8000}
+
+
+def test_the_last_match_keeps_its_top_candidates_and_gate_and_no_text() -> None:
+    diagnostics = RouterDiagnostics()
+    diagnostics.record_match(
+        "system:shop",
+        "zh",
+        0.8,
+        0.1,
+        0.95,
+        [("system:shop", 0.8), ("system:item", 0.7), ("system:help", 0.2), ("system:mail", 0.1)],
+        "margin",
+    )
+    last = diagnostics.snapshot(mode="ENFORCE", status="ready", example_count=1, cache_entries=0)[
+        "last_match"
+    ]
+    assert last["candidates"] == (
+        ("system:shop", 0.8),
+        ("system:item", 0.7),
+        ("system:help", 0.2),
+    )
+    assert last["gate"] == "margin"
+    with pytest.raises(ValueError):
+        diagnostics.record_match("system:shop", "zh", 0.8, 0.1, 0.9, [("打开商店", 0.8)])
+    with pytest.raises(ValueError):
+        diagnostics.record_match("system:shop", "zh", 0.8, 0.1, 0.9, (), "open the shop")

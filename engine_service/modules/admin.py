@@ -35,6 +35,9 @@ _LAST = {
     "en": "Last local match: {module} (score {score}, margin {margin}, coverage {coverage})",
 }
 _NONE = {"zh": "无", "en": "none"}
+_CANDIDATES = {"zh": "候选：{candidates}", "en": "Candidates: {candidates}"}
+_STOPPED = {"zh": "拦下它的关卡：{gate}", "en": "Gate that stopped it: {gate}"}
+_ROUTED = {"zh": "无（已直达）", "en": "none (it routed)"}
 _RELOAD_TITLE = {"zh": "重载配置", "en": "Configuration reloaded"}
 _APPLIED = {"zh": "已生效：{items}", "en": "Applied: {items}"}
 _RESTART = {"zh": "需要重启：{items}", "en": "Needs a restart: {items}"}
@@ -120,6 +123,17 @@ class RoutingModule:
                     score=round(float(last.get("topScore", 0.0)), 3),
                     margin=round(float(last.get("margin", 0.0)), 3),
                     coverage=round(float(last.get("coverage", 0.0)), 3),
+                )
+            )
+            top = ", ".join(
+                f"{c.get('moduleId', '')} {round(float(c.get('score', 0.0)), 3)}"
+                for c in last.get("candidates", [])
+            )
+            if top:
+                lines.append(pick(_CANDIDATES, language).format(candidates=top))
+            lines.append(
+                pick(_STOPPED, language).format(
+                    gate=last.get("gateFailed") or pick(_ROUTED, language)
                 )
             )
         return succeeded(card("system:routing", pick(_ROUTING_TITLE, language), lines))
