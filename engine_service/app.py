@@ -8,6 +8,7 @@ from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
 from engine_service.admin_tools import AdminTools, RouterDiagnostics
 from engine_service.advancements import AdvancementConfig
+from engine_service.binding_tools import StorageBindings
 from engine_service.clients import GatewayGameTools, JournalRuns, StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
@@ -90,6 +91,7 @@ class EngineApp:
         self.preferences = StoragePreferences(config.storage_target, channels)
         self.documents = StorageDocuments(config.storage_target, channels)
         self.usage = StorageUsage(config.storage_target, channels)
+        self.bindings = StorageBindings(config.storage_target, channels)
         self.router_admin = (
             RouterDiagnostics(config.router_target, channels) if config.router_target else None
         )
@@ -102,6 +104,8 @@ class EngineApp:
                 documents=self.documents,
                 admin=self.admin,
                 usage=self.usage,
+                bindings=self.bindings,
+                notifier=self.game_tools,
             ),
         )
         # Checked against the frozen registry; a bad file stops the start (ConfigError).
@@ -170,6 +174,7 @@ class EngineApp:
         await self.knowledge.aclose()
         await self.documents.aclose()
         await self.usage.aclose()
+        await self.bindings.aclose()
         if self.router_admin is not None:
             await self.router_admin.aclose()
         await self.game_tools.aclose()

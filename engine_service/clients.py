@@ -231,16 +231,18 @@ class GatewayGameTools:
         result: common_pb2.AgentResult,
         timeout: float,
         server_id: str = "",
+        binding: int = 0,
     ) -> None:
         """Shows `result` to the player of game server `server_id` as a notice
-        (PlayerNotices), on whichever gateway replica they are connected to. Raises
-        grpc.aio.AioRpcError when it could not be sent (FAILED_PRECONDITION: offline)."""
-        await self._send(
-            player_id,
-            "NotifyPlayer",
-            relay_pb2.NotifyPlayerRequest(player_id=player_id, result=result, server_id=server_id),
-            timeout,
+        (PlayerNotices), on whichever gateway replica they are connected to; with `binding`
+        (a gateway.v1.BindingChange), tells that replica their binding changed (`result` may
+        then be empty). Raises grpc.aio.AioRpcError when it could not be sent
+        (FAILED_PRECONDITION: offline)."""
+        request = relay_pb2.NotifyPlayerRequest(
+            player_id=player_id, result=result, server_id=server_id
         )
+        request.binding = binding  # type: ignore[assignment]
+        await self._send(player_id, "NotifyPlayer", request, timeout)
 
     async def aclose(self) -> None:
         await self.routes.aclose()

@@ -19,7 +19,14 @@ from engine_service.tools import ToolRegistry, ToolSpec
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import ChannelSettings, Dependency
 
-__all__ = ["USAGE_DAYS", "USAGE_READ", "StorageUsage", "UsageReader", "UsageTools"]
+__all__ = [
+    "USAGE_DAYS",
+    "USAGE_READ",
+    "StorageUsage",
+    "UsageReader",
+    "UsageTools",
+    "scoped_player",
+]
 
 USAGE_READ = "system:usage.read"
 USAGE_DAYS = 7
@@ -42,6 +49,21 @@ USAGE_READ_SPEC = ToolSpec(
     idempotent=True,
     needs_context=True,
 )
+
+
+def scoped_player(ctx: ExecutionContext, name: str) -> tuple[str, str]:
+    """`name` (a player id as the game server knows it) and its scoped id in the asking
+    player's scope (their server, or its network): an administrator of one server never
+    reaches another server's players. INVALID_INPUT for a name that is no player id."""
+    name = name.strip()
+    if not name or "/" in name or not name.isprintable():
+        raise ModuleFailure(
+            AgentFailure.INVALID_INPUT,
+            f"{name!r} is not a player id; give the id the game server knows them by",
+        )
+    # The asker's scoped id is `<scope>/<id>`: the player named is in the same scope.
+    scope = ctx.player.player_id.rpartition("/")[0]
+    return name, f"{scope}/{name}" if scope else name
 
 
 class UsageReader(Protocol):
@@ -88,15 +110,7 @@ class UsageTools:
     async def read(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
         if self._reader is None:
             raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
-        name = payload["player"].strip()
-        if not name or "/" in name or not name.isprintable():
-            raise ModuleFailure(
-                AgentFailure.INVALID_INPUT,
-                f"{name!r} is not a player id; give the id the game server knows them by",
-            )
-        # The asker's scoped id is `<scope>/<id>`: the player asked about is in the same scope.
-        scope = ctx.player.player_id.rpartition("/")[0]
-        scoped = f"{scope}/{name}" if scope else name
+        name, scoped = scoped_player(ctx, payload["player"])
         today = dt.datetime.now(dt.UTC).date()
         first = (today - dt.timedelta(days=USAGE_DAYS - 1)).isoformat()
         try:

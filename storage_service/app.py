@@ -55,6 +55,10 @@ ACCESS = AccessPolicy(
         _S + "PlayerDataService/ListDocuments": ["engine"],
         _S + "PlayerDataService/GetBinding": ["gateway", "engine"],
         _S + "PlayerDataService/GetUsage": ["engine", "model"],
+        # Administrators' /system grant, revoke and reset in game (the engine checks their
+        # permission level; the gateway vouches for it).
+        _S + "PlayerDataService/GrantBinding": ["engine"],
+        _S + "PlayerDataService/ResetPlayer": ["engine"],
         # Metering: the model gateway alone.
         _S + "PlayerDataService/ReserveUsage": ["model"],
         _S + "PlayerDataService/SettleUsage": ["model"],
@@ -64,8 +68,7 @@ ACCESS = AccessPolicy(
         # engine's relay client (decision 0023).
         _S + "PresenceService": ["gateway"],
         _S + "PresenceService/LocatePlayer": ["engine"],
-        # Not listed, so operators' tooling alone: GrantBinding, ResetPlayer, PutKnowledge,
-        # DeleteKnowledge.
+        # Not listed, so operators' tooling alone: PutKnowledge, DeleteKnowledge.
     }
 )
 """Who may call what (services.runtime.security); operators may call everything."""

@@ -4,10 +4,12 @@ ordinary player."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 
 from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2
 
 from tests.inprocess import running_chain
 from tests.waiting import wait_until
@@ -112,3 +114,46 @@ async def test_an_admin_reads_a_players_usage_and_an_ordinary_player_cannot(
 
             refused = (await client.chat("steve", "/system usage op")).reply.result
             assert refused.failure.key == "system.error.unknown_command"
+
+
+async def test_a_revoked_player_is_refused_at_once_and_after_a_reconnect_until_granted(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(tmp_path, credentials=True) as chain:
+        client = await chain.client()
+        await client.join("op", "Op", "en_us", permission_level=3)
+        await client.join("steve", "Steve", "zh_cn")
+        await client.join("alex", "Alex", "en_us")
+        assert (await client.chat("steve", "/help")).reply.result.status == SUCCEEDED
+
+        # An ordinary player cannot revoke anyone.
+        refused = (await client.chat("alex", "/system revoke steve")).reply.result
+        assert refused.failure.key == "system.error.unknown_command"
+
+        done = (await client.chat("op", "/system revoke steve")).reply.result
+        assert done.status == SUCCEEDED and done.card.title == "Revoked steve"
+        assert card_lines(done) == ["In force at once on the player's game server."]
+        frame = await asyncio.wait_for(client.notices.get(), 5)  # unsolicited: the change
+        assert frame.player_id == "steve" and frame.WhichOneof("body") == "binding"
+        assert frame.binding.change == gateway_pb2.BINDING_CHANGE_REVOKED
+        for text in ("/help", "帮助", "/system settings"):
+            answer = (await client.chat("steve", text)).reply.result
+            assert answer.failure.key == "system.error.permission_denied", text
+            assert "revoked" in answer.failure.message
+        assert (await client.chat("alex", "/help")).reply.result.status == SUCCEEDED
+
+        # A reconnect does not undo it: the gateway reads the binding from storage.
+        again = await chain.client()
+        await again.join("steve", "Steve", "zh_cn")
+        answer = (await again.chat("steve", "/help")).reply.result
+        assert answer.failure.key == "system.error.permission_denied"
+
+        await again.join("op", "Op", "en_us", permission_level=3)
+        granted = (await again.chat("op", "/system grant steve")).reply.result
+        assert granted.card.title == "Granted steve"
+        assert (await again.chat("steve", "/help")).reply.result.status == SUCCEEDED
+        # An offline player hears it when they join.
+        later = (await again.chat("op", "/system revoke nobody")).reply.result
+        assert card_lines(later) == ["The player is offline: in force when they next join."]
+        bad = (await again.chat("op", "/system revoke a/b")).reply.result
+        assert bad.failure.key == "system.error.invalid_input"

@@ -201,6 +201,9 @@ def test_builtin_registry() -> None:
         "system:routing",
         "system:reload",
         "system:usage",
+        "system:grant",
+        "system:revoke",
+        "system:reset",
         "system:settings",
         "system:reasoning",
         "system:chat",
@@ -326,6 +329,9 @@ def test_available_filters_by_permission_and_feature() -> None:
         "system:routing",
         "system:reload",
         "system:usage",
+        "system:grant",
+        "system:revoke",
+        "system:reset",
         "system:settings",
         "test:ban",
         "ftbquests:quests",
@@ -697,6 +703,9 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/routing",
         "/reload",
         "/usage",
+        "/grant",
+        "/revoke",
+        "/reset",
         "/settings",
         "/reason",
         "/chat",
@@ -960,6 +969,9 @@ async def test_service_catalog(services: Services) -> None:
         "system:routing",
         "system:reload",
         "system:usage",
+        "system:grant",
+        "system:revoke",
+        "system:reset",
         "system:settings",
         "system:reasoning",
         "system:chat",
@@ -975,7 +987,16 @@ async def test_service_catalog(services: Services) -> None:
     assert list(for_player.modules) == [
         m
         for m in catalog.modules
-        if m.module_id not in ("system:search", "system:routing", "system:reload", "system:usage")
+        if m.module_id
+        not in (
+            "system:search",
+            "system:routing",
+            "system:reload",
+            "system:usage",
+            "system:grant",
+            "system:revoke",
+            "system:reset",
+        )
         and m.module_id not in QUEST_MODULES
     ]
     with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -14,8 +14,9 @@ import dataclasses
 from collections.abc import Iterable
 
 from engine_service.admin_tools import AdminTools
+from engine_service.binding_tools import BindingNotifier, BindingTools, StorageBindings
 from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
-from engine_service.modules.admin import ReloadModule, RoutingModule, UsageModule
+from engine_service.modules.admin import BindingModule, ReloadModule, RoutingModule, UsageModule
 from engine_service.modules.chat import ChatModule
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
@@ -117,6 +118,10 @@ class BuiltinServices:
     """The admin commands' tools (the router's diagnostics and reload); None: no router."""
     usage: UsageReader | None = None
     """Players' usage per day (storage's PlayerDataService.GetUsage), for `/system usage`."""
+    bindings: StorageBindings | None = None
+    """Grants, revokes and resets (storage's PlayerDataService), for `/system revoke`..."""
+    notifier: BindingNotifier | None = None
+    """The relay that tells a player's gateway replica their binding changed."""
 
 
 def register_builtins(
@@ -147,6 +152,9 @@ def register_builtins(
     registry.register(ReloadModule())
     UsageTools(services.usage).register(registry.tools)
     registry.register(UsageModule())
+    BindingTools(services.bindings, services.notifier).register(registry.tools)
+    for action in ("grant", "revoke", "reset"):
+        registry.register(BindingModule(action))
     PreferenceTools(services.preferences).register(registry.tools)
     registry.register(SettingsModule())
     for module in extra:

@@ -11,12 +11,13 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.admin_tools import ADMIN_LEVEL, CONFIG_RELOAD, ROUTING_DIAGNOSTICS
+from engine_service.binding_tools import BINDING_CHANGE
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleContext, ModuleSpec
 from engine_service.usage_tools import USAGE_DAYS, USAGE_READ
 from services.results import card, succeeded
 
-__all__ = ["ReloadModule", "RoutingModule", "UsageModule"]
+__all__ = ["BindingModule", "ReloadModule", "RoutingModule", "UsageModule"]
 
 _NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 _ROUTING_TITLE = {"zh": "路由诊断", "en": "Routing diagnostics"}
@@ -57,21 +58,23 @@ def _admin_spec(
     tool: str,
     writes: int,
     argument: str = "",
+    required: bool = False,
 ) -> ModuleSpec:
     """An admin command: explicit only, level ADMIN_LEVEL, one call of its one tool;
-    `argument`: the name of its one optional text argument, if it takes one."""
-    schema = _NO_INPUT
+    `argument`: the name of its one text argument, if it takes one (`required` or not)."""
+    schema: dict[str, Any] = _NO_INPUT
     if argument:
         schema = {
             "type": "object",
-            "properties": {argument: {"type": "string", "maxLength": 63}},
+            "properties": {argument: {"type": "string", "minLength": 1, "maxLength": 63}},
+            "required": [argument] if required else [],
             "additionalProperties": False,
         }
     return ModuleSpec(
         module_id=module_id,
         description=description,
         input_schema=schema,
-        commands=(CommandSpec(aliases, argument),),
+        commands=(CommandSpec(aliases, argument, argument_required=required),),
         routing_mode=catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
         min_permission_level=ADMIN_LEVEL,
         tools=(tool,),
@@ -230,3 +233,63 @@ class UsageModule:
             lines.append(pick(_USAGE_NONE, language).format(days=USAGE_DAYS))
         title = pick(_USAGE_TITLE, language).format(player=found["player"])
         return succeeded(card("system:usage", title, lines))
+
+
+_BINDING: dict[str, dict[str, Any]] = {
+    "grant": {
+        "aliases": ("grant", "授权"),
+        "description": {
+            "zh": "管理员：授予玩家使用助手的权限（撤销后恢复）。",
+            "en": "Admin: grant a player the assistant (again, after a revoke).",
+        },
+        "title": {"zh": "已授权 {player}", "en": "Granted {player}"},
+    },
+    "revoke": {
+        "aliases": ("revoke", "撤销授权"),
+        "description": {
+            "zh": "管理员：撤销玩家的助手权限，删除其数据，此后的请求一律拒绝。",
+            "en": "Admin: revoke a player: their data is deleted and every request refused.",
+        },
+        "title": {"zh": "已撤销 {player}", "en": "Revoked {player}"},
+    },
+    "reset": {
+        "aliases": ("reset", "重置玩家"),
+        "description": {
+            "zh": "管理员：重置玩家，删除其对话、设置和模块数据（用量保留）。",
+            "en": "Admin: reset a player: their history, settings and module data are deleted.",
+        },
+        "title": {"zh": "已重置 {player}", "en": "Reset {player}"},
+    },
+}
+_AT_ONCE = {
+    "zh": "已在玩家所在的游戏服务器上生效。",
+    "en": "In force at once on the player's game server.",
+}
+_AT_JOIN = {
+    "zh": "玩家不在线：下次加入时生效。",
+    "en": "The player is offline: in force when they next join.",
+}
+
+
+class BindingModule:
+    """`/system grant|revoke|reset <player>`: one binding change (see binding_tools)."""
+
+    def __init__(self, action: str) -> None:
+        known = _BINDING[action]
+        self.action = action
+        self.spec = _admin_spec(
+            f"system:{action}",
+            known["description"],
+            known["aliases"],
+            BINDING_CHANGE,
+            writes=1,
+            argument="player",
+            required=True,
+        )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        done = await ctx.tool(BINDING_CHANGE, {"player": data["player"], "action": self.action})
+        title = pick(_BINDING[self.action]["title"], language).format(player=done["player"])
+        lines = [pick(_AT_ONCE if done["notified"] else _AT_JOIN, language)]
+        return succeeded(card("system:binding", title, lines))

@@ -18,7 +18,7 @@ from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2
 from system.router.v1 import router_pb2, router_pb2_grpc
-from system.storage.v1 import storage_pb2, storage_pb2_grpc
+from system.storage.v1 import player_data_pb2, player_data_pb2_grpc, storage_pb2, storage_pb2_grpc
 
 from services.gateway.cards import CardBook
 from services.modes import MODES, mode_by_name
@@ -46,6 +46,7 @@ SETTINGS_MODULE = "system:settings"
 SETTINGS_ACTIONS = frozenset({"preferences", "clear_history"})
 """Card actions the gateway carries out itself (the settings card's buttons), then shows the
 settings card again."""
+_REVOKED = "an administrator revoked your access to the assistant"
 _CLEARED = {"zh": "对话记录已清空（{n} 条）。", "en": "Conversation history cleared ({n} entries)."}
 
 # Status codes from a dependency, as the failure a player sees.
@@ -107,6 +108,10 @@ class PlayerState:
 
     current_list: list[common_pb2.ModuleAction] = dataclasses.field(default_factory=list)
     """Actions of the numbered buttons on the last card shown (`查看 1` picks the first)."""
+    revoked: bool | None = None
+    """True once an administrator revoked the player (their binding, in storage): every
+    request is refused. None until first read from storage; a relayed binding change sets it
+    at once."""
     cards: CardBook = dataclasses.field(default_factory=CardBook)
     """The cards sent to the player on this connection, for checking their button presses."""
     preferences: storage_pb2.PlayerPreferences | None = None
@@ -194,6 +199,12 @@ class PlayerRequests:
         )
         self._tool_catalog: tuple[float, list[engine_pb2.GameToolEntry]] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self.bindings = Dependency(
+            storage_target,
+            player_data_pb2_grpc.PlayerDataServiceStub,
+            idempotent_methods=["system.storage.v1.PlayerDataService/GetBinding"],
+            settings=settings,
+        )
         self.storage = Dependency(
             storage_target,
             storage_pb2_grpc.StorageServiceStub,
@@ -230,7 +241,7 @@ class PlayerRequests:
     async def aclose(self) -> None:
         for task in list(self._background):
             task.cancel()
-        for dep in (self.router, self.engine, self._catalogue, self.storage):
+        for dep in (self.router, self.engine, self._catalogue, self.storage, self.bindings):
             await dep.aclose()
 
     def _in_background(self, call: Awaitable[Any], what: str) -> None:
@@ -324,6 +335,11 @@ class PlayerRequests:
         )
         kind = request.WhichOneof("body")
         try:
+            if await self._revoked(player, state):
+                response.reply.CopyFrom(
+                    gateway_pb2.Reply(result=failed(AgentFailure.PERMISSION_DENIED, _REVOKED))
+                )
+                return response
             if kind in ("chat", "invoke", "card_action"):
                 player = self._in_mode(player, await self._preferences_of(player, state))
             if kind == "chat":
@@ -358,6 +374,21 @@ class PlayerRequests:
             )
             response.reply.CopyFrom(gateway_pb2.Reply(result=rpc_failure(exc)))
         return response
+
+    async def _revoked(self, player: common_pb2.PlayerContext, state: PlayerState) -> bool:
+        """Whether an administrator revoked the player: read from storage once per connection
+        (then kept: a revoke, grant or reset is relayed to the connection at once). When
+        storage cannot say, the player is served and it is asked again next time."""
+        if state.revoked is None:
+            try:
+                binding = await self.bindings.stub.GetBinding(
+                    player_data_pb2.GetBindingRequest(player_id=player.player_id)
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.info("binding unavailable (%s); serving the player", exc.code().name)
+                return False
+            state.revoked = binding.state == player_data_pb2.BINDING_STATE_REVOKED
+        return state.revoked
 
     async def _preferences_of(
         self, player: common_pb2.PlayerContext, state: PlayerState

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from system.common.v1 import common_pb2
@@ -20,6 +20,7 @@ from system.relay.v1 import relay_pb2, relay_pb2_grpc
 
 from services.gateway.config import GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, PendingCall
+from services.gateway.players import PlayerState
 from services.gateway.scopes import PlayerScopes, split
 from services.gateway.validation import MAX_NAME, check_id, shown
 from services.runtime.context import remaining_seconds
@@ -99,20 +100,47 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
         self, request: relay_pb2.NotifyPlayerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> relay_pb2.NotifyPlayerResponse:
         check_id("player_id", request.player_id)
-        if request.result.status == common_pb2.RESULT_STATUS_UNSPECIFIED:
+        if request.binding not in gateway_pb2.BindingChange.values():
+            raise InvalidArgument(f"binding {request.binding} is not a BindingChange")
+        notice = request.result.status != common_pb2.RESULT_STATUS_UNSPECIFIED
+        if not notice and not request.binding:
             raise InvalidArgument("result.status is required: say how the work ended")
         connection, player_id = self._attachment(request.player_id, request.server_id)
-        # A notice is best effort: a full outbox drops the oldest waiting one.
+        if request.binding:
+            self._binding_changed(connection, player_id, request.binding)
+        if notice:
+            # A notice is best effort: a full outbox drops the oldest waiting one.
+            connection.send(
+                gateway_pb2.ConnectResponse(
+                    response=gateway_pb2.PlayerResponse(
+                        player_id=player_id,
+                        notice=gateway_pb2.Notice(result=request.result),
+                    )
+                ),
+                droppable=True,
+            )
+        return relay_pb2.NotifyPlayerResponse()
+
+    @staticmethod
+    def _binding_changed(connection: Connection, player_id: str, change: int) -> None:
+        """Applies a binding change to the player on this connection at once: REVOKED refuses
+        their requests from now on and cancels those running; INVALIDATED (a reset) forgets
+        what this connection kept of them; BOUND serves them again. The game server hears it
+        in a Binding frame."""
+        state = connection.player_state(player_id)
+        state.revoked = change == gateway_pb2.BINDING_CHANGE_REVOKED
+        if change == gateway_pb2.BINDING_CHANGE_REVOKED:
+            connection.cancel_player(player_id, "the player's access was revoked")
+        elif change == gateway_pb2.BINDING_CHANGE_INVALIDATED:
+            connection.states[player_id] = PlayerState(revoked=False)
         connection.send(
             gateway_pb2.ConnectResponse(
                 response=gateway_pb2.PlayerResponse(
                     player_id=player_id,
-                    notice=gateway_pb2.Notice(result=request.result),
+                    binding=gateway_pb2.Binding(change=cast(gateway_pb2.BindingChange, change)),
                 )
-            ),
-            droppable=True,
+            )
         )
-        return relay_pb2.NotifyPlayerResponse()
 
     def _attachment(self, scoped_id: str, server_id: str) -> tuple[Connection, str]:
         """The connection the player is attached to and the game server's own id of them.
