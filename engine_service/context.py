@@ -204,16 +204,8 @@ class ExecutionContext:
         self.policy = dataclasses.replace(
             self.policy,
             **{
-                name: min(getattr(self.policy, name), getattr(policy, name))
-                for name in (
-                    "rounds",
-                    "model_calls",
-                    "tool_calls",
-                    "steps",
-                    "write_steps",
-                    "seconds",
-                    "model_call_seconds",
-                )
+                field.name: min(getattr(self.policy, field.name), getattr(policy, field.name))
+                for field in dataclasses.fields(ExecutionPolicy)
             },
         )
         self.deadline = min(self.deadline, time.monotonic() + self.policy.seconds)

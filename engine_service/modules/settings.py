@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 from system.common.v1 import catalog_pb2, common_pb2
 from system.storage.v1 import storage_pb2
 
@@ -21,6 +22,7 @@ from engine_service.modules.buttons import invoke
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec
 from engine_service.tools import ToolRegistry, ToolSpec
+from engine_service.web_tools import ExternalPreference
 from services.modes import MODES, mode_name
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 
@@ -90,7 +92,7 @@ class PreferenceTools:
             fail as STORAGE_UNAVAILABLE).
     """
 
-    def __init__(self, store: Any | None) -> None:
+    def __init__(self, store: ExternalPreference | None) -> None:
         self._store = store
 
     def register(self, tools: ToolRegistry) -> None:
@@ -103,7 +105,7 @@ class PreferenceTools:
             prefs: storage_pb2.PlayerPreferences = await self._store.read(
                 ctx.player.player_id, min(STORAGE_TIMEOUT_SECONDS, ctx.remaining())
             )
-        except Exception as exc:  # noqa: BLE001 - any storage failure reads the same
+        except grpc.aio.AioRpcError as exc:
             raise ModuleFailure(
                 AgentFailure.STORAGE_UNAVAILABLE, _t("no_store", ctx.player.language)
             ) from exc

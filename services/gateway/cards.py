@@ -54,11 +54,14 @@ class ShownCard:
 
     version: int
     template: str
-    buttons: frozenset[tuple[str, tuple[tuple[str, str], ...]]]
-    """Each button as (action id, sorted arguments): what a press must match."""
     shown: tuple[common_pb2.CardButton, ...] = ()
     """The buttons as sent, in order."""
     closed: bool = False
+
+    def carries(self, action: gateway_pb2.CardAction) -> bool:
+        """Whether one of its buttons has the action's id and arguments exactly."""
+        pressed = _button_key(action.action_id, dict(action.args))
+        return any(_button_key(b.action_id, dict(b.args)) == pressed for b in self.shown)
 
 
 class CardBook:
@@ -85,15 +88,11 @@ class CardBook:
         self._cards[card.ref.card_id] = ShownCard(
             version=card.ref.version,
             template=card.template,
-            buttons=frozenset(_button_key(b.action_id, dict(b.args)) for b in card.buttons),
             shown=tuple(card.buttons),
         )
         self._cards.move_to_end(card.ref.card_id)
         while len(self._cards) > self._limit:
             self._cards.popitem(last=False)
-
-    def known(self, card_id: str) -> bool:
-        return card_id in self._cards
 
     def close(self, card_id: str) -> None:
         """Marks a card as removed from screen: its buttons are refused from now on."""
@@ -111,7 +110,7 @@ class CardBook:
             reason = "closed"
         elif ref.version != known.version:
             reason = "updated"
-        elif _button_key(action.action_id, dict(action.args)) not in known.buttons:
+        elif not known.carries(action):
             reason = "not_on_card"
         else:
             return None

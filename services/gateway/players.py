@@ -539,7 +539,7 @@ class PlayerRequests:
         if (
             result.HasField("card")
             and answer.template == pressed.template
-            and not state.cards.known(answer.ref.card_id)
+            and state.cards.shown(answer.ref.card_id) is None
         ):
             answer.ref.CopyFrom(
                 common_pb2.CardRef(card_id=action.source.card_id, version=pressed.version + 1)
