@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -15,6 +17,20 @@ from sqlalchemy.orm import Session, sessionmaker
 import services  # noqa: F401 - turns gRPC fork support off before any gRPC import
 
 DEFAULT_DSN = "postgresql://127.0.0.1:5432/test"
+
+# A test stuck where pytest-timeout's signal cannot reach it (a C call that never returns to
+# Python) would otherwise hold the whole run until CI's own limit: after this long, every
+# thread's stack is printed and the run ends, so the log says where it stuck.
+WATCHDOG_SECONDS = 600
+
+
+@pytest.fixture(autouse=True)
+def _watchdog() -> Iterator[None]:
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True, file=sys.stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _admin_url() -> str:
