@@ -3,6 +3,7 @@ same local test server directly, in the same run.
 
     python -m bench.model_gateway [--calls 400] [--rounds 4] [--concurrency 1,64] [--quick]
                                   [--out DIR]
+    python -m bench.model_gateway --fallback [--calls 200] [--rounds 3] [--concurrency 1,16]
 
 Processes, all on loopback: the local OpenAI-compatible test server
 (`python -m services.model_testserver`, echo replies), and three gateways
@@ -24,6 +25,13 @@ so drift in the machine's load falls on all of them alike. Overhead = the path's
 minus direct's. Each concurrency level runs that many clients at once, `--calls` calls per
 path per round in all. Everything shares the machine's cores, so `uptime` load averages are
 recorded with the figures. Results go to bench/results/model_gateway.{json,md,png}.
+
+`--fallback` measures the fallback between providers instead: two gateways (metering off), each
+with two providers in its default list (`providers_file`). `both healthy`: two test servers
+answering every call. `first fails 1 in 2`: the first provider is a test server whose every
+second completion answers HTTP 500 (`--fail-every 2`), so half the calls fall back to the
+second. Completions per second and p50/p99 latency per path, in interleaved rounds of the same
+run; results in bench/results/model_gateway_fallback.{json,md}.
 """
 
 from __future__ import annotations
@@ -390,6 +398,192 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     }
 
 
+FALLBACK_PATHS = ("both healthy", "first fails 1 in 2")
+
+
+def _providers_file(folder: Path, name: str, first: str, second: str) -> Path:
+    """A providers file naming two test servers, the first one first in the default list."""
+    key_file = folder / "provider.key"
+    key_file.write_text(KEY)
+    path = folder / f"{name}.toml"
+    path.write_text(
+        "\n".join(
+            [
+                "[providers.first]",
+                'preset = "custom"',
+                f'base_url = "{first}"',
+                f'api_key_file = "{key_file}"',
+                f'models = ["{MODEL}"]',
+                "[providers.second]",
+                'preset = "custom"',
+                f'base_url = "{second}"',
+                f'api_key_file = "{key_file}"',
+                f'models = ["{MODEL}"]',
+                "[routes]",
+                'default = ["first", "second"]',
+                "",
+            ]
+        )
+    )
+    return path
+
+
+async def _fallback_cell(
+    stubs: dict[str, model_pb2_grpc.ModelGatewayServiceStub],
+    concurrency: int,
+    per_round: int,
+    rounds: int,
+) -> dict[str, Any]:
+    samples: dict[str, list[float]] = {name: [] for name in stubs}
+    seconds = {name: 0.0 for name in stubs}
+    answered = {name: {"first": 0, "second": 0} for name in stubs}
+
+    def via(name: str) -> Call:
+        stub = stubs[name]
+
+        async def call(index: int) -> None:
+            request = model_pb2.CompleteRequest(
+                player_id=f"bench-{index}",
+                messages=[model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_USER, content=TEXT)],
+                max_tokens=MAX_TOKENS,
+            )
+            response = await stub.Complete(request, timeout=30)
+            assert response.content == f"echo: {TEXT}"
+            answered[name][response.provider] += 1
+
+        return call
+
+    calls = {name: via(name) for name in stubs}
+    for call in calls.values():
+        await _batch(call, max(concurrency, 20), concurrency, [])
+    for counts in answered.values():
+        counts.update(first=0, second=0)
+    load_before = _load()
+    done = 0
+    for _ in range(rounds):
+        for name, call in calls.items():
+            began = time.perf_counter()
+            await _batch(call, per_round, concurrency, samples[name])
+            seconds[name] += time.perf_counter() - began
+            done += 1
+            progress(done, rounds * len(calls), f"fallback x{concurrency}")
+    latency: dict[str, Any] = {}
+    for name, values in samples.items():
+        summary: dict[str, Any] = dict(summarize(values))
+        summary["per_second"] = round(len(values) / seconds[name], 1)
+        summary["answered_by"] = answered[name]
+        latency[name] = summary
+    return {
+        "concurrency": concurrency,
+        "latency": latency,
+        "load_before": load_before,
+        "load_after": _load(),
+    }
+
+
+async def run_fallback(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    uptime_start = _uptime()
+    servers: dict[str, tuple[_Process, str]] = {}
+    for name, extra in (
+        ("healthy-1", []),
+        ("healthy-2", []),
+        ("flaky", ["--fail-every", "2", "--fail-status", "500"]),
+    ):
+        port = free_port()
+        command = [sys.executable, "-m", "services.model_testserver", "--port", str(port)]
+        process = _Process(name, [*command, "--api-key", KEY, *extra], {}, logs)
+        servers[name] = (process, f"http://127.0.0.1:{port}/v1")
+    healthy_1, healthy_2, flaky = (servers[n][1] for n in ("healthy-1", "healthy-2", "flaky"))
+    files = {
+        "both healthy": _providers_file(logs, "healthy", healthy_1, healthy_2),
+        "first fails 1 in 2": _providers_file(logs, "flaky", flaky, healthy_2),
+    }
+    gateways = {
+        name: _service(
+            f"gateway-{index}",
+            "services.model_gateway",
+            "SYSTEM_MODEL_",
+            {"PROVIDERS_FILE": str(path), "STORAGE_TARGET": "", "RETRY_BACKOFF_SECONDS": "0"},
+            logs,
+        )
+        for index, (name, path) in enumerate(files.items())
+    }
+    processes = [p for p, _ in servers.values()] + [p for p, _ in gateways.values()]
+    try:
+        for process, url in servers.values():
+            probe = openai.AsyncOpenAI(api_key=KEY, base_url=url, max_retries=0)
+            await _wait_http(process, probe)
+            await probe.close()
+        for process, target in gateways.values():
+            await _wait_serving(process, target)
+        channels = {
+            name: grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            for name, (_, target) in gateways.items()
+        }
+        stubs = {name: model_pb2_grpc.ModelGatewayServiceStub(c) for name, c in channels.items()}
+        cells = []
+        for concurrency in args.concurrency:
+            per_round = max(args.calls, concurrency * 4)
+            cells.append(await _fallback_cell(stubs, concurrency, per_round, args.rounds))
+        for channel in channels.values():
+            await channel.close()
+    finally:
+        for process in processes:
+            process.stop()
+    return {
+        "benchmark": "model_gateway_fallback",
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": describe_machine(),
+        "uptime_start": uptime_start,
+        "uptime": _uptime(),
+        "settings": {
+            "calls_per_round": args.calls,
+            "rounds": args.rounds,
+            "request": {"text": TEXT, "max_tokens": MAX_TOKENS, "stream": True},
+            "failing": "the first provider answers HTTP 500 to every second completion",
+            "retry_backoff_seconds": 0,
+        },
+        "cells": cells,
+    }
+
+
+def _fallback_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# Model gateway: fallback between providers",
+        "",
+        f"Run {result['when']} on {result['machine']['cpu']} ({result['machine']['cores']} cores), "
+        f"Python {result['machine']['python']}. `uptime` at the start: "
+        f"`{result.get('uptime_start', '?')}`; at the end: `{result['uptime']}`.",
+        "",
+        "Complete through two gateways (metering off), each with two providers in its default "
+        "list, all local test servers (echo reply, streamed). `both healthy`: both answer every "
+        "call. `first fails 1 in 2`: the first provider answers HTTP 500 to every second "
+        "completion, and those calls fall back to the second provider at once (no backoff "
+        "before a fallback). The breaker stays closed (failures never come twice in a row; an "
+        "even split of the answers shows no call skipped the first provider). "
+        "Paths run in interleaved rounds of the same run.",
+        "",
+        "| concurrency | path | calls | completions/s | p50 ms | p99 ms "
+        "| answered by first / second | load 1/5/15 min |",
+        "|---:|---|---:|---:|---:|---:|---|---|",
+    ]
+    for cell in result["cells"]:
+        load = "/".join(str(x) for x in cell["load_after"])
+        for path, s in cell["latency"].items():
+            by = s["answered_by"]
+            lines.append(
+                f"| {cell['concurrency']} | {path} | {s['n']} | {s['per_second']} "
+                f"| {s['p50_ms']} | {s['p99_ms']} | {by['first']} / {by['second']} | {load} |"
+            )
+    lines += [
+        "",
+        "All processes (three test servers, two gateways, the clients) share the machine's "
+        "cores, with other work beside them (see the load).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def _markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Model gateway overhead",
@@ -475,11 +669,31 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="100 calls, 2 rounds, temp output")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
+    parser.add_argument(
+        "--fallback",
+        action="store_true",
+        help="measure fallback between two providers, one failing every other call",
+    )
     args = parser.parse_args(argv)
+    if args.fallback:
+        if "--calls" not in (argv or sys.argv):
+            args.calls = 200
+        if "--rounds" not in (argv or sys.argv):
+            args.rounds = 3
+        if "--concurrency" not in (argv or sys.argv):
+            args.concurrency = [1, 16]
     if args.quick:
         args.calls, args.rounds = 100, 2
     out = args.out or (Path(tempfile.mkdtemp(prefix="bench-model-")) if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
+    if args.fallback:
+        with tempfile.TemporaryDirectory(prefix="bench-model-logs-") as logs:
+            result = asyncio.run(run_fallback(args, Path(logs)))
+        (out / "model_gateway_fallback.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "model_gateway_fallback.md").write_text(_fallback_markdown(result))
+        print(_fallback_markdown(result))
+        print(f"results in {out}", file=sys.stderr)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-model-logs-") as logs:
         result = asyncio.run(run(args, Path(logs)))
     (out / "model_gateway.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -435,6 +435,7 @@ class ExecutionContext:
             require_tool=require_tool,
             max_tokens=max_tokens,
             json_output=json_output,
+            module_id=self.spec.module_id,
         )
 
     @property

@@ -9,28 +9,23 @@ from typing import Any
 import grpc
 from system.model.v1 import model_pb2, model_pb2_grpc
 
+from services.model_gateway.failures import failure_for, providers_busy
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import ChannelSettings, Dependency
 
 __all__ = ["Completion", "ModelClient", "ToolCall", "model_failure"]
 
-_FAILURES = {
-    grpc.StatusCode.UNAVAILABLE: AgentFailure.MODEL_UNAVAILABLE,
-    grpc.StatusCode.FAILED_PRECONDITION: AgentFailure.PERMISSION_DENIED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: AgentFailure.BUDGET_EXHAUSTED,
-    grpc.StatusCode.DEADLINE_EXCEEDED: AgentFailure.TIMEOUT,
-    grpc.StatusCode.PERMISSION_DENIED: AgentFailure.PERMISSION_DENIED,
-    grpc.StatusCode.INVALID_ARGUMENT: AgentFailure.INVALID_INPUT,
-}
-
 
 def model_failure(exc: grpc.aio.AioRpcError, what: str, web: bool = False) -> ModuleFailure:
-    """A model-gateway error as a catalogued failure; an unreachable web provider is a tool
-    that is unavailable, an unreachable model is the model that is."""
-    failure = _FAILURES.get(exc.code(), AgentFailure.MODULE_FAILED)
-    if web and failure is AgentFailure.MODEL_UNAVAILABLE:
-        failure = AgentFailure.TOOL_UNAVAILABLE
-    return ModuleFailure(failure, f"{what}: {exc.details() or exc.code().name}")
+    """A model-gateway error as a catalogued failure (the table model.proto documents, shared
+    with the router); every provider failing or paused is the assistant being busy."""
+    if not web and providers_busy(exc):
+        return ModuleFailure(
+            AgentFailure.BUSY, "every model provider is busy or failing; try again shortly"
+        )
+    return ModuleFailure(
+        failure_for(exc.code(), web=web), f"{what}: {exc.details() or exc.code().name}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +66,12 @@ class ModelClient:
         require_tool: bool = False,
         max_tokens: int = 0,
         json_output: bool = False,
+        module_id: str = "",
     ) -> Completion:
+        """`module_id`: the module asking, whose provider list the model gateway uses."""
         request = model_pb2.CompleteRequest(
             player_id=player_id,
+            module_id=module_id,
             messages=messages,
             max_tokens=max_tokens,
             temperature=0.2,

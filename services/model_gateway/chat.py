@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 MAX_PLAYER_ID = 64  # the storage service's bound on player ids
+MAX_MODULE_ID = 128
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOOL_MODES: frozenset[str] = frozenset({"", "auto", "none", "required", "tool"})
@@ -97,6 +98,8 @@ class Completion:
     prompt_cache_hit_tokens: int = 0
     prompt_cache_miss_tokens: int = 0
     attempts: int = 1
+    provider: str = ""
+    """The configured provider that answered."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +113,15 @@ class ChatRequest:
     tools: Sequence[ToolSpec] = ()
     tool_choice: ToolChoice = ToolChoice()
     response_format: ResponseFormat = ""
+    module_id: str = ""
+    """The module asking; picks its provider/model list ("" for the default list)."""
 
     def validate(self, limits: Limits) -> None:
         """Raises InvalidArgument, naming the field at fault, for a request that cannot be
         sent."""
         check_player_id(self.player_id, required=False)
+        if len(self.module_id) > MAX_MODULE_ID or not self.module_id.isprintable():
+            raise InvalidArgument(f"module_id must be at most {MAX_MODULE_ID} printable characters")
         if not self.messages:
             raise InvalidArgument("messages must hold at least one message")
         for index, message in enumerate(self.messages):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
+from services.model_gateway.provider_config import Routing, read_providers_file, single_provider
 from services.runtime.config import ConfigError, ServerConfig
 
 __all__ = ["ENV_PREFIX", "MAX_SEARCH_RESULTS", "ModelConfig"]
@@ -33,8 +35,10 @@ class ModelConfig(ServerConfig):
     """Path of a file holding the key (a mounted secret), read once at start with surrounding
     whitespace stripped. Not together with `api_key`."""
 
-    # Not a field (no annotation): the key read from `api_key_file`, out of repr and settings.
+    # Not fields (no annotation, or ClassVar): the key read from `api_key_file`, out of repr and settings,
+    # and the providers and routes, read once in __post_init__.
     _file_key = ""
+    _routing: ClassVar[Routing | None] = None
     request_timeout_seconds: float = 20.0
     """Longest one provider call may take, from sending it to the finish reason (the total
     timeout); a shorter caller deadline wins."""
@@ -46,6 +50,16 @@ class ModelConfig(ServerConfig):
     retry_backoff_seconds: float = 0.25
     """Wait before the first retry; each further retry waits twice as long (a provider's
     Retry-After, when longer, wins up to the deadline)."""
+    providers_file: str = ""
+    """Path of a TOML file naming several OpenAI-compatible providers (presets deepseek, qwen,
+    ollama, vllm, custom; their models, prices, limits and key sources) and the ordered
+    provider/model list per module (see `provider_config.py`). Empty: the one provider of
+    `base_url`, `model` and `api_key` (named `default`). Read once at start."""
+    breaker_failures: int = 5
+    """Consecutive failures (connection, HTTP 429/5xx, no first token in time, broken stream)
+    after which a provider's circuit breaker opens and calls skip it; 0 turns breakers off."""
+    breaker_cooldown_seconds: float = 30.0
+    """How long an open breaker skips its provider before letting one probe call through."""
     max_prompt_chars: int = 32_000
     """Most characters all messages and tool schemas of one request may hold together."""
     default_max_tokens: int = 1024
@@ -109,6 +123,29 @@ class ModelConfig(ServerConfig):
     server only; private, link-local and other non-public addresses stay refused."""
 
     def __post_init__(self) -> None:
+        self._read_key_file()
+        if self.providers_file:
+            if self.api_key or self.api_key_file:
+                raise ConfigError(
+                    "api_key and api_key_file are for the single provider of base_url; with "
+                    "providers_file give each provider its api_key_env or api_key_file there"
+                )
+            routing = read_providers_file(
+                self.providers_file,
+                first_token_timeout_seconds=self.first_token_timeout_seconds,
+                request_timeout_seconds=self.request_timeout_seconds,
+            )
+        else:
+            routing = single_provider(
+                base_url=self.base_url,
+                model=self.model,
+                api_key=self.key,
+                first_token_timeout_seconds=self.first_token_timeout_seconds,
+                request_timeout_seconds=self.request_timeout_seconds,
+            )
+        object.__setattr__(self, "_routing", routing)
+
+    def _read_key_file(self) -> None:
         if not self.api_key_file:
             return
         if self.api_key:
@@ -134,8 +171,15 @@ class ModelConfig(ServerConfig):
 
     @property
     def configured(self) -> bool:
-        """True when an API key is set, so completions can be attempted."""
-        return bool(self.key)
+        """True when every provider has its key, so completions can be attempted."""
+        return self.routing.configured
+
+    @property
+    def routing(self) -> Routing:
+        """The providers and the provider/model list per module (one provider, `default`,
+        without `providers_file`)."""
+        assert self._routing is not None  # set in __post_init__
+        return self._routing
 
     def validate(self) -> None:
         super().validate()
@@ -164,6 +208,15 @@ class ModelConfig(ServerConfig):
             raise ConfigError(
                 "first_token_timeout_seconds must be over 0 and at most request_timeout_seconds "
                 f"({self.request_timeout_seconds:g}), got {self.first_token_timeout_seconds}"
+            )
+        if not 0 <= self.breaker_failures <= 1000:
+            raise ConfigError(
+                f"breaker_failures must be 0 (off) to 1000, got {self.breaker_failures}"
+            )
+        if not 0 < self.breaker_cooldown_seconds <= 3600:
+            raise ConfigError(
+                "breaker_cooldown_seconds must be over 0 and at most 3600, got "
+                f"{self.breaker_cooldown_seconds}"
             )
         if not 1 <= self.max_attempts <= 10:
             raise ConfigError(f"max_attempts must be between 1 and 10, got {self.max_attempts}")

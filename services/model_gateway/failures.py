@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import grpc
 
+from services.model_gateway.provider_config import ALL_PROVIDERS_UNAVAILABLE
 from services.results import AgentFailure
+from services.runtime.errors import error_reason
 
-__all__ = ["failure_for"]
+__all__ = ["ALL_PROVIDERS_UNAVAILABLE", "failure_for", "providers_busy"]
 
 _COMMON = {
     grpc.StatusCode.INVALID_ARGUMENT: AgentFailure.INVALID_INPUT,
@@ -27,3 +29,10 @@ def failure_for(code: grpc.StatusCode, *, web: bool) -> AgentFailure:
     if code in _COMMON:
         return _COMMON[code]
     return AgentFailure.TOOL_UNAVAILABLE if web else AgentFailure.MODEL_UNAVAILABLE
+
+
+def providers_busy(error: object) -> bool:
+    """True when a failed Complete (a grpc.aio.AioRpcError) is UNAVAILABLE because every
+    provider of the module's list failed or was paused: the player should see "the assistant
+    is busy, try again shortly" rather than "no model is configured"."""
+    return error_reason(error) == ALL_PROVIDERS_UNAVAILABLE

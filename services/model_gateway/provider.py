@@ -23,17 +23,29 @@ import time
 from typing import Any
 
 import openai
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
+from services.model_gateway.breaker import BreakerState, CircuitBreaker
 from services.model_gateway.chat import ChatRequest, Completion, Limits
 from services.model_gateway.config import ModelConfig
 from services.model_gateway.metering import BudgetExhausted, ExternalServicesOff, Meter, Used
+from services.model_gateway.provider_config import ALL_PROVIDERS_UNAVAILABLE, ProviderSpec, Route
 from services.model_gateway.streaming import AttemptFailed, stream_once
 from services.runtime.context import remaining_seconds
 from services.runtime.errors import DeadlineExceeded, ServiceError, Unavailable
 from services.runtime.logging import log_info
 
-__all__ = ["MODEL_CALLS", "MODEL_RETRIES", "MODEL_TOKENS", "ChatProvider", "ModelStatus"]
+__all__ = [
+    "MODEL_BREAKER_STATE",
+    "MODEL_CALLS",
+    "MODEL_FALLBACKS",
+    "MODEL_PROVIDER_CALLS",
+    "MODEL_PROVIDER_FAILURES",
+    "MODEL_RETRIES",
+    "MODEL_TOKENS",
+    "ChatProvider",
+    "ModelStatus",
+]
 
 log = logging.getLogger("system.model")
 
@@ -48,11 +60,48 @@ MODEL_TOKENS = Counter(
 MODEL_CALLS = Counter(
     "model_calls",
     "Complete calls by outcome: ok, invalid_argument, not_configured, deadline_exceeded, "
-    "rate_limited, budget_exhausted, key_refused, external_off, unavailable, cancelled, error.",
+    "rate_limited, budget_exhausted, key_refused, external_off, unavailable, providers_busy "
+    "(every provider of the list failed or was skipped), cancelled, error.",
     ["outcome"],
 )
 MODEL_RETRIES = Counter(
-    "model_retries", "Provider calls repeated after a retryable failure before any output."
+    "model_retries",
+    "Provider calls repeated after a retryable failure before any output, once every provider "
+    "of the call's list had been tried (a move to the next provider is a fallback).",
+)
+# Provider names come from the configuration, so these labels are bounded.
+MODEL_PROVIDER_CALLS = Counter(
+    "model_provider_calls",
+    "Calls sent to each configured provider, by outcome (ok, failed).",
+    ["provider", "outcome"],
+)
+MODEL_PROVIDER_FAILURES = Counter(
+    "model_provider_failures",
+    "Failed provider calls by kind: connection, rate_limited, server_error, "
+    "first_token_timeout, finish_timeout, timeout, deadline, key_refused, http_error, "
+    "broken_stream, unreadable.",
+    ["provider", "kind"],
+)
+MODEL_PROVIDER_SKIPS = Counter(
+    "model_provider_skips",
+    "Providers passed over without a call: breaker_open, or saturated (at max_concurrent).",
+    ["provider", "reason"],
+)
+MODEL_FALLBACKS = Counter(
+    "model_fallbacks",
+    "Calls moved on to the next provider of their list, by the provider that failed and why.",
+    ["provider", "kind"],
+)
+MODEL_BREAKER_STATE = Gauge(
+    "model_provider_breaker_state",
+    "Circuit breaker of each provider: 0 closed, 1 open, 2 half-open (a probe let through).",
+    ["provider"],
+)
+MODEL_PROVIDER_COST = Counter(
+    "model_provider_cost",
+    "What answered calls cost at the configured prices per million tokens, by provider and "
+    "model (in each provider's currency).",
+    ["provider", "model"],
 )
 
 # Series looked up once: a labelled series costs a locked dictionary lookup per call otherwise.
@@ -64,6 +113,24 @@ _CALLS: dict[str, Any] = {}
 
 # Below this, a provider call cannot usefully start.
 MIN_CALL_SECONDS = 0.05
+
+# Failures that say a provider is in trouble: they count against its breaker.
+BREAKER_KINDS = frozenset(
+    {
+        "connection",
+        "rate_limited",
+        "server_error",
+        "first_token_timeout",
+        "finish_timeout",
+        "timeout",
+        "broken_stream",
+        "unreadable",
+    }
+)
+# Failures before any output after which the next provider is tried.
+FALLBACK_KINDS = frozenset(
+    {"connection", "rate_limited", "server_error", "first_token_timeout", "timeout"}
+)
 
 NO_KEY_MESSAGE = (
     "no model is configured: set SYSTEM_MODEL_API_KEY (or SYSTEM_MODEL_API_KEY_FILE, a file "
@@ -91,6 +158,8 @@ def _log_call(request: ChatRequest, outcome: str, result: Completion | None, ms:
         return
     extra = {
         "player_id": request.player_id,
+        "module_id": request.module_id,
+        "provider": result.provider if result else "",
         "outcome": outcome,
         "prompt_tokens": result.prompt_tokens if result else 0,
         "completion_tokens": result.completion_tokens if result else 0,
@@ -106,15 +175,15 @@ class _ProviderRequestLines(logging.Filter):
     measurable part of the gateway's CPU. Failed requests, and the web tools' requests, are
     still logged."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_urls: list[str]) -> None:
         super().__init__()
-        self._base_url = base_url.rstrip("/") + "/"
+        self._base_urls = tuple(url.rstrip("/") + "/" for url in base_urls)
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if not isinstance(args, tuple) or len(args) != 5 or not isinstance(args[3], int):
             return True  # not the request line this filter knows
-        return args[3] >= 400 or not str(args[1]).startswith(self._base_url)
+        return args[3] >= 400 or not str(args[1]).startswith(self._base_urls)
 
 
 class _NotConfigured(Unavailable):
@@ -130,8 +199,42 @@ class ModelStatus:
     model: str
 
 
+class _Upstream:
+    """One configured provider: its client, breaker, calls in flight and metric series."""
+
+    def __init__(self, spec: ProviderSpec, config: ModelConfig) -> None:
+        self.spec = spec
+        self.client = openai.AsyncOpenAI(
+            api_key=spec.api_key,
+            base_url=spec.base_url,
+            timeout=spec.request_timeout_seconds,
+            # Retries and fallbacks are decided here, where the output and the deadline are known.
+            max_retries=0,
+        )
+        state = MODEL_BREAKER_STATE.labels(spec.name)
+        state.set(BreakerState.CLOSED)
+        self.breaker = CircuitBreaker(
+            config.breaker_failures,
+            config.breaker_cooldown_seconds,
+            on_change=lambda new: self._changed(new, state),
+        )
+        self.in_flight = 0
+        self.ok = MODEL_PROVIDER_CALLS.labels(spec.name, "ok")
+        self.failed = MODEL_PROVIDER_CALLS.labels(spec.name, "failed")
+
+    def _changed(self, state: BreakerState, gauge: Any) -> None:
+        gauge.set(state)
+        log.warning("model provider %s: circuit breaker %s", self.spec.name, state.name.lower())
+
+    @property
+    def saturated(self) -> bool:
+        return 0 < self.spec.max_concurrent <= self.in_flight
+
+
 class ChatProvider:
-    """Runs chat completions for the gateway. One instance per process; close with `aclose`.
+    """Runs chat completions for the gateway over the configured providers, with fallback
+    along each module's list and a circuit breaker per provider. One instance per process;
+    close with `aclose`.
 
     Args:
         config: the gateway's settings. Without an API key no client is made and every
@@ -143,28 +246,24 @@ class ChatProvider:
     def __init__(self, config: ModelConfig, meter: Meter) -> None:
         self._config = config
         self._meter = meter
+        self._routing = config.routing
         self._limits = Limits(
             config.max_prompt_chars, config.default_max_tokens, config.max_answer_tokens
         )
-        self._client: openai.AsyncOpenAI | None = None
-        self._quiet = _ProviderRequestLines(config.base_url)
+        self._upstreams: dict[str, _Upstream] = {}
+        specs = list(self._routing.providers.values())
+        self._quiet = _ProviderRequestLines([spec.base_url for spec in specs])
         if config.configured:
             logging.getLogger("httpx2").addFilter(self._quiet)
-            self._client = openai.AsyncOpenAI(
-                api_key=config.key,
-                base_url=config.base_url,
-                timeout=config.request_timeout_seconds,
-                # Retries are decided here, where the output and the deadline are known.
-                max_retries=0,
-            )
+            self._upstreams = {spec.name: _Upstream(spec, config) for spec in specs}
 
     def status(self) -> ModelStatus:
-        return ModelStatus(configured=self._client is not None, model=self._config.model)
+        return ModelStatus(configured=bool(self._upstreams), model=self._routing.default[0].model)
 
     async def aclose(self) -> None:
         logging.getLogger("httpx2").removeFilter(self._quiet)
-        if self._client is not None:
-            await self._client.close()
+        for upstream in self._upstreams.values():
+            await upstream.client.close()
 
     async def complete(self, request: ChatRequest) -> Completion:
         """Runs one completion.
@@ -174,19 +273,20 @@ class ChatProvider:
             FailedPrecondition: the player turned external services off, or the provider
                 refused the API key.
             ResourceExhausted: a daily budget would be exceeded, or the provider kept
-                rate-limiting.
+                rate-limiting (a list of one provider).
             DeadlineExceeded: no first token or no finish in time, or the deadline passed.
             Unavailable: no API key, storage unreachable, or the provider unreachable, failing,
-                or its stream broken or unfinished.
+                or its stream broken or unfinished; with reason ALL_PROVIDERS_UNAVAILABLE when
+                every provider of the list failed or was skipped.
         """
         started = time.perf_counter()
         outcome = "error"
         result: Completion | None = None
         try:
             request.validate(self._limits)
-            if self._client is None:
+            if not self._upstreams:
                 raise _NotConfigured(NO_KEY_MESSAGE)
-            result = await self._metered(self._client, request)
+            result = await self._metered(request)
             outcome = "ok"
             return result
         except _NotConfigured:
@@ -204,7 +304,7 @@ class ChatProvider:
                 _count_tokens(result)
             _log_call(request, outcome, result, round((time.perf_counter() - started) * 1000, 3))
 
-    async def _metered(self, client: openai.AsyncOpenAI, request: ChatRequest) -> Completion:
+    async def _metered(self, request: ChatRequest) -> Completion:
         overall = remaining_seconds(self._config.request_timeout_seconds)
         assert overall is not None  # a default was given
         if overall <= MIN_CALL_SECONDS:
@@ -215,41 +315,140 @@ class ChatProvider:
             tokens=request.worst_case_tokens(self._limits),
             hold_seconds=overall,
         )
-        attempt = 0
+        calls = [0]
         result: Completion | None = None
         try:
-            while True:
-                attempt += 1
-                try:
-                    result = await self._call(client, request, deadline, attempt)
-                    return result
-                except AttemptFailed as failure:
-                    if not self._may_retry(failure, attempt, deadline):
-                        raise failure.error from None
-                    await asyncio.sleep(self._backoff(failure, attempt, deadline))
-                    MODEL_RETRIES.inc()
+            routes = self._routing.routes(request.module_id)
+            result = await self._along(request, routes, deadline, calls)
+            return result
         finally:
             # Also when the caller gave up: the hold must not stay in place.
-            self._meter.settle_later(hold, self._used(request, result, attempt))
+            self._meter.settle_later(hold, self._used(request, result, calls[0]))
 
-    async def _call(
-        self, client: openai.AsyncOpenAI, request: ChatRequest, deadline: float, attempt: int
+    async def _along(
+        self, request: ChatRequest, routes: tuple[Route, ...], deadline: float, calls: list[int]
     ) -> Completion:
-        left = deadline - time.monotonic()
-        total = min(self._config.request_timeout_seconds, left)
-        return await stream_once(
-            client,
-            request.openai_params(self._config.model, self._limits),
-            first_token_timeout=min(self._config.first_token_timeout_seconds, total),
-            total_timeout=total,
-            attempt=attempt,
-            base_url=self._config.base_url,
+        """Tries the routes in order, then again from the start after a backoff, while calls
+        and the deadline allow (see model.proto). `calls[0]` counts the provider calls made."""
+        most = max(self._config.max_attempts, len(routes))
+        notes: dict[Route, str] = {}
+        while True:
+            last: AttemptFailed | None = None  # the last failure of this pass
+            for position, route in enumerate(routes):
+                upstream = self._upstreams[route.provider]
+                # Saturation first: `allow` hands out a half-open breaker's one probe.
+                if upstream.saturated:
+                    MODEL_PROVIDER_SKIPS.labels(route.provider, "saturated").inc()
+                    notes.setdefault(route, f"at its limit of {upstream.spec.max_concurrent} calls")
+                    continue
+                if not upstream.breaker.allow():
+                    MODEL_PROVIDER_SKIPS.labels(route.provider, "breaker_open").inc()
+                    notes.setdefault(route, "paused after repeated failures (circuit open)")
+                    continue
+                if deadline - time.monotonic() <= MIN_CALL_SECONDS:
+                    upstream.breaker.release()
+                    raise DeadlineExceeded("the call's deadline passed before a provider answered")
+                calls[0] += 1
+                try:
+                    return await self._call(upstream, route, request, deadline, calls[0])
+                except AttemptFailed as failure:
+                    last = failure
+                    notes[route] = failure.error.message
+                    if failure.kind not in FALLBACK_KINDS or failure.output_started:
+                        raise self._error(failure, route, routes) from None
+                    if calls[0] >= most:
+                        break
+                    if position + 1 < len(routes):
+                        MODEL_FALLBACKS.labels(route.provider, failure.kind).inc()
+            # The whole list was tried or skipped, or the calls ran out.
+            if last is None:
+                raise self._busy(request, routes, notes)
+            if not self._may_retry(last, calls[0], most, deadline):
+                if len(routes) == 1:
+                    raise last.error from None  # as the provider said it
+                raise self._busy(request, routes, notes)
+            await asyncio.sleep(self._backoff(last, calls[0], deadline))
+            MODEL_RETRIES.inc()
+
+    @staticmethod
+    def _error(failure: AttemptFailed, route: Route, routes: tuple[Route, ...]) -> ServiceError:
+        """What the caller is told when `failure` ends the call: the provider named when the
+        list holds several."""
+        error = failure.error
+        if len(routes) == 1:
+            return error
+        return type(error)(f"provider {route}: {error.message}", error.reason)
+
+    @staticmethod
+    def _busy(
+        request: ChatRequest, routes: tuple[Route, ...], notes: dict[Route, str]
+    ) -> Unavailable:
+        which = f"module {request.module_id}" if request.module_id else "the default list"
+        told = "; ".join(f"{route}: {notes.get(route, 'not tried')}" for route in routes)
+        return Unavailable(
+            f"every model provider for {which} failed or is paused ({told}); the assistant is "
+            "busy, try again shortly",
+            ALL_PROVIDERS_UNAVAILABLE,
         )
 
-    def _may_retry(self, failure: AttemptFailed, attempt: int, deadline: float) -> bool:
-        if not failure.retryable or attempt >= self._config.max_attempts:
+    async def _call(
+        self,
+        upstream: _Upstream,
+        route: Route,
+        request: ChatRequest,
+        deadline: float,
+        attempt: int,
+    ) -> Completion:
+        spec = upstream.spec
+        left = deadline - time.monotonic()
+        total = min(spec.request_timeout_seconds, left)
+        first_token = min(spec.first_token_timeout_seconds, total)
+        upstream.in_flight += 1
+        healthy: bool | None = None
+        try:
+            result = await stream_once(
+                upstream.client,
+                request.openai_params(route.model, self._limits),
+                first_token_timeout=first_token,
+                total_timeout=total,
+                attempt=attempt,
+                base_url=spec.base_url,
+            )
+        except AttemptFailed as failure:
+            cut = (
+                first_token < spec.first_token_timeout_seconds
+                if failure.kind == "first_token_timeout"
+                else total < spec.request_timeout_seconds
+            )
+            if failure.kind.endswith("timeout") and cut:
+                # The call's deadline cut the provider's clock: says nothing of the provider.
+                failure.kind = "deadline"
+            healthy = False if failure.kind in BREAKER_KINDS else None
+            upstream.failed.inc()
+            MODEL_PROVIDER_FAILURES.labels(spec.name, failure.kind).inc()
+            raise
+        else:
+            healthy = True
+            upstream.ok.inc()
+            price = spec.models.get(route.model)
+            if price is not None and (price.input_per_million or price.output_per_million):
+                MODEL_PROVIDER_COST.labels(spec.name, route.model).inc(
+                    price.cost(result.prompt_tokens, result.completion_tokens)
+                )
+            return dataclasses.replace(result, provider=spec.name)
+        finally:
+            upstream.in_flight -= 1
+            if healthy is True:
+                upstream.breaker.success()
+            elif healthy is False:
+                upstream.breaker.failure()
+            else:
+                upstream.breaker.release()
+
+    def _may_retry(self, failure: AttemptFailed, calls: int, most: int, deadline: float) -> bool:
+        if not failure.retryable or calls >= most:
             return False
-        wait = self._backoff(failure, attempt, deadline)
+        wait = self._backoff(failure, calls, deadline)
         return deadline - time.monotonic() - wait > MIN_CALL_SECONDS
 
     def _backoff(self, failure: AttemptFailed, attempt: int, deadline: float) -> float:
@@ -287,6 +486,8 @@ _OUTCOMES = {
 
 
 def _outcome(exc: ServiceError) -> str:
+    if exc.reason == ALL_PROVIDERS_UNAVAILABLE:
+        return "providers_busy"
     if isinstance(exc, BudgetExhausted):
         return "budget_exhausted"
     if isinstance(exc, ExternalServicesOff):

@@ -76,6 +76,7 @@ def chat_request(request: model_pb2.CompleteRequest) -> ChatRequest:
             request.tool_choice.tool_name,
         ),
         response_format=response_format,  # type: ignore[arg-type]
+        module_id=request.module_id,
     )
 
 
@@ -105,6 +106,7 @@ class ModelGatewayServicer(model_pb2_grpc.ModelGatewayServiceServicer):
                 for c in result.tool_calls
             ],
             attempts=result.attempts,
+            provider=result.provider,
         )
 
     async def GetModelStatus(

@@ -52,6 +52,10 @@ class AttemptFailed(Exception):
         output_started: True when tokens had arrived before the failure (never retried).
         retryable: True for connection errors and HTTP 429/5xx before any output.
         retry_after: seconds the provider asked to wait, if it said.
+        kind: what went wrong, for metrics and for deciding on the next provider:
+            first_token_timeout, finish_timeout, timeout (the client's own backstop),
+            connection, rate_limited, server_error, key_refused, http_error, broken_stream
+            (no finish reason) or unreadable.
     """
 
     def __init__(
@@ -61,9 +65,11 @@ class AttemptFailed(Exception):
         output_started: bool,
         retryable: bool = False,
         retry_after: float | None = None,
+        kind: str = "http_error",
     ) -> None:
         super().__init__(error.message)
         self.error = error
+        self.kind = kind
         self.output_started = output_started
         self.retryable = retryable and not output_started
         self.retry_after = retry_after
@@ -219,7 +225,9 @@ async def stream_once(
         else:
             message = f"the model provider sent no token within {first_token_timeout:.1f} s"
         raise AttemptFailed(
-            DeadlineExceeded(message), output_started=collected.output_started
+            DeadlineExceeded(message),
+            output_started=collected.output_started,
+            kind="finish_timeout" if collected.output_started else "first_token_timeout",
         ) from None
     except openai.APIError as exc:
         raise _failed(exc, collected.output_started, base_url) from None
@@ -235,6 +243,7 @@ async def stream_once(
                 "cut short, so it is not used"
             ),
             output_started=collected.output_started,
+            kind="broken_stream",
         )
     try:
         return collected.completion(str(params.get("model", "")), attempt)
@@ -246,6 +255,7 @@ def _unreadable(exc: _Unreadable, collected: _Collected) -> AttemptFailed:
     return AttemptFailed(
         Unavailable(f"the model provider sent an unreadable chunk: {exc}"),
         output_started=collected.output_started,
+        kind="unreadable",
     )
 
 
@@ -255,12 +265,14 @@ def _failed(exc: openai.APIError, output_started: bool, base_url: str) -> Attemp
         return AttemptFailed(
             DeadlineExceeded(f"the model provider timed out{after}"),
             output_started=output_started,
+            kind="timeout",
         )
     if isinstance(exc, openai.APIConnectionError):
         return AttemptFailed(
             Unavailable(f"cannot reach the model provider at {base_url}{after}: {exc.message}"),
             output_started=output_started,
             retryable=True,
+            kind="connection",
         )
     if isinstance(exc, openai.RateLimitError):
         return AttemptFailed(
@@ -270,6 +282,7 @@ def _failed(exc: openai.APIError, output_started: bool, base_url: str) -> Attemp
             output_started=output_started,
             retryable=True,
             retry_after=_retry_after(exc),
+            kind="rate_limited",
         )
     if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
         # The provider's message may echo part of the key; it is left out on purpose.
@@ -279,6 +292,7 @@ def _failed(exc: openai.APIError, output_started: bool, base_url: str) -> Attemp
                 "check SYSTEM_MODEL_API_KEY or SYSTEM_MODEL_API_KEY_FILE"
             ),
             output_started=output_started,
+            kind="key_refused",
         )
     if isinstance(exc, openai.InternalServerError):
         return AttemptFailed(
@@ -288,6 +302,7 @@ def _failed(exc: openai.APIError, output_started: bool, base_url: str) -> Attemp
             output_started=output_started,
             retryable=True,
             retry_after=_retry_after(exc),
+            kind="server_error",
         )
     if isinstance(exc, openai.APIStatusError):
         return AttemptFailed(
@@ -297,6 +312,7 @@ def _failed(exc: openai.APIError, output_started: bool, base_url: str) -> Attemp
     return AttemptFailed(
         Unavailable(f"the model provider sent an unreadable answer{after}: {exc.message}"),
         output_started=output_started,
+        kind="unreadable",
     )
 
 

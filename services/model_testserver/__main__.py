@@ -1,10 +1,12 @@
 """`python -m services.model_testserver [--host H] [--port P] [--api-key K] [--model M ...]
-[--router-demo]`.
+[--router-demo] [--fail-every N --fail-status S | --fail-drop]`.
 
 Runs the fake OpenAI server until SIGINT or SIGTERM. With no script queued every completion
 answers `echo: <last user message>`; with `--router-demo` the router's routing requests get a
 keyword-matched capability or `clarify` (see `router_demo_reply`). Point the model gateway at it with
-`SYSTEM_MODEL_BASE_URL=http://127.0.0.1:<port>/v1 SYSTEM_MODEL_API_KEY=<key>`.
+`SYSTEM_MODEL_BASE_URL=http://127.0.0.1:<port>/v1 SYSTEM_MODEL_API_KEY=<key>`. With
+`--fail-every N` every N-th completion fails (HTTP `--fail-status`, 500 by default, or a
+dropped connection with `--fail-drop`): a flaky provider for benchmarks of the fallback.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="answer the router's routing requests by keyword (else clarify) instead of echoing",
     )
+    parser.add_argument(
+        "--fail-every", type=int, default=0, help="every N-th completion fails (0: none)"
+    )
+    parser.add_argument(
+        "--fail-status", type=int, default=500, help="HTTP status of the failing completions"
+    )
+    parser.add_argument(
+        "--fail-drop", action="store_true", help="failing completions drop the connection"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -44,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         models=args.models or ("deepseek-chat",),
         responder=router_demo_reply if args.router_demo else None,
     )
+    if args.fail_every:
+        fault = {"drop": True} if args.fail_drop else {"status": args.fail_status}
+        server.fault(args.fail_every, **fault)
     try:
         server.start()
     except OSError as exc:

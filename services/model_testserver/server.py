@@ -14,7 +14,8 @@ It speaks just enough of the OpenAI HTTP API for the real `openai` client:
 Replies are scripted: tests queue replies with `script(...)` and each chat completion takes the
 next one. A reply is content (and tool calls, cache-token usage), or an HTTP error status (with OpenAI
 error JSON), optionally after a delay; streamed replies can also be slow, end without a finish
-reason, or lose their connection mid-stream. With the queue empty the optional `responder` answers (see `router_demo_reply` for the
+reason, or lose their connection mid-stream (or before answering at all); `fault(every=n,
+...)` makes every n-th unscripted call fail the same way, for long runs. With the queue empty the optional `responder` answers (see `router_demo_reply` for the
 one `make run MODEL=offline` uses), and otherwise `echo: <last user message>`, so runs are
 deterministic. Every request received is recorded for assertions.
 
@@ -104,6 +105,8 @@ class ScriptedReply:
     mid-stream); None sends the whole stream."""
     finish: bool = True
     """Streaming: False ends the stream (with `[DONE]`) without a finish reason."""
+    drop: bool = False
+    """Close the connection without any answer (after `delay`): a provider that went away."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +262,9 @@ class FakeOpenAIServer:
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()
         self._ids = itertools.count(1)
+        self._fault: ScriptedReply | None = None
+        self._fault_every = 0
+        self._unscripted = 0
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -349,6 +355,35 @@ class FakeOpenAIServer:
             self._script.append(reply)
         return reply
 
+    def fault(self, every: int = 1, **reply: Any) -> ScriptedReply:
+        """A standing fault, taken by every `every`-th completion that finds no scripted reply
+        (the `every`-th, the 2 × `every`-th, ...; 1: all of them), until `clear_fault`. `reply`
+        holds `ScriptedReply` fields: `status=500`, `delay=30` (a hang before the first token),
+        `drop=True`, `drop_after_chunks=1`. Lets a long run (a benchmark, a breaker test) fail
+        on a pattern without queueing a reply per call."""
+        if every < 1:
+            raise ValueError(f"every must be 1 or more, got {every}")
+        if not reply:
+            raise ValueError("say what the fault is, for example status=500")
+        fault = ScriptedReply(**reply)
+        with self._lock:
+            self._fault, self._fault_every, self._unscripted = fault, every, 0
+        return fault
+
+    def clear_fault(self) -> None:
+        """Ends the standing fault: unscripted completions answer normally again."""
+        with self._lock:
+            self._fault, self._fault_every = None, 0
+
+    def _next_reply(self) -> ScriptedReply:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+            if self._fault is None:
+                return ScriptedReply()
+            self._unscripted += 1
+            return self._fault if self._unscripted % self._fault_every == 0 else ScriptedReply()
+
     @property
     def pending(self) -> int:
         """How many scripted replies have not been used yet."""
@@ -367,10 +402,12 @@ class FakeOpenAIServer:
         return [r for r in self.requests if r.path.rstrip("/").endswith("/chat/completions")]
 
     def reset(self) -> None:
-        """Forgets the scripted replies, searches and pages and the recorded requests."""
+        """Forgets the scripted replies, the standing fault, searches and pages and the
+        recorded requests."""
         with self._lock:
             self._script.clear()
             self._requests.clear()
+            self._fault, self._fault_every = None, 0
         self.web.clear()
 
     def script_search(
@@ -478,10 +515,12 @@ class FakeOpenAIServer:
         if not isinstance(messages, list) or not messages:
             self._send_error(handler, 400, "messages must be a non-empty array", param="messages")
             return
-        with self._lock:
-            reply = self._script.popleft() if self._script else ScriptedReply()
+        reply = self._next_reply()
         if reply.delay and self._stopping.wait(reply.delay):
             handler.close_connection = True  # stopping: drop the reply and the connection
+            return
+        if reply.drop:
+            handler.drop_connection()
             return
         if reply.status != 200:
             self._send_error(handler, reply.status, reply.message)
