@@ -1,12 +1,16 @@
 """`system:binding.change`: an administrator grants, revokes or resets a player (storage's
 PlayerDataService.GrantBinding / ResetPlayer), and the change reaches the gateway replica the
 player is connected to at once (ToolRelayService.NotifyPlayer with `binding`), which from a
-revoke on refuses every request of theirs. A player who is offline hears it when they join:
-the gateway reads their binding then.
+revoke on refuses every request of theirs. `system:feature.change`: an administrator grants one
+player a feature (web search, `system:search`) or takes it back (SetPlayerFeature), and that
+replica uses the player's new grants from their next request on (NotifyPlayer with
+`features_changed`), cancelling their running requests when one was taken back. A player who is
+offline hears either when they join: the gateway reads their binding and grants then.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -20,9 +24,20 @@ from engine_service.usage_tools import scoped_player
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import ChannelSettings, Dependency
 
-__all__ = ["BINDING_CHANGE", "BindingNotifier", "BindingTools", "StorageBindings"]
+__all__ = [
+    "BINDING_CHANGE",
+    "FEATURE_CHANGE",
+    "GRANTABLE_FEATURES",
+    "BindingNotifier",
+    "BindingTools",
+    "StorageBindings",
+]
 
 BINDING_CHANGE = "system:binding.change"
+FEATURE_CHANGE = "system:feature.change"
+GRANTABLE_FEATURES = ("system:search",)
+"""Features an administrator may grant one player in game: the engine's own (web search),
+whose tools run here. A game server's installed features (`ftbquests`) come with its hello."""
 STORAGE_TIMEOUT_SECONDS = 10.0
 NOTIFY_TIMEOUT_SECONDS = 5.0
 ACTIONS = ("grant", "revoke", "reset")
@@ -47,6 +62,27 @@ BINDING_CHANGE_SPEC = ToolSpec(
     needs_context=True,
 )
 
+FEATURE_CHANGE_SPEC = ToolSpec(
+    tool_id=FEATURE_CHANGE,
+    description=(
+        "Grant one player a feature (system:search: web search) or take it back, for that "
+        "player alone. Administrators only."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "player": {"type": "string", "minLength": 1, "maxLength": 63},
+            "feature": {"enum": list(GRANTABLE_FEATURES)},
+            "granted": {"type": "boolean"},
+        },
+        "required": ["player", "feature", "granted"],
+        "additionalProperties": False,
+    },
+    read_only=False,
+    idempotent=True,  # granting or taking back twice leaves what once does
+    needs_context=True,
+)
+
 _CHANGES = {
     "grant": gateway_pb2.BINDING_CHANGE_BOUND,
     "revoke": gateway_pb2.BINDING_CHANGE_REVOKED,
@@ -64,6 +100,7 @@ class BindingNotifier(Protocol):
         timeout: float,
         server_id: str = "",
         binding: int = 0,
+        features: Sequence[str] | None = None,
     ) -> None: ...
 
 
@@ -91,6 +128,18 @@ class StorageBindings:
             player_data_pb2.ResetPlayerRequest(player_id=player_id, mode=mode), timeout=timeout
         )
 
+    async def set_feature(
+        self, player_id: str, feature: str, granted: bool, timeout: float
+    ) -> list[str]:
+        """Every feature granted to the player after the change."""
+        done = await self._dep.stub.SetPlayerFeature(
+            player_data_pb2.SetPlayerFeatureRequest(
+                player_id=player_id, feature=feature, granted=granted
+            ),
+            timeout=timeout,
+        )
+        return list(done.features)
+
     async def aclose(self) -> None:
         await self._dep.aclose()
 
@@ -110,32 +159,68 @@ class BindingTools:
 
     def register(self, tools: ToolRegistry) -> None:
         tools.server(BINDING_CHANGE_SPEC, self.change)
+        tools.server(FEATURE_CHANGE_SPEC, self.change_feature)
 
     async def change(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
-        if self._store is None:
-            raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
+        store = self._storage()
         name, scoped = scoped_player(ctx, payload["player"])
         action = payload["action"]
         try:
-            await self._store.change(scoped, action, min(STORAGE_TIMEOUT_SECONDS, ctx.remaining()))
+            await store.change(scoped, action, min(STORAGE_TIMEOUT_SECONDS, ctx.remaining()))
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise ModuleFailure(AgentFailure.INVALID_INPUT, exc.details() or "") from None
-            raise ModuleFailure(
-                AgentFailure.STORAGE_UNAVAILABLE,
-                f"the player could not be changed: {exc.details() or exc.code().name}",
-            ) from None
-        notified = False
-        if self._notifier is not None:
-            try:
-                await self._notifier.notify(
-                    scoped,
-                    common_pb2.AgentResult(),
-                    min(NOTIFY_TIMEOUT_SECONDS, ctx.remaining()),
-                    server_id=ctx.player.server_id,
-                    binding=_CHANGES[action],
-                )
-                notified = True
-            except grpc.aio.AioRpcError:
-                notified = False  # offline: the gateway reads the binding when they join
+            raise _failure(exc) from None
+        notified = await self._notify(ctx, scoped, binding=_CHANGES[action])
         return {"player": name, "action": action, "notified": notified}
+
+    async def change_feature(
+        self, payload: dict[str, Any], ctx: ExecutionContext
+    ) -> dict[str, Any]:
+        store = self._storage()
+        name, scoped = scoped_player(ctx, payload["player"])
+        feature, granted = payload["feature"], bool(payload["granted"])
+        try:
+            features = await store.set_feature(
+                scoped, feature, granted, min(STORAGE_TIMEOUT_SECONDS, ctx.remaining())
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _failure(exc) from None
+        notified = await self._notify(ctx, scoped, features=features)
+        return {"player": name, "feature": feature, "granted": granted, "notified": notified}
+
+    def _storage(self) -> StorageBindings:
+        if self._store is None:
+            raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
+        return self._store
+
+    async def _notify(
+        self,
+        ctx: ExecutionContext,
+        scoped: str,
+        binding: int = 0,
+        features: Sequence[str] | None = None,
+    ) -> bool:
+        """Whether the player's gateway replica heard of the change now; False: offline, and
+        the gateway reads it from storage when they join."""
+        if self._notifier is None:
+            return False
+        try:
+            await self._notifier.notify(
+                scoped,
+                common_pb2.AgentResult(),
+                min(NOTIFY_TIMEOUT_SECONDS, ctx.remaining()),
+                server_id=ctx.player.server_id,
+                binding=binding,
+                features=features,
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+
+def _failure(exc: grpc.aio.AioRpcError) -> ModuleFailure:
+    if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return ModuleFailure(AgentFailure.INVALID_INPUT, exc.details() or "")
+    return ModuleFailure(
+        AgentFailure.STORAGE_UNAVAILABLE,
+        f"the player could not be changed: {exc.details() or exc.code().name}",
+    )

@@ -4,6 +4,7 @@ the gateway's tool relay."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -232,16 +233,21 @@ class GatewayGameTools:
         timeout: float,
         server_id: str = "",
         binding: int = 0,
+        features: Sequence[str] | None = None,
     ) -> None:
         """Shows `result` to the player of game server `server_id` as a notice
         (PlayerNotices), on whichever gateway replica they are connected to; with `binding`
-        (a gateway.v1.BindingChange), tells that replica their binding changed (`result` may
-        then be empty). Raises grpc.aio.AioRpcError when it could not be sent
+        (a gateway.v1.BindingChange), tells that replica their binding changed, with
+        `features` (all those granted to the player alone, now) that their grants changed
+        (`result` may then be empty). Raises grpc.aio.AioRpcError when it could not be sent
         (FAILED_PRECONDITION: offline)."""
         request = relay_pb2.NotifyPlayerRequest(
             player_id=player_id, result=result, server_id=server_id
         )
         request.binding = binding  # type: ignore[assignment]
+        if features is not None:
+            request.features_changed = True
+            request.player_features[:] = features
         await self._send(player_id, "NotifyPlayer", request, timeout)
 
     async def aclose(self) -> None:

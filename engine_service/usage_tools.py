@@ -1,5 +1,6 @@
 """`system:usage.read`: a player's external-service use (model calls, tokens, web searches) per
-day, read from storage's PlayerDataService.GetUsage, for the administrators' `/system usage`.
+day, or with the player `*` the sum over every player of the asker's game server (or network),
+read from storage's PlayerDataService.GetUsage, for the administrators' `/system usage`.
 
 Players are named as their game server knows them; the tool reads them in the asking
 administrator's player scope (their game server, or its network: decision 0012), so an
@@ -20,6 +21,7 @@ from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import ChannelSettings, Dependency
 
 __all__ = [
+    "EVERYONE",
     "USAGE_DAYS",
     "USAGE_READ",
     "StorageUsage",
@@ -29,6 +31,8 @@ __all__ = [
 ]
 
 USAGE_READ = "system:usage.read"
+EVERYONE = "*"
+"""The player name that asks for the whole server's use (no player id holds `*`)."""
 USAGE_DAYS = 7
 """Days shown, today (UTC) included."""
 STORAGE_TIMEOUT_SECONDS = 5.0
@@ -37,7 +41,8 @@ USAGE_READ_SPEC = ToolSpec(
     tool_id=USAGE_READ,
     description=(
         "Read one player's use of external services (model calls, tokens, web searches) per "
-        "day over the last week, for administrators."
+        "day over the last week, or with player `*` the sum over the whole server, for "
+        "administrators."
     ),
     input_schema={
         "type": "object",
@@ -70,7 +75,7 @@ class UsageReader(Protocol):
     """Where usage is read (storage in production)."""
 
     async def days(
-        self, player_id: str, first: str, last: str, timeout: float
+        self, player_id: str, first: str, last: str, timeout: float, scope: str = ""
     ) -> list[player_data_pb2.DailyUsage]: ...
 
 
@@ -86,10 +91,12 @@ class StorageUsage:
         )
 
     async def days(
-        self, player_id: str, first: str, last: str, timeout: float
+        self, player_id: str, first: str, last: str, timeout: float, scope: str = ""
     ) -> list[player_data_pb2.DailyUsage]:
         response = await self._dep.stub.GetUsage(
-            player_data_pb2.GetUsageRequest(player_id=player_id, from_day=first, to_day=last),
+            player_data_pb2.GetUsageRequest(
+                player_id=player_id, from_day=first, to_day=last, scope=scope
+            ),
             timeout=timeout,
         )
         return list(response.days)
@@ -110,12 +117,27 @@ class UsageTools:
     async def read(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
         if self._reader is None:
             raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
-        name, scoped = scoped_player(ctx, payload["player"])
+        scope = ""
+        if payload["player"].strip() == EVERYONE:
+            name, scoped = EVERYONE, ""
+            scope = ctx.player.player_id.rpartition("/")[0]
+            if not scope:
+                raise ModuleFailure(
+                    AgentFailure.INVALID_INPUT,
+                    "this server's players are not scoped, so its use cannot be told apart; "
+                    "ask for one player",
+                )
+        else:
+            name, scoped = scoped_player(ctx, payload["player"])
         today = dt.datetime.now(dt.UTC).date()
         first = (today - dt.timedelta(days=USAGE_DAYS - 1)).isoformat()
         try:
             days = await self._reader.days(
-                scoped, first, today.isoformat(), min(STORAGE_TIMEOUT_SECONDS, ctx.remaining())
+                scoped,
+                first,
+                today.isoformat(),
+                min(STORAGE_TIMEOUT_SECONDS, ctx.remaining()),
+                scope=scope,
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:

@@ -1,5 +1,5 @@
-"""Assembles the router: engine and model clients, catalogue, intent cache, button matcher,
-diagnostics, pipeline, servicer, host."""
+"""Assembles the router: engine, model and storage clients, catalogue, intent cache (in this
+process, or shared in storage), button matcher, diagnostics, pipeline, servicer, host."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 from router_service.buttons import ButtonMatcher, load_phrasings
 from router_service.cache import IntentCache
 from router_service.catalog import CatalogCache, standalone_catalog
+from router_service.clients import SharedIntentCache
 from router_service.config import RouterConfig
 from router_service.diagnostics import RouterDiagnostics
 from router_service.model_routing import ModelRouter
@@ -64,6 +65,11 @@ class RouterApp:
             if config.model_target
             else None
         )
+        self.shared_cache = (
+            SharedIntentCache(config.storage_target, config.channel_settings())
+            if config.storage_target
+            else None
+        )
         static = (
             standalone_catalog(config.profiles_file, semantic) if config.profiles_file else None
         )
@@ -81,6 +87,7 @@ class RouterApp:
             ButtonMatcher(load_phrasings()),
             RouterDiagnostics(),
             ModelRouter(self.model.stub) if self.model else None,
+            shared=self.shared_cache,
         )
         servicer = RouterServicer(self.router, config.semantic_config)
         self.host = ServiceHost(
@@ -109,6 +116,8 @@ class RouterApp:
             await self.engine.aclose()
         if self.model is not None:
             await self.model.aclose()
+        if self.shared_cache is not None:
+            await self.shared_cache.aclose()
 
 
 async def create_app(config: RouterConfig) -> RouterApp:

@@ -42,6 +42,8 @@ __all__ = [
     "IntentCache",
     "PlayerScope",
     "WriteOutcome",
+    "refusal",
+    "text_digest",
 ]
 
 
@@ -52,6 +54,7 @@ class ClearReason(enum.StrEnum):
     PREFERENCES_CHANGED = "preferences_changed"
     REVOKED = "revoked"
     DISCONNECTED = "disconnected"
+    PERMISSIONS_CHANGED = "permissions_changed"
 
 
 class WriteOutcome(enum.StrEnum):
@@ -120,6 +123,39 @@ class CacheStats:
 
 
 _Key = tuple[str, int, Hashable, Hashable, str, bytes]
+
+
+def text_digest(text: str, normalize: Callable[[str], str] = normalize) -> bytes | None:
+    """SHA-256 of the normalised text, what every cache key holds instead of the text; None
+    when nothing is left of it after normalisation. The shared cache in storage
+    (router_service.clients) keys on the same digest."""
+    normalized = normalize(text)
+    if not normalized:
+        return None
+    # surrogatepass: a lone surrogate from a broken client hashes instead of raising.
+    return hashlib.sha256(normalized.encode("utf-8", "surrogatepass")).digest()
+
+
+def refusal(
+    model_arguments: Mapping[str, Any],
+    reparsed_arguments: Mapping[str, Any] | None,
+    read_only: bool,
+    direct_allowed: bool,
+    topics_covered: bool = True,
+) -> WriteOutcome | None:
+    """Why a model-routed success may not be cached (see `IntentCache.record_success`), or
+    None when it may."""
+    if not read_only:
+        return WriteOutcome.NOT_READ_ONLY
+    if not direct_allowed:
+        return WriteOutcome.NOT_DIRECT
+    if not topics_covered:
+        return WriteOutcome.TOPIC_GAP
+    if reparsed_arguments is None:
+        return WriteOutcome.ARGUMENTS_UNPARSED
+    if dict(model_arguments) != dict(reparsed_arguments):
+        return WriteOutcome.ARGUMENTS_DIFFER
+    return None
 
 
 @dataclasses.dataclass
@@ -275,11 +311,9 @@ class IntentCache:
         language: str,
         text: str,
     ) -> _Key | None:
-        normalized = self._normalize(text)
-        if not normalized:
+        digest = text_digest(text, self._normalize)
+        if digest is None:
             return None
-        # surrogatepass: a lone surrogate from a broken client hashes instead of raising.
-        digest = hashlib.sha256(normalized.encode("utf-8", "surrogatepass")).digest()
         return (
             scope.player_id,
             scope.generation,
@@ -390,17 +424,9 @@ class IntentCache:
         direct_allowed: bool,
         topics_covered: bool,
     ) -> WriteOutcome | None:
-        if not read_only:
-            return WriteOutcome.NOT_READ_ONLY
-        if not direct_allowed:
-            return WriteOutcome.NOT_DIRECT
-        if not topics_covered:
-            return WriteOutcome.TOPIC_GAP
-        if reparsed_arguments is None:
-            return WriteOutcome.ARGUMENTS_UNPARSED
-        if dict(model_arguments) != dict(reparsed_arguments):
-            return WriteOutcome.ARGUMENTS_DIFFER
-        return None
+        return refusal(
+            model_arguments, reparsed_arguments, read_only, direct_allowed, topics_covered
+        )
 
     def _write_locked(
         self,

@@ -19,6 +19,12 @@ class RouterConfig(ServerConfig):
     """`host:port` of the engine, whose catalogue declares the commands."""
     model_target: str = "127.0.0.1:50054"
     """`host:port` of the model gateway, for the one routing call; empty for none."""
+    storage_target: str = ""
+    """`host:port` of storage, whose IntentCacheService holds the exact intent cache that every
+    router replica shares (decision 0024). Empty: a cache in this process alone, as for
+    standalone use (`profiles_file`), tests and a single replica; with two or more replicas
+    behind round robin set it, or a player's repeat misses on the other replica and a clear
+    reaches one replica only."""
     semantic_config: str = ""
     """Path of `system-semantic.json` (seed 004's fields); empty for the built-in defaults. A
     path with no file yet gets one with the defaults at the first start (mode ENFORCE), for the

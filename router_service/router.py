@@ -27,8 +27,16 @@ from system.router.v1 import router_pb2
 
 from router_service import diagnostics as diag
 from router_service.buttons import ButtonMatcher
-from router_service.cache import ClearReason, IntentCache, PlayerScope, WriteOutcome
+from router_service.cache import (
+    ClearReason,
+    IntentCache,
+    PlayerScope,
+    WriteOutcome,
+    refusal,
+    text_digest,
+)
 from router_service.catalog import Catalog, CatalogCache
+from router_service.clients import SharedIntentCache, SharedLookup
 from router_service.commands import CommandMatch, UnknownCommand
 from router_service.model_routing import CLARIFY, ModelRouter
 from router_service.semantic import LocalDecision, Mode, SemanticConfig, reload_changes
@@ -50,8 +58,11 @@ _CLEAR_REASONS: dict[int, ClearReason] = {
     router_pb2.CLEAR_REASON_PREFERENCES_CHANGED: ClearReason.PREFERENCES_CHANGED,
     router_pb2.CLEAR_REASON_REVOKED: ClearReason.REVOKED,
     router_pb2.CLEAR_REASON_DISCONNECTED: ClearReason.DISCONNECTED,
+    router_pb2.CLEAR_REASON_PERMISSIONS_CHANGED: ClearReason.PERMISSIONS_CHANGED,
 }
 _MEMORY_GENERATION = 0  # clearing memory bumps the player's scope, which is what matters
+_SHARED_TOKEN = "shared"
+"""First element of a cache token issued over the shared cache in storage."""
 _ALLOWED_SETS = 256  # distinct (permission level, features) pairs remembered per catalogue
 
 
@@ -138,9 +149,14 @@ class Router:
         diagnostics: diag.RouterDiagnostics,
         model: ModelRouter | None,
         semantic_config_path: str = "",
+        shared: SharedIntentCache | None = None,
     ) -> None:
         self._catalog = catalog
         self.cache = cache
+        """The in-process cache; used alone when `shared` is None."""
+        self.shared = shared
+        """The intent cache in storage, shared by every router replica (decision 0024); looked
+        up only after local matching found no direct route, in front of the model call."""
         self._buttons = buttons
         self.diagnostics = diagnostics
         self._model = model
@@ -188,7 +204,8 @@ class Router:
         if conversation == common_pb2.CONVERSATION_MODE_FREE and chat_allowed:
             return self._chat(text)  # free mode skips routing
         scope = self.cache.scope(_scope_id(player))
-        if catalog.semantic.config.mode is Mode.ENFORCE and not request.history_disabled:
+        cache_on = catalog.semantic.config.mode is Mode.ENFORCE and not request.history_disabled
+        if cache_on and self.shared is None:
             hit = self._cached(catalog, scope, language, text, allowed)
             if hit is not None:
                 return hit
@@ -206,8 +223,23 @@ class Router:
             return response
         if local.outcome == "shadow_direct":
             self.diagnostics.record_decision(diag.DecisionSource.SHADOW_DIRECT)
+        shared: SharedLookup | None = None
+        if cache_on and self.shared is not None:
+            # Only here, where a model call (or a selection card) would come next: a text that
+            # routes locally never pays the round trip to storage.
+            digest = text_digest(text)
+            if digest is not None:
+                shared = await self.shared.lookup(
+                    player.player_id, digest, language, catalog.generation
+                )
+            if shared is not None and shared.module_id is not None:
+                hit = self._hit(catalog, shared.module_id, text, allowed)
+                if hit is not None:
+                    response.source = hit.source
+                    response.action.CopyFrom(hit.action)
+                    return response
         asked = (
-            await self._ask_model(request, catalog, allowed, scope, response)
+            await self._ask_model(request, catalog, allowed, scope, response, shared)
             if model_allowed
             else None
         )
@@ -301,9 +333,16 @@ class Router:
         allowed: frozenset[str],
     ) -> router_pb2.RouteResponse | None:
         hit = self.cache.get(scope, catalog.generation, _MEMORY_GENERATION, language, text)
-        if hit is None or hit.module_id not in allowed:
+        return None if hit is None else self._hit(catalog, hit.module_id, text, allowed)
+
+    def _hit(
+        self, catalog: Catalog, module_id: str, text: str, allowed: frozenset[str]
+    ) -> router_pb2.RouteResponse | None:
+        """A CACHE answer for a cached module, if the player may still use it and it is still
+        read-only and direct; its arguments re-parse from this text."""
+        if module_id not in allowed:
             return None
-        module = catalog.modules.get(hit.module_id)
+        module = catalog.modules.get(module_id)
         if module is None or not (_read_only(module) and _direct_allowed(module)):
             return None
         # Arguments always come from this text again, never from the cache.
@@ -312,7 +351,7 @@ class Router:
             return None
         self.diagnostics.record_decision(diag.DecisionSource.CACHE)
         return router_pb2.RouteResponse(
-            source=router_pb2.DECISION_SOURCE_CACHE, action=_action(hit.module_id, arguments)
+            source=router_pb2.DECISION_SOURCE_CACHE, action=_action(module_id, arguments)
         )
 
     def _report(self, local: LocalDecision, match: router_pb2.LocalMatch) -> None:
@@ -349,9 +388,12 @@ class Router:
         allowed: frozenset[str],
         scope: PlayerScope,
         response: router_pb2.RouteResponse,
+        shared: SharedLookup | None = None,
     ) -> bool | None:
         """Asks the model: True when it chose a module (written into `response`), False when
-        it found none fits (clarify), None when no model could be asked."""
+        it found none fits (clarify), None when no model could be asked. The cache token
+        names the scope the answer may be cached under: the in-process scope, or, with the
+        shared cache, the generation storage answered (null when it could not)."""
         if self._model is None:
             return None
         modules = [catalog.modules[m] for m in catalog.modules if m in allowed]
@@ -363,7 +405,11 @@ class Router:
         self.diagnostics.record_decision(diag.DecisionSource.MODEL)
         response.source = router_pb2.DECISION_SOURCE_MODEL
         response.action.CopyFrom(_action(choice.module_id, choice.arguments))
-        response.cache_token = json.dumps([scope.generation, catalog.generation])
+        if self.shared is None:
+            response.cache_token = json.dumps([scope.generation, catalog.generation])
+        else:
+            generation = None if shared is None else shared.generation
+            response.cache_token = json.dumps([_SHARED_TOKEN, generation, catalog.generation])
         return True
 
     def _fallback(
@@ -406,8 +452,15 @@ class Router:
                 "player.player_id, text, action.module_id and cache_token are required"
             )
         try:
-            scope_generation, runtime_generation = json.loads(request.cache_token)
-            scope = PlayerScope(_scope_id(player), int(scope_generation))
+            token = json.loads(request.cache_token)
+            shared_token = isinstance(token, list) and token[:1] == [_SHARED_TOKEN]
+            if shared_token:
+                _, shared_generation, runtime_generation = token
+                if shared_generation is not None:
+                    shared_generation = int(shared_generation)
+            else:
+                scope_generation, runtime_generation = token
+                scope = PlayerScope(_scope_id(player), int(scope_generation))
         except (ValueError, TypeError):
             raise InvalidArgument(
                 "cache_token is malformed; pass the RouteResponse's token unchanged"
@@ -416,6 +469,10 @@ class Router:
         module = catalog.modules.get(action.module_id)
         if module is None or self.config.mode is not Mode.ENFORCE:
             return False, "not_cacheable"
+        if shared_token or self.shared is not None:
+            return await self._record_shared(
+                request, module, shared_generation if shared_token else None, runtime_generation
+            )
         outcome = self.cache.record_success(
             scope,
             runtime_generation,
@@ -434,6 +491,51 @@ class Router:
             outcome is WriteOutcome.WRITTEN,
             "" if outcome is WriteOutcome.WRITTEN else outcome.value,
         )
+
+    async def _record_shared(
+        self,
+        request: router_pb2.RecordOutcomeRequest,
+        module: catalog_pb2.ModuleDescriptor,
+        generation: int | None,
+        runtime_generation: object,
+    ) -> tuple[bool, str]:
+        """RecordOutcome over the shared cache in storage: the same rules as the in-process
+        cache, the write fenced by the player's generation in storage."""
+        player, text, action = request.player, request.text, request.action
+        refused = refusal(
+            json_format.MessageToDict(action.input),
+            extract(module.semantic.extractor or None, text)
+            if module.HasField("semantic")
+            else None,
+            read_only=_read_only(module),
+            direct_allowed=_direct_allowed(module),
+        )
+        if refused is not None:
+            return False, refused.value
+        if self.shared is None or generation is None or not isinstance(runtime_generation, str):
+            return False, "storage_unavailable"
+        digest = text_digest(text)
+        if digest is None:
+            return False, WriteOutcome.EMPTY_TEXT.value
+        recorded = await self.shared.record(
+            player.player_id,
+            digest,
+            _language(player),
+            runtime_generation,
+            action.module_id,
+            generation,
+        )
+        if recorded is None:
+            return False, "storage_unavailable"
+        return (True, "") if recorded else (False, WriteOutcome.STALE_SCOPE.value)
+
+    async def clear_scope(self, player_id: str, reason: int, server_id: str = "") -> int:
+        """ClearPlayerScope: this process's cache, and with the shared cache, storage's, which
+        every replica reads. Returns the entries dropped."""
+        removed = self.clear_player(player_id, reason, server_id)
+        if self.shared is not None:
+            removed += await self.shared.clear(player_id, _CLEAR_REASONS[reason])
+        return removed
 
     def clear_player(self, player_id: str, reason: int, server_id: str = "") -> int:
         if not player_id:

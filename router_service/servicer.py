@@ -39,7 +39,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         request: router_pb2.ClearPlayerScopeRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.ClearPlayerScopeResponse:
-        removed = self._router.clear_player(request.player_id, request.reason, request.server_id)
+        removed = await self._router.clear_scope(
+            request.player_id, request.reason, request.server_id
+        )
         return router_pb2.ClearPlayerScopeResponse(removed=removed)
 
     async def GetDiagnostics(

@@ -9,6 +9,8 @@ from types import ModuleType
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import (
+    intent_cache_pb2,
+    intent_cache_pb2_grpc,
     journal_pb2,
     journal_pb2_grpc,
     knowledge_pb2,
@@ -28,6 +30,8 @@ from storage_service.db import make_engine, pool_capacity
 from storage_service.dbcall import use_executor
 from storage_service.group_commit import GroupCommitter
 from storage_service.history import ConversationStore, HistoryBounds
+from storage_service.intent_cache import IntentCacheBounds, IntentCacheStore
+from storage_service.intent_cache_servicer import IntentCacheServicer
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
 from storage_service.knowledge import KnowledgeStore, warm_up
@@ -58,6 +62,7 @@ ACCESS = AccessPolicy(
         # Administrators' /system grant, revoke and reset in game (the engine checks their
         # permission level; the gateway vouches for it).
         _S + "PlayerDataService/GrantBinding": ["engine"],
+        _S + "PlayerDataService/SetPlayerFeature": ["engine"],
         _S + "PlayerDataService/ResetPlayer": ["engine"],
         # Metering: the model gateway alone.
         _S + "PlayerDataService/ReserveUsage": ["model"],
@@ -68,6 +73,8 @@ ACCESS = AccessPolicy(
         # engine's relay client (decision 0023).
         _S + "PresenceService": ["gateway"],
         _S + "PresenceService/LocatePlayer": ["engine"],
+        # The routers' shared exact intent cache (decision 0024): router replicas alone.
+        _S + "IntentCacheService": ["router"],
         # Not listed, so operators' tooling alone: PutKnowledge, DeleteKnowledge.
     }
 )
@@ -89,6 +96,7 @@ SERVICE_NAMES = [
     _name(player_data_pb2, "PlayerDataService"),
     _name(knowledge_pb2, "KnowledgeService"),
     _name(presence_pb2, "PresenceService"),
+    _name(intent_cache_pb2, "IntentCacheService"),
 ]
 
 
@@ -122,6 +130,15 @@ class StorageApp:
         knowledge = KnowledgeServicer(self.knowledge)
         self.presence = PresenceStore(sessions)
         presence = PresenceServicer(self.presence)
+        self.intent_cache = IntentCacheStore(
+            sessions,
+            IntentCacheBounds(
+                config.intent_cache_max_entries,
+                config.intent_cache_per_player,
+                config.intent_cache_ttl_seconds,
+            ),
+        )
+        intents = IntentCacheServicer(self.intent_cache)
         self.host = ServiceHost(
             "storage",
             config,
@@ -133,6 +150,9 @@ class StorageApp:
                 ),
                 lambda s: knowledge_pb2_grpc.add_KnowledgeServiceServicer_to_server(knowledge, s),
                 lambda s: presence_pb2_grpc.add_PresenceServiceServicer_to_server(presence, s),
+                lambda s: intent_cache_pb2_grpc.add_IntentCacheServiceServicer_to_server(
+                    intents, s
+                ),
             ],
             SERVICE_NAMES,
             access=ACCESS,

@@ -44,6 +44,13 @@ class StorageConfig(ServerConfig):
     commit_group_max: int = 48
     """Most Commit calls applied together in one database transaction (group commit: a
     writer thread takes every Commit waiting when it is free). 1 gives each its own."""
+    intent_cache_max_entries: int = 65536
+    """Most entries of the routers' shared intent cache in all (IntentCacheService); the least
+    recently used go first."""
+    intent_cache_per_player: int = 32
+    """Most intent cache entries of one player (seed 004's `entriesPerPlayer`)."""
+    intent_cache_ttl_seconds: float = 300.0
+    """Lifetime of an intent cache entry (seed 004's `cacheSeconds`)."""
     run_migrations: bool = True
     """Bring the database schema up to date at start (`python -m storage_service.migrate` does
     it alone)."""
@@ -66,6 +73,9 @@ class StorageConfig(ServerConfig):
             "max_result_bytes",
             "max_knowledge_chars",
             "commit_group_max",
+            "intent_cache_max_entries",
+            "intent_cache_per_player",
+            "intent_cache_ttl_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

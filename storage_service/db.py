@@ -28,7 +28,18 @@ from sqlalchemy.sql.dml import Insert
 
 from storage_service.dialect import ID, insert_for
 
-__all__ = ["Base", "HistoryRow", "PreferenceRow", "make_engine", "pool_capacity", "upsert_ignore"]
+__all__ = [
+    "KEEP_ON_RESET",
+    "Base",
+    "HistoryRow",
+    "PreferenceRow",
+    "make_engine",
+    "pool_capacity",
+    "upsert_ignore",
+]
+
+KEEP_ON_RESET = "keep_on_reset"
+"""Key in a table's `info`: when true, ResetPlayer leaves the player's rows in that table."""
 
 
 class Base(DeclarativeBase):

@@ -36,6 +36,7 @@ from services.runtime.errors import InvalidArgument
 from storage_service.db import HistoryRow, PreferenceRow, rowcount, table_of, upsert_ignore
 from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
+from storage_service.intent_cache import invalidate as invalidate_intents
 from storage_service.validation import check_player_id
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
@@ -212,6 +213,7 @@ class ConversationStore:
                 row.external_enabled = external_enabled
             if conversation_mode is not None:
                 row.conversation_mode = conversation_mode
+            invalidate_intents(session, player_id)  # the routers' cached intents go with it
             return _preferences(row)
 
     # -- history ---------------------------------------------------------------------------
@@ -354,6 +356,7 @@ class ConversationStore:
         check_player_id(player_id)
         with self._sessions.begin() as session:
             result = session.execute(delete(HistoryRow).where(HistoryRow.player_id == player_id))
+            invalidate_intents(session, player_id)  # the routers' cached intents go with it
             return int(rowcount(result) or 0)
 
 

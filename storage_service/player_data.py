@@ -32,6 +32,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    func,
     select,
     update,
 )
@@ -41,8 +42,10 @@ from sqlalchemy.sql.elements import ColumnElement
 from system.storage.v1 import journal_pb2, player_data_pb2
 
 from services.runtime.errors import Aborted, InvalidArgument, NotFound
-from storage_service.db import Base, rowcount, table_of, upsert_ignore
+from storage_service.db import KEEP_ON_RESET, Base, rowcount, table_of, upsert_ignore
 from storage_service.dialect import advisory_lock, aware, is_postgresql, utc_now
+from storage_service.intent_cache import invalidate as invalidate_intents
+from storage_service.player_features import player_features, set_player_feature
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 __all__ = [
@@ -71,9 +74,6 @@ MAX_VERSION = 2**63 - 2
 
 IDENTIFIER = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
 DAY = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
-
-KEEP_ON_RESET = "keep_on_reset"
-"""Key in a table's `info`: when true, ResetPlayer leaves the player's rows in that table."""
 
 LEASES_TABLE = "leases"
 
@@ -131,6 +131,7 @@ _DOCS = table_of(DocumentRow)
 _USAGE = table_of(UsageRow)
 _BINDINGS = table_of(BindingRow)
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "model_calls", "web_searches")
+_SUMMED_USAGE = (*_USAGE_FIELDS, "prompt_cache_hit_tokens", "prompt_cache_miss_tokens")
 
 BOUND = "bound"
 REVOKED = "revoked"
@@ -373,14 +374,9 @@ def _document(row: Row[*tuple[Any, ...]]) -> journal_pb2.Document:
 
 
 def _daily(row: Row[*tuple[Any, ...]]) -> player_data_pb2.DailyUsage:
+    # int(): a SUM comes back as Decimal on PostgreSQL.
     return player_data_pb2.DailyUsage(
-        day=row.day.isoformat(),
-        prompt_tokens=row.prompt_tokens,
-        completion_tokens=row.completion_tokens,
-        model_calls=row.model_calls,
-        web_searches=row.web_searches,
-        prompt_cache_hit_tokens=row.prompt_cache_hit_tokens,
-        prompt_cache_miss_tokens=row.prompt_cache_miss_tokens,
+        day=row.day.isoformat(), **{name: int(getattr(row, name)) for name in _SUMMED_USAGE}
     )
 
 
@@ -433,11 +429,17 @@ class PlayerDataStore:
     # -- usage ---------------------------------------------------------------------------------
 
     def get_usage(
-        self, player_id: str, from_day: str = "", to_day: str = ""
+        self, player_id: str, from_day: str = "", to_day: str = "", scope: str = ""
     ) -> list[player_data_pb2.DailyUsage]:
-        """Days with any usage in [from_day, to_day], oldest first. Empty from_day: today;
+        """Days with any usage in [from_day, to_day], oldest first, of one player or, with
+        `scope`, summed over every player whose id is `<scope>/...`. Empty from_day: today;
         empty to_day: from_day."""
-        check_player_id(player_id)
+        if scope:
+            if player_id:
+                raise InvalidArgument("set player_id or scope, not both")
+            check_player_id(scope, "scope")
+        else:
+            check_player_id(player_id)
         first = parse_day(from_day, "from_day")
         last = parse_day(to_day, "to_day") if to_day else first
         if last < first:
@@ -447,13 +449,22 @@ class PlayerDataStore:
             raise InvalidArgument(
                 f"the range holds {span} days; ask for at most {MAX_USAGE_DAYS} at a time"
             )
-        query = (
-            select(_USAGE)
-            .where(_USAGE.c.player_id == player_id, _USAGE.c.day.between(first, last))
-            .order_by(_USAGE.c.day)
-        )
+        in_days = _USAGE.c.day.between(first, last)
+        if not scope:
+            query = select(_USAGE).where(_USAGE.c.player_id == player_id, in_days)
+        else:
+            # Summed in SQL: a server may have many players. `autoescape`: a scope's own `_`
+            # or `%` are characters, not patterns.
+            query = (
+                select(
+                    _USAGE.c.day,
+                    *(func.sum(_USAGE.c[name]).label(name) for name in _SUMMED_USAGE),
+                )
+                .where(_USAGE.c.player_id.startswith(f"{scope}/", autoescape=True), in_days)
+                .group_by(_USAGE.c.day)
+            )
         with self._sessions() as session:
-            return [_daily(row) for row in session.execute(query)]
+            return [_daily(row) for row in session.execute(query.order_by(_USAGE.c.day))]
 
     # -- bindings ------------------------------------------------------------------------------
 
@@ -462,6 +473,7 @@ class PlayerDataStore:
         check_player_id(player_id)
         now = utc_now()
         with self._sessions.begin() as session:
+            invalidate_intents(session, player_id)  # the routers' cached intents go with it
             inserted = session.execute(
                 upsert_ignore(session, _BINDINGS, player_id=player_id, state=BOUND, changed_at=now)
             )
@@ -475,16 +487,29 @@ class PlayerDataStore:
 
     def get_binding(
         self, player_id: str
-    ) -> tuple[player_data_pb2.BindingState, dt.datetime | None]:
-        """(state, changed_at); a player never granted is (UNBOUND, None)."""
+    ) -> tuple[player_data_pb2.BindingState, dt.datetime | None, list[str]]:
+        """(state, changed_at, the features granted to the player); a player never granted is
+        (UNBOUND, None, ...)."""
         check_player_id(player_id)
         with self._sessions() as session:
             row = session.execute(
                 select(_BINDINGS).where(_BINDINGS.c.player_id == player_id)
             ).one_or_none()
+            features = player_features(session, player_id)
         if row is None:
-            return player_data_pb2.BINDING_STATE_UNBOUND, None
-        return _state(row.state), aware(row.changed_at)
+            return player_data_pb2.BINDING_STATE_UNBOUND, None, features
+        return _state(row.state), aware(row.changed_at), features
+
+    def set_player_feature(
+        self, player_id: str, feature: str, granted: bool
+    ) -> tuple[list[str], bool]:
+        """Grants or takes back one feature of the player (storage_service.player_features);
+        returns (their features afterwards, whether anything changed)."""
+        with self._sessions.begin() as session:
+            features, changed = set_player_feature(session, player_id, feature, granted)
+            if changed:
+                invalidate_intents(session, player_id)  # the routers' cached intents go with it
+            return features, changed
 
     # -- revoke / reset ------------------------------------------------------------------------
 
@@ -500,6 +525,7 @@ class PlayerDataStore:
         now = utc_now()
         deleted = 0
         with self._sessions.begin() as session:
+            invalidate_intents(session, player_id)  # the routers' cached intents go with it
             for table in _reset_tables():
                 result = session.execute(delete(table).where(table.c.player_id == player_id))
                 deleted += int(rowcount(result) or 0)

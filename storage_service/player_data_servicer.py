@@ -44,7 +44,11 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
         self, request: player_data_pb2.GetUsageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> player_data_pb2.GetUsageResponse:
         days = await run_db(
-            self._store.get_usage, request.player_id, request.from_day, request.to_day
+            self._store.get_usage,
+            request.player_id,
+            request.from_day,
+            request.to_day,
+            request.scope,
         )
         return player_data_pb2.GetUsageResponse(days=days)
 
@@ -61,11 +65,21 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
         request: player_data_pb2.GetBindingRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> player_data_pb2.GetBindingResponse:
-        state, changed_at = await run_db(self._store.get_binding, request.player_id)
-        response = player_data_pb2.GetBindingResponse(state=state)
+        state, changed_at, features = await run_db(self._store.get_binding, request.player_id)
+        response = player_data_pb2.GetBindingResponse(state=state, features=features)
         if changed_at is not None:
             response.changed_at.FromDatetime(changed_at)
         return response
+
+    async def SetPlayerFeature(
+        self,
+        request: player_data_pb2.SetPlayerFeatureRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.SetPlayerFeatureResponse:
+        features, changed = await run_db(
+            self._store.set_player_feature, request.player_id, request.feature, request.granted
+        )
+        return player_data_pb2.SetPlayerFeatureResponse(features=features, changed=changed)
 
     async def ResetPlayer(
         self,

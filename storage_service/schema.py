@@ -13,6 +13,7 @@ from storage_service import (  # noqa: F401
     journal_records,
     leases,
     player_data,
+    player_features,
     presence,
     usage_records,
 )
@@ -24,3 +25,6 @@ metadata = db.Base.metadata
 """Every table of the storage service."""
 # `include_name` hides objects made by raw DDL (the knowledge search index) from autogenerate,
 # which would otherwise want to drop them.
+
+# The routers' shared intent cache (decision 0024); also imported through player_data.
+from storage_service import intent_cache  # noqa: E402, F401

@@ -85,11 +85,16 @@ class Chain:
         return self.target("storage")
 
     def new_client(
-        self, server_id: str | None = None, token: str | None = None, *, gateway: str = "gateway"
+        self,
+        server_id: str | None = None,
+        token: str | None = None,
+        *,
+        gateway: str = "gateway",
+        kind: type[GameServerClient] = GameServerClient,
     ) -> GameServerClient:
-        """A GameServerClient (not connected) closed with the chain, for the public port of
-        `gateway` (`gateway_b`, ... with `gateway_replicas`)."""
-        client = GameServerClient(
+        """A GameServerClient (not connected; of class `kind`) closed with the chain, for the
+        public port of `gateway` (`gateway_b`, ... with `gateway_replicas`)."""
+        client = kind(
             self.target(gateway),
             self.server_id if server_id is None else server_id,
             self.token if token is None else token,
@@ -98,10 +103,16 @@ class Chain:
         return client
 
     async def client(
-        self, server_id: str | None = None, token: str | None = None, *, gateway: str = "gateway"
+        self,
+        server_id: str | None = None,
+        token: str | None = None,
+        *,
+        gateway: str = "gateway",
+        kind: type[GameServerClient] = GameServerClient,
     ) -> GameServerClient:
-        """A connected GameServerClient (welcome received), closed with the chain."""
-        client = self.new_client(server_id, token, gateway=gateway)
+        """A connected GameServerClient (welcome received; of class `kind`), closed with the
+        chain."""
+        client = self.new_client(server_id, token, gateway=gateway, kind=kind)
         await client.connect()
         return client
 
@@ -267,7 +278,12 @@ async def running_chain(
             RouterConfig(
                 **{**_HOST, "port": router_port},
                 **auth("router"),
-                **{"model_target": model_target, **(router_settings or {})},
+                **{
+                    "model_target": model_target,
+                    # The intent cache every router replica shares (decision 0024).
+                    "storage_target": storage.host.target,
+                    **(router_settings or {}),
+                },
                 engine_target=engine.host.target,
             )
         )
@@ -294,6 +310,34 @@ async def running_chain(
         yield chain
     finally:
         await chain._close()
+
+
+class HoldingClient(GameServerClient):
+    """A game server that records the tool calls it gets and, for players in `hold`, never
+    answers them (the request stays in progress until something ends it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str]] = []
+        self.hold: set[str] = set()
+        self.held = asyncio.Event()
+        self.answer: dict[str, Any] | None = None
+        """When set, every tool call is answered with this output instead of the world's."""
+
+    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
+        self.calls.append((call.player_id, call.tool))
+        if call.player_id in self.hold:
+            self.held.set()
+            return None  # type: ignore[return-value]
+        if self.answer is not None:
+            result = gateway_pb2.ToolResult(call_id=call.call_id)
+            result.output.update(self.answer)
+            return gateway_pb2.ConnectRequest(tool_result=result)
+        return super()._run_tool(call)
+
+    async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
+        if frame is not None:
+            await super().send(frame)
 
 
 class CutOffClient(GameServerClient):

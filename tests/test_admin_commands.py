@@ -11,8 +11,8 @@ import pathlib
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 
-from tests.inprocess import running_chain
-from tests.waiting import wait_until
+from tests.inprocess import HoldingClient, running_chain
+from tests.waiting import holds_for, wait_until
 
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
 
@@ -115,6 +115,25 @@ async def test_an_admin_reads_a_players_usage_and_an_ordinary_player_cannot(
             refused = (await client.chat("steve", "/system usage op")).reply.result
             assert refused.failure.key == "system.error.unknown_command"
 
+            # The whole server: every player's use summed per day.
+            await client.join("alex", "Alex", "en_us")
+            fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
+            fake.script("Hello Alex!", prompt_tokens=30, completion_tokens=5)
+            assert (await client.chat("alex", "hello there")).reply.module_id == "system:chat"
+
+            async def server_settled() -> list[str] | None:
+                shown = (await client.chat("op", "/system usage *")).reply.result
+                assert shown.card.title == "Usage of every player on this server"
+                lines = card_lines(shown)
+                return lines if lines[-1].startswith("Last 7 days: 4 model calls,") else None
+
+            await wait_until(server_settled, timeout=10, what="alex's calls in the server's sum")
+            assert (
+                (await client.chat("op", "/system usage steve"))
+                .reply.result.card.lines[-1]
+                .text.startswith("Last 7 days: 2 model calls,")
+            )
+
 
 async def test_a_revoked_player_is_refused_at_once_and_after_a_reconnect_until_granted(
     tmp_path: pathlib.Path,
@@ -157,3 +176,66 @@ async def test_a_revoked_player_is_refused_at_once_and_after_a_reconnect_until_g
         assert card_lines(later) == ["The player is offline: in force when they next join."]
         bad = (await again.chat("op", "/system revoke a/b")).reply.result
         assert bad.failure.key == "system.error.invalid_input"
+
+
+async def test_web_search_granted_to_one_player_holds_at_once_and_its_loss_stops_his_run(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(tmp_path, credentials=True) as chain:
+        client = await chain.client(kind=HoldingClient)
+        assert isinstance(client, HoldingClient)
+        await client.join("op", "Op", "en_us", permission_level=3)
+        await client.join("steve", "Steve", "en_us")
+        await client.join("alex", "Alex", "en_us")
+
+        async def offers_search(player: str) -> bool:
+            shown = (await client.chat(player, "/help")).reply.result
+            return any(line.startswith("/search ") for line in card_lines(shown))
+
+        assert not await offers_search("steve")  # the server does not offer it to everyone
+        refused = (await client.chat("steve", "/system search-on steve")).reply.result
+        assert refused.failure.key == "system.error.unknown_command"
+
+        done = (await client.chat("op", "/system search-on steve")).reply.result
+        assert done.status == SUCCEEDED and done.card.title == "Web search on for steve"
+        assert card_lines(done) == ["In force at once on the player's game server."]
+        assert await offers_search("steve")
+        assert not await offers_search("alex")  # his alone
+
+        # Taken back while a request of his runs: that request stops, nothing runs on with it.
+        client.hold.add("steve")
+        running = asyncio.ensure_future(client.chat("steve", "/inventory"))
+        await asyncio.wait_for(client.held.wait(), 10)
+        off = (await client.chat("op", "/system 关闭联网 steve")).reply.result
+        assert off.status == SUCCEEDED and off.card.title == "Web search off for steve"
+        answered = await asyncio.wait_for(running, 10)
+        assert answered.reply.result.failure.key == "system.error.cancelled"
+        client.hold.clear()
+        assert not await offers_search("steve")
+
+        # Kept in storage: a reconnect reads the player's grants again.
+        await client.chat("op", "/system search-on steve")
+        again = await chain.client()
+        await again.join("steve", "Steve", "en_us")
+        shown = (await again.chat("steve", "/help")).reply.result
+        assert any(line.startswith("/search ") for line in card_lines(shown))
+
+
+async def test_a_lowered_permission_level_stops_the_players_running_request(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(tmp_path, credentials=True) as chain:
+        client = await chain.client(kind=HoldingClient)
+        assert isinstance(client, HoldingClient)
+        await client.join("op", "Op", "en_us", permission_level=3)
+        client.hold.add("op")
+        running = asyncio.ensure_future(client.chat("op", "/inventory"))
+        await asyncio.wait_for(client.held.wait(), 10)
+        await client.update("op", "en_us", permission_level=4)  # raised: nothing stops
+        await holds_for(lambda: not running.done(), 0.3)
+        await client.update("op", "en_us", permission_level=0)
+        answered = await asyncio.wait_for(running, 10)
+        assert answered.reply.result.failure.key == "system.error.cancelled"
+        client.hold.clear()
+        refused = (await client.chat("op", "/system routing")).reply.result
+        assert refused.failure.key == "system.error.unknown_command"

@@ -77,7 +77,7 @@ SPECS = (
         50052,
         9102,
         "system.router.v1.RouterService",
-        {"engine_target": "engine", "model_target": "model-gateway"},
+        {"engine_target": "engine", "model_target": "model-gateway", "storage_target": "storage"},
     ),
     Spec(
         "engine",

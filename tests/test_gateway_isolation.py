@@ -25,7 +25,7 @@ from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.relay.v1 import relay_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2
 
-from services.gamesim.client import FrameRefused, GameServerClient
+from services.gamesim.client import FrameRefused
 from services.gamesim.world import World
 from services.gateway.config import GatewayConfig
 from services.results import card, succeeded
@@ -34,7 +34,7 @@ from services.runtime.logging import JsonFormatter, RepeatedLines
 from services.runtime.metrics import RPC_HANDLED
 from services.runtime.multiplex import MultiplexClient
 from tests import inprocess
-from tests.inprocess import Chain, running_chain
+from tests.inprocess import Chain, HoldingClient, running_chain
 from tests.waiting import wait_until
 
 STEVE = "00000000-0000-4000-8000-000000000001"
@@ -65,34 +65,6 @@ async def servers_chain(tmp_path: Any, **overrides: Any) -> AsyncIterator[Chain]
     with mock.patch.object(inprocess, "GatewayConfig", config):
         async with running_chain(tmp_path, **overrides) as chain:
             yield chain
-
-
-class HoldingClient(GameServerClient):
-    """A game server that records the tool calls it gets and, for players in `hold`, never
-    answers them (the request stays in progress until something ends it)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls: list[tuple[str, str]] = []
-        self.hold: set[str] = set()
-        self.held = asyncio.Event()
-        self.answer: dict[str, Any] | None = None
-        """When set, every tool call is answered with this output instead of the world's."""
-
-    def _run_tool(self, call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest:
-        self.calls.append((call.player_id, call.tool))
-        if call.player_id in self.hold:
-            self.held.set()
-            return None  # type: ignore[return-value]
-        if self.answer is not None:
-            result = gateway_pb2.ToolResult(call_id=call.call_id)
-            result.output.update(self.answer)
-            return gateway_pb2.ConnectRequest(tool_result=result)
-        return super()._run_tool(call)
-
-    async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
-        if frame is not None:
-            await super().send(frame)
 
 
 async def connect(chain: Chain, server: str, world: World | None = None) -> HoldingClient:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2, player_data_pb2, player_data_pb2_grpc
 
-from services.runtime.errors import Aborted, InvalidArgument, NotFound
+from services.runtime.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from services.runtime.server import ServiceHost
 from storage_service import player_data
 from storage_service.config import StorageConfig
@@ -331,15 +331,15 @@ def test_usage_days_and_ranges(sessions: sessionmaker[Session], store: PlayerDat
 
 def test_bindings(store: PlayerDataStore) -> None:
     player = _player()
-    assert store.get_binding(player) == (UNBOUND, None)
+    assert store.get_binding(player) == (UNBOUND, None, [])
     assert store.grant_binding(player) == BOUND
-    state, granted_at = store.get_binding(player)
+    state, granted_at, _ = store.get_binding(player)
     assert state == BOUND and granted_at is not None
     assert granted_at.tzinfo is not None
     assert store.grant_binding(player) == BOUND
-    assert store.get_binding(player) == (BOUND, granted_at)  # a second grant changes nothing
+    assert store.get_binding(player) == (BOUND, granted_at, [])  # a second grant changes nothing
     assert store.reset_player(player, REVOKE) == (0, REVOKED)
-    state, revoked_at = store.get_binding(player)
+    state, revoked_at, _ = store.get_binding(player)
     assert state == REVOKED and revoked_at is not None and revoked_at >= granted_at
     assert store.reset_player(player, RESET) == (0, REVOKED)  # RESET keeps the binding
     assert store.grant_binding(player) == BOUND
@@ -347,8 +347,56 @@ def test_bindings(store: PlayerDataStore) -> None:
     assert store.reset_player(player, RESET) == (0, BOUND)
     fresh = _player()
     assert store.reset_player(fresh, RESET) == (0, UNBOUND)
-    assert store.get_binding(fresh) == (UNBOUND, None)
+    assert store.get_binding(fresh) == (UNBOUND, None, [])
     assert store.reset_player(fresh, REVOKE) == (0, REVOKED)
+
+
+def test_usage_of_a_scope_sums_its_players_per_day(store: PlayerDataStore, sessions) -> None:  # type: ignore[no-untyped-def]
+    scope = f"srv_{uuid.uuid4().hex[:8]}"
+    with sessions.begin() as session:
+        add_usage(session, f"{scope}/steve", _usage("2024-05-01", p=10))
+        add_usage(session, f"{scope}/alex", _usage("2024-05-01", p=5))
+        add_usage(session, f"{scope}/alex", _usage("2024-05-02", p=1))
+        # `_` in the scope is a character, not a pattern: srvX... is another server.
+        add_usage(session, f"{scope.replace('_', 'X')}/steve", _usage("2024-05-01", p=100))
+        add_usage(session, f"{scope}x/steve", _usage("2024-05-01", p=1000))
+    days = store.get_usage("", "2024-05-01", "2024-05-02", scope=scope)
+    assert [(d.day, d.prompt_tokens) for d in days] == [("2024-05-01", 15), ("2024-05-02", 1)]
+    with pytest.raises(InvalidArgument, match="not both"):
+        store.get_usage(f"{scope}/steve", "2024-05-01", scope=scope)
+    with pytest.raises(InvalidArgument, match="player_id is required"):
+        store.get_usage("", "2024-05-01")
+
+
+def test_features_granted_to_one_player(store: PlayerDataStore) -> None:
+    player, other = _player(), _player()
+    assert store.set_player_feature(player, "system:search", True) == (["system:search"], True)
+    assert store.set_player_feature(player, "system:search", True) == (["system:search"], False)
+    assert store.set_player_feature(player, "ftbquests:quests", True)[0] == [
+        "ftbquests:quests",
+        "system:search",
+    ]
+    assert store.get_binding(other) == (UNBOUND, None, [])  # grants are the player's alone
+    # An operator's decision: a revoke or reset keeps it (the revoked player is refused anyway).
+    store.reset_player(player, REVOKE)
+    assert store.get_binding(player)[2] == ["ftbquests:quests", "system:search"]
+    assert store.set_player_feature(player, "system:search", False) == (["ftbquests:quests"], True)
+    assert store.set_player_feature(player, "system:search", False) == (["ftbquests:quests"], False)
+    for bad, words in (
+        ("", "feature is required"),
+        ("Search", "not a feature id"),
+        ("system:" + "x" * 64, "not a feature id"),
+    ):
+        with pytest.raises(InvalidArgument, match=words):
+            store.set_player_feature(player, bad, True)
+    with pytest.raises(InvalidArgument, match="player_id is required"):
+        store.set_player_feature("", "system:search", True)
+    for n in range(63):
+        store.set_player_feature(other, f"test:f{n}", True)
+    store.set_player_feature(other, "test:last", True)
+    with pytest.raises(ResourceExhausted, match="64 granted features"):
+        store.set_player_feature(other, "test:one-more", True)
+    assert len(store.get_binding(other)[2]) == 64
 
 
 def _seed_player(
@@ -483,7 +531,7 @@ def test_store_rejects_bad_input(store: PlayerDataStore) -> None:
     for call, words in calls:
         with pytest.raises(InvalidArgument, match=words):
             call()
-    assert store.get_binding(player) == (UNBOUND, None)
+    assert store.get_binding(player) == (UNBOUND, None, [])
 
 
 def test_list_documents_orders_and_filters(

@@ -16,7 +16,13 @@ from collections.abc import Iterable
 from engine_service.admin_tools import AdminTools
 from engine_service.binding_tools import BindingNotifier, BindingTools, StorageBindings
 from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
-from engine_service.modules.admin import BindingModule, ReloadModule, RoutingModule, UsageModule
+from engine_service.modules.admin import (
+    BindingModule,
+    FeatureModule,
+    ReloadModule,
+    RoutingModule,
+    UsageModule,
+)
 from engine_service.modules.chat import ChatModule
 from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
@@ -155,6 +161,8 @@ def register_builtins(
     BindingTools(services.bindings, services.notifier).register(registry.tools)
     for action in ("grant", "revoke", "reset"):
         registry.register(BindingModule(action))
+    for granted in (True, False):
+        registry.register(FeatureModule(granted))
     PreferenceTools(services.preferences).register(registry.tools)
     registry.register(SettingsModule())
     for module in extra:

@@ -11,13 +11,14 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.admin_tools import ADMIN_LEVEL, CONFIG_RELOAD, ROUTING_DIAGNOSTICS
-from engine_service.binding_tools import BINDING_CHANGE
+from engine_service.binding_tools import BINDING_CHANGE, FEATURE_CHANGE
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleContext, ModuleSpec
-from engine_service.usage_tools import USAGE_DAYS, USAGE_READ
+from engine_service.usage_tools import EVERYONE, USAGE_DAYS, USAGE_READ
+from engine_service.web_tools import SEARCH_FEATURE
 from services.results import card, succeeded
 
-__all__ = ["BindingModule", "ReloadModule", "RoutingModule", "UsageModule"]
+__all__ = ["BindingModule", "FeatureModule", "ReloadModule", "RoutingModule", "UsageModule"]
 
 _NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 _ROUTING_TITLE = {"zh": "路由诊断", "en": "Routing diagnostics"}
@@ -178,6 +179,7 @@ class ReloadModule:
 
 
 _USAGE_TITLE = {"zh": "{player} 的用量", "en": "Usage of {player}"}
+_SERVER_USAGE_TITLE = {"zh": "本服所有玩家的用量", "en": "Usage of every player on this server"}
 _USAGE_DAY = {
     "zh": "{day}：模型调用 {calls} 次，输入 {prompt} / 输出 {completion} tokens，联网搜索 {searches} 次",
     "en": "{day}: {calls} model calls, {prompt} prompt / {completion} completion tokens, "
@@ -191,13 +193,15 @@ _USAGE_NONE = {"zh": "近 {days} 天没有用量。", "en": "No usage in the las
 
 
 class UsageModule:
-    """`/system usage [player]`: a player's external-service use per day (oneself by default)."""
+    """`/system usage [player|*]`: a player's external-service use per day (oneself by
+    default), or with `*` the whole server's."""
 
     spec = _admin_spec(
         "system:usage",
         {
-            "zh": "管理员：查看玩家近一周的模型和联网用量。",
-            "en": "Admin: a player's model and web use over the last week.",
+            "zh": "管理员：查看玩家（或用 * 查看全服）近一周的模型和联网用量。",
+            "en": "Admin: a player's (or with *, the whole server's) model and web use over the "
+            "last week.",
         },
         ("usage", "用量"),
         USAGE_READ,
@@ -231,7 +235,11 @@ class UsageModule:
             )
         else:
             lines.append(pick(_USAGE_NONE, language).format(days=USAGE_DAYS))
-        title = pick(_USAGE_TITLE, language).format(player=found["player"])
+        title = (
+            pick(_SERVER_USAGE_TITLE, language)
+            if found["player"] == EVERYONE
+            else pick(_USAGE_TITLE, language).format(player=found["player"])
+        )
         return succeeded(card("system:usage", title, lines))
 
 
@@ -292,4 +300,60 @@ class BindingModule:
         done = await ctx.tool(BINDING_CHANGE, {"player": data["player"], "action": self.action})
         title = pick(_BINDING[self.action]["title"], language).format(player=done["player"])
         lines = [pick(_AT_ONCE if done["notified"] else _AT_JOIN, language)]
+        return succeeded(card("system:binding", title, lines))
+
+
+_FEATURE: dict[bool, dict[str, Any]] = {
+    True: {
+        "module_id": "system:search.grant",
+        "aliases": ("search-on", "开启联网"),
+        "description": {
+            "zh": "管理员：为某位玩家单独开启联网搜索。",
+            "en": "Admin: turn web search on for one player.",
+        },
+        "title": {"zh": "已为 {player} 开启联网搜索", "en": "Web search on for {player}"},
+    },
+    False: {
+        "module_id": "system:search.revoke",
+        "aliases": ("search-off", "关闭联网"),
+        "description": {
+            "zh": "管理员：收回某位玩家单独获得的联网搜索（其正在进行的请求会被取消）。",
+            "en": "Admin: take web search back from one player (what they have running stops).",
+        },
+        "title": {"zh": "已为 {player} 关闭联网搜索", "en": "Web search off for {player}"},
+    },
+}
+_SERVER_WIDE = {
+    "zh": "若其游戏服务器为所有人开启了联网搜索，该玩家仍可使用。",
+    "en": "If their game server turns web search on for everyone, they keep it.",
+}
+
+
+class FeatureModule:
+    """`/system search-on|search-off <player>`: web search granted to one player alone, or
+    taken back (see binding_tools)."""
+
+    def __init__(self, granted: bool) -> None:
+        known = _FEATURE[granted]
+        self.granted = granted
+        self.spec = _admin_spec(
+            known["module_id"],
+            known["description"],
+            known["aliases"],
+            FEATURE_CHANGE,
+            writes=1,
+            argument="player",
+            required=True,
+        )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        done = await ctx.tool(
+            FEATURE_CHANGE,
+            {"player": data["player"], "feature": SEARCH_FEATURE, "granted": self.granted},
+        )
+        title = pick(_FEATURE[self.granted]["title"], language).format(player=done["player"])
+        lines = [pick(_AT_ONCE if done["notified"] else _AT_JOIN, language)]
+        if not self.granted:
+            lines.append(pick(_SERVER_WIDE, language))
         return succeeded(card("system:binding", title, lines))

@@ -46,7 +46,7 @@ class GatewayApp:
             config.channel_settings(),
         )
         gateway = GatewayServicer(config, self.connections, self.players, self.presence)
-        relay = ToolRelayServicer(config, self.connections)
+        relay = ToolRelayServicer(config, self.connections, self.players.forget)
         # Two servers: game servers reach the public port, which carries their contract alone;
         # the relay lives on the internal port, behind service credentials.
         public = PublicPort(

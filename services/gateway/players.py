@@ -118,6 +118,10 @@ class PlayerState:
     """The player's preferences; None until first read from storage. This gateway is the only
     writer of preferences (their frames and the settings card's buttons come through it), so
     the copy stays true while the player is connected here."""
+    granted_features: tuple[str, ...] | None = None
+    """Features granted to the player alone (PlayerDataService.SetPlayerFeature), added to
+    those their game server offers; None until read from storage with the binding. A relayed
+    change (NotifyPlayer `features_changed`) replaces them at once."""
 
 
 def _notification_buttons(
@@ -341,7 +345,7 @@ class PlayerRequests:
                 )
                 return response
             if kind in ("chat", "invoke", "card_action"):
-                player = self._in_mode(player, await self._preferences_of(player, state))
+                player = self._in_force(player, await self._preferences_of(player, state), state)
             if kind == "chat":
                 result, module_id = await self._chat(
                     player, request.chat.text, state, request.chat.viewing
@@ -376,10 +380,11 @@ class PlayerRequests:
         return response
 
     async def _revoked(self, player: common_pb2.PlayerContext, state: PlayerState) -> bool:
-        """Whether an administrator revoked the player: read from storage once per connection
-        (then kept: a revoke, grant or reset is relayed to the connection at once). When
-        storage cannot say, the player is served and it is asked again next time."""
-        if state.revoked is None:
+        """Whether an administrator revoked the player: read from storage once per connection,
+        with the features granted to them alone (then kept: a revoke, grant, reset or feature
+        change is relayed to the connection at once). When storage cannot say, the player is
+        served with their server's features and it is asked again next time."""
+        if state.revoked is None or state.granted_features is None:
             try:
                 binding = await self.bindings.stub.GetBinding(
                     player_data_pb2.GetBindingRequest(player_id=player.player_id)
@@ -388,6 +393,7 @@ class PlayerRequests:
                 log.info("binding unavailable (%s); serving the player", exc.code().name)
                 return False
             state.revoked = binding.state == player_data_pb2.BINDING_STATE_REVOKED
+            state.granted_features = tuple(binding.features)
         return state.revoked
 
     async def _preferences_of(
@@ -413,13 +419,19 @@ class PlayerRequests:
             return prefs.conversation_mode
         return self.default_mode
 
-    def _in_mode(
-        self, player: common_pb2.PlayerContext, prefs: storage_pb2.PlayerPreferences | None
+    def _in_force(
+        self,
+        player: common_pb2.PlayerContext,
+        prefs: storage_pb2.PlayerPreferences | None,
+        state: PlayerState,
     ) -> common_pb2.PlayerContext:
-        """The player with the mode in force filled in (a copy: the connection's own stays)."""
+        """The player as this request sees them (a copy: the connection's own stays): the mode
+        in force, and their server's features with those granted to them alone."""
         moded = common_pb2.PlayerContext()
         moded.CopyFrom(player)
         moded.conversation_mode = self.mode_of(prefs)
+        if state.granted_features:
+            moded.features[:] = sorted({*player.features, *state.granted_features})
         return moded
 
     async def _chat(
@@ -578,7 +590,7 @@ class PlayerRequests:
         data = struct_pb2.Struct()
         data.update(shown)
         call = common_pb2.ModuleAction(module_id=SETTINGS_MODULE, input=data)
-        player = self._in_mode(player, state.preferences)
+        player = self._in_force(player, state.preferences, state)
         return await self._execute(
             player, call, engine_pb2.ROUTE_SOURCE_BUTTON, ""
         ), SETTINGS_MODULE

@@ -10,13 +10,14 @@ player."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import grpc
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 from system.relay.v1 import relay_pb2, relay_pb2_grpc
+from system.router.v1 import router_pb2
 
 from services.gateway.config import GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, PendingCall
@@ -40,9 +41,17 @@ __all__ = ["ToolRelayServicer"]
 class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
     """Relays the engine's game-tool calls over the player's game-server connection."""
 
-    def __init__(self, config: GatewayConfig, registry: ConnectionRegistry) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: ConnectionRegistry,
+        forget: Callable[[common_pb2.PlayerContext, router_pb2.ClearReason], None] | None = None,
+    ) -> None:
+        """`forget(player, reason)` drops the player's routing scope (the router's intent
+        cache) when their permissions shrink; None: nothing to drop."""
         self._config = config
         self._registry = registry
+        self._forget = forget
         self._scopes = PlayerScopes(config.player_scopes())
         self._multiplex = MultiplexServer(
             relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"],
@@ -102,12 +111,18 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
         check_id("player_id", request.player_id)
         if request.binding not in gateway_pb2.BindingChange.values():
             raise InvalidArgument(f"binding {request.binding} is not a BindingChange")
+        for index, feature in enumerate(request.player_features):
+            check_id(f"player_features[{index}]", feature)
+        if request.player_features and not request.features_changed:
+            raise InvalidArgument("player_features is read only with features_changed")
         notice = request.result.status != common_pb2.RESULT_STATUS_UNSPECIFIED
-        if not notice and not request.binding:
+        if not notice and not request.binding and not request.features_changed:
             raise InvalidArgument("result.status is required: say how the work ended")
         connection, player_id = self._attachment(request.player_id, request.server_id)
         if request.binding:
             self._binding_changed(connection, player_id, request.binding)
+        if request.features_changed:
+            self._features_changed(connection, player_id, tuple(request.player_features))
         if notice:
             # A notice is best effort: a full outbox drops the oldest waiting one.
             connection.send(
@@ -141,6 +156,21 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
                 )
             )
         )
+
+    def _features_changed(
+        self, connection: Connection, player_id: str, granted: tuple[str, ...]
+    ) -> None:
+        """The features granted to the player alone are now `granted`, from their next request
+        on. A feature taken back also cancels their running requests (none runs on with what
+        they lost) and drops their routing scope."""
+        state = connection.player_state(player_id)
+        before = state.granted_features
+        state.granted_features = granted
+        if before is not None and not set(before) <= set(granted):
+            connection.cancel_player(player_id, "a feature of the player was taken back")
+            player = connection.players.get(player_id)
+            if player is not None and self._forget is not None:
+                self._forget(player, router_pb2.CLEAR_REASON_PERMISSIONS_CHANGED)
 
     def _attachment(self, scoped_id: str, server_id: str) -> tuple[Connection, str]:
         """The connection the player is attached to and the game server's own id of them.

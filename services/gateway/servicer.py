@@ -353,7 +353,13 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                 features=connection.features,
                 unavailable_modules=connection.unavailable_modules,
             )
+            previous = connection.players.get(player_id)
             connection.players[player_id] = player
+            if previous is not None and player.permission_level < previous.permission_level:
+                # A level taken away holds at once: nothing of theirs runs on with the old
+                # level, and the router forgets what it routed for them under it.
+                connection.cancel_player(player_id, "the player's permission level went down")
+                self._players.forget(player, router_pb2.CLEAR_REASON_PERMISSIONS_CHANGED)
             if not known:
                 connection.moved.pop(player_id, None)
                 before = self._registry.attach(player.player_id, connection)

@@ -177,6 +177,8 @@ class Stack:
             "router": {
                 "ENGINE_TARGET": self.target("engine"),
                 "MODEL_TARGET": self.target("model"),
+                # The shared exact intent cache (decision 0024).
+                "STORAGE_TARGET": self.target("storage"),
                 # Written with the defaults on the first start; edit it and /system reload.
                 "SEMANTIC_CONFIG": str(self.data_dir / "config" / "system-semantic.json"),
             },
