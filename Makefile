@@ -73,6 +73,8 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.model_gateway
 	$(PYTHON) -m bench.engine
 	$(PYTHON) -m bench.tls
+	$(PYTHON) -m bench.intent_cache
+	$(PYTHON) -m bench.scaleout
 	$(PYTHON) -m bench.edge
 	$(PYTHON) -m bench.java_client
 	$(PYTHON) -m bench.keepalive
