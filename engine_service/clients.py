@@ -18,7 +18,7 @@ from engine_service.relay_routes import RelayRoutes
 from engine_service.runs import RunStart
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 from services.runtime.channels import ChannelSettings, Dependency
-from services.runtime.errors import ResourceExhausted, Unavailable
+from services.runtime.errors import ResourceExhausted, Unavailable, never_sent
 from services.runtime.multiplex import StreamedCalls
 
 __all__ = ["GatewayGameTools", "JournalRuns", "JournalStream", "StorageHistory"]
@@ -156,7 +156,10 @@ class GatewayGameTools:
     reconnected there), the call goes there once. Errors become catalogued module failures:
     FAILED_PRECONDITION (player not connected) and NOT_FOUND (their server does not offer the
     tool) are TOOL_UNAVAILABLE, raised as `NotDelivered` since the call never left; a lost answer of a non-idempotent tool is EFFECT_UNKNOWN, of any other
-    TIMEOUT or TOOL_UNAVAILABLE; a failure the game server reports keeps its catalogue key.
+    TIMEOUT or TOOL_UNAVAILABLE; a failure the game server reports keeps its catalogue key. A
+    call that never left because the replica could not be reached at all
+    (services.runtime.errors.never_sent) is retried once where storage names another replica,
+    and otherwise raised as `NotDelivered` like a player offline.
     """
 
     def __init__(
@@ -187,7 +190,10 @@ class GatewayGameTools:
                 if code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
                     raise
                 self.routes.forget(player_id)
-                if code != grpc.StatusCode.FAILED_PRECONDITION or retried:
+                # Nothing was sent (the player is not there, or that replica could not be
+                # reached at all): where storage names another replica now, try it once.
+                undelivered = code == grpc.StatusCode.FAILED_PRECONDITION or never_sent(exc)
+                if not undelivered or retried:
                     raise
                 retried = True
                 moved = await self.routes.route(player_id, fresh=True)
@@ -267,6 +273,14 @@ def _failure(exc: grpc.aio.AioRpcError, tool_id: str, idempotent: bool) -> Modul
         return NotDelivered(
             AgentFailure.TOOL_UNAVAILABLE,
             f"{tool_id} needs the player online: {detail}",
+            player_offline=True,
+        )
+    if never_sent(exc):
+        # The player's gateway replica could not be reached at all (it died, and their game
+        # server has not reconnected elsewhere yet): like a player offline, nothing ran.
+        return NotDelivered(
+            AgentFailure.TOOL_UNAVAILABLE,
+            f"{tool_id} could not reach the player's game server: {detail}",
             player_offline=True,
         )
     if code == grpc.StatusCode.NOT_FOUND:

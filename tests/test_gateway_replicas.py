@@ -340,3 +340,39 @@ async def test_a_row_storage_lost_is_written_again_at_the_next_renewal(chain: Ch
     assert not (await located(chain)).connected
     await wait_located_at(chain, "gateway")
     assert a.syncs == syncs + 1
+
+
+async def test_a_replica_the_engine_cannot_reach_gets_nothing_sent_and_is_not_guessed(
+    chain: Chain,
+) -> None:
+    """A gateway replica whose relay port is gone (a crashed pod whose presence row has not
+    expired yet): the engine's calls for its players could not have left, so a write is not
+    EFFECT_UNKNOWN but not delivered (an event task waits for the player), and where storage
+    already names another replica the call goes there once."""
+    from services.results import AgentFailure, NotDelivered
+
+    world = World()
+    on_a = connect_to(chain, "gateway", world)
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway")
+    dead = relay_address(chain, "gateway")
+    await chain.apps["gateway"].host.server.stop(0)  # the relay port only: presence renews on
+
+    tools = chain.apps["engine"].game_tools
+    give = {"item": "minecraft:diamond", "count": 1}
+    with pytest.raises(NotDelivered) as lost:
+        await tools.call(STEVE, "t1/1", "minecraft:item.give", give, 5.0, False, SERVER_ID)
+    assert lost.value.player_offline and lost.value.failure is AgentFailure.TOOL_UNAVAILABLE
+    assert on_a.tool_calls == []
+
+    # The game server reconnects to B; the engine still holds A's address for steve, finds
+    # it unreachable, asks storage again and sends the call to B, once.
+    await on_a.close()
+    on_b = connect_to(chain, "gateway_b", world)
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway_b")
+    tools.routes._located[STEVE] = (dead, float("inf"))
+    await tools.call(STEVE, "t1/1.2", "minecraft:item.give", give, 5.0, False, SERVER_ID)
+    assert on_b.tool_calls == ["minecraft:item.give"]

@@ -18,7 +18,7 @@ from system.relay.v1 import relay_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.channels import Dependency
-from services.runtime.errors import STALE_FENCE, error_reason
+from services.runtime.errors import NOT_SENT, STALE_FENCE, error_reason, never_sent
 from services.runtime.metrics import RPC_HANDLED
 from services.runtime.multiplex import MAX_ITEM_BYTES, PACK_BYTES, MultiplexClient, MultiplexServer
 from services.runtime.server import ServiceHost
@@ -749,3 +749,19 @@ async def test_a_calls_timeout_is_its_deadline_on_the_server() -> None:
     assert 400 < sent[0] <= 500 and sent[1] == 0
     assert seen[0] is not None and 0.3 < seen[0] <= 0.5
     assert seen[1] is None
+
+
+def test_only_a_call_that_found_no_connection_counts_as_never_sent() -> None:
+    def error(code: grpc.StatusCode, details: str, reason: str = "") -> grpc.aio.AioRpcError:
+        trailing = grpc.aio.Metadata(("x-error-reason", reason)) if reason else grpc.aio.Metadata()
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
+
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    refused = "failed to connect to all addresses; last error: UNKNOWN: Connection refused"
+    assert never_sent(error(unavailable, refused))
+    assert never_sent(error(unavailable, "the stream ended", NOT_SENT))
+    # A connection that broke may have carried the call; so may a deadline.
+    assert not never_sent(error(unavailable, "Socket closed"))
+    assert not never_sent(error(unavailable, "Stream removed"))
+    assert not never_sent(error(grpc.StatusCode.DEADLINE_EXCEEDED, refused))
+    assert not never_sent(ValueError(refused))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 __all__ = [
     "ERROR_REASON_KEY",
+    "NOT_SENT",
     "STALE_FENCE",
     "Aborted",
     "AlreadyExists",
@@ -18,6 +19,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "error_reason",
+    "never_sent",
 ]
 
 
@@ -27,6 +29,27 @@ ERROR_REASON_KEY = "x-error-reason"
 
 STALE_FENCE = "STALE_FENCE"
 """FAILED_PRECONDITION reason: the write's lease fence is stale; stop writing for that work."""
+
+
+NOT_SENT = "NOT_SENT"
+"""UNAVAILABLE reason (services.runtime.multiplex): the call never left this process, because
+no connection to the service could be made; repeating it cannot repeat an effect."""
+
+# gRPC's status message when a call found no address it could connect to: it was never sent.
+_NO_ADDRESS = "failed to connect to all addresses"
+
+
+def never_sent(error: object) -> bool:
+    """True when a failed call (a grpc.aio.AioRpcError) certainly never reached a server: it
+    is UNAVAILABLE because every attempt to connect failed, so nothing of it can have run.
+    Any other UNAVAILABLE (a connection that broke) may have been delivered."""
+    code = getattr(error, "code", None)
+    if not callable(code) or getattr(code(), "name", "") != "UNAVAILABLE":
+        return False
+    details = getattr(error, "details", None)
+    return error_reason(error) == NOT_SENT or _NO_ADDRESS in (
+        (details() if callable(details) else "") or ""
+    )
 
 
 class ServiceError(Exception):

@@ -53,7 +53,7 @@ from system.common.v1.stream_pb2 import StreamedAnswer, StreamedCall
 
 from services.runtime import context as request_context
 from services.runtime.channels import ChannelSettings, Dependency, open_channel
-from services.runtime.errors import ERROR_REASON_KEY
+from services.runtime.errors import ERROR_REASON_KEY, NOT_SENT, never_sent
 from services.runtime.interceptors import Method, error_status, record_call
 from services.runtime.logging import RepeatedLines
 
@@ -654,11 +654,15 @@ class _Stream:
         # A service without the stream answers UNIMPLEMENTED, and the caller falls back.
         code = status if status == grpc.StatusCode.UNIMPLEMENTED else grpc.StatusCode.UNAVAILABLE
         detail = f": {error.details()}" if isinstance(error, grpc.aio.AioRpcError) else ""
+        # A stream that never connected carried nothing: its callers may send the calls again.
+        reason = NOT_SENT if never_sent(error) else ""
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(
                     _rpc_error(
-                        code, f"the stream to the service ended before the answer came{detail}"
+                        code,
+                        f"the stream to the service ended before the answer came{detail}",
+                        reason,
                     )
                 )
         self._waiting.clear()
