@@ -376,3 +376,28 @@ async def test_a_replica_the_engine_cannot_reach_gets_nothing_sent_and_is_not_gu
     tools.routes._located[STEVE] = (dead, float("inf"))
     await tools.call(STEVE, "t1/1.2", "minecraft:item.give", give, 5.0, False, SERVER_ID)
     assert on_b.tool_calls == ["minecraft:item.give"]
+
+
+async def test_an_event_right_after_a_join_waits_for_the_players_presence(chain: Chain) -> None:
+    """The engine finds a player through storage: an event sent right after the JOIN on
+    replica A (the engine's own target is B) must not run before storage names A, or its task
+    waits for a join that already happened. Storage is made slow to take A's write."""
+    world = World()
+    on_a = connect_to(chain, "gateway", world)
+    await on_a.connect()
+    reporter = chain.apps["gateway"].presence
+    attach = reporter._dep.stub.AttachPlayers
+
+    async def slow_attach(*args: object, **kwargs: object) -> object:
+        await asyncio.sleep(0.5)  # storage slow to answer, not a wait for a condition
+        return await attach(*args, **kwargs)
+
+    reporter._dep.stub.AttachPlayers = slow_attach  # type: ignore[method-assign]
+    await on_a.join("steve", "Steve", "en_us")
+    await on_a.event(
+        "steve", "minecraft:advancement", "adv-1", {"advancement": "minecraft:story/mine_diamond"}
+    )
+    shown = await asyncio.wait_for(on_a.notices.get(), 10)  # the reward's notice
+    assert shown.notice.result.status == SUCCEEDED, shown
+    assert on_a.tool_calls.count("minecraft:item.give") == 2
+    assert world.inventory("steve")["minecraft:diamond"] >= 1

@@ -291,12 +291,20 @@ class PlayerRequests:
             "cancelling the player's engine runs",
         )
 
-    def resume_tasks(self, player: common_pb2.PlayerContext) -> None:
-        """A player joined: the engine queues their waiting event tasks."""
-        self._in_background(
-            self.engine.stub.ResumePlayerTasks(engine_pb2.ResumePlayerTasksRequest(player=player)),
-            "resuming the player's event tasks",
-        )
+    def resume_tasks(
+        self, player: common_pb2.PlayerContext, arrived: Awaitable[object] | None = None
+    ) -> None:
+        """A player joined: the engine queues their waiting event tasks, once `arrived` is
+        done (storage names this replica for them: the tasks' game-tool calls find them)."""
+
+        async def resume() -> None:
+            if arrived is not None:
+                await arrived
+            await self.engine.stub.ResumePlayerTasks(
+                engine_pb2.ResumePlayerTasksRequest(player=player)
+            )
+
+        self._in_background(resume(), "resuming the player's event tasks")
 
     def submit_event(
         self,
@@ -304,11 +312,15 @@ class PlayerRequests:
         event: gateway_pb2.GameEvent,
         online: bool,
         refused: Callable[[grpc.StatusCode, str], None],
+        arrived: Awaitable[object] | None = None,
     ) -> None:
-        """Hands a game event to the engine; `refused(code, message)` is called if the engine
-        refuses it or cannot be reached (the game server may resend with the same key)."""
+        """Hands a game event to the engine, once `arrived` is done (as for `resume_tasks`);
+        `refused(code, message)` is called if the engine refuses it or cannot be reached (the
+        game server may resend with the same key)."""
 
         async def submit() -> None:
+            if arrived is not None:
+                await arrived
             try:
                 await self.engine.stub.SubmitEvent(
                     engine_pb2.SubmitEventRequest(

@@ -109,6 +109,8 @@ class PresenceReporter:
         """Called with the players another replica took over while this one still held
         them (the gateway's servicer ends their attachment here)."""
         self._wake = asyncio.Event()
+        self._landed = asyncio.Condition()
+        """Notified after every write or sync (see `written`)."""
         self._task: asyncio.Task[None] | None = None
         self.renewals = 0
         """Renewals storage took."""
@@ -131,6 +133,28 @@ class PresenceReporter:
 
     def holds(self, scoped_id: str) -> bool:
         return scoped_id in self._held
+
+    async def written(self, scoped_id: str, timeout: float) -> bool:
+        """Waits, at most `timeout` seconds, until what storage holds of the player is what
+        this replica reported (their join written, say); returns whether it is. The engine
+        finds a player through storage, so what it is asked to do for them right after a
+        join (queue their tasks, run an event) waits for this first."""
+
+        def landed() -> bool:
+            return scoped_id not in self._pending and (scoped_id in self._held) == (
+                scoped_id in self._written
+            )
+
+        async with self._landed:
+            try:
+                await asyncio.wait_for(self._landed.wait_for(landed), timeout)
+            except TimeoutError:
+                return False
+        return True
+
+    async def _tell_landed(self) -> None:
+        async with self._landed:
+            self._landed.notify_all()
 
     @property
     def settled(self) -> bool:
@@ -245,6 +269,7 @@ class PresenceReporter:
         PRESENCE_SYNCS.inc()
         elsewhere = set(synced.held_elsewhere)
         self._written = set(players) - elsewhere
+        await self._tell_landed()
         # Joined on another replica since (their game server reconnected there, or they
         # moved within their network): let them go here, unless they joined here again
         # meanwhile (that write, still pending, takes them back).
@@ -270,6 +295,7 @@ class PresenceReporter:
             return await self._write(batch)
         finally:
             self._writing = False
+            await self._tell_landed()
 
     async def _write(self, batch: dict[str, bool]) -> tuple[bool, bool]:
         attach = [p for p, on in batch.items() if on]

@@ -7,7 +7,7 @@ import contextlib
 import hmac
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
@@ -55,6 +55,9 @@ __all__ = ["GatewayServicer"]
 
 log = logging.getLogger("system.gateway")
 
+ARRIVAL_SECONDS = 2.0
+"""Longest an event or a task resume of a player who just joined waits for storage to name
+this replica for them; then it goes on anyway (storage slow or down)."""
 CONNECTIONS = Gauge("gateway_connections", "Game servers connected now.")
 PLAYERS = Gauge("gateway_players", "Players joined on all connections now.")
 FRAMES_REFUSED = Counter(
@@ -368,8 +371,16 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                     self._reporter.attached(player.player_id)
                 if before is not None:
                     self._take_from(before, player_id, connection)
-                self._players.resume_tasks(player)
+                self._players.resume_tasks(player, self._arrival(player.player_id))
         PLAYERS.set(self._registry.players())
+
+    def _arrival(self, scoped_id: str) -> Awaitable[bool] | None:
+        """Done once storage names this replica for the player (at most ARRIVAL_SECONDS):
+        an event task queued before that would not find them, and wait for a join that
+        already happened."""
+        if self._reporter is None:
+            return None
+        return self._reporter.written(scoped_id, ARRIVAL_SECONDS)
 
     def _left_replica(self, scoped_id: str) -> None:
         """The player's attachment here ended: unless another connection of this replica has
@@ -449,7 +460,9 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         def refused(code: grpc.StatusCode, message: str) -> None:
             self._refused(connection, event.event_key, code.name, shown(message, 1024))
 
-        self._players.submit_event(player, event, online, refused)
+        self._players.submit_event(
+            player, event, online, refused, self._arrival(player.player_id) if online else None
+        )
 
     # -- requests --------------------------------------------------------------------------------
 
