@@ -275,7 +275,7 @@ def test_make_run_offline_model_answers_through_the_scripted_model(tmp_path: Pat
             None,
             "must be float",
         ),
-        ("services.gateway", {"SYSTEM_GATEWAY_TOKENS": ""}, None, "tokens is empty"),
+        ("services.gateway", {"SYSTEM_GATEWAY_TOKENS": ""}, None, "no game-server token is set"),
         (
             "storage_service",
             {},

@@ -10,6 +10,7 @@ import uuid
 
 from system.common.v1 import common_pb2
 
+from services.gateway.tokens import merged_book, read_tokens_file
 from services.modes import MODES, mode_by_name
 from services.runtime.config import ConfigError, ServerConfig
 
@@ -60,6 +61,9 @@ class GatewayConfig(ServerConfig):
     """`host:port` of the storage service (history and preferences controls)."""
     tokens: tuple[str, ...] = ()
     """Game-server credentials as `server_id=token` pairs (env: comma-separated). Secret."""
+    tokens_file: str = ""
+    """A file of more `server_id=token` lines (a mounted Secret), read again when it changes:
+    tokens rotate without a restart (services.gateway.tokens)."""
     max_text_chars: int = 240
     """Longest chat text accepted from a player."""
     request_timeout_seconds: float = 120.0
@@ -97,11 +101,11 @@ class GatewayConfig(ServerConfig):
         for name in ("router_target", "engine_target", "storage_target"):
             if not getattr(self, name):
                 raise ConfigError(f"{name} is required (host:port)")
-        if not self.tokens:
+        if not self.token_book():
             raise ConfigError(
-                "tokens is empty: no game server could connect; set SYSTEM_GATEWAY_TOKENS=server_id=token"
+                "no game-server token is set: no game server could connect; set "
+                "SYSTEM_GATEWAY_TOKENS=server_id=token or tokens_file"
             )
-        self.token_book()
         if not 0 <= self.internal_port <= 65535:
             raise ConfigError(f"internal_port must be 0..65535, got {self.internal_port}")
         if self.internal_port and self.internal_port == self.port:
@@ -226,20 +230,7 @@ class GatewayConfig(ServerConfig):
         return scopes
 
     def token_book(self) -> dict[str, str]:
-        """Token → server id. Raises ConfigError for malformed or duplicate entries."""
-        book: dict[str, str] = {}
-        servers: set[str] = set()
-        for index, pair in enumerate(self.tokens):
-            server_id, sep, token = pair.partition("=")
-            server_id, token = server_id.strip(), token.strip()
-            if not sep or not server_id or not token:
-                raise ConfigError(f"tokens[{index}] must look like server_id=token")
-            if len(token) < 8:
-                raise ConfigError(
-                    f"tokens[{index}]: the token for {server_id} is shorter than 8 characters"
-                )
-            if token in book or server_id in servers:
-                raise ConfigError(f"tokens[{index}]: server {server_id} or its token appears twice")
-            book[token] = server_id
-            servers.add(server_id)
-        return book
+        """Token → server id, of `tokens` and `tokens_file` as they are now. Raises
+        ConfigError for malformed or duplicate entries, or an unreadable file."""
+        entries = read_tokens_file(self.tokens_file) if self.tokens_file else []
+        return merged_book(self.tokens, entries)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -22,6 +21,7 @@ from services.gateway.connection import Connection, ConnectionRegistry, RunningR
 from services.gateway.players import PlayerRequests
 from services.gateway.presence import PresenceReporter
 from services.gateway.scopes import PlayerScopes, split
+from services.gateway.tokens import TokenBook
 from services.gateway.tool_contract import ContractCheck, check_tools
 from services.gateway.validation import (
     MAX_INPUT_BYTES,
@@ -97,7 +97,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         """Records in storage which players this replica holds (decision 0023)."""
         if presence is not None:
             presence.on_taken = self._taken_elsewhere
-        self._tokens = config.token_book()
+        self._tokens = TokenBook(config.tokens, config.tokens_file)
         self._scopes = PlayerScopes(config.player_scopes())
         self._registry = registry
         self._players = players
@@ -138,10 +138,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             raise Unauthenticated(
                 "send the server's token as `authorization: Bearer <token>` metadata"
             )
-        server_id = ""
-        for known, owner in self._tokens.items():
-            if hmac.compare_digest(known.encode(), token.strip().encode()):
-                server_id = owner
+        server_id = self._tokens.server_of(token.strip())
         if not server_id:
             raise Unauthenticated("the token is not valid for any game server")
         return server_id
