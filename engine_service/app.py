@@ -16,6 +16,7 @@ from engine_service.events import EventRunner, EventTasks
 from engine_service.knowledge_tools import StorageKnowledge
 from engine_service.models import ModelClient
 from engine_service.modules import SMALL_TALK, BuiltinServices, register_builtins
+from engine_service.modules.admin import ADMIN_MODULES
 from engine_service.offers import StorageDocuments
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.replica import JournalIncarnations, replica_identity
@@ -68,9 +69,13 @@ def build_registry(config: EngineConfig, services: BuiltinServices | None = None
                 f"module_policies names {module_id}, which is not registered; "
                 f"modules: {', '.join(m.spec.module_id for m in registry.modules())}"
             )
-        # On this registry's own module object (built above), never on a shared class.
         policy = dataclasses.replace(module.spec.policy, **budgets)  # type: ignore[arg-type]
-        module.spec = dataclasses.replace(module.spec, policy=policy)
+        registry.amend(module_id, policy=policy)
+    for module in registry.modules():
+        if isinstance(module, ADMIN_MODULES):
+            registry.amend(
+                module.spec.module_id, min_permission_level=config.admin_permission_level
+            )
     registry.freeze()
     return registry
 

@@ -84,6 +84,10 @@ class EngineConfig(ServerConfig):
     offer_seconds: int = 300
     """How long a confirmation card's offer (a shop quote) may be confirmed after it was made;
     later its confirm button answers "expired" and charges nothing."""
+    admin_permission_level: int = 3
+    """Least game permission level (0-4) of the administrators' commands (`/system routing`,
+    `reload`, `usage`, `grant`, `revoke`, `reset`, `search-on`, `search-off`); below it they
+    appear nowhere. The router checks the same level, from this engine's catalogue."""
     module_policies: tuple[str, ...] = ()
     """Per-module budget overrides, each `module@budget=value` (env: comma-separated), for
     example `system:chat@model_calls=2` or `system:question@seconds=45`. Budgets: rounds,
@@ -93,6 +97,11 @@ class EngineConfig(ServerConfig):
 
     def validate(self) -> None:
         super().validate()
+        if not 0 <= self.admin_permission_level <= 4:
+            raise ConfigError(
+                f"admin_permission_level must be 0..4 (the game's permission levels), "
+                f"got {self.admin_permission_level}"
+            )
         if not self.storage_target:
             raise ConfigError("storage_target is required (host:port of the storage service)")
         if not self.model_target:

@@ -310,6 +310,17 @@ class ModuleRegistry:
         self._descriptors[spec.module_id] = spec.descriptor(read_only_tools=read_only)
         self._aliases.update(seen)
 
+    def amend(self, module_id: str, **changes: Any) -> None:
+        """Replaces fields of a registered module's spec (configuration: a budget, the admin
+        level) on this registry's own module object, and its catalogue entry with it. Only
+        before `freeze`."""
+        if self._frozen:
+            raise RegistryError(f"cannot amend {module_id}: the registry is frozen")
+        module = self._modules[module_id]
+        module.spec = dataclasses.replace(module.spec, **changes)
+        read_only = all(tool.read_only for tool in self._check_tools(module.spec))
+        self._descriptors[module_id] = module.spec.descriptor(read_only_tools=read_only)
+
     def _check_tools(self, spec: ModuleSpec) -> list[ToolSpec]:
         """Resolves the module's declared tools, checking they exist and fit its policy."""
         overlap = sorted(set(spec.tools) & set(spec.optional_tools))

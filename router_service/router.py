@@ -49,7 +49,8 @@ __all__ = ["ADMIN_LEVEL", "Router"]
 log = logging.getLogger("system.router")
 
 ADMIN_LEVEL = 3
-"""Permission level needed for diagnostics and reloads."""
+"""Permission level needed for diagnostics and reloads until the engine's catalogue (which
+declares the configured level) has been read."""
 CHAT_MODULE = "system:chat"
 """The engine's conversation module: what DECISION_SOURCE_CHAT runs."""
 
@@ -546,10 +547,18 @@ class Router:
             )
         return self.cache.clear_player(f"{server_id}\x1f{player_id}", _CLEAR_REASONS[reason])
 
-    def check_admin(self, player: common_pb2.PlayerContext) -> None:
-        if player.permission_level < ADMIN_LEVEL:
+    def check_admin(self, player: common_pb2.PlayerContext, module_id: str) -> None:
+        """PermissionDenied unless `player` may use the admin module `module_id` that asks
+        (`system:routing`, `system:reload`): its level is the one the engine's catalogue
+        declares (the engine's `admin_permission_level`), ADMIN_LEVEL until the catalogue is
+        read."""
+        current = self._catalog.current
+        module = current.modules.get(module_id) if current is not None else None
+        level = module.min_permission_level if module is not None else ADMIN_LEVEL
+        if player.permission_level < level:
             raise PermissionDenied(
-                "routing diagnostics are for administrators (permission level 3+)"
+                f"routing diagnostics and reloads are for administrators (permission level "
+                f"{level}+)"
             )
 
     def diagnostics_snapshot(self) -> dict[str, Any]:

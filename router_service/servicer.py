@@ -47,7 +47,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     async def GetDiagnostics(
         self, request: router_pb2.GetDiagnosticsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> router_pb2.GetDiagnosticsResponse:
-        self._router.check_admin(request.player)
+        self._router.check_admin(request.player, "system:routing")
         snap = self._router.diagnostics_snapshot()
         last = snap.get("last_match") or {}
         return router_pb2.GetDiagnosticsResponse(
@@ -80,7 +80,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     async def ReloadConfig(
         self, request: router_pb2.ReloadConfigRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> router_pb2.ReloadConfigResponse:
-        self._router.check_admin(request.player)
+        self._router.check_admin(request.player, "system:reload")
         if not self._path:
             raise FailedPrecondition(
                 "no system-semantic.json is configured (setting semantic_config)"

@@ -239,3 +239,29 @@ async def test_a_lowered_permission_level_stops_the_players_running_request(
         client.hold.clear()
         refused = (await client.chat("op", "/system routing")).reply.result
         assert refused.failure.key == "system.error.unknown_command"
+
+
+async def test_the_admin_level_is_configured_once_and_the_router_follows_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with running_chain(
+        tmp_path, credentials=True, engine_settings={"admin_permission_level": 2}
+    ) as chain:
+        client = await chain.client()
+        await client.join("mod", "Mod", "en_us", permission_level=2)
+        await client.join("steve", "Steve", "en_us", permission_level=1)
+        await client.chat("mod", "help")  # the router has read the catalogue
+        shown = (await client.chat("mod", "/system routing")).reply.result
+        assert shown.status == SUCCEEDED and shown.card.title == "Routing diagnostics"
+        refused = (await client.chat("steve", "/system routing")).reply.result
+        assert refused.failure.key == "system.error.unknown_command"
+
+
+def test_an_admin_level_outside_the_games_levels_stops_the_start() -> None:
+    import pytest
+
+    from engine_service.config import EngineConfig
+    from services.runtime.config import ConfigError
+
+    with pytest.raises(ConfigError, match="admin_permission_level must be 0..4"):
+        EngineConfig(admin_permission_level=5).validate()

@@ -614,9 +614,9 @@ async def test_low_confidence_without_a_model_offers_read_only_choices() -> None
 async def test_diagnostics_are_for_admins_and_hold_no_text() -> None:
     router = _router()
     await router.route(_route("show me the commands"))
-    with pytest.raises(PermissionDenied):
-        router.check_admin(PLAYER)
-    router.check_admin(_player(level=4))
+    with pytest.raises(PermissionDenied, match=r"permission level 3\+"):
+        router.check_admin(PLAYER, "system:routing")
+    router.check_admin(_player(level=4), "system:routing")
     snapshot = router.diagnostics_snapshot()
     assert snapshot["decisions"]["LOCAL"] == 1
     assert "show me the commands" not in repr(snapshot)

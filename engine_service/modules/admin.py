@@ -1,6 +1,6 @@
 """Administrators' commands in game: `/system routing` (路由诊断) shows the router's state and
 counts; `/system reload` (重载配置) reloads the router's `system-semantic.json` and this engine's
-event rules. Both need permission level `ADMIN_LEVEL` (3) and appear nowhere below it; they
+event rules. They need the engine's `admin_permission_level` (3 by default, `ADMIN_LEVEL`) and appear nowhere below it; they
 are commands only (no routing by meaning) and read-only for the game.
 """
 
@@ -18,7 +18,14 @@ from engine_service.usage_tools import EVERYONE, USAGE_DAYS, USAGE_READ
 from engine_service.web_tools import SEARCH_FEATURE
 from services.results import card, succeeded
 
-__all__ = ["BindingModule", "FeatureModule", "ReloadModule", "RoutingModule", "UsageModule"]
+__all__ = [
+    "ADMIN_MODULES",
+    "BindingModule",
+    "FeatureModule",
+    "ReloadModule",
+    "RoutingModule",
+    "UsageModule",
+]
 
 _NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 _ROUTING_TITLE = {"zh": "路由诊断", "en": "Routing diagnostics"}
@@ -357,3 +364,7 @@ class FeatureModule:
         if not self.granted:
             lines.append(pick(_SERVER_WIDE, language))
         return succeeded(card("system:binding", title, lines))
+
+
+ADMIN_MODULES = (RoutingModule, ReloadModule, UsageModule, BindingModule, FeatureModule)
+"""The administrators' commands: their level is the engine's `admin_permission_level`."""
