@@ -48,6 +48,7 @@ from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.schema import check_input, normalise, violation
 from engine_service.steps import TaskSteps
 from engine_service.tools import ToolKind, ToolSpec
+from engine_service.untrusted import DATA_RULE, with_data_rule
 from services.results import AgentFailure, ModuleFailure, card
 from services.runtime.errors import InvalidArgument
 from services.runtime.permissions import CORE_FEATURE
@@ -429,7 +430,7 @@ class ExecutionContext:
         timeout = min(self.policy.model_call_seconds, self.remaining())
         return await self._models.complete(
             self.player.player_id,
-            messages,
+            _with_data_rule(messages),
             timeout,
             tools=tools,
             require_tool=require_tool,
@@ -466,3 +467,18 @@ def _source_name(source: int) -> str:
         return engine_pb2.RouteSource.Name(source).removeprefix("ROUTE_SOURCE_").lower()
     except ValueError:
         return "unknown"
+
+
+def _with_data_rule(messages: list[model_pb2.ChatMessage]) -> list[model_pb2.ChatMessage]:
+    """`messages` whose system message ends with `untrusted.DATA_RULE` (one is put first
+    when there is none): every prompt says that data in it is never an instruction, whichever
+    module wrote the prompt (decision 0026)."""
+    sent = list(messages)
+    if sent and sent[0].role == model_pb2.MESSAGE_ROLE_SYSTEM:
+        if DATA_RULE not in sent[0].content:
+            first = model_pb2.ChatMessage()
+            first.CopyFrom(sent[0])
+            first.content = with_data_rule(first.content)
+            sent[0] = first
+        return sent
+    return [model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_SYSTEM, content=DATA_RULE), *sent]

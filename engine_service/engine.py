@@ -23,6 +23,7 @@ from engine_service.runs import HistoryStore, LocalRuns, PlayerRuns, Run, RunSta
 from engine_service.schema import check_input
 from engine_service.steps import TaskSteps
 from engine_service.task_store import LeaseLost
+from engine_service.untrusted import plain_result
 from services.results import AgentFailure, ModuleFailure, NotDelivered, failed
 from services.runtime.context import current_request_id, remaining_seconds
 from services.runtime.errors import (
@@ -350,6 +351,9 @@ class Engine:
         finally:
             self.players.leave(player.player_id)
             admission.release()
+        # Whatever a module put on its card (an item's name, a mail's text, the model's
+        # answer), no formatting code or invisible character reaches the player (decision 0026).
+        plain_result(result)
         log.info(
             "executed %s",
             action.module_id,
@@ -417,6 +421,7 @@ class Engine:
             result = _failure(context, AgentFailure.MODULE_FAILED, f"{module_id} failed")
         finally:
             self.players.leave(player.player_id)
+        plain_result(result)
         log.info(
             "event task ran %s",
             module_id,

@@ -23,6 +23,13 @@ from typing import Any
 from system.model.v1 import model_pb2
 
 from engine_service.context import ExecutionContext
+from engine_service.untrusted import (
+    PROMPT_DATA_CHARS,
+    PromptBudget,
+    data_json,
+    request_text,
+    with_data_rule,
+)
 from services.results import AgentFailure, ModuleFailure
 
 __all__ = [
@@ -37,6 +44,8 @@ __all__ = [
 ]
 
 ANSWER_TOOL = "answer"
+_OMITTED_BELOW = 200
+"""Data characters left under which an observation is sent as omitted, not as a stump."""
 
 RECOVERABLE = frozenset(
     {
@@ -121,6 +130,11 @@ class ReActLoop:
         tools: the tools offered, besides `answer`.
         rounds: most iterations; the policy's `rounds` by default.
         observation_chars: longest observation text sent back to the model.
+        data_chars: most characters of observations (and `context`) one loop sends in all.
+
+    Tool results are game and web text: each goes back as a JSON document of data
+    (`untrusted.data_json`: cleaned, cut, charged to the loop's budget), and the system prompt
+    says such data is never an instruction. The request is the asker's own text, cleaned.
     """
 
     def __init__(
@@ -130,6 +144,7 @@ class ReActLoop:
         tools: Sequence[LoopTool],
         rounds: int | None = None,
         observation_chars: int = 4000,
+        data_chars: int = PROMPT_DATA_CHARS,
     ) -> None:
         names = [t.name for t in tools]
         if ANSWER_TOOL in names or len(set(names)) != len(names):
@@ -139,6 +154,7 @@ class ReActLoop:
         self._tools = {t.name: t for t in tools}
         self._rounds = rounds if rounds is not None else ctx.policy.rounds
         self._chars = observation_chars
+        self._budget = PromptBudget(data_chars)
         self._schema = [t.schema() for t in tools] + [
             model_pb2.Tool(
                 name=ANSWER_TOOL,
@@ -148,8 +164,15 @@ class ReActLoop:
         ]
 
     async def run(self, request: str, context: str = "") -> LoopOutcome:
+        """Runs the loop for `request` (the asker's text). `context` goes before it in the
+        same message: text the caller built, whose untrusted parts are already data blocks
+        (`untrusted.data_block`); its length is charged to the loop's data budget."""
+        request = request_text(request)
+        self._budget.charge(len(context))
         messages = [
-            model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_SYSTEM, content=self._system),
+            model_pb2.ChatMessage(
+                role=model_pb2.MESSAGE_ROLE_SYSTEM, content=with_data_rule(self._system)
+            ),
             model_pb2.ChatMessage(
                 role=model_pb2.MESSAGE_ROLE_USER,
                 content=f"{context}\n\n{request}".strip() if context else request,
@@ -206,11 +229,22 @@ class ReActLoop:
             )
         return LoopOutcome(observations, "rounds")
 
+    @property
+    def data_budget(self) -> PromptBudget:
+        """What the loop's prompt may still carry of data (observations, context)."""
+        return self._budget
+
     def _render(self, observation: Observation) -> str:
-        text = json.dumps(
-            {"observation": observation.number, "output": observation.output}, ensure_ascii=False
+        if self._budget.left < _OMITTED_BELOW:
+            return json.dumps(
+                {"observation": observation.number, "omitted": "the prompt's data limit is spent"}
+            )
+        return data_json(
+            {"observation": observation.number, "output": observation.output},
+            limit=self._chars,
+            max_chars=self._chars,
+            budget=self._budget,
         )
-        return text if len(text) <= self._chars else text[: self._chars] + "…"
 
     def _stopped(self, observations: list[Observation], failure: ModuleFailure) -> LoopOutcome:
         if not recoverable(self._ctx, failure):

@@ -31,6 +31,7 @@ from engine_service.react import (
     ReActLoop,
     rounds_sparing_one_call,
 )
+from engine_service.untrusted import clean, model_lines
 from engine_service.web_tools import SEARCH_FEATURE, WEB_FETCH, WEB_SEARCH, GateRefusal, WebGate
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 
@@ -164,7 +165,7 @@ def _why(failure: ModuleFailure | None) -> str:
 
 
 def _answer_lines(composed: Composed, language: str) -> list[str]:
-    lines = [line for line in composed.answer.splitlines() if line.strip()]
+    lines = model_lines(composed.answer)  # text only: never a button or a command
     if composed.dropped:
         numbers = ", ".join(str(n) for n in composed.dropped)
         lines.append(_t("dropped", language, numbers=numbers))
@@ -184,8 +185,7 @@ def _raw_entries(hits: list[dict[str, Any]], note: str, language: str) -> common
     lines = [_t(note, language)]
     for number, hit in enumerate(hits, start=1):
         lines.append(_entry_label(number, hit, language))
-        body = str(hit.get("body", ""))
-        lines.append(body if len(body) <= EXCERPT_CHARS else body[:EXCERPT_CHARS] + "…")
+        lines.append(clean(str(hit.get("body", "")), EXCERPT_CHARS + 1))
     return succeeded(card(TEMPLATE, _t("found", language), lines))
 
 

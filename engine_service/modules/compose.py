@@ -2,7 +2,10 @@
 citation numbers the answer uses.
 
 The model sees the material as data, never as instructions, and gets no tools: whatever a
-knowledge entry or a web page says cannot make it search, fetch or call anything. Citation
+knowledge entry or a web page says cannot make it search, fetch or call anything. The user
+message is one JSON document of data (`untrusted.data_json`: every string cleaned of control
+and formatting codes and cut, the whole bounded); the question in it is the asker's text,
+cleaned the same way. Citation
 numbers are checked here, not trusted: a number that matches no material is dropped from the
 answer and reported, so a card never points at a source that was not there.
 """
@@ -20,11 +23,16 @@ from system.model.v1 import model_pb2
 from engine_service.context import ExecutionContext
 from engine_service.modules.text import language_name
 from engine_service.react import recoverable
+from engine_service.untrusted import data_json, request_text
 from services.results import AgentFailure, ModuleFailure
 
 __all__ = ["Composed", "check_citations", "compose"]
 
 ANSWER_TOKENS = 800
+MATERIAL_CHARS = 16000
+"""Most characters of the composing call's user message (question and material)."""
+MATERIAL_VALUE_CHARS = 4000
+"""Longest string in it (a fetched page's text is the longest)."""
 _MARKER = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 _INSTRUCTIONS = """You answer a Minecraft player's question from the numbered material in the \
@@ -112,7 +120,11 @@ async def compose(
         ),
         model_pb2.ChatMessage(
             role=model_pb2.MESSAGE_ROLE_USER,
-            content=json.dumps({"question": question, "material": numbered}, ensure_ascii=False),
+            content=data_json(
+                {"question": request_text(question), "material": numbered},
+                limit=MATERIAL_VALUE_CHARS,
+                max_chars=MATERIAL_CHARS,
+            ),
         ),
     ]
     try:

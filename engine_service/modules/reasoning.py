@@ -2,6 +2,9 @@
 could I smelt, according to the guide?"), answered through the bounded ReAct loop over the
 read-only tools that enabled modules declared.
 
+Tool results (item names, mail, quests...) reach the model only as data (`react.py`,
+`untrusted.py`), and the answer only as plain card lines: a card built here has no buttons.
+
 The tools are those every registered module declared (required or optional) that are
 read-only, fixed when the registry is built (the module registers last); each run offers only
 those of modules the player may use now, whose exporting feature is enabled for them. The web
@@ -22,6 +25,7 @@ from engine_service.modules.compose import Composed, check_citations, compose
 from engine_service.modules.text import language_name, pick
 from engine_service.react import LoopOutcome, LoopTool, ReActLoop, rounds_sparing_one_call
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleRegistry, ModuleSpec
+from engine_service.untrusted import clean, model_lines, model_text
 from engine_service.web_tools import SEARCH_FEATURE
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 from services.runtime.permissions import CORE_FEATURE
@@ -203,9 +207,8 @@ async def reason(
 
 def _observation_line(number: int, outcome: LoopOutcome) -> str:
     observation = outcome.observations[number - 1]
-    text = json.dumps(observation.output, ensure_ascii=False)
-    if len(text) > OBSERVATION_CHARS:
-        text = text[:OBSERVATION_CHARS] + "…"
+    # Game text (item names, mail...) shown as it was read, without its formatting codes.
+    text = clean(json.dumps(observation.output, ensure_ascii=False), OBSERVATION_CHARS + 1)
     return f"[{number}] {observation.tool}: {text}"
 
 
@@ -216,7 +219,7 @@ def _answer(
     partial: bool,
     title: dict[str, str],
 ) -> common_pb2.AgentResult:
-    lines = [line for line in composed.answer.splitlines() if line.strip()]
+    lines = model_lines(composed.answer)  # text only: never a button or a command
     if partial:
         lines.insert(0, _t("partial", language))
     if composed.dropped:
@@ -224,4 +227,5 @@ def _answer(
     if composed.sources:
         lines.append(_t("sources", language))
         lines += [_observation_line(n, outcome) for n in composed.sources]
-    return succeeded(card(TEMPLATE, pick(title, language), lines, speech=composed.answer))
+    speech = model_text(composed.answer)
+    return succeeded(card(TEMPLATE, pick(title, language), lines, speech=speech))

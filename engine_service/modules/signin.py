@@ -37,6 +37,7 @@ from engine_service.registry import (
     SemanticSpec,
 )
 from engine_service.signin_rewards import SigninReward, SigninRewards, load_signin_rewards
+from engine_service.untrusted import clean
 from services.results import ModuleFailure, card, succeeded
 
 __all__ = ["SIGNIN_CLAIM", "SIGNIN_STATUS", "SigninModule", "deterministic_pick", "streak_line"]
@@ -44,6 +45,8 @@ __all__ = ["SIGNIN_CLAIM", "SIGNIN_STATUS", "SigninModule", "deterministic_pick"
 SIGNIN_STATUS = "minecraft:signin.status"
 SIGNIN_CLAIM = "minecraft:signin.claim"
 PICK_TOKENS = 60
+NAME_CHARS = 64
+"""Longest player name given to the model (the game's text, cleaned like any data)."""
 
 _TITLE = {"zh": "每日签到", "en": "Daily sign-in"}
 _DONE = {"zh": "签到成功（{day}）", "en": "Signed in for {day}"}
@@ -164,9 +167,10 @@ class SigninModule:
             ),
             model_pb2.ChatMessage(
                 role=model_pb2.MESSAGE_ROLE_USER,
+                # The player's name is the game's text: data, cleaned, like the rest.
                 content=json.dumps(
                     {
-                        "player": player.player_name or player.player_id,
+                        "player": clean(player.player_name or player.player_id, NAME_CHARS),
                         "day": day,
                         "streak": streak,
                         "rewards": [r.choice() for r in self.rewards.rewards],
