@@ -46,7 +46,7 @@ from storage_service.fastsql import FastResult, FastStatement, Sent
 from storage_service.group_commit import NotApplied
 from storage_service.journal_records import _RECEIPTS, RECOVERABLE, STEP_DONE, STEP_RUNNING
 from storage_service.leases import _FENCE_QUERY, _LEASES, _fence_holds
-from storage_service.ledgers import JournalBounds, _locks_held, _player_lock_key
+from storage_service.ledgers import JournalBounds, Writes, _locks_held, _player_lock_key
 from storage_service.receipts import _RECORD_FAST, _receipt_applied, _receipt_fast
 
 if TYPE_CHECKING:
@@ -414,13 +414,15 @@ class _CommitSender:
 
 class _SendableCommit:
     """`JournalStore.commit_unit` of a batch of receipt writes: a unit that can also be sent
-    ahead with the rest of its group (storage_service.group_commit.SendableUnit)."""
+    ahead with the rest of its group (storage_service.group_commit.SendableUnit); it writes
+    its player's rows (`writes`, the group's lock order)."""
 
-    __slots__ = ("batch", "sender")
+    __slots__ = ("batch", "sender", "writes")
 
     def __init__(self, sender: _CommitSender, batch: _Batch) -> None:
         self.sender = sender
         self.batch = batch
+        self.writes = Writes(players=(batch.request.player_id,))
 
     def __call__(self, session: Session) -> journal_pb2.CommitResponse:
         return self.sender._store._apply_batch(session, batch=self.batch)  # noqa: SLF001

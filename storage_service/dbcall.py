@@ -5,7 +5,9 @@ Which failures count as unavailability:
 
 - SQLAlchemy `OperationalError`: the server went away, refused the connection, shut down
   (PostgreSQL `AdminShutdown`), a serialization failure or deadlock rolled the transaction
-  back. All of them leave nothing behind, so a retry is safe.
+  back. All of them leave nothing behind, so a retry is safe. The group committer runs a
+  transaction that met a deadlock or serialization failure (`is_conflict`) again itself
+  before it gives up with UNAVAILABLE (decision 0027).
 - any `DBAPIError` with `connection_invalidated` (the pool saw the connection die).
 - SQLAlchemy `InterfaceError` (psycopg: "the connection is closed") and pool `TimeoutError`
   (every connection busy for `pool_timeout`).
@@ -37,7 +39,14 @@ from sqlalchemy import exc as sa_exc
 
 from services.runtime.errors import Unavailable
 
-__all__ = ["UNAVAILABLE_MESSAGE", "is_unavailable", "map_unavailable", "run_db", "use_executor"]
+__all__ = [
+    "UNAVAILABLE_MESSAGE",
+    "is_conflict",
+    "is_unavailable",
+    "map_unavailable",
+    "run_db",
+    "use_executor",
+]
 
 log = logging.getLogger("system.storage.db")
 
@@ -77,6 +86,20 @@ def use_executor(executor: ThreadPoolExecutor | None, replacing: object = ...) -
 
 def _sqlite_transient(error: BaseException) -> bool:
     return any(text in str(error).lower() for text in _SQLITE_TRANSIENT)
+
+
+# PostgreSQL's "the transaction was rolled back, run it again": deadlock_detected and
+# serialization_failure. Both end the whole transaction (or the savepoint it was in) and
+# leave nothing of it behind.
+_CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_conflict(error: BaseException) -> bool:
+    """Whether `error` is a deadlock or a serialization failure (SQLSTATE 40P01 or 40001):
+    safe to run the whole transaction again, which storage_service.group_commit does. Left
+    alone, it is unavailability like the others (see the module docstring)."""
+    found = error.orig if isinstance(error, sa_exc.DBAPIError) else error
+    return getattr(found, "sqlstate", None) in _CONFLICT_SQLSTATES
 
 
 def is_unavailable(error: BaseException) -> bool:

@@ -30,6 +30,20 @@ could have had.
 
 A write whose caller gave up (deadline, cancellation) is still applied if its group has
 started, as with any database call already sent; its answer is dropped.
+
+Lock order (decision 0028). A group holds the locks of all its writes until it commits, and
+several storage replicas run groups on one database at once, so groups that take the same
+rows in different orders would deadlock. A unit therefore declares whose rows it writes (its
+`writes`, storage_service.ledgers.Writes), and every transaction of a group first takes those
+players' locks in one statement, in one global order (`ledgers.lock_in_order`); a group's
+other locks all belong to those players. Units that declare nothing are not ordered.
+
+Conflicts. A transaction PostgreSQL rolled back for a deadlock (SQLSTATE 40P01, say with a
+transaction outside any group) or a serialization failure (40001) left nothing behind, so the
+group runs again from the start, up to CONFLICT_ATTEMPTS times in all with a short jittered
+pause between tries, instead of answering UNAVAILABLE; nothing is applied twice, since the
+whole transaction was rolled back (a Commit's batch row with it: the rerun applies the batch,
+it does not replay it). Past the last try every unit gets UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -38,19 +52,24 @@ import asyncio
 import contextlib
 import logging
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage_service.dbcall import map_unavailable
+from storage_service.dbcall import is_conflict, map_unavailable
 from storage_service.fastsql import pipelined
+from storage_service.ledgers import Writes, lock_in_order
 
 __all__ = [
+    "CONFLICT_ATTEMPTS",
     "DEFAULT_MAX_GROUP",
+    "Declared",
     "GroupCommitter",
     "NotApplied",
     "SendableUnit",
@@ -73,6 +92,17 @@ MAX_GROUP = 64
 # Fewest sendable units worth a pipeline: entering and leaving one costs about as much CPU as
 # the round trips it saves for a single unit's two statements.
 MIN_SENT = 2
+
+# Tries of a transaction rolled back by a deadlock or a serialization failure, in all; the
+# pause before try n+1 is CONFLICT_PAUSE * 2**(n-1), jittered to 50-100 % of it, so two
+# victims do not meet again at once (at most about 70 ms in all, on the writer thread).
+CONFLICT_ATTEMPTS = 4
+CONFLICT_PAUSE = 0.01
+
+CONFLICTS = Counter(
+    "system_storage_commit_group_conflicts",
+    "Group transactions rolled back by a deadlock or serialization failure and run again.",
+)
 
 GROUP_SIZE = Histogram(
     "system_storage_commit_group_size",
@@ -109,9 +139,56 @@ class SendableUnit(Protocol):
     def __call__(self, session: Session) -> Any: ...
 
 
+class Declared:
+    """A unit with whose rows it writes declared (`writes`, see the module docstring)."""
+
+    __slots__ = ("_unit", "writes")
+
+    def __init__(self, unit: Unit, writes: Writes) -> None:
+        self._unit = unit
+        self.writes = writes
+
+    def __call__(self, session: Session) -> Any:
+        return self._unit(session)
+
+
 def run_group(sessions: sessionmaker[Session], units: Sequence[Unit]) -> list[Any]:
     """Runs `units` in one transaction; returns each one's answer or the exception it raised,
-    once the transaction committed.
+    once the transaction committed. A transaction rolled back by a deadlock or serialization
+    failure runs again (up to CONFLICT_ATTEMPTS tries in all, see the module docstring).
+
+    Raises:
+        Exception: the transaction itself failed (COMMIT failed, the connection was lost
+            while rolling back, or it met a conflict on every try): no outcome is known, so
+            none is given.
+    """
+    attempt = 1
+    while True:
+        try:
+            return _run_group_once(sessions, units)
+        except Exception as error:
+            if not is_conflict(error) or attempt >= CONFLICT_ATTEMPTS:
+                raise
+            CONFLICTS.inc()
+            log.info(
+                "group of %d writes rolled back by a conflict (%s), try %d of %d: running it again",
+                len(units),
+                type(getattr(error, "orig", error)).__name__,
+                attempt,
+                CONFLICT_ATTEMPTS,
+            )
+            time.sleep(_conflict_pause(attempt))
+            attempt += 1
+
+
+def _conflict_pause(attempt: int) -> float:
+    """Seconds to wait before the try after `attempt` (see CONFLICT_PAUSE)."""
+    return CONFLICT_PAUSE * 2.0 ** (attempt - 1) * random.uniform(0.5, 1.0)  # noqa: S311
+
+
+def _run_group_once(sessions: sessionmaker[Session], units: Sequence[Unit]) -> list[Any]:
+    """One try of `run_group`: a conflict propagates (nothing was kept), so the group can run
+    again from the start.
 
     The group first runs without savepoints (two statements per unit fewer: the common case,
     where nothing fails), its sendable units sent ahead together, then the others in order.
@@ -120,48 +197,54 @@ def run_group(sessions: sessionmaker[Session], units: Sequence[Unit]) -> list[An
     group runs again with a SAVEPOINT around each unit, so a failing one is undone alone and
     the others are applied. Running a unit twice is safe because the first run was rolled
     back.
-
-    Raises:
-        Exception: the transaction itself failed (COMMIT failed, or the connection was lost
-            while rolling back): no outcome is known, so none is given.
     """
     send = sum(hasattr(unit, "sender") for unit in units) >= MIN_SENT
+    writes = [write for unit in units if (write := getattr(unit, "writes", None)) is not None]
     with sessions() as session:
         while True:
             session.begin()
             try:
-                outcomes = _run_plain(session, units, send)
+                outcomes = _run_plain(session, units, writes, send)
             except NotApplied:
                 session.rollback()
                 send = False
                 continue
             except Exception as error:  # noqa: BLE001 - a unit's failure, not the group's
                 session.rollback()
+                if is_conflict(error):
+                    raise  # the whole transaction was the victim: run_group runs it again
                 if len(units) == 1:
                     return [error]
                 break
             session.commit()
             return outcomes
-    return _run_isolated(sessions, units)
+    return _run_isolated(sessions, units, writes)
 
 
-def _run_plain(session: Session, units: Sequence[Unit], send: bool) -> list[Any]:
-    """Runs every unit in the session's transaction, no savepoints; with `send`, the
-    sendable ones first, all sent in one pipeline. A unit's error propagates."""
+def _run_plain(
+    session: Session, units: Sequence[Unit], writes: Sequence[Writes], send: bool
+) -> list[Any]:
+    """Runs every unit in the session's transaction, no savepoints, after taking the locks
+    `writes` declare, in order; with `send`, the sendable ones first, all sent in one
+    pipeline (the locks' statement at its head). A unit's error propagates."""
     outcomes: list[Any] = [None] * len(units)
     finishers: dict[int, Callable[[], Any]] = {}
-    if send:
+    if not send:
+        lock_in_order(session, writes)()
+    else:
         kinds: dict[int, tuple[Sender, list[int]]] = {}
         for index, unit in enumerate(units):
             sender = getattr(unit, "sender", None)
             if sender is not None:
                 kinds.setdefault(id(sender), (sender, []))[1].append(index)
         with pipelined(session):
+            locked = lock_in_order(session, writes)
             for sender, indexes in kinds.values():
                 sent = sender.send(session, [units[index] for index in indexes])
                 for index, finish in zip(indexes, sent, strict=True):
                     if finish is not None:
                         finishers[index] = finish
+        locked()
         for index, finish in finishers.items():
             outcomes[index] = finish()
     for index, unit in enumerate(units):
@@ -170,18 +253,23 @@ def _run_plain(session: Session, units: Sequence[Unit], send: bool) -> list[Any]
     return outcomes
 
 
-def _run_isolated(sessions: sessionmaker[Session], units: Sequence[Unit]) -> list[Any]:
-    """One transaction, a SAVEPOINT per unit. A failure to roll back to the savepoint, or to
-    commit, propagates: the connection is gone and nothing of the group is known."""
+def _run_isolated(
+    sessions: sessionmaker[Session], units: Sequence[Unit], writes: Sequence[Writes]
+) -> list[Any]:
+    """One transaction, the locks `writes` declare taken first, in order, then a SAVEPOINT per
+    unit. A failure to roll back to the savepoint, or to commit, propagates: the connection
+    is gone and nothing of the group is known; so does a conflict (the transaction is rolled
+    back whole, to run again)."""
     outcomes: list[Any] = []
     with sessions.begin() as session:
+        lock_in_order(session, writes)()
         for unit in units:
             savepoint = session.begin_nested()
             try:
                 answer = unit(session)
             except Exception as error:  # noqa: BLE001 - it is this unit's outcome
-                if _is_connection_error(error):
-                    raise  # the transaction is gone with its connection: nothing is stored
+                if _is_connection_error(error) or is_conflict(error):
+                    raise  # the transaction is gone (or rolled back whole): nothing is stored
                 savepoint.rollback()
                 outcomes.append(error)
             else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -123,8 +122,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> journal_pb2.TransitionTaskResponse:
         task = await self._write(
-            functools.partial(
-                self._store.transition_task_in,
+            self._store.transition_task_unit(
                 task_id=request.task_id,
                 state=request.state,
                 expected_state=request.expected_state,
@@ -138,8 +136,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         self, request: journal_pb2.RecordStepRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.RecordStepResponse:
         receipt, created = await self._write(
-            functools.partial(
-                self._store.record_step_in,
+            self._store.record_step_unit(
                 step_id=request.step_id,
                 task_id=request.task_id,
                 position=request.position,
@@ -154,8 +151,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         self, request: journal_pb2.CompleteStepRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.CompleteStepResponse:
         receipt = await self._write(
-            functools.partial(
-                self._store.complete_step_in,
+            self._store.complete_step_unit(
                 step_id=request.step_id,
                 tool=request.tool,
                 result=request.result,

@@ -14,15 +14,23 @@ writers are serialized. On PostgreSQL (READ COMMITTED) writes that change a play
 take a transaction-scoped advisory lock on the player first (`_lock_player`, or with the
 lookup of the row's owner, `_owner_locked`), so dedupe by event key and the bounds hold under
 concurrent writers.
+
+The same lock orders grouped transactions (storage_service.group_commit, decision 0028): a
+group first takes, in one statement (`lock_in_order`), the lock of every player its writes
+declare (`Writes`: the players named, and the owners of the tasks and steps named), sorted
+by the lock's id. Everything else a group locks (lease, history, document, task, receipt and
+usage rows) belongs to one of those players, so two groups that share a player, on any
+replicas, take turns at that player's lock instead of each holding a row the other wants.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
-from sqlalchemy import Select, String, bindparam, delete, func, literal, or_, select
+from sqlalchemy import Select, String, bindparam, delete, func, literal, or_, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import TypeEngine
@@ -34,7 +42,7 @@ from storage_service.fastsql import FastStatement
 from storage_service.journal_records import TERMINAL, ReceiptRow, TaskRow
 from storage_service.leases import LeaseRow
 
-__all__ = ["JournalBounds", "receipt_size", "task_size"]
+__all__ = ["JournalBounds", "Writes", "lock_in_order", "receipt_size", "task_size"]
 
 # -- settings ----------------------------------------------------------------------------------
 
@@ -106,6 +114,63 @@ def _lock_player(session: Session, player_id: str) -> None:
     if player_id not in held:
         _PLAYER_LOCK.execute(session, {"key": _player_lock_key(player_id)})
         held.add(player_id)
+
+
+class Writes(NamedTuple):
+    """Whose rows a unit of a group will write (see `lock_in_order`): the players it names,
+    and the players owning the tasks and the steps it names (looked up: a task's and a
+    receipt's player never change)."""
+
+    players: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+    steps: tuple[str, ...] = ()
+
+
+# Every named player's ledger lock, one by one in the order of the locks' ids (the subquery's
+# ORDER BY with DISTINCT keeps it from being flattened, so its rows, and the locks, come in
+# that order). What _lock_player takes, so a unit's own lock calls find it held.
+_LOCK_IN_ORDER = FastStatement(
+    text(
+        f"""
+SELECT o.player_id, pg_advisory_xact_lock(o.lock_id) IS NULL
+FROM (
+    SELECT DISTINCT n.player_id,
+           hashtextextended('{_player_lock_key("")}' || n.player_id, 0) AS lock_id
+    FROM (
+        SELECT unnest(:players) AS player_id
+        UNION ALL SELECT t.player_id FROM journal_tasks AS t WHERE t.task_id = ANY(:tasks)
+        UNION ALL SELECT r.player_id FROM journal_receipts AS r WHERE r.step_id = ANY(:steps)
+    ) AS n
+    ORDER BY lock_id
+) AS o"""
+    ).bindparams(
+        bindparam("players", type_=ARRAY(String)),
+        bindparam("tasks", type_=ARRAY(String)),
+        bindparam("steps", type_=ARRAY(String)),
+    )
+)
+
+
+def lock_in_order(session: Session, writes: Sequence[Writes]) -> Callable[[], None]:
+    """Takes the ledger lock of every player `writes` name (PostgreSQL), in one global order:
+    the locks' ids ascending. Sent (FastStatement.send: inside a pipeline, with what follows);
+    the function returned waits for it and notes the locks as held. SQLite needs nothing: its
+    writers take turns at BEGIN IMMEDIATE."""
+    players = sorted({player for write in writes for player in write.players})
+    tasks = sorted({task for write in writes for task in write.tasks})
+    steps = sorted({step for write in writes for step in write.steps})
+    if not is_postgresql(session) or not (players or tasks or steps):
+        return _nothing
+    sent = _LOCK_IN_ORDER.send(session, {"players": players, "tasks": tasks, "steps": steps})
+
+    def held() -> None:
+        _locks_held(session).update(str(row[0]) for row in sent.result().rows)
+
+    return held
+
+
+def _nothing() -> None:
+    return None
 
 
 def _fits(count: int, total: int, add_count: int, add_bytes: int, limits: tuple[int, int]) -> bool:

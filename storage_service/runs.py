@@ -20,8 +20,10 @@ from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument
+from storage_service.group_commit import Declared
 from storage_service.history import ConversationStore
 from storage_service.leases import acquire, check_holder, release
+from storage_service.ledgers import Writes
 from storage_service.validation import check_player_id
 
 __all__ = ["MAX_HISTORY_ENTRIES", "RunStore", "player_lease"]
@@ -77,7 +79,7 @@ class RunStore:
                 )
             return response
 
-        return unit
+        return Declared(unit, Writes(players=(player_id,)))
 
     def finish_unit(
         self, request: journal_pb2.FinishRunRequest
@@ -112,4 +114,4 @@ class RunStore:
                 response.released = release(session, lease, request.owner, request.token)
             return response
 
-        return unit
+        return Declared(unit, Writes(players=(player_id,)))
