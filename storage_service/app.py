@@ -1,11 +1,24 @@
-"""Assembles the storage service: database engine, the stores, their servicers, host."""
+"""Assembles the storage service: database engine, the stores, their servicers, host.
+
+With `run_migrations` on (the default, and SQLite's only sensible choice) the schema is
+upgraded before the service starts. With it off (a migration Job upgrades it) the service
+starts with every storage service NOT_SERVING, polls the database's revision, and serves once
+`migrate.schema_state` says this build may (decision 0028). The process's own health (service
+"") is SERVING throughout, so liveness and startup probes do not restart a replica that only
+waits.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
+from typing import Any
 
+from grpc_health.v1 import health_pb2
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import (
@@ -37,7 +50,7 @@ from storage_service.journal_servicer import JournalServicer
 from storage_service.knowledge import KnowledgeStore, warm_up
 from storage_service.knowledge_files import seed_starter
 from storage_service.knowledge_servicer import KnowledgeServicer
-from storage_service.migrate import upgrade
+from storage_service.migrate import SchemaState, SchemaVerdict, schema_state, upgrade
 from storage_service.player_data import PlayerDataStore
 from storage_service.player_data_servicer import PlayerDataServicer
 from storage_service.presence import PresenceStore
@@ -83,6 +96,8 @@ ACCESS = AccessPolicy(
 # Connections the group committer's writer thread holds (one at a time).
 COMMIT_CONNECTIONS = 1
 
+log = logging.getLogger("system.storage.schema")
+
 
 def _name(module: ModuleType, service: str) -> str:
     full_name: str = module.DESCRIPTOR.services_by_name[service].full_name
@@ -100,11 +115,64 @@ SERVICE_NAMES = [
 ]
 
 
-class StorageApp:
-    """The running storage service and what it owns."""
+class _GatedHost(ServiceHost):
+    """A ServiceHost whose services stay NOT_SERVING after `start` until `until_ready`, run
+    then as a task, returns. The process's own health (service "") serves from the start."""
 
-    def __init__(self, config: StorageConfig, engine: Engine) -> None:
+    def __init__(
+        self, *args: Any, until_ready: Callable[[], Awaitable[None]] | None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._until_ready = until_ready
+        self._waiting: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+        """Set once the services serve (at once without `until_ready`)."""
+
+    async def start(self) -> int:
+        port = await super().start()
+        # No await suspends between the SERVING super().start() set and this (no Check can
+        # slip in): the health servicer's set only waits on a lock nobody else holds.
+        if self._until_ready is None:
+            self.ready.set()
+            return port
+        for service in self.service_names:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._waiting = asyncio.create_task(self._open_when_ready(self._until_ready))
+        return port
+
+    async def _open_when_ready(self, until_ready: Callable[[], Awaitable[None]]) -> None:
+        await until_ready()
+        # After a SIGTERM the health servicer ignores this: a stopping replica stays out.
+        for service in self.service_names:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.ready.set()
+
+    async def stop(self) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._waiting
+        await super().stop()
+
+
+class StorageApp:
+    """The running storage service and what it owns.
+
+    Args:
+        config: the settings.
+        engine: the database engine.
+        wait_for_schema: serve only once the database's schema is one this build may serve
+            on (polled every `schema_poll_seconds`), then seed the starter knowledge; for
+            `run_migrations` off, where the schema is someone else's to upgrade.
+    """
+
+    def __init__(
+        self, config: StorageConfig, engine: Engine, *, wait_for_schema: bool = False
+    ) -> None:
+        self.config = config
         self.engine = engine
+        self.schema: SchemaState | None = None
+        """The schema state found when the services opened (with `wait_for_schema`)."""
         # One worker thread per pooled connection but the group committer's: database calls
         # never wait for a thread while a connection is free, nor hold a thread while they
         # wait for a connection.
@@ -139,7 +207,7 @@ class StorageApp:
             ),
         )
         intents = IntentCacheServicer(self.intent_cache)
-        self.host = ServiceHost(
+        gated = _GatedHost(
             "storage",
             config,
             [
@@ -156,7 +224,37 @@ class StorageApp:
             ],
             SERVICE_NAMES,
             access=ACCESS,
+            until_ready=self._schema_ready if wait_for_schema else None,
         )
+        self.host: ServiceHost = gated
+        self.ready = gated.ready
+        """Set once the storage services serve: at `host.start()`, or with `wait_for_schema`
+        once the schema is one this build may serve on."""
+
+    async def _schema_ready(self) -> None:
+        """Returns once the schema serves and the starter knowledge is in; retries whatever
+        fails (the database away, a schema still old) every `schema_poll_seconds`."""
+        said = ""
+        while True:
+            try:
+                state = await asyncio.to_thread(schema_state, self.engine)
+                if state.verdict.serves:
+                    if self.config.starter_knowledge:
+                        await asyncio.to_thread(seed_starter, self.knowledge)
+                    break
+                news = state.describe()
+                bad = state.verdict is SchemaVerdict.INCOMPATIBLE
+                level = logging.ERROR if bad else logging.INFO
+            except Exception as exc:  # noqa: BLE001 - the database away: try again
+                news = f"cannot read the schema yet: {type(exc).__name__}: {exc}"
+                level = logging.WARNING
+            if news != said:  # once per change, not once per poll
+                log.log(level, "storage not serving until the schema is migrated: %s", news)
+                said = news
+            await asyncio.sleep(self.config.schema_poll_seconds)
+        self.schema = state
+        newer = state.verdict is SchemaVerdict.NEWER
+        log.log(logging.WARNING if newer else logging.INFO, "storage serving: %s", state.describe())
 
     async def aclose(self) -> None:
         use_executor(None, replacing=self.executor)
@@ -170,7 +268,7 @@ async def create_app(config: StorageConfig) -> StorageApp:
     if config.run_migrations:
         await asyncio.to_thread(upgrade, engine)
     await asyncio.to_thread(warm_up)  # load jieba's dictionary now, not on the first search
-    app = StorageApp(config, engine)
-    if config.starter_knowledge:
+    app = StorageApp(config, engine, wait_for_schema=not config.run_migrations)
+    if config.starter_knowledge and config.run_migrations:
         await asyncio.to_thread(seed_starter, app.knowledge)
     return app

@@ -53,7 +53,13 @@ class StorageConfig(ServerConfig):
     """Lifetime of an intent cache entry (seed 004's `cacheSeconds`)."""
     run_migrations: bool = True
     """Bring the database schema up to date at start (`python -m storage_service.migrate` does
-    it alone)."""
+    it alone). Off (the Kubernetes PostgreSQL components, where a Job migrates): the service
+    changes no schema; it starts with its services NOT_SERVING and serves once the database
+    is at this build's head or at a later release's revision with every table and column this
+    build declares (decision 0028), checking every `schema_poll_seconds`."""
+    schema_poll_seconds: float = 5.0
+    """How often a service started with `run_migrations` off checks the database's revision
+    while it waits for the schema it needs."""
 
     def validate(self) -> None:
         super().validate()
@@ -76,6 +82,7 @@ class StorageConfig(ServerConfig):
             "intent_cache_max_entries",
             "intent_cache_per_player",
             "intent_cache_ttl_seconds",
+            "schema_poll_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

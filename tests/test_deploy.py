@@ -13,9 +13,11 @@ PodMonitors are custom resources that a core-schema check would have to skip any
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -30,6 +32,7 @@ import yaml
 
 from services.gateway.config import GatewayConfig
 from services.runtime.config import ServerConfig, load_config
+from storage_service.config import StorageConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -686,7 +689,30 @@ def check_network_policies(manifests: Manifests) -> None:
             assert not outside, f"{pod.app} may reach {sorted(outside)}"
 
 
+def _storage_migrates(manifests: Manifests, storage: dict[str, Any]) -> bool:
+    value = manifests.settings(storage).get("SYSTEM_STORAGE_RUN_MIGRATIONS")
+    default = StorageConfig.__dataclass_fields__["run_migrations"].default
+    return default if value is None else value.lower() in {"1", "true", "yes", "on"}
+
+
+def check_one_schema_owner(manifests: Manifests) -> None:
+    """Where the migration Job runs, storage pods do not migrate: they wait, not ready, for the
+    schema their image needs (decision 0028). Where none runs (SQLite), storage migrates its
+    own database at start; off, it would wait for ever."""
+    storage = manifests.of("Deployment").get("storage")
+    if storage is None:
+        return
+    job = MIGRATE_JOB in manifests.of("Job")
+    migrates = _storage_migrates(manifests, storage)
+    assert migrates != job, (
+        "storage-migrate runs and storage migrates too: set SYSTEM_STORAGE_RUN_MIGRATIONS=false"
+        if job
+        else "no migration Job and SYSTEM_STORAGE_RUN_MIGRATIONS is off: storage never serves"
+    )
+
+
 def check_everything(manifests: Manifests) -> None:
+    check_one_schema_owner(manifests)
     check_settings_are_known(manifests)
     check_no_secret_literals(manifests)
     check_grace_outlasts_the_longest_request(manifests)
@@ -1239,6 +1265,14 @@ def _open_storage_to_anyone(policy: dict[str, Any]) -> None:
                 lambda d: d["data"].update(SYSTEM_ROUTER_DRAIN_SECOND="5"),
             ),
         ),
+        (
+            check_one_schema_owner,
+            lambda: _edited(
+                "ConfigMap",
+                "storage-config",
+                lambda d: d["data"].update(SYSTEM_STORAGE_RUN_MIGRATIONS="false"),
+            ),
+        ),
     ],
     ids=[
         "no-pdb",
@@ -1252,6 +1286,7 @@ def _open_storage_to_anyone(policy: dict[str, Any]) -> None:
         "storage-open",
         "token-in-configmap",
         "misspelt-setting",
+        "sqlite-waits-for-a-job",
     ],
 )
 def test_each_rule_fails_on_a_broken_manifest(check: Any, broken: Any) -> None:
@@ -1357,6 +1392,9 @@ def test_postgres_components_render_with_the_migration_job(tmp_path: Path, compo
     assert rendered.env_refs(job)["SYSTEM_STORAGE_DATABASE_URL"] == url_ref
     for name in LIBPQ_SETTINGS:
         assert job_settings.get(name) == storage_settings.get(name)
+    # The Job migrates; storage pods wait for its schema (decision 0028).
+    assert storage_settings["SYSTEM_STORAGE_RUN_MIGRATIONS"] == "false"
+    assert not _storage_migrates(rendered, storage)
     if component == "postgres-external":
         assert url_ref == {"name": SECRET_NAME, "key": "database-url"}
     else:
@@ -1425,3 +1463,221 @@ def test_the_file_components_mount_their_secrets(tmp_path: Path) -> None:
     settings = rendered.settings(gateway)
     for name in ("SYSTEM_GATEWAY_PUBLIC_TLS_CERT_FILE", "SYSTEM_GATEWAY_PUBLIC_TLS_KEY_FILE"):
         assert _mounted_from(gateway, str(settings[name]))["secretName"] == "gateway-public-tls"
+
+
+# --- monitoring: the dashboard, the alerts and the adapter rule name only real metrics ---------
+
+MONITORING_DIR = COMPONENTS / "monitoring"
+DASHBOARD = MONITORING_DIR / "grafana-dashboard.json"
+ALERTS = MONITORING_DIR / "alerts.yaml"
+QUEUE_AUTOSCALING = COMPONENTS / "engine-queue-autoscaling"
+ADAPTER_VALUES = QUEUE_AUTOSCALING / "prometheus-adapter-values.yaml"
+METRIC_PACKAGES = ("services", "router_service", "engine_service", "storage_service")
+PROMETHEUS_OWN = {"up": set[str]()}
+"""Series Prometheus makes itself."""
+TARGET_LABELS = {"namespace", "pod", "job", "instance", "container", "endpoint", "service"}
+"""Labels the Prometheus Operator puts on every series a PodMonitor scrapes."""
+# The series each prometheus_client type exposes, by suffix (a Counter's name loses `_total`).
+_EXPOSED = {
+    "Counter": ("_total", "_created"),
+    "Gauge": ("",),
+    "Histogram": ("_bucket", "_sum", "_count", "_created"),
+    "Summary": ("", "_sum", "_count", "_created"),
+}
+_PROMQL_CLAUSES = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
+_PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
+
+
+def _defined_metrics() -> dict[str, set[str]]:
+    """Every series the services' code defines (prometheus_client Counter, Gauge, Histogram,
+    Summary with a literal name), with its label names."""
+    found: dict[str, set[str]] = {}
+    for package in METRIC_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            if "prometheus_client" not in source:
+                continue
+            for node in ast.walk(ast.parse(source)):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                kind = getattr(func, "id", None) or getattr(func, "attr", None)
+                first = node.args[0] if node.args else None
+                if kind not in _EXPOSED or not (
+                    isinstance(first, ast.Constant) and isinstance(first.value, str)
+                ):
+                    continue
+                labels_node = node.args[2] if len(node.args) > 2 else None
+                for keyword in node.keywords:
+                    if keyword.arg == "labelnames":
+                        labels_node = keyword.value
+                labels = set(ast.literal_eval(labels_node)) if labels_node is not None else set()
+                name = first.value.removesuffix("_total") if kind == "Counter" else first.value
+                for suffix in _EXPOSED[kind]:
+                    extra = {"le"} if suffix == "_bucket" else set()
+                    if kind == "Summary" and not suffix:
+                        extra = {"quantile"}
+                    found[name + suffix] = labels | extra
+    return found
+
+
+def _promql_names(expr: str) -> tuple[set[str], set[str]]:
+    """The metric names and the label names a PromQL expression uses."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
+    labels: set[str] = set()
+    for matchers in re.findall(r"\{([^}]*)\}", text):
+        labels |= set(re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", matchers))
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", text)
+    for clause in re.findall(_PROMQL_CLAUSES, text):
+        labels |= {label.strip() for label in clause.split(",") if label.strip()}
+    text = re.sub(_PROMQL_CLAUSES, " ", text)
+    # What is left: functions and aggregations (followed by a parenthesis), numbers, operators,
+    # and the metric names.
+    names = {
+        m.group(1)
+        for m in re.finditer(r"(?<![\w$.])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()", text)
+        if m.group(1).lower() not in _PROMQL_WORDS
+    }
+    return names, labels
+
+
+def _dashboard() -> dict[str, Any]:
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return dashboard
+
+
+def _dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target and every query variable of the dashboard."""
+    queries = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets") or []:
+            queries.append((f"panel {panel['title']!r}", target["expr"]))
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            # label_values(<series selector>, <label>): the selector is PromQL, the label a label.
+            found = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", variable["definition"])
+            assert found, f"variable {variable['name']}: {variable['definition']}"
+            queries.append((f"variable {variable['name']}", f"sum by ({found[2]}) ({found[1]})"))
+    return queries
+
+
+def _alert_queries() -> list[tuple[str, str]]:
+    (rule,) = _load_all(ALERTS)
+    return [
+        (f"alert {r['alert']}", r["expr"])
+        for group in rule["spec"]["groups"]
+        for r in group["rules"]
+    ]
+
+
+def _adapter_rules() -> list[dict[str, Any]]:
+    (values,) = _load_all(ADAPTER_VALUES)
+    rules: list[dict[str, Any]] = values["rules"]["custom"]
+    return rules
+
+
+def _adapter_queries() -> list[tuple[str, str]]:
+    return [(f"adapter rule {r['name']['as']}", r["seriesQuery"]) for r in _adapter_rules()]
+
+
+def test_the_promql_reader_finds_metrics_and_labels() -> None:
+    names, labels = _promql_names(
+        "histogram_quantile(0.99, sum by (le, grpc_method) (rate(grpc_server_handling_seconds_bucket"
+        '{namespace="$namespace", job=~"a|b"}[$__rate_interval]))) / ignoring(x) up > bool 0.5'
+    )
+    assert names == {"grpc_server_handling_seconds_bucket", "up"}
+    assert labels == {"le", "grpc_method", "namespace", "job", "x"}
+
+
+def test_the_metric_reader_sees_every_kind() -> None:
+    defined = _defined_metrics()
+    assert defined["grpc_server_handled_total"] == {"grpc_service", "grpc_method", "grpc_code"}
+    assert "model_tokens_total" in defined  # Counter("model_tokens"): exposed with _total
+    assert defined["grpc_server_handling_seconds_bucket"] >= {"le", "grpc_method"}
+    assert "gateway_connections" in defined  # a Gauge keeps its name
+
+
+@pytest.mark.parametrize(
+    "queries",
+    [_dashboard_queries(_dashboard()), _alert_queries(), _adapter_queries()],
+    ids=["dashboard", "alerts", "adapter"],
+)
+def test_monitoring_queries_name_only_defined_metrics(queries: list[tuple[str, str]]) -> None:
+    """A renamed or removed metric fails here instead of leaving an empty panel, an alert that
+    can never fire, or an autoscaler without its metric."""
+    defined = _defined_metrics() | PROMETHEUS_OWN
+    assert queries
+    for where, expr in queries:
+        names, labels = _promql_names(expr)
+        assert names, f"{where}: no metric in {expr!r}"
+        unknown = names - set(defined)
+        assert not unknown, f"{where}: no metric named {sorted(unknown)} in the code"
+        known_labels = TARGET_LABELS.union(*(defined[name] for name in names))
+        assert labels <= known_labels, (
+            f"{where}: {sorted(labels - known_labels)} label none of {sorted(names)}"
+        )
+
+
+def test_the_dashboard_is_well_formed() -> None:
+    dashboard = _dashboard()
+    assert dashboard["uid"] and dashboard["title"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace"} <= variables
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        for target in panel["targets"]:
+            # Every query stays in the chosen namespace: several installations, one Prometheus.
+            assert 'namespace="$namespace"' in target["expr"], panel["title"]
+            used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval"}
+            assert used <= variables, panel["title"]
+
+
+@needs_kubectl
+def test_the_monitoring_component_ships_the_dashboard_and_alerts(tmp_path: Path) -> None:
+    rendered = _render_with(tmp_path, "monitoring")
+    config_map = rendered.of("ConfigMap")["system-assistant-dashboard"]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (content,) = config_map["data"].values()
+    assert json.loads(content) == _dashboard()
+    (rule,) = rendered.of("PrometheusRule").values()
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert all(r["labels"]["severity"] for g in rule["spec"]["groups"] for r in g["rules"])
+
+
+@needs_kubectl
+def test_the_engine_queue_autoscaling_adds_a_pods_metric_beside_cpu(tmp_path: Path) -> None:
+    rendered = _render_with(tmp_path, "monitoring", "engine-queue-autoscaling")
+    check_everything(rendered)
+    hpa = rendered.of("HorizontalPodAutoscaler")["engine"]
+    kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
+    assert set(kinds) == {"Resource", "Pods"}
+    pods = kinds["Pods"]["pods"]
+    (rule,) = _adapter_rules()
+    assert pods["metric"]["name"] == rule["name"]["as"]
+    assert pods["target"]["type"] == "AverageValue"
+    # The target stays below what one replica runs at once, so replicas come before queueing.
+    workers = _setting(
+        BY_APP["engine"],
+        rendered.settings(rendered.of("Deployment")["engine"]),
+        "interactive_workers",
+    )
+    assert 0 < float(pods["target"]["averageValue"]) < workers
+    # The rule reads the engine's own RPC, by the names the interceptor gives it.
+    method = re.search(r'grpc_method="(\w+)"', rule["seriesQuery"])
+    assert method and f"rpc {method[1]}(" in (
+        ROOT / "protos/system/engine/v1/engine.proto"
+    ).read_text(encoding="utf-8")
+    assert rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+    # Without the component, CPU alone.
+    (cpu,) = BASE_MANIFESTS.of("HorizontalPodAutoscaler")["engine"]["spec"]["metrics"]
+    assert cpu["type"] == "Resource"
