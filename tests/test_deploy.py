@@ -998,7 +998,7 @@ def test_settings_exist_in_the_config_classes() -> None:
 
 
 @per_service
-def test_settings_pass_the_services_validation(spec: Spec) -> None:
+def test_settings_pass_the_services_validation(spec: Spec, tmp_path: Path) -> None:
     """What the manifests give a service, with placeholder credentials, is a config it starts
     with: no value of the wrong type, no setting it refuses."""
     environ = {k: v for k, v in BASE_MANIFESTS.settings(_deployment(spec)).items() if v}
@@ -1006,6 +1006,10 @@ def test_settings_pass_the_services_validation(spec: Spec) -> None:
         environ[name] = "placeholder-credential"
     environ[f"{spec.env_prefix}CALLER_TOKENS"] = "engine=placeholder-credential"
     environ[f"{spec.env_prefix}TOKENS"] = "dev-server=placeholder-token"
+    if f"{spec.env_prefix}TOKENS_FILE" in environ:  # the gateway's mounted Secret
+        tokens = tmp_path / "tokens"
+        tokens.write_text("file-server=placeholder-token-2")
+        environ[f"{spec.env_prefix}TOKENS_FILE"] = str(tokens)
     environ.pop(f"{spec.env_prefix}API_KEY", None)
     load_config(_config_class(spec), None, env_prefix=spec.env_prefix, environ=environ)
 

@@ -79,5 +79,7 @@ def test_token_files_are_checked_at_start(tmp_path: pathlib.Path) -> None:
         GatewayConfig(tokens_file=str(tmp_path / "missing")).validate()
     with pytest.raises(ConfigError, match="no game-server token is set"):
         GatewayConfig().validate()
-    secret.write_text("lobby=lobby-token-1\n")
-    assert TokenBook((), str(secret)).server_of("lobby-token-1") == "lobby"
+    # As the `tokens` variable holds them: one Secret value serves both.
+    secret.write_text("lobby=lobby-token-1, pvp=pvp-token-1\n")
+    book = TokenBook((), str(secret))
+    assert (book.server_of("lobby-token-1"), book.server_of("pvp-token-1")) == ("lobby", "pvp")

@@ -8,7 +8,9 @@ can no longer open new connections (those open go on: a token is checked when a 
 A file that cannot be read or does not parse (half-written during a rotation) leaves the last
 good book in force.
 
-File format: one `server_id=token` a line; blank lines and lines starting with `#` are ignored.
+File format: `server_id=token` entries, one a line or comma-separated (as the `tokens` variable
+holds them, so one Secret value serves both); blank lines and lines starting with `#` are
+ignored.
 """
 
 from __future__ import annotations
