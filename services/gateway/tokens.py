@@ -68,13 +68,20 @@ def merged_book(tokens: Iterable[str], file_entries: Iterable[str]) -> dict[str,
 
 
 def read_tokens_file(path: str) -> list[str]:
-    """The `server_id=token` lines of a tokens file. Raises ConfigError when it cannot be
-    read."""
+    """The `server_id=token` entries of a tokens file (a line each, or comma-separated).
+    Raises ConfigError when it cannot be read."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"tokens_file {path} cannot be read: {exc}") from None
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    lines = (line.strip() for line in text.splitlines())
+    return [
+        entry.strip()
+        for line in lines
+        if line and not line.startswith("#")
+        for entry in line.split(",")
+        if entry.strip()
+    ]
 
 
 class TokenBook:
