@@ -334,3 +334,35 @@ def test_a_catalogue_beyond_the_scorers_size_routes_with_the_gates_alone(
     assert ngram._fit_language(texts, labels, [], analyzer) is not None
     monkeypatch.setattr(ngram, "MAX_EXAMPLES", 3)
     assert ngram._fit_language(texts, labels, [], analyzer) is None
+
+
+def test_a_change_module_takes_no_text_without_a_change_word(analyzer: Analyzer) -> None:
+    """A module whose examples are phrased with a state-changing word (`delete`, `remove`) is
+    not reached by the scorer without one: `my events tomorrow` is a read of a sibling it lacks."""
+    removal = Profile(
+        "demo:event_remove",
+        "read",
+        {
+            "en": [
+                "delete my event",
+                "remove the meeting event",
+                "delete the event tomorrow",
+                "remove my dentist event",
+                "clear my events",
+            ]
+        },
+    )
+    config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
+    router = SemanticRouter([*WEATHER, removal], config, analyzer=analyzer)
+    assert ("demo:event_remove", "en") in router._changes
+    assert ("demo:clock", "en") not in router._changes
+    read = router.decide("my events tomorrow", "en")
+    assert read.scorer_module == "demo:event_remove"
+    assert read.outcome == "no_direct"
+    # The rule is what stops it: without it the scorer would route the read there.
+    unguarded = SemanticRouter([*WEATHER, removal], config, analyzer=analyzer)
+    unguarded._changes = frozenset()
+    assert unguarded.decide("my events tomorrow", "en").outcome == "direct"
+    # With the module's own change word it still reaches the module.
+    change = router.decide("delete my events for tomorrow", "en")
+    assert change.outcome == "direct" and change.module_id == "demo:event_remove"

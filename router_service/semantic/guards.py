@@ -30,6 +30,7 @@ __all__ = [
     "GUARDS",
     "Guard",
     "Marker",
+    "changes_state",
     "check_guards",
     "declared_markers",
     "fired_guards",
@@ -171,6 +172,25 @@ def check_guards(text: str, declared: Collection[Marker] = frozenset()) -> str |
         if not any(form in declared for form in forms):
             return name
     return None
+
+
+# More words that undo or remove something, beside `CHANGE`'s: not guards (`cancel it` is a
+# reference guard's business, `取消打开商店` a negation's), only what `changes_state` reads.
+# fmt: off
+_UNDO = _pattern(
+    ["cancel", "cancell?ed", "erase", "delete[sd]?", "deleting", "remove[sd]?", "removing",
+     "clear(?:ed|s)?", "turned off", "switch(?:ed)? off", "undo"],
+    ["取消", "撤销", "删掉", "删了"],
+)
+# fmt: on
+
+
+def changes_state(text: str) -> bool:
+    """Whether `text` holds a write or state-changing word, declared or not: `WRITE` (`buy`,
+    `claim`), `CHANGE` (`delete`, `set`, `turn off`, `删除`) or an undoing word (`cancel`,
+    `erased`, `取消`)."""
+    prepared = _prepare(text)
+    return any(p.search(prepared) for p in (WRITE.pattern, CHANGE.pattern, _UNDO))
 
 
 def fired_guards(text: str) -> list[str]:

@@ -60,7 +60,12 @@ from typing import Any, Literal
 from router_service.semantic.classifier import ModuleScorer
 from router_service.semantic.config import Mode, SemanticConfig, reload_changes, trained_scorer
 from router_service.semantic.extractors import extract
-from router_service.semantic.guards import Marker, check_guards, declared_markers
+from router_service.semantic.guards import (
+    Marker,
+    changes_state,
+    check_guards,
+    declared_markers,
+)
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
 from router_service.semantic.ngram import NgramScorer, ScorerTop
 from router_service.semantic.profiles import Profile
@@ -79,6 +84,12 @@ NGRAM_GATES = frozenset({"score", "margin", "topic_coverage", "coverage"})
 """Seed gates the n-gram scorer may stand in for (scorer mode `ngram`); its own topic coverage,
 over the module's examples together, replaces the best example's, and `coverage` only where
 the words the catalogue lacks are all generic (`ScorerTop.only_generic_unknown`)."""
+CHANGE_SHARE = 0.7
+"""A module at least this share of whose examples (in the language) hold a write or
+state-changing word (`guards.changes_state`: `delete my alarm`, `remove the event`) is a
+*change* module: the n-gram scorer does not route a text without such a word to it (issue 17,
+round 3). Its siblings that read the same things (`show me my alarms` to alarm-remove when no
+alarm query is registered) share its topics and nothing else; the change word is its meaning."""
 _EPSILON = 1e-9  # cosine of identical texts may come out a hair under 1.0
 _SHORTCUT_SETS = 256  # allowed sets whose shortcut list is remembered
 
@@ -191,6 +202,15 @@ class SemanticRouter:
                 for extra in (config.examples.get(p.module_id, {}),)
                 for lang in {*p.examples, *extra}
             }
+        )
+        # Per module and language, whether it is a change module (`CHANGE_SHARE`).
+        self._changes: frozenset[tuple[str, str]] = frozenset(
+            (p.module_id, lang)
+            for p in profiles
+            for extra in (config.examples.get(p.module_id, {}),)
+            for lang in {*p.examples, *extra}
+            for texts in ((*p.examples.get(lang, ()), *extra.get(lang, ())),)
+            if texts and sum(map(changes_state, texts)) >= CHANGE_SHARE * len(texts)
         )
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
         trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
@@ -410,6 +430,7 @@ class SemanticRouter:
                 or (allowed is not None and chosen not in allowed)
                 or top.margin + _EPSILON < scores["scorer_threshold"]
                 or not _scorer_covers(top, failed, self._config.min_coverage)
+                or ((chosen, lang) in self._changes and not changes_state(normalized))
             ):
                 return no(failed[0], **scores)
             profile, route = chosen_profile, "scorer"
