@@ -26,6 +26,14 @@ minus direct's. Each concurrency level runs that many clients at once, `--calls`
 path per round in all. Everything shares the machine's cores, so `uptime` load averages are
 recorded with the figures. Results go to bench/results/model_gateway.{json,md,png}.
 
+`--budgets` measures the nested budgets' check instead (issue 21): besides `gateway` (metering
+off) and `gateway+metering` (the flat daily token budgets, on leases), `gateway+budgets` runs
+with a budgets file (per-rank player limits, per game server, network per day and per month,
+in tokens and money from the providers file's prices; every limit set, none reached) on
+leases, and `gateway+budgets/call` the same with a reservation and a settle per call. Player ids
+are scoped (`bench/<n>`), so the game server's counter is written too. Results in
+bench/results/model_gateway_budgets.{json,md}.
+
 `--fallback` measures the fallback between providers instead: two gateways (metering off), each
 with two providers in its default list (`providers_file`). `both healthy`: two test servers
 answering every call. `first fails 1 in 2`: the first provider is a test server whose every
@@ -177,7 +185,10 @@ async def _batch(call: Call, calls: int, concurrency: int, samples: list[float])
 
 
 def _calls(
-    direct: openai.AsyncOpenAI, stubs: dict[str, model_pb2_grpc.ModelGatewayServiceStub]
+    direct: openai.AsyncOpenAI,
+    stubs: dict[str, model_pb2_grpc.ModelGatewayServiceStub],
+    *,
+    scoped: bool = False,
 ) -> dict[str, Call]:
     async def call_direct(index: int) -> None:
         stream = await direct.chat.completions.create(
@@ -218,7 +229,7 @@ def _calls(
     def via(stub: model_pb2_grpc.ModelGatewayServiceStub) -> Call:
         async def call(index: int) -> None:
             request = model_pb2.CompleteRequest(
-                player_id=f"bench-{index}",
+                player_id=f"bench/{index}" if scoped else f"bench-{index}",
                 messages=[model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_USER, content=TEXT)],
                 max_tokens=MAX_TOKENS,
             )
@@ -339,7 +350,12 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         {**common, "STORAGE_TARGET": storage_target},
         logs,
     )
-    per_call, per_call_target = _service(
+    # Path name -> (process, target) of every gateway measured.
+    gateways: dict[str, tuple[_Process, str]] = {
+        "gateway": (plain, plain_target),
+        "gateway+metering": (metered, metered_target),
+    }
+    gateways["gateway+metering/call"] = _service(
         "gateway-per-call",
         "services.model_gateway",
         "SYSTEM_MODEL_",
@@ -351,27 +367,37 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         },
         logs,
     )
-    processes = [fake, storage, plain, metered, per_call]
+    if args.budgets:
+        # The nested budgets on leases, and per call.
+        nested = {
+            "PROVIDERS_FILE": str(_priced_providers(logs, base_url)),
+            "BUDGETS_FILE": str(_budgets_file(logs)),
+            "STORAGE_TARGET": storage_target,
+            "STORAGE_TIMEOUT_SECONDS": "30",
+        }
+        gateways["gateway+budgets"] = _service(
+            "gateway-budgets", "services.model_gateway", "SYSTEM_MODEL_", nested, logs
+        )
+        gateways["gateway+budgets/call"] = _service(
+            "gateway-budgets-per-call",
+            "services.model_gateway",
+            "SYSTEM_MODEL_",
+            {**nested, "LEASE_TOKENS": "0", "LEASE_WEB_SEARCHES": "0"},
+            logs,
+        )
+    processes = [fake, storage, *(process for process, _ in gateways.values())]
     try:
         direct = openai.AsyncOpenAI(api_key=KEY, base_url=base_url, max_retries=0)
         await _wait_http(fake, direct)
-        for process, target in (
-            (storage, storage_target),
-            (plain, plain_target),
-            (metered, metered_target),
-            (per_call, per_call_target),
-        ):
+        for process, target in [(storage, storage_target), *gateways.values()]:
             await _wait_serving(process, target)
+        servers = {name: process for name, (process, _) in gateways.items()}
         channels = {
-            "gateway": grpc.aio.insecure_channel(plain_target, options=CHANNEL_OPTIONS),
-            "gateway+metering": grpc.aio.insecure_channel(metered_target, options=CHANNEL_OPTIONS),
-            "gateway+metering/call": grpc.aio.insecure_channel(
-                per_call_target, options=CHANNEL_OPTIONS
-            ),
+            name: grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            for name, (_, target) in gateways.items()
         }
         stubs = {name: model_pb2_grpc.ModelGatewayServiceStub(c) for name, c in channels.items()}
-        calls = _calls(direct, stubs)
-        servers = {"gateway": plain, "gateway+metering": metered, "gateway+metering/call": per_call}
+        calls = _calls(direct, stubs, scoped=args.budgets)
         cells = []
         for concurrency in args.concurrency:
             per_round = max(args.calls, concurrency * 4)
@@ -383,7 +409,7 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         for process in processes:
             process.stop()
     return {
-        "benchmark": "model_gateway",
+        "benchmark": "model_gateway_budgets" if args.budgets else "model_gateway",
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": describe_machine(),
         "uptime_start": uptime_start,
@@ -396,6 +422,44 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         },
         "cells": cells,
     }
+
+
+BUDGETS_TOML = """
+alert_percent = 80
+[ranks.player]
+min_level = 0
+daily_tokens = 1_000_000_000
+daily_cost = 100000.0
+[ranks.admin]
+min_level = 3
+daily_tokens = 0
+[server]
+daily_tokens = 1_000_000_000_000
+daily_cost = 1000000.0
+[network]
+daily_tokens = 1_000_000_000_000
+daily_cost = 1000000.0
+monthly_tokens = 1_000_000_000_000
+monthly_cost = 10000000.0
+"""
+
+
+def _priced_providers(folder: Path, base_url: str) -> Path:
+    path = folder / "priced-providers.toml"
+    path.write_text(
+        f'[providers.fake]\npreset = "custom"\nbase_url = "{base_url}"\n'
+        'api_key_env = "BENCH_MODEL_KEY"\n[providers.fake.models]\n'
+        f"{MODEL} = {{ input_per_million = 0.27, output_per_million = 1.10 }}\n"
+        f'[routes]\ndefault = ["fake/{MODEL}"]\n'
+    )
+    os.environ["BENCH_MODEL_KEY"] = KEY  # read by the gateways started after this
+    return path
+
+
+def _budgets_file(folder: Path) -> Path:
+    path = folder / "budgets.toml"
+    path.write_text(BUDGETS_TOML)
+    return path
 
 
 FALLBACK_PATHS = ("both healthy", "first fails 1 in 2")
@@ -584,6 +648,62 @@ def _fallback_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _budgets_markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# Model gateway: the cost of the nested budget check",
+        "",
+        f"Run {result['when']} on {result['machine']['cpu']} ({result['machine']['cores']} cores), "
+        f"Python {result['machine']['python']}. `uptime` at the start: "
+        f"`{result.get('uptime_start', '?')}`; at the end: `{result['uptime']}`. Command: "
+        "`python -m bench.model_gateway --budgets`.",
+        "",
+        "Complete through the gateway with metering off (`gateway`), with the flat daily token "
+        "budgets on leases (`gateway+metering`), with the nested budgets (ranks, game server, "
+        "network per day and month, in tokens and money; every limit set, none reached) on "
+        "leases (`gateway+budgets`, production settings), and with the nested budgets making a "
+        "reservation and a settle in storage per call (`gateway+budgets/call`). Storage on "
+        "SQLite. **Budget check** = the path's figure minus `gateway`'s (metering off), in the "
+        "same run.",
+        "",
+        "| concurrency | path | calls | p50 ms | p99 ms | budget check p50 ms | budget check p99 ms "
+        "| gateway CPU ms/call | load 1/5/15 min |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for cell in result["cells"]:
+        load = "/".join(str(x) for x in cell["load_after"])
+        base = cell["latency"]["gateway"]
+        for path, s in cell["latency"].items():
+            if path in DIRECT_PATHS:
+                continue
+            added = (
+                ("", "")
+                if path == "gateway"
+                else (
+                    round(s["p50_ms"] - base["p50_ms"], 3),
+                    round(s["p99_ms"] - base["p99_ms"], 3),
+                )
+            )
+            cpu = s.get("server_cpu_ms_per_call")
+            lines.append(
+                f"| {cell['concurrency']} | {path} | {s['n']} | {s['p50_ms']} | {s['p99_ms']} "
+                f"| {added[0]} | {added[1]} | {'' if cpu is None else cpu} | {load} |"
+            )
+    lines += [
+        "",
+        "All processes (test server, storage, five gateways, the clients) share the machine's "
+        "cores with other work (see the load). `gateway+metering/call` is the flat budgets "
+        "with a reservation per call (storage keeps the counter rows for every reservation, "
+        "limited or not, so it writes them too: the per-call figure is no longer the design "
+        "before leases, see model_gateway.md for that). On leases a player's first call reserves a "
+        "block in storage (now also locking the player's, the server's and the network's day "
+        "and month counter rows) and later calls draw on it in memory, so the nested check adds "
+        "per call only the in-memory comparison of three amounts instead of two; per call it "
+        "adds the counter rows to both storage transactions.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def _markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Model gateway overhead",
@@ -670,12 +790,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="100 calls, 2 rounds, temp output")
     parser.add_argument("--out", type=Path, help="results folder (default bench/results)")
     parser.add_argument(
+        "--budgets",
+        action="store_true",
+        help="measure the nested budget check (tokens and money) against metering off",
+    )
+    parser.add_argument(
         "--fallback",
         action="store_true",
         help="measure fallback between two providers, one failing every other call",
     )
     args = parser.parse_args(argv)
     if args.fallback:
+        if "--calls" not in (argv or sys.argv):
+            args.calls = 200
+        if "--rounds" not in (argv or sys.argv):
+            args.rounds = 3
+        if "--concurrency" not in (argv or sys.argv):
+            args.concurrency = [1, 16]
+    if args.budgets:
         if "--calls" not in (argv or sys.argv):
             args.calls = 200
         if "--rounds" not in (argv or sys.argv):
@@ -692,6 +824,14 @@ def main(argv: list[str] | None = None) -> None:
         (out / "model_gateway_fallback.json").write_text(json.dumps(result, indent=2) + "\n")
         (out / "model_gateway_fallback.md").write_text(_fallback_markdown(result))
         print(_fallback_markdown(result))
+        print(f"results in {out}", file=sys.stderr)
+        return
+    if args.budgets:
+        with tempfile.TemporaryDirectory(prefix="bench-model-logs-") as logs:
+            result = asyncio.run(run(args, Path(logs)))
+        (out / "model_gateway_budgets.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "model_gateway_budgets.md").write_text(_budgets_markdown(result))
+        print(_budgets_markdown(result))
         print(f"results in {out}", file=sys.stderr)
         return
     with tempfile.TemporaryDirectory(prefix="bench-model-logs-") as logs:

@@ -437,6 +437,7 @@ class ExecutionContext:
             max_tokens=max_tokens,
             json_output=json_output,
             module_id=self.spec.module_id,
+            permission_level=self.live_player().permission_level,
         )
 
     @property

@@ -67,11 +67,14 @@ class ModelClient:
         max_tokens: int = 0,
         json_output: bool = False,
         module_id: str = "",
+        permission_level: int = 0,
     ) -> Completion:
-        """`module_id`: the module asking, whose provider list the model gateway uses."""
+        """`module_id`: the module asking, whose provider list the model gateway uses;
+        `permission_level`: the player's, which picks their rank's budgets."""
         request = model_pb2.CompleteRequest(
             player_id=player_id,
             module_id=module_id,
+            permission_level=permission_level,
             messages=messages,
             max_tokens=max_tokens,
             temperature=0.2,

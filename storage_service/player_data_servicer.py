@@ -105,9 +105,24 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
             request.ttl_seconds,
             extra_tokens=request.extra_tokens,
             extra_web_searches=request.extra_web_searches,
+            cost_micros=request.cost_micros,
+            extra_cost_micros=request.extra_cost_micros,
         )
         return player_data_pb2.ReserveUsageResponse(
-            day=grant.day.isoformat(), tokens=grant.tokens, web_searches=grant.web_searches
+            day=grant.day.isoformat(),
+            tokens=grant.tokens,
+            web_searches=grant.web_searches,
+            cost_micros=grant.cost_micros,
+            budgets=[
+                player_data_pb2.BudgetUse(
+                    budget=use.budget,
+                    scope=use.scope,
+                    period=use.period,
+                    used=use.used,
+                    limit=use.limit,
+                )
+                for use in grant.budgets
+            ],
         )
 
     async def SettleUsage(
@@ -136,6 +151,8 @@ def _settle_item(request: player_data_pb2.SettleUsageRequest) -> SettleItem:
         sequence=request.sequence,
         keep=(request.keep_tokens, request.keep_web_searches) if request.keep_open else None,
         ttl_seconds=request.ttl_seconds,
+        cost_micros=request.used.cost_micros,
+        keep_cost_micros=request.keep_cost_micros if request.keep_open else 0,
     )
 
 
@@ -146,4 +163,5 @@ def _settled(settled: Settled) -> player_data_pb2.SettleUsageResponse:
         held_tokens=settled.held_tokens,
         held_web_searches=settled.held_web_searches,
         external_enabled=settled.external_enabled,
+        held_cost_micros=settled.held_cost_micros,
     )

@@ -21,14 +21,24 @@ another (on any number of gateway replicas). Player rows and reservation rows ar
 written only after it, which keeps the lock order the same everywhere and so free of
 deadlocks. On SQLite, BEGIN IMMEDIATE serializes the writers anyway (see db.py).
 
+Nested budgets (decision 0029): besides the player's and everyone's daily tokens and web
+searches (`player_usage`, `usage_totals`), a reservation holds tokens and money (micros of the
+prices' currency) on the rows of `usage_budget_counters`: the player's day, the game server's
+day (the scope before the player id's `/`), the network's day and month. Those rows are locked
+after the totals and the player row, in key order, by reserve, settle and sweep alike, so the
+one lock order above still holds. Of the limits a reservation would pass, the tightest (least
+room for what it asks) is named in the refusal, with when it resets, and as its reason
+(`BUDGET_<NAME>`).
+
 The tables and the values passed in and out are storage_service.usage_records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Table, case, delete, select, update
@@ -39,6 +49,7 @@ from services.runtime.errors import FailedPrecondition, InvalidArgument, Resourc
 from storage_service.db import PreferenceRow, rowcount, upsert_ignore
 from storage_service.dialect import insert_for
 from storage_service.usage_records import (
+    _COUNTERS,
     _HOLDS,
     _PLAYERS,
     _TOTALS,
@@ -48,6 +59,7 @@ from storage_service.usage_records import (
     SETTLED_MEMORY_SECONDS,
     SWEEP_BATCH,
     SWEEP_INTERVAL_SECONDS,
+    BudgetUse,
     Grant,
     Limits,
     ReservationRow,
@@ -55,13 +67,16 @@ from storage_service.usage_records import (
     SettleItem,
     UsageTotalRow,
     _check_amount,
+    _check_cost,
     _check_player,
     _check_reservation_id,
     _check_ttl,
+    scope_of,
 )
 
 __all__ = [
     "AMOUNT_FIELDS",
+    "BudgetUse",
     "Grant",
     "Limits",
     "ReservationRow",
@@ -70,6 +85,11 @@ __all__ = [
     "UsageLedger",
     "UsageTotalRow",
 ]
+
+
+_COUNTER_ZERO = dict.fromkeys(
+    ("used_tokens", "reserved_tokens", "used_cost_micros", "reserved_cost_micros"), 0
+)
 
 
 def _today() -> dt.date:
@@ -109,15 +129,18 @@ class UsageLedger:
         *,
         extra_tokens: int = 0,
         extra_web_searches: int = 0,
+        cost_micros: int = 0,
+        extra_cost_micros: int = 0,
     ) -> Grant:
-        """Holds `tokens` and `web_searches` on today's budgets, and as much of `extra_*` as
-        the limits leave room for. Returns what is held and the day charged.
+        """Holds `tokens`, `web_searches` and `cost_micros` on today's (and this month's)
+        budgets, and as much of `extra_*` as the limits leave room for. Returns what is held,
+        the day charged and every limited budget as it stands now.
 
         Raises:
             InvalidArgument: a malformed id or amount.
             FailedPrecondition: the player turned external services off.
-            ResourceExhausted: `tokens` or `web_searches` would pass a limit (nothing is held
-                then).
+            ResourceExhausted: an amount asked would pass a limit (nothing is held then); the
+                tightest such limit is named, with its reset, and is the error's reason.
         """
         _check_reservation_id(reservation_id)
         _check_player(player_id)
@@ -128,6 +151,8 @@ class UsageLedger:
             ("extra_web_searches", extra_web_searches),
         ):
             _check_amount(name, value)
+        _check_cost("cost_micros", cost_micros)
+        _check_cost("extra_cost_micros", extra_cost_micros)
         if tokens == 0 and web_searches == 0:
             raise InvalidArgument("a reservation must hold tokens or web_searches")
         _check_ttl(ttl_seconds)
@@ -151,6 +176,8 @@ class UsageLedger:
                     day=day,
                     tokens=0,
                     web_searches=0,
+                    scope=scope_of(player_id),
+                    cost_micros=0,
                     expires_at=now + dt.timedelta(seconds=ttl_seconds),
                     settled_sequence=0,
                     closed=False,
@@ -160,32 +187,56 @@ class UsageLedger:
                 row = session.execute(
                     select(_HOLDS).where(_HOLDS.c.reservation_id == reservation_id)
                 ).one()
-                return Grant(row.day, row.tokens, row.web_searches)
+                return Grant(row.day, row.tokens, row.web_searches, row.cost_micros)
             if time.monotonic() >= self._next_sweep:
                 self._next_sweep = time.monotonic() + self._sweep_interval
                 if self._sweep(session, now):
                     totals = session.execute(select(_TOTALS).where(_TOTALS.c.day == day)).one()
-            global_limits = (limits.global_tokens, limits.global_web_searches)
-            _check("everyone together", totals, tokens, web_searches, *global_limits)
-            room = _room(totals, *global_limits)
-            player = None
-            if player_id:
-                player = _lock_row(session, _PLAYERS, player_id=player_id, day=day)
-                player_limits = (limits.player_tokens, limits.player_web_searches)
-                _check(f"player {player_id}", player, tokens, web_searches, *player_limits)
-                room = _narrower(room, _room(player, *player_limits))
-            held_tokens = tokens + _fit(extra_tokens, room[0], tokens)
-            held_searches = web_searches + _fit(extra_web_searches, room[1], web_searches)
+            player = (
+                _lock_row(session, _PLAYERS, player_id=player_id, day=day) if player_id else None
+            )
+            keys = _counter_keys(player_id, scope_of(player_id), day)
+            counters = {
+                key: _lock_row(session, _COUNTERS, budget=key[0], period=key[1])
+                for key in sorted(keys)
+            }
+            levels = _levels(player_id, day, limits, totals, player, counters)
+            asked = {"tokens": tokens, "web_searches": web_searches, "cost": cost_micros}
+            _refuse_tightest(levels, asked)
+            extra = {"tokens": extra_tokens, "web_searches": extra_web_searches}
+            extra["cost"] = extra_cost_micros
+            held = {
+                unit: asked[unit] + _fit(extra[unit], _least_room(levels, unit), asked[unit])
+                for unit in asked
+            }
             session.execute(
                 update(_HOLDS)
                 .where(_HOLDS.c.reservation_id == reservation_id)
-                .values(tokens=held_tokens, web_searches=held_searches)
+                .values(
+                    tokens=held["tokens"],
+                    web_searches=held["web_searches"],
+                    cost_micros=held["cost"],
+                )
             )
             if player is not None:
                 key = _player_key(player_id, day)
-                self._hold(session, _PLAYERS, key, held_tokens, held_searches)
-            self._hold(session, _TOTALS, _TOTALS.c.day == day, held_tokens, held_searches)
-        return Grant(day, held_tokens, held_searches)
+                self._hold(session, _PLAYERS, key, held["tokens"], held["web_searches"])
+            self._hold(session, _TOTALS, _TOTALS.c.day == day, held["tokens"], held["web_searches"])
+            changes = _CounterChanges()
+            for budget, period in keys:
+                changes.hold(budget, period, held["tokens"], held["cost"])
+            changes.apply(session)
+        uses = tuple(
+            BudgetUse(
+                level.budget,
+                level.scope,
+                level.period,
+                level.used + level.held + held[level.unit],
+                level.limit,
+            )
+            for level in levels
+        )
+        return Grant(day, held["tokens"], held["web_searches"], held["cost"], uses)
 
     def settle(
         self,
@@ -196,6 +247,7 @@ class UsageLedger:
         sequence: int = 0,
         keep: tuple[int, int] | None = None,
         ttl_seconds: int = 0,
+        keep_cost_micros: int = 0,
     ) -> Settled:
         """Records `used` and releases the hold: all of it, or with `keep` (tokens, web
         searches) all but that much, the reservation staying open for `ttl_seconds` more.
@@ -206,7 +258,16 @@ class UsageLedger:
                 player's.
         """
         amounts = {name: getattr(used, name) for name in AMOUNT_FIELDS}
-        item = SettleItem(reservation_id, player_id, amounts, sequence, keep, ttl_seconds)
+        item = SettleItem(
+            reservation_id,
+            player_id,
+            amounts,
+            sequence,
+            keep,
+            ttl_seconds,
+            cost_micros=used.cost_micros,
+            keep_cost_micros=keep_cost_micros,
+        )
         return self.settle_many([item])[0]
 
     def settle_many(self, items: Sequence[SettleItem]) -> list[Settled]:
@@ -271,44 +332,63 @@ class UsageLedger:
             enabled = _external_enabled_many(session, {item.player_id for item in items})
             released_total = (0, 0)
             used_total = dict.fromkeys(AMOUNT_FIELDS, 0)
+            changes = _CounterChanges()
             for item in sorted(items, key=lambda item: item.player_id):  # player rows in order
                 hold = holds.get(item.reservation_id)
                 allowed = enabled.get(item.player_id, True)
                 if hold is not None and item.sequence and item.sequence <= hold.settled_sequence:
                     outcomes[item.reservation_id] = Settled(
-                        not hold.closed, True, hold.tokens, hold.web_searches, allowed
+                        not hold.closed,
+                        True,
+                        hold.tokens,
+                        hold.web_searches,
+                        allowed,
+                        hold.cost_micros,
                     )
                     continue
                 released, kept = self._close_or_keep(session, item, hold, now)
-                if item.player_id and (any(released) or any(item.used.values())):
+                if item.player_id and (any(released[:2]) or any(item.used.values())):
                     _lock_row(session, _PLAYERS, player_id=item.player_id, day=day)
                     key = _player_key(item.player_id, day)
-                    self._record(session, _PLAYERS, key, released, item.used)
+                    self._record(session, _PLAYERS, key, released[:2], item.used)
                 released_total = (
                     released_total[0] + released[0],
                     released_total[1] + released[1],
                 )
                 for name, amount in item.used.items():
                     used_total[name] += amount
+                scope = hold.scope if hold is not None else scope_of(item.player_id)
+                used_tokens = item.used.get("prompt_tokens", 0)
+                used_tokens += item.used.get("completion_tokens", 0)
+                for budget, period in _counter_keys(item.player_id, scope, day):
+                    changes.release(budget, period, released[0], released[2])
+                    changes.use(budget, period, used_tokens, item.cost_micros)
                 found = hold is not None and not hold.closed
-                outcomes[item.reservation_id] = Settled(found, False, *kept, allowed)
+                outcomes[item.reservation_id] = Settled(
+                    found, False, kept[0], kept[1], allowed, kept[2]
+                )
             self._record(session, _TOTALS, _TOTALS.c.day == day, released_total, used_total)
+            changes.apply(session)
         return outcomes
 
     @staticmethod
     def _close_or_keep(
         session: Session, item: SettleItem, hold: Any, now: dt.datetime
-    ) -> tuple[tuple[int, int], tuple[int, int]]:
+    ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """Updates the reservation for one settle; returns what it released and what it
-        keeps holding."""
+        keeps holding (tokens, web searches, cost micros)."""
         if hold is None:  # never made (or long forgotten): the use is recorded all the same
-            return (0, 0), (0, 0)
+            return (0, 0, 0), (0, 0, 0)
         found = not hold.closed
         stays_open = found and item.keep is not None
-        kept = (0, 0)
+        kept = (0, 0, 0)
         if stays_open:
             assert item.keep is not None
-            kept = (min(item.keep[0], hold.tokens), min(item.keep[1], hold.web_searches))
+            kept = (
+                min(item.keep[0], hold.tokens),
+                min(item.keep[1], hold.web_searches),
+                min(item.keep_cost_micros, hold.cost_micros),
+            )
             expires = now + dt.timedelta(seconds=item.ttl_seconds)
         elif found:
             expires = now + dt.timedelta(seconds=SETTLED_MEMORY_SECONDS)
@@ -320,12 +400,19 @@ class UsageLedger:
             .values(
                 tokens=kept[0],
                 web_searches=kept[1],
+                cost_micros=kept[2],
                 settled_sequence=max(item.sequence, hold.settled_sequence),
                 closed=not stays_open,
                 expires_at=expires,
             )
         )
-        released = (hold.tokens - kept[0], hold.web_searches - kept[1]) if found else (0, 0)
+        if not found:
+            return (0, 0, 0), kept
+        released = (
+            hold.tokens - kept[0],
+            hold.web_searches - kept[1],
+            hold.cost_micros - kept[2],
+        )
         return released, kept
 
     # -- steps inside one transaction ----------------------------------------------------------
@@ -395,15 +482,20 @@ class UsageLedger:
             .values(
                 tokens=0,
                 web_searches=0,
+                cost_micros=0,
                 closed=True,
                 expires_at=now + dt.timedelta(seconds=SETTLED_MEMORY_SECONDS),
             )
         )
+        changes = _CounterChanges()
         for row in rows:
             held = (row.tokens, row.web_searches)
             self._record(session, _TOTALS, _TOTALS.c.day == row.day, held, {})
             if row.player_id:
                 self._record(session, _PLAYERS, _player_key(row.player_id, row.day), held, {})
+            for budget, period in _counter_keys(row.player_id, row.scope, row.day):
+                changes.release(budget, period, row.tokens, row.cost_micros)
+        changes.apply(session)  # after every day's totals row: the lock order
         return True
 
 
@@ -411,7 +503,8 @@ def _lock_row(session: Session, table: Table, **key: Any) -> Any:
     """The usage row with primary key `key`, made (all zero) when missing, and locked until
     the transaction ends: one INSERT … ON CONFLICT DO UPDATE … RETURNING, which on PostgreSQL
     takes the row lock and on SQLite runs inside the already exclusive transaction."""
-    statement = insert_for(session)(table).values(**key, **_ZERO_ROW)
+    zero = _COUNTER_ZERO if table is _COUNTERS else _ZERO_ROW
+    statement = insert_for(session)(table).values(**key, **zero)
     statement = statement.on_conflict_do_update(
         index_elements=list(key), set_={name: statement.excluded[name] for name in key}
     )
@@ -467,25 +560,261 @@ def _fit(extra: int, room: int | None, asked: int) -> int:
     return extra if room is None else max(0, min(extra, room - asked))
 
 
-def _check(
-    who: str, row: Any, tokens: int, searches: int, max_tokens: int, max_searches: int
-) -> None:
-    """Raises ResourceExhausted when holding `tokens` / `searches` more would pass a limit."""
-    used_tokens = row.prompt_tokens + row.completion_tokens
-    if max_tokens and tokens and used_tokens + row.reserved_tokens + tokens > max_tokens:
-        raise ResourceExhausted(
-            f"daily token budget of {who} exhausted: {used_tokens} used and "
-            f"{row.reserved_tokens} held for calls in progress (by gateway budget leases) of "
-            f"{max_tokens} today (UTC); this call needs up to {tokens}. The budget renews at "
-            "00:00 UTC"
+@dataclasses.dataclass(frozen=True)
+class _Level:
+    """One limited budget a reservation is checked against."""
+
+    budget: str
+    """Its name, e.g. `player_daily_tokens`; upper-cased with BUDGET_ it is the reason."""
+    unit: str
+    """`tokens`, `web_searches` or `cost` (micros)."""
+    who: str
+    """Whose, for the message: `player X`, `game server S`, `everyone together`."""
+    scope: str
+    period: str
+    monthly: bool
+    used: int
+    held: int
+    limit: int
+
+    @property
+    def room(self) -> int:
+        return self.limit - self.used - self.held
+
+
+def _counter_keys(player_id: str, scope: str, day: dt.date) -> list[tuple[str, str]]:
+    """The budget counter rows a reservation of `player_id` on `day` counts on."""
+    keys = [("network", day.isoformat()), ("network", day.strftime("%Y-%m"))]
+    if player_id:
+        keys.append((f"player:{player_id}", day.isoformat()))
+    if scope:
+        keys.append((f"server:{scope}", day.isoformat()))
+    return keys
+
+
+def _levels(
+    player_id: str,
+    day: dt.date,
+    limits: Limits,
+    totals: Any,
+    player: Any,
+    counters: dict[tuple[str, str], Any],
+) -> list[_Level]:
+    """Every limited budget of this reservation, with what it has used and holds."""
+    scope = scope_of(player_id)
+    today, month = day.isoformat(), day.strftime("%Y-%m")
+    levels: list[_Level] = []
+
+    def add(budget: str, unit: str, who: str, whose: str, limit: int, used: int, held: int) -> None:
+        if limit:
+            monthly = "monthly" in budget
+            period = month if monthly else today
+            levels.append(_Level(budget, unit, who, whose, period, monthly, used, held, limit))
+
+    def counter(key: str, period: str) -> Any:
+        return counters[(key, period)]
+
+    if player is not None:
+        who = f"player {player_id}"
+        used = player.prompt_tokens + player.completion_tokens
+        add(
+            "player_daily_tokens",
+            "tokens",
+            who,
+            player_id,
+            limits.player_tokens,
+            used,
+            player.reserved_tokens,
         )
-    if (
-        max_searches
-        and searches
-        and row.web_searches + row.reserved_web_searches + searches > max_searches
-    ):
-        raise ResourceExhausted(
-            f"daily web-search budget of {who} exhausted: {row.web_searches} used and "
-            f"{row.reserved_web_searches} in progress of {max_searches} today (UTC). The "
-            "budget renews at 00:00 UTC"
+        add(
+            "player_daily_web_searches",
+            "web_searches",
+            who,
+            player_id,
+            limits.player_web_searches,
+            player.web_searches,
+            player.reserved_web_searches,
         )
+        row = counter(f"player:{player_id}", today)
+        add(
+            "player_daily_cost",
+            "cost",
+            who,
+            player_id,
+            limits.player_cost_micros,
+            row.used_cost_micros,
+            row.reserved_cost_micros,
+        )
+    if scope:
+        row = counter(f"server:{scope}", today)
+        who = f"game server {scope}"
+        add(
+            "server_daily_tokens",
+            "tokens",
+            who,
+            scope,
+            limits.server_tokens,
+            row.used_tokens,
+            row.reserved_tokens,
+        )
+        add(
+            "server_daily_cost",
+            "cost",
+            who,
+            scope,
+            limits.server_cost_micros,
+            row.used_cost_micros,
+            row.reserved_cost_micros,
+        )
+    who = "everyone together"
+    used = totals.prompt_tokens + totals.completion_tokens
+    add(
+        "network_daily_tokens",
+        "tokens",
+        who,
+        "",
+        limits.global_tokens,
+        used,
+        totals.reserved_tokens,
+    )
+    add(
+        "network_daily_web_searches",
+        "web_searches",
+        who,
+        "",
+        limits.global_web_searches,
+        totals.web_searches,
+        totals.reserved_web_searches,
+    )
+    row = counter("network", today)
+    add(
+        "network_daily_cost",
+        "cost",
+        who,
+        "",
+        limits.global_cost_micros,
+        row.used_cost_micros,
+        row.reserved_cost_micros,
+    )
+    row = counter("network", month)
+    add(
+        "network_monthly_tokens",
+        "tokens",
+        who,
+        "",
+        limits.monthly_tokens,
+        row.used_tokens,
+        row.reserved_tokens,
+    )
+    add(
+        "network_monthly_cost",
+        "cost",
+        who,
+        "",
+        limits.monthly_cost_micros,
+        row.used_cost_micros,
+        row.reserved_cost_micros,
+    )
+    return levels
+
+
+def _least_room(levels: Iterable[_Level], unit: str) -> int | None:
+    rooms = [level.room for level in levels if level.unit == unit]
+    return min(rooms) if rooms else None
+
+
+def _refuse_tightest(levels: list[_Level], asked: dict[str, int]) -> None:
+    """Raises ResourceExhausted for the tightest level the asked amounts would pass: the one
+    with the least room left for this call, measured as room / asked (unit-free, so a money
+    limit and a token limit compare), a monthly one first on a tie, since it resets later."""
+    passed = [
+        level
+        for level in levels
+        if asked[level.unit] and level.used + level.held + asked[level.unit] > level.limit
+    ]
+    if not passed:
+        return
+    level = min(passed, key=lambda level: (level.room / asked[level.unit], not level.monthly))
+    raise ResourceExhausted(_refusal(level, asked[level.unit]), f"BUDGET_{level.budget.upper()}")
+
+
+def _resets(level: _Level) -> str:
+    day = dt.date.fromisoformat(level.period + "-01" if level.monthly else level.period)
+    if level.monthly:
+        first = dt.date(day.year + day.month // 12, day.month % 12 + 1, 1)
+        return f"The budget resets on {first.isoformat()} at 00:00 UTC"
+    return f"The budget renews at 00:00 UTC ({(day + dt.timedelta(days=1)).isoformat()})"
+
+
+def _refusal(level: _Level, asked: int) -> str:
+    span, when = ("monthly", "this month (UTC)") if level.monthly else ("daily", "today (UTC)")
+    used = level.used
+    if level.unit == "cost":
+        return (
+            f"{span} spending budget of {level.who} exhausted: {_money(used)} spent and "
+            f"{_money(level.held)} held for calls in progress (by gateway budget leases) of "
+            f"{_money(level.limit)} {when}; this call may cost up to {_money(asked)}. "
+            + _resets(level)
+        )
+    if level.unit == "web_searches":
+        return (
+            f"{span} web-search budget of {level.who} exhausted: {used} used and {level.held} "
+            f"in progress of {level.limit} {when}. " + _resets(level)
+        )
+    return (
+        f"{span} token budget of {level.who} exhausted: {used} used and {level.held} held for "
+        f"calls in progress (by gateway budget leases) of {level.limit} {when}; this call "
+        f"needs up to {asked}. " + _resets(level)
+    )
+
+
+def _money(micros: int) -> str:
+    """Micros in the prices' currency, e.g. 1.250000."""
+    return f"{micros / 1_000_000:.6f}".rstrip("0").rstrip(".") if micros else "0"
+
+
+class _CounterChanges:
+    """Changes to budget counter rows within one transaction, applied together at its end
+    in key order (after every totals and player row the transaction locks: the lock order)."""
+
+    def __init__(self) -> None:
+        # (budget, period) -> [held, released, used] each (tokens, cost)
+        self._rows: dict[tuple[str, str], list[int]] = {}
+
+    def _row(self, budget: str, period: str) -> list[int]:
+        return self._rows.setdefault((budget, period), [0] * 6)
+
+    def hold(self, budget: str, period: str, tokens: int, cost: int) -> None:
+        row = self._row(budget, period)
+        row[0] += tokens
+        row[1] += cost
+
+    def release(self, budget: str, period: str, tokens: int, cost: int) -> None:
+        row = self._row(budget, period)
+        row[2] += tokens
+        row[3] += cost
+
+    def use(self, budget: str, period: str, tokens: int, cost: int) -> None:
+        row = self._row(budget, period)
+        row[4] += tokens
+        row[5] += cost
+
+    def apply(self, session: Session) -> None:
+        c = _COUNTERS.c
+        for (budget, period), row in sorted(self._rows.items()):
+            if not any(row):
+                continue
+            change = (
+                update(_COUNTERS)
+                .where((c.budget == budget) & (c.period == period))
+                .values(
+                    reserved_tokens=_release(c.reserved_tokens + row[0], row[2]),
+                    reserved_cost_micros=_release(c.reserved_cost_micros + row[1], row[3]),
+                    used_tokens=c.used_tokens + row[4],
+                    used_cost_micros=c.used_cost_micros + row[5],
+                )
+            )
+            # One statement when the row exists (its reservation made it); otherwise made first.
+            if rowcount(session.execute(change)) == 0:
+                _lock_row(session, _COUNTERS, budget=budget, period=period)
+                session.execute(change)

@@ -23,6 +23,8 @@ from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 __all__ = [
     "AMOUNT_FIELDS",
+    "BudgetCounterRow",
+    "BudgetUse",
     "Grant",
     "Limits",
     "ReservationRow",
@@ -91,34 +93,71 @@ class ReservationRow(Base):
     tokens: Mapped[int] = mapped_column(BigInteger)
     web_searches: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    scope: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), server_default="", default="")
+    """The game server (or network) scope of the player id, before its `/`; "" for none."""
+    cost_micros: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
+    """Money held, in millionths of the prices' currency."""
     settled_sequence: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
     """The highest settle sequence applied; a settle numbered at or below it is a repeat."""
     closed: Mapped[bool] = mapped_column(Boolean, server_default=false(), default=False)
     """Settled for good or expired: holds nothing."""
 
 
+class BudgetCounterRow(Base):
+    """Tokens and money used and held on one budget for one period: a player's, a game
+    server's or the network's day (`period` `YYYY-MM-DD`), or the network's month (`YYYY-MM`).
+    `budget` is `player:<id>`, `server:<scope>` or `network`. Web searches stay in the
+    player_usage and usage_totals rows. Kept by ResetPlayer (usage figures stay)."""
+
+    __tablename__ = "usage_budget_counters"
+    __table_args__ = {"info": {KEEP_ON_RESET: True}}
+
+    budget: Mapped[str] = mapped_column(String(80), primary_key=True)
+    period: Mapped[str] = mapped_column(String(10), primary_key=True)
+    used_tokens: Mapped[int] = mapped_column(BigInteger)
+    reserved_tokens: Mapped[int] = mapped_column(BigInteger)
+    used_cost_micros: Mapped[int] = mapped_column(BigInteger)
+    reserved_cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
 _TOTALS = table_of(UsageTotalRow)
+_COUNTERS = table_of(BudgetCounterRow)
 _HOLDS = table_of(ReservationRow)
 _PLAYERS = table_of(UsageRow)
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Daily limits; 0 is no limit."""
+    """Limits per UTC day (per month for `monthly_*`); 0 is no limit. Money in micros."""
 
     player_tokens: int = 0
     player_web_searches: int = 0
     global_tokens: int = 0
     global_web_searches: int = 0
+    player_cost_micros: int = 0
+    global_cost_micros: int = 0
+    server_tokens: int = 0
+    server_cost_micros: int = 0
+    monthly_tokens: int = 0
+    monthly_cost_micros: int = 0
 
     @classmethod
     def from_proto(cls, limits: player_data_pb2.UsageLimits) -> Limits:
-        return cls(
-            limits.player_tokens,
-            limits.player_web_searches,
-            limits.global_tokens,
-            limits.global_web_searches,
-        )
+        return cls(**{f.name: getattr(limits, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetUse:
+    """One limited budget a reservation counts on, as it stands after it."""
+
+    budget: str
+    """`player_daily_tokens`, `server_daily_cost`, `network_monthly_tokens`, ..."""
+    scope: str
+    """The player id, the server scope, or "" for the network."""
+    period: str
+    used: int
+    """Used and held, tokens or micros."""
+    limit: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +167,9 @@ class Grant:
     day: dt.date
     tokens: int
     web_searches: int
+    cost_micros: int = 0
+    budgets: tuple[BudgetUse, ...] = dataclasses.field(default=(), compare=False)
+    """Every limited budget it counts on, as it stands after it (none for a repeat)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +186,8 @@ class Settled:
     """Web searches the reservation holds now."""
     external_enabled: bool = True
     """The player's external-services preference now."""
+    held_cost_micros: int = 0
+    """Money the reservation holds now."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +202,10 @@ class SettleItem:
     keep: tuple[int, int] | None = None
     """(tokens, web searches) to keep holding, the reservation staying open; None closes it."""
     ttl_seconds: int = 0
+    cost_micros: int = 0
+    """Money the use cost (micros), recorded on the money budgets."""
+    keep_cost_micros: int = 0
+    """Money to keep holding, with `keep`."""
 
     def check(self) -> None:
         """Raises InvalidArgument for a malformed id, amount or ttl."""
@@ -165,6 +213,8 @@ class SettleItem:
         _check_player(self.player_id)
         for name in AMOUNT_FIELDS:
             _check_amount(f"used.{name}", self.used.get(name, 0))
+        _check_cost("used.cost_micros", self.cost_micros)
+        _check_cost("keep_cost_micros", self.keep_cost_micros)
         if set(self.used) - set(AMOUNT_FIELDS):
             raise InvalidArgument(f"unknown amounts {sorted(set(self.used) - set(AMOUNT_FIELDS))}")
         if self.keep is not None:
@@ -187,6 +237,23 @@ def _check_player(player_id: str) -> None:
 def _check_amount(name: str, value: int) -> None:
     if value > MAX_USAGE_INCREMENT:
         raise InvalidArgument(f"{name} is {value}; one call may use at most {MAX_USAGE_INCREMENT}")
+
+
+# Most money one call (or one lease) may hold or record: 10^15 micros, a billion in the
+# prices' currency; far above any real call, low enough that sums never overflow BigInteger.
+MAX_COST_MICROS = 10**15
+
+
+def _check_cost(name: str, value: int) -> None:
+    if value > MAX_COST_MICROS:
+        raise InvalidArgument(f"{name} is {value}; the most is {MAX_COST_MICROS}")
+
+
+def scope_of(player_id: str) -> str:
+    """The game server (or network) scope of a scoped player id: what comes before the first
+    `/` (decision 0012); "" for an unscoped id or no player."""
+    scope, slash, _ = player_id.partition("/")
+    return scope if slash else ""
 
 
 def _check_ttl(ttl_seconds: int) -> None:

@@ -144,6 +144,9 @@ async def test_answer_after_an_observation_carries_the_tool_result_back() -> Non
     # Every step offers the same schema, `answer` included, and requires a tool call.
     names = [t.name for t in model.requests[0]["tools"]]
     assert names == ["lookup", "paid", "answer"] and model.requests[0]["require_tool"]
+    # The model gateway picks the module's providers and the player's rank from these.
+    assert model.requests[0]["permission_level"] == 1
+    assert model.requests[0]["module_id"] == "test:loop"
 
 
 async def test_a_tool_outside_the_schema_is_refused_and_never_run() -> None:

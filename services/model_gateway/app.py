@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from system.model.v1 import model_pb2, model_pb2_grpc
 
+from services.model_gateway.budgets import dearest_micros_per_token
 from services.model_gateway.config import ModelConfig
 from services.model_gateway.leasing import LeaseMeter, LeasePolicy
-from services.model_gateway.metering import Budgets, Meter, NoMeter
+from services.model_gateway.metering import Meter, NoMeter
 from services.model_gateway.provider import ChatProvider
 from services.model_gateway.servicer import ModelGatewayServicer
 from services.model_gateway.usage_store import UsageStore
@@ -36,12 +38,7 @@ def make_meter(config: ModelConfig) -> Meter:
         return NoMeter()
     store = UsageStore(
         config.storage_target,
-        Budgets(
-            player_tokens=config.player_daily_tokens,
-            player_web_searches=config.player_daily_web_searches,
-            global_tokens=config.global_daily_tokens,
-            global_web_searches=config.global_daily_web_searches,
-        ),
+        config.budgets,
         config.storage_timeout_seconds,
         config.channel_settings(),
     )
@@ -50,6 +47,8 @@ def make_meter(config: ModelConfig) -> Meter:
         LeasePolicy(
             tokens=config.lease_tokens,
             web_searches=config.lease_web_searches,
+            # What the lease's tokens may cost at the dearest model: money is held with them.
+            cost_micros=math.ceil(config.lease_tokens * dearest_micros_per_token(config.routing)),
             refresh_seconds=config.lease_refresh_seconds,
             idle_seconds=config.lease_idle_seconds,
             ttl_seconds=config.lease_ttl_seconds,

@@ -28,6 +28,7 @@ __all__ = [
 
 MAX_PLAYER_ID = 64  # the storage service's bound on player ids
 MAX_MODULE_ID = 128
+MAX_PERMISSION_LEVEL = 4
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOOL_MODES: frozenset[str] = frozenset({"", "auto", "none", "required", "tool"})
@@ -100,6 +101,9 @@ class Completion:
     attempts: int = 1
     provider: str = ""
     """The configured provider that answered."""
+    cost_micros: int = 0
+    """What the answer cost at its model's configured prices, in millionths of the prices'
+    currency (0 for a model without prices)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +119,8 @@ class ChatRequest:
     response_format: ResponseFormat = ""
     module_id: str = ""
     """The module asking; picks its provider/model list ("" for the default list)."""
+    permission_level: int = 0
+    """The player's operator permission level: picks the rank whose budgets apply."""
 
     def validate(self, limits: Limits) -> None:
         """Raises InvalidArgument, naming the field at fault, for a request that cannot be
@@ -122,6 +128,10 @@ class ChatRequest:
         check_player_id(self.player_id, required=False)
         if len(self.module_id) > MAX_MODULE_ID or not self.module_id.isprintable():
             raise InvalidArgument(f"module_id must be at most {MAX_MODULE_ID} printable characters")
+        if not 0 <= self.permission_level <= MAX_PERMISSION_LEVEL:
+            raise InvalidArgument(
+                f"permission_level must be 0 to {MAX_PERMISSION_LEVEL}, got {self.permission_level}"
+            )
         if not self.messages:
             raise InvalidArgument("messages must hold at least one message")
         for index, message in enumerate(self.messages):

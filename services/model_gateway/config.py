@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
+from services.model_gateway.budgets import BudgetPlan, read_budgets_file
 from services.model_gateway.provider_config import Routing, read_providers_file, single_provider
 from services.runtime.config import ConfigError, ServerConfig
 
@@ -39,6 +40,7 @@ class ModelConfig(ServerConfig):
     # and the providers and routes, read once in __post_init__.
     _file_key = ""
     _routing: ClassVar[Routing | None] = None
+    _budgets: ClassVar[BudgetPlan | None] = None
     request_timeout_seconds: float = 20.0
     """Longest one provider call may take, from sending it to the finish reason (the total
     timeout); a shorter caller deadline wins."""
@@ -82,6 +84,11 @@ class ModelConfig(ServerConfig):
     """Web searches one player may make a UTC day; 0 for no limit."""
     global_daily_web_searches: int = 0
     """Web searches everyone together may make a UTC day; 0 for no limit."""
+    budgets_file: str = ""
+    """Path of a TOML file of nested budgets in tokens and money: per-player daily limits by
+    rank (permission level), per game server per day, per network per day and per month, and
+    alert thresholds (see `budgets.py`). Empty: the flat `player_daily_*` / `global_daily_*`
+    limits alone. Read once at start."""
     lease_tokens: int = 16_384
     """Tokens of a player's daily budget (and of the global one) this replica reserves at once
     and then draws on for that player's calls without a storage round trip; never more than
@@ -144,6 +151,17 @@ class ModelConfig(ServerConfig):
                 request_timeout_seconds=self.request_timeout_seconds,
             )
         object.__setattr__(self, "_routing", routing)
+        flat = {
+            "player_daily_tokens": self.player_daily_tokens,
+            "player_daily_web_searches": self.player_daily_web_searches,
+            "global_daily_tokens": self.global_daily_tokens,
+            "global_daily_web_searches": self.global_daily_web_searches,
+        }
+        if self.budgets_file:
+            budgets = read_budgets_file(self.budgets_file, **flat)
+        else:
+            budgets = BudgetPlan.flat(*flat.values())
+        object.__setattr__(self, "_budgets", budgets)
 
     def _read_key_file(self) -> None:
         if not self.api_key_file:
@@ -180,6 +198,13 @@ class ModelConfig(ServerConfig):
         without `providers_file`)."""
         assert self._routing is not None  # set in __post_init__
         return self._routing
+
+    @property
+    def budgets(self) -> BudgetPlan:
+        """The limits per rank, game server and network (the flat settings without
+        `budgets_file`)."""
+        assert self._budgets is not None  # set in __post_init__
+        return self._budgets
 
     def validate(self) -> None:
         super().validate()

@@ -31,28 +31,39 @@ __all__ = ["Amount", "Answer", "Batch", "Lease", "Verdict", "amount_of"]
 
 @dataclasses.dataclass(frozen=True)
 class Amount:
-    """Tokens and web searches."""
+    """Tokens, web searches and money (micros of the prices' currency)."""
 
     tokens: int = 0
     web_searches: int = 0
+    cost: int = 0
 
     def __add__(self, other: Amount) -> Amount:
-        return Amount(self.tokens + other.tokens, self.web_searches + other.web_searches)
+        return Amount(
+            self.tokens + other.tokens,
+            self.web_searches + other.web_searches,
+            self.cost + other.cost,
+        )
 
     def __sub__(self, other: Amount) -> Amount:
         """Never below zero: a call may use more than its estimate said (a provider that
         reports more tokens than the bound), and storage floors its holds the same way."""
         return Amount(
-            max(0, self.tokens - other.tokens), max(0, self.web_searches - other.web_searches)
+            max(0, self.tokens - other.tokens),
+            max(0, self.web_searches - other.web_searches),
+            max(0, self.cost - other.cost),
         )
 
     def covers(self, other: Amount) -> bool:
-        return self.tokens >= other.tokens and self.web_searches >= other.web_searches
+        return (
+            self.tokens >= other.tokens
+            and self.web_searches >= other.web_searches
+            and self.cost >= other.cost
+        )
 
 
 def amount_of(used: Used) -> Amount:
     """The part of `used` a budget counts."""
-    return Amount(used.prompt_tokens + used.completion_tokens, used.web_searches)
+    return Amount(used.prompt_tokens + used.completion_tokens, used.web_searches, used.cost_micros)
 
 
 def _plus(a: Used, b: Used) -> Used:
@@ -114,8 +125,10 @@ class Lease:
         contacted: float,
         ttl_seconds: int,
         dedicated: bool = False,
+        rank: str = "",
     ) -> None:
         self.reservation_id = reservation_id
+        self.rank = rank  # whose per-player limits storage checked it against
         self.player_id = player_id
         self.day = day
         self.granted = granted
@@ -146,9 +159,13 @@ class Lease:
         today: dt.date,
         call_seconds: float,
         stale_after: float,
+        rank: str | None = None,
     ) -> Verdict:
-        """Whether a call needing `need` for up to `call_seconds` may draw on this lease."""
+        """Whether a call needing `need` for up to `call_seconds` may draw on this lease (of
+        the player's `rank`; None: any, for calls the rank's limits do not concern)."""
         if self.retired or self.closed or self.day != today or not self.free.covers(need):
+            return Verdict.SPENT
+        if rank is not None and rank != self.rank:  # the player's rank changed
             return Verdict.SPENT
         if now - self.contacted > stale_after or now + call_seconds > self.expires:
             return Verdict.STALE

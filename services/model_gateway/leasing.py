@@ -71,6 +71,8 @@ class LeasePolicy:
     """Tokens a lease asks for (besides a call's worst case, when that is larger)."""
     web_searches: int = 4
     """Web searches a lease asks for."""
+    cost_micros: int = 0
+    """Money (micros) a lease asks for: what its tokens may cost at the dearest model."""
     refresh_seconds: float = 1.0
     """How often a lease's use is written and the lease renewed and re-checked."""
     idle_seconds: float = 10.0
@@ -126,37 +128,48 @@ class LeaseMeter:
     # -- the Meter interface -----------------------------------------------------------------
 
     async def reserve(
-        self, player_id: str, *, tokens: int = 0, web_searches: int = 0, hold_seconds: float
+        self,
+        player_id: str,
+        *,
+        tokens: int = 0,
+        web_searches: int = 0,
+        cost_micros: int = 0,
+        level: int | None = None,
+        hold_seconds: float,
     ) -> Hold:
-        """Holds the call's worst case on the player's lease (taking one when needed).
+        """Holds the call's worst case on the player's lease (taking one when needed). A
+        lease is checked in storage against the limits of one rank (by permission `level`):
+        a call of another rank takes a new one; `level` None draws on any.
 
         Raises:
-            BudgetExhausted: a daily budget has no room for it; nothing was sent.
+            BudgetExhausted: a budget has no room for it; nothing was sent (the reason names
+                which).
             ExternalServicesOff: the player turned external services off.
             Unavailable: storage did not answer when it had to; nothing was sent.
         """
         if self._closing:
             raise Unavailable("the model gateway is shutting down; nothing was sent")
         self._start()
-        need = Amount(tokens, web_searches)
+        need = Amount(tokens, web_searches, cost_micros)
+        rank = None if level is None else self._store.rank_of(level)
         call_seconds = hold_seconds + CALL_MARGIN_SECONDS
         if not self._policy.enabled or call_seconds > self._policy.ttl_seconds:
             ttl = min(MAX_TTL_SECONDS, math.ceil(hold_seconds) + OWN_HOLD_MARGIN_SECONDS)
-            own = await self._acquire(player_id, need, Amount(), ttl, dedicated=True)
+            own = await self._acquire(player_id, need, Amount(), ttl, level, dedicated=True)
             own.take(need, self._clock())
-            return Hold(player_id, tokens, web_searches, own)
+            return Hold(player_id, tokens, web_searches, own, cost_micros)
         lease = self._current.get(player_id)
-        if lease is not None and self._check(lease, need, call_seconds) is Verdict.OK:
+        if lease is not None and self._check(lease, need, call_seconds, rank) is Verdict.OK:
             lease.take(need, self._clock())  # the common case: no storage trip
         else:
-            lease = await self._lease_for(player_id, need, call_seconds)
-        return Hold(player_id, tokens, web_searches, lease)
+            lease = await self._lease_for(player_id, need, call_seconds, rank, level)
+        return Hold(player_id, tokens, web_searches, lease, cost_micros)
 
     def settle_later(self, hold: Hold, used: Used) -> None:
         lease = hold.lease
         if not isinstance(lease, Lease):
             return
-        lease.finish(Amount(hold.tokens, hold.web_searches), used, self._clock())
+        lease.finish(Amount(hold.tokens, hold.web_searches, hold.cost_micros), used, self._clock())
         if lease.closing:
             self._wake.set()  # close it now rather than at the next refresh
 
@@ -183,16 +196,21 @@ class LeaseMeter:
 
     # -- taking leases ---------------------------------------------------------------------------
 
-    def _check(self, lease: Lease, need: Amount, call_seconds: float) -> Verdict:
+    def _check(
+        self, lease: Lease, need: Amount, call_seconds: float, rank: str | None = None
+    ) -> Verdict:
         return lease.check(
             need,
             now=self._clock(),
             today=self._today(),
             call_seconds=call_seconds,
             stale_after=self._policy.stale_after,
+            rank=rank,
         )
 
-    async def _lease_for(self, player_id: str, need: Amount, call_seconds: float) -> Lease:
+    async def _lease_for(
+        self, player_id: str, need: Amount, call_seconds: float, rank: str | None, level: int | None
+    ) -> Lease:
         """The player's lease with `need` taken from it: the current one renewed, or a new one."""
         lock = self._locks.get(player_id)
         if lock is None:
@@ -200,39 +218,53 @@ class LeaseMeter:
         async with lock:
             lease = self._current.get(player_id)
             if lease is not None:
-                verdict = self._check(lease, need, call_seconds)
+                verdict = self._check(lease, need, call_seconds, rank)
                 if verdict is Verdict.STALE:
                     # Renewing re-reads the preference: on the call's path only when the
                     # background refresh fell behind.
                     await self._sync(lease)
-                    verdict = self._check(lease, need, call_seconds)
+                    verdict = self._check(lease, need, call_seconds, rank)
                 if verdict is Verdict.OK:
                     lease.take(need, self._clock())
                     return lease
                 self._retire(lease)
-            extra = Amount(self._policy.tokens, self._policy.web_searches) - need
-            lease = await self._acquire(player_id, need, extra, self._policy.ttl_seconds)
+            block = Amount(self._policy.tokens, self._policy.web_searches, self._policy.cost_micros)
+            extra = block - need
+            lease = await self._acquire(player_id, need, extra, self._policy.ttl_seconds, level)
             self._current[player_id] = lease
             lease.take(need, self._clock())
             return lease
 
     async def _acquire(
-        self, player_id: str, need: Amount, extra: Amount, ttl: int, *, dedicated: bool = False
+        self,
+        player_id: str,
+        need: Amount,
+        extra: Amount,
+        ttl: int,
+        level: int | None,
+        *,
+        dedicated: bool = False,
     ) -> Lease:
         try:
-            return await self._reserve(player_id, need, extra, ttl, dedicated)
+            return await self._reserve(player_id, need, extra, ttl, level, dedicated)
         except BudgetExhausted:
             # This replica's retired leases of the player may hold the room asked for.
             if not await self._give_back(player_id):
                 raise
-            return await self._reserve(player_id, need, extra, ttl, dedicated)
+            return await self._reserve(player_id, need, extra, ttl, level, dedicated)
 
     async def _reserve(
-        self, player_id: str, need: Amount, extra: Amount, ttl: int, dedicated: bool
+        self,
+        player_id: str,
+        need: Amount,
+        extra: Amount,
+        ttl: int,
+        level: int | None,
+        dedicated: bool,
     ) -> Lease:
         reservation_id = uuid.uuid4().hex
         sent = self._clock()
-        grant = await self._store.reserve(reservation_id, player_id, need, extra, ttl)
+        grant = await self._store.reserve(reservation_id, player_id, need, extra, ttl, level)
         lease = Lease(
             reservation_id,
             player_id,
@@ -241,6 +273,7 @@ class LeaseMeter:
             contacted=sent,
             ttl_seconds=ttl,
             dedicated=dedicated,
+            rank=grant.rank,
         )
         self._open[reservation_id] = lease
         if not grant.held.covers(need):  # only a repeated reservation id could do this

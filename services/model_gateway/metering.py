@@ -5,7 +5,8 @@ global daily budgets (and refuses players who turned external services off) befo
 is sent; `settle` records what the call actually used and releases the hold, also when the
 call failed. The budgets are kept by the storage service; `leasing.LeaseMeter` draws on blocks
 of them held there (leases), so most calls need no storage round trip. `NoMeter` is metering
-off.
+off. The limits (per rank, game server, network per day and month, in tokens and money)
+are `budgets.BudgetPlan`; storage checks them all in one reservation.
 
 Storage failures map to typed errors (`usage_store._reserve_error`): a refused reservation keeps its code
 (RESOURCE_EXHAUSTED, FAILED_PRECONDITION, INVALID_ARGUMENT) and message; storage being
@@ -58,6 +59,7 @@ class Hold:
     web_searches: int = 0
     lease: object | None = dataclasses.field(default=None, compare=False, repr=False)
     """The meter's lease the hold draws on; None for NoMeter."""
+    cost_micros: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,15 +72,26 @@ class Used:
     prompt_cache_miss_tokens: int = 0
     model_calls: int = 0
     web_searches: int = 0
+    cost_micros: int = 0
+    """What the call cost at its model's prices, in millionths of the prices' currency."""
 
 
 class Meter(Protocol):
     """Reserves before an outside call and settles after it."""
 
     async def reserve(
-        self, player_id: str, *, tokens: int = 0, web_searches: int = 0, hold_seconds: float
+        self,
+        player_id: str,
+        *,
+        tokens: int = 0,
+        web_searches: int = 0,
+        cost_micros: int = 0,
+        level: int | None = None,
+        hold_seconds: float,
     ) -> Hold:
-        """Holds the worst case. Raises ResourceExhausted, FailedPrecondition or Unavailable."""
+        """Holds the worst case (money in micros) against the budgets of the player's rank
+        (by permission `level`; None: the call does not concern the rank's limits). Raises
+        ResourceExhausted, FailedPrecondition or Unavailable."""
         ...
 
     def settle_later(self, hold: Hold, used: Used) -> None:
@@ -99,9 +112,16 @@ class NoMeter:
     """Metering off (no storage target): nothing is held, checked or recorded."""
 
     async def reserve(
-        self, player_id: str, *, tokens: int = 0, web_searches: int = 0, hold_seconds: float
+        self,
+        player_id: str,
+        *,
+        tokens: int = 0,
+        web_searches: int = 0,
+        cost_micros: int = 0,
+        level: int | None = None,
+        hold_seconds: float,
     ) -> Hold:
-        return Hold(player_id, tokens, web_searches)
+        return Hold(player_id, tokens, web_searches, cost_micros=cost_micros)
 
     def settle_later(self, hold: Hold, used: Used) -> None:
         return None

@@ -26,6 +26,7 @@ import openai
 from prometheus_client import Counter, Gauge
 
 from services.model_gateway.breaker import BreakerState, CircuitBreaker
+from services.model_gateway.budgets import cost_micros, count_spend, worst_case_micros
 from services.model_gateway.chat import ChatRequest, Completion, Limits
 from services.model_gateway.config import ModelConfig
 from services.model_gateway.metering import BudgetExhausted, ExternalServicesOff, Meter, Used
@@ -310,9 +311,14 @@ class ChatProvider:
         if overall <= MIN_CALL_SECONDS:
             raise DeadlineExceeded("the caller's deadline passed before the model was called")
         deadline = time.monotonic() + overall
+        answer = request.answer_tokens(self._limits)
         hold = await self._meter.reserve(
             request.player_id,
             tokens=request.worst_case_tokens(self._limits),
+            cost_micros=worst_case_micros(
+                self._routing, request.module_id, request.prompt_chars(), answer
+            ),
+            level=request.permission_level,
             hold_seconds=overall,
         )
         calls = [0]
@@ -323,7 +329,16 @@ class ChatProvider:
             return result
         finally:
             # Also when the caller gave up: the hold must not stay in place.
-            self._meter.settle_later(hold, self._used(request, result, calls[0]))
+            used = self._used(request, result, calls[0])
+            self._meter.settle_later(hold, used)
+            if result is not None:
+                count_spend(
+                    result.provider,
+                    request.module_id,
+                    request.player_id,
+                    used.prompt_tokens + used.completion_tokens,
+                    used.cost_micros,
+                )
 
     async def _along(
         self, request: ChatRequest, routes: tuple[Route, ...], deadline: float, calls: list[int]
@@ -435,7 +450,11 @@ class ChatProvider:
                 MODEL_PROVIDER_COST.labels(spec.name, route.model).inc(
                     price.cost(result.prompt_tokens, result.completion_tokens)
                 )
-            return dataclasses.replace(result, provider=spec.name)
+            return dataclasses.replace(
+                result,
+                provider=spec.name,
+                cost_micros=cost_micros(price, *_billed_tokens(request, result)),
+            )
         finally:
             upstream.in_flight -= 1
             if healthy is True:
@@ -462,18 +481,26 @@ class ChatProvider:
         if result is None:
             # Failed: tokens of a broken stream are not reported; the calls made are.
             return Used(model_calls=calls)
-        prompt, completion = result.prompt_tokens, result.completion_tokens
-        if prompt == 0 and completion == 0:
-            # The provider reported no usage: count the bound held, never nothing.
-            prompt = request.prompt_chars()
-            completion = len(result.content) + sum(len(c.arguments_json) for c in result.tool_calls)
+        prompt, completion = _billed_tokens(request, result)
+        cost = result.cost_micros
         return Used(
             prompt_tokens=prompt,
             completion_tokens=completion,
             prompt_cache_hit_tokens=result.prompt_cache_hit_tokens,
             prompt_cache_miss_tokens=result.prompt_cache_miss_tokens,
             model_calls=calls,
+            cost_micros=cost,
         )
+
+
+def _billed_tokens(request: ChatRequest, result: Completion) -> tuple[int, int]:
+    """The prompt and completion tokens a call is counted for."""
+    prompt, completion = result.prompt_tokens, result.completion_tokens
+    if prompt == 0 and completion == 0:
+        # The provider reported no usage: count the bound held, never nothing.
+        prompt = request.prompt_chars()
+        completion = len(result.content) + sum(len(c.arguments_json) for c in result.tool_calls)
+    return prompt, completion
 
 
 _OUTCOMES = {

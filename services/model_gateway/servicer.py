@@ -77,6 +77,7 @@ def chat_request(request: model_pb2.CompleteRequest) -> ChatRequest:
         ),
         response_format=response_format,  # type: ignore[arg-type]
         module_id=request.module_id,
+        permission_level=request.permission_level,
     )
 
 

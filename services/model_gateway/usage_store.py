@@ -13,11 +13,18 @@ import datetime as dt
 import grpc
 from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
+from services.model_gateway.budgets import BudgetAlerts, BudgetPlan, Use
 from services.model_gateway.lease import Amount, Answer, Batch
 from services.model_gateway.metering import BudgetExhausted, Budgets, ExternalServicesOff
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.context import remaining_seconds
-from services.runtime.errors import DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
+from services.runtime.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ServiceError,
+    Unavailable,
+    error_reason,
+)
 
 __all__ = ["Grant", "Settle", "UsageStore"]
 
@@ -46,10 +53,12 @@ class Settle:
 
 @dataclasses.dataclass(frozen=True)
 class Grant:
-    """What a reservation holds, and the UTC day it counts on."""
+    """What a reservation holds, the UTC day it counts on, and the rank whose per-player
+    limits it was checked against."""
 
     day: dt.date
     held: Amount
+    rank: str = ""
 
 
 class UsageStore:
@@ -57,14 +66,15 @@ class UsageStore:
 
     Args:
         target: `host:port` of the storage service.
-        budgets: the daily limits sent with every reservation.
+        budgets: the limits sent with every reservation (the rank's, for the player): a
+            BudgetPlan, or the flat daily Budgets.
         timeout: seconds one call may take (a reservation also within the caller's deadline).
     """
 
     def __init__(
         self,
         target: str,
-        budgets: Budgets,
+        budgets: Budgets | BudgetPlan,
         timeout: float,
         settings: ChannelSettings | None = None,
     ) -> None:
@@ -75,34 +85,62 @@ class UsageStore:
             idempotent_methods=[RESERVE, SETTLE, SETTLE_BATCH],
             settings=settings,
         )
-        self._limits = player_data_pb2.UsageLimits(**dataclasses.asdict(budgets))
+        plan = (
+            budgets
+            if isinstance(budgets, BudgetPlan)
+            else BudgetPlan.flat(**dataclasses.asdict(budgets))
+        )
+        self._plan = plan
+        self._limits = {
+            rank.name: player_data_pb2.UsageLimits(**plan.limits(rank)) for rank in plan.ranks
+        }
+        self._alerts = BudgetAlerts(plan.alert_percent)
+
+    def rank_of(self, level: int | None) -> str:
+        """The rank name of a permission level (the lowest rank for None)."""
+        return self._plan.rank(level).name
 
     async def reserve(
-        self, reservation_id: str, player_id: str, need: Amount, extra: Amount, ttl_seconds: int
+        self,
+        reservation_id: str,
+        player_id: str,
+        need: Amount,
+        extra: Amount,
+        ttl_seconds: int,
+        level: int | None = None,
     ) -> Grant:
-        """Holds `need` (refused unless it fits) and as much of `extra` as fits.
+        """Holds `need` (refused unless it fits) and as much of `extra` as fits, against the
+        limits of the rank of permission `level`.
 
         Raises:
             BudgetExhausted, ExternalServicesOff, InvalidArgument: storage refused.
             DeadlineExceeded: the caller's deadline passed meanwhile.
             Unavailable: storage did not answer; nothing is held.
         """
+        rank = self.rank_of(level)
         request = player_data_pb2.ReserveUsageRequest(
             reservation_id=reservation_id,
             player_id=player_id,
             tokens=need.tokens,
             web_searches=need.web_searches,
-            limits=self._limits,
+            limits=self._limits[rank],
             ttl_seconds=ttl_seconds,
             extra_tokens=extra.tokens,
             extra_web_searches=extra.web_searches,
+            cost_micros=need.cost,
+            extra_cost_micros=extra.cost,
         )
         try:
             response = await self._storage.stub.ReserveUsage(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise _reserve_error(exc) from None
+        self._alerts.observe(
+            Use(use.budget, use.scope, use.period, use.used, use.limit) for use in response.budgets
+        )
         return Grant(
-            dt.date.fromisoformat(response.day), Amount(response.tokens, response.web_searches)
+            dt.date.fromisoformat(response.day),
+            Amount(response.tokens, response.web_searches, response.cost_micros),
+            rank,
         )
 
     async def settle(
@@ -157,6 +195,7 @@ def _settle_request(settle: Settle) -> player_data_pb2.SettleUsageRequest:
         keep_open=batch.keep is not None,
         keep_tokens=batch.keep.tokens if batch.keep else 0,
         keep_web_searches=batch.keep.web_searches if batch.keep else 0,
+        keep_cost_micros=batch.keep.cost if batch.keep else 0,
         ttl_seconds=settle.ttl_seconds if batch.keep is not None else 0,
     )
 
@@ -164,7 +203,7 @@ def _settle_request(settle: Settle) -> player_data_pb2.SettleUsageRequest:
 def _answer(response: player_data_pb2.SettleUsageResponse) -> Answer:
     return Answer(
         found=response.found,
-        held=Amount(response.held_tokens, response.held_web_searches),
+        held=Amount(response.held_tokens, response.held_web_searches, response.held_cost_micros),
         external_enabled=response.external_enabled,
     )
 
@@ -172,7 +211,7 @@ def _answer(response: player_data_pb2.SettleUsageResponse) -> Answer:
 def _reserve_error(exc: grpc.aio.AioRpcError) -> ServiceError:
     kind = _PASSED_ON.get(exc.code())
     if kind is not None:
-        return kind(exc.details() or exc.code().name)
+        return kind(exc.details() or exc.code().name, error_reason(exc))
     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and remaining_seconds() == 0:
         return DeadlineExceeded("the caller's deadline passed while the budget was checked")
     return Unavailable(
