@@ -35,25 +35,31 @@ The tables and the values passed in and out are storage_service.usage_records.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Table, case, delete, select, update
+from sqlalchemy import Table, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from system.storage.v1 import player_data_pb2
 
-from services.runtime.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from services.runtime.errors import FailedPrecondition, InvalidArgument
 from storage_service.db import PreferenceRow, rowcount, upsert_ignore
-from storage_service.dialect import insert_for
+from storage_service.usage_budgets import (
+    CounterChanges,
+    budget_levels,
+    counter_keys,
+    least_room,
+    lock_row,
+    refuse_tightest,
+    release,
+)
 from storage_service.usage_records import (
     _COUNTERS,
     _HOLDS,
     _PLAYERS,
     _TOTALS,
-    _ZERO_ROW,
     AMOUNT_FIELDS,
     MAX_SETTLE_BATCH,
     SETTLED_MEMORY_SECONDS,
@@ -87,18 +93,8 @@ __all__ = [
 ]
 
 
-_COUNTER_ZERO = dict.fromkeys(
-    ("used_tokens", "reserved_tokens", "used_cost_micros", "reserved_cost_micros"), 0
-)
-
-
 def _today() -> dt.date:
     return dt.datetime.now(dt.UTC).date()
-
-
-def _release(column: Any, amount: int) -> Any:
-    """`column - amount`, never below zero."""
-    return case((column >= amount, column - amount), else_=0)
 
 
 class UsageLedger:
@@ -159,7 +155,7 @@ class UsageLedger:
         now = dt.datetime.now(dt.UTC)
         day = now.date()
         with self._sessions.begin() as session:
-            totals = _lock_row(session, _TOTALS, day=day)
+            totals = lock_row(session, _TOTALS, day=day)
             if player_id and not _external_enabled(session, player_id):
                 raise FailedPrecondition(
                     f"player {player_id} turned external services off; nothing is sent "
@@ -193,20 +189,20 @@ class UsageLedger:
                 if self._sweep(session, now):
                     totals = session.execute(select(_TOTALS).where(_TOTALS.c.day == day)).one()
             player = (
-                _lock_row(session, _PLAYERS, player_id=player_id, day=day) if player_id else None
+                lock_row(session, _PLAYERS, player_id=player_id, day=day) if player_id else None
             )
-            keys = _counter_keys(player_id, scope_of(player_id), day)
+            keys = counter_keys(player_id, scope_of(player_id), day)
             counters = {
-                key: _lock_row(session, _COUNTERS, budget=key[0], period=key[1])
+                key: lock_row(session, _COUNTERS, budget=key[0], period=key[1])
                 for key in sorted(keys)
             }
-            levels = _levels(player_id, day, limits, totals, player, counters)
+            levels = budget_levels(player_id, day, limits, totals, player, counters)
             asked = {"tokens": tokens, "web_searches": web_searches, "cost": cost_micros}
-            _refuse_tightest(levels, asked)
+            refuse_tightest(levels, asked)
             extra = {"tokens": extra_tokens, "web_searches": extra_web_searches}
             extra["cost"] = extra_cost_micros
             held = {
-                unit: asked[unit] + _fit(extra[unit], _least_room(levels, unit), asked[unit])
+                unit: asked[unit] + _fit(extra[unit], least_room(levels, unit), asked[unit])
                 for unit in asked
             }
             session.execute(
@@ -222,7 +218,7 @@ class UsageLedger:
                 key = _player_key(player_id, day)
                 self._hold(session, _PLAYERS, key, held["tokens"], held["web_searches"])
             self._hold(session, _TOTALS, _TOTALS.c.day == day, held["tokens"], held["web_searches"])
-            changes = _CounterChanges()
+            changes = CounterChanges()
             for budget, period in keys:
                 changes.hold(budget, period, held["tokens"], held["cost"])
             changes.apply(session)
@@ -319,7 +315,7 @@ class UsageLedger:
         now = dt.datetime.now(dt.UTC)
         outcomes: dict[str, Settled] = {}
         with self._sessions.begin() as session:
-            _lock_row(session, _TOTALS, day=day)
+            lock_row(session, _TOTALS, day=day)
             # Read again under the day's lock: every writer of these rows holds it too.
             holds = {
                 row.reservation_id: row
@@ -332,7 +328,7 @@ class UsageLedger:
             enabled = _external_enabled_many(session, {item.player_id for item in items})
             released_total = (0, 0)
             used_total = dict.fromkeys(AMOUNT_FIELDS, 0)
-            changes = _CounterChanges()
+            changes = CounterChanges()
             for item in sorted(items, key=lambda item: item.player_id):  # player rows in order
                 hold = holds.get(item.reservation_id)
                 allowed = enabled.get(item.player_id, True)
@@ -348,7 +344,7 @@ class UsageLedger:
                     continue
                 released, kept = self._close_or_keep(session, item, hold, now)
                 if item.player_id and (any(released[:2]) or any(item.used.values())):
-                    _lock_row(session, _PLAYERS, player_id=item.player_id, day=day)
+                    lock_row(session, _PLAYERS, player_id=item.player_id, day=day)
                     key = _player_key(item.player_id, day)
                     self._record(session, _PLAYERS, key, released[:2], item.used)
                 released_total = (
@@ -360,7 +356,7 @@ class UsageLedger:
                 scope = hold.scope if hold is not None else scope_of(item.player_id)
                 used_tokens = item.used.get("prompt_tokens", 0)
                 used_tokens += item.used.get("completion_tokens", 0)
-                for budget, period in _counter_keys(item.player_id, scope, day):
+                for budget, period in counter_keys(item.player_id, scope, day):
                     changes.release(budget, period, released[0], released[2])
                     changes.use(budget, period, used_tokens, item.cost_micros)
                 found = hold is not None and not hold.closed
@@ -436,9 +432,9 @@ class UsageLedger:
             name: table.c[name] + amount for name, amount in amounts.items() if amount
         }
         if held[0]:
-            values["reserved_tokens"] = _release(table.c.reserved_tokens, held[0])
+            values["reserved_tokens"] = release(table.c.reserved_tokens, held[0])
         if held[1]:
-            values["reserved_web_searches"] = _release(table.c.reserved_web_searches, held[1])
+            values["reserved_web_searches"] = release(table.c.reserved_web_searches, held[1])
         if values:
             session.execute(update(table).where(key).values(values))
 
@@ -466,7 +462,7 @@ class UsageLedger:
         if not lapsed:
             return False
         for day in sorted({row.day for row in lapsed}):
-            _lock_row(session, _TOTALS, day=day)
+            lock_row(session, _TOTALS, day=day)
         rows = session.execute(
             select(_HOLDS).where(
                 _HOLDS.c.reservation_id.in_([row.reservation_id for row in lapsed])
@@ -487,28 +483,16 @@ class UsageLedger:
                 expires_at=now + dt.timedelta(seconds=SETTLED_MEMORY_SECONDS),
             )
         )
-        changes = _CounterChanges()
+        changes = CounterChanges()
         for row in rows:
             held = (row.tokens, row.web_searches)
             self._record(session, _TOTALS, _TOTALS.c.day == row.day, held, {})
             if row.player_id:
                 self._record(session, _PLAYERS, _player_key(row.player_id, row.day), held, {})
-            for budget, period in _counter_keys(row.player_id, row.scope, row.day):
+            for budget, period in counter_keys(row.player_id, row.scope, row.day):
                 changes.release(budget, period, row.tokens, row.cost_micros)
         changes.apply(session)  # after every day's totals row: the lock order
         return True
-
-
-def _lock_row(session: Session, table: Table, **key: Any) -> Any:
-    """The usage row with primary key `key`, made (all zero) when missing, and locked until
-    the transaction ends: one INSERT … ON CONFLICT DO UPDATE … RETURNING, which on PostgreSQL
-    takes the row lock and on SQLite runs inside the already exclusive transaction."""
-    zero = _COUNTER_ZERO if table is _COUNTERS else _ZERO_ROW
-    statement = insert_for(session)(table).values(**key, **zero)
-    statement = statement.on_conflict_do_update(
-        index_elements=list(key), set_={name: statement.excluded[name] for name in key}
-    )
-    return session.execute(statement.returning(*table.c)).one()
 
 
 def _player_key(player_id: str, day: dt.date) -> Any:
@@ -558,263 +542,3 @@ def _narrower(a: Room, b: Room) -> Room:
 def _fit(extra: int, room: int | None, asked: int) -> int:
     """How much of `extra` fits besides `asked` (already checked to fit) in `room`."""
     return extra if room is None else max(0, min(extra, room - asked))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Level:
-    """One limited budget a reservation is checked against."""
-
-    budget: str
-    """Its name, e.g. `player_daily_tokens`; upper-cased with BUDGET_ it is the reason."""
-    unit: str
-    """`tokens`, `web_searches` or `cost` (micros)."""
-    who: str
-    """Whose, for the message: `player X`, `game server S`, `everyone together`."""
-    scope: str
-    period: str
-    monthly: bool
-    used: int
-    held: int
-    limit: int
-
-    @property
-    def room(self) -> int:
-        return self.limit - self.used - self.held
-
-
-def _counter_keys(player_id: str, scope: str, day: dt.date) -> list[tuple[str, str]]:
-    """The budget counter rows a reservation of `player_id` on `day` counts on."""
-    keys = [("network", day.isoformat()), ("network", day.strftime("%Y-%m"))]
-    if player_id:
-        keys.append((f"player:{player_id}", day.isoformat()))
-    if scope:
-        keys.append((f"server:{scope}", day.isoformat()))
-    return keys
-
-
-def _levels(
-    player_id: str,
-    day: dt.date,
-    limits: Limits,
-    totals: Any,
-    player: Any,
-    counters: dict[tuple[str, str], Any],
-) -> list[_Level]:
-    """Every limited budget of this reservation, with what it has used and holds."""
-    scope = scope_of(player_id)
-    today, month = day.isoformat(), day.strftime("%Y-%m")
-    levels: list[_Level] = []
-
-    def add(budget: str, unit: str, who: str, whose: str, limit: int, used: int, held: int) -> None:
-        if limit:
-            monthly = "monthly" in budget
-            period = month if monthly else today
-            levels.append(_Level(budget, unit, who, whose, period, monthly, used, held, limit))
-
-    def counter(key: str, period: str) -> Any:
-        return counters[(key, period)]
-
-    if player is not None:
-        who = f"player {player_id}"
-        used = player.prompt_tokens + player.completion_tokens
-        add(
-            "player_daily_tokens",
-            "tokens",
-            who,
-            player_id,
-            limits.player_tokens,
-            used,
-            player.reserved_tokens,
-        )
-        add(
-            "player_daily_web_searches",
-            "web_searches",
-            who,
-            player_id,
-            limits.player_web_searches,
-            player.web_searches,
-            player.reserved_web_searches,
-        )
-        row = counter(f"player:{player_id}", today)
-        add(
-            "player_daily_cost",
-            "cost",
-            who,
-            player_id,
-            limits.player_cost_micros,
-            row.used_cost_micros,
-            row.reserved_cost_micros,
-        )
-    if scope:
-        row = counter(f"server:{scope}", today)
-        who = f"game server {scope}"
-        add(
-            "server_daily_tokens",
-            "tokens",
-            who,
-            scope,
-            limits.server_tokens,
-            row.used_tokens,
-            row.reserved_tokens,
-        )
-        add(
-            "server_daily_cost",
-            "cost",
-            who,
-            scope,
-            limits.server_cost_micros,
-            row.used_cost_micros,
-            row.reserved_cost_micros,
-        )
-    who = "everyone together"
-    used = totals.prompt_tokens + totals.completion_tokens
-    add(
-        "network_daily_tokens",
-        "tokens",
-        who,
-        "",
-        limits.global_tokens,
-        used,
-        totals.reserved_tokens,
-    )
-    add(
-        "network_daily_web_searches",
-        "web_searches",
-        who,
-        "",
-        limits.global_web_searches,
-        totals.web_searches,
-        totals.reserved_web_searches,
-    )
-    row = counter("network", today)
-    add(
-        "network_daily_cost",
-        "cost",
-        who,
-        "",
-        limits.global_cost_micros,
-        row.used_cost_micros,
-        row.reserved_cost_micros,
-    )
-    row = counter("network", month)
-    add(
-        "network_monthly_tokens",
-        "tokens",
-        who,
-        "",
-        limits.monthly_tokens,
-        row.used_tokens,
-        row.reserved_tokens,
-    )
-    add(
-        "network_monthly_cost",
-        "cost",
-        who,
-        "",
-        limits.monthly_cost_micros,
-        row.used_cost_micros,
-        row.reserved_cost_micros,
-    )
-    return levels
-
-
-def _least_room(levels: Iterable[_Level], unit: str) -> int | None:
-    rooms = [level.room for level in levels if level.unit == unit]
-    return min(rooms) if rooms else None
-
-
-def _refuse_tightest(levels: list[_Level], asked: dict[str, int]) -> None:
-    """Raises ResourceExhausted for the tightest level the asked amounts would pass: the one
-    with the least room left for this call, measured as room / asked (unit-free, so a money
-    limit and a token limit compare), a monthly one first on a tie, since it resets later."""
-    passed = [
-        level
-        for level in levels
-        if asked[level.unit] and level.used + level.held + asked[level.unit] > level.limit
-    ]
-    if not passed:
-        return
-    level = min(passed, key=lambda level: (level.room / asked[level.unit], not level.monthly))
-    raise ResourceExhausted(_refusal(level, asked[level.unit]), f"BUDGET_{level.budget.upper()}")
-
-
-def _resets(level: _Level) -> str:
-    day = dt.date.fromisoformat(level.period + "-01" if level.monthly else level.period)
-    if level.monthly:
-        first = dt.date(day.year + day.month // 12, day.month % 12 + 1, 1)
-        return f"The budget resets on {first.isoformat()} at 00:00 UTC"
-    return f"The budget renews at 00:00 UTC ({(day + dt.timedelta(days=1)).isoformat()})"
-
-
-def _refusal(level: _Level, asked: int) -> str:
-    span, when = ("monthly", "this month (UTC)") if level.monthly else ("daily", "today (UTC)")
-    used = level.used
-    if level.unit == "cost":
-        return (
-            f"{span} spending budget of {level.who} exhausted: {_money(used)} spent and "
-            f"{_money(level.held)} held for calls in progress (by gateway budget leases) of "
-            f"{_money(level.limit)} {when}; this call may cost up to {_money(asked)}. "
-            + _resets(level)
-        )
-    if level.unit == "web_searches":
-        return (
-            f"{span} web-search budget of {level.who} exhausted: {used} used and {level.held} "
-            f"in progress of {level.limit} {when}. " + _resets(level)
-        )
-    return (
-        f"{span} token budget of {level.who} exhausted: {used} used and {level.held} held for "
-        f"calls in progress (by gateway budget leases) of {level.limit} {when}; this call "
-        f"needs up to {asked}. " + _resets(level)
-    )
-
-
-def _money(micros: int) -> str:
-    """Micros in the prices' currency, e.g. 1.250000."""
-    return f"{micros / 1_000_000:.6f}".rstrip("0").rstrip(".") if micros else "0"
-
-
-class _CounterChanges:
-    """Changes to budget counter rows within one transaction, applied together at its end
-    in key order (after every totals and player row the transaction locks: the lock order)."""
-
-    def __init__(self) -> None:
-        # (budget, period) -> [held, released, used] each (tokens, cost)
-        self._rows: dict[tuple[str, str], list[int]] = {}
-
-    def _row(self, budget: str, period: str) -> list[int]:
-        return self._rows.setdefault((budget, period), [0] * 6)
-
-    def hold(self, budget: str, period: str, tokens: int, cost: int) -> None:
-        row = self._row(budget, period)
-        row[0] += tokens
-        row[1] += cost
-
-    def release(self, budget: str, period: str, tokens: int, cost: int) -> None:
-        row = self._row(budget, period)
-        row[2] += tokens
-        row[3] += cost
-
-    def use(self, budget: str, period: str, tokens: int, cost: int) -> None:
-        row = self._row(budget, period)
-        row[4] += tokens
-        row[5] += cost
-
-    def apply(self, session: Session) -> None:
-        c = _COUNTERS.c
-        for (budget, period), row in sorted(self._rows.items()):
-            if not any(row):
-                continue
-            change = (
-                update(_COUNTERS)
-                .where((c.budget == budget) & (c.period == period))
-                .values(
-                    reserved_tokens=_release(c.reserved_tokens + row[0], row[2]),
-                    reserved_cost_micros=_release(c.reserved_cost_micros + row[1], row[3]),
-                    used_tokens=c.used_tokens + row[4],
-                    used_cost_micros=c.used_cost_micros + row[5],
-                )
-            )
-            # One statement when the row exists (its reservation made it); otherwise made first.
-            if rowcount(session.execute(change)) == 0:
-                _lock_row(session, _COUNTERS, budget=budget, period=period)
-                session.execute(change)
