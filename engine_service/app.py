@@ -145,6 +145,7 @@ class EngineApp:
             config.event_poll_seconds,
             notices=self.game_tools,
             earlier=self.incarnations,  # taken back before the first claim (decision 0014)
+            located=self.game_tools.routes.located,
         )
         self.maintenance = BoundedExecutor(
             "maintenance", config.maintenance_workers, config.maintenance_queue

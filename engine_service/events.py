@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from google.protobuf import json_format
@@ -50,6 +52,9 @@ REFILL_WORKERS = 2
 MAX_EVENT_KEY = 128
 """Longest event key a game server may send (the module id is added to make the task key)."""
 NOTICE_SECONDS = 5.0
+WAITING_RECHECK_SECONDS = 3.0
+"""How long after a task started waiting for its player storage is asked whether they are
+connected after all (see EventRunner._recheck_later)."""
 """How long telling a player how their task ended may take before it is given up."""
 
 
@@ -229,8 +234,11 @@ class EventRunner:
         poll_seconds: float = 1.0,
         notices: PlayerNotices | None = None,
         earlier: EarlierIncarnations | None = None,
+        located: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self._engine = engine
+        self._located = located
+        self._rechecks: set[asyncio.Task[None]] = set()
         self._earlier = earlier
         self._notices = notices
         self._telling: set[asyncio.Task[None]] = set()
@@ -259,10 +267,10 @@ class EventRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
-        for run in list(self._runs):
+        for run in [*self._runs, *self._rechecks]:
             run.cancel()
-        if self._runs:
-            await asyncio.gather(*self._runs, return_exceptions=True)
+        if self._runs or self._rechecks:
+            await asyncio.gather(*self._runs, *self._rechecks, return_exceptions=True)
         if self._telling:  # players still hear how their finished tasks ended
             await asyncio.wait(list(self._telling))
 
@@ -361,6 +369,7 @@ class EventRunner:
             raise
         if result is None:
             await steps.finish(journal_pb2.TASK_STATE_WAITING, None)
+            self._recheck_later(claim.task.player_id)
             return
         await steps.finish(_TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED), result)
         if self._notices is not None:
@@ -370,6 +379,24 @@ class EventRunner:
             )
             self._telling.add(telling)
             telling.add_done_callback(self._telling.discard)
+
+    def _recheck_later(self, player_id: str) -> None:
+        """The task waits for its player, but their join may have queued the player's waiting
+        tasks just before this one started waiting (a game server that reconnected to
+        another gateway replica while this run could not reach them): if storage names a
+        replica for them a moment later, their waiting tasks are queued again."""
+        if self._located is None:
+            return
+        located = self._located
+
+        async def recheck() -> None:
+            await asyncio.sleep(WAITING_RECHECK_SECONDS)
+            if await located(player_id) and await self._store.resume(player_id):
+                self.wake()
+
+        task = asyncio.get_running_loop().create_task(recheck(), context=contextvars.Context())
+        self._rechecks.add(task)
+        task.add_done_callback(self._rechecks.discard)
 
     async def _tell(self, player_id: str, server_id: str, result: common_pb2.AgentResult) -> None:
         assert self._notices is not None

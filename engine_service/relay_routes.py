@@ -126,6 +126,19 @@ class RelayRoutes:
         route.last_used = now
         return route
 
+    async def located(self, player_id: str) -> bool:
+        """Whether storage names a gateway replica for the player now (asked anew); False
+        when it names none or cannot be reached."""
+        if self._presence is None:
+            return False
+        try:
+            found = await self._presence.stub.LocatePlayer(
+                presence_pb2.LocatePlayerRequest(player_id=player_id), timeout=LOCATE_SECONDS
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return found.connected
+
     @property
     def addresses(self) -> list[str]:
         """The addresses with an open route (the default target's always)."""

@@ -401,3 +401,43 @@ async def test_an_event_right_after_a_join_waits_for_the_players_presence(chain:
     assert shown.notice.result.status == SUCCEEDED, shown
     assert on_a.tool_calls.count("minecraft:item.give") == 2
     assert world.inventory("steve")["minecraft:diamond"] >= 1
+
+
+async def test_a_task_that_started_waiting_just_after_its_players_join_runs_after_all(
+    chain: Chain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steve's game server moved to replica B and his join queued his waiting tasks; a task
+    already running could not reach him on A (gone), and started waiting only after that. A
+    moment later the engine asks storage, finds him on B, and the task runs."""
+    from engine_service import events
+
+    monkeypatch.setattr(events, "WAITING_RECHECK_SECONDS", 0.2)
+    world = World()
+    on_b = connect_to(chain, "gateway_b", world)
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    await wait_located_at(chain, "gateway_b")
+
+    # The engine still holds replica A's old address for steve, and A is gone.
+    dead = relay_address(chain, "gateway")
+    await chain.apps["gateway"].host.server.stop(0)
+    tools = chain.apps["engine"].game_tools
+    routes = tools.routes
+    real_route = routes.route
+    stale = 2  # the cached route and the fresh lookup both still name A
+
+    async def stale_route(player_id: str, *, fresh: bool = False):  # type: ignore[no-untyped-def]
+        nonlocal stale
+        if player_id == STEVE and stale:
+            stale -= 1
+            routes._located[STEVE] = (dead, float("inf"))
+            return await real_route(player_id)
+        return await real_route(player_id, fresh=fresh)
+
+    monkeypatch.setattr(routes, "route", stale_route)
+    await on_b.event(
+        "steve", "minecraft:advancement", "adv-1", {"advancement": "minecraft:story/mine_diamond"}
+    )
+    shown = await asyncio.wait_for(on_b.notices.get(), 10)  # the reward, after the recheck
+    assert shown.notice.result.status == SUCCEEDED, shown
+    assert on_b.tool_calls.count("minecraft:item.give") == 2
