@@ -471,3 +471,19 @@ async def test_without_storage_no_quote_is_made_and_nothing_is_charged(chain: Ch
 def test_the_offer_validity_is_checked_at_start() -> None:
     with pytest.raises(ConfigError, match="offer_seconds"):
         EngineConfig(offer_seconds=0).validate()
+
+
+async def test_a_purchase_that_never_reached_the_game_server_says_nothing_happened(
+    chain: Chain,
+) -> None:
+    """The engine cannot reach the gateway's relay at all (the call never left): not an
+    unknown outcome but "not done yet", nothing charged, and the order still placed."""
+    client = await chain.steve_and_alex()
+    quoted, confirm = await _quote(client, "alex", "/buy diamond 1")
+    await chain.apps["gateway"].host.server.stop(0)  # the relay port only
+    pressed = await client.press("alex", quoted.reply.result.card, confirm)
+    result = pressed.reply.result
+    assert result.failure.key == "system.error.tool_unavailable", result
+    assert result.card.title == "Not done yet"
+    assert "so nothing happened" in card_lines(pressed)[0]
+    assert client.world.player("alex").balance == STARTING_BALANCE

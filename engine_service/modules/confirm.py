@@ -7,7 +7,8 @@ check of the explicit route source, beside STRUCTURED_ONLY); the offer is taken 
 expired: a failure card, nothing done); an order settled before answers its first outcome,
 nothing done now; otherwise the order is applied under its id, which the game server decides
 once, and settled. A game-server call that fails leaves the order placed and answers
-EFFECT_UNKNOWN: the next press of the same card asks again under the same id.
+EFFECT_UNKNOWN, or, when it certainly never reached the game server (NotDelivered), says that
+nothing happened: either way the next press of the same card asks again under the same id.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from system.engine.v1 import engine_pb2
 from engine_service.modules.text import pick
 from engine_service.offers import OFFER_TAKE, ORDER_SETTLE
 from engine_service.registry import ModuleContext
-from services.results import AgentFailure, ModuleFailure, failed
+from services.results import AgentFailure, ModuleFailure, NotDelivered, failed
 
 __all__ = ["CONFIRM_INPUT", "Applied", "ConfirmTexts", "confirm_offer"]
 
@@ -41,6 +42,14 @@ CONFIRM_INPUT = {
 _BUTTON_ONLY = {
     "zh": "这项操作只能通过确认卡片上的按钮进行。",
     "en": "This is confirmed only with the button on its confirmation card.",
+}
+_NOT_SENT_TITLE = {"zh": "尚未执行", "en": "Not done yet"}
+_NOT_SENT = {
+    "zh": "订单 {order} 尚未执行：没能联系到游戏服务器（{reason}），什么都没有发生。稍后再按一次"
+    "确认按钮即可完成，不会重复执行。",
+    "en": "Order {order} was not carried out: the game server could not be reached ({reason}), "
+    "so nothing happened. Press the confirm button again in a moment to finish it; it will "
+    "not happen twice.",
 }
 _UNKNOWN_TITLE = {"zh": "结果未知", "en": "Outcome unknown"}
 _UNKNOWN = {
@@ -113,6 +122,14 @@ async def confirm_offer(
         return Applied(order["terms"], order["outcome"], replayed=True)
     try:
         outcome = await apply(order)
+    except NotDelivered as failure:
+        # The call certainly never reached the game server: nothing happened, and the order
+        # stays placed for the next press.
+        return failed(
+            failure.failure,
+            pick(_NOT_SENT, language, order=order["order_id"], reason=failure.message),
+            title=pick(_NOT_SENT_TITLE, language),
+        )
     except ModuleFailure as failure:
         return failed(
             AgentFailure.EFFECT_UNKNOWN,
