@@ -48,10 +48,10 @@ from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.schema import check_input, normalise, violation
 from engine_service.steps import TaskSteps
 from engine_service.tools import ToolKind, ToolSpec
-from engine_service.untrusted import DATA_RULE, with_data_rule
 from services.results import AgentFailure, ModuleFailure, card
 from services.runtime.errors import InvalidArgument
 from services.runtime.permissions import CORE_FEATURE
+from services.untrusted import DATA_RULE, with_data_rule
 
 __all__ = [
     "WRITE_SOURCES",

@@ -23,7 +23,6 @@ from engine_service.runs import HistoryStore, LocalRuns, PlayerRuns, Run, RunSta
 from engine_service.schema import check_input
 from engine_service.steps import TaskSteps
 from engine_service.task_store import LeaseLost
-from engine_service.untrusted import plain_result
 from services.results import AgentFailure, ModuleFailure, NotDelivered, failed
 from services.runtime.context import current_request_id, remaining_seconds
 from services.runtime.errors import (
@@ -35,6 +34,7 @@ from services.runtime.errors import (
     Unavailable,
 )
 from services.runtime.permissions import CORE_FEATURE
+from services.untrusted import plain_result
 
 __all__ = [
     "Admission",

@@ -23,14 +23,14 @@ from typing import Any
 from system.model.v1 import model_pb2
 
 from engine_service.context import ExecutionContext
-from engine_service.untrusted import (
+from services.results import AgentFailure, ModuleFailure
+from services.untrusted import (
     PROMPT_DATA_CHARS,
     PromptBudget,
     data_json,
     request_text,
     with_data_rule,
 )
-from services.results import AgentFailure, ModuleFailure
 
 __all__ = [
     "ANSWER_TOOL",

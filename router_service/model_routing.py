@@ -17,6 +17,8 @@ import grpc
 from system.common.v1 import catalog_pb2, common_pb2
 from system.model.v1 import model_pb2, model_pb2_grpc
 
+from services.untrusted import request_text
+
 __all__ = ["CLARIFY", "ModelChoice", "ModelRouter", "capability_catalogue"]
 
 log = logging.getLogger("system.router.model")
@@ -141,7 +143,9 @@ class ModelRouter:
                         {
                             "catalogue": catalogue,
                             "playerLanguage": player.language,
-                            "request": text,
+                            # The asker's own words: the request, cleaned of formatting
+                            # codes and invisible characters like every text the model reads.
+                            "request": request_text(text),
                         },
                         ensure_ascii=False,
                     ),

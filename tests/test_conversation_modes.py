@@ -85,6 +85,13 @@ async def test_standard_mode_answers_small_talk_in_a_short_reply(
         state = (await client.control("alex", gateway_pb2.CONTROL_ACTION_STATE)).state
         assert state.mode == STANDARD and state.mode_is_default
 
+        # The asker's own words reach the router's model cleaned of formatting codes too.
+        _routes_nowhere(fake)
+        fake.script("Hi!")
+        await client.chat("alex", "§chello §lthere\u200b")
+        routed = json.loads(fake.completions[-2].json["messages"][1]["content"])
+        assert routed["request"] == "hello there"
+
 
 async def test_offline_mode_never_calls_a_model(
     tmp_path: pathlib.Path, fake: FakeOpenAIServer

@@ -34,7 +34,10 @@ from engine_service.models import Completion, ToolCall
 from engine_service.modules import BuiltinServices
 from engine_service.modules.reasoning import loop_name
 from engine_service.registry import ModuleRegistry
-from engine_service.untrusted import (
+from engine_service.web_tools import SEARCH_FEATURE, WEB_FETCH, WEB_SEARCH
+from services.gamesim.world import World
+from services.results import card, succeeded
+from services.untrusted import (
     DATA_RULE,
     PromptBudget,
     clean,
@@ -44,9 +47,6 @@ from engine_service.untrusted import (
     plain_result,
     request_text,
 )
-from engine_service.web_tools import SEARCH_FEATURE, WEB_FETCH, WEB_SEARCH
-from services.gamesim.world import World
-from services.results import card, succeeded
 
 PLAYER = "steve"
 COMMAND = engine_pb2.ROUTE_SOURCE_COMMAND

@@ -31,9 +31,9 @@ from engine_service.react import (
     ReActLoop,
     rounds_sparing_one_call,
 )
-from engine_service.untrusted import clean, model_lines
 from engine_service.web_tools import SEARCH_FEATURE, WEB_FETCH, WEB_SEARCH, GateRefusal, WebGate
 from services.results import AgentFailure, ModuleFailure, card, succeeded
+from services.untrusted import clean, model_lines
 
 __all__ = ["answer_question", "research_web"]
 

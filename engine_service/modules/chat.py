@@ -28,8 +28,8 @@ from engine_service.context import ExecutionContext
 from engine_service.modules.reasoning import read_only_tools, reason
 from engine_service.modules.text import language_name, pick
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleRegistry, ModuleSpec
-from engine_service.untrusted import data_block, model_lines, model_text, request_text
 from services.results import AgentFailure, ModuleFailure, card, succeeded
+from services.untrusted import data_block, model_lines, model_text, request_text
 
 __all__ = ["CHAT_POLICY", "ChatModule", "MODE_POLICIES"]
 

@@ -23,8 +23,8 @@ from system.model.v1 import model_pb2
 from engine_service.context import ExecutionContext
 from engine_service.modules.text import language_name
 from engine_service.react import recoverable
-from engine_service.untrusted import data_json, request_text
 from services.results import AgentFailure, ModuleFailure
+from services.untrusted import data_json, request_text
 
 __all__ = ["Composed", "check_citations", "compose"]
 

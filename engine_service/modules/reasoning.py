@@ -25,10 +25,10 @@ from engine_service.modules.compose import Composed, check_citations, compose
 from engine_service.modules.text import language_name, pick
 from engine_service.react import LoopOutcome, LoopTool, ReActLoop, rounds_sparing_one_call
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleRegistry, ModuleSpec
-from engine_service.untrusted import clean, model_lines, model_text
 from engine_service.web_tools import SEARCH_FEATURE
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 from services.runtime.permissions import CORE_FEATURE
+from services.untrusted import clean, model_lines, model_text
 
 __all__ = ["REASONING_POLICY", "ReasoningModule", "loop_name", "offered_tools", "reason"]
 

@@ -37,8 +37,8 @@ from engine_service.registry import (
     SemanticSpec,
 )
 from engine_service.signin_rewards import SigninReward, SigninRewards, load_signin_rewards
-from engine_service.untrusted import clean
 from services.results import ModuleFailure, card, succeeded
+from services.untrusted import clean
 
 __all__ = ["SIGNIN_CLAIM", "SIGNIN_STATUS", "SigninModule", "deterministic_pick", "streak_line"]
 
