@@ -21,6 +21,8 @@ __all__ = ["FrameRefused", "GameServerClient", "GatewayRefused"]
 
 log = logging.getLogger("system.gamesim")
 PROTOCOL_VERSION = 1
+CLOSE_DRAIN_SECONDS = 5.0
+"""Longest `GameServerClient.close` waits for requests in flight before half-closing."""
 
 
 class GatewayRefused(Exception):
@@ -263,6 +265,9 @@ class GameServerClient:
         except grpc.aio.AioRpcError as exc:
             self.ended = GatewayRefused(exc.code(), exc.details() or "")
             self._fail_pending(self.ended)
+        except Exception as exc:  # noqa: BLE001 - a tool result that could not be written
+            self.ended = GatewayRefused(grpc.StatusCode.UNAVAILABLE, f"the stream broke: {exc!r}")
+            self._fail_pending(self.ended)
         finally:
             if self._closed is not None and not self._closed.done():
                 self._closed.set_result(None)
@@ -290,7 +295,12 @@ class GameServerClient:
             await self._closed
 
     async def close(self) -> None:
-        """Half-closes the stream, lets the gateway finish, and closes the channel."""
+        """Lets the requests in flight finish (at most CLOSE_DRAIN_SECONDS: their tool calls
+        need this side of the stream open), half-closes the stream, lets the gateway finish,
+        and closes the channel; a request still unanswered then fails GatewayRefused."""
+        pending = [f for f in self._pending.values() if not f.done()]
+        if pending and self._call is not None:
+            await asyncio.wait(pending, timeout=CLOSE_DRAIN_SECONDS)
         if self._call is not None:
             with contextlib.suppress(Exception):
                 async with self._write_lock:
@@ -301,3 +311,6 @@ class GameServerClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+        self._fail_pending(
+            GatewayRefused(grpc.StatusCode.UNAVAILABLE, "the game server closed its connection")
+        )
