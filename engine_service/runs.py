@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import dataclasses
 import hashlib
 import json
@@ -39,6 +38,7 @@ from typing import Any, NamedTuple, Protocol
 
 from system.common.v1 import common_pb2
 
+from services.runtime import tracing
 from services.runtime.context import current_request_id, request_scope
 from services.runtime.errors import ResourceExhausted
 
@@ -141,8 +141,8 @@ class Run:
 
 def _detached(coro: Awaitable[Any]) -> asyncio.Task[Any]:
     """A task outside the request's context (its deadline must not cut lease upkeep or the
-    finish short)."""
-    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())  # type: ignore[arg-type]
+    finish short), still in the request's trace."""
+    return asyncio.get_running_loop().create_task(coro, context=tracing.detached_context())  # type: ignore[arg-type]
 
 
 class PlayerRuns:

@@ -37,6 +37,7 @@ from services.gateway.validation import (
     shown,
 )
 from services.results import AgentFailure, failed
+from services.runtime import tracing
 from services.runtime.context import new_request_id, request_scope
 from services.runtime.errors import (
     Aborted,
@@ -564,7 +565,13 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         request: gateway_pb2.PlayerRequest,
         busy: str,
     ) -> None:
-        with request_scope(new_request_id(), self._config.request_timeout_seconds):
+        with (
+            request_scope(new_request_id(), self._config.request_timeout_seconds) as request_id,
+            tracing.request_span(
+                "gateway/PlayerRequest",
+                {"system.request_id": request_id, "system.server_id": connection.server_id},
+            ),
+        ):
             try:
                 state = connection.player_state(request.player_id)
                 response = await self._players.handle(player, request, busy, state)

@@ -103,6 +103,13 @@ class ServerConfig:
     longest request (the gateway's `request_timeout_seconds`, 120 s), so that aging never cuts
     one. Long-lived streams of calls move to a new stream well within it
     (`ChannelSettings.stream_seconds`)."""
+    tracing_exporter: str = ""
+    """Where this service's spans go (services.runtime.tracing): "" nowhere (off: no span is
+    made), `console` (one JSON line per span on stderr) or `otlp` (OTLP over HTTP to
+    `OTEL_EXPORTER_OTLP_ENDPOINT`; needs the opentelemetry-exporter-otlp-proto-http
+    package)."""
+    tracing_sample_ratio: float = 1.0
+    """The share of new traces recorded (0..1); a call inside a trace follows its caller."""
 
     def validate(self) -> None:
         """Raises ConfigError for values that cannot work. Subclasses extend it."""
@@ -137,10 +144,32 @@ class ServerConfig:
                 "max_connection_age_seconds is set: with no grace every call open on an aged "
                 "connection is cut; give it more than the longest request"
             )
+        self._validate_tracing()
         problems = self.keepalive().problems()
         if problems:
             raise ConfigError("; ".join(problems))
         self._validate_security()
+
+    def _validate_tracing(self) -> None:
+        from services.runtime.tracing import OTLP_MODULE, TRACING_EXPORTERS
+
+        if self.tracing_exporter not in TRACING_EXPORTERS:
+            raise ConfigError(
+                "tracing_exporter must be empty (off), 'console' or 'otlp', got "
+                f"{self.tracing_exporter!r}"
+            )
+        if self.tracing_exporter == "otlp":
+            try:
+                found = importlib.util.find_spec(OTLP_MODULE) is not None
+            except ModuleNotFoundError:
+                found = False
+            if not found:
+                raise ConfigError(
+                    "tracing_exporter 'otlp' needs the OTLP exporter package "
+                    "(pip install opentelemetry-exporter-otlp-proto-http)"
+                )
+        if not 0.0 <= self.tracing_sample_ratio <= 1.0:
+            raise ConfigError(f"tracing_sample_ratio must be 0..1, got {self.tracing_sample_ratio}")
 
     def _validate_security(self) -> None:
         from services.runtime.security import is_loopback, parse_caller_tokens

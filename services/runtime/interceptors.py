@@ -3,10 +3,12 @@
 Server side, one interceptor for every service: takes the request id and deadline from the
 call into the request context, maps typed `ServiceError`s to status codes, turns anything else
 into INTERNAL (logged with its traceback, never leaked), writes one access-log line per call
-and records Prometheus metrics.
+and records Prometheus metrics. With tracing on (services.runtime.tracing) each call is a
+span, the child of the `traceparent` it came with, current while the handler runs.
 
-Client side: puts the current request id into outgoing metadata and caps each call's timeout
-by the current deadline, so deadlines shrink as a request crosses services.
+Client side: puts the current request id (and, with tracing on, the current `traceparent`)
+into outgoing metadata and caps each call's timeout by the current deadline, so deadlines
+shrink as a request crosses services.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import grpc
 
 from services.runtime import context as request_context
+from services.runtime import tracing
 from services.runtime.context import current_request_id
 from services.runtime.errors import ERROR_REASON_KEY, ServiceError
 from services.runtime.logging import ACCESS_LOGGER, JsonFormatter, access_handler, log_info
@@ -58,6 +61,12 @@ class Method:
         self.service, self.name = _split(method)
         self.latency = RPC_LATENCY.labels(self.service, self.name)
         self._handled: dict[str, Any] = {}
+        self.span_name = method.lstrip("/")
+        self.span_attributes = {
+            "rpc.system": "grpc",
+            "rpc.service": self.service,
+            "rpc.method": self.name,
+        }
 
     def handled(self, code: str) -> Any:
         counter = self._handled.get(code)
@@ -75,17 +84,35 @@ class _Call:
         self.context = context
         self.request_id = ""
         self.authorization = ""
+        traceparent = tracestate = ""
         for key, value in context.invocation_metadata() or ():
             if key == request_context.REQUEST_ID_KEY:
                 self.request_id = str(value)
             elif key == "authorization":
                 self.authorization = str(value)
+            elif key == tracing.TRACEPARENT_KEY:
+                traceparent = str(value)
+            elif key == tracing.TRACESTATE_KEY:
+                tracestate = str(value)
         self.started = time.perf_counter()
         self.code = "OK"
         self._caller: contextvars.Token[str] | None = None
         # The call runs in its request scope from here until `finish`.
         self._tokens = request_context.enter_request(
             self.request_id or None, context.time_remaining()
+        )
+        tracer = tracing.active()
+        self._span = (
+            None
+            if tracer is None
+            else tracing.start_server_span(
+                tracer,
+                method.span_name,
+                method.span_attributes,
+                current_request_id(),
+                traceparent,
+                tracestate,
+            )
         )
 
     def admit(self, guard: CallGuard | None) -> None:
@@ -112,7 +139,7 @@ class _Call:
         )
 
     def finish(self) -> None:
-        """Records the end (metrics, access line) and leaves the request scope."""
+        """Records the end (metrics, access line, span) and leaves the request scope."""
         try:
             self._record()
         finally:
@@ -126,7 +153,11 @@ class _Call:
             status = self.context.code()
             if status is not None and status != grpc.StatusCode.OK:
                 code = status.name
-        record_call(self.info, code, time.perf_counter() - self.started)
+        try:
+            record_call(self.info, code, time.perf_counter() - self.started)
+        finally:
+            if self._span is not None:
+                tracing.end_server_span(self._span, code)
 
 
 def record_call(method: Method, code: str, elapsed: float) -> None:
@@ -297,8 +328,8 @@ class ContextClientInterceptor(
     grpc.aio.StreamUnaryClientInterceptor,
     grpc.aio.StreamStreamClientInterceptor,
 ):
-    """Adds the request id (and the service's credential) to metadata and caps the timeout by
-    the current deadline."""
+    """Adds the request id, the trace context when tracing is on, and the service's credential
+    to metadata, and caps the timeout by the current deadline."""
 
     def __init__(
         self, default_timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
@@ -312,6 +343,8 @@ class ContextClientInterceptor(
         # Metadata is a collection of (key, value) pairs whose `in` tests a key.
         if request_id and request_context.REQUEST_ID_KEY not in metadata:  # type: ignore[comparison-overlap]
             metadata.add(request_context.REQUEST_ID_KEY, request_id)
+        if tracing.active() is not None:
+            tracing.inject(metadata)
         timeout = request_context.remaining_seconds(details.timeout or self.default_timeout)
         return grpc.aio.ClientCallDetails(
             details.method, timeout, metadata, details.credentials, details.wait_for_ready

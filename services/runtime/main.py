@@ -13,6 +13,7 @@ from typing import Any, Protocol, TypeVar
 from services.runtime.config import ConfigError, ServerConfig, load_config
 from services.runtime.logging import configure_logging
 from services.runtime.server import ServiceHost
+from services.runtime.tracing import configure_tracing
 from services.runtime.workers import supervise
 
 __all__ = ["App", "run_service"]
@@ -66,6 +67,8 @@ def _loop_runner(event_loop: str) -> Callable[[Coroutine[Any, Any, None]], None]
 
 def _run(name: str, create_app: Callable[[C], Awaitable[App]], config: C) -> int:
     """Runs one serving process to completion; returns its exit status."""
+    # Here, in the serving process (a forked worker's own): the exporter's thread is its own.
+    provider = configure_tracing(name, config.tracing_exporter, config.tracing_sample_ratio)
     try:
         _loop_runner(config.event_loop)(_serve(create_app, config))
     except ConfigError as exc:  # found while assembling, e.g. conflicting module registrations
@@ -74,6 +77,9 @@ def _run(name: str, create_app: Callable[[C], Awaitable[App]], config: C) -> int
     except OSError as exc:
         logging.getLogger("system.server").error("%s", exc)
         return 1
+    finally:
+        if provider is not None:
+            provider.shutdown()  # sends the spans still buffered
     return 0
 
 

@@ -15,7 +15,8 @@ Server: `MultiplexServer.serve` runs each call on the stream as its own task thr
 handler its unary RPC uses, so a call does and answers exactly what the unary call would; per
 call it keeps what the server interceptor keeps for a unary call (request scope with the
 call's request id and `timeout_ms` as its deadline, error mapping, metrics, one access-log
-line, named `<Service>/Multiplex/<Method>`).
+line, named `<Service>/Multiplex/<Method>`, and with tracing on a span of that name, the
+child of the call's own `traceparent`).
 
 Client: `MultiplexClient` opens the stream on first use and again after it broke, and raises
 `grpc.aio.AioRpcError` like a unary call would, with the `x-error-reason` trailing metadata,
@@ -52,6 +53,7 @@ from google.protobuf.message import DecodeError, Message
 from system.common.v1.stream_pb2 import StreamedAnswer, StreamedCall
 
 from services.runtime import context as request_context
+from services.runtime import tracing
 from services.runtime.channels import ChannelSettings, Dependency, open_channel
 from services.runtime.errors import ERROR_REASON_KEY, NOT_SENT, never_sent
 from services.runtime.interceptors import Method, error_status, record_call
@@ -225,12 +227,24 @@ class MultiplexServer:
         answers: asyncio.Queue[Any] = asyncio.Queue()
         in_flight: dict[int, asyncio.Task[None]] = {}
 
-        async def run(
-            call_id: int, name: str, request: Any, request_id: str, timeout_ms: int
-        ) -> None:
-            _, handler, method = self._routes[name]
+        async def run(call: StreamedCall, request: Any) -> None:
+            call_id = call.call_id
+            _, handler, method = self._routes[call.method]
             tokens = request_context.enter_request(
-                request_id or None, timeout_ms / 1000 if timeout_ms else None
+                call.request_id or None, call.timeout_ms / 1000 if call.timeout_ms else None
+            )
+            tracer = tracing.active()
+            span = (
+                None
+                if tracer is None
+                else tracing.start_server_span(
+                    tracer,
+                    method.span_name,
+                    method.span_attributes,
+                    request_context.current_request_id(),
+                    call.traceparent,
+                    call.tracestate,
+                )
             )
             started = time.perf_counter()
             code = "OK"
@@ -246,6 +260,8 @@ class MultiplexServer:
             finally:
                 del in_flight[call_id]
                 record_call(method, code, time.perf_counter() - started)
+                if span is not None:
+                    tracing.end_server_span(span, code)
                 request_context.leave_request(tokens)
             answers.put_nowait(answer)
 
@@ -267,7 +283,7 @@ class MultiplexServer:
                 return
             # A context of its own per call: its request scope (id, deadline) is its own.
             in_flight[call.call_id] = loop.create_task(
-                run(call.call_id, call.method, request, call.request_id, call.timeout_ms),
+                run(call, request),
                 context=contextvars.Context(),
             )
 
@@ -413,6 +429,8 @@ class MultiplexClient:
         )
         if timeout is not None:
             call.timeout_ms = max(1, int(timeout * 1000))
+        if tracing.active() is not None:
+            call.traceparent, call.tracestate = tracing.current_traceparent()
         stream.submit(call)
         timer = None
         if timeout is not None:
