@@ -8,6 +8,7 @@ import asyncio
 import json
 import pathlib
 
+import grpc
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 
@@ -161,6 +162,18 @@ async def test_a_revoked_player_is_refused_at_once_and_after_a_reconnect_until_g
             assert "revoked" in answer.failure.message
         assert (await client.chat("alex", "/help")).reply.result.status == SUCCEEDED
 
+        # His game events are refused too: an advancement gives a revoked player nothing.
+        await client.event(
+            "steve",
+            "minecraft:advancement",
+            "adv-1",
+            {"advancement": "minecraft:story/mine_diamond"},
+        )
+        await wait_until(lambda: client.frame_errors, what="the event refused")
+        refusal = client.frame_errors[-1]
+        assert refusal.request_id == "adv-1" and "revoked" in refusal.message
+        assert refusal.code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+
         # A reconnect does not undo it: the gateway reads the binding from storage.
         again = await chain.client()
         await again.join("steve", "Steve", "zh_cn")
@@ -174,6 +187,15 @@ async def test_a_revoked_player_is_refused_at_once_and_after_a_reconnect_until_g
         # An offline player hears it when they join.
         later = (await again.chat("op", "/system revoke nobody")).reply.result
         assert card_lines(later) == ["The player is offline: in force when they next join."]
+        # An offline revoked player's events are refused as well: their binding is read.
+        await again.event(
+            "nobody",
+            "minecraft:advancement",
+            "adv-2",
+            {"advancement": "minecraft:story/mine_diamond"},
+        )
+        await wait_until(lambda: again.frame_errors, what="the offline player's event refused")
+        assert again.frame_errors[-1].request_id == "adv-2"
         bad = (await again.chat("op", "/system revoke a/b")).reply.result
         assert bad.failure.key == "system.error.invalid_input"
 

@@ -313,14 +313,19 @@ class PlayerRequests:
         online: bool,
         refused: Callable[[grpc.StatusCode, str], None],
         arrived: Awaitable[object] | None = None,
+        state: PlayerState | None = None,
     ) -> None:
-        """Hands a game event to the engine, once `arrived` is done (as for `resume_tasks`);
-        `refused(code, message)` is called if the engine refuses it or cannot be reached (the
-        game server may resend with the same key)."""
+        """Hands a game event to the engine, once `arrived` is done (as for `resume_tasks`),
+        unless an administrator revoked the player (`state`: what the gateway knows of them);
+        `refused(code, message)` is called then, or if the engine refuses it or cannot be
+        reached (the game server may resend with the same key)."""
 
         async def submit() -> None:
             if arrived is not None:
                 await arrived
+            if await self._revoked(player, state if state is not None else PlayerState()):
+                refused(grpc.StatusCode.PERMISSION_DENIED, _REVOKED)
+                return
             try:
                 await self.engine.stub.SubmitEvent(
                     engine_pb2.SubmitEventRequest(

@@ -18,7 +18,7 @@ from system.router.v1 import router_pb2
 
 from services.gateway.config import PROTOCOL_VERSION, GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, RunningRequest
-from services.gateway.players import PlayerRequests
+from services.gateway.players import PlayerRequests, PlayerState
 from services.gateway.presence import PresenceReporter
 from services.gateway.scopes import PlayerScopes, split
 from services.gateway.tokens import TokenBook
@@ -458,8 +458,16 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
         def refused(code: grpc.StatusCode, message: str) -> None:
             self._refused(connection, event.event_key, code.name, shown(message, 1024))
 
+        # An online player's standing is what this connection keeps of them; an offline
+        # player's is read for the event.
+        state = connection.player_state(event.player_id) if online else PlayerState()
         self._players.submit_event(
-            player, event, online, refused, self._arrival(player.player_id) if online else None
+            player,
+            event,
+            online,
+            refused,
+            self._arrival(player.player_id) if online else None,
+            state,
         )
 
     # -- requests --------------------------------------------------------------------------------
