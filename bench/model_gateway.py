@@ -611,13 +611,22 @@ async def run_fallback(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     }
 
 
+def _run_line(result: dict[str, Any], command: str = "") -> str:
+    """When and where a run was made, and the machine's load before and after it."""
+    machine = result["machine"]
+    line = (
+        f"Run {result['when']} on {machine['cpu']} ({machine['cores']} cores), Python "
+        f"{machine['python']}. `uptime` at the start: `{result.get('uptime_start', '?')}`; at "
+        f"the end: `{result['uptime']}`."
+    )
+    return f"{line} Command: `{command}`." if command else line
+
+
 def _fallback_markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Model gateway: fallback between providers",
         "",
-        f"Run {result['when']} on {result['machine']['cpu']} ({result['machine']['cores']} cores), "
-        f"Python {result['machine']['python']}. `uptime` at the start: "
-        f"`{result.get('uptime_start', '?')}`; at the end: `{result['uptime']}`.",
+        _run_line(result),
         "",
         "Complete through two gateways (metering off), each with two providers in its default "
         "list, all local test servers (echo reply, streamed). `both healthy`: both answer every "
@@ -652,10 +661,7 @@ def _budgets_markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Model gateway: the cost of the nested budget check",
         "",
-        f"Run {result['when']} on {result['machine']['cpu']} ({result['machine']['cores']} cores), "
-        f"Python {result['machine']['python']}. `uptime` at the start: "
-        f"`{result.get('uptime_start', '?')}`; at the end: `{result['uptime']}`. Command: "
-        "`python -m bench.model_gateway --budgets`.",
+        _run_line(result, "python -m bench.model_gateway --budgets"),
         "",
         "Complete through the gateway with metering off (`gateway`), with the flat daily token "
         "budgets on leases (`gateway+metering`), with the nested budgets (ranks, game server, "
@@ -708,9 +714,7 @@ def _markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Model gateway overhead",
         "",
-        f"Run {result['when']} on {result['machine']['cpu']} ({result['machine']['cores']} cores), "
-        f"Python {result['machine']['python']}. `uptime` at the start: "
-        f"`{result.get('uptime_start', '?')}`; at the end: `{result['uptime']}`.",
+        _run_line(result),
         "",
         "A chat completion against the local test server (echo reply, streamed): the `openai` "
         "client calling it directly (`chat.completions.create`, chunks parsed into its models, "

@@ -107,14 +107,7 @@ class RelayRoutes:
         if cached is not None and cached[1] > now:
             address = cached[0]
         elif self._presence is not None:
-            self.lookups += 1
-            try:
-                found = await self._presence.stub.LocatePlayer(
-                    presence_pb2.LocatePlayerRequest(player_id=player_id), timeout=LOCATE_SECONDS
-                )
-            except grpc.aio.AioRpcError as exc:
-                log.info("player not located (%s); using the gateway target", exc.code().name)
-                found = None
+            found = await self._locate(player_id)
             if found is not None and found.connected and found.address:
                 address = found.address
                 self._located[player_id] = (address, now + self.route_seconds)
@@ -129,15 +122,22 @@ class RelayRoutes:
     async def located(self, player_id: str) -> bool:
         """Whether storage names a gateway replica for the player now (asked anew); False
         when it names none or cannot be reached."""
+        found = await self._locate(player_id)
+        return found is not None and found.connected
+
+    async def _locate(self, player_id: str) -> presence_pb2.LocatePlayerResponse | None:
+        """Storage's answer for the player; None without presence or when storage could not
+        say."""
         if self._presence is None:
-            return False
+            return None
+        self.lookups += 1
         try:
-            found = await self._presence.stub.LocatePlayer(
+            return await self._presence.stub.LocatePlayer(
                 presence_pb2.LocatePlayerRequest(player_id=player_id), timeout=LOCATE_SECONDS
             )
-        except grpc.aio.AioRpcError:
-            return False
-        return found.connected
+        except grpc.aio.AioRpcError as exc:
+            log.info("player not located (%s); using the gateway target", exc.code().name)
+            return None
 
     @property
     def addresses(self) -> list[str]:

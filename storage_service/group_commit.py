@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import random
@@ -67,6 +68,7 @@ from storage_service.fastsql import pipelined
 from storage_service.ledgers import Writes, lock_in_order
 
 __all__ = [
+    "declared",
     "CONFLICT_ATTEMPTS",
     "DEFAULT_MAX_GROUP",
     "Declared",
@@ -150,6 +152,11 @@ class Declared:
 
     def __call__(self, session: Session) -> Any:
         return self._unit(session)
+
+
+def declared(work: Callable[..., Any], writes: Writes, **arguments: Any) -> Declared:
+    """`work(session, **arguments)` as a unit of a group, which writes `writes`' rows."""
+    return Declared(functools.partial(work, **arguments), writes)
 
 
 def run_group(sessions: sessionmaker[Session], units: Sequence[Unit]) -> list[Any]:

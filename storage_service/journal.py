@@ -265,28 +265,6 @@ class JournalStore:
 
     transition_task = _own_transaction(transition_task_in)
 
-    def transition_task_unit(
-        self,
-        task_id: str,
-        state: int,
-        expected_state: int = TS.TASK_STATE_UNSPECIFIED,
-        result: common_pb2.AgentResult | None = None,
-        fence: journal_pb2.Fence | None = None,
-    ) -> Callable[[Session], journal_pb2.EventTask]:
-        """`transition_task_in` as work for a caller's transaction (a group), which writes the
-        task's player's rows."""
-        return Declared(
-            functools.partial(
-                self.transition_task_in,
-                task_id=task_id,
-                state=state,
-                expected_state=expected_state,
-                result=result,
-                fence=fence,
-            ),
-            Writes(tasks=(task_id,)),
-        )
-
     # -- receipts ------------------------------------------------------------------------------
 
     def record_step_in(
@@ -335,30 +313,6 @@ class JournalStore:
 
     record_step = _own_transaction(record_step_in)
 
-    def record_step_unit(
-        self,
-        step_id: str,
-        task_id: str,
-        position: int,
-        tool: str,
-        fence: journal_pb2.Fence | None = None,
-        completed: Sequence[journal_pb2.CompletedStep] = (),
-    ) -> Callable[[Session], tuple[journal_pb2.StepReceipt, bool]]:
-        """`record_step_in` as work for a caller's transaction (a group), which writes the
-        task's player's rows."""
-        return Declared(
-            functools.partial(
-                self.record_step_in,
-                step_id=step_id,
-                task_id=task_id,
-                position=position,
-                tool=tool,
-                fence=fence,
-                completed=completed,
-            ),
-            Writes(tasks=(task_id,), steps=tuple(step.step_id for step in completed)),
-        )
-
     def complete_step_in(
         self,
         session: Session,
@@ -383,28 +337,6 @@ class JournalStore:
         return receipt_message(row)
 
     complete_step = _own_transaction(complete_step_in)
-
-    def complete_step_unit(
-        self,
-        step_id: str,
-        tool: str,
-        result: bytes,
-        codec_id: str,
-        fence: journal_pb2.Fence | None = None,
-    ) -> Callable[[Session], journal_pb2.StepReceipt]:
-        """`complete_step_in` as work for a caller's transaction (a group), which writes the
-        step's player's rows."""
-        return Declared(
-            functools.partial(
-                self.complete_step_in,
-                step_id=step_id,
-                tool=tool,
-                result=result,
-                codec_id=codec_id,
-                fence=fence,
-            ),
-            Writes(steps=(step_id,)),
-        )
 
     def get_step(self, step_id: str, tool: str) -> journal_pb2.StepReceipt:
         """The receipt for replay; FAILED_PRECONDITION when it was recorded for another tool."""

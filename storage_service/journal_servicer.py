@@ -11,8 +11,9 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.multiplex import MultiplexServer
 from storage_service.dbcall import run_db
-from storage_service.group_commit import GroupCommitter
+from storage_service.group_commit import GroupCommitter, declared
 from storage_service.journal import JournalStore
+from storage_service.ledgers import Writes
 from storage_service.runs import RunStore
 
 __all__ = ["JournalServicer"]
@@ -122,7 +123,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> journal_pb2.TransitionTaskResponse:
         task = await self._write(
-            self._store.transition_task_unit(
+            declared(
+                self._store.transition_task_in,
+                Writes(tasks=(request.task_id,)),
                 task_id=request.task_id,
                 state=request.state,
                 expected_state=request.expected_state,
@@ -136,7 +139,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         self, request: journal_pb2.RecordStepRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.RecordStepResponse:
         receipt, created = await self._write(
-            self._store.record_step_unit(
+            declared(
+                self._store.record_step_in,
+                Writes(tasks=(request.task_id,), steps=tuple(s.step_id for s in request.completed)),
                 step_id=request.step_id,
                 task_id=request.task_id,
                 position=request.position,
@@ -151,7 +156,9 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         self, request: journal_pb2.CompleteStepRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.CompleteStepResponse:
         receipt = await self._write(
-            self._store.complete_step_unit(
+            declared(
+                self._store.complete_step_in,
+                Writes(steps=(request.step_id,)),
                 step_id=request.step_id,
                 tool=request.tool,
                 result=request.result,

@@ -21,33 +21,48 @@ from system.model.v1 import model_pb2_grpc
 from services.model_gateway.app import create_app
 from services.model_gateway.config import ModelConfig
 
-__all__ = ["Gateway", "gateways"]
+__all__ = ["Gateway", "Gateways", "gateways"]
 
 Gateway = Callable[..., Awaitable[model_pb2_grpc.ModelGatewayServiceStub]]
 
 _HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 
 
-@contextlib.asynccontextmanager
-async def gateways(**defaults: Any) -> AsyncIterator[Gateway]:
-    """Yields `start(**overrides)`, which starts a gateway and returns a stub on it; every
-    gateway started is stopped on exit. Metering is off (`storage_target` empty) unless a
-    setting names a storage service."""
-    started: list[tuple[Any, grpc.aio.Channel]] = []
+class Gateways:
+    """`start(**overrides)` starts a gateway and returns a stub on it (see `gateways`)."""
 
-    async def start(**overrides: Any) -> model_pb2_grpc.ModelGatewayServiceStub:
-        config = ModelConfig(**{**_HOST, "storage_target": "", **defaults, **overrides})
+    def __init__(self, defaults: dict[str, Any]) -> None:
+        self._defaults = defaults
+        self.started: list[tuple[Any, grpc.aio.Channel]] = []
+
+    async def __call__(self, **overrides: Any) -> model_pb2_grpc.ModelGatewayServiceStub:
+        config = ModelConfig(**{**_HOST, "storage_target": "", **self._defaults, **overrides})
         config.validate()
         app = await create_app(config)
         await app.host.start()
         channel = grpc.aio.insecure_channel(app.host.target)
-        started.append((app, channel))
+        self.started.append((app, channel))
         return model_pb2_grpc.ModelGatewayServiceStub(channel)
 
-    try:
-        yield start
-    finally:
-        for app, channel in started:
+    async def settled(self) -> None:
+        """Waits for every gateway's background settles, so the recorded usage can be read."""
+        for app, _ in self.started:
+            await app.meter.drain()
+
+    async def aclose(self) -> None:
+        for app, channel in self.started:
             await channel.close()
             await app.host.stop()
             await app.aclose()
+
+
+@contextlib.asynccontextmanager
+async def gateways(**defaults: Any) -> AsyncIterator[Gateways]:
+    """Yields a `Gateways` (call it with overrides to start one); every gateway started is
+    stopped on exit. Metering is off (`storage_target` empty) unless a setting names a storage
+    service."""
+    started = Gateways(defaults)
+    try:
+        yield started
+    finally:
+        await started.aclose()

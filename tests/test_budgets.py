@@ -22,7 +22,6 @@ from sqlalchemy import select
 from system.model.v1 import model_pb2, model_pb2_grpc
 from system.storage.v1 import player_data_pb2
 
-from services.model_gateway.app import create_app
 from services.model_gateway.config import ModelConfig
 from services.model_testserver import FakeOpenAIServer
 from services.runtime.config import ConfigError
@@ -31,6 +30,7 @@ from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
 from storage_service.usage_records import BudgetCounterRow
+from tests.model_gateways import Gateways
 
 KEY = "test-key"
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
@@ -83,7 +83,8 @@ class Deployment:
         self.tmp = tmp
         self.database_url = database_url
         self.storage: Any = None
-        self.started: list[tuple[Any, grpc.aio.Channel]] = []
+        self.gateways: Gateways | None = None
+        self.budget_files = 0
         self.providers = tmp / "providers.toml"
         self.providers.write_text(
             f'[providers.fake]\npreset = "custom"\nbase_url = "{fake.base_url}"\n'
@@ -94,31 +95,27 @@ class Deployment:
     async def start_storage(self) -> None:
         self.storage = await create_storage(StorageConfig(database_url=self.database_url, **HOST))
         await self.storage.host.start()
+        self.gateways = Gateways(
+            {
+                "providers_file": str(self.providers),
+                "storage_target": self.storage.host.target,
+                "retry_backoff_seconds": 0.01,
+                **NO_LEASES,
+            }
+        )
 
     async def gateway(
         self, budgets: str, **overrides: Any
     ) -> model_pb2_grpc.ModelGatewayServiceStub:
-        path = self.tmp / f"budgets-{len(self.started)}.toml"
+        assert self.gateways is not None
+        self.budget_files += 1
+        path = self.tmp / f"budgets-{self.budget_files}.toml"
         path.write_text(budgets)
-        settings: dict[str, Any] = {
-            **HOST,
-            "providers_file": str(self.providers),
-            "budgets_file": str(path),
-            "storage_target": self.storage.host.target,
-            "retry_backoff_seconds": 0.01,
-            **NO_LEASES,
-        }
-        config = ModelConfig(**{**settings, **overrides})
-        config.validate()
-        app = await create_app(config)
-        await app.host.start()
-        channel = grpc.aio.insecure_channel(app.host.target)
-        self.started.append((app, channel))
-        return model_pb2_grpc.ModelGatewayServiceStub(channel)
+        return await self.gateways(budgets_file=str(path), **overrides)
 
     async def settled(self) -> None:
-        for app, _ in self.started:
-            await app.meter.drain()
+        assert self.gateways is not None
+        await self.gateways.settled()
 
     def counter(self, budget: str, period: str | None = None) -> tuple[int, int, int, int]:
         """(used tokens, held tokens, used micros, held micros) of a budget counter row."""
@@ -143,10 +140,8 @@ class Deployment:
         )
 
     async def close(self) -> None:
-        for app, channel in self.started:
-            await channel.close()
-            await app.host.stop()
-            await app.aclose()
+        if self.gateways is not None:
+            await self.gateways.aclose()
         if self.storage is not None:
             await self.storage.host.stop()
             await self.storage.aclose()

@@ -31,6 +31,7 @@ from services.runtime.errors import Unavailable
 from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
+from tests.model_gateways import Gateways, gateways
 from tests.service_process import ServiceProcess
 from tests.waiting import wait_until
 
@@ -77,45 +78,17 @@ async def storage_stubs(
         )
 
 
-class Gateways:
-    """Starts gateway replicas against `fake` and `storage`; `settled()` waits for their
-    background settles, so the recorded usage can be read."""
-
-    def __init__(self, fake: FakeOpenAIServer, storage: str) -> None:
-        self._fake = fake
-        self._storage = storage
-        self.started: list[tuple[Any, grpc.aio.Channel]] = []
-
-    async def __call__(self, **overrides: Any) -> model_pb2_grpc.ModelGatewayServiceStub:
-        settings: dict[str, Any] = {
-            **HOST,
-            "base_url": self._fake.base_url,
-            "api_key": KEY,
-            "storage_target": self._storage,
-            "search_url": self._fake.root_url,
-            "retry_backoff_seconds": 0.01,
-        }
-        config = ModelConfig(**{**settings, **overrides})
-        config.validate()
-        app = await create_app(config)
-        await app.host.start()
-        channel = grpc.aio.insecure_channel(app.host.target)
-        self.started.append((app, channel))
-        return model_pb2_grpc.ModelGatewayServiceStub(channel)
-
-    async def settled(self) -> None:
-        for app, _ in self.started:
-            await app.meter.drain()
-
-
 @pytest.fixture
 async def gateway(fake: FakeOpenAIServer, storage: str) -> AsyncIterator[Gateways]:
-    gateways = Gateways(fake, storage)
-    yield gateways
-    for app, channel in gateways.started:
-        await channel.close()
-        await app.host.stop()
-        await app.aclose()
+    """Gateway replicas against `fake`, metered in `storage`."""
+    async with gateways(
+        base_url=fake.base_url,
+        api_key=KEY,
+        storage_target=storage,
+        search_url=fake.root_url,
+        retry_backoff_seconds=0.01,
+    ) as started:
+        yield started
 
 
 async def _usage(
