@@ -39,6 +39,8 @@ from router_service.semantic import (
     parse_semantic_config,
     reload_changes,
 )
+from router_service.semantic.guards import changes_state
+from router_service.semantic.spelling import Speller
 from services.runtime.config import ConfigError
 
 # --- fixtures ---------------------------------------------------------------------------------
@@ -551,6 +553,90 @@ def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
     assert check_guards("don't cancel it", declared) == "negation"
     # The same marker in other company is still a guard: `it` after `read` is a reference.
     assert check_guards("read it", declared) == "reference"
+
+
+@pytest.mark.parametrize(
+    ("text", "changes"),
+    [
+        ("delete my alarm", True),
+        ("twelve am removed", True),  # inflected forms are read as their verb
+        ("i cancelled the meeting", True),
+        ("the plug was switched off", True),
+        ("turned on the lamp", True),
+        ("deleting events for friday", True),
+        ("setting an alarm", True),
+        ("grabbed the sword", True),
+        ("erase my next event", True),  # undo words beside the guards' lists
+        ("把闹钟删掉", True),
+        ("取消明天的会议", True),
+        ("buy a sword", True),
+        ("show me my alarms", False),
+        ("open my settings", False),  # a noun is not an inflected verb
+        ("what is the weather", False),
+        ("查看我的邮件", False),
+    ],
+)
+def test_changes_state_reads_write_change_and_undo_words_in_any_form(
+    text: str, changes: bool
+) -> None:
+    assert changes_state(text) is changes
+
+
+def test_speller_reads_a_swapped_letter_typo_as_the_catalogues_word() -> None:
+    speller = Speller(
+        [
+            "open the shop",
+            "show my history",
+            "check my mail",
+            "look up minecraft:diamond",
+            "a tale",
+            "teal paint",
+            "this one",
+            "from spawn",
+        ],
+        known=["form"],
+        plain=["this"],
+    )
+    assert speller.correct("opne the shop") == "open the shop"
+    assert speller.correct("shwo my histroy") == "show my history"
+    assert speller.correct("any new mial?") == "any new mail?"
+    assert speller.correction("mial") == "mail"
+    # A word the router knows is never corrected, even one swap from another (`form`, `from`).
+    assert speller.correction("form") is None
+    assert speller.correction("shop") is None
+    # Two catalogue words one swap away: no guess (`tael` is `tale` or `teal`).
+    assert speller.correction("tael") is None
+    # Never into a stopword or generic word, never a short word; no other edit than a swap.
+    assert speller.correction("thsi") is None
+    assert speller.correction("teh") is None
+    assert speller.correction("mal") is None  # a dropped letter is not corrected
+    assert speller.correction("mall") is None  # nor a changed one
+    # An inflection of an example word is read as the word (the analyzer only stems plurals).
+    assert speller.correction("checked") == "check"
+    assert speller.correction("checking") == "check"
+    assert speller.correction("histories") == "history"
+    assert speller.correction("shopping") == "shop"  # a doubled last consonant undone
+    assert speller.correct("shopping for paints") == "shop for paint"
+    # An item registry id is the extractor's: kept as typed.
+    assert speller.correct("look up minecraft:daimond") == "look up minecraft:daimond"
+    assert Speller([], [], []).correct("opne") == "opne"
+
+
+def test_a_typo_routes_as_the_word_while_guards_and_arguments_read_what_was_typed(
+    analyzer: Analyzer,
+) -> None:
+    router = _router(analyzer, PROFILES)
+    typo = router.decide("opne the shop", "en")
+    assert typo.outcome == "direct" and typo.module_id == "system:shop"
+    # The speller is what routes it.
+    unspelled = _router(analyzer, PROFILES)
+    unspelled._speller = None
+    assert unspelled.decide("opne the shop", "en").outcome == "no_direct"
+    # A guard typed beside the typo still fires.
+    assert router.decide("don't opne the shop", "en").gate_failed == "guard:negation"
+    # The extractor reads the text as typed: the id is not "corrected".
+    item = router.decide("look up itme minecraft:daimond", "en")
+    assert item.outcome == "direct" and item.input == {"item_id": "minecraft:daimond"}
 
 
 def test_a_module_declares_the_markers_of_its_extra_examples_too(analyzer: Analyzer) -> None:

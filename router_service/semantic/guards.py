@@ -91,20 +91,24 @@ COMPOUND = Guard("compound", _pattern(
     ["然后", "并且", "而且", "再", "还要", "还有", "同时", "接着", "以及", "和", "跟", "与", "及",
      "或者", "还是", "顺便", "另外", "、", ";", r"\+"],
 ))
+_WRITE_EN = [
+    "claim", "buy", "purchase", "pay", "paid", "payment", "redeem", "sell", "sign in", "sign-in",
+    "signin", "check in", "check-in", "checkin", "log in", "login", "execute", "run", "submit",
+    "confirm", "accept", "abandon", "trade", "transfer", "spend", "order", "checkout",
+    "check out", "recharge", "top up", "give", "send"]
 WRITE = Guard("write", _pattern(
-    ["claim", "buy", "purchase", "pay", "paid", "payment", "redeem", "sell", "sign in", "sign-in",
-     "signin", "check in", "check-in", "checkin", "log in", "login", "execute", "run", "submit",
-     "confirm", "accept", "abandon", "trade", "transfer", "spend", "order", "checkout",
-     "check out", "recharge", "top up", "give", "send"],
+    _WRITE_EN,
     ["执行", "领取", "领", "购买", "买", "支付", "付款", "付钱", "签到", "打卡", "兑换", "出售", "卖",
      "赠送", "送给", "转账", "提交", "确认", "下单", "充值", "交易", "接受", "放弃", "发送", "给我一",
      "送我"],
 ), lift="never")
 # Words that change state, but that a read request may use too (`the alarm set for six`,
 # `what's turned on`): a module's examples may declare them with the word before them.
+_CHANGE_EN = [
+    "delete", "remove", "clear", "reset", "set", "change", "enable", "disable", "turn on",
+    "turn off", "equip", "craft me", "collect", "receive", "take", "get me", "grab"]
 CHANGE = Guard("write", _pattern(
-    ["delete", "remove", "clear", "reset", "set", "change", "enable", "disable", "turn on",
-     "turn off", "equip", "craft me", "collect", "receive", "take", "get me", "grab"],
+    _CHANGE_EN,
     ["删除", "清空", "清除", "修改", "更改", "改成", "改为", "设为", "设置为", "开启", "关闭", "启用",
      "禁用", "装备上", "拿", "收下", "提取"],
 ), lift="left")
@@ -174,23 +178,51 @@ def check_guards(text: str, declared: Collection[Marker] = frozenset()) -> str |
     return None
 
 
-# More words that undo or remove something, beside `CHANGE`'s: not guards (`cancel it` is a
-# reference guard's business, `取消打开商店` a negation's), only what `changes_state` reads.
+# Words that undo something, beside `CHANGE`'s: not guards (`cancel it` is a reference guard's
+# business, `取消打开商店` a negation's), only what `changes_state` reads. Inflected forms
+# (`cancelled`, `removed`, `switched off`) are found by `_lemmas`, not listed.
 # fmt: off
-_UNDO = _pattern(
-    ["cancel", "cancell?ed", "erase", "delete[sd]?", "deleting", "remove[sd]?", "removing",
-     "clear(?:ed|s)?", "turned off", "switch(?:ed)? off", "undo"],
-    ["取消", "撤销", "删掉", "删了"],
-)
+_UNDO_EN = ["cancel", "erase", "undo", "switch on", "switch off"]
+_UNDO = _pattern(_UNDO_EN, ["取消", "撤销", "删"])
 # fmt: on
+_STATE = (WRITE.pattern, CHANGE.pattern, _UNDO)
+# The verbs the write, change and undo words start with (`turn` of `turn off`): an inflected
+# token (`removed`, `deleting`, `turned`, `cancelled`) is read as its base form where that
+# base is one of them.
+_VERBS = frozenset(
+    w.split()[0] for w in (*_WRITE_EN, *_CHANGE_EN, *_UNDO_EN) if w.split()[0].isalpha()
+)
+_LATIN = re.compile(r"[a-z]+")
+
+
+def _base(word: str) -> str:
+    """`word` with an English inflection (-s, -es, -d, -ed, -ing; a doubled last consonant
+    undone) taken off where what is left is one of `_VERBS`; else `word`."""
+    if word in _VERBS:
+        return word
+    for suffix in ("ing", "ed", "es", "s", "d"):
+        if word.endswith(suffix):
+            stem = word[: -len(suffix)]
+            for base in (stem, stem + "e", stem[:-1] if stem[-2:-1] == stem[-1:] else ""):
+                if base in _VERBS:
+                    return base
+    return word
+
+
+def _lemmas(prepared: str) -> str:
+    """`prepared` with inflected write, change and undo verbs in their base form."""
+    return _LATIN.sub(lambda m: _base(m.group()), prepared)
 
 
 def changes_state(text: str) -> bool:
     """Whether `text` holds a write or state-changing word, declared or not: `WRITE` (`buy`,
     `claim`), `CHANGE` (`delete`, `set`, `turn off`, `删除`) or an undoing word (`cancel`,
-    `erased`, `取消`)."""
+    `取消`), in any inflected form (`erased`, `switched off`)."""
     prepared = _prepare(text)
-    return any(p.search(prepared) for p in (WRITE.pattern, CHANGE.pattern, _UNDO))
+    if any(p.search(prepared) for p in _STATE):
+        return True
+    lemmas = _lemmas(prepared)
+    return lemmas != prepared and any(p.search(lemmas) for p in _STATE)
 
 
 def fired_guards(text: str) -> list[str]:

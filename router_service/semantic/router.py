@@ -39,6 +39,12 @@ first.
 Both coverages use `minCoverage`; thresholds come from `lexicalThresholds` (`module@lang`,
 then `module`) or `defaultThreshold`.
 
+Before matching, a Latin word the router does not know that is one of the examples' words with
+two neighbouring letters swapped (`opne`, `histroy`), or else inflected (`deleted`, `talking`),
+is read as that word (`spelling.Speller`,
+every scorer mode); the guards and the change rule read both the typed and the corrected text
+(either fires), the argument extractor the typed one.
+
 The probability scorer (`classifier.ModuleScorer`, trained here at start when the start config
 says `strict` or `calibrated`) looks only at a text that already passed the profile-kind gates, the
 guards and the argument extractor, so it can never let a write, a guarded request, a hints,
@@ -69,6 +75,7 @@ from router_service.semantic.guards import (
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
 from router_service.semantic.ngram import NgramScorer, ScorerTop
 from router_service.semantic.profiles import Profile
+from router_service.semantic.spelling import Speller
 from router_service.semantic.text import ITEM, NUM, Analysis, Analyzer, normalize
 from services.runtime.config import ConfigError
 
@@ -213,6 +220,7 @@ class SemanticRouter:
             if texts and sum(map(changes_state, texts)) >= CHANGE_SHARE * len(texts)
         )
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
+        self._speller = _speller(profiles, config, self._index) if self._index else None
         trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
         self._scorer = (
             ModuleScorer.train(self._index)
@@ -298,9 +306,12 @@ class SemanticRouter:
             return no("language")
         if not normalized:
             return no("empty")
-        analysis = index.analyze(normalized)
+        # Typos of the catalogue's words are read as those words for matching (`spelling.py`);
+        # the guards read both forms, the extractor what was typed.
+        matched_text = self._speller.correct(normalized) if self._speller else normalized
+        analysis = index.analyze(matched_text)
         match = index.match(
-            normalized,
+            matched_text,
             lang,
             allowed=allowed,
             limit=MAX_CANDIDATES + self._rejects,
@@ -330,7 +341,17 @@ class SemanticRouter:
             return no("not_direct_profile", **scores)
         if config.scorer.mode == "ngram":
             return self._decide_ngram(
-                text, normalized, lang, allowed, analysis, match, profile, scores, no, started
+                text,
+                normalized,
+                matched_text,
+                lang,
+                allowed,
+                analysis,
+                match,
+                profile,
+                scores,
+                no,
+                started,
             )
         scorer = self._scorer if config.scorer.mode in ("strict", "calibrated") else None
         if scorer is not None:
@@ -353,7 +374,7 @@ class SemanticRouter:
         )
         if failed and not may_stand_in:
             return no(failed[0], **scores)
-        guard = check_guards(normalized, self._declared_for(profile.module_id, lang))
+        guard = self._guard(normalized, matched_text, profile.module_id, lang)
         if guard is not None:
             return no(f"guard:{guard}", **scores)
         arguments = extract(profile.extractor, text)
@@ -372,6 +393,15 @@ class SemanticRouter:
             route="gates",
             **scores,
         )
+
+    def _guard(self, normalized: str, matched_text: str, module_id: str, lang: str) -> str | None:
+        """The first guard that fires for `module_id` on the typed text, else on its spelling
+        correction (a correction never hides a guard, and a corrected `cancle` is one)."""
+        declared = self._declared_for(module_id, lang)
+        guard = check_guards(normalized, declared)
+        if guard is None and matched_text != normalized:
+            guard = check_guards(matched_text, declared)
+        return guard
 
     def _declared_for(self, module_id: str, lang: str) -> frozenset[Marker]:
         """The guard markers `module_id`'s examples in `lang` use (`declared_markers`)."""
@@ -396,6 +426,7 @@ class SemanticRouter:
         self,
         text: str,
         normalized: str,
+        matched_text: str,
         lang: str,
         allowed: Collection[str] | None,
         analysis: Analysis,
@@ -430,11 +461,11 @@ class SemanticRouter:
                 or (allowed is not None and chosen not in allowed)
                 or top.margin + _EPSILON < scores["scorer_threshold"]
                 or not _scorer_covers(top, failed, self._config.min_coverage)
-                or ((chosen, lang) in self._changes and not changes_state(normalized))
+                or ((chosen, lang) in self._changes and not _changes(normalized, matched_text))
             ):
                 return no(failed[0], **scores)
             profile, route = chosen_profile, "scorer"
-        guard = check_guards(normalized, self._declared_for(profile.module_id, lang))
+        guard = self._guard(normalized, matched_text, profile.module_id, lang)
         if guard is not None:
             return no(f"guard:{guard}", **scores)
         arguments = extract(profile.extractor, text)
@@ -532,9 +563,34 @@ class SemanticRouter:
         normalized = normalize(text)
         if index is None or not normalized or len(normalized) > limit:
             return ()
+        if self._speller is not None:
+            normalized = self._speller.correct(normalized)
         return index.match(
             normalized, lang, allowed=allowed, limit=MAX_CANDIDATES + self._rejects
         ).candidates
+
+
+def _speller(profiles: list[Profile], config: SemanticConfig, index: SemanticIndex) -> Speller:
+    """The catalogue's speller: its examples' words (the config's extra examples too) are the
+    corrections; the lexicon's words, stopwords and generic words are never corrected."""
+    lexicon = index.analyzer.lexicon
+    plain = [w for words in (*lexicon.stopwords.values(), *lexicon.generic.values()) for w in words]
+    return Speller(
+        (
+            text
+            for p in profiles
+            for source in (p.examples, config.examples.get(p.module_id, {}))
+            for texts in source.values()
+            for text in texts
+        ),
+        [*(w for table in lexicon.synonyms.values() for w in table), *plain],
+        plain,
+    )
+
+
+def _changes(normalized: str, matched_text: str) -> bool:
+    """`changes_state` of the typed text or of its spelling correction."""
+    return changes_state(normalized) or (matched_text != normalized and changes_state(matched_text))
 
 
 def _has_word(analysis: Analysis) -> bool:

@@ -1,0 +1,116 @@
+"""Typo tolerance for local matching, from the catalogue's own words (issue 17, round 4).
+
+Players mistype (`opne the shop`, `shwo my chat histroy`, `inbxo`). A mistyped word is a word
+the catalogue does not know, so it lowers the score and the margin and, as an unknown content
+word, stops the n-gram scorer's route: on the own corpus 3 of 38 English typo cases routed.
+`Speller.correct` reads a Latin word the router does not know as the word of the catalogue's
+examples it becomes when two neighbouring letters are swapped back, when there is exactly one;
+failing that, as the example word it inflects (`-s`, `-es`, `-d`, `-ed`, `-ing`, a doubled last
+consonant undone: `deleted` -> `delete`, `lists` -> `list`, `talking` -> `talk`), when there is
+exactly one (the analyzer's own stemming only takes plurals off, and the character n-grams of
+`talking` are not those of `talk`).
+
+Only the swap: a letter changed, added or dropped turns too many real words into catalogue
+words (measured on the development set's held-out draws: `clean` to `clear`, `ready` to `read`,
+`rewind` to `remind`, `wrote` to `write`, `favourite` to `favorite`), while two real words one
+swap apart (`form`, `from`) are rare, and the router never corrects a word it knows.
+
+- Only Latin words of at least `MIN_LENGTH` letters, outside item registry ids (an id is the
+  extractor's and is kept as typed: `minecraft:diamnod` is a wrong id, not a typo to fix).
+- Never a word the router knows: any word of the examples, the lexicon's words, stopwords and
+  generic words.
+- Only into a word of the examples that is not a stopword or generic word, at least
+  `MIN_LENGTH` long (an inflection's base at least 3).
+
+What it changes is the text the index and the n-gram scorer match; the guards read both the
+typed and the corrected text (either firing stops a route, so a correction never hides a
+negation or a write word, and `ordering` read as `order` is one), and the argument extractor
+reads what was typed. Chinese typos (IME
+homophones, `打开伤店`) are not corrected: they are not swaps, and the Han character n-grams
+already share what is left.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from router_service.semantic.text import ITEM_ID, normalize
+
+__all__ = ["MIN_LENGTH", "Speller"]
+
+MIN_LENGTH = 4
+"""Shortest word corrected, and shortest correction."""
+
+_LATIN = re.compile(r"[a-z]+")
+
+
+_SUFFIXES = ("s", "es", "d", "ed", "ing")
+"""English inflections an unknown word may carry on an example word (no `-er`, `-ly`: those
+make other words, `player`, `lately`)."""
+
+
+def _bases(word: str) -> set[str]:
+    """The forms of `word` with one inflection taken off (`played`: `play`, `playe`; `tries`:
+    `try`; `setting`: `sett`, `sette`, `set`)."""
+    out = {word[:-3] + "y"} if word.endswith(("ies", "ied")) else set()
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            stem = word[: -len(suffix)]
+            out |= {stem, stem + "e"}
+            if len(stem) > 3 and stem[-1] == stem[-2]:
+                out.add(stem[:-1])
+    return out
+
+
+def _swaps(word: str) -> set[str]:
+    """`word` with each pair of neighbouring (different) letters swapped, one pair at a time."""
+    return {
+        word[:i] + word[i + 1] + word[i] + word[i + 2 :]
+        for i in range(len(word) - 1)
+        if word[i] != word[i + 1]
+    }
+
+
+class Speller:
+    """Reads swapped-letter typos and inflections of the catalogue's words as those words.
+    Immutable; thread-safe."""
+
+    def __init__(self, examples: Iterable[str], known: Iterable[str], plain: Iterable[str]) -> None:
+        """
+        Args:
+            examples: the catalogue's example texts, every language.
+            known: other words or phrases never corrected (the lexicon's words, stopwords,
+                generic words).
+            plain: words never corrected *into* (stopwords, generic words).
+        """
+        words = {w for text in examples for w in _LATIN.findall(normalize(text))}
+        plain_words = {w for phrase in plain for w in _LATIN.findall(normalize(phrase))}
+        self._known = frozenset(
+            {*words, *(w for phrase in known for w in _LATIN.findall(normalize(phrase)))}
+        )
+        self._targets = frozenset(w for w in words if len(w) >= MIN_LENGTH and w not in plain_words)
+        self._bases = frozenset(w for w in words if len(w) >= 3 and w not in plain_words)
+
+    def correction(self, word: str) -> str | None:
+        """The one word of the examples that `word` is a swapped-letter typo of, else the one
+        it inflects; None when `word` is known, short, or has no single such word."""
+        if len(word) < MIN_LENGTH or word in self._known:
+            return None
+        found = _swaps(word) & self._targets or _bases(word) & self._bases
+        return next(iter(found)) if len(found) == 1 else None
+
+    def correct(self, normalized: str) -> str:
+        """`normalized` (a `normalize`d text) with its typos corrected; the same string when
+        there are none. Item registry ids are left as typed."""
+        if not self._bases:
+            return normalized
+        spans = [m.span() for m in ITEM_ID.finditer(normalized)]
+
+        def fix(match: re.Match[str]) -> str:
+            word = match.group()
+            if any(a <= match.start() < b for a, b in spans):
+                return word
+            return self.correction(word) or word
+
+        return _LATIN.sub(fix, normalized)
