@@ -22,6 +22,8 @@ from grpc_health.v1 import health_pb2
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import (
+    card_book_pb2,
+    card_book_pb2_grpc,
     intent_cache_pb2,
     intent_cache_pb2_grpc,
     journal_pb2,
@@ -38,6 +40,8 @@ from system.storage.v1 import (
 
 from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
+from storage_service.card_book import CardBookStore
+from storage_service.card_book_servicer import CardBookServicer
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine, pool_capacity
 from storage_service.dbcall import use_executor
@@ -57,6 +61,7 @@ from storage_service.presence import PresenceStore
 from storage_service.presence_servicer import PresenceServicer
 from storage_service.runs import RunStore
 from storage_service.servicer import StorageServicer
+from storage_service.task_metrics import TaskMetrics
 from storage_service.usage import UsageLedger
 
 __all__ = ["SERVICE_NAME", "SERVICE_NAMES", "StorageApp", "create_app"]
@@ -86,6 +91,8 @@ ACCESS = AccessPolicy(
         # engine's relay client (decision 0023).
         _S + "PresenceService": ["gateway"],
         _S + "PresenceService/LocatePlayer": ["engine"],
+        # The cards each player was shown: gateway replicas alone (decision 0030).
+        _S + "CardBookService": ["gateway"],
         # The routers' shared exact intent cache (decision 0024): router replicas alone.
         _S + "IntentCacheService": ["router"],
         # Not listed, so operators' tooling alone: PutKnowledge, DeleteKnowledge.
@@ -112,6 +119,7 @@ SERVICE_NAMES = [
     _name(knowledge_pb2, "KnowledgeService"),
     _name(presence_pb2, "PresenceService"),
     _name(intent_cache_pb2, "IntentCacheService"),
+    _name(card_book_pb2, "CardBookService"),
 ]
 
 
@@ -207,6 +215,11 @@ class StorageApp:
             ),
         )
         intents = IntentCacheServicer(self.intent_cache)
+        self.card_book = CardBookStore(sessions)
+        # The event backlog for autoscalers (system_storage_event_tasks_claimable), counted from
+        # when the services serve.
+        self.task_metrics = TaskMetrics(sessions)
+        cards = CardBookServicer(self.card_book)
         gated = _GatedHost(
             "storage",
             config,
@@ -221,6 +234,7 @@ class StorageApp:
                 lambda s: intent_cache_pb2_grpc.add_IntentCacheServiceServicer_to_server(
                     intents, s
                 ),
+                lambda s: card_book_pb2_grpc.add_CardBookServiceServicer_to_server(cards, s),
             ],
             SERVICE_NAMES,
             access=ACCESS,
@@ -257,6 +271,7 @@ class StorageApp:
         log.log(logging.WARNING if newer else logging.INFO, "storage serving: %s", state.describe())
 
     async def aclose(self) -> None:
+        await self.task_metrics.stop()
         use_executor(None, replacing=self.executor)
         self.executor.shutdown(wait=False)
         await asyncio.to_thread(self.committer.close)
@@ -271,4 +286,5 @@ async def create_app(config: StorageConfig) -> StorageApp:
     app = StorageApp(config, engine, wait_for_schema=not config.run_migrations)
     if config.starter_knowledge and config.run_migrations:
         await asyncio.to_thread(seed_starter, app.knowledge)
+    app.task_metrics.start(after=app.ready)
     return app

@@ -191,7 +191,7 @@ async def test_card_actions_are_checked_against_the_card_they_came_from(
     )
     assert_failed(response, "system.error.stale_card")
     assert response.reply.result.failure.message == (
-        "That card is no longer active (it is from before a reconnect, or too old); ask again."
+        "That card is no longer active (too old, or not one sent to you); ask again."
     )
     assert dict(response.reply.result.failure.args) == {"card_id": "forged", "version": "1"}
 

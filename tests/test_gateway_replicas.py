@@ -1,7 +1,9 @@
 """Two gateway replicas over one storage and one engine, all real gRPC servers on loopback
 (decision 0023): the engine's game-tool calls and notices reach a player on whichever replica
 their game server is connected to, a game server reconnecting to the other replica takes its
-players over, and a replica that stops renewing its lease is ignored once the lease ends.
+players over, and a replica that stops renewing its lease is ignored once the lease ends; a
+card a replica sent is pressed on the other one after the game server moved there (decision
+0030).
 
 The engine's `gateway_target` names replica B (`running_chain(gateway_replicas=2)`), so a
 player on replica A is reached only through the presence recorded in storage."""
@@ -17,7 +19,7 @@ import pytest
 from sqlalchemy import delete, select
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
-from system.storage.v1 import presence_pb2, presence_pb2_grpc
+from system.storage.v1 import card_book_pb2, card_book_pb2_grpc, presence_pb2, presence_pb2_grpc
 
 from services.gamesim.client import FrameRefused, GameServerClient
 from services.gamesim.world import World
@@ -441,3 +443,80 @@ async def test_a_task_that_started_waiting_just_after_its_players_join_runs_afte
     shown = await asyncio.wait_for(on_b.notices.get(), 10)  # the reward, after the recheck
     assert shown.notice.result.status == SUCCEEDED, shown
     assert on_b.tool_calls.count("minecraft:item.give") == 2
+
+
+def _button(card: common_pb2.Card, label: str) -> common_pb2.CardButton:
+    return next(b for b in card.buttons if b.label == label)
+
+
+async def test_a_card_sent_by_one_replica_is_pressed_on_the_other(chain: Chain) -> None:
+    """Steve pages his mail on replica A; his game server fails over to replica B. On B the
+    newest version's button works and is numbered on, the older version is refused, and so
+    is a button the card never carried."""
+    world = World()
+    on_a = connect_to(chain, "gateway", world)
+    await on_a.connect()
+    await on_a.join("steve", "Steve", "en_us")
+    first = (await on_a.chat("steve", "/mail")).reply.result.card
+    page2 = (await on_a.press("steve", first, _button(first, "Next page"))).reply.result.card
+    assert (page2.ref.card_id, page2.ref.version) == (first.ref.card_id, 2)
+    a = chain.apps["gateway"].card_books
+    assert await a.written(5.0), "A wrote steve's cards to storage"
+    assert a.settled
+
+    await on_a.close()
+    on_b = connect_to(chain, "gateway_b", world)
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    stale = (await on_b.press("steve", first, _button(first, "Next page"))).reply.result
+    assert stale.failure.key == "system.error.stale_card"
+    assert stale.failure.message.startswith(
+        "That card was updated (version 2 is on screen, the button was on version 1)"
+    )
+    forged = common_pb2.CardButton()
+    forged.CopyFrom(_button(page2, "Previous page"))
+    forged.args["input"] = '{"page": 7}'
+    refused = (await on_b.press("steve", page2, forged)).reply.result
+    assert refused.failure.message == "That button is not on the card; use the card's own buttons."
+    back = (await on_b.press("steve", page2, _button(page2, "Previous page"))).reply.result
+    assert back.status == SUCCEEDED and back.card.title.endswith("page 1 of 2)"), back
+    assert (back.card.ref.card_id, back.card.ref.version) == (first.ref.card_id, 3)
+    again = (await on_b.press("steve", page2, _button(page2, "Previous page"))).reply.result
+    assert again.failure.key == "system.error.stale_card"
+
+
+async def test_a_press_on_a_card_written_after_the_book_was_read_reads_it_again(
+    chain: Chain,
+) -> None:
+    """Replica B read steve's book at his first request there; a card another replica sent
+    lands in storage after that (its write was still on the way). A press on it makes B read
+    storage again, and it runs; a card no replica sent is still refused."""
+    on_b = connect_to(chain, "gateway_b", World())
+    await on_b.connect()
+    await on_b.join("steve", "Steve", "en_us")
+    assert (await on_b.chat("steve", "/help")).reply.result.status == SUCCEEDED
+    button = common_pb2.CardButton(
+        action_id="invoke", label="/help", args={"module_id": "system:help", "input": "{}"}
+    )
+    cards = card_book_pb2_grpc.CardBookServiceStub(chain.channel("storage"))
+    await cards.SaveCards(
+        card_book_pb2.SaveCardsRequest(
+            cards=[
+                card_book_pb2.StoredCard(
+                    player_id=STEVE,
+                    card_id="from-a",
+                    version=4,
+                    template="system:help",
+                    buttons=[button],
+                )
+            ]
+        ),
+        timeout=5,
+    )
+    sent = common_pb2.Card(ref=common_pb2.CardRef(card_id="from-a", version=4), buttons=[button])
+    pressed = (await on_b.press("steve", sent, button)).reply
+    assert pressed.module_id == "system:help" and pressed.result.status == SUCCEEDED
+    sent.ref.card_id = "from-nowhere"
+    refused = (await on_b.press("steve", sent, button)).reply.result
+    assert refused.failure.key == "system.error.stale_card"
+    assert refused.failure.message.startswith("That card is no longer active")

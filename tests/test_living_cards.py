@@ -67,20 +67,31 @@ async def test_a_selection_card_closes_once_a_choice_is_made(tmp_path: pathlib.P
         assert again.failure.message == "That card was closed; ask again."
 
 
-async def test_reconnecting_forgets_the_cards_of_the_old_connection(
+async def test_a_reconnected_game_server_keeps_its_players_cards(
     tmp_path: pathlib.Path,
 ) -> None:
+    """The book outlives the connection (decision 0030): the newest version's buttons work on
+    the new connection, an older version's are still refused, and the next update is numbered
+    above what was on screen. The old connection's writes need not have landed yet: what this
+    replica has not written is joined into what storage answers."""
     async with running_chain(tmp_path) as chain:
         client = await chain.steve_and_alex()
-        helped = (await client.chat("alex", "/help")).reply.result.card
-        button = _button(helped, "/history")
-        assert (await client.press("alex", helped, button)).reply.module_id == "system:history"
+        first = (await client.chat("steve", "/mail")).reply.result.card
+        page2 = (await client.press("steve", first, _button(first, "下一页"))).reply.result.card
+        assert page2.ref.version == 2
         fresh = await chain.client()
-        await fresh.join("alex", "Alex", "en_us")
-        old = (await fresh.press("alex", helped, button)).reply.result
-        assert old.failure.key == STALE
-        state = await fresh.control("alex", gateway_pb2.CONTROL_ACTION_STATE)
+        await fresh.join("steve", "Steve", "zh_cn")
+        late = (await fresh.press("steve", first, _button(first, "下一页"))).reply.result
+        assert late.failure.key == STALE
+        assert late.failure.message.startswith("这张卡片已更新（当前是第 2 版，按钮来自第 1 版）")
+        state = await fresh.control("steve", gateway_pb2.CONTROL_ACTION_STATE)
         assert not state.state.busy  # the refusal ran nothing
+        back = (await fresh.press("steve", page2, _button(page2, "上一页"))).reply.result
+        assert back.status == SUCCEEDED
+        assert (back.card.ref.card_id, back.card.ref.version) == (first.ref.card_id, 3)
+        # Page 2 is stale once the press on it made page 1 the third version.
+        again = (await fresh.press("steve", page2, _button(page2, "上一页"))).reply.result
+        assert again.failure.key == STALE
 
 
 async def test_typing_claim_presses_the_button_of_the_card_being_viewed(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.relay.v1 import relay_pb2, relay_pb2_grpc
 
+from services.gateway.card_books import CardBookStore
 from services.gateway.config import GatewayConfig
 from services.gateway.connection import ConnectionRegistry
 from services.gateway.players import PlayerRequests
@@ -20,15 +21,21 @@ PUBLIC_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["GameGatewayService"].f
 RELAY_SERVICE = relay_pb2.DESCRIPTOR.services_by_name["ToolRelayService"].full_name
 SERVICE_NAMES = [PUBLIC_SERVICE, RELAY_SERVICE]
 
-ACCESS = AccessPolicy({RELAY_SERVICE: ["engine"]})
-"""Who may call the internal port: engine replicas relay game-tool calls and notices."""
+ACCESS = AccessPolicy(
+    {RELAY_SERVICE: ["engine"], f"{RELAY_SERVICE}/NotifyPlayer": ["engine", "model"]}
+)
+"""Who may call the internal port: engine replicas relay game-tool calls and notices; the model
+gateway only notices (budget alerts to administrators, NotifyPlayer with min_permission_level)."""
 
 
 class GatewayApp:
     """The running gateway and what it owns."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        self.connections = ConnectionRegistry()
+        # The cards each player was shown, in storage, so that a press on a card this
+        # replica sent is checked on another one after a failover (decision 0030).
+        self.card_books = CardBookStore(config.storage_target, config.channel_settings())
+        self.connections = ConnectionRegistry(self.card_books)
         self.players = PlayerRequests(
             config.router_target,
             config.engine_target,
@@ -80,6 +87,7 @@ class GatewayApp:
         return config.advertised_address(port) if port else ""
 
     async def aclose(self) -> None:
+        await self.card_books.aclose()
         await self.presence.aclose()
         await self.players.aclose()
 
@@ -87,4 +95,5 @@ class GatewayApp:
 async def create_app(config: GatewayConfig) -> GatewayApp:
     app = GatewayApp(config)
     app.presence.start()
+    app.card_books.start()
     return app

@@ -13,6 +13,7 @@ from prometheus_client import Counter
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 
+from services.gateway.card_books import CardBookStore
 from services.gateway.players import PlayerState
 from services.gateway.validation import shown
 from services.runtime.errors import NotFound, Unavailable
@@ -102,6 +103,9 @@ class Connection:
         self.ended: tuple[str, str] | None = None
         """(status code name, message) when the gateway ended the connection."""
         self.notices_dropped = 0
+        self.card_books: CardBookStore | None = None
+        """Where its players' card books are kept beyond the connection (decision 0030);
+        None: in this connection alone. Set by the registry."""
         self._outbox: collections.deque[_Outgoing] = collections.deque()
         self._outbox_bytes = 0
         self._frames_limit = outbox_frames
@@ -167,7 +171,12 @@ class Connection:
         """What the gateway remembers of a joined player (by the game server's own id)."""
         state = self.states.get(player_id)
         if state is None:
-            state = self.states[player_id] = PlayerState()
+            player = self.players.get(player_id)
+            if self.card_books is not None and player is not None:
+                state = PlayerState(cards=self.card_books.book(player.player_id))
+            else:
+                state = PlayerState()
+            self.states[player_id] = state
         return state
 
     def _full(self, size: int) -> bool:
@@ -264,13 +273,16 @@ class Connection:
 class ConnectionRegistry:
     """Open connections by server id, and the connection each scoped player is attached to."""
 
-    def __init__(self) -> None:
+    def __init__(self, card_books: CardBookStore | None = None) -> None:
         self._by_server: dict[str, Connection] = {}
         self._attached: dict[str, Connection] = {}
+        self.card_books = card_books
+        """Where the connections' card books are kept (decision 0030), if anywhere."""
 
     def add(self, connection: Connection) -> Connection | None:
         """Registers `connection`; returns the older connection of the same server it
         replaces (the caller ends it), if one was still registered."""
+        connection.card_books = self.card_books
         older = self._by_server.get(connection.server_id)
         self._by_server[connection.server_id] = connection
         return older
@@ -283,6 +295,10 @@ class ConnectionRegistry:
 
     def server(self, server_id: str) -> Connection | None:
         return self._by_server.get(server_id)
+
+    def connections(self) -> list[Connection]:
+        """Every open connection (a notice to every game server)."""
+        return list(self._by_server.values())
 
     def attach(self, scoped_id: str, connection: Connection) -> Connection | None:
         """Attaches the player to `connection`; returns the other connection they were

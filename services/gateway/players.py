@@ -113,7 +113,8 @@ class PlayerState:
     request is refused. None until first read from storage; a relayed binding change sets it
     at once."""
     cards: CardBook = dataclasses.field(default_factory=CardBook)
-    """The cards sent to the player on this connection, for checking their button presses."""
+    """The cards sent to the player, for checking their button presses: kept in storage too,
+    so those sent on an earlier connection or another replica count (decision 0030)."""
     preferences: storage_pb2.PlayerPreferences | None = None
     """The player's preferences; None until first read from storage. This gateway is the only
     writer of preferences (their frames and the settings card's buttons come through it), so
@@ -362,6 +363,7 @@ class PlayerRequests:
                 )
                 return response
             if kind in ("chat", "invoke", "card_action"):
+                await state.cards.load()  # the cards sent on an earlier connection (0030)
                 player = self._in_force(player, await self._preferences_of(player, state), state)
             if kind == "chat":
                 result, module_id = await self._chat(
@@ -551,7 +553,7 @@ class PlayerRequests:
         card, or a button it did not carry, runs nothing. An answer that is a new card of the
         pressed card's template updates the pressed card (same id, next version); a selection
         card is closed once a choice was made."""
-        refusal = state.cards.refusal(action, player.language)
+        refusal = await state.cards.check(action, player.language)
         pressed = state.cards.shown(action.source.card_id)
         if refusal is not None or pressed is None:
             result = failed(AgentFailure.STALE_CARD, refusal or "that card is no longer active")
