@@ -146,6 +146,7 @@ class EngineApp:
             notices=self.game_tools,
             earlier=self.incarnations,  # taken back before the first claim (decision 0014)
             located=self.game_tools.routes.located,
+            remember=self.game_tools.routes.remember,  # claims say where players are
         )
         self.maintenance = BoundedExecutor(
             "maintenance", config.maintenance_workers, config.maintenance_queue

@@ -222,6 +222,11 @@ class EventRunner:
         earlier: asked once, before the first claim, to end the leases of this replica's
             earlier incarnations (asked again at each poll while storage cannot be reached;
             given up on, with a warning, when storage refuses). None: their leases expire.
+        located: whether storage names a gateway replica for a player now (a waiting task's
+            recheck). None: no recheck.
+        remember: told, for each claimed task whose claim says where its player is, the
+            player and that gateway replica's address, so the task's game-tool calls go
+            there without a lookup of their own (RelayRoutes.remember). None: not told.
     """
 
     def __init__(
@@ -235,9 +240,11 @@ class EventRunner:
         notices: PlayerNotices | None = None,
         earlier: EarlierIncarnations | None = None,
         located: Callable[[str], Awaitable[bool]] | None = None,
+        remember: Callable[[str, str], None] | None = None,
     ) -> None:
         self._engine = engine
         self._located = located
+        self._remember = remember
         self._rechecks: set[asyncio.Task[None]] = set()
         self._earlier = earlier
         self._notices = notices
@@ -317,6 +324,8 @@ class EventRunner:
                 log.warning("claiming event tasks failed: %s", exc)
                 claims = []
             for claim in claims:
+                if self._remember is not None and claim.gateway_address:
+                    self._remember(claim.task.player_id, claim.gateway_address)
                 run = asyncio.create_task(self._hold(claim))
                 self._runs.add(run)
                 run.add_done_callback(self._runs.discard)

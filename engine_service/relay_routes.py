@@ -3,8 +3,9 @@
 A player's game server is connected to one gateway replica; storage's PresenceService says
 which, and at what internal address. `RelayRoutes` asks it (keeping each answer for
 ROUTE_SECONDS, dropped early when that replica answers that the player is not connected
-there) and keeps one relay stream per replica address, each on its own channel
-(services.runtime.channels), closed once idle for IDLE_SECONDS. A player storage knows no
+there; a task's claim carries the answer too, `remember`) and keeps one relay stream per
+replica address, each on its own channel (services.runtime.channels), closed once idle for
+IDLE_SECONDS. A player storage knows no
 replica for (offline, or presence not written yet, or storage not reachable) goes to the
 configured `gateway_target`: with one gateway replica that is where every player is.
 """
@@ -118,6 +119,12 @@ class RelayRoutes:
             route = self._routes[address] = self._open(address)
         route.last_used = now
         return route
+
+    def remember(self, player_id: str, address: str) -> None:
+        """Storage said (with a task's claim) that the player is attached to the replica at
+        `address`: used as a lookup's answer would be, for `route_seconds`."""
+        if address and self._presence is not None:
+            self._located[player_id] = (address, time.monotonic() + self.route_seconds)
 
     async def located(self, player_id: str) -> bool:
         """Whether storage names a gateway replica for the player now (asked anew); False

@@ -44,6 +44,9 @@ class Claim:
 
     task: journal_pb2.EventTask
     fence: journal_pb2.Fence
+    gateway_address: str = ""
+    """The internal address of the gateway replica the task's player was attached to at the
+    claim, as storage said; empty when it knew none."""
 
 
 def _storage_error(exc: grpc.aio.AioRpcError, what: str) -> Exception:
@@ -171,7 +174,8 @@ class TaskStore:
         return True
 
     async def claim(self, owner: str, max_tasks: int, lease_seconds: int) -> list[Claim]:
-        """Claims runnable tasks (QUEUED, or RUNNING whose lease expired)."""
+        """Claims runnable tasks (QUEUED, or RUNNING whose lease expired), each with where its
+        player is."""
         response = await self._dep.stub.ClaimTasks(
             journal_pb2.ClaimTasksRequest(
                 owner=owner, max_tasks=max_tasks, lease_seconds=lease_seconds
@@ -182,6 +186,7 @@ class TaskStore:
             Claim(
                 claim.task,
                 journal_pb2.Fence(lease_name=claim.lease.name, token=claim.lease.token),
+                claim.gateway_address,
             )
             for claim in response.claims
         ]

@@ -43,7 +43,7 @@ from storage_service.batch_groups import _CommitSender, _SendableCommit, send_ba
 from storage_service.batches import BatchRow, _Batch, apply_batch
 from storage_service.claims import MAX_CLAIM, MAX_CLAIM_PLAYERS, claim_tasks
 from storage_service.dialect import OneStatement, utc_now
-from storage_service.group_commit import Declared, run_group
+from storage_service.group_commit import Declared, declared, run_group
 from storage_service.journal_records import (
     MAX_TASK_ID,
     TS,
@@ -66,6 +66,7 @@ from storage_service.leases import (
     renew,
 )
 from storage_service.ledgers import JournalBounds, Writes, receipt_size, task_size
+from storage_service.presence import locate_players
 from storage_service.receipts import complete_step, record_step
 from storage_service.tasks import (
     DEFAULT_PAGE_SIZE,
@@ -163,19 +164,61 @@ class JournalStore:
         initial_state: int = TS.TASK_STATE_UNSPECIFIED,
     ) -> tuple[journal_pb2.EventTask, bool, int]:
         """(task, created, evicted); see the module function."""
-        now = self._now()
-        with self._sessions.begin() as session:
-            row, created, evicted = create_task(
-                session,
-                self._bounds,
-                now,
+        return self.transaction(
+            functools.partial(
+                self.create_task_in,
                 player_id=player_id,
                 module_id=module_id,
                 input=input,
                 event_key=event_key,
                 initial_state=initial_state,
             )
-            return task_message(row), created, evicted
+        )
+
+    def create_task_unit(
+        self,
+        player_id: str,
+        module_id: str,
+        input: struct_pb2.Struct | None,
+        event_key: str,
+        initial_state: int = TS.TASK_STATE_UNSPECIFIED,
+    ) -> Declared:
+        """`create_task_in` as a unit of a group (storage_service.group_commit), which writes
+        the player's rows. The player id is checked now: the group takes the player's lock
+        with it before the unit runs, and a malformed one is refused INVALID_ARGUMENT without
+        reaching the database."""
+        check_player_id(player_id)
+        return declared(
+            self.create_task_in,
+            Writes(players=(player_id,)),
+            player_id=player_id,
+            module_id=module_id,
+            input=input,
+            event_key=event_key,
+            initial_state=initial_state,
+        )
+
+    def create_task_in(
+        self,
+        session: Session,
+        player_id: str,
+        module_id: str,
+        input: struct_pb2.Struct | None,
+        event_key: str,
+        initial_state: int = TS.TASK_STATE_UNSPECIFIED,
+    ) -> tuple[journal_pb2.EventTask, bool, int]:
+        """`create_task` inside the session's transaction."""
+        row, created, evicted = create_task(
+            session,
+            self._bounds,
+            self._now(),
+            player_id=player_id,
+            module_id=module_id,
+            input=input,
+            event_key=event_key,
+            initial_state=initial_state,
+        )
+        return task_message(row), created, evicted
 
     def get_task(self, task_id: str) -> journal_pb2.EventTask:
         _check_id(task_id, "task_id", MAX_TASK_ID)
@@ -212,7 +255,9 @@ class JournalStore:
     ) -> list[journal_pb2.TaskClaim]:
         """Claims up to `max_tasks` runnable tasks, oldest first: QUEUED tasks (of
         `player_ids` when given) and RUNNING tasks no live lease protects (their replica
-        died). Each becomes RUNNING, attempts + 1, under lease `task:<task_id>` for `owner`."""
+        died). Each becomes RUNNING, attempts + 1, under lease `task:<task_id>` for `owner`,
+        and carries the address of the gateway replica its player is attached to, if any
+        (read after the claim, in the same connection: one query for the whole claim)."""
         _check_id(owner, "owner")
         if not 1 <= max_tasks <= MAX_CLAIM:
             raise InvalidArgument(f"max_tasks must be between 1 and {MAX_CLAIM}, got {max_tasks}")
@@ -223,9 +268,9 @@ class JournalStore:
             check_player_id(player_id, f"player_ids[{index}]")
         now = self._now()
         # One statement on PostgreSQL (see dialect.OneStatement); three in a transaction on
-        # SQLite.
+        # SQLite. The players' locations are a read after it.
         with self._one_statement.begin() as session:
-            return claim_tasks(
+            claims = claim_tasks(
                 session,
                 now,
                 owner=owner,
@@ -233,6 +278,14 @@ class JournalStore:
                 lease_seconds=lease_seconds,
                 player_ids=player_ids,
             )
+            # Where each task's player is, read with the claim: the engine then sends the
+            # task's game-tool calls without a LocatePlayer call per task.
+            located = locate_players(session, {claim.task.player_id for claim in claims}, now)
+        for claim in claims:
+            location = located.get(claim.task.player_id)
+            if location is not None:
+                claim.gateway_address = location.address
+        return claims
 
     def transaction(self, unit: Callable[[Session], T]) -> T:
         """Runs `unit` in a transaction of its own (see `storage_service.group_commit` for

@@ -38,8 +38,8 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
 
     Args:
         store: the journal.
-        committer: runs the writes an engine makes for every step (Commit, RecordStep,
-            CompleteStep, TransitionTask) in shared transactions (see
+        committer: runs the writes an engine makes for every task and step (CreateTask,
+            Commit, RecordStep, CompleteStep, TransitionTask) in shared transactions (see
             storage_service.group_commit); without one each is a transaction of its own on
             a worker thread.
         runs: begins and finishes interactive runs (storage_service.runs).
@@ -77,13 +77,15 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
     async def CreateTask(
         self, request: journal_pb2.CreateTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> journal_pb2.CreateTaskResponse:
-        task, created, evicted = await run_db(
-            self._store.create_task,
-            request.player_id,
-            request.module_id,
-            request.input,
-            request.event_key,
-            request.initial_state,
+        # Events come in bursts: their tasks share the group committer's transactions.
+        task, created, evicted = await self._write(
+            self._store.create_task_unit(
+                request.player_id,
+                request.module_id,
+                request.input,
+                request.event_key,
+                request.initial_state,
+            )
         )
         return journal_pb2.CreateTaskResponse(task=task, created=created, evicted=evicted)
 

@@ -29,7 +29,19 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Select, String, bindparam, delete, func, literal, or_, select, text
+from sqlalchemy import (
+    Boolean,
+    Select,
+    String,
+    bindparam,
+    column,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.elements import BindParameter
@@ -93,16 +105,24 @@ def _player_lock_key(player_id: str) -> str:
     return f"journal:{player_id}"
 
 
-def _locks_held(session: Session) -> set[str]:
-    """The players whose ledger lock the session's current (innermost) transaction holds.
-    Keyed by that transaction: a lock taken in a savepoint that rolls back is released, and a
-    new transaction holds none."""
+def _transaction_locks(session: Session) -> tuple[set[str], dict[tuple[object, str], str]]:
+    """The players whose ledger lock the session's current (innermost) transaction holds, and
+    the owners of tasks and steps `lock_in_order` found (keyed by the owner query that would
+    have found them, `_TASK_OWNER` or `_STEP_OWNER`, and the row's id). Keyed by that
+    transaction: a lock taken in a savepoint that rolls back is released, and a new
+    transaction holds none."""
     transaction = session.get_nested_transaction() or session.get_transaction()
     held = session.info.get(_LOCKED)
     if held is None or held[0] is not transaction:
-        held = (transaction, set())
+        held = (transaction, set(), {})
         session.info[_LOCKED] = held
-    return held[1]
+    return held[1], held[2]
+
+
+def _locks_held(session: Session) -> set[str]:
+    """The players whose ledger lock the session's current transaction holds (see
+    `_transaction_locks`)."""
+    return _transaction_locks(session)[0]
 
 
 def _lock_player(session: Session, player_id: str) -> None:
@@ -127,26 +147,41 @@ class Writes(NamedTuple):
 
 
 # Every named player's ledger lock, one by one in the order of the locks' ids (the subquery's
-# ORDER BY with DISTINCT keeps it from being flattened, so its rows, and the locks, come in
-# that order). What _lock_player takes, so a unit's own lock calls find it held.
+# ORDER BY with GROUP BY keeps it from being flattened, so its rows, and the locks, come in
+# that order). What _lock_player takes, so a unit's own lock calls find it held; with each
+# player, the named tasks and steps found to be theirs, so a unit's own owner lookup
+# (_owner_locked) is not sent again.
 _LOCK_IN_ORDER = FastStatement(
     text(
         f"""
-SELECT o.player_id, pg_advisory_xact_lock(o.lock_id) IS NULL
+SELECT o.player_id, pg_advisory_xact_lock(o.lock_id) IS NULL, o.tasks, o.steps
 FROM (
-    SELECT DISTINCT n.player_id,
-           hashtextextended('{_player_lock_key("")}' || n.player_id, 0) AS lock_id
+    SELECT n.player_id,
+           hashtextextended('{_player_lock_key("")}' || n.player_id, 0) AS lock_id,
+           array_remove(array_agg(n.task_id), NULL) AS tasks,
+           array_remove(array_agg(n.step_id), NULL) AS steps
     FROM (
-        SELECT unnest(:players) AS player_id
-        UNION ALL SELECT t.player_id FROM journal_tasks AS t WHERE t.task_id = ANY(:tasks)
-        UNION ALL SELECT r.player_id FROM journal_receipts AS r WHERE r.step_id = ANY(:steps)
+        SELECT unnest(:players) AS player_id, NULL::varchar AS task_id, NULL::varchar AS step_id
+        UNION ALL SELECT t.player_id, t.task_id, NULL FROM journal_tasks AS t
+                  WHERE t.task_id = ANY(:tasks)
+        UNION ALL SELECT r.player_id, NULL, r.step_id FROM journal_receipts AS r
+                  WHERE r.step_id = ANY(:steps)
     ) AS n
+    GROUP BY n.player_id
     ORDER BY lock_id
 ) AS o"""
-    ).bindparams(
+    )
+    .bindparams(
         bindparam("players", type_=ARRAY(String)),
         bindparam("tasks", type_=ARRAY(String)),
         bindparam("steps", type_=ARRAY(String)),
+    )
+    # Its rows are read (FastStatement reads only a statement's declared columns).
+    .columns(
+        column("player_id", String),
+        column("locked", Boolean),
+        column("tasks", ARRAY(String)),
+        column("steps", ARRAY(String)),
     )
 )
 
@@ -164,7 +199,11 @@ def lock_in_order(session: Session, writes: Sequence[Writes]) -> Callable[[], No
     sent = _LOCK_IN_ORDER.send(session, {"players": players, "tasks": tasks, "steps": steps})
 
     def held() -> None:
-        _locks_held(session).update(str(row[0]) for row in sent.result().rows)
+        locks, owners = _transaction_locks(session)
+        for player, _, owned_tasks, owned_steps in sent.result().rows:
+            locks.add(player)
+            owners.update({(_TASK_OWNER, task): player for task in owned_tasks})
+            owners.update({(_STEP_OWNER, step): player for step in owned_steps})
 
     return held
 
@@ -336,11 +375,18 @@ def _owner_locked(
     session: Session, queries: tuple[FastStatement, FastStatement], key: str
 ) -> str | None:
     """The player owning the task or receipt `key`, with the player's ledger lock held (see
-    _lock_player); None when there is no such row (and no lock is taken)."""
+    _lock_player); None when there is no such row (and no lock is taken). Not asked again
+    when the transaction's `lock_in_order` found the owner and took their lock (an owner
+    never changes; a row deleted since, which only its owner's lock holder can do, is found
+    missing by the caller's next statement)."""
     plain, locking = queries
     if not is_postgresql(session):
         row = plain.execute(session, {"p_key": key}).first()
         return None if row is None else row[0]
+    locks, owners = _transaction_locks(session)
+    known = owners.get((plain, key))
+    if known is not None and known in locks:
+        return known
     row = locking.execute(session, {"p_key": key}).first()
     if row is None:
         return None

@@ -21,6 +21,7 @@ from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from sqlalchemy import DateTime, Index, String, delete, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.presence import players_digest
@@ -42,6 +43,7 @@ __all__ = [
     "Renewal",
     "ReplicaRow",
     "Sync",
+    "locate_players",
 ]
 
 MAX_REPLICA_ID = 64
@@ -278,12 +280,7 @@ class PresenceStore:
         """The live replica the player is attached to, if any."""
         check_player_id(player_id)
         with self._sessions() as session:
-            found = session.execute(
-                select(_REPLICAS.c.replica_id, _REPLICAS.c.address)
-                .join(_PRESENCE, _PRESENCE.c.replica_id == _REPLICAS.c.replica_id)
-                .where(_PRESENCE.c.player_id == player_id, _REPLICAS.c.expires_at > now)
-            ).first()
-        return None if found is None else Location(found[0], found[1])
+            return locate_players(session, [player_id], now).get(player_id)
 
     def retire(self, replica_id: str) -> int:
         """Deletes the replica and its players' rows; answers how many player rows."""
@@ -294,6 +291,22 @@ class PresenceStore:
             )
             session.execute(delete(_REPLICAS).where(_REPLICAS.c.replica_id == replica_id))
         return removed
+
+
+def locate_players(
+    session: Session | Connection, player_ids: Collection[str], now: dt.datetime
+) -> dict[str, Location]:
+    """The live replica each of the players is attached to, by player; those attached to
+    none are left out. One query, in the caller's transaction (a task claim reads it with
+    its claim, storage_service.journal)."""
+    if not player_ids:
+        return {}
+    found = session.execute(
+        select(_PRESENCE.c.player_id, _REPLICAS.c.replica_id, _REPLICAS.c.address)
+        .join(_PRESENCE, _PRESENCE.c.replica_id == _REPLICAS.c.replica_id)
+        .where(_PRESENCE.c.player_id.in_(sorted(player_ids)), _REPLICAS.c.expires_at > now)
+    )
+    return {player_id: Location(replica_id, address) for player_id, replica_id, address in found}
 
 
 def _claim(

@@ -271,6 +271,24 @@ async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> 
         await holds_for(nothing_new, 0.5, interval=0.05, what="nothing new after the resend")
 
 
+async def test_a_task_goes_where_its_claim_says_its_player_is_without_a_lookup(
+    fresh_database_url: str,
+) -> None:
+    """The claim carries the gateway replica storage knows for the task's player: the task's
+    game-tool calls and its notice go there without a LocatePlayer call of their own."""
+    async with _one_engine(fresh_database_url) as (stack, engine):
+        await stack.game.join("steve", "Steve")
+        routes = engine.game_tools.routes
+        looked_up = routes.lookups
+        await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        task = (await stack.settled(["steve"]))["steve"]
+        assert task.state == journal_pb2.TASK_STATE_SUCCEEDED
+        assert stack.game.gained("steve") == REWARD
+        notice = await asyncio.wait_for(stack.game.notices.get(), 5)
+        assert notice.notice.result == task.result
+        assert routes.lookups == looked_up
+
+
 async def test_an_offline_players_task_waits_for_them(fresh_database_url: str) -> None:
     async with _one_engine(fresh_database_url) as (stack, engine):
         # Alex is not on the server: the event is kept, nothing is given yet.

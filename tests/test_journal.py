@@ -20,6 +20,7 @@ from sqlalchemy.orm import sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
+from services.presence import players_digest
 from services.runtime.errors import (
     STALE_FENCE,
     Aborted,
@@ -44,6 +45,7 @@ from storage_service.journal import (
 )
 from storage_service.journal_servicer import JournalServicer
 from storage_service.player_data import PlayerDataStore
+from storage_service.presence import PresenceStore
 from storage_service.runs import RunStore
 
 TS = journal_pb2.TaskState
@@ -836,6 +838,30 @@ def test_claim_tasks_leases_and_reclaims_expired(store: JournalStore, clock: Clo
         )
     # Without a player filter, any player's queued task is claimed.
     assert len(store.claim_tasks("engine-c", 10, 60)) == 1
+
+
+def test_a_claim_says_which_gateway_replica_holds_each_tasks_player(
+    store: JournalStore,
+    sessions: sessionmaker,
+    clock: Clock,  # type: ignore[type-arg]
+) -> None:
+    """What PresenceService.LocatePlayer would answer at the claim travels with each claimed
+    task, so the engine sends the task's game-tool calls without asking."""
+    presence = PresenceStore(sessions)
+    replica = f"gw-{uuid.uuid4()}"
+    presence.renew_replica(replica, "10.0.0.7:9100", 10, players_digest([]), clock.now)
+    here, nowhere = _player(), _player()
+    presence.attach(replica, [here], clock.now)
+    tasks = {_task(store, here).task_id: here, _task(store, nowhere).task_id: nowhere}
+    claims = store.claim_tasks("engine-a", 10, 60, [here, nowhere])
+    assert {c.task.task_id: c.gateway_address for c in claims} == {
+        task_id: "10.0.0.7:9100" if player == here else "" for task_id, player in tasks.items()
+    }
+    # Once the replica's lease has ended it holds nobody: the claim names no address.
+    clock.advance(11)
+    late = _task(store, here)
+    (claim,) = store.claim_tasks("engine-a", 10, 60, [here])
+    assert claim.task.task_id == late.task_id and claim.gateway_address == ""
 
 
 @pytest.mark.parametrize(
