@@ -173,11 +173,14 @@ class GatewayGameTools:
         self._dep = self.routes.default.dependency
         self._calls = self.routes.default.calls
 
-    async def _send(self, player_id: str, method: str, request: Message, timeout: float) -> Any:
-        """Sends the call to the player's replica; once more to another replica when the
-        first answered that the player is not connected there."""
+    async def _send(
+        self, player_id: str, method: str, request: Message, timeout: float, fresh: bool = False
+    ) -> Any:
+        """Sends the call to the player's replica (asked of storage anew with `fresh`); once
+        more to another replica when the first answered that the player is not connected
+        there."""
         deadline = time.monotonic() + timeout
-        route = await self.routes.route(player_id)
+        route = await self.routes.route(player_id, fresh=fresh)
         retried = False
         while True:
             route.in_flight += 1
@@ -246,7 +249,12 @@ class GatewayGameTools:
         (a gateway.v1.BindingChange), tells that replica their binding changed, with
         `features` (all those granted to the player alone, now) that their grants changed
         (`result` may then be empty). Raises grpc.aio.AioRpcError when it could not be sent
-        (FAILED_PRECONDITION: offline)."""
+        (FAILED_PRECONDITION: offline).
+
+        A binding or feature change asks storage where the player is, never the cached
+        route: a player who just joined on another replica may still be attached to the old
+        one until its next renewal, and a change told only there would never reach the
+        replica that now serves them (found by tests/test_revoke_replicas.py)."""
         request = relay_pb2.NotifyPlayerRequest(
             player_id=player_id, result=result, server_id=server_id
         )
@@ -254,7 +262,8 @@ class GatewayGameTools:
         if features is not None:
             request.features_changed = True
             request.player_features[:] = features
-        await self._send(player_id, "NotifyPlayer", request, timeout)
+        changed = bool(binding) or features is not None
+        await self._send(player_id, "NotifyPlayer", request, timeout, fresh=changed)
 
     async def aclose(self) -> None:
         await self.routes.aclose()

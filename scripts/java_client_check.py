@@ -60,6 +60,8 @@ _BASE_CHECKS = (
     "no-tool-problems",
     "chat-help",
     "chat-bangzhu",
+    "console-admin-command",
+    "admin-command-refused-for-player",
     "chat-inventory",
     "chat-profile",
     "chat-item",
@@ -74,6 +76,7 @@ _BASE_CHECKS = (
     "busy-game-thread-times-out",
     "reconnect",
     "rejoined-after-reconnect",
+    "console-rejoined-after-reconnect",
     "replaced-not-reconnecting",
     "tools-only-on-game-thread",
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,52 @@ def test_java_example_against_the_stack(capsys: pytest.CaptureFixture[str]) -> N
     assert "=== plaintext" in output
     if check.gateway_tls_env() is not None:
         assert "=== tls" in output and "TLS handshake" in output
+
+
+@pytest.mark.e2e
+def test_the_example_console_forwards_what_the_operator_types(tmp_path: Path) -> None:
+    """`ExamplePlugin --console`: the server console joined as a player of its own at level 4
+    (ServerConsole), every line of standard input sent as its chat and every answer printed
+    to the console; in the operators' language (here zh)."""
+    from services.stack import Stack
+
+    try:
+        classpath = check.build()
+    except check.JavaMissing as exc:
+        pytest.skip(f"the Java toolchain or Debian's grpc-java jars are not installed: {exc}")
+    stack = Stack(tmp_path / "stack", server_id=check.SERVER_ID, token=check.TOKEN)
+    stack.start(timeout=90)
+    try:
+        typed = "/system 路由诊断\n\n/help\n/system revoke nobody\n"
+        done = subprocess.run(
+            check.java_command(
+                classpath,
+                "--address",
+                stack.target("gateway"),
+                "--server-id",
+                check.SERVER_ID,
+                "--console",
+                "--console-language",
+                "zh_cn",
+            ),
+            input=typed,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            timeout=120,
+            env={**os.environ, "SYSTEM_GAME_SERVER_TOKEN": check.TOKEN},
+        )
+    finally:
+        stack.stop()
+    printed = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Three lines typed (the blank one skipped), three answers, each printed after its line.
+    assert [line for line in printed if line.startswith("[console] > ")] == [
+        "[console] > /system 路由诊断",
+        "[console] > /help",
+        "[console] > /system revoke nobody",
+    ]
+    assert "[console] ┌─ 路由诊断" in printed
+    assert any(line.startswith("[console] │ /revoke ") for line in printed)  # an admin's help
+    assert "[console] ┌─ 已撤销 nobody" in printed
+    assert all(line.startswith("[console] ") for line in printed), printed

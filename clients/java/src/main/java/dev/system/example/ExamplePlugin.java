@@ -19,6 +19,10 @@ import dev.system.gateway.v1.ToolProblem;
 import dev.system.gateway.v1.ToolResult;
 import dev.system.gateway.v1.Welcome;
 import io.grpc.Status;
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.StringReader;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -71,8 +75,37 @@ public final class ExamplePlugin {
       printTools();
       return;
     }
-    int code = a.benchRequests > 0 ? HelpBench.run(a) : new ExamplePlugin().session(a);
+    int code = a.benchRequests > 0 ? HelpBench.run(a)
+        : a.console ? consoleSession(a)
+        : new ExamplePlugin().session(a);
     System.exit(code);
+  }
+
+  /**
+   * {@code --console}: the server console alone. Connects, joins the console (ServerConsole)
+   * and forwards every line of standard input as its chat until the input ends, printing each
+   * answer. Exits 1 when a line got no answer. A real plugin joins the console on its one
+   * connection instead: a second connection with the server's id replaces the first.
+   */
+  static int consoleSession(Args a) throws Exception {
+    ExecutorService game = gameThread();
+    InMemoryWorld world = new InMemoryWorld(GAME_THREAD);
+    try (GameServerClient client = new GameServerClient(options(a), world.tools(), game, null)) {
+      client.start();
+      try {
+        client.awaitWelcome(WAIT);
+      } catch (ExecutionException e) {
+        System.err.println("error: the gateway refused the connection: " + e.getCause().getMessage());
+        return 1;
+      }
+      ServerConsole console = new ServerConsole(client, a.consoleLanguage, System.out);
+      console.join();
+      BufferedReader in =
+          new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+      return console.forward(in, WAIT).contains(null) ? 1 : 0;
+    } finally {
+      game.shutdownNow();
+    }
   }
 
   /** Prints the tools the hello declares, as one line {@code TOOLS [json]}, and nothing else. */
@@ -237,6 +270,10 @@ public final class ExamplePlugin {
       client.join(new Player(li, "Li", "zh_cn", 0));
       world.joined(steve, "Steve");
       world.joined(li, "Li");
+      // The server console: a player of its own at level 4, whose answers are printed to the
+      // console (ServerConsole; --console forwards standard input the same way).
+      ServerConsole console = new ServerConsole(client, "en_us", System.out);
+      console.join();
 
       // 1. help, in English.
       PlayerResponse help = get(client.chat(steve, "help"));
@@ -251,6 +288,23 @@ public final class ExamplePlugin {
       show("Li", "帮助", bangzhu);
       check(succeeded(bangzhu) && bangzhu.getReply().getResult().getCard().getTitle().equals("助手帮助"),
           "chat-bangzhu", describe(bangzhu));
+
+      // 2b. The operator types an admin command on the console; the same command from an
+      // ordinary player is unknown to them (admin commands appear only at the admin level).
+      List<PlayerResponse> typed = console.forward(
+          new BufferedReader(new StringReader("/system routing\n\n/help\n")), WAIT);
+      PlayerResponse routing = typed.isEmpty() ? null : typed.get(0);
+      PlayerResponse consoleHelp = typed.size() < 2 ? null : typed.get(1);
+      check(typed.size() == 2 && routing != null && succeeded(routing)
+              && routing.getReply().getResult().getCard().getTitle().equals("Routing diagnostics")
+              && consoleHelp != null && cardText(consoleHelp).contains("/revoke <player>")
+              && !cardText(help).contains("/revoke"),
+          "console-admin-command", routing == null ? "no answer: " + typed : describe(routing));
+      PlayerResponse notAdmin = get(client.chat(steve, "/system routing"));
+      show("Steve", "/system routing", notAdmin);
+      check(!succeeded(notAdmin) && notAdmin.getReply().getResult().getFailure().getKey()
+              .equals("system.error.unknown_command"),
+          "admin-command-refused-for-player", describe(notAdmin));
 
       // 3. /inventory: the engine calls minecraft:inventory.read, answered on the game thread.
       int before = world.calls().size();
@@ -420,6 +474,9 @@ public final class ExamplePlugin {
         PlayerResponse again = get(client.chat(steve, "help"));
         show("Steve", "help (after reconnecting)", again);
         check(succeeded(again), "rejoined-after-reconnect", describe(again));
+        PlayerResponse consoleAgain = console.type("/system routing", WAIT);
+        check(consoleAgain != null && succeeded(consoleAgain), "console-rejoined-after-reconnect",
+            consoleAgain == null ? "no answer" : describe(consoleAgain));
       }
 
       // 9. A second process with this server's id and token: the gateway keeps the newer
@@ -526,6 +583,7 @@ public final class ExamplePlugin {
         "usage: ExamplePlugin --address HOST:PORT --server-id ID [--token TOKEN] [--tls-ca FILE | --tls]\n"
             + "                     [--tls-server-name NAME] [--require-output-validation]\n"
             + "                     [--idle SECONDS] [--bench N [--warmup N]]\n"
+            + "                     [--console [--console-language LANG]]   (stdin to the console)\n"
             + "   or: ExamplePlugin --print-tools   (the hello's tools as JSON)\n"
             + "   or: ExamplePlugin ADDRESS TOKEN SERVER_ID [options]\n"
             + "The token may come from the environment variable SYSTEM_GAME_SERVER_TOKEN.";
@@ -540,6 +598,8 @@ public final class ExamplePlugin {
     int benchRequests;
     int benchWarmup = 20;
     int idleSeconds;
+    boolean console;
+    String consoleLanguage = "en_us";
 
     static Args parse(String[] argv) {
       Args a = new Args();
@@ -558,6 +618,8 @@ public final class ExamplePlugin {
           case "--bench" -> a.benchRequests = Integer.parseInt(value(argv, ++i, arg));
           case "--warmup" -> a.benchWarmup = Integer.parseInt(value(argv, ++i, arg));
           case "--idle" -> a.idleSeconds = Integer.parseInt(value(argv, ++i, arg));
+          case "--console" -> a.console = true;
+          case "--console-language" -> a.consoleLanguage = value(argv, ++i, arg);
           case "-h", "--help" -> throw new IllegalArgumentException("help");
           default -> {
             if (arg.startsWith("--")) {
