@@ -1,6 +1,9 @@
-"""`system:usage.read`: a player's external-service use (model calls, tokens, web searches) per
-day, or with the player `*` the sum over every player of the asker's game server (or network),
-read from storage's PlayerDataService.GetUsage, for the administrators' `/system usage`.
+"""`system:usage.read`: a player's external-service use (model calls, tokens, web searches, and
+what the calls cost) per day, or with the player `*` the sum over every player of the asker's
+game server (or network), read from storage's PlayerDataService.GetUsage, for the
+administrators' `/system usage`. `system:spend.read`: what the asker's game server (or network)
+spent today or this month, by player, module and provider, and its budgets against their limits
+(PlayerDataService.GetSpend), for `/system spend`.
 
 Players are named as their game server knows them; the tool reads them in the asking
 administrator's player scope (their game server, or its network: decision 0012), so an
@@ -22,6 +25,7 @@ from services.runtime.channels import ChannelSettings, Dependency
 
 __all__ = [
     "EVERYONE",
+    "SPEND_READ",
     "USAGE_DAYS",
     "USAGE_READ",
     "StorageUsage",
@@ -31,6 +35,9 @@ __all__ = [
 ]
 
 USAGE_READ = "system:usage.read"
+SPEND_READ = "system:spend.read"
+SPEND_LINES = 5
+"""Players, modules and providers shown each, the largest spenders first."""
 EVERYONE = "*"
 """The player name that asks for the whole server's use (no player id holds `*`)."""
 USAGE_DAYS = 7
@@ -48,6 +55,25 @@ USAGE_READ_SPEC = ToolSpec(
         "type": "object",
         "properties": {"player": {"type": "string", "minLength": 1, "maxLength": 63}},
         "required": ["player"],
+        "additionalProperties": False,
+    },
+    read_only=True,
+    idempotent=True,
+    needs_context=True,
+)
+
+
+SPEND_READ_SPEC = ToolSpec(
+    tool_id=SPEND_READ,
+    description=(
+        "Read what this server's players spent on the model (tokens and money) today or this "
+        "month, by player, module and provider, with the budgets' use against their limits, "
+        "for administrators."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {"period": {"type": "string", "enum": ["day", "month"]}},
+        "required": ["period"],
         "additionalProperties": False,
     },
     read_only=True,
@@ -78,6 +104,10 @@ class UsageReader(Protocol):
         self, player_id: str, first: str, last: str, timeout: float, scope: str = ""
     ) -> list[player_data_pb2.DailyUsage]: ...
 
+    async def spend(
+        self, scope: str, period: str, max_lines: int, timeout: float
+    ) -> player_data_pb2.GetSpendResponse: ...
+
 
 class StorageUsage:
     """UsageReader over `PlayerDataService.GetUsage` (a read: retried on UNAVAILABLE)."""
@@ -86,7 +116,10 @@ class StorageUsage:
         self._dep = Dependency(
             target,
             player_data_pb2_grpc.PlayerDataServiceStub,
-            idempotent_methods=["system.storage.v1.PlayerDataService/GetUsage"],
+            idempotent_methods=[
+                "system.storage.v1.PlayerDataService/GetUsage",
+                "system.storage.v1.PlayerDataService/GetSpend",
+            ],
             settings=settings,
         )
 
@@ -101,18 +134,84 @@ class StorageUsage:
         )
         return list(response.days)
 
+    async def spend(
+        self, scope: str, period: str, max_lines: int, timeout: float
+    ) -> player_data_pb2.GetSpendResponse:
+        response: player_data_pb2.GetSpendResponse = await self._dep.stub.GetSpend(
+            player_data_pb2.GetSpendRequest(scope=scope, period=period, max_lines=max_lines),
+            timeout=timeout,
+        )
+        return response
+
     async def aclose(self) -> None:
         await self._dep.aclose()
 
 
 class UsageTools:
-    """The handler of `system:usage.read`; `reader` None: no storage (STORAGE_UNAVAILABLE)."""
+    """The handlers of `system:usage.read` and `system:spend.read`; `reader` None: no storage
+    (STORAGE_UNAVAILABLE)."""
 
     def __init__(self, reader: UsageReader | None) -> None:
         self._reader = reader
 
     def register(self, tools: ToolRegistry) -> None:
         tools.server(USAGE_READ_SPEC, self.read)
+        tools.server(SPEND_READ_SPEC, self.spend)
+
+    async def spend(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
+        if self._reader is None:
+            raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
+        scope = ctx.player.player_id.rpartition("/")[0]
+        if not scope:
+            raise ModuleFailure(
+                AgentFailure.INVALID_INPUT,
+                "this server's players are not scoped, so its spend cannot be told apart",
+            )
+        today = dt.datetime.now(dt.UTC).date()
+        monthly = payload["period"] == "month"
+        period = today.strftime("%Y-%m") if monthly else today.isoformat()
+        try:
+            found = await self._reader.spend(
+                scope, period, SPEND_LINES, min(STORAGE_TIMEOUT_SECONDS, ctx.remaining())
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ModuleFailure(AgentFailure.INVALID_INPUT, exc.details() or "") from None
+            raise ModuleFailure(
+                AgentFailure.STORAGE_UNAVAILABLE, "spend could not be read; try again later"
+            ) from None
+
+        def lines(found: Any, strip: bool = False) -> list[dict[str, Any]]:
+            return [
+                {
+                    # Players as their game server knows them: the asker's scope is implied.
+                    "name": line.name.partition("/")[2] if strip else line.name,
+                    "tokens": line.tokens,
+                    "cost_micros": line.cost_micros,
+                }
+                for line in found
+            ]
+
+        return {
+            "period": found.period,
+            "monthly": monthly,
+            "total": {"tokens": found.total.tokens, "cost_micros": found.total.cost_micros},
+            "network": {"tokens": found.network.tokens, "cost_micros": found.network.cost_micros},
+            "players": lines(found.players, strip=True),
+            "player_count": found.player_count,
+            "modules": lines(found.modules),
+            "providers": lines(found.providers),
+            "budgets": [
+                {
+                    "budget": b.budget,
+                    "period": b.period,
+                    "spent": b.used - b.held,
+                    "held": b.held,
+                    "limit": b.limit,
+                }
+                for b in found.budgets
+            ],
+        }
 
     async def read(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
         if self._reader is None:
@@ -154,6 +253,7 @@ class UsageTools:
                     "prompt_tokens": d.prompt_tokens,
                     "completion_tokens": d.completion_tokens,
                     "web_searches": d.web_searches,
+                    "cost_micros": d.cost_micros,
                 }
                 for d in days
             ],

@@ -9,7 +9,14 @@ from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from storage_service.dbcall import run_db
 from storage_service.player_data import PlayerDataStore
-from storage_service.usage import AMOUNT_FIELDS, Limits, Settled, SettleItem, UsageLedger
+from storage_service.usage import (
+    AMOUNT_FIELDS,
+    Limits,
+    Settled,
+    SettleItem,
+    Spend,
+    UsageLedger,
+)
 
 __all__ = ["PlayerDataServicer"]
 
@@ -50,7 +57,17 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
             request.to_day,
             request.scope,
         )
+        if days:  # the range was checked by get_usage; the money is on the budget counters
+            budget = f"server:{request.scope}" if request.scope else f"player:{request.player_id}"
+            costs = await run_db(self._ledger.daily_cost, budget, days[0].day, days[-1].day)
+            for day in days:
+                day.cost_micros = costs.get(day.day, 0)
         return player_data_pb2.GetUsageResponse(days=days)
+
+    async def GetSpend(
+        self, request: player_data_pb2.GetSpendRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> player_data_pb2.GetSpendResponse:
+        return await run_db(self._ledger.spend, request.scope, request.period, request.max_lines)
 
     async def GrantBinding(
         self,
@@ -153,6 +170,7 @@ def _settle_item(request: player_data_pb2.SettleUsageRequest) -> SettleItem:
         ttl_seconds=request.ttl_seconds,
         cost_micros=request.used.cost_micros,
         keep_cost_micros=request.keep_cost_micros if request.keep_open else 0,
+        spend=tuple(Spend.from_proto(item) for item in request.used.spend),
     )
 
 

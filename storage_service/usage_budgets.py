@@ -35,6 +35,7 @@ __all__ = [
     "Level",
     "budget_levels",
     "counter_keys",
+    "counter_limits",
     "least_room",
     "lock_row",
     "refuse_tightest",
@@ -89,6 +90,28 @@ def counter_keys(player_id: str, scope: str, day: dt.date) -> list[tuple[str, st
     if scope:
         keys.append((f"server:{scope}", day.isoformat()))
     return keys
+
+
+def counter_limits(
+    player_id: str, scope: str, day: dt.date, limits: Limits
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """The (token, money) limits `limits` set on each budget counter row of a reservation of
+    `player_id` on `day`, recorded on the rows for the spend view (0: no limit)."""
+    found = {
+        ("network", day.isoformat()): (limits.global_tokens, limits.global_cost_micros),
+        ("network", day.strftime("%Y-%m")): (limits.monthly_tokens, limits.monthly_cost_micros),
+    }
+    if player_id:
+        found[(f"player:{player_id}", day.isoformat())] = (
+            limits.player_tokens,
+            limits.player_cost_micros,
+        )
+    if scope:
+        found[(f"server:{scope}", day.isoformat())] = (
+            limits.server_tokens,
+            limits.server_cost_micros,
+        )
+    return found
 
 
 def budget_levels(
@@ -279,6 +302,7 @@ class CounterChanges:
     def __init__(self) -> None:
         # (budget, period) -> [held, released, used] each (tokens, cost)
         self._rows: dict[tuple[str, str], list[int]] = {}
+        self._limits: dict[tuple[str, str], tuple[int, int]] = {}
 
     def _row(self, budget: str, period: str) -> list[int]:
         return self._rows.setdefault((budget, period), [0] * 6)
@@ -298,20 +322,26 @@ class CounterChanges:
         row[4] += tokens
         row[5] += cost
 
+    def limit(self, budget: str, period: str, tokens: int, cost: int) -> None:
+        """Records the row's limits (as the reservation carried them) with its changes."""
+        self._limits[(budget, period)] = (tokens, cost)
+
     def apply(self, session: Session) -> None:
         c = _COUNTERS.c
         for (budget, period), row in sorted(self._rows.items()):
             if not any(row):
                 continue
+            values: dict[str, Any] = {
+                "reserved_tokens": release(c.reserved_tokens + row[0], row[2]),
+                "reserved_cost_micros": release(c.reserved_cost_micros + row[1], row[3]),
+                "used_tokens": c.used_tokens + row[4],
+                "used_cost_micros": c.used_cost_micros + row[5],
+            }
+            limits = self._limits.get((budget, period))
+            if limits is not None:
+                values["limit_tokens"], values["limit_cost_micros"] = limits
             change = (
-                update(_COUNTERS)
-                .where((c.budget == budget) & (c.period == period))
-                .values(
-                    reserved_tokens=release(c.reserved_tokens + row[0], row[2]),
-                    reserved_cost_micros=release(c.reserved_cost_micros + row[1], row[3]),
-                    used_tokens=c.used_tokens + row[4],
-                    used_cost_micros=c.used_cost_micros + row[5],
-                )
+                update(_COUNTERS).where((c.budget == budget) & (c.period == period)).values(values)
             )
             # One statement when the row exists (its reservation made it); otherwise made first.
             if rowcount(session.execute(change)) == 0:

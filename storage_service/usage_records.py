@@ -1,9 +1,10 @@
 """What usage reservations store, and the values that go in and out of the usage ledger.
 
 The tables (`usage_totals`, everyone's use per UTC day; `usage_reservations`, one row per
-reservation; a player's daily use is player_data's `player_usage`), the limits a reservation
-is checked against, what a reserve and a settle answer, and the checks of their inputs. The
-ledger itself, reserve and settle, is storage_service.usage.
+reservation; `usage_budget_counters`, the nested budgets' counters; `usage_spend`, spend by
+scope, module and provider per day; a player's daily use is player_data's `player_usage`), the
+limits a reservation is checked against, what a reserve and a settle answer, and the checks of
+their inputs. The ledger itself, reserve and settle, is storage_service.usage.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from system.storage.v1 import player_data_pb2
 from services.runtime.errors import InvalidArgument
 from storage_service.db import Base, table_of
 from storage_service.player_data import KEEP_ON_RESET, MAX_USAGE_INCREMENT, UsageRow
-from storage_service.validation import MAX_PLAYER_ID, check_player_id
+from storage_service.validation import MAX_PLAYER_ID, check_id, check_player_id
 
 __all__ = [
     "AMOUNT_FIELDS",
@@ -30,6 +31,8 @@ __all__ = [
     "ReservationRow",
     "SettleItem",
     "Settled",
+    "Spend",
+    "SpendRow",
     "UsageTotalRow",
 ]
 
@@ -45,6 +48,10 @@ SWEEP_BATCH = 64
 # Expired holds are looked for at most this often per process: they are rare (a replica died
 # mid-call), and looking costs every reservation a query.
 SWEEP_INTERVAL_SECONDS = 1.0
+# Longest module id and provider name a spend item may carry, and most items per settle.
+MAX_MODULE_ID = 128
+MAX_PROVIDER = 64
+MAX_SPEND_ITEMS = 256
 # Most settles one SettleUsageBatch may carry.
 MAX_SETTLE_BATCH = 1000
 
@@ -118,11 +125,32 @@ class BudgetCounterRow(Base):
     reserved_tokens: Mapped[int] = mapped_column(BigInteger)
     used_cost_micros: Mapped[int] = mapped_column(BigInteger)
     reserved_cost_micros: Mapped[int] = mapped_column(BigInteger)
+    limit_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
+    """The token limit the period's last reservation carried for this budget; 0: none."""
+    limit_cost_micros: Mapped[int] = mapped_column(BigInteger, server_default="0", default=0)
+    """The money limit the period's last reservation carried; 0: none."""
+
+
+class SpendRow(Base):
+    """Tokens and money one scope's calls for one module spent on one provider on one UTC
+    day (`period` `YYYY-MM-DD`), for the administrators' spend view. Written by settles that
+    carry spend items; kept by ResetPlayer (no player in it)."""
+
+    __tablename__ = "usage_spend"
+    __table_args__ = {"info": {KEEP_ON_RESET: True}}
+
+    period: Mapped[str] = mapped_column(String(10), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), primary_key=True)
+    module_id: Mapped[str] = mapped_column(String(MAX_MODULE_ID), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(MAX_PROVIDER), primary_key=True)
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
 
 
 _TOTALS = table_of(UsageTotalRow)
 _COUNTERS = table_of(BudgetCounterRow)
 _HOLDS = table_of(ReservationRow)
+_SPEND = table_of(SpendRow)
 _PLAYERS = table_of(UsageRow)
 
 
@@ -191,6 +219,32 @@ class Settled:
 
 
 @dataclasses.dataclass(frozen=True)
+class Spend:
+    """What one module's calls on one provider used (a settle's spend item)."""
+
+    module_id: str
+    provider: str
+    tokens: int
+    cost_micros: int
+
+    @classmethod
+    def from_proto(cls, item: player_data_pb2.SpendItem) -> Spend:
+        return cls(item.module_id, item.provider, item.tokens, item.cost_micros)
+
+    def check(self, name: str) -> None:
+        """Raises InvalidArgument for a malformed module id or provider, or an amount out
+        of range."""
+        check_id(self.module_id, f"{name}.module_id", MAX_MODULE_ID, required=False)
+        if self.module_id and ":" not in self.module_id:
+            raise InvalidArgument(
+                f"{name}.module_id must be `namespace:path` (or empty), got {self.module_id!r}"
+            )
+        check_id(self.provider, f"{name}.provider", MAX_PROVIDER)
+        _check_amount(f"{name}.tokens", self.tokens)
+        _check_cost(f"{name}.cost_micros", self.cost_micros)
+
+
+@dataclasses.dataclass(frozen=True)
 class SettleItem:
     """One settle (see `UsageLedger.settle`)."""
 
@@ -206,6 +260,8 @@ class SettleItem:
     """Money the use cost (micros), recorded on the money budgets."""
     keep_cost_micros: int = 0
     """Money to keep holding, with `keep`."""
+    spend: tuple[Spend, ...] = ()
+    """What the use was spent on, by module and provider (optional)."""
 
     def check(self) -> None:
         """Raises InvalidArgument for a malformed id, amount or ttl."""
@@ -219,6 +275,12 @@ class SettleItem:
             raise InvalidArgument(f"unknown amounts {sorted(set(self.used) - set(AMOUNT_FIELDS))}")
         if self.keep is not None:
             _check_ttl(self.ttl_seconds)
+        if len(self.spend) > MAX_SPEND_ITEMS:
+            raise InvalidArgument(
+                f"used.spend has {len(self.spend)} items; the most is {MAX_SPEND_ITEMS}"
+            )
+        for index, item in enumerate(self.spend):
+            item.check(f"used.spend[{index}]")
 
 
 def _check_reservation_id(reservation_id: str) -> None:

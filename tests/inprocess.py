@@ -207,6 +207,7 @@ async def running_chain(
     engine_settings: dict[str, Any] | None = None,
     router_settings: dict[str, Any] | None = None,
     model: FakeOpenAIServer | None = None,
+    model_settings: dict[str, Any] | None = None,
     gateway_replicas: int = 1,
     **gateway_overrides: Any,
 ) -> AsyncIterator[Chain]:
@@ -218,7 +219,8 @@ async def running_chain(
     `engine_settings` the engine's own (its `advancements_file`, say), `router_settings` the
     router's (its `semantic_config`). With `model` (a running FakeOpenAIServer), a model gateway
     in front of it serves the engine and the router (`chain.apps["model"]`); without, their
-    model target is a closed port.
+    model target is a closed port; `model_settings` are that model gateway's own (its
+    `providers_file`, say).
     """
     common = every_service or {}
     token = secrets.token_urlsafe(16)
@@ -244,22 +246,25 @@ async def running_chain(
         apps["storage"] = storage
         await storage.host.start()
         model_target = "127.0.0.1:1"
+        # The engine and the model gateway must know the gateway's address before the gateway
+        # starts (game tools and notices go to it); channels connect lazily, so a port chosen
+        # up front is enough.
+        relay_ports = [free_port() for _ in range(gateway_replicas)]
         if model is not None:
+            own = {
+                "max_attempts": 1,
+                "relay_target": f"127.0.0.1:{relay_ports[0]}",  # budget alerts to admins
+                **(model_settings or {}),
+            }
+            if "providers_file" not in own:  # else the file names the providers and keys
+                own.update(base_url=model.base_url, api_key=model.api_key)
             model_config = ModelConfig(
-                **_HOST,
-                **auth("model"),
-                base_url=model.base_url,
-                api_key=model.api_key,
-                storage_target=storage.host.target,
-                max_attempts=1,
+                **_HOST, **auth("model"), storage_target=storage.host.target, **own
             )
             apps["model"] = await create_model_gateway(model_config)
             await apps["model"].host.start()
             model_target = apps["model"].host.target
 
-        # The engine must know the gateway's address before the gateway starts (game tools go
-        # engine -> gateway); channels connect lazily, so a port chosen up front is enough.
-        relay_ports = [free_port() for _ in range(gateway_replicas)]
         router_port = free_port()
         engine_config = EngineConfig(
             **_HOST,

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import re
 
 import grpc
+import pytest
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
+from system.relay.v1 import relay_pb2
 
 from tests.inprocess import HoldingClient, running_chain
 from tests.waiting import holds_for, wait_until
@@ -287,3 +290,170 @@ def test_an_admin_level_outside_the_games_levels_stops_the_start() -> None:
 
     with pytest.raises(ConfigError, match="admin_permission_level must be 0..4"):
         EngineConfig(admin_permission_level=5).validate()
+
+
+async def test_an_admin_sees_the_servers_spend_and_an_ordinary_player_does_not(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`/system spend` (花费): the server's spend today and this month by player, module and
+    provider, the network's, and the server budget against its limit; `/system usage` shows
+    the money too. Through the gateway, router, engine, a priced model gateway and storage."""
+    from services.model_testserver import FakeOpenAIServer
+
+    monkeypatch.setenv("SPEND_TEST_KEY", "spend-test-key")
+    with FakeOpenAIServer(api_key="spend-test-key") as fake:
+        providers = tmp_path / "providers.toml"
+        providers.write_text(
+            f'[providers.fake]\npreset = "custom"\nbase_url = "{fake.base_url}"\n'
+            'api_key_env = "SPEND_TEST_KEY"\n[providers.fake.models]\n'
+            "m = { input_per_million = 1000.0, output_per_million = 2000.0 }\n"
+            '[routes]\ndefault = ["fake/m"]\n'
+        )
+        budgets = tmp_path / "budgets.toml"
+        budgets.write_text("[server]\ndaily_cost = 100.0\n")
+        settings = {"providers_file": str(providers), "budgets_file": str(budgets)}
+        async with running_chain(tmp_path, model=fake, model_settings=settings) as chain:
+            client = await chain.client()
+            await client.join("op", "Op", "en_us", permission_level=3)
+            await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
+            await client.join("steve", "Steve", "en_us")
+            fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
+            fake.script("Hello Steve!", prompt_tokens=40, completion_tokens=5)
+            assert (await client.chat("steve", "hello there")).reply.module_id == "system:chat"
+
+            async def spent() -> list[str] | None:
+                shown = (await client.chat("op", "/system spend")).reply.result
+                assert shown.status == SUCCEEDED, shown
+                lines = card_lines(shown)
+                return [shown.card.title, *lines] if "By module" in " ".join(lines) else None
+
+            # The model gateway settles metered use in batches, a moment after the calls.
+            title, *lines = await wait_until(spent, timeout=10, what="steve's spend settled")
+            print("\n".join([title, *lines]))
+            assert title.startswith("Spend on this server today (")
+            # Steve's chat (45 tokens) and the router's model call before it (no module named).
+            assert re.fullmatch(r"This server: \d+ tokens, cost [\d.]+", lines[0])
+            assert lines[1].startswith("Whole network: ")
+            assert lines[2].startswith("By player (1 in all): steve ")
+            assert "system:chat 45 tokens / 0.05" in lines[3]  # 40 * 1000 + 5 * 2000 micros
+            assert lines[4].startswith("By provider: fake ")
+            spent = re.fullmatch(r"This server: \d+ tokens, cost ([\d.]+)", lines[0])
+            assert spent is not None
+            assert lines[5].startswith(f"Budget server_daily_cost: {spent[1]} spent, ")
+            assert lines[5].endswith(" % taken)") and " held, of 100 (" in lines[5]
+            usage = card_lines((await client.chat("op", "/system usage steve")).reply.result)
+            assert f"cost {spent[1]}," in usage[-1]
+
+            zh = (await client.chat("zhop", "/system 花费 本月")).reply.result
+            assert zh.status == SUCCEEDED and zh.card.title.startswith("本服本月花费（")
+            print("\n".join([zh.card.title, *card_lines(zh)]))
+            assert card_lines(zh)[2].startswith("按玩家（共 1 人）：steve ")
+            assert any(line.startswith("按服务商：fake ") for line in card_lines(zh))
+
+            bad = (await client.chat("op", "/system spend yesterday")).reply.result
+            assert bad.failure.key == "system.error.invalid_input"
+            assert "say today or month" in bad.failure.message
+            refused = (await client.chat("steve", "/system spend")).reply.result
+            assert refused.failure.key == "system.error.unknown_command"
+            helped = card_lines((await client.chat("steve", "/help")).reply.result)
+            assert not any("/spend" in line for line in helped)
+
+
+async def test_a_budget_alert_reaches_the_online_admins_in_game(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget past its `alert_percent` logs and notifies, once per budget and period, the
+    players at or above the admin level on the game server (the network's budget: on every
+    game server), each in their language, through the gateway's NotifyPlayer; an ordinary
+    player gets nothing. Real services on loopback, with service credentials."""
+    from services.model_testserver import FakeOpenAIServer
+
+    monkeypatch.setenv("ALERT_TEST_KEY", "alert-test-key")
+    with FakeOpenAIServer(api_key="alert-test-key") as fake:
+        providers = tmp_path / "providers.toml"
+        providers.write_text(
+            f'[providers.fake]\npreset = "custom"\nbase_url = "{fake.base_url}"\n'
+            'api_key_env = "ALERT_TEST_KEY"\n[providers.fake.models]\n'
+            "m = { input_per_million = 1000.0, output_per_million = 2000.0 }\n"
+            '[routes]\ndefault = ["fake/m"]\n'
+        )
+        budgets = tmp_path / "budgets.toml"
+        # A lease holds 16,384 tokens and more at once: the first reservation passes 10 % of
+        # the server's budget and 1 % of the network's (network budgets: every game server).
+        budgets.write_text(
+            "[server]\ndaily_tokens = 100000\nalert_percent = 10\n"
+            "[network]\ndaily_tokens = 1000000\nalert_percent = 1\n"
+        )
+        settings = {"providers_file": str(providers), "budgets_file": str(budgets)}
+        async with running_chain(
+            tmp_path, credentials=True, model=fake, model_settings=settings
+        ) as chain:
+            client = await chain.client()
+            await client.join("op", "Op", "en_us", permission_level=3)
+            await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
+            await client.join("steve", "Steve", "en_us")
+            for _ in range(2):
+                fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
+                fake.script("Hello Steve!", prompt_tokens=40, completion_tokens=5)
+                assert (await client.chat("steve", "hello there")).reply.module_id == "system:chat"
+            notices = chain.apps["model"].notices
+            await notices.drain()
+            # Once per budget and period: the second chat sent none.
+            assert notices.sent == 2
+            got: dict[tuple[str, str], gateway_pb2.PlayerResponse] = {}
+            while len(got) < 4:
+                frame = await asyncio.wait_for(client.notices.get(), 5)
+                budget = frame.notice.result.card.lines[0].text.split()[1].split("（")[0]
+                got[(frame.player_id, budget)] = frame
+            assert client.notices.empty()
+            assert set(got) == {  # not steve
+                (player, budget)
+                for player in ("op", "zhop")
+                for budget in ("server_daily_tokens", "network_daily_tokens")
+            }
+            network = got[("op", "network_daily_tokens")].notice.result.card.lines[0].text
+            assert network.startswith("Budget network_daily_tokens passed 1 % for ")
+            en = got[("op", "server_daily_tokens")].notice.result.card
+            assert en.title == "Budget alert"
+            assert en.lines[0].text.startswith(
+                f"Budget server_daily_tokens of {chain.server_id} passed 10 % for "
+            )
+            assert en.lines[0].text.endswith(" / 100000 tokens used or held.")
+            assert en.lines[1].suggest_command == "/system spend"
+            zh = got[("zhop", "server_daily_tokens")].notice.result.card
+            assert zh.title == "预算提醒"
+            assert zh.lines[0].text.startswith(f"预算 server_daily_tokens（{chain.server_id}）在 ")
+
+            # The relay's checks of such a notice.
+            relay = chain.relay_stub()
+            for wrong, says in (
+                ({"min_permission_level": 5}, "min_permission_level must be 1..4"),
+                ({"every_server": True}, "min_permission_level must be 1..4"),
+                (
+                    {"min_permission_level": 3, "features_changed": True},
+                    "changes no binding or features",
+                ),
+            ):
+                request = relay_pb2.NotifyPlayerRequest(
+                    player_id=f"{chain.server_id}/op",
+                    result=common_pb2.AgentResult(status=SUCCEEDED),
+                    **wrong,
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await relay.NotifyPlayer(request, timeout=5)
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert says in (caught.value.details() or "")
+            request = relay_pb2.NotifyPlayerRequest(
+                player_id=f"{chain.server_id}/op",
+                result=common_pb2.AgentResult(status=SUCCEEDED),
+                min_permission_level=4,
+                every_server=True,
+            )
+            request.results_by_language["fr"].status = SUCCEEDED
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await relay.NotifyPlayer(request, timeout=5)
+            assert "keys are zh and en" in (caught.value.details() or "")
+            del request.results_by_language["fr"]
+            answer = await relay.NotifyPlayer(request, timeout=5)
+            assert answer.notified == 1  # zhop alone is at level 4
+            assert (await asyncio.wait_for(client.notices.get(), 5)).player_id == "zhop"

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import select
 from system.model.v1 import model_pb2, model_pb2_grpc
-from system.storage.v1 import player_data_pb2
+from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from services.model_gateway.config import ModelConfig
 from services.model_testserver import FakeOpenAIServer
@@ -445,3 +445,57 @@ def test_a_lapsed_reservation_releases_its_money_on_every_level(sessions: Any) -
     )
     assert (settled.held_tokens, settled.held_cost_micros) == (4, 20_000)
     assert _counter_row(sessions, f"server:{server}", day) == (6, 4, 8_000, 20_000)
+
+
+@pytest.mark.parametrize("leases", [False, True], ids=["per-call", "leases"])
+async def test_spend_by_module_and_provider_reaches_storage(
+    deployment: Deployment, leases: bool
+) -> None:
+    """Each call's tokens and money travel with its settle (a lease's batch sums them per
+    module and provider) into storage's spend view, beside the player's and the server's
+    budget counters, with the server budget's limit as the reservation carried it."""
+    overrides = {} if leases else NO_LEASES
+    stub = await deployment.gateway("[server]\ndaily_cost = 5.0\n", **overrides)
+    server = _server()
+    for module_id, player, prompt in (
+        ("system:chat", "a", 50),
+        ("system:chat", "b", 10),
+        ("system:question", "a", 20),
+        ("", "b", 5),
+    ):
+        deployment.fake.script(content="ok", prompt_tokens=prompt, completion_tokens=1)
+        request = _request(f"{server}/{player}")
+        request.module_id = module_id
+        await stub.Complete(request, timeout=5)
+    await deployment.settled()
+    channel = grpc.aio.insecure_channel(deployment.storage.host.target)
+    try:
+        view = await player_data_pb2_grpc.PlayerDataServiceStub(channel).GetSpend(
+            player_data_pb2.GetSpendRequest(scope=server), timeout=5
+        )
+    finally:
+        await channel.close()
+
+    def micros(prompt: int) -> int:
+        return prompt * 1000 + 2000
+
+    assert [(m.name, m.tokens, m.cost_micros) for m in view.modules] == [
+        ("system:chat", 62, micros(50) + micros(10)),
+        ("system:question", 21, micros(20)),
+        ("", 6, micros(5)),
+    ]
+    assert [(p.name, p.tokens) for p in view.providers] == [("fake", 89)]
+    assert [(p.name, p.tokens, p.cost_micros) for p in view.players] == [
+        (f"{server}/a", 72, micros(50) + micros(20)),
+        (f"{server}/b", 17, micros(10) + micros(5)),
+    ]
+    assert view.total.cost_micros == sum(micros(p) for p in (50, 10, 20, 5))
+    [budget] = [b for b in view.budgets if b.scope == server]
+    assert (budget.budget, budget.limit) == ("server_daily_cost", 5_000_000)
+    assert budget.used == view.total.cost_micros  # settled: nothing held by a call any more
+
+
+@pytest.mark.parametrize("level", [0, 5])
+def test_the_alert_permission_level_is_checked(level: int) -> None:
+    with pytest.raises(ConfigError, match="alert_permission_level must be 1 to 4"):
+        ModelConfig(alert_permission_level=level).validate()

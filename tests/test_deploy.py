@@ -103,7 +103,7 @@ SPECS = (
         50054,
         9104,
         "system.model.v1.ModelGatewayService",
-        {"storage_target": "storage"},
+        {"storage_target": "storage", "relay_target": "gateway-internal"},
     ),
     Spec(
         "storage",
@@ -1574,14 +1574,19 @@ def _alert_queries() -> list[tuple[str, str]]:
     ]
 
 
-def _adapter_rules() -> list[dict[str, Any]]:
+def _adapter_rules(kind: str = "custom") -> list[dict[str, Any]]:
+    """The adapter's `custom` (per-pod) or `external` rules."""
     (values,) = _load_all(ADAPTER_VALUES)
-    rules: list[dict[str, Any]] = values["rules"]["custom"]
+    rules: list[dict[str, Any]] = values["rules"][kind]
     return rules
 
 
 def _adapter_queries() -> list[tuple[str, str]]:
-    return [(f"adapter rule {r['name']['as']}", r["seriesQuery"]) for r in _adapter_rules()]
+    return [
+        (f"adapter rule {r['name']['as']}", r["seriesQuery"])
+        for kind in ("custom", "external")
+        for r in _adapter_rules(kind)
+    ]
 
 
 def test_the_promql_reader_finds_metrics_and_labels() -> None:
@@ -1661,7 +1666,7 @@ def test_the_engine_queue_autoscaling_adds_a_pods_metric_beside_cpu(tmp_path: Pa
     check_everything(rendered)
     hpa = rendered.of("HorizontalPodAutoscaler")["engine"]
     kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
-    assert set(kinds) == {"Resource", "Pods"}
+    assert set(kinds) == {"Resource", "Pods", "External"}
     pods = kinds["Pods"]["pods"]
     (rule,) = _adapter_rules()
     assert pods["metric"]["name"] == rule["name"]["as"]
@@ -1682,6 +1687,19 @@ def test_the_engine_queue_autoscaling_adds_a_pods_metric_beside_cpu(tmp_path: Pa
         "namespace": {"resource": "namespace"},
         "pod": {"resource": "pod"},
     }
+    # The event backlog: storage's gauge, the same on every storage replica (max, not sum),
+    # of the namespace (no pod), one replica per queue-full of unclaimed tasks.
+    backlog = kinds["External"]["external"]
+    (external,) = _adapter_rules("external")
+    assert backlog["metric"]["name"] == external["name"]["as"]
+    assert re.fullmatch(r"\^(\w+)\$", external["name"]["matches"])[1] in _defined_metrics()
+    assert external["metricsQuery"].startswith("max(")
+    assert external["resources"]["overrides"] == {"namespace": {"resource": "namespace"}}
+    assert backlog["target"]["type"] == "AverageValue"
+    queue = _setting(
+        BY_APP["engine"], rendered.settings(rendered.of("Deployment")["engine"]), "event_queue"
+    )
+    assert 0 < float(backlog["target"]["averageValue"]) <= queue
     # Without the component, CPU alone.
     (cpu,) = BASE_MANIFESTS.of("HorizontalPodAutoscaler")["engine"]["spec"]["metrics"]
     assert cpu["type"] == "Resource"

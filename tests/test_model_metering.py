@@ -24,7 +24,7 @@ from services.model_gateway.app import create_app
 from services.model_gateway.config import ModelConfig
 from services.model_gateway.lease import Amount, Answer, Batch, Lease, Verdict
 from services.model_gateway.leasing import LeaseMeter, LeasePolicy
-from services.model_gateway.metering import Budgets, ExternalServicesOff, Used
+from services.model_gateway.metering import Budgets, ExternalServicesOff, Spend, Used
 from services.model_gateway.usage_store import UsageStore
 from services.model_testserver import FakeOpenAIServer
 from services.runtime.errors import Unavailable
@@ -436,6 +436,31 @@ def test_a_lease_serves_what_is_free_and_no_more() -> None:
     assert lease.next_batch() == (batch, True)  # not acknowledged: the same batch again
     lease.acknowledge(batch, Answer(True, Amount(850, 2), True), sent=103.0)
     assert (lease.free, lease.sequence, lease.expires) == (Amount(850, 2), 1, 163.0)
+
+
+def test_a_lease_sums_its_calls_spend_per_module_and_provider() -> None:
+    lease = _lease()
+    for module_id, provider, tokens in (
+        ("system:chat", "deepseek", 10),
+        ("system:question", "qwen", 7),
+        ("system:chat", "deepseek", 5),
+        ("system:chat", "qwen", 1),
+    ):
+        lease.take(Amount(20), 101.0)
+        used = Used(
+            prompt_tokens=tokens,
+            model_calls=1,
+            cost_micros=tokens * 100,
+            spend=(Spend(module_id, provider, tokens, tokens * 100),),
+        )
+        lease.finish(Amount(20), used, 102.0)
+    batch, _ = lease.next_batch()
+    assert batch.used.spend == (
+        Spend("system:chat", "deepseek", 15, 1500),
+        Spend("system:chat", "qwen", 1, 100),
+        Spend("system:question", "qwen", 7, 700),
+    )
+    assert (batch.used.prompt_tokens, batch.used.cost_micros) == (23, 2300)
 
 
 def test_a_lease_turns_stale_spent_or_closing() -> None:

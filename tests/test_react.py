@@ -324,10 +324,11 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "ftbquests:quest.find",
         "ftbquests:quest.detail",
         "minecraft:gift.list",
-        # Offered only to a player who may use /system routing and /system usage (an
-        # admin): see `offered`.
+        # Offered only to a player who may use /system routing, /system usage and
+        # /system spend (an admin): see `offered`.
         "system:routing.diagnostics",
         "system:usage.read",
+        "system:spend.read",
         "system:preferences.read",
         "ftbquests:quests.list",
     )

@@ -448,3 +448,111 @@ def test_a_batch_of_settles_applies_each_once(sessions: sessionmaker[Session]) -
     with pytest.raises(InvalidArgument, match="belongs to player"):
         ledger.settle_many([SettleItem(rids[1], players[1], used, sequence=2), wrong])
     assert _row(sessions, players[1]).prompt_tokens == 30
+
+
+def _spend(module_id: str, provider: str, tokens: int, cost: int) -> player_data_pb2.SpendItem:
+    return player_data_pb2.SpendItem(
+        module_id=module_id, provider=provider, tokens=tokens, cost_micros=cost
+    )
+
+
+def test_spend_view_by_player_module_and_provider(sessions: sessionmaker[Session]) -> None:
+    """What settles carried by module and provider is summed per scope; players come from the
+    budget counters; the server's and network's budgets show the limits reservations carried;
+    a retried settle counts once."""
+    ledger = UsageLedger(sessions)
+    scope = f"s{uuid.uuid4().hex[:8]}"
+    alice, bob = f"{scope}/alice", f"{scope}/bob"
+    limits = Limits(server_tokens=100_000, server_cost_micros=5_000_000, monthly_cost_micros=9**12)
+    network_before = ledger.spend(scope, "").network
+    for player, module_id, provider, tokens, cost in (
+        (alice, "system:question", "deepseek", 300, 2_000),
+        (bob, "system:question", "qwen", 100, 500),
+        (bob, "system:help", "deepseek", 50, 0),
+    ):
+        rid = _rid()
+        ledger.reserve(rid, player, tokens, 0, limits, 60, cost_micros=cost)
+        used = _used(
+            prompt_tokens=tokens,
+            model_calls=1,
+            cost_micros=cost,
+            spend=[_spend(module_id, provider, tokens, cost)],
+        )
+        ledger.settle(rid, player, used, sequence=1)
+        ledger.settle(rid, player, used, sequence=1)  # a retry: applied once
+    view = ledger.spend(scope, "")
+    today = dt.datetime.now(dt.UTC).date()
+    assert view.period == today.isoformat()
+    assert (view.total.name, view.total.tokens, view.total.cost_micros) == (scope, 450, 2_500)
+    assert [(p.name, p.tokens, p.cost_micros) for p in view.players] == [
+        (alice, 300, 2_000),
+        (bob, 150, 500),
+    ]
+    assert view.player_count == 2
+    assert [(m.name, m.tokens, m.cost_micros) for m in view.modules] == [
+        ("system:question", 400, 2_500),
+        ("system:help", 50, 0),
+    ]
+    assert [(p.name, p.tokens, p.cost_micros) for p in view.providers] == [
+        ("deepseek", 350, 2_000),
+        ("qwen", 100, 500),
+    ]
+    assert view.network.tokens - network_before.tokens >= 450
+    budgets = {(b.budget, b.scope): (b.used, b.limit, b.period) for b in view.budgets}
+    assert budgets[("server_daily_tokens", scope)] == (450, 100_000, today.isoformat())
+    assert budgets[("server_daily_cost", scope)] == (2_500, 5_000_000, today.isoformat())
+    month = today.strftime("%Y-%m")
+    # (The network's rows are shared with other tests on PostgreSQL: only their shape.)
+    assert all(b.period == month for b in view.budgets if "monthly" in b.budget)
+    # The month: the same lines (this month's other days hold nothing of this scope).
+    monthly = ledger.spend(scope, month, max_lines=1)
+    assert monthly.period == month
+    assert (monthly.total.tokens, monthly.total.cost_micros) == (450, 2_500)
+    assert [p.name for p in monthly.players] == [alice] and monthly.player_count == 2
+    assert {b.budget for b in monthly.budgets} <= {"network_monthly_cost", "network_monthly_tokens"}
+    # The money of /system usage: per player and per scope day.
+    store = PlayerDataStore(sessions)
+    assert ledger.daily_cost(f"player:{alice}", today.isoformat(), today.isoformat()) == {
+        today.isoformat(): 2_000
+    }
+    assert ledger.daily_cost(f"server:{scope}", today.isoformat(), today.isoformat()) == {
+        today.isoformat(): 2_500
+    }
+    assert [d.day for d in store.get_usage("", "", "", scope)] == [today.isoformat()]
+
+
+@pytest.mark.parametrize(
+    ("scope", "period", "max_lines", "expected"),
+    [
+        ("", "", 0, "scope is required"),
+        ("a/b", "", 0, "must not contain '/'"),
+        ("s", "2026-13", 0, "period must be"),
+        ("s", "2026-02-30", 0, "period must be"),
+        ("s", "yesterday", 0, "period must be"),
+        ("s", "", 101, "max_lines is 101"),
+    ],
+)
+def test_spend_view_refuses_malformed_requests(
+    sessions: sessionmaker[Session], scope: str, period: str, max_lines: int, expected: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=expected):
+        UsageLedger(sessions).spend(scope, period, max_lines)
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        (_spend("system:question", "", 1, 0), "provider is required"),
+        (_spend("question", "p", 1, 0), "namespace:path"),
+        (_spend("system:q", "p" * 65, 1, 0), "longer than 64"),
+        (_spend("system:q", "p", 2**41, 0), "tokens is"),
+    ],
+)
+def test_settles_with_malformed_spend_items_are_refused(
+    sessions: sessionmaker[Session], item: player_data_pb2.SpendItem, expected: str
+) -> None:
+    ledger = UsageLedger(sessions)
+    rid, player = _rid(), _player()
+    ledger.reserve(rid, player, 10, 0, Limits(), 60)
+    with pytest.raises(InvalidArgument, match=expected):
+        ledger.settle(rid, player, _used(prompt_tokens=1, spend=[item]), sequence=1)

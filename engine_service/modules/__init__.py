@@ -21,6 +21,7 @@ from engine_service.modules.admin import (
     FeatureModule,
     ReloadModule,
     RoutingModule,
+    SpendModule,
     UsageModule,
 )
 from engine_service.modules.chat import ChatModule
@@ -158,6 +159,7 @@ def register_builtins(
     registry.register(ReloadModule())
     UsageTools(services.usage).register(registry.tools)
     registry.register(UsageModule())
+    registry.register(SpendModule())
     BindingTools(services.bindings, services.notifier).register(registry.tools)
     for action in ("grant", "revoke", "reset"):
         registry.register(BindingModule(action))

@@ -1,6 +1,7 @@
 """Administrators' commands in game: `/system routing` (路由诊断) shows the router's state and
 counts; `/system reload` (重载配置) reloads the router's `system-semantic.json` and this engine's
-event rules. They need the engine's `admin_permission_level` (3 by default, `ADMIN_LEVEL`) and appear nowhere below it; they
+event rules; `/system usage` (用量) a player's use; `/system spend [today|month]` (花费) what the
+server spent, by player, module and provider, and its budgets against their limits. They need the engine's `admin_permission_level` (3 by default, `ADMIN_LEVEL`) and appear nowhere below it; they
 are commands only (no routing by meaning) and read-only for the game.
 """
 
@@ -14,9 +15,9 @@ from engine_service.admin_tools import ADMIN_LEVEL, CONFIG_RELOAD, ROUTING_DIAGN
 from engine_service.binding_tools import BINDING_CHANGE, FEATURE_CHANGE
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleContext, ModuleSpec
-from engine_service.usage_tools import EVERYONE, USAGE_DAYS, USAGE_READ
+from engine_service.usage_tools import EVERYONE, SPEND_READ, USAGE_DAYS, USAGE_READ
 from engine_service.web_tools import SEARCH_FEATURE
-from services.results import card, succeeded
+from services.results import AgentFailure, card, failed, succeeded
 
 __all__ = [
     "ADMIN_MODULES",
@@ -24,7 +25,9 @@ __all__ = [
     "FeatureModule",
     "ReloadModule",
     "RoutingModule",
+    "SpendModule",
     "UsageModule",
+    "money",
 ]
 
 _NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -188,13 +191,15 @@ class ReloadModule:
 _USAGE_TITLE = {"zh": "{player} 的用量", "en": "Usage of {player}"}
 _SERVER_USAGE_TITLE = {"zh": "本服所有玩家的用量", "en": "Usage of every player on this server"}
 _USAGE_DAY = {
-    "zh": "{day}：模型调用 {calls} 次，输入 {prompt} / 输出 {completion} tokens，联网搜索 {searches} 次",
+    "zh": "{day}：模型调用 {calls} 次，输入 {prompt} / 输出 {completion} tokens，花费 {cost}，"
+    "联网搜索 {searches} 次",
     "en": "{day}: {calls} model calls, {prompt} prompt / {completion} completion tokens, "
-    "{searches} web searches",
+    "cost {cost}, {searches} web searches",
 }
 _USAGE_TOTAL = {
-    "zh": "近 {days} 天合计：模型调用 {calls} 次，{tokens} tokens，联网搜索 {searches} 次",
-    "en": "Last {days} days: {calls} model calls, {tokens} tokens, {searches} web searches",
+    "zh": "近 {days} 天合计：模型调用 {calls} 次，{tokens} tokens，花费 {cost}，联网搜索 {searches} 次",
+    "en": "Last {days} days: {calls} model calls, {tokens} tokens, cost {cost}, "
+    "{searches} web searches",
 }
 _USAGE_NONE = {"zh": "近 {days} 天没有用量。", "en": "No usage in the last {days} days."}
 
@@ -227,6 +232,7 @@ class UsageModule:
                 calls=d["model_calls"],
                 prompt=d["prompt_tokens"],
                 completion=d["completion_tokens"],
+                cost=money(d["cost_micros"]),
                 searches=d["web_searches"],
             )
             for d in days
@@ -237,6 +243,7 @@ class UsageModule:
                     days=USAGE_DAYS,
                     calls=sum(d["model_calls"] for d in days),
                     tokens=sum(d["prompt_tokens"] + d["completion_tokens"] for d in days),
+                    cost=money(sum(d["cost_micros"] for d in days)),
                     searches=sum(d["web_searches"] for d in days),
                 )
             )
@@ -248,6 +255,126 @@ class UsageModule:
             else pick(_USAGE_TITLE, language).format(player=found["player"])
         )
         return succeeded(card("system:usage", title, lines))
+
+
+def money(micros: int) -> str:
+    """Micros (millionths of the prices' currency) as an amount: 2500 -> 0.0025."""
+    return f"{micros / 1_000_000:.6f}".rstrip("0").rstrip(".") if micros else "0"
+
+
+_SPEND_TITLE = {
+    False: {"zh": "本服今日花费（{period}）", "en": "Spend on this server today ({period})"},
+    True: {"zh": "本服本月花费（{period}）", "en": "Spend on this server this month ({period})"},
+}
+_SPEND_SERVER = {
+    "zh": "本服：{tokens} tokens，花费 {cost}",
+    "en": "This server: {tokens} tokens, cost {cost}",
+}
+_SPEND_NETWORK = {
+    "zh": "全网：{tokens} tokens，花费 {cost}",
+    "en": "Whole network: {tokens} tokens, cost {cost}",
+}
+_SPEND_BY = {
+    "players": {
+        "zh": "按玩家（共 {count} 人）：{lines}",
+        "en": "By player ({count} in all): {lines}",
+    },
+    "modules": {"zh": "按模块：{lines}", "en": "By module: {lines}"},
+    "providers": {"zh": "按服务商：{lines}", "en": "By provider: {lines}"},
+}
+_SPEND_LINE = {"zh": "{name} {tokens} tokens / {cost}", "en": "{name} {tokens} tokens / {cost}"}
+_SEPARATOR = {"zh": "；", "en": "; "}
+_NO_MODULE = {"zh": "（未注明）", "en": "(none named)"}
+_BUDGET_LINE = {
+    "zh": "预算 {budget}：已花 {spent}，预留 {held}，上限 {limit}（已占 {percent}%）",
+    "en": "Budget {budget}: {spent} spent, {held} held, of {limit} ({percent} % taken)",
+}
+_NO_BUDGETS = {"zh": "本期没有设上限的预算。", "en": "No budget has a limit this period."}
+_PERIODS = {
+    "": "day",
+    "today": "day",
+    "day": "day",
+    "今天": "day",
+    "今日": "day",
+    "month": "month",
+    "本月": "month",
+    "月": "month",
+}
+
+
+class SpendModule:
+    """`/system spend [today|month]`: what this server's players spent on the model (tokens and
+    money), by player, module and provider, beside the network's whole, and the budgets (game
+    server, network) against their limits."""
+
+    spec = _admin_spec(
+        "system:spend",
+        {
+            "zh": "管理员：查看本服今日或本月的模型花费（按玩家、模块、服务商）和预算用量。",
+            "en": "Admin: this server's model spend today or this month, by player, module and "
+            "provider, and the budgets' use against their limits.",
+        },
+        ("spend", "花费"),
+        SPEND_READ,
+        writes=0,
+        argument="period",
+    )
+
+    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
+        language = ctx.player.language
+        asked = (data.get("period") or "").strip().lower()
+        period = _PERIODS.get(asked)
+        if period is None:
+            return failed(
+                AgentFailure.INVALID_INPUT,
+                pick(
+                    {
+                        "zh": f"不认识的时段 {asked!r}：请用 今天 或 本月",
+                        "en": f"unknown period {asked!r}: say today or month",
+                    },
+                    language,
+                ),
+            )
+        found = await ctx.tool(SPEND_READ, {"period": period})
+        sep = pick(_SEPARATOR, language)
+        lines = [
+            pick(_SPEND_SERVER, language).format(
+                tokens=found["total"]["tokens"], cost=money(found["total"]["cost_micros"])
+            ),
+            pick(_SPEND_NETWORK, language).format(
+                tokens=found["network"]["tokens"], cost=money(found["network"]["cost_micros"])
+            ),
+        ]
+        for key in ("players", "modules", "providers"):
+            if not found[key]:
+                continue
+            shown = sep.join(
+                pick(_SPEND_LINE, language).format(
+                    name=line["name"] or pick(_NO_MODULE, language),
+                    tokens=line["tokens"],
+                    cost=money(line["cost_micros"]),
+                )
+                for line in found[key]
+            )
+            lines.append(
+                pick(_SPEND_BY[key], language).format(count=found["player_count"], lines=shown)
+            )
+        for budget in found["budgets"]:
+            cost = budget["budget"].endswith("_cost")
+            show = money if cost else str
+            lines.append(
+                pick(_BUDGET_LINE, language).format(
+                    budget=budget["budget"],
+                    spent=show(budget["spent"]),
+                    held=show(budget["held"]),
+                    limit=show(budget["limit"]),
+                    percent=round(100 * (budget["spent"] + budget["held"]) / budget["limit"], 1),
+                )
+            )
+        if not found["budgets"]:
+            lines.append(pick(_NO_BUDGETS, language))
+        title = pick(_SPEND_TITLE[found["monthly"]], language).format(period=found["period"])
+        return succeeded(card("system:spend", title, lines))
 
 
 _BINDING: dict[str, dict[str, Any]] = {
@@ -366,5 +493,12 @@ class FeatureModule:
         return succeeded(card("system:binding", title, lines))
 
 
-ADMIN_MODULES = (RoutingModule, ReloadModule, UsageModule, BindingModule, FeatureModule)
+ADMIN_MODULES = (
+    RoutingModule,
+    ReloadModule,
+    UsageModule,
+    SpendModule,
+    BindingModule,
+    FeatureModule,
+)
 """The administrators' commands: their level is the engine's `admin_permission_level`."""

@@ -23,7 +23,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.connection import Connection, ConnectionRegistry, PendingCall
 from services.gateway.players import PlayerState
 from services.gateway.scopes import PlayerScopes, split
-from services.gateway.validation import MAX_NAME, check_id, shown
+from services.gateway.validation import MAX_NAME, MAX_PERMISSION, check_id, shown
 from services.runtime.context import remaining_seconds
 from services.runtime.errors import (
     AlreadyExists,
@@ -109,6 +109,8 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
         self, request: relay_pb2.NotifyPlayerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> relay_pb2.NotifyPlayerResponse:
         check_id("player_id", request.player_id)
+        if request.min_permission_level or request.every_server:
+            return self._notify_admins(request)
         if request.binding not in gateway_pb2.BindingChange.values():
             raise InvalidArgument(f"binding {request.binding} is not a BindingChange")
         for index, feature in enumerate(request.player_features):
@@ -135,6 +137,55 @@ class ToolRelayServicer(relay_pb2_grpc.ToolRelayServiceServicer):
                 droppable=True,
             )
         return relay_pb2.NotifyPlayerResponse()
+
+    def _notify_admins(
+        self, request: relay_pb2.NotifyPlayerRequest
+    ) -> relay_pb2.NotifyPlayerResponse:
+        """The notice for every player at or above `min_permission_level` on the player's game
+        server (or on every server of this replica), each in their language."""
+        level = request.min_permission_level
+        if not 1 <= level <= MAX_PERMISSION:
+            raise InvalidArgument(
+                f"min_permission_level must be 1..{MAX_PERMISSION} (every_server needs it)"
+            )
+        if request.binding or request.features_changed:
+            raise InvalidArgument("a notice to administrators changes no binding or features")
+        results = dict(request.results_by_language)
+        if set(results) - {"zh", "en"}:
+            raise InvalidArgument("results_by_language keys are zh and en")
+        for result in (request.result, *results.values()):
+            if result.status == common_pb2.RESULT_STATUS_UNSPECIFIED:
+                raise InvalidArgument("result.status is required: say how the work ended")
+        if request.every_server:
+            connections = self._registry.connections()
+        else:
+            parts = split(request.player_id)
+            connection = self._registry.attached(request.player_id) if parts else None
+            if connection is None and parts is not None:  # offline: their scope's own server
+                connection = self._registry.server(request.server_id or parts[0])
+            if connection is None or (
+                parts is not None and self._scopes.scope_of(connection.server_id) != parts[0]
+            ):
+                raise FailedPrecondition(
+                    f"the game server of {shown(request.player_id)} is not connected here"
+                )
+            connections = [connection]
+        notified = 0
+        for connection in connections:
+            for own_id, player in list(connection.players.items()):
+                if player.permission_level < level:
+                    continue
+                result = results.get(player.language, request.result)
+                connection.send(
+                    gateway_pb2.ConnectResponse(
+                        response=gateway_pb2.PlayerResponse(
+                            player_id=own_id, notice=gateway_pb2.Notice(result=result)
+                        )
+                    ),
+                    droppable=True,
+                )
+                notified += 1
+        return relay_pb2.NotifyPlayerResponse(notified=notified)
 
     @staticmethod
     def _binding_changed(connection: Connection, player_id: str, change: int) -> None:

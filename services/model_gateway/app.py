@@ -7,6 +7,7 @@ import math
 
 from system.model.v1 import model_pb2, model_pb2_grpc
 
+from services.model_gateway.alerts import AdminNotices
 from services.model_gateway.budgets import dearest_micros_per_token
 from services.model_gateway.config import ModelConfig
 from services.model_gateway.leasing import LeaseMeter, LeasePolicy
@@ -29,7 +30,7 @@ Operators may call everything."""
 log = logging.getLogger("system.model")
 
 
-def make_meter(config: ModelConfig) -> Meter:
+def make_meter(config: ModelConfig, notices: AdminNotices | None = None) -> Meter:
     if not config.storage_target:
         log.warning(
             "storage_target is empty: no metering, no daily budgets and no check of the players' "
@@ -41,6 +42,7 @@ def make_meter(config: ModelConfig) -> Meter:
         config.budgets,
         config.storage_timeout_seconds,
         config.channel_settings(),
+        notify=notices.alert if notices is not None else None,
     )
     return LeaseMeter(
         store,
@@ -60,7 +62,14 @@ class ModelApp:
     """The running model gateway and what it owns."""
 
     def __init__(self, config: ModelConfig) -> None:
-        self.meter = make_meter(config)
+        self.notices = (
+            AdminNotices(
+                config.relay_target, config.alert_permission_level, config.channel_settings()
+            )
+            if config.relay_target
+            else None
+        )
+        self.meter = make_meter(config, self.notices)
         self.provider = ChatProvider(config, self.meter)
         self.web = WebTools(
             config,
@@ -97,6 +106,8 @@ class ModelApp:
         await self.provider.aclose()
         await self.web.aclose()
         await self.meter.aclose()
+        if self.notices is not None:
+            await self.notices.aclose()
 
 
 async def create_app(config: ModelConfig) -> ModelApp:

@@ -42,7 +42,7 @@ import datetime as dt
 import logging
 import math
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -434,11 +434,19 @@ class BudgetAlerts:
 
     MAX_REMEMBERED = 100_000
 
-    def __init__(self, percent: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        percent: Mapping[str, int],
+        notify: Callable[[Use, int, str], None] | None = None,
+    ) -> None:
+        """`notify(use, percent, player_id)` is told of each alert too (the in-game notice to
+        administrators, `alerts.AdminNotices.alert`); it must not block or raise."""
         self._percent = dict(percent)
         self._fired: set[tuple[str, str, str]] = set()
+        self._notify = notify
 
-    def observe(self, uses: Iterable[Use]) -> None:
+    def observe(self, uses: Iterable[Use], player_id: str = "") -> None:
+        """`uses`: every limited budget a reservation of `player_id` found."""
         for use in uses:
             if not use.limit:
                 continue
@@ -470,6 +478,8 @@ class BudgetAlerts:
                 shown,
                 extra={"budget": use.budget, "budget_scope": use.scope, "period": use.period},
             )
+            if self._notify is not None:
+                self._notify(use, percent, player_id)
 
     def _forget_old(self, current: str) -> None:
         """Drops the alerts of periods before today's and this month's."""

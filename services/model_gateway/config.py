@@ -89,6 +89,13 @@ class ModelConfig(ServerConfig):
     rank (permission level), per game server per day, per network per day and per month, and
     alert thresholds (see `budgets.py`). Empty: the flat `player_daily_*` / `global_daily_*`
     limits alone. Read once at start."""
+    relay_target: str = ""
+    """`host:port` of the gateway's internal relay (ToolRelayService), where budget alerts are
+    sent as in-game notices to the administrators (NotifyPlayer to every player at or above
+    `alert_permission_level`). Empty: alerts are logged only."""
+    alert_permission_level: int = 3
+    """Permission level at and above which players get budget alerts in game; keep it the
+    engine's `admin_permission_level`, the level of the admin commands."""
     lease_tokens: int = 16_384
     """Tokens of a player's daily budget (and of the global one) this replica reserves at once
     and then draws on for that player's calls without a storage round trip; never more than
@@ -242,6 +249,10 @@ class ModelConfig(ServerConfig):
             raise ConfigError(
                 "breaker_cooldown_seconds must be over 0 and at most 3600, got "
                 f"{self.breaker_cooldown_seconds}"
+            )
+        if not 1 <= self.alert_permission_level <= 4:
+            raise ConfigError(
+                f"alert_permission_level must be 1 to 4, got {self.alert_permission_level}"
             )
         if not 1 <= self.max_attempts <= 10:
             raise ConfigError(f"max_attempts must be between 1 and 10, got {self.max_attempts}")

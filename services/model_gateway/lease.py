@@ -24,7 +24,7 @@ import dataclasses
 import datetime as dt
 import enum
 
-from services.model_gateway.metering import Used
+from services.model_gateway.metering import Used, merge_spend
 
 __all__ = ["Amount", "Answer", "Batch", "Lease", "Verdict", "amount_of"]
 
@@ -67,9 +67,12 @@ def amount_of(used: Used) -> Amount:
 
 
 def _plus(a: Used, b: Used) -> Used:
-    return Used(
-        **{f.name: getattr(a, f.name) + getattr(b, f.name) for f in dataclasses.fields(Used)}
-    )
+    summed = {
+        f.name: getattr(a, f.name) + getattr(b, f.name)
+        for f in dataclasses.fields(Used)
+        if f.name != "spend"
+    }
+    return Used(**summed, spend=merge_spend(a.spend, b.spend))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,9 @@ __all__ = [
     "Hold",
     "Meter",
     "NoMeter",
+    "Spend",
     "Used",
+    "merge_spend",
 ]
 
 
@@ -63,6 +65,30 @@ class Hold:
 
 
 @dataclasses.dataclass(frozen=True)
+class Spend:
+    """What one module's calls on one provider used: the spend view's lines (storage's
+    `usage_spend`)."""
+
+    module_id: str
+    provider: str
+    tokens: int = 0
+    cost_micros: int = 0
+
+
+def merge_spend(a: tuple[Spend, ...], b: tuple[Spend, ...]) -> tuple[Spend, ...]:
+    """`a` and `b` summed per (module, provider), in that key's order."""
+    if not b:
+        return a
+    if not a:
+        return b
+    sums: dict[tuple[str, str], tuple[int, int]] = {}
+    for item in (*a, *b):
+        tokens, cost = sums.get((item.module_id, item.provider), (0, 0))
+        sums[(item.module_id, item.provider)] = (tokens + item.tokens, cost + item.cost_micros)
+    return tuple(Spend(m, p, t, c) for (m, p), (t, c) in sorted(sums.items()))
+
+
+@dataclasses.dataclass(frozen=True)
 class Used:
     """What one call actually used."""
 
@@ -74,6 +100,8 @@ class Used:
     web_searches: int = 0
     cost_micros: int = 0
     """What the call cost at its model's prices, in millionths of the prices' currency."""
+    spend: tuple[Spend, ...] = ()
+    """The tokens and money by module and provider (one item for one call)."""
 
 
 class Meter(Protocol):

@@ -29,7 +29,7 @@ from services.model_gateway.breaker import BreakerState, CircuitBreaker
 from services.model_gateway.budgets import cost_micros, count_spend, worst_case_micros
 from services.model_gateway.chat import ChatRequest, Completion, Limits
 from services.model_gateway.config import ModelConfig
-from services.model_gateway.metering import BudgetExhausted, ExternalServicesOff, Meter, Used
+from services.model_gateway.metering import BudgetExhausted, ExternalServicesOff, Meter, Spend, Used
 from services.model_gateway.provider_config import ALL_PROVIDERS_UNAVAILABLE, ProviderSpec, Route
 from services.model_gateway.streaming import AttemptFailed, stream_once
 from services.runtime.context import remaining_seconds
@@ -490,6 +490,9 @@ class ChatProvider:
             prompt_cache_miss_tokens=result.prompt_cache_miss_tokens,
             model_calls=calls,
             cost_micros=cost,
+            spend=(
+                Spend(request.module_id, result.provider or "default", prompt + completion, cost),
+            ),
         )
 
 

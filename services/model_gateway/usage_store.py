@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 
 import grpc
 from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from services.model_gateway.budgets import BudgetAlerts, BudgetPlan, Use
 from services.model_gateway.lease import Amount, Answer, Batch
-from services.model_gateway.metering import BudgetExhausted, Budgets, ExternalServicesOff
+from services.model_gateway.metering import BudgetExhausted, Budgets, ExternalServicesOff, Used
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.context import remaining_seconds
 from services.runtime.errors import (
@@ -69,6 +70,7 @@ class UsageStore:
         budgets: the limits sent with every reservation (the rank's, for the player): a
             BudgetPlan, or the flat daily Budgets.
         timeout: seconds one call may take (a reservation also within the caller's deadline).
+        notify: told of each budget alert besides its log line (`alerts.AdminNotices`).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class UsageStore:
         budgets: Budgets | BudgetPlan,
         timeout: float,
         settings: ChannelSettings | None = None,
+        notify: Callable[[Use, int, str], None] | None = None,
     ) -> None:
         self._timeout = timeout
         self._storage = Dependency(
@@ -94,7 +97,7 @@ class UsageStore:
         self._limits = {
             rank.name: player_data_pb2.UsageLimits(**plan.limits(rank)) for rank in plan.ranks
         }
-        self._alerts = BudgetAlerts(plan.alert_percent)
+        self._alerts = BudgetAlerts(plan.alert_percent, notify)
 
     def rank_of(self, level: int | None) -> str:
         """The rank name of a permission level (the lowest rank for None)."""
@@ -135,7 +138,11 @@ class UsageStore:
         except grpc.aio.AioRpcError as exc:
             raise _reserve_error(exc) from None
         self._alerts.observe(
-            Use(use.budget, use.scope, use.period, use.used, use.limit) for use in response.budgets
+            (
+                Use(use.budget, use.scope, use.period, use.used, use.limit)
+                for use in response.budgets
+            ),
+            player_id,
         )
         return Grant(
             dt.date.fromisoformat(response.day),
@@ -190,13 +197,29 @@ def _settle_request(settle: Settle) -> player_data_pb2.SettleUsageRequest:
     return player_data_pb2.SettleUsageRequest(
         reservation_id=settle.reservation_id,
         player_id=settle.player_id,
-        used=player_data_pb2.UsageAmounts(**dataclasses.asdict(batch.used)),
+        used=_amounts(batch.used),
         sequence=batch.sequence,
         keep_open=batch.keep is not None,
         keep_tokens=batch.keep.tokens if batch.keep else 0,
         keep_web_searches=batch.keep.web_searches if batch.keep else 0,
         keep_cost_micros=batch.keep.cost if batch.keep else 0,
         ttl_seconds=settle.ttl_seconds if batch.keep is not None else 0,
+    )
+
+
+def _amounts(used: Used) -> player_data_pb2.UsageAmounts:
+    fields = {f.name: getattr(used, f.name) for f in dataclasses.fields(used) if f.name != "spend"}
+    return player_data_pb2.UsageAmounts(
+        **fields,
+        spend=[
+            player_data_pb2.SpendItem(
+                module_id=item.module_id,
+                provider=item.provider,
+                tokens=item.tokens,
+                cost_micros=item.cost_micros,
+            )
+            for item in used.spend
+        ],
     )
 
 

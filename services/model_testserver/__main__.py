@@ -1,12 +1,13 @@
 """`python -m services.model_testserver [--host H] [--port P] [--api-key K] [--model M ...]
-[--router-demo] [--fail-every N --fail-status S | --fail-drop]`.
+[--router-demo] [--fail-every N --fail-status S | --fail-drop | --fail-delay SECONDS]`.
 
 Runs the fake OpenAI server until SIGINT or SIGTERM. With no script queued every completion
 answers `echo: <last user message>`; with `--router-demo` the router's routing requests get a
 keyword-matched capability or `clarify` (see `router_demo_reply`). Point the model gateway at it with
 `SYSTEM_MODEL_BASE_URL=http://127.0.0.1:<port>/v1 SYSTEM_MODEL_API_KEY=<key>`. With
 `--fail-every N` every N-th completion fails (HTTP `--fail-status`, 500 by default, or a
-dropped connection with `--fail-drop`): a flaky provider for benchmarks of the fallback.
+dropped connection with `--fail-drop`, or a stall of `--fail-delay` seconds before the first
+token): a flaky or stalling provider for benchmarks of the fallback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import signal
 import sys
 import threading
+from typing import Any
 
 from services.model_testserver.server import FakeOpenAIServer, router_demo_reply
 
@@ -45,6 +47,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--fail-drop", action="store_true", help="failing completions drop the connection"
     )
+    parser.add_argument(
+        "--fail-delay",
+        type=float,
+        default=0.0,
+        help="failing completions stall this many seconds before their first token, then "
+        "answer normally (instead of --fail-status)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -56,7 +65,13 @@ def main(argv: list[str] | None = None) -> None:
         responder=router_demo_reply if args.router_demo else None,
     )
     if args.fail_every:
-        fault = {"drop": True} if args.fail_drop else {"status": args.fail_status}
+        fault: dict[str, Any] = (
+            {"drop": True}
+            if args.fail_drop
+            else {"delay": args.fail_delay}
+            if args.fail_delay
+            else {"status": args.fail_status}
+        )
         server.fault(args.fail_every, **fault)
     try:
         server.start()

@@ -167,7 +167,10 @@ class Stack:
         }
         targets = {
             "storage": {"DATABASE_URL": f"sqlite:///{self.data_dir / 'storage.db'}"},
-            "model": {"STORAGE_TARGET": self.target("storage")},
+            "model": {
+                "STORAGE_TARGET": self.target("storage"),
+                "RELAY_TARGET": self.target("gateway_internal"),  # budget alerts to admins
+            },
             "engine": {
                 "STORAGE_TARGET": self.target("storage"),
                 "ROUTER_TARGET": self.target("router"),
