@@ -1,6 +1,6 @@
 """The server tools behind the administrators' in-game commands: the router's diagnostics
-(`system:routing.diagnostics`) and a reload of its semantic config together with this engine's
-event rules (`system:config.reload`).
+(`system:routing.diagnostics`) and a reload of its semantic config and button phrasings together
+with this engine's event rules (`system:config.reload`).
 
 The router checks the player's permission level itself (its `ADMIN_LEVEL`), from the player
 context the gateway vouched for; the admin modules are also hidden below that level, so an
@@ -68,8 +68,9 @@ DIAGNOSTICS_SPEC = ToolSpec(
 )
 RELOAD_SPEC = ToolSpec(
     tool_id=CONFIG_RELOAD,
-    description="Reloads the router's system-semantic.json and this engine's event rules; says "
-    "what applied, what needs a restart, and any error naming the key.",
+    description="Reloads the router's system-semantic.json and notification button phrasings, "
+    "and this engine's event rules; says what applied, what needs a restart, and any error "
+    "naming the file and the key.",
     input_schema=_EMPTY_INPUT,
     output_schema={
         "type": "object",

@@ -11,7 +11,7 @@ from system.engine.v1 import engine_pb2_grpc
 from system.model.v1 import model_pb2_grpc
 from system.router.v1 import router_pb2, router_pb2_grpc
 
-from router_service.buttons import ButtonMatcher, load_phrasings
+from router_service.buttons import ButtonMatcher, Phrasings, ensure_phrasings, load_phrasings
 from router_service.cache import IntentCache
 from router_service.catalog import CatalogCache, standalone_catalog
 from router_service.clients import SharedIntentCache
@@ -22,6 +22,7 @@ from router_service.router import Router
 from router_service.semantic import SemanticConfig, ensure_semantic_config
 from router_service.servicer import RouterServicer
 from services.runtime.channels import Dependency
+from services.runtime.config import ConfigError
 from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
 
@@ -45,7 +46,9 @@ ACCESS = AccessPolicy(
 class RouterApp:
     """The running router and what it owns."""
 
-    def __init__(self, config: RouterConfig, semantic: SemanticConfig) -> None:
+    def __init__(
+        self, config: RouterConfig, semantic: SemanticConfig, phrasings: Phrasings | None = None
+    ) -> None:
         self.engine = (
             Dependency(
                 config.engine_target,
@@ -84,12 +87,12 @@ class RouterApp:
             IntentCache(
                 semantic.cache_entries, semantic.cache_seconds, semantic.entries_per_player
             ),
-            ButtonMatcher(load_phrasings()),
+            ButtonMatcher(load_phrasings() if phrasings is None else phrasings),
             RouterDiagnostics(),
             ModelRouter(self.model.stub) if self.model else None,
             shared=self.shared_cache,
         )
-        servicer = RouterServicer(self.router, config.semantic_config)
+        servicer = RouterServicer(self.router, config.semantic_config, config.button_phrasings)
         self.host = ServiceHost(
             "router",
             config,
@@ -128,7 +131,15 @@ async def create_app(config: RouterConfig) -> RouterApp:
             log.info(
                 "wrote the default semantic config to %s (mode ENFORCE)", config.semantic_config
             )
+    phrasings: Phrasings | None = None
+    if config.button_phrasings:
+        try:
+            phrasings, written = ensure_phrasings(config.button_phrasings)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (setting button_phrasings)") from None
+        if written:
+            log.info("wrote the bundled button phrasings to %s", config.button_phrasings)
     logging.getLogger("jieba").setLevel(logging.WARNING)
-    app = RouterApp(config, semantic)
+    app = RouterApp(config, semantic, phrasings)
     app.warm_up()
     return app

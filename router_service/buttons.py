@@ -37,6 +37,7 @@ import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from router_service.semantic.text import normalize
+from services.runtime.config import read_json_file, write_file_atomically
 
 if TYPE_CHECKING:
     import jieba
@@ -47,6 +48,7 @@ __all__ = [
     "ButtonMatcher",
     "ButtonReason",
     "Phrasings",
+    "ensure_phrasings",
     "features",
     "load_phrasings",
     "validate_phrasings",
@@ -57,6 +59,8 @@ Phrasings = Mapping[str, Mapping[str, Sequence[str]]]
 
 Button = tuple[str, str, str]
 """(action id, label translation key, label text as shown in the player's language)."""
+
+log = logging.getLogger("system.router")
 
 PHRASINGS_FILE = "notification-buttons.json"
 
@@ -105,18 +109,39 @@ def load_phrasings(path: str | Path | None = None) -> dict[str, dict[str, list[s
     path, the one bundled with the router.
 
     Raises:
-        ValueError: the file is not JSON of that shape; the message names the place.
+        ValueError: the file cannot be read or is not JSON of that shape; the message names
+            the file and the place.
     """
-    if path is None:
-        resource = importlib.resources.files("router_service") / PHRASINGS_FILE
-        text, where = resource.read_text(encoding="utf-8"), PHRASINGS_FILE
-    else:
-        text, where = Path(path).read_text(encoding="utf-8"), str(path)
+    if path is not None:
+        return validate_phrasings(read_json_file(path, "button phrasings file"), str(path))
+    resource = importlib.resources.files("router_service") / PHRASINGS_FILE
     try:
-        data = json.loads(text)
+        data = json.loads(resource.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: not JSON: {error}") from error
-    return validate_phrasings(data, where)
+        raise ValueError(f"{PHRASINGS_FILE}: not JSON: {error}") from error
+    return validate_phrasings(data, PHRASINGS_FILE)
+
+
+def ensure_phrasings(path: str | Path) -> tuple[dict[str, dict[str, list[str]]], bool]:
+    """The phrasings at `path`, written there first as a copy of the bundled file when no file
+    exists (as `system-semantic.json` is written on the first start), so an operator has every
+    phrasing in front of them to edit and reload. Returns them and whether the file was
+    written; a folder that cannot be written leaves the bundled phrasings in force, unwritten.
+
+    Raises:
+        ValueError: as `load_phrasings`, for a file that exists.
+    """
+    target = Path(path)
+    if target.exists():
+        return load_phrasings(target), False
+    resource = importlib.resources.files("router_service") / PHRASINGS_FILE
+    text = resource.read_text(encoding="utf-8")
+    try:
+        write_file_atomically(target, text)
+    except OSError as exc:
+        log.warning("could not write the default %s (%s); using the bundled phrasings", target, exc)
+        return load_phrasings(), False
+    return load_phrasings(target), True
 
 
 def validate_phrasings(data: Any, where: str = "phrasings") -> dict[str, dict[str, list[str]]]:
@@ -357,6 +382,29 @@ class ButtonMatcher:
         self._segment = segment
         self._lock = threading.Lock()
         self._indexes: collections.OrderedDict[tuple[Any, ...], _Index] = collections.OrderedDict()
+        self._generation = 0  # bumped by each replace: an index built before it is never kept
+
+    @property
+    def phrasings(self) -> Phrasings:
+        """The phrasings in force."""
+        return self._phrasings
+
+    def replace_phrasings(self, phrasings: Phrasings) -> list[str]:
+        """Puts new phrasings in force at once (a reload); the indexes built from the old ones
+        go. Returns the label keys whose phrasings changed (added, removed or edited), sorted.
+
+        Raises:
+            ValueError: `phrasings` is not of the `validate_phrasings` shape; nothing changes.
+        """
+        new = validate_phrasings(
+            {k: {lang: list(p) for lang, p in v.items()} for k, v in phrasings.items()}
+        )
+        with self._lock:
+            old = self._phrasings
+            self._phrasings = new
+            self._generation += 1
+            self._indexes.clear()
+        return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
 
     def _segmenter(self) -> Callable[[str], Iterable[str]]:
         if self._segment is None:
@@ -372,8 +420,11 @@ class ButtonMatcher:
             if index is not None:
                 self._indexes.move_to_end(key)
                 return index
-        index = _Index(labels, language, self._phrasings, self._segmenter())
+            phrasings, generation = self._phrasings, self._generation
+        index = _Index(labels, language, phrasings, self._segmenter())
         with self._lock:
+            if generation != self._generation:
+                return index  # built from phrasings a reload replaced meanwhile: used once
             self._indexes[key] = index
             self._indexes.move_to_end(key)
             while len(self._indexes) > self._cache_size:

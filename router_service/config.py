@@ -29,6 +29,12 @@ class RouterConfig(ServerConfig):
     """Path of `system-semantic.json` (seed 004's fields); empty for the built-in defaults. A
     path with no file yet gets one with the defaults at the first start (mode ENFORCE), for the
     operator to edit; reloaded by the ReloadConfig RPC."""
+    button_phrasings: str = ""
+    """Path of the notification buttons' phrasings (`notification-buttons.json`: per label key
+    and language, the extra ways to say a button, such as 领取 or "go ahead"); empty for the
+    ones bundled with the router. A path with no file yet gets a copy of the bundled file at
+    the first start, for the operator to edit; reloaded with `semantic_config` by the
+    ReloadConfig RPC (`/system reload`)."""
     profiles_file: str = ""
     """Standalone use: a profile-set JSON file (see router_service/corpus/profiles.json) routed
     without the engine. Empty: profiles and commands come from the engine's catalogue."""

@@ -26,7 +26,7 @@ from system.common.v1 import catalog_pb2, common_pb2
 from system.router.v1 import router_pb2
 
 from router_service import diagnostics as diag
-from router_service.buttons import ButtonMatcher
+from router_service.buttons import ButtonMatcher, Phrasings
 from router_service.cache import (
     ClearReason,
     IntentCache,
@@ -570,14 +570,21 @@ class Router:
             cache_entries=len(self.cache),
         )
 
-    def reload(self, new: SemanticConfig) -> list[str]:
-        """Applies a reloaded config; returns the change lines (live or needs a restart)."""
-        current = self._catalog.current
-        changes = (
-            current.semantic.apply_config(new)
-            if current
-            else reload_changes(self._catalog.semantic_config, new)
-        )
-        self._catalog.semantic_config = new
-        self.cache.resize(new.cache_entries, new.cache_seconds, new.entries_per_player)
+    def reload(self, new: SemanticConfig | None, phrasings: Phrasings | None = None) -> list[str]:
+        """Applies a reloaded config and notification phrasings (None: that file is not
+        configured); returns the change lines (live or needs a restart)."""
+        changes: list[str] = []
+        if new is not None:
+            current = self._catalog.current
+            changes = (
+                current.semantic.apply_config(new)
+                if current
+                else reload_changes(self._catalog.semantic_config, new)
+            )
+            self._catalog.semantic_config = new
+            self.cache.resize(new.cache_entries, new.cache_seconds, new.entries_per_player)
+        if phrasings is not None:
+            keys = self._buttons.replace_phrasings(phrasings)
+            if keys:
+                changes.append(f"button phrasings ({', '.join(keys)}): applies live")
         return changes

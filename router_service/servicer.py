@@ -8,8 +8,9 @@ from typing import Any
 import grpc
 from system.router.v1 import router_pb2, router_pb2_grpc
 
+from router_service.buttons import Phrasings, load_phrasings
 from router_service.router import Router
-from router_service.semantic import load_semantic_config
+from router_service.semantic import SemanticConfig, load_semantic_config
 from services.runtime.config import ConfigError
 from services.runtime.errors import FailedPrecondition
 
@@ -19,9 +20,10 @@ __all__ = ["RouterServicer"]
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     """Validates, delegates to the Router and converts its answers."""
 
-    def __init__(self, router: Router, semantic_config_path: str) -> None:
+    def __init__(self, router: Router, semantic_config_path: str, phrasings_path: str = "") -> None:
         self._router = router
         self._path = semantic_config_path
+        self._phrasings_path = phrasings_path
 
     async def Route(
         self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -81,15 +83,23 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self, request: router_pb2.ReloadConfigRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> router_pb2.ReloadConfigResponse:
         self._router.check_admin(request.player, "system:reload")
-        if not self._path:
+        if not self._path and not self._phrasings_path:
             raise FailedPrecondition(
-                "no system-semantic.json is configured (setting semantic_config)"
+                "no system-semantic.json and no button phrasings file is configured (settings "
+                "semantic_config, button_phrasings)"
             )
+        # Both files are read and checked before either applies: a bad one leaves both as
+        # they were, so the router never runs half a reload.
+        config: SemanticConfig | None = None
+        phrasings: Phrasings | None = None
         try:
-            config = await asyncio.to_thread(load_semantic_config, self._path)
-        except ConfigError as exc:
+            if self._path:
+                config = await asyncio.to_thread(load_semantic_config, self._path)
+            if self._phrasings_path:
+                phrasings = await asyncio.to_thread(load_phrasings, self._phrasings_path)
+        except (ConfigError, ValueError) as exc:
             raise FailedPrecondition(f"{exc}; the previous settings stay in force") from None
-        changes = self._router.reload(config)
+        changes = self._router.reload(config, phrasings)
         return router_pb2.ReloadConfigResponse(
             applied=[c for c in changes if "restart" not in c],
             needs_restart=[c for c in changes if "restart" in c],

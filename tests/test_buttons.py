@@ -266,7 +266,7 @@ def test_phrasings_file_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'confirm'\.'zh' must be a list"):
         load_phrasings(bad)
     bad.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="not valid JSON"):
         load_phrasings(bad)
     with pytest.raises(ValueError, match="must map language codes"):
         validate_phrasings({"confirm": ["确认"]})

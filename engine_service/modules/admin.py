@@ -54,8 +54,9 @@ _RELOAD_TITLE = {"zh": "重载配置", "en": "Configuration reloaded"}
 _APPLIED = {"zh": "已生效：{items}", "en": "Applied: {items}"}
 _RESTART = {"zh": "需要重启：{items}", "en": "Needs a restart: {items}"}
 _SEMANTIC_ERROR = {
-    "zh": "system-semantic.json 未重载：{error}",
-    "en": "system-semantic.json was not reloaded: {error}",
+    "zh": "路由配置（system-semantic.json 和按钮说法）未重载：{error}",
+    "en": "The router's config (system-semantic.json and button phrasings) was not reloaded: "
+    "{error}",
 }
 _RULES = {"zh": "事件规则：{rules}", "en": "Event rules: {rules}"}
 _RULES_ERROR = {"zh": "事件规则未重载：{error}", "en": "Event rules were not reloaded: {error}"}
@@ -154,13 +155,15 @@ class RoutingModule:
 
 
 class ReloadModule:
-    """`/system reload`: the router's semantic config and the event rules, read again."""
+    """`/system reload`: the router's semantic config and notification-button phrasings, and
+    this engine's event rules, read again."""
 
     spec = _admin_spec(
         "system:reload",
         {
-            "zh": "管理员：重新读取语义路由配置和事件规则。",
-            "en": "Admin: read the semantic routing config and the event rules again.",
+            "zh": "管理员：重新读取语义路由配置、通知按钮说法和事件规则。",
+            "en": "Admin: read the semantic routing config, the notification button phrasings "
+            "and the event rules again.",
         },
         ("reload", "重载配置"),
         CONFIG_RELOAD,

@@ -24,7 +24,13 @@ from services.runtime.keepalive import KeepalivePolicy
 if TYPE_CHECKING:
     from services.runtime.channels import ChannelSettings
 
-__all__ = ["ConfigError", "ServerConfig", "load_config", "read_json_file"]
+__all__ = [
+    "ConfigError",
+    "ServerConfig",
+    "load_config",
+    "read_json_file",
+    "write_file_atomically",
+]
 
 C = TypeVar("C")
 
@@ -238,6 +244,20 @@ def read_json_file(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(
             f"{file}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
+
+
+def write_file_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Writes `text` to `path` whole or not at all (a temporary file beside it, then a rename),
+    so a reader or a reload never sees half a file; makes the folder if needed.
+
+    Raises:
+        OSError: the folder or the file cannot be written (a read-only mount, say).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, target)
 
 
 def _coerce(name: str, annotation: Any, value: Any, source: str) -> Any:

@@ -184,6 +184,8 @@ class Stack:
                 "STORAGE_TARGET": self.target("storage"),
                 # Written with the defaults on the first start; edit it and /system reload.
                 "SEMANTIC_CONFIG": str(self.data_dir / "config" / "system-semantic.json"),
+                # A copy of the bundled notification-button phrasings, reloaded with it.
+                "BUTTON_PHRASINGS": str(self.data_dir / "config" / "notification-buttons.json"),
             },
             "gateway": {
                 "ROUTER_TARGET": self.target("router"),
