@@ -63,6 +63,7 @@ from storage_service.runs import RunStore
 from storage_service.servicer import StorageServicer
 from storage_service.task_metrics import TaskMetrics
 from storage_service.usage import UsageLedger
+from storage_service.usage_spend import SpendView
 
 __all__ = ["SERVICE_NAME", "SERVICE_NAMES", "StorageApp", "create_app"]
 
@@ -202,7 +203,9 @@ class StorageApp:
         history = StorageServicer(self.store)
         runs = RunStore(self.store, self.journal.now)
         journal = JournalServicer(self.journal, runs, self.committer)
-        player_data = PlayerDataServicer(self.player_data, UsageLedger(sessions))
+        player_data = PlayerDataServicer(
+            self.player_data, UsageLedger(sessions), SpendView(sessions)
+        )
         knowledge = KnowledgeServicer(self.knowledge)
         self.presence = PresenceStore(sessions)
         presence = PresenceServicer(self.presence)

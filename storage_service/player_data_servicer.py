@@ -17,6 +17,7 @@ from storage_service.usage import (
     Spend,
     UsageLedger,
 )
+from storage_service.usage_spend import SpendView
 
 __all__ = ["PlayerDataServicer"]
 
@@ -25,9 +26,10 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
     """Thin: every method delegates to PlayerDataStore in a worker thread. Typed errors the
     store raises become status codes in the server interceptor."""
 
-    def __init__(self, store: PlayerDataStore, ledger: UsageLedger) -> None:
+    def __init__(self, store: PlayerDataStore, ledger: UsageLedger, spend: SpendView) -> None:
         self._store = store
         self._ledger = ledger
+        self._spend = spend
 
     async def GetDocument(
         self,
@@ -59,7 +61,7 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
         )
         if days:  # the range was checked by get_usage; the money is on the budget counters
             budget = f"server:{request.scope}" if request.scope else f"player:{request.player_id}"
-            costs = await run_db(self._ledger.daily_cost, budget, days[0].day, days[-1].day)
+            costs = await run_db(self._spend.daily_cost, budget, days[0].day, days[-1].day)
             for day in days:
                 day.cost_micros = costs.get(day.day, 0)
         return player_data_pb2.GetUsageResponse(days=days)
@@ -67,7 +69,7 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
     async def GetSpend(
         self, request: player_data_pb2.GetSpendRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> player_data_pb2.GetSpendResponse:
-        return await run_db(self._ledger.spend, request.scope, request.period, request.max_lines)
+        return await run_db(self._spend.spend, request.scope, request.period, request.max_lines)
 
     async def GrantBinding(
         self,

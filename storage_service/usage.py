@@ -30,10 +30,11 @@ one lock order above still holds. Of the limits a reservation would pass, the ti
 room for what it asks) is named in the refusal, with when it resets, and as its reason
 (`BUDGET_<NAME>`).
 
-Spend for the administrators' view (`spend`): settles may carry their use by module and
-provider, added to `usage_spend` per scope and day in the settle's transaction (after the
-counter rows: the lock order; a duplicate settle adds nothing); reserve records on each counter
-row the limits it carried, so the view shows use against limits without storage knowing ranks.
+Spend for the administrators' view (storage_service.usage_spend): settles may carry their use
+by module and provider, added to `usage_spend` per scope and day in the settle's transaction
+(after the counter rows: the lock order; a duplicate settle adds nothing); reserve records on
+each counter row the limits it carried, so the view shows use against limits without storage
+knowing ranks.
 
 The tables and the values passed in and out are storage_service.usage_records.
 """
@@ -41,7 +42,6 @@ The tables and the values passed in and out are storage_service.usage_records.
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -52,7 +52,6 @@ from system.storage.v1 import player_data_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument
 from storage_service.db import PreferenceRow, rowcount, upsert_ignore
-from storage_service.dialect import insert_for
 from storage_service.usage_budgets import (
     CounterChanges,
     budget_levels,
@@ -67,7 +66,6 @@ from storage_service.usage_records import (
     _COUNTERS,
     _HOLDS,
     _PLAYERS,
-    _SPEND,
     _TOTALS,
     AMOUNT_FIELDS,
     MAX_SETTLE_BATCH,
@@ -89,7 +87,7 @@ from storage_service.usage_records import (
     _check_ttl,
     scope_of,
 )
-from storage_service.validation import MAX_PLAYER_ID, check_id
+from storage_service.usage_spend import add_spend
 
 __all__ = [
     "AMOUNT_FIELDS",
@@ -385,99 +383,8 @@ class UsageLedger:
                 )
             self._record(session, _TOTALS, _TOTALS.c.day == day, released_total, used_total)
             changes.apply(session)
-            _add_spend(session, day.isoformat(), spent)  # last, in key order: the lock order
+            add_spend(session, day.isoformat(), spent)  # last, in key order: the lock order
         return outcomes
-
-    # -- reads ----------------------------------------------------------------------------------
-
-    def spend(
-        self, scope: str, period: str, max_lines: int = 0
-    ) -> player_data_pb2.GetSpendResponse:
-        """What `scope`'s players spent in `period` (a UTC day or month; "" for today): in
-        total, by player, module and provider, and the scope's and the network's budgets.
-
-        Raises:
-            InvalidArgument: a malformed scope or period, or max_lines over MAX_SPEND_LINES.
-        """
-        check_id(scope, "scope", MAX_PLAYER_ID - 1)
-        if "/" in scope:
-            raise InvalidArgument(f"scope must not contain '/': {scope!r} is a player id")
-        period = period or _today().isoformat()
-        monthly = _check_period(period)
-        if max_lines > MAX_SPEND_LINES:
-            raise InvalidArgument(f"max_lines is {max_lines}; the most is {MAX_SPEND_LINES}")
-        lines = max_lines or DEFAULT_SPEND_LINES
-        days = _COUNTERS.c.period.like(f"{period}-__") if monthly else _COUNTERS.c.period == period
-        c = _COUNTERS.c
-        with self._sessions() as session:
-            counters = session.execute(
-                select(
-                    c.budget,
-                    c.period,
-                    c.used_tokens,
-                    c.reserved_tokens,
-                    c.used_cost_micros,
-                    c.reserved_cost_micros,
-                    c.limit_tokens,
-                    c.limit_cost_micros,
-                ).where(
-                    (c.period.in_(sorted({period, period[:7]})) | days)
-                    & (
-                        c.budget.in_(["network", f"server:{scope}"])
-                        | c.budget.like(f"player:{_like(scope)}/%", escape="\\")
-                    )
-                )
-            ).all()
-            spend_days = (
-                _SPEND.c.period.like(f"{period}-__") if monthly else _SPEND.c.period == period
-            )
-            modules = session.execute(
-                select(
-                    _SPEND.c.module_id, _SPEND.c.provider, _SPEND.c.tokens, _SPEND.c.cost_micros
-                ).where(spend_days & (_SPEND.c.scope == scope))
-            ).all()
-        players: dict[str, list[int]] = {}
-        total, network = [0, 0], [0, 0]
-        budgets: list[player_data_pb2.BudgetUse] = []
-        for row in counters:
-            daily = len(row.period) == 10
-            if row.budget.startswith("player:"):
-                _add(players.setdefault(row.budget[len("player:") :], [0, 0]), row)
-                continue
-            if daily:
-                _add(total if row.budget.startswith("server:") else network, row)
-            # The budgets: the day's rows for a day, the month's row for a day or a month.
-            if not daily or row.period == period:
-                budgets.extend(_budget_uses(row, scope))
-        by_module: dict[str, list[int]] = {}
-        by_provider: dict[str, list[int]] = {}
-        for line in modules:
-            for key, into in ((line.module_id, by_module), (line.provider, by_provider)):
-                entry = into.setdefault(key, [0, 0])
-                entry[0] += line.tokens
-                entry[1] += line.cost_micros
-        return player_data_pb2.GetSpendResponse(
-            period=period,
-            total=_line(scope, total),
-            network=_line("", network),
-            players=_top(players, lines),
-            modules=_top(by_module, lines),
-            providers=_top(by_provider, lines),
-            budgets=budgets,
-            player_count=len(players),
-        )
-
-    def daily_cost(self, budget: str, first: str, last: str) -> dict[str, int]:
-        """Money (micros) used on budget counter `budget` (`player:<id>` or `server:<scope>`)
-        per day from `first` to `last` (`YYYY-MM-DD`, both included, already checked)."""
-        c = _COUNTERS.c
-        with self._sessions() as session:
-            rows = session.execute(
-                select(c.period, c.used_cost_micros).where(
-                    (c.budget == budget) & (c.period >= first) & (c.period <= last)
-                )
-            ).all()
-        return {row.period: row.used_cost_micros for row in rows if len(row.period) == 10}
 
     @staticmethod
     def _close_or_keep(
@@ -607,101 +514,6 @@ class UsageLedger:
         return True
 
 
-DEFAULT_SPEND_LINES = 10
-MAX_SPEND_LINES = 100
-_PERIOD_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_PERIOD_MONTH = re.compile(r"^\d{4}-\d{2}$")
-# The budgets each counter row carries limits for, by its key's kind and period's length.
-_ROW_BUDGETS = {
-    ("server", 10): ("server_daily_tokens", "server_daily_cost"),
-    ("network", 10): ("network_daily_tokens", "network_daily_cost"),
-    ("network", 7): ("network_monthly_tokens", "network_monthly_cost"),
-}
-
-
-def _check_period(period: str) -> bool:
-    """Whether `period` is a month (else a day); InvalidArgument when it is neither."""
-    try:
-        if _PERIOD_MONTH.match(period):
-            dt.date.fromisoformat(period + "-01")
-            return True
-        if _PERIOD_DAY.match(period):
-            dt.date.fromisoformat(period)
-            return False
-    except ValueError:
-        pass
-    raise InvalidArgument(f"period must be a UTC day YYYY-MM-DD or month YYYY-MM, got {period!r}")
-
-
-def _like(text: str) -> str:
-    """`text` with LIKE's wildcards escaped (by a backslash)."""
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def _add(into: list[int], row: Any) -> None:
-    into[0] += row.used_tokens
-    into[1] += row.used_cost_micros
-
-
-def _line(name: str, amounts: list[int]) -> player_data_pb2.SpendLine:
-    return player_data_pb2.SpendLine(name=name, tokens=amounts[0], cost_micros=amounts[1])
-
-
-def _top(found: dict[str, list[int]], most: int) -> list[player_data_pb2.SpendLine]:
-    """The `most` largest spenders: by money, then tokens, then name."""
-    ranked = sorted(found.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
-    return [_line(name, amounts) for name, amounts in ranked[:most]]
-
-
-def _budget_uses(row: Any, scope: str) -> list[player_data_pb2.BudgetUse]:
-    """The limited budgets of one server or network counter row."""
-    names = _ROW_BUDGETS.get((row.budget.partition(":")[0], len(row.period)))
-    if names is None:
-        return []
-    whose = scope if row.budget.startswith("server:") else ""
-    uses = []
-    for name, used, held, limit in (
-        (names[0], row.used_tokens, row.reserved_tokens, row.limit_tokens),
-        (names[1], row.used_cost_micros, row.reserved_cost_micros, row.limit_cost_micros),
-    ):
-        if limit:
-            uses.append(
-                player_data_pb2.BudgetUse(
-                    budget=name,
-                    scope=whose,
-                    period=row.period,
-                    used=used + held,
-                    limit=limit,
-                    held=held,
-                )
-            )
-    return uses
-
-
-def _add_spend(session: Session, day: str, spent: dict[tuple[str, str, str], list[int]]) -> None:
-    """Adds a settle transaction's spend by (scope, module, provider) to the day's rows."""
-    for (scope, module_id, provider), (tokens, cost) in sorted(spent.items()):
-        if not tokens and not cost:
-            continue
-        statement = insert_for(session)(_SPEND).values(
-            period=day,
-            scope=scope,
-            module_id=module_id,
-            provider=provider,
-            tokens=tokens,
-            cost_micros=cost,
-        )
-        session.execute(
-            statement.on_conflict_do_update(
-                index_elements=["period", "scope", "module_id", "provider"],
-                set_={
-                    "tokens": _SPEND.c.tokens + statement.excluded.tokens,
-                    "cost_micros": _SPEND.c.cost_micros + statement.excluded.cost_micros,
-                },
-            )
-        )
-
-
 def _player_key(player_id: str, day: dt.date) -> Any:
     return (_PLAYERS.c.player_id == player_id) & (_PLAYERS.c.day == day)
 
@@ -724,26 +536,6 @@ def _external_enabled(session: Session, player_id: str) -> bool:
         select(PreferenceRow.external_enabled).where(PreferenceRow.player_id == player_id)
     ).scalar_one_or_none()
     return True if value is None else bool(value)  # no row: the defaults, which allow it
-
-
-Room = tuple[int | None, int | None]
-"""Tokens and web searches a row's limits still leave; None is no limit."""
-
-
-def _room(row: Any, max_tokens: int, max_searches: int) -> Room:
-    used_tokens = row.prompt_tokens + row.completion_tokens + row.reserved_tokens
-    used_searches = row.web_searches + row.reserved_web_searches
-    return (
-        max_tokens - used_tokens if max_tokens else None,
-        max_searches - used_searches if max_searches else None,
-    )
-
-
-def _narrower(a: Room, b: Room) -> Room:
-    def least(x: int | None, y: int | None) -> int | None:
-        return y if x is None else x if y is None else min(x, y)
-
-    return (least(a[0], b[0]), least(a[1], b[1]))
 
 
 def _fit(extra: int, room: int | None, asked: int) -> int:

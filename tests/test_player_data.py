@@ -35,6 +35,7 @@ from storage_service.player_data import (
 )
 from storage_service.player_data_servicer import PlayerDataServicer
 from storage_service.usage import UsageLedger
+from storage_service.usage_spend import SpendView
 
 MAX = 1024
 CODEC = "test:raw"
@@ -565,7 +566,9 @@ async def service(
     engine = make_engine(database_url)
     Base.metadata.create_all(engine)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    servicer = PlayerDataServicer(PlayerDataStore(sessions), UsageLedger(sessions))
+    servicer = PlayerDataServicer(
+        PlayerDataStore(sessions), UsageLedger(sessions), SpendView(sessions)
+    )
     host = ServiceHost(
         "storage",
         StorageConfig(

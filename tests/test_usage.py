@@ -30,6 +30,7 @@ from storage_service.usage import (
     UsageLedger,
     UsageTotalRow,
 )
+from storage_service.usage_spend import SpendView
 
 
 @pytest.fixture
@@ -461,10 +462,11 @@ def test_spend_view_by_player_module_and_provider(sessions: sessionmaker[Session
     budget counters; the server's and network's budgets show the limits reservations carried;
     a retried settle counts once."""
     ledger = UsageLedger(sessions)
+    spend = SpendView(sessions)
     scope = f"s{uuid.uuid4().hex[:8]}"
     alice, bob = f"{scope}/alice", f"{scope}/bob"
     limits = Limits(server_tokens=100_000, server_cost_micros=5_000_000, monthly_cost_micros=9**12)
-    network_before = ledger.spend(scope, "").network
+    network_before = spend.spend(scope, "").network
     for player, module_id, provider, tokens, cost in (
         (alice, "system:question", "deepseek", 300, 2_000),
         (bob, "system:question", "qwen", 100, 500),
@@ -480,7 +482,7 @@ def test_spend_view_by_player_module_and_provider(sessions: sessionmaker[Session
         )
         ledger.settle(rid, player, used, sequence=1)
         ledger.settle(rid, player, used, sequence=1)  # a retry: applied once
-    view = ledger.spend(scope, "")
+    view = spend.spend(scope, "")
     today = dt.datetime.now(dt.UTC).date()
     assert view.period == today.isoformat()
     assert (view.total.name, view.total.tokens, view.total.cost_micros) == (scope, 450, 2_500)
@@ -505,17 +507,17 @@ def test_spend_view_by_player_module_and_provider(sessions: sessionmaker[Session
     # (The network's rows are shared with other tests on PostgreSQL: only their shape.)
     assert all(b.period == month for b in view.budgets if "monthly" in b.budget)
     # The month: the same lines (this month's other days hold nothing of this scope).
-    monthly = ledger.spend(scope, month, max_lines=1)
+    monthly = spend.spend(scope, month, max_lines=1)
     assert monthly.period == month
     assert (monthly.total.tokens, monthly.total.cost_micros) == (450, 2_500)
     assert [p.name for p in monthly.players] == [alice] and monthly.player_count == 2
     assert {b.budget for b in monthly.budgets} <= {"network_monthly_cost", "network_monthly_tokens"}
     # The money of /system usage: per player and per scope day.
     store = PlayerDataStore(sessions)
-    assert ledger.daily_cost(f"player:{alice}", today.isoformat(), today.isoformat()) == {
+    assert spend.daily_cost(f"player:{alice}", today.isoformat(), today.isoformat()) == {
         today.isoformat(): 2_000
     }
-    assert ledger.daily_cost(f"server:{scope}", today.isoformat(), today.isoformat()) == {
+    assert spend.daily_cost(f"server:{scope}", today.isoformat(), today.isoformat()) == {
         today.isoformat(): 2_500
     }
     assert [d.day for d in store.get_usage("", "", "", scope)] == [today.isoformat()]
@@ -536,7 +538,7 @@ def test_spend_view_refuses_malformed_requests(
     sessions: sessionmaker[Session], scope: str, period: str, max_lines: int, expected: str
 ) -> None:
     with pytest.raises(InvalidArgument, match=expected):
-        UsageLedger(sessions).spend(scope, period, max_lines)
+        SpendView(sessions).spend(scope, period, max_lines)
 
 
 @pytest.mark.parametrize(
