@@ -40,6 +40,7 @@ from system.storage.v1 import (
 
 from services.runtime.security import AccessPolicy
 from services.runtime.server import ServiceHost
+from storage_service.budget_alerts import BudgetAlertClaims
 from storage_service.card_book import CardBookStore
 from storage_service.card_book_servicer import CardBookServicer
 from storage_service.config import StorageConfig
@@ -87,7 +88,14 @@ ACCESS = AccessPolicy(
         _S + "PlayerDataService/ReserveUsage": ["model"],
         _S + "PlayerDataService/SettleUsage": ["model"],
         _S + "PlayerDataService/SettleUsageBatch": ["model"],
+        # A budget alert sent once across the model-gateway replicas, to every gateway replica.
+        _S + "PlayerDataService/ClaimBudgetAlert": ["model"],
         _S + "KnowledgeService/SearchKnowledge": ["engine"],
+        # Administrators' /system knowledge commands in game (the engine checks their
+        # permission level; the gateway vouches for it).
+        _S + "KnowledgeService/PutKnowledge": ["engine"],
+        _S + "KnowledgeService/DeleteKnowledge": ["engine"],
+        _S + "KnowledgeService/ListKnowledge": ["engine"],
         # Which gateway replica holds each player: written by gateway replicas, read by the
         # engine's relay client (decision 0023).
         _S + "PresenceService": ["gateway"],
@@ -96,7 +104,6 @@ ACCESS = AccessPolicy(
         _S + "CardBookService": ["gateway"],
         # The routers' shared exact intent cache (decision 0024): router replicas alone.
         _S + "IntentCacheService": ["router"],
-        # Not listed, so operators' tooling alone: PutKnowledge, DeleteKnowledge.
     }
 )
 """Who may call what (services.runtime.security); operators may call everything."""
@@ -204,7 +211,10 @@ class StorageApp:
         runs = RunStore(self.store, self.journal.now)
         journal = JournalServicer(self.journal, runs, self.committer)
         player_data = PlayerDataServicer(
-            self.player_data, UsageLedger(sessions), SpendView(sessions)
+            self.player_data,
+            UsageLedger(sessions),
+            SpendView(sessions),
+            BudgetAlertClaims(sessions),
         )
         knowledge = KnowledgeServicer(self.knowledge)
         self.presence = PresenceStore(sessions)

@@ -7,7 +7,9 @@ from typing import Any
 import grpc
 from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
+from storage_service.budget_alerts import BudgetAlertClaims
 from storage_service.dbcall import run_db
+from storage_service.dialect import utc_now
 from storage_service.player_data import PlayerDataStore
 from storage_service.usage import (
     AMOUNT_FIELDS,
@@ -26,10 +28,17 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
     """Thin: every method delegates to PlayerDataStore in a worker thread. Typed errors the
     store raises become status codes in the server interceptor."""
 
-    def __init__(self, store: PlayerDataStore, ledger: UsageLedger, spend: SpendView) -> None:
+    def __init__(
+        self,
+        store: PlayerDataStore,
+        ledger: UsageLedger,
+        spend: SpendView,
+        alerts: BudgetAlertClaims,
+    ) -> None:
         self._store = store
         self._ledger = ledger
         self._spend = spend
+        self._alerts = alerts
 
     async def GetDocument(
         self,
@@ -160,6 +169,24 @@ class PlayerDataServicer(player_data_pb2_grpc.PlayerDataServiceServicer):
         items = [_settle_item(settle) for settle in request.settles]
         outcomes = await run_db(self._ledger.settle_many, items)
         return player_data_pb2.SettleUsageBatchResponse(results=[_settled(o) for o in outcomes])
+
+    async def ClaimBudgetAlert(
+        self,
+        request: player_data_pb2.ClaimBudgetAlertRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> player_data_pb2.ClaimBudgetAlertResponse:
+        claim = await run_db(
+            self._alerts.claim,
+            request.budget,
+            request.scope,
+            request.period,
+            request.percent,
+            request.claimant,
+            utc_now(),
+        )
+        return player_data_pb2.ClaimBudgetAlertResponse(
+            claimed=claim.claimed, gateway_addresses=claim.gateway_addresses
+        )
 
 
 def _settle_item(request: player_data_pb2.SettleUsageRequest) -> SettleItem:

@@ -43,6 +43,7 @@ __all__ = [
     "Renewal",
     "ReplicaRow",
     "Sync",
+    "live_replica_addresses",
     "locate_players",
 ]
 
@@ -307,6 +308,16 @@ def locate_players(
         .where(_PRESENCE.c.player_id.in_(sorted(player_ids)), _REPLICAS.c.expires_at > now)
     )
     return {player_id: Location(replica_id, address) for player_id, replica_id, address in found}
+
+
+def live_replica_addresses(session: Session | Connection, now: dt.datetime) -> list[str]:
+    """The internal address of every live replica, sorted and each once: where a notice for
+    every game server goes (a budget alert, storage_service.budget_alerts). In the caller's
+    transaction."""
+    found = session.execute(
+        select(_REPLICAS.c.address).where(_REPLICAS.c.expires_at > now).distinct()
+    )
+    return sorted(address for (address,) in found)
 
 
 def _claim(

@@ -9,6 +9,7 @@ from __future__ import annotations
 # Imported for their tables: the modules that declare one.
 from storage_service import (  # noqa: F401
     batches,
+    budget_alerts,
     card_book,
     db,
     journal_records,

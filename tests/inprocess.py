@@ -261,6 +261,7 @@ async def running_chain(
             model_config = ModelConfig(
                 **_HOST, **auth("model"), storage_target=storage.host.target, **own
             )
+            chain._restart["model"] = (create_model_gateway, model_config)
             apps["model"] = await create_model_gateway(model_config)
             await apps["model"].host.start()
             model_target = apps["model"].host.target

@@ -20,6 +20,7 @@ from system.storage.v1 import journal_pb2, player_data_pb2, player_data_pb2_grpc
 from services.runtime.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from services.runtime.server import ServiceHost
 from storage_service import player_data
+from storage_service.budget_alerts import BudgetAlertClaims
 from storage_service.config import StorageConfig
 from storage_service.db import Base, HistoryRow, PreferenceRow, make_engine
 from storage_service.history import ConversationStore, HistoryBounds
@@ -567,7 +568,10 @@ async def service(
     Base.metadata.create_all(engine)
     sessions = sessionmaker(engine, expire_on_commit=False)
     servicer = PlayerDataServicer(
-        PlayerDataStore(sessions), UsageLedger(sessions), SpendView(sessions)
+        PlayerDataStore(sessions),
+        UsageLedger(sessions),
+        SpendView(sessions),
+        BudgetAlertClaims(sessions),
     )
     host = ServiceHost(
         "storage",

@@ -64,7 +64,10 @@ class ModelApp:
     def __init__(self, config: ModelConfig) -> None:
         self.notices = (
             AdminNotices(
-                config.relay_target, config.alert_permission_level, config.channel_settings()
+                config.relay_target,
+                config.alert_permission_level,
+                config.channel_settings(),
+                storage_target=config.storage_target,
             )
             if config.relay_target
             else None

@@ -92,7 +92,9 @@ class ModelConfig(ServerConfig):
     relay_target: str = ""
     """`host:port` of the gateway's internal relay (ToolRelayService), where budget alerts are
     sent as in-game notices to the administrators (NotifyPlayer to every player at or above
-    `alert_permission_level`). Empty: alerts are logged only."""
+    `alert_permission_level`): claimed once across the model-gateway replicas in storage, and
+    sent to every live gateway replica storage's presence names, this target when it names
+    none. Empty: alerts are logged only."""
     alert_permission_level: int = 3
     """Permission level at and above which players get budget alerts in game; keep it the
     engine's `admin_permission_level`, the level of the admin commands."""
