@@ -13,6 +13,7 @@ from engine_service.clients import GatewayGameTools, JournalRuns, StorageHistory
 from engine_service.config import EngineConfig
 from engine_service.engine import BoundedExecutor, Engine
 from engine_service.events import EventRunner, EventTasks
+from engine_service.knowledge_admin_tools import StorageKnowledgeAdmin
 from engine_service.knowledge_tools import StorageKnowledge
 from engine_service.models import ModelClient
 from engine_service.modules import SMALL_TALK, BuiltinServices, register_builtins
@@ -97,6 +98,7 @@ class EngineApp:
         self.documents = StorageDocuments(config.storage_target, channels)
         self.usage = StorageUsage(config.storage_target, channels)
         self.bindings = StorageBindings(config.storage_target, channels)
+        self.knowledge_admin = StorageKnowledgeAdmin(config.storage_target, channels)
         self.router_admin = (
             RouterDiagnostics(config.router_target, channels) if config.router_target else None
         )
@@ -111,6 +113,8 @@ class EngineApp:
                 usage=self.usage,
                 bindings=self.bindings,
                 notifier=self.game_tools,
+                knowledge_admin=self.knowledge_admin,
+                knowledge_dir=config.knowledge_dir,
             ),
         )
         # Checked against the frozen registry; a bad file stops the start (ConfigError).
@@ -182,6 +186,7 @@ class EngineApp:
         await self.documents.aclose()
         await self.usage.aclose()
         await self.bindings.aclose()
+        await self.knowledge_admin.aclose()
         if self.router_admin is not None:
             await self.router_admin.aclose()
         await self.game_tools.aclose()

@@ -81,12 +81,18 @@ class EngineConfig(ServerConfig):
     """JSON file of the daily sign-in's reward catalogue (`engine_service.signin_rewards`),
     checked at start (the engine refuses to start with a bad one; the error names the entry).
     Empty: the shipped `engine_service/signin_rewards.json`."""
+    knowledge_dir: str = ""
+    """Folder of Markdown and plain-text documents (`.md`, `.markdown`, `.txt`) that
+    administrators add to the knowledge base in game by file name (`/system knowledge-add FILE
+    [player]`); `make run` uses `data/knowledge/`. Empty: that command answers that no folder
+    is configured (listing and removing still work; the operator's CLI adds from anywhere)."""
     offer_seconds: int = 300
     """How long a confirmation card's offer (a shop quote) may be confirmed after it was made;
     later its confirm button answers "expired" and charges nothing."""
     admin_permission_level: int = 3
     """Least game permission level (0-4) of the administrators' commands (`/system routing`,
-    `reload`, `usage`, `grant`, `revoke`, `reset`, `search-on`, `search-off`); below it they
+    `reload`, `usage`, `grant`, `revoke`, `reset`, `search-on`, `search-off`, `knowledge`,
+    `knowledge-add`, `knowledge-remove`); below it they
     appear nowhere. The router checks the same level, from this engine's catalogue."""
     module_policies: tuple[str, ...] = ()
     """Per-module budget overrides, each `module@budget=value` (env: comma-separated), for

@@ -1,5 +1,6 @@
 """`system:database.query`: the player's private knowledge and the shared `system:knowledge`
-table, searched through the storage service's KnowledgeService.
+table, searched through the storage service's KnowledgeService, entries in the player's
+language first (the starter set, and many operators' documents, exist in both).
 
 A storage error is a failure (`system.error.storage_unavailable`), never "nothing found": a
 question module that took an outage for an empty result would send the player to the web, or
@@ -25,6 +26,7 @@ __all__ = [
     "KnowledgeTools",
     "StorageKnowledge",
     "hit_key",
+    "knowledge_language",
 ]
 
 DATABASE_QUERY = "system:database.query"
@@ -60,8 +62,10 @@ class KnowledgeSearch(Protocol):
     """Where knowledge is searched (the storage service in production)."""
 
     async def search(
-        self, player_id: str, query: str, limit: int, timeout: float
-    ) -> list[knowledge_pb2.KnowledgeHit]: ...
+        self, player_id: str, query: str, limit: int, timeout: float, language: str = ""
+    ) -> list[knowledge_pb2.KnowledgeHit]:
+        """Hits best first, those in `language` (zh or en; empty: no preference) first."""
+        ...
 
 
 class StorageKnowledge:
@@ -77,16 +81,25 @@ class StorageKnowledge:
         )
 
     async def search(
-        self, player_id: str, query: str, limit: int, timeout: float
+        self, player_id: str, query: str, limit: int, timeout: float, language: str = ""
     ) -> list[knowledge_pb2.KnowledgeHit]:
         response = await self._dep.stub.SearchKnowledge(
-            knowledge_pb2.SearchKnowledgeRequest(player_id=player_id, query=query, limit=limit),
+            knowledge_pb2.SearchKnowledgeRequest(
+                player_id=player_id, query=query, limit=limit, language=language
+            ),
             timeout=timeout,
         )
         return list(response.hits)
 
     async def aclose(self) -> None:
         await self._dep.aclose()
+
+
+def knowledge_language(language: str) -> str:
+    """The knowledge language (`zh`, `en`) of a player's language code (`zh`, `zh-CN`,
+    `en_us`), empty for another language: then no entry is preferred."""
+    base = language.strip().casefold().replace("_", "-").partition("-")[0]
+    return base if base in ("zh", "en") else ""
 
 
 def hit_key(hit: dict[str, Any]) -> str:
@@ -132,7 +145,11 @@ class KnowledgeTools:
         timeout = min(STORAGE_TIMEOUT_SECONDS, ctx.remaining())
         try:
             hits = await self._store.search(
-                ctx.player.player_id, payload["query"], int(payload.get("limit", 5)), timeout
+                ctx.player.player_id,
+                payload["query"],
+                int(payload.get("limit", 5)),
+                timeout,
+                knowledge_language(ctx.player.language),
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:

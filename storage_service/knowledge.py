@@ -24,7 +24,9 @@ The index, per database
 
     Query words are OR-combined (a Chinese question rarely shares every word with its answer),
     after dropping question and function words (哪里, 怎么, the, how) unless nothing else is
-    left. Best first; equal scores go to the most recently updated entry.
+    left. Entries in the asking player's language come first (the starter set and many
+    operators' documents exist in both), then best first; equal scores go to the most
+    recently updated entry.
 
 Schema
     `knowledge_entries` is declared on `Base`, and `Base.metadata.create_all` also builds the
@@ -51,6 +53,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    case,
     column,
     delete,
     event,
@@ -483,11 +486,20 @@ class KnowledgeStore:
     # -- search ------------------------------------------------------------------------------
 
     def search(
-        self, player_id: str, query: str, limit: int = 0, private_only: bool = False
+        self,
+        player_id: str,
+        query: str,
+        limit: int = 0,
+        private_only: bool = False,
+        language: str = "",
     ) -> list[KnowledgeHit]:
         """The player's private entries and (unless `private_only`) the shared ones that share
-        a word with `query`, best first. A query without words (punctuation) finds nothing."""
+        a word with `query`: those in `language` (the player's, zh or en; empty for no
+        preference) first, best first within each. A query without words (punctuation)
+        finds nothing."""
         check_player_id(player_id, required=False)
+        if language and language not in LANGUAGES:
+            raise InvalidArgument(f"language must be zh, en or empty, got {language!r}")
         stripped = query.strip()
         if not stripped:
             raise InvalidArgument("query is required")
@@ -502,13 +514,18 @@ class KnowledgeStore:
             return []
         scopes = [player_id] if private_only or not player_id else [player_id, ""]
         with self._sessions() as session:
-            statement = self._ranked(session, words, limit or DEFAULT_LIMIT, scopes)
+            statement = self._ranked(session, words, limit or DEFAULT_LIMIT, scopes, language)
             return [
                 KnowledgeHit(_entry(row), float(score)) for row, score in session.execute(statement)
             ]
 
-    def _ranked(self, session: Session, words: list[str], limit: int, scopes: list[str]) -> Any:
-        """SELECT (KnowledgeRow, score) for the words, best first, ties newest first."""
+    def _ranked(
+        self, session: Session, words: list[str], limit: int, scopes: list[str], language: str
+    ) -> Any:
+        """SELECT (KnowledgeRow, score) for the words, `language` first, best first, ties
+        newest first."""
+        # The preferred language's entries sort first (0 before 1); none preferred: all 0.
+        preferred = (case((KnowledgeRow.language == language, 0), else_=1),) if language else ()
         recency = (KnowledgeRow.updated_at.desc(), KnowledgeRow.id.desc())
         in_scope = KnowledgeRow.player_id.in_(scopes)
         postgresql = is_postgresql(session)
@@ -524,7 +541,7 @@ class KnowledgeStore:
                 select(KnowledgeRow, (-bm25).label("score"))
                 .join(fts, fts.c.rowid == KnowledgeRow.id)
                 .where(literal_column(FTS_TABLE).op("MATCH")(match), in_scope)
-                .order_by(bm25, *recency)
+                .order_by(*preferred, bm25, *recency)
                 .limit(limit)
             )
         if self._use_index:
@@ -537,7 +554,7 @@ class KnowledgeStore:
             return (
                 select(KnowledgeRow, rank.label("score"))
                 .where(vector.op("@@")(tsquery), in_scope)
-                .order_by(rank.desc(), *recency)
+                .order_by(*preferred, rank.desc(), *recency)
                 .limit(limit)
             )
         # No index: an entry scores how often it holds each query word. With every space
@@ -557,6 +574,6 @@ class KnowledgeStore:
         return (
             select(KnowledgeRow, score.label("score"))
             .where(or_(*hits), in_scope)
-            .order_by(score.desc(), *recency)
+            .order_by(*preferred, score.desc(), *recency)
             .limit(limit)
         )

@@ -27,26 +27,14 @@ from pathlib import Path
 import grpc
 from system.storage.v1 import knowledge_pb2, knowledge_pb2_grpc
 
+from services.knowledge_documents import put_request
 from services.runtime.channels import open_channel
 from services.runtime.errors import InvalidArgument
-from storage_service.knowledge_files import FileEntry, read_entry, starter
+from storage_service.knowledge_files import read_entry, starter
 
 __all__ = ["main"]
 
 TIMEOUT = 10.0
-
-
-def _put_request(entry: FileEntry, player_id: str) -> knowledge_pb2.PutKnowledgeRequest:
-    return knowledge_pb2.PutKnowledgeRequest(
-        entry=knowledge_pb2.KnowledgeEntry(
-            player_id=player_id,
-            entry_id=entry.entry_id,
-            title=entry.title,
-            body=entry.body,
-            language=entry.language,
-            source=entry.source,
-        )
-    )
 
 
 async def _run(args: argparse.Namespace, target: str, token: str) -> int:
@@ -63,7 +51,7 @@ async def _run(args: argparse.Namespace, target: str, token: str) -> int:
                 entries = starter()
             for entry in entries:
                 answer = await stub.PutKnowledge(
-                    _put_request(entry, args.player), timeout=TIMEOUT, metadata=metadata
+                    put_request(entry, args.player), timeout=TIMEOUT, metadata=metadata
                 )
                 verb = "added" if answer.created else "replaced"
                 print(f"{verb} {entry.entry_id} ({entry.language}) in {scope}: {entry.title}")

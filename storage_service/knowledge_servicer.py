@@ -80,6 +80,7 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServiceServicer):
             request.query,
             request.limit,
             request.private_only,
+            request.language,
         )
         return knowledge_pb2.SearchKnowledgeResponse(
             hits=[knowledge_pb2.KnowledgeHit(entry=_message(h.entry), score=h.score) for h in hits]

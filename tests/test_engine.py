@@ -207,6 +207,9 @@ def test_builtin_registry() -> None:
         "system:reset",
         "system:search.grant",
         "system:search.revoke",
+        "system:knowledge_add",
+        "system:knowledge_list",
+        "system:knowledge_remove",
         "system:settings",
         "system:reasoning",
         "system:chat",
@@ -338,6 +341,9 @@ def test_available_filters_by_permission_and_feature() -> None:
         "system:reset",
         "system:search.grant",
         "system:search.revoke",
+        "system:knowledge_add",
+        "system:knowledge_list",
+        "system:knowledge_remove",
         "system:settings",
         "test:ban",
         "ftbquests:quests",
@@ -715,6 +721,9 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "/reset",
         "/search-on",
         "/search-off",
+        "/knowledge-add",
+        "/knowledge",
+        "/knowledge-remove",
         "/settings",
         "/reason",
         "/chat",
@@ -732,6 +741,7 @@ async def test_help_lists_the_modules_the_player_may_use() -> None:
         "system:reload",
         "system:usage",
         "system:spend",
+        "system:knowledge_list",
         "system:settings",
     }
 
@@ -985,6 +995,9 @@ async def test_service_catalog(services: Services) -> None:
         "system:reset",
         "system:search.grant",
         "system:search.revoke",
+        "system:knowledge_add",
+        "system:knowledge_list",
+        "system:knowledge_remove",
         "system:settings",
         "system:reasoning",
         "system:chat",
@@ -1012,6 +1025,9 @@ async def test_service_catalog(services: Services) -> None:
             "system:reset",
             "system:search.grant",
             "system:search.revoke",
+            "system:knowledge_add",
+            "system:knowledge_list",
+            "system:knowledge_remove",
         )
         and m.module_id not in QUEST_MODULES
     ]

@@ -324,11 +324,12 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "ftbquests:quest.find",
         "ftbquests:quest.detail",
         "minecraft:gift.list",
-        # Offered only to a player who may use /system routing, /system usage and
-        # /system spend (an admin): see `offered`.
+        # Offered only to a player who may use /system routing, /system usage,
+        # /system spend and /system knowledge (an admin): see `offered`.
         "system:routing.diagnostics",
         "system:usage.read",
         "system:spend.read",
+        "system:knowledge.list",
         "system:preferences.read",
         "ftbquests:quests.list",
     )

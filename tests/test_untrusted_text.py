@@ -201,7 +201,7 @@ class Knowledge:
         self.hits = list(hits)
 
     async def search(
-        self, player_id: str, query: str, limit: int, timeout: float
+        self, player_id: str, query: str, limit: int, timeout: float, language: str = ""
     ) -> list[knowledge_pb2.KnowledgeHit]:
         return self.hits[:limit]
 

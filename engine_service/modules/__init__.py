@@ -15,10 +15,12 @@ from collections.abc import Iterable
 
 from engine_service.admin_tools import AdminTools
 from engine_service.binding_tools import BindingNotifier, BindingTools, StorageBindings
+from engine_service.knowledge_admin_tools import KnowledgeAdmin, KnowledgeAdminTools
 from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
 from engine_service.modules.admin import (
     BindingModule,
     FeatureModule,
+    KnowledgeModule,
     ReloadModule,
     RoutingModule,
     SpendModule,
@@ -129,6 +131,11 @@ class BuiltinServices:
     """Grants, revokes and resets (storage's PlayerDataService), for `/system revoke`..."""
     notifier: BindingNotifier | None = None
     """The relay that tells a player's gateway replica their binding changed."""
+    knowledge_admin: KnowledgeAdmin | None = None
+    """Knowledge entries written and listed (storage's KnowledgeService), for
+    `/system knowledge-add`, `knowledge` and `knowledge-remove`."""
+    knowledge_dir: str = ""
+    """The folder `/system knowledge-add` reads documents from (`knowledge_dir`)."""
 
 
 def register_builtins(
@@ -165,6 +172,9 @@ def register_builtins(
         registry.register(BindingModule(action))
     for granted in (True, False):
         registry.register(FeatureModule(granted))
+    KnowledgeAdminTools(services.knowledge_admin, services.knowledge_dir).register(registry.tools)
+    for knowledge_action in ("add", "list", "remove"):
+        registry.register(KnowledgeModule(knowledge_action))
     PreferenceTools(services.preferences).register(registry.tools)
     registry.register(SettingsModule())
     for module in extra:

@@ -176,6 +176,8 @@ class Stack:
                 "ROUTER_TARGET": self.target("router"),
                 "GATEWAY_TARGET": self.target("gateway_internal"),
                 "MODEL_TARGET": self.target("model"),
+                # Documents admins add in game: /system knowledge-add FILE [player].
+                "KNOWLEDGE_DIR": str(self.data_dir / "knowledge"),
             },
             "router": {
                 "ENGINE_TARGET": self.target("engine"),
@@ -224,6 +226,7 @@ class Stack:
         started = time.perf_counter()
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.data_dir / "run").mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "knowledge").mkdir(parents=True, exist_ok=True)
         self._write_operator_file()
         # All start at once: channels connect lazily, so start order does not matter for
         # correctness, and parallel starts keep the stack's start-up short.
