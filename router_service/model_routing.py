@@ -19,12 +19,17 @@ from system.model.v1 import model_pb2, model_pb2_grpc
 
 from services.untrusted import request_text
 
-__all__ = ["CLARIFY", "ModelChoice", "ModelRouter", "capability_catalogue"]
+__all__ = ["CLARIFY", "ROUTING_MODULE_ID", "ModelChoice", "ModelRouter", "capability_catalogue"]
 
 log = logging.getLogger("system.router.model")
 
 CLARIFY = "clarify"
 MODEL_TIMEOUT_SECONDS = 20.0
+ROUTING_MODULE_ID = "system:router"
+"""The module id of the routing call (CompleteRequest.module_id): its spend is shown under it
+in `/system spend`, and a providers file may give it a model list of its own
+(`[routes] "system:router" = [...]`, a cheap model, say). No module of the catalogue has
+this id."""
 
 _INSTRUCTIONS = """You route a Minecraft player's request to one capability of an in-game \
 assistant. Reply with JSON only: {"capabilityId": "<id>", "arguments": {...}}.
@@ -133,6 +138,9 @@ class ModelRouter:
         allowed = {entry["id"] for entry in catalogue}
         request = model_pb2.CompleteRequest(
             player_id=player.player_id,
+            # Attributed to routing in the spend view, and checked against the player's rank.
+            module_id=ROUTING_MODULE_ID,
+            permission_level=player.permission_level,
             temperature=0.0,
             max_tokens=200,
             messages=[

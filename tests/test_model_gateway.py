@@ -194,6 +194,14 @@ async def test_tokens_and_calls_are_metered(gateway: Gateway, fake: FakeOpenAISe
         pytest.param(_request(temperature=-0.5), "temperature", id="cold"),
         pytest.param(_request(temperature=2.5), "temperature", id="hot"),
         pytest.param(_request(temperature=float("nan")), "temperature", id="nan"),
+        pytest.param(
+            model_pb2.CompleteRequest(
+                messages=[model_pb2.ChatMessage(role=model_pb2.MESSAGE_ROLE_USER, content="hi")],
+                module_id="router",
+            ),
+            "module_id must be a catalogue id `namespace:path`",
+            id="module-not-a-catalogue-id",  # storage could not record its spend
+        ),
     ],
 )
 async def test_invalid_input_is_invalid_argument(

@@ -128,6 +128,13 @@ class ChatRequest:
         check_player_id(self.player_id, required=False)
         if len(self.module_id) > MAX_MODULE_ID or not self.module_id.isprintable():
             raise InvalidArgument(f"module_id must be at most {MAX_MODULE_ID} printable characters")
+        if self.module_id and ":" not in self.module_id:
+            # Storage records spend under it and takes catalogue ids alone: refused here, not
+            # when the use is settled after the call.
+            raise InvalidArgument(
+                f"module_id must be a catalogue id `namespace:path` (or empty), got "
+                f"{self.module_id!r}"
+            )
         if not 0 <= self.permission_level <= MAX_PERMISSION_LEVEL:
             raise InvalidArgument(
                 f"permission_level must be 0 to {MAX_PERMISSION_LEVEL}, got {self.permission_level}"
