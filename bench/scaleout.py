@@ -24,7 +24,11 @@ gateways' share is counted at the caller (players' requests are frames on a game
 stream, not RPCs); errors players saw, by status, and whether a retry fixed them; event
 tasks resumed (`attempts` > 1); and, at the simulated world, effects lost and applied twice
 (gives per event player against its task's final state; torches charged against the
-confirms players saw answered and the offers they pressed). Results go to
+confirms players saw answered and the offers they pressed); and presses of cards shown before
+a reconnect (decision 0030): `HOLD_LEAD_SECONDS` before the gateway kill, and again before
+the moved game servers go home, the players of those game servers quote an offer and keep the
+card unpressed, pressing it on the next connection (worked, refused as stale, or failed
+otherwise), beside presses whose reconnect fell between quote and press. Results go to
 bench/results/scaleout.{json,md,png}.
 """
 
@@ -84,6 +88,13 @@ SETTLE_SECONDS = 2.0
 RETRY_PAUSES = (0.25, 0.5, 1.0, 1.0, 2.0, 2.0, 2.0)
 """A player's retries of a failed action: about 9 s in all, longer than a replica's restart."""
 STALE_CARD = "system.error.stale_card"
+HOLD_LEAD_SECONDS = 3.0
+"""Before a gateway is killed (and before the game servers it lost move home), the players on
+its game servers quote an offer and keep the card on screen this long, unpressed; they press
+it after the reconnect (decision 0030: the card book is in storage)."""
+HOLD_MAX_SECONDS = 20.0
+"""A held card is pressed after this long even if its game server never reconnected."""
+WORKED, STALE, FAILED = "worked", "refused as stale", "failed otherwise"
 KILL_ORDER = ("gateway", "router", "engine", "storage")
 GATEWAY_UNAVAILABLE = "UNAVAILABLE (as module_failed)"
 """The gateway answers a dependency's UNAVAILABLE as `system.error.module_failed` with this
@@ -378,6 +389,24 @@ class Player:
     """Confirm buttons of distinct offers pressed."""
     confirmed: int = 0
     """Confirms answered SUCCEEDED."""
+    held: Held | None = None
+    """A quoted card kept on screen, to be pressed after the next reconnect."""
+    held_round: int = 0
+    """The last hold round (GameServer.hold_round) this player took part in."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A card shown on one connection, kept to be pressed on a later one."""
+
+    card: common_pb2.Card
+    generation: int
+    """The game server's connection (GameServer.generation) the card was shown on."""
+    gateway: int
+    shown_at: float
+    """Seconds since the run began."""
+    reason: str
+    """What was about to end the connection: `SIGKILL gateway-0` or `move home`."""
 
 
 class Recorder:
@@ -394,6 +423,12 @@ class Recorder:
         """Failed attempts a later retry of the same action fixed, by the first status."""
         self.unfixed: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
+        self.carried: Counter[tuple[str, str]] = Counter()
+        """Presses of a card shown on an earlier connection of the game server, by (how the
+        card got there: held / in flight, outcome: worked / refused as stale / failed)."""
+        self.carried_by_reason: Counter[tuple[str, str]] = Counter()
+        """Held cards' presses by (what ended the connection, outcome)."""
+        self.carried_examples: list[str] = []
 
     def second(self) -> int:
         return int(time.monotonic() - self.began)
@@ -456,6 +491,11 @@ class GameServer:
         self.sent_events: dict[str, float] = {}
         self.client: Game | None = None
         self.on: int = home
+        self.generation = 0
+        """Counts the connections made: a card is from an earlier one if its number is lower."""
+        self.hold_round = 0
+        """Raised by the driver: each player then quotes once and keeps the card (Held)."""
+        self.hold_reason = ""
         self.connected = asyncio.Event()
         self.reconnects = 0
         self.events_resent = 0
@@ -483,6 +523,7 @@ class GameServer:
         if self.client is not None:
             self.charged.update(self.client.charged)
         self.client, self.on = client, gateway
+        self.generation += 1
         self._errors_seen = 0
         for player in self.players:
             await client.join(player.player_id, player.name, "en_us")
@@ -512,12 +553,10 @@ class GameServer:
         if self.on == self.home or self.client is None:
             return
         self.connected.clear()
-        old = self.client
-        self.client = None
-        await old.close()
-        self.charged.update(old.charged)
-        old.charged.clear()
-        self.client = old  # keep_connected's wait on the old client ends; it reconnects home
+        # Closing ends keep_connected's wait on this connection: it reconnects home, and
+        # connect() takes over what the old connection charged. The stream ends before close()
+        # returns, so the new connection may be up by then: self.client is connect()'s alone.
+        await self.client.close()
 
     async def _send_event(self, player_id: str) -> None:
         assert self.client is not None
@@ -562,15 +601,21 @@ class GameServer:
             await self.resend_refused_events()
 
     async def _attempt(
-        self, action: str, call: Callable[[Game], Awaitable[gateway_pb2.PlayerResponse]]
+        self,
+        action: str,
+        call: Callable[[Game], Awaitable[gateway_pb2.PlayerResponse]],
+        used: list[int] | None = None,
     ) -> Any:
-        """One action, retried while it fails: returns the response."""
+        """One action, retried while it fails: returns the response. `used` gets the
+        connection (generation) of each attempt."""
         failures: list[str] = []
         for attempt in range(len(RETRY_PAUSES) + 1):
             await self.connected.wait()
             sent = self.recorder.second()
             client, gateway = self.client, self.on
             assert client is not None
+            if used is not None:
+                used.append(self.generation)
             try:
                 response = _check(await call(client))
             except (FrameRefused, GatewayRefused, TimeoutError, _Failed) as exc:
@@ -610,8 +655,68 @@ class GameServer:
                 await self._attempt(
                     "/inventory", lambda c: c.chat(player.player_id, "/inventory", timeout=15)
                 )
+            elif player.held is not None:
+                held = player.held
+                waited = self.recorder.second() - held.shown_at
+                if self.generation != held.generation or waited > HOLD_MAX_SECONDS:
+                    player.held = None
+                    await self._press_held(player, held)
+                else:  # still on the connection that showed it: quoting would replace it
+                    await self._attempt(
+                        "help", lambda c: c.chat(player.player_id, "help", timeout=15)
+                    )
+            elif self.hold_round > player.held_round:
+                player.held_round = self.hold_round
+                await self._hold(player)
             else:
                 await self._purchase(player)
+
+    async def _hold(self, player: Player) -> None:
+        """Quotes an offer and keeps its card on screen, unpressed."""
+        generation, gateway = self.generation, self.on
+        used: list[int] = []
+        quoted = await self._attempt(
+            "quote (held)", lambda c: c.chat(player.player_id, f"/buy {ITEM} 1", 15), used
+        )
+        if quoted is None or not quoted.reply.result.card.buttons:
+            return
+        if used[-1] != generation:  # answered on a later connection already
+            generation, gateway = used[-1], self.on
+        player.held = Held(
+            quoted.reply.result.card,
+            generation,
+            gateway,
+            time.monotonic() - self.recorder.began,
+            self.hold_reason,
+        )
+
+    async def _press_held(self, player: Player, held: Held) -> None:
+        card = held.card
+        player.presses += 1
+        used: list[int] = []
+        outcome = FAILED
+        try:
+            done = await self._attempt(
+                "confirm (held)", lambda c: c.press(player.player_id, card, card.buttons[0]), used
+            )
+        except _Stale as stale:
+            outcome = STALE
+            for status in stale.failures:
+                self.recorder.unfixed[status] += 1
+        else:
+            if done is not None:
+                player.confirmed += 1
+                outcome = WORKED
+        across = bool(used) and used[-1] != held.generation
+        how = "held" if across else "held, no reconnect"
+        self.recorder.carried[(how, outcome)] += 1
+        self.recorder.carried_by_reason[(held.reason if across else "none", outcome)] += 1
+        if outcome != WORKED and len(self.recorder.carried_examples) < 5:
+            self.recorder.carried_examples.append(
+                f"{player.player_id}: card v{card.ref.version} shown at {held.shown_at:.1f} s on "
+                f"gateway-{held.gateway} (before {held.reason}), pressed at "
+                f"{self.recorder.second()} s on gateway-{self.on}: {outcome}"
+            )
 
     async def _purchase(self, player: Player) -> None:
         try:
@@ -630,16 +735,25 @@ class GameServer:
                     self.recorder.fixed[status] += 1
 
     async def _purchase_once(self, player: Player) -> None:
+        shown: list[int] = []
         quoted = await self._attempt(
-            "quote", lambda c: c.chat(player.player_id, f"/buy {ITEM} 1", 15)
+            "quote", lambda c: c.chat(player.player_id, f"/buy {ITEM} 1", 15), shown
         )
         if quoted is None or not quoted.reply.result.card.buttons:
             return
         card = quoted.reply.result.card
         player.presses += 1
-        done = await self._attempt(
-            "confirm", lambda c: c.press(player.player_id, card, card.buttons[0])
-        )
+        used: list[int] = []
+        try:
+            done = await self._attempt(
+                "confirm", lambda c: c.press(player.player_id, card, card.buttons[0]), used
+            )
+        except _Stale:
+            if used[-1] != shown[-1]:
+                self.recorder.carried[("in flight", STALE)] += 1
+            raise
+        if used[-1] != shown[-1]:  # the game server reconnected between quote and press
+            self.recorder.carried[("in flight", WORKED if done is not None else FAILED)] += 1
         if done is not None:
             player.confirmed += 1
 
@@ -743,6 +857,8 @@ async def _drive(cluster: Cluster, servers: list[GameServer], options: Options) 
         phase_end = recorder.began + options.seconds * (number + 1)
         if phase != "steady":
             replica = cluster.replicas[phase][0]
+            if phase == "gateway":
+                await _hold_cards([s for s in servers if s.on == 0], f"SIGKILL {replica.name}")
             killed = time.monotonic() - recorder.began
             _log(f"SIGKILL {replica.name} at {killed:.1f} s")
             replica.kill()
@@ -753,6 +869,7 @@ async def _drive(cluster: Cluster, servers: list[GameServer], options: Options) 
             serving = time.monotonic() - recorder.began
             _log(f"{replica.name} restarted at {restarted:.1f} s, SERVING at {serving:.1f} s")
             if phase == "gateway":
+                await _hold_cards([s for s in servers if s.on != s.home], "move home")
                 for server in servers:
                     await server.move_home()
             kills.append(
@@ -786,6 +903,16 @@ async def _drive(cluster: Cluster, servers: list[GameServer], options: Options) 
         task.cancel()
     await asyncio.gather(*work[: len(servers)], return_exceptions=True)
     return _results(cluster, servers, recorder, sampler, tasks, kills, down, ended, options)
+
+
+async def _hold_cards(holding: list[GameServer], reason: str) -> None:
+    """The players of `holding` each quote an offer and keep the card on screen; returns
+    when they had the time to (HOLD_LEAD_SECONDS)."""
+    for server in holding:
+        server.hold_reason = reason
+        server.hold_round += 1
+    _log(f"{len(holding)} game servers' players hold a card before {reason}")
+    await asyncio.sleep(HOLD_LEAD_SECONDS)
 
 
 def _share_windows(
@@ -909,8 +1036,19 @@ def _results(
     by_status: dict[str, dict[int, int]] = {}
     for (second, status), n in sorted(recorder.errors.items()):
         by_status.setdefault(status, {})[second] = n
+    carried: dict[str, dict[str, int]] = {}
+    for (how, outcome), n in sorted(recorder.carried.items()):
+        carried.setdefault(how, {})[outcome] = n
+    carried_by_reason: dict[str, dict[str, int]] = {}
+    for (reason, outcome), n in sorted(recorder.carried_by_reason.items()):
+        carried_by_reason.setdefault(reason, {})[outcome] = n
     return {
         "options": dataclasses.asdict(options),
+        "cards_across_reconnects": {
+            "presses": carried,
+            "held_by_reason": carried_by_reason,
+            "examples": recorder.carried_examples,
+        },
         "seconds": round(ended, 1),
         "requests_served": served,
         "requests_per_s": round(served / max(ended, 1e-9), 1),
@@ -959,7 +1097,11 @@ def _results(
 
 def run(database_url: str, folder: Path, options: Options) -> dict[str, Any]:
     """Starts the cluster on `database_url`, drives it, stops it; returns the results."""
-    server_ids = [f"sim{i}" for i in range(options.servers)]
+    # Ids of this run alone: on a database an earlier run used, a reused event key would be
+    # answered with that run's task (SubmitEvent returns the tasks a key already made), whose
+    # gives went to the earlier run's world, and the audit would count them lost.
+    run_id = secrets.token_hex(2)
+    server_ids = [f"sim{i}-{run_id}" for i in range(options.servers)]
     tokens = {server: secrets.token_urlsafe(16) for server in server_ids}
     cluster = Cluster(folder, database_url, tokens)
     try:
@@ -990,7 +1132,8 @@ def _markdown(report: dict[str, Any]) -> str:
         "# Scale-out on one machine",
         "",
         f"Run {report['when']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, "
-        f"{m['os']}, Python {m['python']}), load before {report['load_before']}. "
+        f"{m['os']}, Python {m['python']}), load average before {report['load_before']}, "
+        f"after {report.get('load_after', '?')} (other work shares the machine). "
         f"Command: `{report['command']}`.",
         "",
         "Two replicas each of gateway, router, engine and storage (PostgreSQL), one model "
@@ -1021,6 +1164,11 @@ def _markdown(report: dict[str, Any]) -> str:
         f"({r['effects']['event_gives_applied_twice']} / "
         f"{r['effects']['purchases_charged_twice']}) |",
         f"| game-server reconnects | {r['reconnects']} |",
+        f"| presses of a card shown before a reconnect, by how (held: kept on screen over a "
+        f"gateway kill or move home; in flight: the reconnect fell between quote and press) "
+        f"| {r['cards_across_reconnects']['presses'] or 'none'} |",
+        f"| held cards' presses by what ended their connection "
+        f"| {r['cards_across_reconnects']['held_by_reason'] or 'none'} |",
         f"| failed attempts players saw, by status | {r['errors']['attempts_failed']} |",
         f"| of them fixed by a retry | {r['errors']['fixed_by_retry']} |",
         f"| not fixed, or fixed but not UNAVAILABLE/RESOURCE_EXHAUSTED | "
@@ -1039,6 +1187,9 @@ def _markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {k['replica']} | {k['killed_at_s']} | {k['restarted_at_s']} | {k['serving_at_s']} |"
         )
+    if r["cards_across_reconnects"]["examples"]:
+        lines += ["", "Held cards not taken:", ""]
+        lines += [f"- {e}" for e in r["cards_across_reconnects"]["examples"]]
     if r["errors"]["examples"]:
         lines += ["", "Examples of what players saw:", ""]
         lines += [f"- `{s}`: {e}" for s, es in r["errors"]["examples"].items() for e in es]
@@ -1051,7 +1202,11 @@ def _markdown(report: dict[str, Any]) -> str:
         "counted at the game servers: their requests are frames on one stream. A game server "
         "whose gateway dies reconnects (home first, then the other), joins its players again "
         "and resends events it sent in the 10 s before; after the killed gateway is back the "
-        "moved game servers return to it. Effects at the world: for each event player, gives "
+        "moved game servers return to it. Cards across reconnects: "
+        f"{HOLD_LEAD_SECONDS} s before the gateway kill, every player of a game server on "
+        "that gateway quotes an offer and keeps the card unpressed, and likewise before the "
+        "moved game servers go home; each presses it after the reconnect (on the other "
+        "replica, then on the restarted one), as decision 0030 says they may. Effects at the world: for each event player, gives "
         "beyond one of each reward item are applied twice, a SUCCEEDED task missing one is a "
         "lost give; for each buyer, torches charged beyond the offers pressed are charged "
         "twice, confirms answered SUCCEEDED without a charge are lost.",
@@ -1127,13 +1282,16 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if args.logs is not None:
                 shutil.copytree(Path(folder) / "cluster" / "logs", args.logs, dirs_exist_ok=True)
+    load_after = [round(x, 2) for x in os.getloadavg()]
     report = {
         "benchmark": "scaleout",
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m bench.scaleout "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(
+            ["python -m bench.scaleout", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "machine": describe_machine(),
         "load_before": load_before,
+        "load_after": load_after,
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
