@@ -1469,6 +1469,57 @@ def test_the_file_components_mount_their_secrets(tmp_path: Path) -> None:
         assert _mounted_from(gateway, str(settings[name]))["secretName"] == "gateway-public-tls"
 
 
+CONFIG_FILES = COMPONENTS / "config-files"
+BUNDLED_FILES = {
+    ("router", "SYSTEM_ROUTER_BUTTON_PHRASINGS"): ROOT
+    / "router_service"
+    / "notification-buttons.json",
+    ("engine", "SYSTEM_ENGINE_ADVANCEMENTS_FILE"): ROOT / "engine_service" / "advancements.json",
+    ("engine", "SYSTEM_ENGINE_SIGNIN_REWARDS_FILE"): ROOT
+    / "engine_service"
+    / "signin_rewards.json",
+}
+"""The files `components/config-files` mounts that the image also bundles: the component's
+copy is the bundled one, so adding the component changes nothing until an operator edits it."""
+
+
+def _mounted_config(rendered: Manifests, workload: dict[str, Any], path: str) -> str:
+    """The contents of the ConfigMap key a file path of the server container reads."""
+    container = _server_container(workload)
+    volumes = {v["name"]: v for v in _pod(workload).get("volumes", [])}
+    (mount,) = [
+        m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")
+    ]
+    assert mount.get("readOnly") is True, f"{path}: mounted writable"
+    config_map = rendered.of("ConfigMap")[volumes[mount["name"]]["configMap"]["name"]]
+    data: dict[str, str] = config_map["data"]
+    return data[path.removeprefix(mount["mountPath"] + "/")]
+
+
+@needs_kubectl
+def test_the_config_files_component_mounts_each_services_files(tmp_path: Path) -> None:
+    from router_service.semantic.config import SemanticConfig, load_semantic_config
+
+    rendered = _render_with(tmp_path, "config-files")
+    check_everything(rendered)
+    deployments = rendered.of("Deployment")
+    for (app, setting), bundled in BUNDLED_FILES.items():
+        path = rendered.settings(deployments[app])[setting]
+        assert path, f"{app}: {setting} is not set"
+        text = _mounted_config(rendered, deployments[app], path)
+        assert text == bundled.read_text(encoding="utf-8"), (
+            f"components/config-files holds another {bundled.name} than {bundled.parent.name}: "
+            f"copy {bundled.relative_to(ROOT)} there"
+        )
+    router = deployments["router"]
+    path = rendered.settings(router)["SYSTEM_ROUTER_SEMANTIC_CONFIG"]
+    assert path
+    semantic = tmp_path / "system-semantic.json"
+    semantic.write_text(_mounted_config(rendered, router, path), encoding="utf-8")
+    # The router's own reader takes it, and it is the built-in defaults.
+    assert load_semantic_config(semantic).to_json() == SemanticConfig().to_json()
+
+
 # --- monitoring: the dashboard, the alerts and the adapter rule name only real metrics ---------
 
 MONITORING_DIR = COMPONENTS / "monitoring"
