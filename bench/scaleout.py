@@ -439,6 +439,10 @@ def _status(exc: BaseException) -> str:
         return exc.code.name if exc.code != grpc.StatusCode.OK else "UNAVAILABLE"
     if isinstance(exc, TimeoutError):
         return "DEADLINE_EXCEEDED"
+    if isinstance(exc, asyncio.InvalidStateError):
+        # Written on a stream that had just ended (a gateway killed), before keep_connected
+        # saw the end: the request never left, as a plugin finds its connection down.
+        return "UNAVAILABLE"
     return type(exc).__name__
 
 
@@ -618,7 +622,13 @@ class GameServer:
                 used.append(self.generation)
             try:
                 response = _check(await call(client))
-            except (FrameRefused, GatewayRefused, TimeoutError, _Failed) as exc:
+            except (
+                FrameRefused,
+                GatewayRefused,
+                TimeoutError,
+                asyncio.InvalidStateError,
+                _Failed,
+            ) as exc:
                 status = exc.status if isinstance(exc, _Failed) else _status(exc)
                 failures.append(status)
                 self.recorder.first_errors[status] += 1

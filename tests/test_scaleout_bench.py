@@ -1,11 +1,15 @@
-"""The scale-out bench's own bookkeeping, without a cluster: a simulated game server moved back
-to its home gateway counts every purchase its connections charged (bench/scaleout.py)."""
+"""The scale-out bench's own bookkeeping, without a cluster (bench/scaleout.py): a simulated
+game server moved back to its home gateway counts every purchase its connections charged, and
+a request written on a stream that just ended is a failure a retry fixes, not a crash."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 from typing import Any
+
+from system.common.v1 import common_pb2
+from system.gateway.v1 import gateway_pb2
 
 from bench.scaleout import GameServer, Recorder
 
@@ -62,3 +66,38 @@ def test_moving_home_keeps_what_every_connection_charged() -> None:
     charged, moved = asyncio.run(scenario())
     assert moved
     assert charged == Counter({"p": 5})
+
+
+class _EndedOnce(_Connection):
+    """A connection whose stream ended just as a request was written (the gateway killed):
+    grpc.aio refuses the write with InvalidStateError; the next connection answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    async def chat(self, *args: Any, **kwargs: Any) -> gateway_pb2.PlayerResponse:
+        del args, kwargs
+        self.writes += 1
+        if self.writes == 1:
+            raise asyncio.InvalidStateError("RPC already finished.")
+        return gateway_pb2.PlayerResponse(
+            reply=gateway_pb2.Reply(
+                result=common_pb2.AgentResult(status=common_pb2.RESULT_STATUS_SUCCEEDED)
+            )
+        )
+
+
+def test_a_request_written_on_an_ended_stream_is_unavailable_and_retried() -> None:
+    async def scenario() -> tuple[Any, Recorder]:
+        recorder = Recorder()
+        server = GameServer("sim0", "token", 0, None, recorder)  # type: ignore[arg-type]
+        server.client = _EndedOnce()  # type: ignore[assignment]
+        server.connected.set()
+        answer = await server._attempt("help", lambda c: c.chat("p", "help"))
+        return answer, recorder
+
+    answer, recorder = asyncio.run(scenario())
+    assert answer is not None
+    assert recorder.fixed == Counter({"UNAVAILABLE": 1})
+    assert not recorder.unfixed
