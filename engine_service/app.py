@@ -18,6 +18,7 @@ from engine_service.knowledge_tools import StorageKnowledge
 from engine_service.models import ModelClient
 from engine_service.modules import SMALL_TALK, BuiltinServices, register_builtins
 from engine_service.modules.admin import ADMIN_MODULES
+from engine_service.modules.knowledge_admin import KnowledgeModule
 from engine_service.offers import StorageDocuments
 from engine_service.registry import ModuleRegistry, load_entry_point_modules
 from engine_service.replica import JournalIncarnations, replica_identity
@@ -73,7 +74,7 @@ def build_registry(config: EngineConfig, services: BuiltinServices | None = None
         policy = dataclasses.replace(module.spec.policy, **budgets)  # type: ignore[arg-type]
         registry.amend(module_id, policy=policy)
     for module in registry.modules():
-        if isinstance(module, ADMIN_MODULES):
+        if isinstance(module, (*ADMIN_MODULES, KnowledgeModule)):
             registry.amend(
                 module.spec.module_id, min_permission_level=config.admin_permission_level
             )

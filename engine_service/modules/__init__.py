@@ -20,7 +20,6 @@ from engine_service.knowledge_tools import KnowledgeSearch, KnowledgeTools
 from engine_service.modules.admin import (
     BindingModule,
     FeatureModule,
-    KnowledgeModule,
     ReloadModule,
     RoutingModule,
     SpendModule,
@@ -31,6 +30,7 @@ from engine_service.modules.help import HelpModule
 from engine_service.modules.history import HistoryModule
 from engine_service.modules.inventory import InventoryModule
 from engine_service.modules.item import ItemModule
+from engine_service.modules.knowledge_admin import KnowledgeModule
 from engine_service.modules.mail import InboxModule, MailClaimModule
 from engine_service.modules.pay import PayConfirmModule, PayModule
 from engine_service.modules.profile import ProfileModule

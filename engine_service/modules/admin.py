@@ -1,10 +1,10 @@
 """Administrators' commands in game: `/system routing` (路由诊断) shows the router's state and
 counts; `/system reload` (重载配置) reloads the router's `system-semantic.json` and this engine's
 event rules; `/system usage` (用量) a player's use; `/system spend [today|month]` (花费) what the
-server spent, by player, module and provider, and its budgets against their limits;
-`/system knowledge-add`, `knowledge`, `knowledge-remove` (添加知识, 知识库, 删除知识) manage the
-knowledge base. They need the engine's `admin_permission_level` (3 by default, `ADMIN_LEVEL`) and appear nowhere below it; they
-are commands only (no routing by meaning) and read-only for the game.
+server spent, by player, module and provider, and its budgets against their limits (the
+knowledge commands are in knowledge_admin.py, built with `admin_spec` too). They need the
+engine's `admin_permission_level` (3 by default, `ADMIN_LEVEL`) and appear nowhere below it;
+they are commands only (no routing by meaning) and read-only for the game.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.admin_tools import ADMIN_LEVEL, CONFIG_RELOAD, ROUTING_DIAGNOSTICS
 from engine_service.binding_tools import BINDING_CHANGE, FEATURE_CHANGE
-from engine_service.knowledge_admin_tools import KNOWLEDGE_ADD, KNOWLEDGE_LIST, KNOWLEDGE_REMOVE
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, ExecutionPolicy, ModuleContext, ModuleSpec
 from engine_service.usage_tools import EVERYONE, SPEND_READ, USAGE_DAYS, USAGE_READ
@@ -26,11 +25,11 @@ __all__ = [
     "ADMIN_MODULES",
     "BindingModule",
     "FeatureModule",
-    "KnowledgeModule",
     "ReloadModule",
     "RoutingModule",
     "SpendModule",
     "UsageModule",
+    "admin_spec",
     "money",
 ]
 
@@ -67,7 +66,7 @@ _RULES_ERROR = {"zh": "事件规则未重载：{error}", "en": "Event rules were
 _NOTHING = {"zh": "没有变化", "en": "nothing changed"}
 
 
-def _admin_spec(
+def admin_spec(
     module_id: str,
     description: dict[str, str],
     aliases: tuple[str, ...],
@@ -109,7 +108,7 @@ def _counts(counts: dict[str, int], language: str) -> str:
 class RoutingModule:
     """`/system routing`: one card of the router's diagnostics."""
 
-    spec = _admin_spec(
+    spec = admin_spec(
         "system:routing",
         {
             "zh": "管理员：查看路由诊断，包括各来源的计数和拦下本地路由的原因。",
@@ -162,7 +161,7 @@ class ReloadModule:
     """`/system reload`: the router's semantic config and notification-button phrasings, and
     this engine's event rules, read again."""
 
-    spec = _admin_spec(
+    spec = admin_spec(
         "system:reload",
         {
             "zh": "管理员：重新读取语义路由配置、通知按钮说法和事件规则。",
@@ -215,7 +214,7 @@ class UsageModule:
     """`/system usage [player|*]`: a player's external-service use per day (oneself by
     default), or with `*` the whole server's."""
 
-    spec = _admin_spec(
+    spec = admin_spec(
         "system:usage",
         {
             "zh": "管理员：查看玩家（或用 * 查看全服）近一周的模型和联网用量。",
@@ -314,7 +313,7 @@ class SpendModule:
     money), by player, module and provider, beside the network's whole, and the budgets (game
     server, network) against their limits."""
 
-    spec = _admin_spec(
+    spec = admin_spec(
         "system:spend",
         {
             "zh": "管理员：查看本服今日或本月的模型花费（按玩家、模块、服务商）和预算用量。",
@@ -426,7 +425,7 @@ class BindingModule:
     def __init__(self, action: str) -> None:
         known = _BINDING[action]
         self.action = action
-        self.spec = _admin_spec(
+        self.spec = admin_spec(
             f"system:{action}",
             known["description"],
             known["aliases"],
@@ -477,7 +476,7 @@ class FeatureModule:
     def __init__(self, granted: bool) -> None:
         known = _FEATURE[granted]
         self.granted = granted
-        self.spec = _admin_spec(
+        self.spec = admin_spec(
             known["module_id"],
             known["description"],
             known["aliases"],
@@ -500,137 +499,6 @@ class FeatureModule:
         return succeeded(card("system:binding", title, lines))
 
 
-_KNOWLEDGE: dict[str, dict[str, Any]] = {
-    "add": {
-        "tool": KNOWLEDGE_ADD,
-        "aliases": ("knowledge-add", "添加知识"),
-        "argument": "document",
-        "writes": 1,
-        "description": {
-            "zh": "管理员：把知识目录里的 Markdown 或纯文本文件加入共享知识库（或加上玩家名，"
-            "加入其私人知识库）：/system knowledge-add 文件名 [玩家]。",
-            "en": "Admin: add a Markdown or plain-text file from the knowledge folder to the "
-            "shared knowledge (or, with a player, their private knowledge): "
-            "/system knowledge-add FILE [player].",
-        },
-    },
-    "list": {
-        "tool": KNOWLEDGE_LIST,
-        "aliases": ("knowledge", "知识库"),
-        "argument": "player",
-        "writes": 0,
-        "description": {
-            "zh": "管理员：列出共享知识库（或某位玩家的私人知识库）的条目。",
-            "en": "Admin: list the entries of the shared knowledge (or one player's private "
-            "knowledge).",
-        },
-    },
-    "remove": {
-        "tool": KNOWLEDGE_REMOVE,
-        "aliases": ("knowledge-remove", "删除知识"),
-        "argument": "entry",
-        "writes": 1,
-        "description": {
-            "zh": "管理员：从共享知识库（或某位玩家的私人知识库）删除一个条目："
-            "/system knowledge-remove 条目 [玩家]。",
-            "en": "Admin: remove one entry from the shared knowledge (or one player's private "
-            "knowledge): /system knowledge-remove ENTRY [player].",
-        },
-    },
-}
-_KNOWLEDGE_USAGE = {
-    "add": {
-        "zh": "用法：/system knowledge-add 文件名 [玩家]",
-        "en": "Usage: /system knowledge-add FILE [player]",
-    },
-    "list": {"zh": "用法：/system knowledge [玩家]", "en": "Usage: /system knowledge [player]"},
-    "remove": {
-        "zh": "用法：/system knowledge-remove 条目 [玩家]",
-        "en": "Usage: /system knowledge-remove ENTRY [player]",
-    },
-}
-_SHARED = {"zh": "共享知识库", "en": "the shared knowledge"}
-_PRIVATE = {"zh": "{player} 的私人知识库", "en": "{player}'s private knowledge"}
-_ADDED_TITLE = {"zh": "已添加知识", "en": "Knowledge added"}
-_REPLACED_TITLE = {"zh": "已替换知识", "en": "Knowledge replaced"}
-_ADDED = {
-    "zh": "{entry}（{language}）已存入{scope}：{title}",
-    "en": "{entry} ({language}) in {scope}: {title}",
-}
-_LIST_TITLE = {"zh": "知识条目：{scope}", "en": "Knowledge entries: {scope}"}
-_LISTED = {"zh": "{entry}（{language}）{title}", "en": "{entry} ({language}) {title}"}
-_LIST_EMPTY = {"zh": "没有条目。", "en": "No entries."}
-_LIST_MORE = {
-    "zh": "还有更多条目（操作员工具可列出全部）。",
-    "en": "More entries follow (the operator's tool lists them all).",
-}
-_REMOVED_TITLE = {"zh": "已删除知识", "en": "Knowledge removed"}
-_REMOVED = {"zh": "已从{scope}删除 {entry}", "en": "{entry} removed from {scope}"}
-
-
-class KnowledgeModule:
-    """`/system knowledge-add FILE [player]`, `/system knowledge [player]`,
-    `/system knowledge-remove ENTRY [player]`: the knowledge base managed in game, beside the
-    operator's CLI (see knowledge_admin_tools)."""
-
-    def __init__(self, action: str) -> None:
-        known = _KNOWLEDGE[action]
-        self.action = action
-        self.spec = _admin_spec(
-            f"system:knowledge_{action}",
-            known["description"],
-            known["aliases"],
-            known["tool"],
-            writes=known["writes"],
-            argument=known["argument"],
-            required=action != "list",
-        )
-
-    async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
-        language = ctx.player.language
-        words = str(data.get(_KNOWLEDGE[self.action]["argument"], "")).split()
-        most = 1 if self.action == "list" else 2
-        if len(words) > most or (self.action != "list" and not words):
-            return failed(AgentFailure.INVALID_INPUT, pick(_KNOWLEDGE_USAGE[self.action], language))
-        payload: dict[str, Any] = {}
-        if self.action == "add":
-            payload["file"] = words.pop(0)
-        elif self.action == "remove":
-            payload["entry_id"] = words.pop(0)
-        if words:
-            payload["player"] = words[0]
-        done = await ctx.tool(_KNOWLEDGE[self.action]["tool"], payload)
-        scope = (
-            pick(_PRIVATE, language).format(player=done["player"])
-            if done["player"]
-            else pick(_SHARED, language)
-        )
-        if self.action == "add":
-            entry = done["entry"]
-            title = pick(_ADDED_TITLE if done["created"] else _REPLACED_TITLE, language)
-            line = pick(_ADDED, language).format(
-                entry=entry["entry_id"],
-                language=entry["language"],
-                scope=scope,
-                title=entry["title"],
-            )
-            return succeeded(card("system:knowledge", title, [line]))
-        if self.action == "remove":
-            line = pick(_REMOVED, language).format(entry=done["entry_id"], scope=scope)
-            return succeeded(card("system:knowledge", pick(_REMOVED_TITLE, language), [line]))
-        lines = [
-            pick(_LISTED, language).format(
-                entry=e["entry_id"], language=e["language"], title=e["title"]
-            )
-            for e in done["entries"]
-        ] or [pick(_LIST_EMPTY, language)]
-        if done["more"]:
-            lines.append(pick(_LIST_MORE, language))
-        return succeeded(
-            card("system:knowledge", pick(_LIST_TITLE, language).format(scope=scope), lines)
-        )
-
-
 ADMIN_MODULES = (
     RoutingModule,
     ReloadModule,
@@ -638,6 +506,5 @@ ADMIN_MODULES = (
     SpendModule,
     BindingModule,
     FeatureModule,
-    KnowledgeModule,
 )
 """The administrators' commands: their level is the engine's `admin_permission_level`."""
