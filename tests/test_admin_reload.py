@@ -53,6 +53,20 @@ def test_replaced_phrasings_apply_to_the_next_match_and_name_what_changed() -> N
     assert matcher.match("grab the loot", "en", buttons).action_id == "claim"  # kept
 
 
+async def test_a_bad_phrasings_file_stops_the_router_at_start_naming_the_key(
+    tmp_path: pathlib.Path,
+) -> None:
+    from router_service.app import create_app
+    from router_service.config import RouterConfig
+    from services.runtime.config import ConfigError
+
+    bad = tmp_path / "notification-buttons.json"
+    _write(bad, {"claim": {"zh": "领取"}})
+    config = RouterConfig(engine_target="127.0.0.1:1", button_phrasings=str(bad))
+    with pytest.raises(ConfigError, match=r"'claim'\.'zh' must be a list .*button_phrasings"):
+        await create_app(config)
+
+
 async def test_reload_applies_edited_phrasings_and_refuses_a_bad_file_keeping_both(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -67,6 +67,7 @@ async def test_admins_add_list_and_remove_knowledge_in_game_and_players_cannot(
     )
     (folder / "笔记.txt").write_text("史蒂夫的秘密基地在沙漠神殿下面。\n", encoding="utf-8")
     (folder / "secret.json").write_text("{}", encoding="utf-8")
+    (folder / "huge.txt").write_text("word " * 5000, encoding="utf-8")  # 25 000 characters
     (tmp_path / "outside.md").write_text("# Outside\nNot in the folder.\n", encoding="utf-8")
     async with running_chain(
         tmp_path, credentials=True, engine_settings={"knowledge_dir": str(folder)}
@@ -121,7 +122,8 @@ async def test_admins_add_list_and_remove_knowledge_in_game_and_players_cannot(
         for text, expected in (
             ("/system knowledge-add ../outside.md", "by its file name alone"),
             ("/system knowledge-add secret.json", "Markdown or plain-text file"),
-            ("/system knowledge-add missing.md", "files there: rules.md, 笔记.txt"),
+            ("/system knowledge-add missing.md", "files there: huge.txt, rules.md, 笔记.txt"),
+            ("/system knowledge-add huge.txt", "the limit is 20000"),
             ("/system knowledge-add rules.md steve extra", "Usage: /system knowledge-add"),
             ("/system knowledge-add rules.md a/b", "is not a player id"),
         ):
