@@ -122,10 +122,11 @@ def test_index_is_built_from_the_real_catalogue() -> None:
     # help ×3, history ×3, inventory ×3, profile ×4, item ×3, mail ×5, mailclaim ×2, shop ×4,
     # buy ×2, pay ×3, signin ×3, search ×2, note, ban, quests ×2, routing ×2, reload ×2,
     # usage ×2, grant ×2, revoke ×2, reset ×2, search-on ×2, search-off ×2, settings ×2, chat ×2,
-    # spend ×2
+    # spend ×2, knowledge-add ×2, knowledge ×2, knowledge-remove ×2
     assert (
         len(INDEX)
-        == 2
+        == 6
+        + 2
         + 3
         + 3
         + 3
