@@ -225,6 +225,7 @@ async def test_the_game_servers_budget_covers_its_players(deployment: Deployment
     for _ in range(3):
         deployment.fake.script(content="ok", prompt_tokens=50, completion_tokens=50)
     await stub.Complete(_request(f"{server}/a", level=2, max_tokens=100), timeout=5)
+    await deployment.settled()  # the settle runs after the answer: else its hold is still there
     error = await _fails(stub.Complete(_request(f"{server}/b", level=2, max_tokens=100), timeout=5))
     assert error_reason(error) == "BUDGET_SERVER_DAILY_TOKENS"
     assert f"daily token budget of game server {server} exhausted: 100 used" in error.details()
