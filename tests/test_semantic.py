@@ -529,6 +529,22 @@ def test_guards_in_both_languages(text: str, guard: str) -> None:
     assert check_guards(text) is not None
 
 
+def test_the_and_of_between_a_and_b_is_no_compound() -> None:
+    # One thing's two ends (issue 17, round 5): not two requests.
+    assert check_guards("exchange rate between the dollar and the euro") is None
+    assert check_guards("what is the time difference between here and there") is None
+    assert fired_guards("between dollar and mexican peso") == []
+    # Still compound: a second `and`, another clause, `between` too far back, other markers.
+    assert check_guards("between the shop and the mail and my quests") == "compound"
+    assert check_guards("open the shop between now, and then the mail") == "compound"
+    assert check_guards("between one two three four five six and seven") == "compound"
+    assert check_guards("between the shop or the mail") == "compound"
+    assert check_guards("shop and mail") == "compound"
+    # The exemption holds with a module's declared markers too.
+    declared = declared_markers(["show the shop"])
+    assert check_guards("rate between dollar and euro", declared) is None
+
+
 def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
     declared = declared_markers(
         ["cancel it please", "stop that", "what time is the alarm set for", "有没有新邮件"]

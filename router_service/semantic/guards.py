@@ -14,6 +14,9 @@ words as the way the module is asked. Words that change state but that read requ
 (`CHANGE`: set, remove, turn on, 删除, 关闭...) are declared only with the word before them, so
 `what time is the alarm set for` declares `alarm|set` and `set an alarm` still fires. Claim,
 buy, pay, sign-in and the other write words (`WRITE`) never are (seed 004).
+
+**The `and` of `between A and B` is no compound** (`_joins_one_thing`): it joins the two ends of
+one thing (`the exchange rate between the dollar and the euro`).
 """
 
 from __future__ import annotations
@@ -114,6 +117,39 @@ CHANGE = Guard("write", _pattern(
 ), lift="left")
 # fmt: on
 
+# An `and` that joins the two ends of one thing asks for one thing, not two: `between the dollar
+# and the euro`, `the time difference between here and there`: a `between` earlier in the same
+# clause, at most `_BETWEEN_SPAN` tokens before, no other `and` in between (issue 17, round 5).
+_BETWEEN_SPAN = 5
+_BETWEEN = re.compile(r"(?<![a-z0-9])between(?![a-z0-9])")
+_CLAUSE_END = re.compile(r"[.,;!?，。；！？]")
+
+
+def _joins_one_thing(prepared: str, found: re.Match[str]) -> bool:
+    """Whether the compound marker `found` is the `and` of `between A and B`."""
+    if found.group() != "and":
+        return False
+    before = prepared[: found.start()]
+    between = list(_BETWEEN.finditer(before))
+    if not between:
+        return False
+    span = before[between[-1].end() :]
+    tokens = _TOKEN.findall(span)
+    return (
+        0 < len(tokens) <= _BETWEEN_SPAN
+        and "and" not in tokens
+        and _CLAUSE_END.search(span) is None
+    )
+
+
+def _found(guard: Guard, prepared: str) -> Iterator[re.Match[str]]:
+    """`guard`'s markers in `prepared`, an `and` that joins one thing's ends left out."""
+    for found in guard.pattern.finditer(prepared):
+        if guard is COMPOUND and _joins_one_thing(prepared, found):
+            continue
+        yield found
+
+
 GUARDS: tuple[Guard, ...] = (NEGATION, CONDITION, REFERENCE, COMPOUND, WRITE, CHANGE)
 """Every guard, in the order `check_guards` reports them (`WRITE` and `CHANGE` are both
 `write`)."""
@@ -134,7 +170,7 @@ def _occurrences(prepared: str) -> Iterator[tuple[str, tuple[Marker, ...]]]:
     """Every guard marker in `prepared`, in guard order: its guard's name and the context forms
     a module may declare (none for a guard that is never lifted)."""
     for guard in GUARDS:
-        for found in guard.pattern.finditer(prepared):
+        for found in _found(guard, prepared):
             if guard.lift == "never":
                 yield guard.name, ()
                 continue
@@ -169,7 +205,7 @@ def check_guards(text: str, declared: Collection[Marker] = frozenset()) -> str |
     prepared = _prepare(text)
     if not declared:
         for guard in GUARDS:
-            if guard.pattern.search(prepared):
+            if next(_found(guard, prepared), None) is not None:
                 return guard.name
         return None
     for name, forms in _occurrences(prepared):
@@ -228,5 +264,5 @@ def changes_state(text: str) -> bool:
 def fired_guards(text: str) -> list[str]:
     """Names of every guard that fires on `text` (for diagnostics and tests), each once."""
     prepared = _prepare(text)
-    names = [guard.name for guard in GUARDS if guard.pattern.search(prepared)]
+    names = [guard.name for guard in GUARDS if next(_found(guard, prepared), None) is not None]
     return list(dict.fromkeys(names))
