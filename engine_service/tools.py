@@ -799,7 +799,7 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
     ),
     ToolSpec(
         tool_id="minecraft:item.give",
-        description="Give the player some items.",
+        description="Give the player some items. A repeated call id answers as the first call did.",
         input_schema={
             "type": "object",
             "properties": {
@@ -829,6 +829,7 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
         idempotent=False,
         event_allowed=True,
         kind=ToolKind.GAME,
+        honours_call_id=True,
         example_input={"item": "minecraft:diamond", "count": 1},
         example_output={"item": "minecraft:diamond", "count": 4},
     ),

@@ -72,6 +72,7 @@ _BASE_CHECKS = (
     "event-item-give",
     "event-notice",
     "inventory-after-give",
+    "item-give-call-id",
     "frame-error-not-found",
     "busy-game-thread-times-out",
     "reconnect",
@@ -257,8 +258,9 @@ def catalogue_mismatches(
     tools: list[dict[str, Any]], catalogue: Any, features: tuple[str, ...] = ()
 ) -> list[str]:
     """Where the Java tools differ from the game-tool catalogue: missing tools, schemas or
-    flags that differ (schemas compared as JSON values, not text). `features` are those the
-    Java world's hello lists (none for the example)."""
+    flags that differ (schemas compared as JSON values, not text), call ids not honoured
+    where the catalogue says they are. `features` are those the Java world's hello lists
+    (none for the example)."""
     problems = []
     declared = {t["name"]: t for t in tools}
     for entry in _catalogue_entries(catalogue):
@@ -292,6 +294,11 @@ def catalogue_mismatches(
                 documented = _field(entry["flags"], *names)
             if documented is not None and bool(documented) != tool[flag]:
                 problems.append(f"{name}: {flag} is {tool[flag]}, the catalogue says {documented}")
+        # As the gateway's hello check: where the catalogue says a tool honours call ids the
+        # world must too (the engine retries interrupted calls of it); saying so elsewhere is
+        # a harmless promise.
+        if _field(entry, "honours_call_id", "honoursCallId") and not tool.get("honours_call_id"):
+            problems.append(f"{name}: honours_call_id is False, the catalogue says True")
     return problems
 
 

@@ -1,7 +1,9 @@
 """Game write tools that honour the call id as an idempotency key (issue 20, "fewer false
 EFFECT_UNKNOWN"): an event step interrupted after its intent was recorded is retried with the
 same step id when its tool honours call ids, and reported EFFECT_UNKNOWN otherwise. Real
-storage service (SQLite) on loopback, the engine's own TaskStore and TaskSteps."""
+storage service (SQLite) on loopback, the engine's own TaskStore and TaskSteps. Issue 19
+(no EFFECT_UNKNOWN rewards after a kill): `minecraft:item.give` honours call ids, and the
+simulated world gives once per call id."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from system.gateway.v1 import gateway_pb2
 from engine_service.steps import TaskSteps
 from engine_service.task_store import Claim, TaskStore
 from engine_service.tools import ToolKind, ToolRegistry, ToolRegistryError, ToolSpec
-from services.gamesim.world import World
+from services.gamesim import world as gamesim
+from services.gamesim.world import HONOURS_CALL_ID, World
 from services.gateway.tool_contract import check_tools
 from services.results import AgentFailure, ModuleFailure
 from storage_service.app import create_app as create_storage
@@ -136,11 +139,56 @@ def test_a_hello_must_honour_call_ids_where_the_catalogue_says_so() -> None:
     assert checked.unavailable_modules == ("mod:warp",)
     offered.honours_call_id = True
     assert check_tools([offered], [entry]).problems == ()
-    # A server may promise it where the catalogue does not ask (item.give, say).
-    give = World.tools()[1]
-    documented = engine_pb2.GameToolEntry(tool=give, declared=True)
+    # A server may promise it where the catalogue does not ask (mail.claim, say).
+    (claim,) = [tool for tool in World.tools() if tool.name == "minecraft:mail.claim"]
+    documented = engine_pb2.GameToolEntry(tool=claim, declared=True)
     assert not documented.tool.honours_call_id
-    give.honours_call_id = True
-    assert check_tools([give], [documented]).problems == ()
-    give.idempotent = True  # while other flags must still match
-    assert "idempotent is true" in check_tools([give], [documented]).problems[0].problem
+    claim.honours_call_id = True
+    assert check_tools([claim], [documented]).problems == ()
+    claim.idempotent = False  # while other flags must still match
+    assert "idempotent is false" in check_tools([claim], [documented]).problems[0].problem
+
+
+# -- minecraft:item.give (issue 19) -------------------------------------------------------------
+
+GIVE = "minecraft:item.give"
+
+
+def test_the_catalogue_and_the_world_say_item_give_honours_call_ids() -> None:
+    spec = ToolRegistry().get(GIVE)
+    assert spec is not None and spec.honours_call_id and not spec.idempotent
+    # The hello declares exactly the tools the world deduplicates (one list, HONOURS_CALL_ID).
+    declared = {tool.name for tool in World.tools() if tool.honours_call_id}
+    assert declared == HONOURS_CALL_ID == {GIVE, "minecraft:signin.claim"}
+
+
+def test_a_repeated_item_give_with_one_call_id_gives_once() -> None:
+    world = World()
+    diamond = {"item": "minecraft:diamond", "count": 2}
+    first = world.call_with_id("steve", GIVE, diamond, "task-1/0")
+    assert first == {"item": "minecraft:diamond", "count": 2}
+    again = world.call_with_id("steve", GIVE, {**diamond, "count": 5}, "task-1/0")
+    assert again == first and world.inventory("steve")["minecraft:diamond"] == 2
+    # Another call id, another player, or no call id at all: each gives.
+    assert world.call_with_id("steve", GIVE, diamond, "task-2/0")["count"] == 4
+    assert world.call_with_id("alex", GIVE, diamond, "task-1/0")["count"] == 2
+    assert world.call_with_id("steve", GIVE, diamond, "")["count"] == 6
+    assert world.call("steve", GIVE, diamond)["count"] == 8
+    # A failed call is not remembered: it changed nothing, and the same id may run again.
+    with pytest.raises(ValueError):
+        world.call_with_id("steve", GIVE, {"item": "minecraft:diamond", "count": 0}, "task-3/0")
+    assert world.call_with_id("steve", GIVE, diamond, "task-3/0")["count"] == 10
+    assert world.inventory("steve")["minecraft:diamond"] == 10
+
+
+def test_the_worlds_memory_of_call_ids_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gamesim, "CALL_ID_MEMORY", 2)
+    world = World()
+    bread = {"item": "minecraft:bread", "count": 1}
+    for call_id in ("a", "b", "c"):
+        world.call_with_id("steve", GIVE, bread, call_id)
+    assert len(world._answers) == 2
+    world.call_with_id("steve", GIVE, bread, "b")  # remembered: nothing given
+    assert world.inventory("steve")["minecraft:bread"] == 12 + 3
+    world.call_with_id("steve", GIVE, bread, "a")  # the oldest was forgotten: given again
+    assert world.inventory("steve")["minecraft:bread"] == 12 + 4

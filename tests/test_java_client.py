@@ -78,6 +78,16 @@ def test_catalogue_comparison_ignores_annotations_only() -> None:
     assert "not offered by the Java world" in check.catalogue_mismatches(_TOOLS, missing)[0]
 
 
+def test_a_tool_the_catalogue_says_honours_call_ids_must_honour_them() -> None:
+    honoured = _catalogue(honours_call_id=True)
+    assert check.catalogue_mismatches(_TOOLS, honoured) == [
+        "minecraft:item.give: honours_call_id is False, the catalogue says True"
+    ]
+    promising = [{**_TOOLS[0], "honours_call_id": True}]
+    assert check.catalogue_mismatches(promising, honoured) == []
+    assert check.catalogue_mismatches(promising, _catalogue()) == []  # a harmless promise
+
+
 def test_tools_of_a_feature_the_java_world_lacks_may_be_missing() -> None:
     quests = {
         "name": "ftbquests:quest.query",

@@ -393,14 +393,15 @@ def _lease_owner(stack: Stack, task_id: str) -> str | None:
 
 def _hold_second_give(stack: Stack, player: str) -> None:
     """The player's first give is answered; their second runs (the item is given) but is
-    never answered, as if the replica died between the effect and the answer."""
+    not answered, as if the replica died between the effect and the answer. Later calls
+    (the second give sent again with its call id) are answered."""
     game = stack.game
     original: Callable[[gateway_pb2.ToolCall], Any] = game._run_tool
 
     def run(call: gateway_pb2.ToolCall) -> Any:
         frame = original(call)
         mine = [c for c in game.calls if c[0] == player]
-        return None if call.player_id == player and len(mine) >= 2 else frame
+        return None if call.player_id == player and len(mine) == 2 else frame
 
     game._run_tool = run  # type: ignore[method-assign]
 
@@ -412,8 +413,9 @@ async def test_a_restarted_replica_takes_its_task_back_without_waiting_out_the_l
     """Replica `slot-a` (a process) is killed with -9 between a give and its answer, its
     task's lease an hour long. Replica `slot-b` (in process) starts and works, and leaves
     that lease alone. `slot-a` restarts under its name: the task is taken back and ends from
-    its receipts (the first give replayed, the unanswered one EFFECT_UNKNOWN, nothing sent
-    twice) while `slot-b`'s own task in progress keeps its lease."""
+    its receipts (the first give replayed, the unanswered one sent again with its call id,
+    which item.give honours, so nothing is given twice) while `slot-b`'s own task in
+    progress keeps its lease."""
     gateway_port = free_port()
     b_port = free_port()
     async with _stack(fresh_database_url, f"127.0.0.1:{b_port}", gateway_port) as stack:
@@ -477,16 +479,17 @@ async def test_a_restarted_replica_takes_its_task_back_without_waiting_out_the_l
                 await _stop(b)
 
     assert done.task_id == stuck.task_id
-    # The first give is done, the second's outcome unknown: partly succeeded.
-    assert done.state == journal_pb2.TASK_STATE_PARTIALLY_SUCCEEDED
-    assert done.result.failure.key == "system.error.effect_unknown"
+    # The first give replayed from its receipt, the second sent again with its call id and
+    # answered from the world's memory (issue 19: not EFFECT_UNKNOWN any more).
+    assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
     assert done.attempts == 2
-    # Both gives ran once: the first replayed from its receipt, the second never repeated.
+    # Both gives ran once.
     assert game.gained("stuck") == REWARD
     stuck_calls = [call_id for player, _, call_id in game.calls if player == "stuck"]
-    assert stuck_calls == [f"{stuck.task_id}/0", f"{stuck.task_id}/1"]
+    assert stuck_calls == [f"{stuck.task_id}/0", f"{stuck.task_id}/1", f"{stuck.task_id}/1"]
     # slot-b's task was never taken from it by slot-a's start.
     assert busy_after[0].attempts == 1
     assert busy_owner == b.identity.owner
     assert "leases of earlier incarnations taken back: 1" in (tmp_path / "slot-a.log").read_text()
-    assert Counter(call_id for _, _, call_id in game.calls).most_common(1)[0][1] == 1
+    sent = Counter(call_id for _, _, call_id in game.calls)
+    assert [call_id for call_id, n in sent.items() if n > 1] == [f"{stuck.task_id}/1"]

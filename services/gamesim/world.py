@@ -44,7 +44,7 @@ SIGNIN_TIME_ZONE = "Asia/Shanghai"
 """The sign-in calendar's time zone unless the world is given another (a server setting)."""
 SIGNIN_DAY_START_HOUR = 0
 """Hour (in the time zone) at which a new sign-in day begins, unless given another."""
-HONOURS_CALL_ID = frozenset({"minecraft:signin.claim"})
+HONOURS_CALL_ID = frozenset({"minecraft:item.give", "minecraft:signin.claim"})
 """Write tools that treat the call id as an idempotency key: a repeated call id is answered
 as the first call was, without running again (docs/game-tools.md, honours call id)."""
 CALL_ID_MEMORY = 4096

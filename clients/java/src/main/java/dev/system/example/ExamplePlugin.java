@@ -120,6 +120,7 @@ public final class ExamplePlugin {
       m.put("read_only", t.readOnly());
       m.put("idempotent", t.idempotent());
       m.put("event_allowed", t.eventAllowed());
+      m.put("honours_call_id", t.honoursCallId());
       tools.add(m);
     }
     System.out.println("TOOLS " + Json.write(tools));
@@ -407,6 +408,25 @@ public final class ExamplePlugin {
       show("Steve", "/inventory", inv2);
       check(succeeded(inv2) && cardText(inv2).contains("minecraft:bread × 15"),
           "inventory-after-give", describe(inv2) + " " + cardText(inv2));
+
+      // 5b. item.give honours call ids: an engine that crashed while a reward's give was in
+      // flight retries it with the same call id (the event step's id), and the world answers
+      // as the first call did, giving nothing again; a new call id gives again.
+      GameTool give = world.tools().stream()
+          .filter(t -> t.name().equals("minecraft:item.give")).findFirst().orElseThrow();
+      Map<String, Object> apples = Map.of("item", "minecraft:apple", "count", 2.0);
+      Map<String, Object> first = game.submit(() -> give.handler().call(li, "example-task/0", apples))
+          .get(WAIT.toMillis(), TimeUnit.MILLISECONDS);
+      Map<String, Object> repeated = game.submit(() -> give.handler().call(li, "example-task/0", apples))
+          .get(WAIT.toMillis(), TimeUnit.MILLISECONDS);
+      Map<String, Object> next = game.submit(() -> give.handler().call(li, "example-task/1", apples))
+          .get(WAIT.toMillis(), TimeUnit.MILLISECONDS);
+      Integer held = game.submit(() -> world.inventory(li).get("minecraft:apple"))
+          .get(WAIT.toMillis(), TimeUnit.MILLISECONDS);
+      check(give.honoursCallId() && first.equals(repeated) && Integer.valueOf(4).equals(held)
+              && Integer.valueOf(4).equals(next.get("count")),
+          "item-give-call-id", "first=" + first + " repeated=" + repeated + " next=" + next
+              + " apples=" + held);
 
       // 6. A request for a player who never joined: a FrameError, the stream stays up.
       try {

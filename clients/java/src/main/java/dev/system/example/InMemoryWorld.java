@@ -238,11 +238,14 @@ public final class InMemoryWorld {
   private final List<Call> calls = new CopyOnWriteArrayList<>();
   private final Map<String, Integer> malformed = new ConcurrentHashMap<>();
   private final Map<String, Long> firstSeen = new ConcurrentHashMap<>();
+  /** The answers of the tools that honour call ids (item.give, signin.claim). */
+  private final CallIdAnswers answers = new CallIdAnswers();
   /** The sign-in calendar: days in Asia/Shanghai, a new day at midnight (server settings). */
   private final SigninCalendar signin =
       new SigninCalendar(
           this::record,
           this::inventoryOf,
+          answers,
           java.time.Clock.systemUTC(),
           java.time.ZoneId.of("Asia/Shanghai"),
           0);
@@ -269,13 +272,14 @@ public final class InMemoryWorld {
             this::inventoryRead),
         new GameTool(
             "minecraft:item.give",
-            "Give the player some items.",
+            "Give the player some items. A repeated call id answers as the first call did.",
             ITEM_GIVE_INPUT,
             ITEM_GIVE_OUTPUT,
             false,
             false,
             true,
-            this::itemGive),
+            true, // honours call ids: an interrupted reward is retried, and gives once
+            CallIdAnswers.handler(this::itemGive)),
         new GameTool(
             "minecraft:player.profile",
             "Read the player's balance, level and play time.",
@@ -400,9 +404,14 @@ public final class InMemoryWorld {
     return Map.of("items", items);
   }
 
-  private Map<String, Object> itemGive(String playerId, Map<String, Object> input)
+  private Map<String, Object> itemGive(String playerId, String callId, Map<String, Object> input)
       throws ToolException {
     record("minecraft:item.give", playerId, input);
+    return answers.once("minecraft:item.give", playerId, callId, () -> give(playerId, input));
+  }
+
+  private Map<String, Object> give(String playerId, Map<String, Object> input)
+      throws ToolException {
     String item = Structs.stringArg(input, "item");
     long count = Structs.intArg(input, "count");
     if (count < 1 || item.length() > 128) {

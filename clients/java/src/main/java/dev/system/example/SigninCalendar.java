@@ -8,7 +8,6 @@ import java.time.LocalDate;
 import java.time.ZoneId;
 import java.time.ZonedDateTime;
 import java.util.ArrayList;
-import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -21,7 +20,8 @@ import java.util.function.Function;
  * and {@code minecraft:signin.claim}, as the game-tool catalogue (docs/game-tools.md) documents
  * them. The calendar's day is this server's own: the clock in its time zone, moved back by the
  * day start hour. A claim records the day and gives the reward's items together, once per
- * player per day, and honours call ids: a repeated call id is answered as the first call was.
+ * player per day, and honours call ids: a repeated call id is answered as the first call was
+ * ({@link CallIdAnswers}).
  */
 final class SigninCalendar {
   // The schemas below are docs/game-tools.json's, without its descriptions;
@@ -66,8 +66,6 @@ final class SigninCalendar {
       "reward":{"type":"string"},"streak":{"minimum":0,"type":"integer"}},"required":["claimed",\
       "day","reward","items","streak","days_this_month"],"type":"object"}""";
 
-  static final int CALL_ID_MEMORY = 4096;
-
   /** Records a call and asserts it runs on the game thread (the world's own check). */
   interface Recorder {
     void record(String tool, String playerId, Map<String, Object> input);
@@ -82,23 +80,18 @@ final class SigninCalendar {
   private final ZoneId zone;
   private final int dayStartHour;
   private final Map<String, TreeMap<LocalDate, Day>> calendars = new ConcurrentHashMap<>();
-  private final Map<String, Map<String, Object>> answers =
-      Collections.synchronizedMap(
-          new LinkedHashMap<>(16, 0.75f, true) {
-            @Override
-            protected boolean removeEldestEntry(Map.Entry<String, Map<String, Object>> eldest) {
-              return size() > CALL_ID_MEMORY;
-            }
-          });
+  private final CallIdAnswers answers;
 
   SigninCalendar(
       Recorder recorder,
       Function<String, TreeMap<String, Integer>> inventories,
+      CallIdAnswers answers,
       Clock clock,
       ZoneId zone,
       int dayStartHour) {
     this.recorder = recorder;
     this.inventories = inventories;
+    this.answers = answers;
     this.clock = clock;
     this.zone = zone;
     this.dayStartHour = dayStartHour;
@@ -117,20 +110,6 @@ final class SigninCalendar {
   }
 
   GameTool claimTool() {
-    GameTool.Handler handler =
-        new GameTool.Handler() {
-          @Override
-          public Map<String, Object> call(String playerId, Map<String, Object> input)
-              throws ToolException {
-            return claim(playerId, "", input);
-          }
-
-          @Override
-          public Map<String, Object> call(
-              String playerId, String callId, Map<String, Object> input) throws ToolException {
-            return claim(playerId, callId, input);
-          }
-        };
     return new GameTool(
         "minecraft:signin.claim",
         "Sign the player in for today and give the reward, once per day.",
@@ -140,7 +119,7 @@ final class SigninCalendar {
         false,
         true,
         true,
-        handler);
+        CallIdAnswers.handler(this::claim));
   }
 
   /** Today on this server's calendar. */
@@ -190,13 +169,11 @@ final class SigninCalendar {
   private Map<String, Object> claim(String playerId, String callId, Map<String, Object> input)
       throws ToolException {
     recorder.record("minecraft:signin.claim", playerId, input);
-    String key = playerId + "\n" + callId;
-    if (!callId.isEmpty()) {
-      Map<String, Object> first = answers.get(key);
-      if (first != null) {
-        return first; // a repeated call id: the first answer, nothing run again
-      }
-    }
+    return answers.once("minecraft:signin.claim", playerId, callId, () -> sign(playerId, input));
+  }
+
+  private Map<String, Object> sign(String playerId, Map<String, Object> input)
+      throws ToolException {
     String day = Structs.stringArg(input, "day");
     String reward = Structs.stringArg(input, "reward");
     if (reward.length() > 64) {
@@ -245,9 +222,6 @@ final class SigninCalendar {
     out.put("reward", record.reward());
     out.put("items", record.items());
     putCounts(out, calendar, today);
-    if (!callId.isEmpty()) {
-      answers.put(key, out);
-    }
     return out;
   }
 }
