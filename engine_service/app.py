@@ -6,7 +6,7 @@ import dataclasses
 
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 
-from engine_service.admin_tools import AdminTools, RouterDiagnostics
+from engine_service.admin_tools import AdminTools, EnginePeers, RouterDiagnostics
 from engine_service.advancements import AdvancementConfig
 from engine_service.binding_tools import StorageBindings
 from engine_service.clients import GatewayGameTools, JournalRuns, StorageHistory
@@ -42,8 +42,9 @@ ACCESS = AccessPolicy(
         SERVICE_NAME: ["gateway"],
         # The module catalogue: the router (routing candidates) and the gateway.
         f"{SERVICE_NAME}/GetCatalog": ["router", "gateway"],
-        # Re-reading the advancement rules: operators' tooling alone.
-        f"{SERVICE_NAME}/ReloadAdvancements": [],
+        # Re-reading the advancement rules: operators' tooling, and the engine replica that
+        # runs an admin's /system reload, which reloads every replica (decision 0033).
+        f"{SERVICE_NAME}/ReloadAdvancements": ["engine"],
     }
 )
 """Who may call what (services.runtime.security); operators may call everything."""
@@ -103,7 +104,9 @@ class EngineApp:
         self.router_admin = (
             RouterDiagnostics(config.router_target, channels) if config.router_target else None
         )
-        self.admin = AdminTools(self.router_admin)
+        self.admin = AdminTools(
+            self.router_admin, engines=EnginePeers(channels), replica=self.identity.owner
+        )
         registry = build_registry(
             config,
             BuiltinServices(

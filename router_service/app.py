@@ -92,7 +92,13 @@ class RouterApp:
             ModelRouter(self.model.stub) if self.model else None,
             shared=self.shared_cache,
         )
-        servicer = RouterServicer(self.router, config.semantic_config, config.button_phrasings)
+        servicer = RouterServicer(
+            self.router,
+            config.semantic_config,
+            config.button_phrasings,
+            # Told to /system reload, which reloads the event rules of every engine replica.
+            engine_target=config.engine_target,
+        )
         self.host = ServiceHost(
             "router",
             config,

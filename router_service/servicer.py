@@ -20,10 +20,17 @@ __all__ = ["RouterServicer"]
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     """Validates, delegates to the Router and converts its answers."""
 
-    def __init__(self, router: Router, semantic_config_path: str, phrasings_path: str = "") -> None:
+    def __init__(
+        self,
+        router: Router,
+        semantic_config_path: str,
+        phrasings_path: str = "",
+        engine_target: str = "",
+    ) -> None:
         self._router = router
         self._path = semantic_config_path
         self._phrasings_path = phrasings_path
+        self._engine_target = engine_target
 
     async def Route(
         self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -99,8 +106,11 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 phrasings = await asyncio.to_thread(load_phrasings, self._phrasings_path)
         except (ConfigError, ValueError) as exc:
             raise FailedPrecondition(f"{exc}; the previous settings stay in force") from None
+        if request.validate_only:  # the first round of a reload of every replica
+            return router_pb2.ReloadConfigResponse(engine_target=self._engine_target)
         changes = self._router.reload(config, phrasings)
         return router_pb2.ReloadConfigResponse(
             applied=[c for c in changes if "restart" not in c],
             needs_restart=[c for c in changes if "restart" in c],
+            engine_target=self._engine_target,
         )

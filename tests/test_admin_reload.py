@@ -91,6 +91,8 @@ async def test_reload_applies_edited_phrasings_and_refuses_a_bad_file_keeping_bo
         done = (await client.chat("op", "/system reload")).reply.result
         assert done.status == SUCCEEDED and done.card.title == "Configuration reloaded"
         assert "Applied: button phrasings (claim): applies live" in card_lines(done)
+        assert "Router replicas reloaded: 1 of 1" in card_lines(done)  # the one there is
+        assert "Engine replicas reloaded: 1 of 1" in card_lines(done)
 
         # A bad phrasings file beside a good semantic edit: neither applies.
         good = json.loads(semantic.read_text(encoding="utf-8"))
@@ -103,6 +105,7 @@ async def test_reload_applies_edited_phrasings_and_refuses_a_bad_file_keeping_bo
         (error,) = [line for line in card_lines(refused) if line.startswith("路由配置")]
         assert str(phrasings) in error and "'cancel'.'en' must be a list" in error
         assert "the previous settings stay in force" in error
+        assert "路由副本已重载：0/1" in card_lines(refused)
         assert chain.apps["router"].router.config.min_coverage == 0.9  # not half a reload
 
         # What was last reloaded stays in force: the new phrasing presses the claim button.

@@ -64,6 +64,9 @@ _SEMANTIC_ERROR = {
 _RULES = {"zh": "事件规则：{rules}", "en": "Event rules: {rules}"}
 _RULES_ERROR = {"zh": "事件规则未重载：{error}", "en": "Event rules were not reloaded: {error}"}
 _NOTHING = {"zh": "没有变化", "en": "nothing changed"}
+_ROUTERS = {"zh": "路由副本已重载：{n}/{total}", "en": "Router replicas reloaded: {n} of {total}"}
+_ENGINES = {"zh": "引擎副本已重载：{n}/{total}", "en": "Engine replicas reloaded: {n} of {total}"}
+_FAILED = {"zh": "未能重载的副本：{items}", "en": "Replicas that failed: {items}"}
 
 
 def admin_spec(
@@ -159,7 +162,7 @@ class RoutingModule:
 
 class ReloadModule:
     """`/system reload`: the router's semantic config and notification-button phrasings, and
-    this engine's event rules, read again."""
+    the engines' event rules, read again on every replica."""
 
     spec = admin_spec(
         "system:reload",
@@ -187,6 +190,15 @@ class ReloadModule:
             lines.append(pick(_RULES, language).format(rules=done["event_rules"]))
         if done.get("event_rules_error"):
             lines.append(pick(_RULES_ERROR, language).format(error=done["event_rules_error"]))
+        # Every replica is reloaded (decision 0033): how many did, and which could not.
+        failed: list[str] = []
+        for key, text in (("routers", _ROUTERS), ("engines", _ENGINES)):
+            if key in done:
+                count = done[key]
+                lines.append(pick(text, language).format(n=count["reloaded"], total=count["total"]))
+                failed += count["failed"]
+        if failed:
+            lines.append(pick(_FAILED, language).format(items="; ".join(failed)))
         return succeeded(
             card(
                 "system:reload", pick(_RELOAD_TITLE, language), lines or [pick(_NOTHING, language)]
