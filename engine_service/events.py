@@ -19,7 +19,7 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from google.protobuf import json_format
 from system.common.v1 import common_pb2
@@ -100,6 +100,15 @@ def decode_task_input(
     player.player_id = task.player_id  # storage's owner of the task is authoritative
     data = stored.get("data")
     return player, data if isinstance(data, dict) else {}
+
+
+class _Ended(NamedTuple):
+    """A task whose module has run: its step journal, its player's game server and the
+    result to store (None: the task waits for its player)."""
+
+    steps: TaskSteps
+    server_id: str
+    result: common_pb2.AgentResult | None
 
 
 class EventTasks:
@@ -349,7 +358,11 @@ class EventRunner:
         # matters) or another replica already holds it (then our token is stale anyway).
         give_back = True
         try:
-            await self._executor.run(lambda: self._run(claim))
+            # A worker runs the module; storing how the task ended (its last write) is not a
+            # worker's job: the next claimed task starts meanwhile, and the write shares its
+            # transaction with the other tasks' writes in flight (decision 0032).
+            ended = await self._executor.run(lambda: self._run(claim))
+            await self._end(claim, ended)
             give_back = False
         except LeaseLost as exc:
             give_back = False
@@ -368,7 +381,8 @@ class EventRunner:
                 with contextlib.suppress(Exception):
                     await self._store.release(claim, self._owner)
 
-    async def _run(self, claim: Claim) -> None:
+    async def _run(self, claim: Claim) -> _Ended:
+        """Runs the task's module (on an event worker); `_end` stores how it ended."""
         player, data = decode_task_input(claim.task)
         steps = TaskSteps(self._store, claim)
         try:
@@ -376,6 +390,12 @@ class EventRunner:
         except asyncio.CancelledError:
             await asyncio.shield(steps.abandon())
             raise
+        return _Ended(steps, player.server_id, result)
+
+    async def _end(self, claim: Claim, ended: _Ended) -> None:
+        """Stores how the task ended (its held results and its next state, one write), then
+        tells the player. The lease is still renewed meanwhile (see `_hold`)."""
+        steps, result = ended.steps, ended.result
         if result is None:
             await steps.finish(journal_pb2.TASK_STATE_WAITING, None)
             self._recheck_later(claim.task.player_id)
@@ -383,9 +403,7 @@ class EventRunner:
         await steps.finish(_TERMINAL.get(result.status, journal_pb2.TASK_STATE_FAILED), result)
         if self._notices is not None:
             # Off the worker: a slow or offline game server never holds an event worker.
-            telling = asyncio.create_task(
-                self._tell(claim.task.player_id, player.server_id, result)
-            )
+            telling = asyncio.create_task(self._tell(claim.task.player_id, ended.server_id, result))
             self._telling.add(telling)
             telling.add_done_callback(self._telling.discard)
 

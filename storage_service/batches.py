@@ -26,8 +26,13 @@ from storage_service.db import Base, table_of
 from storage_service.dialect import INSERT, POSTGRESQL, SQLITE, advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import MAX_ID, SS, _check_id
-from storage_service.leases import _check_token, check_fence
-from storage_service.ledgers import JournalBounds, _locks_held, _player_lock_key
+from storage_service.leases import _check_token
+from storage_service.ledgers import (
+    JournalBounds,
+    _locks_held,
+    _player_lock_key,
+    check_noted_fence,
+)
 from storage_service.player_data import (
     KEEP_ON_RESET,
     add_usage,
@@ -264,7 +269,7 @@ def apply_batch(
         applies = inserted.rowcount == 1
     if not applies:
         return _replay(session, request, batch.digest)
-    check_fence(session, request.fence if request.HasField("fence") else None, now)
+    check_noted_fence(session, request.fence if request.HasField("fence") else None, now)
     versions: list[int] = []
     for index in range(len(request.operations)):
         _apply_operation(session, bounds, now, request, index, versions)

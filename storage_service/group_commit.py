@@ -69,6 +69,7 @@ from storage_service.ledgers import Writes, lock_in_order
 
 __all__ = [
     "declared",
+    "fenced",
     "CONFLICT_ATTEMPTS",
     "DEFAULT_MAX_GROUP",
     "Declared",
@@ -157,6 +158,11 @@ class Declared:
 def declared(work: Callable[..., Any], writes: Writes, **arguments: Any) -> Declared:
     """`work(session, **arguments)` as a unit of a group, which writes `writes`' rows."""
     return Declared(functools.partial(work, **arguments), writes)
+
+
+def fenced(request: Any) -> tuple[str, ...]:
+    """The lease a write request's fence names, for its `Writes` (empty without a fence)."""
+    return (request.fence.lease_name,) if request.HasField("fence") else ()
 
 
 def run_group(sessions: sessionmaker[Session], units: Sequence[Unit]) -> list[Any]:

@@ -43,7 +43,7 @@ from storage_service.batch_groups import _CommitSender, _SendableCommit, send_ba
 from storage_service.batches import BatchRow, _Batch, apply_batch
 from storage_service.claims import MAX_CLAIM, MAX_CLAIM_PLAYERS, claim_tasks
 from storage_service.dialect import OneStatement, utc_now
-from storage_service.group_commit import Declared, declared, run_group
+from storage_service.group_commit import Declared, declared, fenced, run_group
 from storage_service.journal_records import (
     MAX_TASK_ID,
     TS,
@@ -65,7 +65,13 @@ from storage_service.leases import (
     release_earlier_incarnations,
     renew,
 )
-from storage_service.ledgers import JournalBounds, Writes, receipt_size, task_size
+from storage_service.ledgers import (
+    JournalBounds,
+    Writes,
+    check_noted_fence,
+    receipt_size,
+    task_size,
+)
 from storage_service.presence import locate_players
 from storage_service.receipts import complete_step, record_step
 from storage_service.tasks import (
@@ -304,7 +310,7 @@ class JournalStore:
     ) -> journal_pb2.EventTask:
         """`transition_task` inside the session's transaction."""
         now = self._now()
-        check_fence(session, fence, now)
+        check_noted_fence(session, fence, now)
         row = transition_task(
             session,
             self._bounds,
@@ -333,7 +339,7 @@ class JournalStore:
         """`record_step` inside the session's transaction; `completed` results of earlier
         steps of the task are stored first (DONE, as `complete_step` does)."""
         now = self._now()
-        check_fence(session, fence, now)
+        check_noted_fence(session, fence, now)
         owner = None  # the task's player, once known (its ledger lock is held then)
         for index, step in enumerate(completed):
             done = complete_step(
@@ -377,7 +383,7 @@ class JournalStore:
     ) -> journal_pb2.StepReceipt:
         """`complete_step` inside the session's transaction."""
         now = self._now()
-        check_fence(session, fence, now)
+        check_noted_fence(session, fence, now)
         row = complete_step(
             session,
             self._bounds,
@@ -464,7 +470,7 @@ class JournalStore:
             return _SendableCommit(self._sender, batch)
         return Declared(
             functools.partial(self._apply_batch, batch=batch),
-            Writes(players=(request.player_id,)),
+            Writes(players=(request.player_id,), fences=fenced(request)),
         )
 
     def commit_group(

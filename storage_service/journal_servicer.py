@@ -11,7 +11,7 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc
 
 from services.runtime.multiplex import MultiplexServer
 from storage_service.dbcall import run_db
-from storage_service.group_commit import GroupCommitter, declared
+from storage_service.group_commit import GroupCommitter, declared, fenced
 from storage_service.journal import JournalStore
 from storage_service.ledgers import Writes
 from storage_service.runs import RunStore
@@ -127,7 +127,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         task = await self._write(
             declared(
                 self._store.transition_task_in,
-                Writes(tasks=(request.task_id,)),
+                Writes(tasks=(request.task_id,), fences=fenced(request)),
                 task_id=request.task_id,
                 state=request.state,
                 expected_state=request.expected_state,
@@ -143,7 +143,11 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         receipt, created = await self._write(
             declared(
                 self._store.record_step_in,
-                Writes(tasks=(request.task_id,), steps=tuple(s.step_id for s in request.completed)),
+                Writes(
+                    tasks=(request.task_id,),
+                    steps=tuple(s.step_id for s in request.completed),
+                    fences=fenced(request),
+                ),
                 step_id=request.step_id,
                 task_id=request.task_id,
                 position=request.position,
@@ -160,7 +164,7 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         receipt = await self._write(
             declared(
                 self._store.complete_step_in,
-                Writes(steps=(request.step_id,)),
+                Writes(steps=(request.step_id,), fences=fenced(request)),
                 step_id=request.step_id,
                 tool=request.tool,
                 result=request.result,

@@ -21,16 +21,21 @@ declare (`Writes`: the players named, and the owners of the tasks and steps name
 by the lock's id. Everything else a group locks (lease, history, document, task, receipt and
 usage rows) belongs to one of those players, so two groups that share a player, on any
 replicas, take turns at that player's lock instead of each holding a row the other wants.
+The same statement then reads, share-locked, the lease rows of the fences the writes name
+(decision 0032), so a unit's fence check (`check_noted_fence`) costs no statement of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
+    DateTime,
     Select,
     String,
     bindparam,
@@ -46,15 +51,23 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import TypeEngine
+from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument, ResourceExhausted
 from storage_service.db import table_of
 from storage_service.dialect import advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import TERMINAL, ReceiptRow, TaskRow
-from storage_service.leases import LeaseRow
+from storage_service.leases import LeaseRow, _fence_holds, check_fence
 
-__all__ = ["JournalBounds", "Writes", "lock_in_order", "receipt_size", "task_size"]
+__all__ = [
+    "JournalBounds",
+    "Writes",
+    "check_noted_fence",
+    "lock_in_order",
+    "receipt_size",
+    "task_size",
+]
 
 # -- settings ----------------------------------------------------------------------------------
 
@@ -105,10 +118,11 @@ def _player_lock_key(player_id: str) -> str:
     return f"journal:{player_id}"
 
 
-def _transaction_locks(session: Session) -> tuple[set[str], dict[tuple[object, str], str]]:
+def _transaction_locks(session: Session) -> tuple[set[str], dict[tuple[object, str], Any]]:
     """The players whose ledger lock the session's current (innermost) transaction holds, and
     the owners of tasks and steps `lock_in_order` found (keyed by the owner query that would
-    have found them, `_TASK_OWNER` or `_STEP_OWNER`, and the row's id). Keyed by that
+    have found them, `_TASK_OWNER` or `_STEP_OWNER`, and the row's id) and the fences' lease
+    rows it read (keyed by `_NOTED_LEASE` and the lease's name). Keyed by that
     transaction: a lock taken in a savepoint that rolls back is released, and a new
     transaction holds none."""
     transaction = session.get_nested_transaction() or session.get_transaction()
@@ -139,23 +153,27 @@ def _lock_player(session: Session, player_id: str) -> None:
 class Writes(NamedTuple):
     """Whose rows a unit of a group will write (see `lock_in_order`): the players it names,
     and the players owning the tasks and the steps it names (looked up: a task's and a
-    receipt's player never change)."""
+    receipt's player never change); and the leases whose fence it checks (read, share-locked,
+    after those players' locks, so its `check_noted_fence` needs no statement of its own)."""
 
     players: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
     steps: tuple[str, ...] = ()
+    fences: tuple[str, ...] = ()
 
 
-# Every named player's ledger lock, one by one in the order of the locks' ids (the subquery's
-# ORDER BY with GROUP BY keeps it from being flattened, so its rows, and the locks, come in
-# that order). What _lock_player takes, so a unit's own lock calls find it held; with each
-# player, the named tasks and steps found to be theirs, so a unit's own owner lookup
-# (_owner_locked) is not sent again.
+# Every named player's ledger lock, one by one in the order of the locks' ids (`ordered` is
+# materialized in that order, and `locked` takes the locks as it reads it). What _lock_player
+# takes, so a unit's own lock calls find it held; with each player, the named tasks and steps
+# found to be theirs, so a unit's own owner lookup (_owner_locked) is not sent again. Then the
+# named fences' lease rows, share-locked as check_fence locks them: only once every lock is
+# held (`fenced` waits for `locked`: a lease row is a player's row, decision 0027's order),
+# so a unit's fence check (check_noted_fence) is not sent again either. Rows of the first
+# kind carry a player, rows of the second a lease name.
 _LOCK_IN_ORDER = FastStatement(
     text(
         f"""
-SELECT o.player_id, pg_advisory_xact_lock(o.lock_id) IS NULL, o.tasks, o.steps
-FROM (
+WITH ordered AS MATERIALIZED (
     SELECT n.player_id,
            hashtextextended('{_player_lock_key("")}' || n.player_id, 0) AS lock_id,
            array_remove(array_agg(n.task_id), NULL) AS tasks,
@@ -169,12 +187,25 @@ FROM (
     ) AS n
     GROUP BY n.player_id
     ORDER BY lock_id
-) AS o"""
+), locked AS MATERIALIZED (
+    SELECT o.player_id, pg_advisory_xact_lock(o.lock_id) IS NULL AS locked, o.tasks, o.steps
+    FROM ordered AS o
+), fenced AS MATERIALIZED (
+    SELECT l.name, l.owner, l.token, l.expires_at FROM leases AS l
+    WHERE l.name = ANY(:fences) AND (SELECT count(*) FROM locked) >= 0
+    FOR SHARE OF l
+)
+SELECT player_id, locked, tasks, steps, NULL AS name, NULL AS owner, NULL::bigint AS token,
+       NULL::timestamptz AS expires_at
+FROM locked
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, name, owner, token, expires_at FROM fenced"""
     )
     .bindparams(
         bindparam("players", type_=ARRAY(String)),
         bindparam("tasks", type_=ARRAY(String)),
         bindparam("steps", type_=ARRAY(String)),
+        bindparam("fences", type_=ARRAY(String)),
     )
     # Its rows are read (FastStatement reads only a statement's declared columns).
     .columns(
@@ -182,30 +213,55 @@ FROM (
         column("locked", Boolean),
         column("tasks", ARRAY(String)),
         column("steps", ARRAY(String)),
+        column("name", String),
+        column("owner", String),
+        column("token", BigInteger),
+        column("expires_at", DateTime(timezone=True)),
     )
 )
+_NOTED_LEASE = "lease"
+"""Key (with the lease name) under which a transaction's owners note a fence's lease row."""
 
 
 def lock_in_order(session: Session, writes: Sequence[Writes]) -> Callable[[], None]:
     """Takes the ledger lock of every player `writes` name (PostgreSQL), in one global order:
-    the locks' ids ascending. Sent (FastStatement.send: inside a pipeline, with what follows);
-    the function returned waits for it and notes the locks as held. SQLite needs nothing: its
-    writers take turns at BEGIN IMMEDIATE."""
+    the locks' ids ascending, then share-locks the leases of the fences they name. Sent
+    (FastStatement.send: inside a pipeline, with what follows); the function returned waits
+    for it and notes the locks as held and the lease rows as read. SQLite needs nothing: its
+    writers take turns at BEGIN IMMEDIATE (and check their fences themselves)."""
     players = sorted({player for write in writes for player in write.players})
     tasks = sorted({task for write in writes for task in write.tasks})
     steps = sorted({step for write in writes for step in write.steps})
-    if not is_postgresql(session) or not (players or tasks or steps):
+    fences = sorted({fence for write in writes for fence in write.fences})
+    if not is_postgresql(session) or not (players or tasks or steps or fences):
         return _nothing
-    sent = _LOCK_IN_ORDER.send(session, {"players": players, "tasks": tasks, "steps": steps})
+    sent = _LOCK_IN_ORDER.send(
+        session, {"players": players, "tasks": tasks, "steps": steps, "fences": fences}
+    )
 
     def held() -> None:
         locks, owners = _transaction_locks(session)
-        for player, _, owned_tasks, owned_steps in sent.result().rows:
+        for player, _, owned_tasks, owned_steps, lease, *lease_row in sent.result().rows:
+            if lease is not None:
+                owners[(_NOTED_LEASE, lease)] = (lease, *lease_row)
+                continue
             locks.add(player)
             owners.update({(_TASK_OWNER, task): player for task in owned_tasks})
             owners.update({(_STEP_OWNER, step): player for step in owned_steps})
 
     return held
+
+
+def check_noted_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datetime) -> None:
+    """`check_fence`, answered from the lease row the transaction's `lock_in_order` read and
+    share-locked when it did (a fence the unit's `Writes` named); otherwise, or when that row
+    says the fence does not hold (to say why), as check_fence reads it."""
+    if fence is None:
+        return
+    noted = _transaction_locks(session)[1].get((_NOTED_LEASE, fence.lease_name))
+    if noted is not None and _fence_holds(noted, fence, now):
+        return
+    check_fence(session, fence, now)
 
 
 def _nothing() -> None:
@@ -384,7 +440,7 @@ def _owner_locked(
         row = plain.execute(session, {"p_key": key}).first()
         return None if row is None else row[0]
     locks, owners = _transaction_locks(session)
-    known = owners.get((plain, key))
+    known: str | None = owners.get((plain, key))
     if known is not None and known in locks:
         return known
     row = locking.execute(session, {"p_key": key}).first()

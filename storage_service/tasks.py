@@ -125,10 +125,11 @@ def create_task(
             f"the task encodes to {size} bytes, over the {bounds.task_max_bytes} byte bound of a "
             "player's task ledger; pass a smaller input"
         )
-    # Every event makes a task: the player's lock and both reads go to PostgreSQL together
-    # (one round trip, not three); the server still runs them in turn, so the reads see
-    # everything committed before the lock was granted.
-    locking = is_postgresql(session)
+    # Every event makes a task: the player's lock (unless the transaction holds it already:
+    # a group's lock_in_order took it) and both reads go to PostgreSQL together (one round
+    # trip, not three); the server still runs them in turn, so the reads see everything
+    # committed before the lock was granted.
+    locking = is_postgresql(session) and player_id not in _locks_held(session)
     with pipelined(session):
         lock = _PLAYER_LOCK.send(session, {"key": _player_lock_key(player_id)}) if locking else None
         by_event = _TASK_BY_EVENT.send(session, {"player_id": player_id, "event_key": event_key})
