@@ -18,6 +18,7 @@ from system.engine.v1 import engine_pb2
 
 from engine_service.context import ExecutionContext, GameTools, partial_result
 from engine_service.models import ModelClient
+from engine_service.modules.text import pick
 from engine_service.registry import ModuleRegistry, ModuleSpec, struct_to_dict
 from engine_service.runs import HistoryStore, LocalRuns, PlayerRuns, Run, RunStart, fingerprint
 from engine_service.schema import check_input
@@ -48,6 +49,9 @@ __all__ = [
 log = logging.getLogger("system.engine")
 
 T = TypeVar("T")
+
+_MAY_NOT_USE = {"zh": "你没有权限使用 {module_id}。", "en": "You may not use {module_id}."}
+"""A module the player's level, binding or features do not allow (Failure.args: module_id)."""
 
 
 class BoundedExecutor:
@@ -207,7 +211,9 @@ class Engine:
         PARTIALLY_SUCCEEDED) results; bad calls raise InvalidArgument, NotFound,
         PermissionDenied, ResourceExhausted (BUSY: queue full, or another request of the
         player in progress) or Unavailable (no player lease); cancellation propagates. A
-        request identical to the player's run in progress gets that run's result."""
+        request identical to the player's run in progress gets that run's result. A module
+        the player may not use (below its level, say) is a FAILED PERMISSION_DENIED result in
+        the player's language with `Failure.args["module_id"]`."""
         if not player.player_id:
             raise InvalidArgument("player.player_id is required")
         if not action.module_id:
@@ -229,7 +235,14 @@ class Engine:
                     f"{action.module_id} belongs to the {feature} feature, which game server "
                     f"{player.server_id} does not offer"
                 )
-            raise PermissionDenied(f"player may not use {action.module_id}")
+            # A refusal the player sees (a button of a card shown before they lost the
+            # permission, say): a FAILED result in their language, its module in args.
+            refused = failed(
+                AgentFailure.PERMISSION_DENIED,
+                pick(_MAY_NOT_USE, player.language, module_id=action.module_id),
+            )
+            refused.failure.args["module_id"] = action.module_id
+            return refused
         if not module.spec.interactive:
             raise FailedPrecondition(f"{action.module_id} runs only from events")
         try:

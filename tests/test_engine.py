@@ -440,8 +440,9 @@ async def test_execute_refuses_bad_calls() -> None:
     engine = _engine(_registry(ADMIN, QUESTS, _module("test:events", interactive=False)))
     with pytest.raises(NotFound, match="test:missing"):
         await engine.execute(_player(), _action("test:missing"), "")
-    with pytest.raises(PermissionDenied):
-        await engine.execute(_player(level=1), _action("test:ban"), "")
+    refused = await engine.execute(_player(level=1), _action("test:ban"), "")
+    assert refused.failure.key == "system.error.permission_denied"
+    assert dict(refused.failure.args) == {"module_id": "test:ban"}
     with pytest.raises(PermissionDenied):
         await engine.execute(_player(level=4), _action("ftbquests:quests"), "")
     with pytest.raises(InvalidArgument, match="player_id"):
