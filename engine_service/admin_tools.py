@@ -374,17 +374,15 @@ class AdminTools:
             addresses, lambda a: router.reload_at(a, player, timeout, validate_only=True)
         ):
             if isinstance(answer, grpc.aio.AioRpcError):
-                code = answer.code()
-                if code == grpc.StatusCode.PERMISSION_DENIED:
+                if answer.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise _router_failure(answer, "the router's config could not be reloaded")
-                if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    # Names the file and the key; the first refusal stops every replica.
-                    out.setdefault("semantic_error", answer.details() or "refused")
-                else:
-                    done.failed.append(f"{address}: {_why(answer)}")
+                done.failed.append(f"{address}: {_why(answer)}")
                 continue
-            checked.append(address)
             engine_target = engine_target or answer.engine_target
+            if answer.error:
+                # Names the file and the key; the first refusal stops every replica.
+                out.setdefault("semantic_error", answer.error)
+            checked.append(address)
         if "semantic_error" in out:
             return done, engine_target
         applied: dict[str, None] = {}

@@ -90,6 +90,32 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self, request: router_pb2.ReloadConfigRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> router_pb2.ReloadConfigResponse:
         self._router.check_admin(request.player, "system:reload")
+        try:
+            config, phrasings = await self._read_files()
+        except FailedPrecondition as exc:
+            if not request.validate_only:
+                raise
+            # The first round of a reload of every replica: the engine still needs to know
+            # where the engines are, to reload their event rules.
+            return router_pb2.ReloadConfigResponse(
+                engine_target=self._engine_target, error=exc.message
+            )
+        if request.validate_only:
+            return router_pb2.ReloadConfigResponse(engine_target=self._engine_target)
+        changes = self._router.reload(config, phrasings)
+        return router_pb2.ReloadConfigResponse(
+            applied=[c for c in changes if "restart" not in c],
+            needs_restart=[c for c in changes if "restart" in c],
+            engine_target=self._engine_target,
+        )
+
+    async def _read_files(self) -> tuple[SemanticConfig | None, Phrasings | None]:
+        """Both files read and checked (None: that one is not configured).
+
+        Raises:
+            FailedPrecondition: neither is configured, or one is refused (naming the file and
+                the key).
+        """
         if not self._path and not self._phrasings_path:
             raise FailedPrecondition(
                 "no system-semantic.json and no button phrasings file is configured (settings "
@@ -106,11 +132,4 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 phrasings = await asyncio.to_thread(load_phrasings, self._phrasings_path)
         except (ConfigError, ValueError) as exc:
             raise FailedPrecondition(f"{exc}; the previous settings stay in force") from None
-        if request.validate_only:  # the first round of a reload of every replica
-            return router_pb2.ReloadConfigResponse(engine_target=self._engine_target)
-        changes = self._router.reload(config, phrasings)
-        return router_pb2.ReloadConfigResponse(
-            applied=[c for c in changes if "restart" not in c],
-            needs_restart=[c for c in changes if "restart" in c],
-            engine_target=self._engine_target,
-        )
+        return config, phrasings

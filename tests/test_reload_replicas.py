@@ -190,6 +190,17 @@ async def test_one_reload_reaches_both_replicas_and_a_bad_file_changes_neither(
         assert chain.apps[name].advancements.get().digest == digests[name]
     assert await earn(on_b, "steve", "adv-3") == Counter({"minecraft:gold_ingot": 2})
 
+    # The router's file still bad, the rules good: both engines reload, neither router.
+    _write(files.rules, _rules("minecraft:iron_ingot", 3))
+    half = lines((await on_a.chat("op", "/system reload")).reply.result)
+    assert "Router replicas reloaded: 0 of 2" in half
+    assert "Engine replicas reloaded: 2 of 2" in half
+    assert [line for line in half if "was not reloaded" in line]
+    for name in ("engine", "engine_b"):
+        assert rule_items(chain, name) == [{"item": "minecraft:iron_ingot", "count": 3}]
+    for name in ("router", "router_b"):
+        assert chain.apps[name].router.config.min_coverage == 0.95
+
 
 async def test_a_replica_that_cannot_be_reached_is_named_and_the_others_reload(
     chain: Chain, files: Files
