@@ -14,7 +14,17 @@ import uuid
 from collections.abc import Sequence
 
 from google.protobuf import struct_pb2
-from sqlalchemy import Integer, LargeBinary, String, bindparam, insert, select, update
+from sqlalchemy import (
+    Integer,
+    LargeBinary,
+    String,
+    and_,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 from system.common.v1 import common_pb2
 
@@ -38,7 +48,6 @@ from storage_service.journal_records import (
 )
 from storage_service.ledgers import (
     _PLAYER_LOCK,
-    _TASK_LEDGER,
     _TASK_OWNER,
     _TASK_OWNER_LOCKING,
     JournalBounds,
@@ -82,10 +91,30 @@ def _task_row(values: Sequence[object]) -> TaskRow:
     return TaskRow(**dict(zip(_TASK_COLUMN_NAMES, values, strict=True)))
 
 
+# The player's task with this event key, if any, and the player's task ledger (count,
+# bytes), in one statement: always one row, the task's columns NULL when there is none.
+_LEDGER = (
+    select(
+        func.count().label("ledger_count"),
+        func.coalesce(func.sum(_TASKS.c.size_bytes), 0).label("ledger_bytes"),
+    )
+    .where(_TASKS.c.player_id == bindparam("player_id", type_=String))
+    .subquery("ledger")
+)
+_BY_EVENT = _TASKS.alias("by_event")
 _TASK_BY_EVENT = FastStatement(
-    select(*_TASK_COLUMNS).where(
-        _TASKS.c.player_id == bindparam("player_id", type_=String),
-        _TASKS.c.event_key == bindparam("event_key", type_=String),
+    select(
+        *[_BY_EVENT.c[name] for name in _TASK_COLUMN_NAMES],
+        _LEDGER.c.ledger_count,
+        _LEDGER.c.ledger_bytes,
+    ).select_from(
+        _LEDGER.outerjoin(
+            _BY_EVENT,
+            and_(
+                _BY_EVENT.c.player_id == bindparam("player_id", type_=String),
+                _BY_EVENT.c.event_key == bindparam("event_key", type_=String),
+            ),
+        )
     )
 )
 _TASK_INSERT = FastStatement(insert(_TASKS), column_keys=_TASK_COLUMN_NAMES[1:])
@@ -125,28 +154,28 @@ def create_task(
             f"the task encodes to {size} bytes, over the {bounds.task_max_bytes} byte bound of a "
             "player's task ledger; pass a smaller input"
         )
-    # Every event makes a task: the player's lock (unless the transaction holds it already:
-    # a group's lock_in_order took it) and both reads go to PostgreSQL together (one round
-    # trip, not three); the server still runs them in turn, so the reads see everything
-    # committed before the lock was granted.
-    locking = is_postgresql(session) and player_id not in _locks_held(session)
-    with pipelined(session):
-        lock = _PLAYER_LOCK.send(session, {"key": _player_lock_key(player_id)}) if locking else None
-        by_event = _TASK_BY_EVENT.send(session, {"player_id": player_id, "event_key": event_key})
-        ledger = _TASK_LEDGER.send(session, {"player_id": player_id})
-    if lock is not None:
+    # Every event makes a task: one statement reads the task with this event key and the
+    # player's ledger, under the player's lock. A group's lock_in_order took that lock
+    # already; otherwise (PostgreSQL) it goes to the server with the read (one round trip,
+    # not two), which the server runs after it, so the read sees everything committed
+    # before the lock was granted.
+    params = {"player_id": player_id, "event_key": event_key}
+    if is_postgresql(session) and player_id not in _locks_held(session):
+        with pipelined(session):
+            lock = _PLAYER_LOCK.send(session, {"key": _player_lock_key(player_id)})
+            read = _TASK_BY_EVENT.send(session, params)
         lock.result()
         _locks_held(session).add(player_id)
-    found = by_event.result().first()
-    if found is not None:
-        existing = _task_row(found)
+    else:
+        read = _TASK_BY_EVENT.send(session, params)
+    found = read.result().first()
+    assert found is not None  # an aggregate always returns a row
+    *columns, count, total = found
+    if columns[0] is not None:  # the task's seq: it exists
+        existing = _task_row(columns)
         _stored_task_state(existing)
         return existing, False, 0
-    counted = ledger.result().first()
-    assert counted is not None  # an aggregate always returns a row
-    evicted = _make_room_for_tasks(
-        session, bounds, player_id, 1, size, ledger=(counted[0], counted[1])
-    )
+    evicted = _make_room_for_tasks(session, bounds, player_id, 1, size, ledger=(count, total))
     values = {
         "task_id": task_id,
         "player_id": player_id,
