@@ -219,8 +219,11 @@ class PresenceReporter:
                 wait = min(wait, RETRY_SECONDS)
                 await asyncio.sleep(wait)  # a back-off before writing again, not a poll
                 continue
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that
+            # arrives as the wait ends (a wake at shutdown), and stop() then never returns.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def _renew(self) -> bool:
         """Renews the lease; sends the whole list when storage's rows differ. Whether the

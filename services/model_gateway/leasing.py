@@ -383,8 +383,11 @@ class LeaseMeter:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that
+            # arrives as the wait ends, and the task would outlive its close.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._policy.refresh_seconds)
+                async with asyncio.timeout(self._policy.refresh_seconds):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self._tick()
