@@ -342,8 +342,11 @@ class EventRunner:
                 await self._wait()  # nothing more runnable now
 
     async def _wait(self) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that arrives
+        # as the wait ends (new work at shutdown), and the runner would outlive its stop.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
+            async with asyncio.timeout(self._poll_seconds):
+                await self._wake.wait()
             # Woken by new work: let a little more arrive, so one claim (a locking query in
             # storage) takes a batch instead of one task per submission.
             await asyncio.sleep(CLAIM_GATHER_SECONDS)
