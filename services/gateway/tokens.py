@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
-import time
 from collections.abc import Iterable
-from pathlib import Path
 
 from services.runtime.config import ConfigError
+from services.runtime.security import read_entries_file
+from services.runtime.watched_file import WatchedFile
 
 __all__ = ["RECHECK_SECONDS", "TokenBook", "merged_book", "parse_tokens", "read_tokens_file"]
 
@@ -70,18 +69,7 @@ def merged_book(tokens: Iterable[str], file_entries: Iterable[str]) -> dict[str,
 def read_tokens_file(path: str) -> list[str]:
     """The `server_id=token` entries of a tokens file (a line each, or comma-separated).
     Raises ConfigError when it cannot be read."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"tokens_file {path} cannot be read: {exc}") from None
-    lines = (line.strip() for line in text.splitlines())
-    return [
-        entry.strip()
-        for line in lines
-        if line and not line.startswith("#")
-        for entry in line.split(",")
-        if entry.strip()
-    ]
+    return read_entries_file(path, "tokens_file")
 
 
 class TokenBook:
@@ -95,50 +83,41 @@ class TokenBook:
     def __init__(self, tokens: Iterable[str], tokens_file: str = "") -> None:
         self._fixed = tuple(tokens)
         self._file = tokens_file
-        self._stamp = self._mtime()
-        self._book = self._build(self._file_entries())
+        self._book = self._build()
         self.servers = frozenset(self._book.values())
         """The game servers known at start: a reload may change their tokens, not add any."""
-        self._checked = time.monotonic()
-        self.reloads = 0
+        self._watched = (
+            WatchedFile(
+                [tokens_file],
+                self._admitted,
+                what="tokens_file",
+                recheck_seconds=RECHECK_SECONDS,
+            )
+            if tokens_file
+            else None
+        )
+
+    @property
+    def reloads(self) -> int:
         """Times a changed file was taken."""
+        return self._watched.reloads if self._watched is not None else 0
 
     def server_of(self, token: str) -> str:
         """The server id `token` belongs to, or "" (compared in constant time)."""
-        self._maybe_reload()
+        book = self._watched.current() if self._watched is not None else self._book
         owner = ""
-        for known, server_id in self._book.items():
+        for known, server_id in book.items():
             if hmac.compare_digest(known.encode(), token.encode()):
                 owner = server_id
         return owner
 
-    def _file_entries(self) -> list[str]:
-        return read_tokens_file(self._file) if self._file else []
-
-    def _build(self, entries: list[str]) -> dict[str, str]:
+    def _build(self) -> dict[str, str]:
+        entries = read_tokens_file(self._file) if self._file else []
         return merged_book(self._fixed, entries)
 
-    def _mtime(self) -> int:
-        if not self._file:
-            return 0
-        try:
-            return os.stat(self._file).st_mtime_ns
-        except OSError:
-            return -1
-
-    def _maybe_reload(self) -> None:
-        if not self._file or time.monotonic() - self._checked < RECHECK_SECONDS:
-            return
-        self._checked = time.monotonic()
-        stamp = self._mtime()
-        if stamp == self._stamp:
-            return
-        try:
-            book = self._build(self._file_entries())
-        except ConfigError as exc:
-            log.warning("tokens_file changed but was not taken (the last one stays): %s", exc)
-            return
-        self._stamp = stamp
+    def _admitted(self) -> dict[str, str]:
+        """The merged book, less servers unknown at start (named in a warning)."""
+        book = self._build()
         added = sorted(set(book.values()) - self.servers)
         if added:
             log.warning(
@@ -146,6 +125,4 @@ class TokenBook:
                 "after a restart",
                 ", ".join(added),
             )
-        self._book = {token: server for token, server in book.items() if server in self.servers}
-        self.reloads += 1
-        log.info("game-server tokens reloaded from %s", self._file)
+        return {token: server for token, server in book.items() if server in self.servers}

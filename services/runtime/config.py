@@ -70,11 +70,21 @@ class ServerConfig:
     service on. uvloop lowers the server's CPU per call."""
     service_token: str = ""
     """This service's credential, sent as `authorization: Bearer <token>` on every call it makes
-    to another service. Secret."""
+    to another service. Secret. Exclusive with `service_token_file`."""
+    service_token_file: str = ""
+    """A file holding `service_token` instead (a mounted Secret): read at start and again when
+    it changes (looked at every few seconds at most, on a call), so a rotated credential is
+    sent without a restart; a file that cannot be read or is empty keeps the last token."""
     caller_tokens: tuple[str, ...] = ()
     """Credentials this service's internal port accepts, as `caller=token` pairs (callers:
-    gateway, router, engine, model, storage, operator; env: comma-separated). Secret. Empty on
-    a loopback address: every local caller is accepted (development only)."""
+    gateway, router, engine, model, storage, operator; env: comma-separated). A caller may
+    have two tokens (during a rotation). Secret. Empty on a loopback address: every local
+    caller is accepted (development only). Exclusive with `caller_tokens_file`."""
+    caller_tokens_file: str = ""
+    """A file holding the `caller=token` pairs instead (one a line or comma-separated; `#`
+    comments), read at start and again when it changes (looked at every few seconds at most,
+    on a call): tokens added are accepted and tokens removed refused without a restart. A file
+    that cannot be read, is empty or has a bad entry keeps the pairs last taken."""
     allow_unauthenticated: bool = False
     """Accept calls without a credential on a non-loopback address (a private network the
     operator trusts). Off: such a service refuses to start without credentials."""
@@ -178,9 +188,24 @@ class ServerConfig:
             raise ConfigError(f"tracing_sample_ratio must be 0..1, got {self.tracing_sample_ratio}")
 
     def _validate_security(self) -> None:
-        from services.runtime.security import is_loopback, parse_caller_tokens
+        from services.runtime.security import (
+            is_loopback,
+            parse_caller_tokens,
+            read_caller_tokens_file,
+            read_token_file,
+        )
 
+        for setting in ("service_token", "caller_tokens"):
+            if getattr(self, setting) and getattr(self, f"{setting}_file"):
+                raise ConfigError(
+                    f"{setting} and {setting}_file are exclusive: set one (the file, for a "
+                    "mounted Secret re-read when it changes)"
+                )
         parse_caller_tokens(self.caller_tokens)
+        if self.caller_tokens_file:
+            read_caller_tokens_file(self.caller_tokens_file)
+        if self.service_token_file:
+            read_token_file(self.service_token_file)
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together: set both or neither")
         if self.tls_client_ca_file and not self.tls_cert_file:
@@ -191,11 +216,12 @@ class ServerConfig:
             path = getattr(self, name)
             if path and not os.path.isfile(path):
                 raise ConfigError(f"{name}: {path} does not exist")
-        credentials = self.caller_tokens or self.tls_client_ca_file
+        credentials = self.caller_tokens or self.caller_tokens_file or self.tls_client_ca_file
         if not credentials and not self.allow_unauthenticated and not is_loopback(self.host):
             raise ConfigError(
                 f"host {self.host} is reachable from other machines but no credential is "
-                "required: set caller_tokens (caller=token pairs) or tls_client_ca_file, or "
+                "required: set caller_tokens (caller=token pairs), caller_tokens_file or "
+                "tls_client_ca_file, or "
                 "allow_unauthenticated=true on a network you trust"
             )
 
@@ -216,6 +242,7 @@ class ServerConfig:
         return ChannelSettings(
             ChannelSecurity(
                 token=self.service_token,
+                token_file=self.service_token_file,
                 ca_file=self.tls_ca_file,
                 cert_file=self.tls_cert_file if self.tls_ca_file else "",
                 key_file=self.tls_key_file if self.tls_ca_file else "",

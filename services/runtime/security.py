@@ -23,8 +23,7 @@ import dataclasses
 import hmac
 import ipaddress
 import logging
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import grpc
 
 from services.runtime.config import ConfigError
 from services.runtime.errors import PermissionDenied, Unauthenticated
+from services.runtime.watched_file import WatchedFile
 
 __all__ = [
     "ANY_CALLER",
@@ -47,6 +47,9 @@ __all__ = [
     "is_loopback",
     "leave_caller",
     "parse_caller_tokens",
+    "read_caller_tokens_file",
+    "read_entries_file",
+    "read_token_file",
 ]
 
 log = logging.getLogger("system.security")
@@ -79,7 +82,11 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_caller_tokens(pairs: Iterable[str], setting: str = "caller_tokens") -> dict[str, str]:
-    """`caller=token` pairs → {token: caller}. Raises ConfigError naming the bad entry."""
+    """`caller=token` pairs → {token: caller}. Raises ConfigError naming the bad entry.
+
+    A caller may hold several tokens (`engine=old`, `engine=new` during a rotation); a token
+    names one caller only.
+    """
     book: dict[str, str] = {}
     for index, pair in enumerate(pairs):
         caller, sep, token = pair.partition("=")
@@ -98,6 +105,86 @@ def parse_caller_tokens(pairs: Iterable[str], setting: str = "caller_tokens") ->
     return book
 
 
+def read_entries_file(path: str, setting: str) -> list[str]:
+    """The entries of a `name=token` file (`caller_tokens_file`, the gateway's `tokens_file`):
+    one a line or comma-separated, as the matching variable holds them, so one Secret value
+    serves both; blank lines and lines starting with `#` are left out.
+
+    Raises:
+        ConfigError: the file cannot be read.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{setting} {path} cannot be read: {exc}") from None
+    lines = (line.strip() for line in text.splitlines())
+    return [
+        entry.strip()
+        for line in lines
+        if line and not line.startswith("#")
+        for entry in line.split(",")
+        if entry.strip()
+    ]
+
+
+def read_caller_tokens_file(path: str, setting: str = "caller_tokens_file") -> dict[str, str]:
+    """{token: caller} of a caller tokens file. Raises ConfigError when it cannot be read,
+    names no entry (a file truncated mid-rewrite would otherwise refuse every caller) or has a
+    bad entry."""
+    entries = read_entries_file(path, setting)
+    if not entries:
+        raise ConfigError(f"{setting} {path} holds no caller=token entry")
+    return parse_caller_tokens(entries, setting)
+
+
+def read_token_file(path: str, setting: str = "service_token_file") -> str:
+    """The one token in the file at `path` (surrounding whitespace and a final newline left
+    out). Raises ConfigError when it cannot be read, is empty or holds more than a token."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{setting} {path} cannot be read: {exc}") from None
+    if not token:
+        raise ConfigError(f"{setting} {path} is empty")
+    if any(c.isspace() for c in token):
+        raise ConfigError(f"{setting} {path} must hold one token, without spaces or lines")
+    return token
+
+
+class BearerMetadata(tuple[tuple[str, str], ...]):
+    """The `authorization: Bearer <token>` metadata of outbound calls, carrying the token in
+    `service_token_file` as it is at each use.
+
+    Channels take `ChannelSecurity.metadata` once, when they open, and iterate it on every
+    call (the client interceptor) or every stream they open (multiplexed streams); a tuple to
+    them, this one yields the file's current token each time it is iterated (the file looked
+    at no more often than its watcher's `recheck_seconds`), so a rotated token is sent without
+    reopening a channel.
+    """
+
+    _token: WatchedFile[str]
+
+    def __new__(cls, token: WatchedFile[str]) -> BearerMetadata:
+        metadata = super().__new__(cls, ())
+        metadata._token = token
+        return metadata
+
+    def _items(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self._token.current()}"),)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._items()[index]
+
+    def __repr__(self) -> str:
+        return f"BearerMetadata({self._token.what})"
+
+
 def _read(path: str, setting: str) -> bytes:
     try:
         return Path(path).read_bytes()
@@ -111,6 +198,9 @@ class ChannelSecurity:
 
     token: str = ""
     """This service's credential, sent as `authorization: Bearer <token>`. Empty: none sent."""
+    token_file: str = ""
+    """A file holding the credential instead of `token`, read again when it changes (a
+    mounted Secret): calls carry its current token without reopening channels."""
     ca_file: str = ""
     """Trust this CA's certificates: dial every internal target over TLS. Empty: plaintext."""
     cert_file: str = ""
@@ -118,9 +208,24 @@ class ChannelSecurity:
     key_file: str = ""
     """Private key of `cert_file`."""
 
+    _watched: WatchedFile[str] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.token and self.token_file:
+            raise ConfigError("service_token and service_token_file are exclusive: set one")
+        if self.token_file:
+            path = self.token_file
+            watched = WatchedFile([path], lambda: read_token_file(path), what="service_token_file")
+            object.__setattr__(self, "_watched", watched)
+
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        """What every outbound call carries (the bearer token)."""
+        """What every outbound call carries (the bearer token); with `token_file`, the file's
+        token at each use (`BearerMetadata`)."""
+        if self._watched is not None:
+            return BearerMetadata(self._watched)
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
@@ -154,18 +259,18 @@ class ServerTls:
         self.cert_file = cert_file
         self.key_file = key_file
         self.client_ca_file = client_ca_file
-        self._stamp = self._mtimes()
-        self.reloads = 0
+        # Looked at on every handshake (recheck 0): a handshake is rare next to calls.
+        self._watched = WatchedFile(
+            [cert_file, key_file, client_ca_file],
+            self._configuration,
+            what="TLS files",
+            recheck_seconds=0.0,
+        )
 
-    def _mtimes(self) -> tuple[float, ...]:
-        files = [self.cert_file, self.key_file, self.client_ca_file]
-        stamps = []
-        for path in filter(None, files):
-            try:
-                stamps.append(os.stat(path).st_mtime_ns)
-            except OSError:
-                stamps.append(-1)
-        return tuple(stamps)
+    @property
+    def reloads(self) -> int:
+        """Times changed files were taken."""
+        return self._watched.reloads
 
     def _configuration(self) -> grpc.ServerCertificateConfiguration:
         return grpc.ssl_server_certificate_configuration(
@@ -176,24 +281,14 @@ class ServerTls:
         )
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        stamp = self._mtimes()
-        if stamp == self._stamp:
-            return None
-        try:
-            configuration = self._configuration()
-        except ConfigError as exc:
-            # Half-written files during a rotation: keep serving the old certificate.
-            log.warning("TLS files changed but cannot be read yet: %s", exc)
-            return None
-        self._stamp = stamp
-        self.reloads += 1
-        log.info("TLS certificate reloaded from %s", self.cert_file)
-        return configuration
+        # Half-written files during a rotation leave the old certificate served (the
+        # watcher logs them and tries again on the next handshake).
+        return self._watched.value if self._watched.refresh() else None
 
     def credentials(self) -> grpc.ServerCredentials:
         """Server credentials for `add_secure_port`."""
         return grpc.dynamic_ssl_server_credentials(
-            self._configuration(),
+            self._watched.value,
             # grpc calls this on each handshake and keeps the current certificate when it
             # returns None; the stub's callback type leaves None out.
             self._fetch,  # type: ignore[arg-type]
@@ -201,21 +296,45 @@ class ServerTls:
         )
 
 
+def _encoded(tokens: Mapping[str, str]) -> list[tuple[bytes, str]]:
+    return [(token.encode(), caller) for token, caller in tokens.items()]
+
+
 class CallerBook:
     """Authenticates one call: token → caller, or the mutual-TLS certificate's common name.
 
     Args:
         tokens: {token: caller} (see `parse_caller_tokens`).
+        tokens_file: a `caller_tokens_file` whose tokens are accepted instead, read again when
+            it changes (looked at no more often than every few seconds, on a call); a file
+            that cannot be read or parsed keeps the tokens last taken.
         mutual_tls: the port requires client certificates; their common name names the caller.
         open_locally: no credentials configured on a loopback port: every call is `local`.
     """
 
     def __init__(
-        self, tokens: Mapping[str, str], *, mutual_tls: bool = False, open_locally: bool = False
+        self,
+        tokens: Mapping[str, str],
+        *,
+        tokens_file: str = "",
+        mutual_tls: bool = False,
+        open_locally: bool = False,
     ) -> None:
-        self._tokens = [(token.encode(), caller) for token, caller in tokens.items()]
+        if tokens and tokens_file:
+            raise ConfigError("caller_tokens and caller_tokens_file are exclusive: set one")
+        self._tokens = _encoded(tokens)
+        self.watched: WatchedFile[list[tuple[bytes, str]]] | None = (
+            WatchedFile(
+                [tokens_file],
+                lambda: _encoded(read_caller_tokens_file(tokens_file)),
+                what="caller_tokens_file",
+            )
+            if tokens_file
+            else None
+        )
+        """The file's tokens, when `tokens_file` is set."""
         self.mutual_tls = mutual_tls
-        self.open_locally = open_locally and not tokens and not mutual_tls
+        self.open_locally = open_locally and not tokens and not tokens_file and not mutual_tls
 
     def caller(self, authorization: str, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         """The caller's name. Raises Unauthenticated with a message saying what to send."""
@@ -225,8 +344,9 @@ class CallerBook:
             scheme, _, token = authorization.partition(" ")
             presented = token.strip().encode()
             found = ""
+            known_tokens = self._tokens if self.watched is None else self.watched.current()
             # Every entry compared in constant time, so timing tells nothing about which.
-            for known, caller in self._tokens:
+            for known, caller in known_tokens:
                 if hmac.compare_digest(known, presented):
                     found = caller
             if scheme.lower() == "bearer" and found:

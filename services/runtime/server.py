@@ -155,6 +155,7 @@ class ServiceHost:
         self.guard = CallGuard(
             CallerBook(
                 tokens,
+                tokens_file=config.caller_tokens_file,
                 mutual_tls=bool(config.tls_client_ca_file),
                 open_locally=is_loopback(config.host) or config.allow_unauthenticated,
             ),
