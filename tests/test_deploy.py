@@ -711,10 +711,51 @@ def check_one_schema_owner(manifests: Manifests) -> None:
     )
 
 
+CREDENTIAL_SETTINGS = ("SERVICE_TOKEN", "CALLER_TOKENS")
+"""Each service's own token and the `caller=token` pairs its internal port accepts."""
+
+
+def _credential_key(spec: Spec, setting: str) -> str:
+    """The key of `system-secrets` a credential setting of `spec`'s service reads."""
+    if setting == "CALLER_TOKENS":
+        return "caller-tokens"
+    return f"{spec.env_prefix.removeprefix('SYSTEM_').rstrip('_').lower()}-service-token"
+
+
+def check_credentials_are_mounted_files(manifests: Manifests) -> None:
+    """Service and caller tokens reach every Deployment as files of the mounted Secret
+    (`<SETTING>_FILE`), which the kubelet rewrites on a rotation and the service reads again
+    without a restart; never as variables, which a process reads once. The mount has no
+    `subPath`: a subPath mount is never updated."""
+    for workload in manifests.of("Deployment").values():
+        spec = BY_APP[workload["spec"]["template"]["metadata"]["labels"]["app"]]
+        settings = manifests.settings(workload)
+        for setting in CREDENTIAL_SETTINGS:
+            name = f"{spec.env_prefix}{setting}"
+            where = f"{_name(workload)}: {name}"
+            assert name not in settings, f"{where} as a variable: a rotation needs a restart"
+            path = settings.get(f"{name}_FILE")
+            assert path, f"{where}_FILE is not set"
+            secret = _mounted_from(workload, path)
+            # An overlay's secretGenerator adds a hash suffix to the name.
+            assert re.fullmatch(rf"{SECRET_NAME}(-[a-z0-9]+)?", secret["secretName"]), (
+                f"{where}_FILE: not from {SECRET_NAME}"
+            )
+            relative = {i["path"]: i["key"] for i in secret.get("items", [])}
+            mount = _mount_of(workload, path)
+            assert relative.get(path.removeprefix(mount["mountPath"] + "/")) == _credential_key(
+                spec, setting
+            ), f"{where}_FILE: not the key {_credential_key(spec, setting)}"
+            assert "subPath" not in mount and mount.get("readOnly") is True, (
+                f"{where}_FILE: mounted with subPath (never updated) or writable"
+            )
+
+
 def check_everything(manifests: Manifests) -> None:
     check_one_schema_owner(manifests)
     check_settings_are_known(manifests)
     check_no_secret_literals(manifests)
+    check_credentials_are_mounted_files(manifests)
     check_grace_outlasts_the_longest_request(manifests)
     check_autoscaling(manifests)
     check_disruption_budgets(manifests)
@@ -774,11 +815,13 @@ def test_internal_services_are_headless_and_the_public_one_is_not() -> None:
             assert service["spec"].get("clusterIP") == "None", f"{name} is not headless"
 
 
-@per_service
-def test_every_service_holds_and_checks_service_credentials(spec: Spec) -> None:
-    refs = BASE_MANIFESTS.env_refs(_deployment(spec))
-    for name in ("SERVICE_TOKEN", "CALLER_TOKENS"):
-        assert refs[f"{spec.env_prefix}{name}"]["name"] == SECRET_NAME
+def test_every_service_holds_and_checks_service_credentials_from_mounted_files() -> None:
+    check_credentials_are_mounted_files(BASE_MANIFESTS)
+    for spec in SPECS:
+        settings = BASE_MANIFESTS.settings(_deployment(spec))
+        for name in CREDENTIAL_SETTINGS:
+            assert f"{spec.env_prefix}{name}" not in BASE_MANIFESTS.env_refs(_deployment(spec))
+            assert str(settings[f"{spec.env_prefix}{name}_FILE"]).startswith("/etc/system/")
 
 
 def test_every_base_file_is_listed_in_the_kustomization() -> None:
@@ -1004,7 +1047,14 @@ def test_settings_pass_the_services_validation(spec: Spec, tmp_path: Path) -> No
     environ = {k: v for k, v in BASE_MANIFESTS.settings(_deployment(spec)).items() if v}
     for name in BASE_MANIFESTS.env_refs(_deployment(spec)):
         environ[name] = "placeholder-credential"
-    environ[f"{spec.env_prefix}CALLER_TOKENS"] = "engine=placeholder-credential"
+    # The mounted credential files (the Secret's keys), with placeholders.
+    for name, text in (
+        ("SERVICE_TOKEN_FILE", "placeholder-credential\n"),
+        ("CALLER_TOKENS_FILE", "engine=placeholder-credential\n"),
+    ):
+        credential = tmp_path / name.lower()
+        credential.write_text(text)
+        environ[f"{spec.env_prefix}{name}"] = str(credential)
     environ[f"{spec.env_prefix}TOKENS"] = "dev-server=placeholder-token"
     if f"{spec.env_prefix}TOKENS_FILE" in environ:  # the gateway's mounted Secret
         tokens = tmp_path / "tokens"
@@ -1075,6 +1125,9 @@ def test_the_migration_job_runs_the_schema_upgrade_alone() -> None:
     assert container["envFrom"] == [{"configMapRef": {"name": "storage-config"}}]
     # The command serves nothing: on a loopback host its settings need no credentials.
     assert env["SYSTEM_STORAGE_HOST"]["value"] in ("127.0.0.1", "localhost")
+    # Nor calls anything: storage-config's credential files are not mounted in its pod.
+    for name in CREDENTIAL_SETTINGS:
+        assert env[f"SYSTEM_STORAGE_{name}_FILE"]["value"] == ""
     listed = _kustomization(COMPONENTS / "postgres-common")["resources"]
     assert any(
         doc["metadata"]["name"] == MIGRATE_JOB
@@ -1105,7 +1158,9 @@ def test_secrets_come_only_from_secret_refs() -> None:
             if ref:
                 assert ref["name"] in SECRET_NAMES, f"{where}: an unknown Secret {ref['name']}"
             checked += 1
-    assert checked >= 3, "expected the tokens, API key and database URL to be checked"
+    # The service and caller tokens are files (check_credentials_are_mounted_files); the
+    # model's API key is still a variable in base.
+    assert checked >= 1, "expected the API key to be checked"
     check_no_secret_literals(BASE_MANIFESTS)
     for folder in [BASE, *COMPONENTS.iterdir(), *OVERLAYS.iterdir()]:
         for config_map in _generated_config_maps(folder):
@@ -1220,6 +1275,21 @@ def _open_storage_to_anyone(policy: dict[str, Any]) -> None:
     del policy["spec"]["ingress"][0]["from"]
 
 
+def _caller_tokens_as_a_variable(deployment: dict[str, Any]) -> None:
+    _server_container(deployment)["env"].append(
+        {
+            "name": "SYSTEM_ENGINE_CALLER_TOKENS",
+            "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": "caller-tokens"}},
+        }
+    )
+
+
+def _credentials_through_sub_path(deployment: dict[str, Any]) -> None:
+    for mount in _server_container(deployment)["volumeMounts"]:
+        if mount["name"] == "credentials":
+            mount["subPath"] = "service-token"
+
+
 @pytest.mark.parametrize(
     ("check", "broken"),
     [
@@ -1262,6 +1332,22 @@ def _open_storage_to_anyone(policy: dict[str, Any]) -> None:
             ),
         ),
         (
+            check_credentials_are_mounted_files,
+            lambda: _edited("Deployment", "engine", _caller_tokens_as_a_variable),
+        ),
+        (
+            check_credentials_are_mounted_files,
+            lambda: _edited("Deployment", "router", _credentials_through_sub_path),
+        ),
+        (
+            check_credentials_are_mounted_files,
+            lambda: _edited(
+                "ConfigMap",
+                "storage-config",
+                lambda d: d["data"].pop("SYSTEM_STORAGE_SERVICE_TOKEN_FILE"),
+            ),
+        ),
+        (
             check_settings_are_known,
             lambda: _edited(
                 "ConfigMap",
@@ -1289,6 +1375,9 @@ def _open_storage_to_anyone(policy: dict[str, Any]) -> None:
         "extra-caller",
         "storage-open",
         "token-in-configmap",
+        "caller-tokens-variable",
+        "credentials-sub-path",
+        "no-service-token-file",
         "misspelt-setting",
         "sqlite-waits-for-a-job",
     ],
@@ -1330,13 +1419,17 @@ def _render_with(tmp_path: Path, *components: str) -> Manifests:
     return _render(overlay)
 
 
+def _mount_of(workload: dict[str, Any], path: str) -> dict[str, Any]:
+    """The server container's volume mount a file path lies in."""
+    mounts = _server_container(workload).get("volumeMounts", [])
+    (mount,) = [m for m in mounts if path.startswith(m["mountPath"] + "/")]
+    return dict(mount)
+
+
 def _mounted_from(workload: dict[str, Any], path: str) -> dict[str, Any]:
     """The secret volume a file path of the server container lies in."""
-    container = _server_container(workload)
     volumes = {v["name"]: v for v in _pod(workload).get("volumes", [])}
-    (mount,) = [
-        m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"] + "/")
-    ]
+    mount = _mount_of(workload, path)
     secret = volumes[mount["name"]]["secret"]
     relative = path.removeprefix(mount["mountPath"] + "/")
     items = secret.get("items")
