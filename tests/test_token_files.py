@@ -225,11 +225,20 @@ async def test_a_rotated_caller_token_is_accepted_and_the_old_refused_without_re
     # The engine's side: one channel, opened once, its token from a file.
     token = tmp_path / "engine-token"
     rewrite(token, OLD + "\n")
-    engine = open_channel(
-        host.target, settings=_config(service_token_file=str(token)).channel_settings()
-    )
+    settings = _config(service_token_file=str(token)).channel_settings()
+    engine = open_channel(host.target, settings=settings)
+    # As a multiplexed stream is opened: no interceptor, the metadata taken once and passed
+    # on each open.
+    bare = open_channel(host.target, settings=settings, interceptors=False)
+    metadata = settings.security.metadata
+
+    async def bare_call() -> str:
+        answer = await bare.unary_unary(f"/{ECHO}/Call")(b"", timeout=5, metadata=metadata)
+        return bytes(answer).decode()
+
     try:
         assert await _call(engine) == "engine"
+        assert await bare_call() == "engine"
         with pytest.raises(grpc.aio.AioRpcError) as early:
             await _call_with(host.target, NEW)
         assert early.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -238,7 +247,7 @@ async def test_a_rotated_caller_token_is_accepted_and_the_old_refused_without_re
         rewrite(callers, f"engine={OLD}\nengine={NEW}\n")
         assert await _call_with(host.target, NEW) == "engine"
         assert await _call(engine) == "engine"
-        # Step 2: the caller sends the new one, on the channel it already had.
+        # Step 2: the caller sends the new one, on the channels it already had.
         rewrite(token, NEW + "\n")
         assert await _call(engine) == "engine"
         # Step 3: the old token is removed and refused; the rotated caller goes on.
@@ -247,6 +256,7 @@ async def test_a_rotated_caller_token_is_accepted_and_the_old_refused_without_re
             await _call_with(host.target, OLD)
         assert removed.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert await _call(engine) == "engine"
+        assert await bare_call() == "engine"
 
         # Half-written during the next rotation: the tokens last taken stay.
         with caplog.at_level(logging.WARNING):
@@ -258,3 +268,4 @@ async def test_a_rotated_caller_token_is_accepted_and_the_old_refused_without_re
         assert host.guard.book.watched is not None and host.guard.book.watched.reloads == 2
     finally:
         await engine.close()
+        await bare.close()
