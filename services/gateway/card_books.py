@@ -2,12 +2,15 @@
 replica sent is checked on another replica after the game server reconnected there.
 
 Every change a book reports (a card shown, updated, closed, or dropped from the book) is
-written behind the reply by one task per replica: coalesced per card (the latest wins),
-batched (`BATCH` a call), tried again while storage is away, and flushed when the gateway
-shuts down. A book reads storage's cards for its player before their first request on a
-connection, and again on a press it cannot place (cards.py); what this replica has not
-written yet is joined into what storage answers, so a book made on a newer connection here
-never misses a card the older one showed a moment ago.
+written behind the reply by one task per replica: gathered for a short linger
+(`LINGER_SECONDS`) after the first change, coalesced per card (the latest wins), batched
+(`BATCH` a call), tried again while storage is away, and flushed when the gateway shuts down
+(decision 0035: replies with a card mostly come one at a time, an event task's notice alone,
+and without the linger each card was a SaveCards call and a storage transaction of its own).
+A book reads storage's cards for its player before their first request on a connection, and
+again on a press it cannot place (cards.py); what this replica has not written yet is joined
+into what storage answers, so a book made on a newer connection here never misses a card the
+older one showed a moment ago.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from system.storage.v1 import card_book_pb2, card_book_pb2_grpc
 from services.gateway.cards import CardBook, ShownCard
 from services.runtime.channels import ChannelSettings, Dependency
 
-__all__ = ["BATCH", "CardBookStore"]
+__all__ = ["BATCH", "LINGER_SECONDS", "CardBookStore"]
 
 log = logging.getLogger("system.gateway.card_books")
 
@@ -49,6 +52,10 @@ CARDS_DROPPED = Counter(
 _SERVICE = "system.storage.v1.CardBookService"
 BATCH = 500
 """Cards in one SaveCards call (storage takes up to 1000)."""
+LINGER_SECONDS = 0.1
+"""How long the writer gathers changes after the first one before it writes them (unless a
+batch is already full): a card reaches storage at most this much later, and a gateway writes
+at most one SaveCards per linger while cards come one at a time."""
 MAX_PENDING = 100_000
 """Card writes kept while storage is away; beyond it the oldest are given up."""
 MAX_BUTTONS_BYTES = 64 * 1024
@@ -182,6 +189,8 @@ class CardBookStore:
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
+            if len(self._pending) < BATCH:
+                await asyncio.sleep(LINGER_SECONDS)  # gather what the next moments bring
             self._wake.clear()
             while self._pending:
                 if not await self._write_batch():
