@@ -155,7 +155,9 @@ class GatewayGameTools:
     sent, so the player is looked up again and, when storage names another replica now (they
     reconnected there), the call goes there once. Errors become catalogued module failures:
     FAILED_PRECONDITION (player not connected) and NOT_FOUND (their server does not offer the
-    tool) are TOOL_UNAVAILABLE, raised as `NotDelivered` since the call never left; a lost answer of a non-idempotent tool is EFFECT_UNKNOWN, of any other
+    tool) are TOOL_UNAVAILABLE, raised as `NotDelivered` since the call never left; a lost answer
+    of a non-idempotent tool is EFFECT_UNKNOWN (an event step of a tool that honours call ids
+    then waits and is resent: engine_service.steps.ResendLater), of any other
     TIMEOUT or TOOL_UNAVAILABLE; a failure the game server reports keeps its catalogue key. A
     call that never left because the replica could not be reached at all
     (services.runtime.errors.never_sent) is retried once where storage names another replica,

@@ -4,7 +4,9 @@ with a step journal, and stores how they ended.
 
 A task is QUEUED when its player is online and WAITING otherwise; `resume` (a player joined)
 queues the waiting ones. A running task whose player turns out to be offline before a step
-could be delivered goes back to WAITING. The lease is renewed while the task is held; when a
+could be delivered goes back to WAITING, and so does one whose call of a tool that honours
+call ids lost its answer (`steps.ResendLater`: resent under the same call id when the player
+is reachable again). The lease is renewed while the task is held; when a
 renewal fails the run is stopped, since another replica may own the task from then on.
 
 Before its first claim the runner ends the leases earlier incarnations of this replica still

@@ -14,7 +14,16 @@ outputs replay unchanged. On a second run, at each position:
   happened, and the seed's rule is never to guess;
 - a call refused before it reached the game server (`NotDelivered`, player offline) is closed
   with a "not delivered" receipt, and the next run tries the position again under the next
-  attempt id (`<task>/<position>.<attempt>`), since nothing can have happened.
+  attempt id (`<task>/<position>.<attempt>`), since nothing can have happened;
+- a call of a game tool that honours call ids whose outcome was lost on the way (EFFECT_UNKNOWN:
+  the gateway replica died or the stream broke while it ran, the relay answered that its effect
+  is unknown, no answer in time) keeps its RUNNING receipt and raises `ResendLater`: the task
+  waits for its player like one offline (WAITING, queued again when they join on any gateway
+  replica, or when the runner's recheck finds them connected) and the next run resends under
+  the same step id, which the game server answers as the first call. Bounded: once the task
+  has been claimed RESEND_ATTEMPTS times the lost outcome is EFFECT_UNKNOWN as for any tool.
+  A resend (a RUNNING receipt) that cannot be delivered keeps its receipt RUNNING, so the
+  position keeps its call id: a new attempt id would let the game server run it twice.
 
 Only the intent must be stored before the tool runs; a result may travel with the next
 step's intent. So a step's result is held for at most `linger` seconds: the next step's intent
@@ -37,10 +46,10 @@ from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
 from engine_service.task_store import Claim, TaskStore
-from engine_service.tools import ToolSpec
+from engine_service.tools import ToolKind, ToolSpec
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 
-__all__ = ["JSON_CODEC", "NOT_DELIVERED_CODEC", "TaskSteps"]
+__all__ = ["JSON_CODEC", "NOT_DELIVERED_CODEC", "RESEND_ATTEMPTS", "ResendLater", "TaskSteps"]
 
 log = logging.getLogger("system.engine.steps")
 
@@ -50,6 +59,32 @@ NOT_DELIVERED_CODEC = "system:not-delivered/v1"
 """Codec of a step closed because its call never left (empty result)."""
 MAX_ATTEMPTS = 64
 """Most "not delivered" attempts of one position before the task gives up."""
+RESEND_ATTEMPTS = 16
+"""Claims of a task after which a lost outcome of a tool that honours call ids is reported
+EFFECT_UNKNOWN instead of waited out and resent (a game server that never answers it)."""
+
+
+class ResendLater(NotDelivered):
+    """A call of a game tool that honours call ids was interrupted (its outcome was lost): it
+    may have run, but a resend under the same call id cannot run it again, so the task waits
+    for its player (the engine takes it as a player offline: the run returns no result) and
+    its next run resends. Its step receipt stays RUNNING, never closed as not delivered.
+    Never raised for a tool that does not honour call ids."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(AgentFailure.TOOL_UNAVAILABLE, message, player_offline=True)
+
+
+def _resendable(spec: ToolSpec, failure: ModuleFailure) -> bool:
+    """Whether a failed call's outcome was lost on the way and a resend under the same call id
+    is safe (the game server answers a repeated call id as the first call)."""
+    return (
+        spec.honours_call_id
+        and spec.kind == ToolKind.GAME
+        and not spec.read_only
+        and failure.failure == AgentFailure.EFFECT_UNKNOWN
+        and not isinstance(failure, NotDelivered)
+    )
 
 
 def _encode(output: dict[str, Any]) -> bytes:
@@ -98,6 +133,7 @@ class TaskSteps:
         Raises:
             ModuleFailure: EFFECT_UNKNOWN for an unfinished non-idempotent step; storage
                 failures; whatever the tool raised.
+            ResendLater: a tool that honours call ids lost its outcome; the task waits.
             LeaseLost: another replica holds the task now.
         """
         held = self._take()  # the previous result travels with this intent
@@ -130,10 +166,31 @@ class TaskSteps:
             try:
                 output = await call(step_id)
             except NotDelivered:
-                await self._store.complete_step(
-                    self._claim, step_id, spec.tool_id, b"", NOT_DELIVERED_CODEC
-                )
+                # Closed only when this run recorded the intent: a resend of an earlier run's
+                # call (a RUNNING receipt) may have run the first time, so its position keeps
+                # this step id, and its call id, for the next run.
+                if created:
+                    await self._store.complete_step(
+                        self._claim, step_id, spec.tool_id, b"", NOT_DELIVERED_CODEC
+                    )
                 raise
+            except ModuleFailure as exc:
+                attempts = self._claim.task.attempts
+                if not _resendable(spec, exc) or attempts >= RESEND_ATTEMPTS:
+                    raise
+                log.info(
+                    "task %s: %s was interrupted (claim %d); it waits for its player and "
+                    "is resent under call id %s: %s",
+                    task_id,
+                    spec.tool_id,
+                    attempts,
+                    step_id,
+                    exc.message,
+                )
+                raise ResendLater(
+                    f"{spec.tool_id} was interrupted; it is resent under the same call id "
+                    f"once the player is reachable: {exc.message}"
+                ) from exc
             self._hold((step_id, spec.tool_id, _encode(output), JSON_CODEC))
             return output
         raise ModuleFailure(
