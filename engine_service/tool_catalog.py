@@ -169,9 +169,11 @@ items[0].item is required`); it is never read as empty. Numbers travel as double
 input has the effect of running it once. `event_allowed`: event tasks (not only a player's
 requests) may call it. A write tool (not read-only) gets the step id as its `ToolCall.call_id`
 in event tasks. `honours_call_id`: the game server treats `call_id` as an idempotency key (a
-repeated call id answers as the first call and runs nothing); the engine then retries an event
-step interrupted by a crash instead of reporting `system.error.effect_unknown`. Where the
-catalogue says yes, a hello must say yes too; a server may say yes for any write tool.
+repeated call id answers as the first call and runs nothing); the engine then resends, under
+the same call id, an event step interrupted by a crash or whose answer was lost with its gateway
+replica (it waits for the player to be reachable again), instead of reporting
+`system.error.effect_unknown`. Where the catalogue says yes, a hello must say yes too; a server
+may say yes for any write tool.
 """
 
 

@@ -100,8 +100,8 @@ class ToolSpec:
     honours_call_id: bool = False
     """Game write tools only: the game server treats the call id (an event step's id) as an
     idempotency key, answering a repeated call id as the first call without running again.
-    An event step of such a tool interrupted by a crash is then retried with its step id
-    instead of reported EFFECT_UNKNOWN. Part of the catalogue's contract: a hello offering
+    An event step of such a tool interrupted by a crash, or whose answer was lost with its
+    gateway replica, is then resent with its step id instead of reported EFFECT_UNKNOWN. Part of the catalogue's contract: a hello offering
     the tool must say so too (`GameTool.honours_call_id`)."""
     declared: bool = True
     """False for a game tool a module named without anyone declaring it (`resolve`): its
