@@ -145,7 +145,13 @@ class TaskSteps:
             step_id = f"{task_id}/{position}" + (f".{attempt}" if attempt else "")
             try:
                 receipt, created = await self._store.record_step(
-                    self._claim, step_id, position, spec.tool_id, previous
+                    self._claim,
+                    step_id,
+                    position,
+                    spec.tool_id,
+                    previous,
+                    # A retry that finds its own intent RUNNING sends the call once.
+                    retry=spec.idempotent or spec.honours_call_id,
                 )
             except BaseException:
                 if previous is not None:  # not stored: `finish` or `abandon` sends it

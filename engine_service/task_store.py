@@ -67,8 +67,10 @@ class TaskStore:
 
     Only calls that are safe to repeat are retried on transport errors: creating a task (the
     event key deduplicates), completing a step (the same result again changes nothing) and
-    reads. Recording a step is not: a retry of an intent that did land would look like a
-    crash's leftover and report EFFECT_UNKNOWN for nothing.
+    reads. Recording a step is retried only for a tool that is idempotent or honours call ids
+    (`record_step(retry=True)`): a retry of an intent that did land finds it RUNNING, which
+    such a tool's step sends again (under the same call id); for any other tool it would look
+    like a crash's leftover and report EFFECT_UNKNOWN for nothing.
     """
 
     def __init__(
@@ -295,9 +297,12 @@ class TaskStore:
         position: int,
         tool: str,
         completed: journal_pb2.CompletedStep | None = None,
+        retry: bool = False,
     ) -> tuple[journal_pb2.StepReceipt, bool]:
         """Records a step's intent (with an earlier step's result stored first in the same
-        transaction, when given); returns the receipt and whether it is new."""
+        transaction, when given); returns the receipt and whether it is new. `retry`: the
+        step's tool may run again, so a transport failure (a storage replica gone mid-call)
+        is retried, on another replica where there is one."""
         try:
             response = await self._calls.call(
                 "RecordStep",
@@ -310,6 +315,7 @@ class TaskStore:
                     completed=[completed] if completed is not None else [],
                 ),
                 self._timeout,
+                idempotent=retry,
             )
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"step {step_id} could not be recorded") from None

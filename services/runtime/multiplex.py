@@ -545,14 +545,17 @@ class StreamedCalls:
         """Streams opened so far (see MultiplexClient.streams_opened)."""
         return self._client.streams_opened
 
-    async def call(self, method: str, request: Message, timeout: float) -> Any:
+    async def call(
+        self, method: str, request: Message, timeout: float, idempotent: bool | None = None
+    ) -> Any:
         """The answer of a call of the unary RPC `method` (`Commit`); raises
-        grpc.aio.AioRpcError as the unary RPC does."""
+        grpc.aio.AioRpcError as the unary RPC does. `idempotent`: whether this call may be
+        retried on UNAVAILABLE; None: as the dependency declares for the method."""
+        if idempotent is None:
+            idempotent = method in self._idempotent
         if method not in self._unary_only:
             try:
-                return await self._client.call(
-                    method, request, timeout, idempotent=method in self._idempotent
-                )
+                return await self._client.call(method, request, timeout, idempotent=idempotent)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
