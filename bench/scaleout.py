@@ -967,6 +967,7 @@ def _results(
     lost = twice = unknown = stuck = unknown_not_applied = 0
     unknown_tasks: list[dict[str, Any]] = []
     stuck_tasks: list[dict[str, Any]] = []
+    other_tasks: list[dict[str, Any]] = []
     began_unix = time.time() - (time.monotonic() - recorder.began)
     lost_examples: list[str] = []
     for server in servers:
@@ -1006,6 +1007,20 @@ def _results(
                     }
                 )
                 unknown_not_applied += sum(1 for a in applied if a == 0)
+                continue
+            if task.state != journal_pb2.TASK_STATE_SUCCEEDED:
+                # Failed another way: what the player was told, and what the world holds.
+                other_tasks.append(
+                    {
+                        "player": scoped,
+                        "state": journal_pb2.TaskState.Name(task.state),
+                        "key": task.result.failure.key,
+                        "message": task.result.failure.message[:200],
+                        "attempts": task.attempts,
+                        "applied": dict(zip(REWARD, applied, strict=True)),
+                        "updated_at_s": round(task.updated_at.ToSeconds() - began_unix, 1),
+                    }
+                )
                 continue
             if task.state == journal_pb2.TASK_STATE_SUCCEEDED:
                 missing = sum(1 for a in applied if a == 0)
@@ -1086,6 +1101,7 @@ def _results(
             },
             "not_terminal": stuck,
             "not_terminal_tasks": stuck_tasks,
+            "failed_otherwise_tasks": other_tasks,
         },
         "effects": {
             "event_gives_lost": lost,
@@ -1168,6 +1184,8 @@ def _markdown(report: dict[str, Any]) -> str:
         f"| tasks ending EFFECT_UNKNOWN (their gives not applied) / not terminal "
         f"| {r['tasks']['effect_unknown']} ({r['tasks']['effect_unknown_gives_not_applied']}) "
         f"/ {r['tasks']['not_terminal']} |",
+        f"| tasks not SUCCEEDED for another reason (failure key: count) | "
+        f"{dict(Counter(t['key'] for t in r['tasks']['failed_otherwise_tasks'])) or 'none'} |",
         f"| **effects lost** (gives / purchases) | **{r['effects']['lost']}** "
         f"({r['effects']['event_gives_lost']} / {r['effects']['purchases_lost']}) |",
         f"| **effects applied twice** (gives / purchases) | **{r['effects']['applied_twice']}** "

@@ -129,8 +129,17 @@ class GameServerClient:
         return self.welcome
 
     async def send(self, frame: gateway_pb2.ConnectRequest) -> None:
+        """Writes one frame. Raises GatewayRefused (UNAVAILABLE) when the stream has ended
+        under it: the frame never left, as a plugin finds its connection down."""
         async with self._write_lock:
-            await self._call.write(frame)
+            try:
+                await self._call.write(frame)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                # grpc raises INTERNAL ("Internal error from Core") or InvalidStateError for a
+                # write on a stream whose gateway has just gone, before the reader saw the end.
+                raise GatewayRefused(
+                    grpc.StatusCode.UNAVAILABLE, f"the connection ended before the write: {exc}"
+                ) from None
 
     async def join(
         self, player_id: str, name: str, language: str = "en_us", permission_level: int = 0
