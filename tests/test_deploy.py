@@ -14,6 +14,7 @@ PodMonitors are custom resources that a core-schema check would have to skip any
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import importlib
 import ipaddress
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -1847,3 +1849,73 @@ def test_the_engine_queue_autoscaling_adds_a_pods_metric_beside_cpu(tmp_path: Pa
     # Without the component, CPU alone.
     (cpu,) = BASE_MANIFESTS.of("HorizontalPodAutoscaler")["engine"]["spec"]["metrics"]
     assert cpu["type"] == "Resource"
+
+
+# --- strict schema validation, offline ----------------------------------------------------------
+
+SCHEMA_VERSIONS = ("1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0")
+"""The Kubernetes minor versions the manifests are checked against (kubernetes-validate's
+bundled OpenAPI schemas: nothing is fetched)."""
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("postgresql.cnpg.io/v1", "Cluster"),
+}
+"""Kinds of operators' CRDs (Prometheus Operator, CloudNativePG): no schema is bundled, so
+they are checked by the rules above only. Any other kind without a schema fails."""
+
+
+def _strictly_invalid(docs: list[dict[str, Any]], version: str) -> list[str]:
+    """What strict validation against `version`'s schemas finds wrong, one line per problem
+    (unknown fields included); [] when every document is valid."""
+    problems = []
+    for doc in docs:
+        where = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            if (doc.get("apiVersion"), doc.get("kind")) not in CUSTOM_KINDS:
+                problems.append(f"{where}: no {version} schema for {doc.get('apiVersion')}")
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{where}: {exc.message} at {'.'.join(map(str, exc.path))}")
+    return problems
+
+
+def _every_rendering(tmp_path: Path) -> dict[str, Manifests]:
+    renderings = {"base": _render(BASE)}
+    for overlay in sorted(p for p in OVERLAYS.iterdir() if p.is_dir()):
+        renderings[f"overlays/{overlay.name}"] = _render(overlay)
+    for component in sorted(p.name for p in COMPONENTS.iterdir() if p.is_dir()):
+        if component == "postgres-common":
+            continue  # shared by the two postgres components, rendered with each of them
+        folder = tmp_path / component
+        folder.mkdir()
+        renderings[f"components/{component}"] = _render_with(folder, component)
+    return renderings
+
+
+@needs_kubectl
+def test_every_rendering_is_valid_against_each_kubernetes_version_strictly(
+    tmp_path: Path,
+) -> None:
+    renderings = _every_rendering(tmp_path)
+    assert len(renderings) >= 9
+    problems = [
+        f"{name} ({version}): {problem}"
+        for name, rendered in renderings.items()
+        for version in SCHEMA_VERSIONS
+        for problem in _strictly_invalid(rendered.docs, version)
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_strict_validation_finds_an_unknown_field_a_wrong_type_and_an_unknown_kind() -> None:
+    deployment = copy.deepcopy(next(d for d in BASE_MANIFESTS.docs if d["kind"] == "Deployment"))
+    assert _strictly_invalid([deployment], "1.34.0") == []
+    misspelled = copy.deepcopy(deployment)
+    misspelled["spec"]["replica"] = 2
+    wrong_type = copy.deepcopy(deployment)
+    wrong_type["spec"]["replicas"] = "two"
+    unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    for broken in (misspelled, wrong_type, unknown):
+        assert _strictly_invalid([broken], "1.34.0"), broken
