@@ -27,6 +27,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from services.runtime.errors import InvalidArgument
 from storage_service.db import KEEP_ON_RESET, Base, rowcount, table_of, upsert_ignore
 from storage_service.presence import MAX_REPLICA_ID, live_replica_addresses
+from storage_service.usage_spend import check_period
 from storage_service.validation import MAX_PLAYER_ID, check_id
 
 __all__ = ["KEEP_DAYS", "AlertClaim", "BudgetAlertClaims", "BudgetAlertRow"]
@@ -35,7 +36,6 @@ MAX_BUDGET = 64
 KEEP_DAYS = 62
 """Days a claim is remembered: past the longest period (a month) and a margin."""
 _BUDGET = re.compile(r"^[a-z][a-z0-9_]*$")
-_PERIOD = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 
 
 class BudgetAlertRow(Base):
@@ -78,16 +78,7 @@ def _check(budget: str, scope: str, period: str, percent: int, claimant: str) ->
         )
     if scope:
         check_id(scope, "scope", MAX_PLAYER_ID)
-    valid = _PERIOD.match(period) is not None
-    if valid:
-        try:
-            dt.date.fromisoformat(period if len(period) == 10 else period + "-01")
-        except ValueError:
-            valid = False
-    if not valid:
-        raise InvalidArgument(
-            f"period must be a UTC day YYYY-MM-DD or month YYYY-MM, got {period[:16]!r}"
-        )
+    check_period(period)
     if not 1 <= percent <= 100:
         raise InvalidArgument(f"percent must be 1 to 100, got {percent}")
     check_id(claimant, "claimant", MAX_REPLICA_ID)

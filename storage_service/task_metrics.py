@@ -130,8 +130,6 @@ class TaskMetrics:
         while True:
             try:
                 await self.refresh()
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # noqa: BLE001 - the database away, a schema not there yet
                 log.debug("event backlog not counted: %s", exc)
             await asyncio.sleep(self._interval)

@@ -50,7 +50,7 @@ class SpendView:
         if "/" in scope:
             raise InvalidArgument(f"scope must not contain '/': {scope!r} is a player id")
         period = period or dt.datetime.now(dt.UTC).date().isoformat()
-        monthly = _check_period(period)
+        monthly = check_period(period)
         if max_lines > MAX_SPEND_LINES:
             raise InvalidArgument(f"max_lines is {max_lines}; the most is {MAX_SPEND_LINES}")
         lines = max_lines or DEFAULT_SPEND_LINES
@@ -139,8 +139,9 @@ _ROW_BUDGETS = {
 }
 
 
-def _check_period(period: str) -> bool:
-    """Whether `period` is a month (else a day); InvalidArgument when it is neither."""
+def check_period(period: str) -> bool:
+    """Whether `period` is a UTC month `YYYY-MM` (else a day `YYYY-MM-DD`); InvalidArgument
+    when it is neither (a budget's period, storage_service.budget_alerts, too)."""
     try:
         if _PERIOD_MONTH.match(period):
             dt.date.fromisoformat(period + "-01")
@@ -150,7 +151,9 @@ def _check_period(period: str) -> bool:
             return False
     except ValueError:
         pass
-    raise InvalidArgument(f"period must be a UTC day YYYY-MM-DD or month YYYY-MM, got {period!r}")
+    raise InvalidArgument(
+        f"period must be a UTC day YYYY-MM-DD or month YYYY-MM, got {period[:16]!r}"
+    )
 
 
 def _like(text: str) -> str:

@@ -4,7 +4,6 @@ how long the oldest waited, stop at the cap, and the storage service counts from
 
 from __future__ import annotations
 
-import datetime as dt
 import pathlib
 
 import pytest
@@ -17,24 +16,12 @@ from storage_service import task_metrics
 from storage_service.config import StorageConfig
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.task_metrics import TaskMetrics, count_claimable
+from tests.test_journal import Clock
 from tests.waiting import wait_until
 
 TS = journal_pb2.TaskState
 QUEUED, WAITING = TS.TASK_STATE_QUEUED, TS.TASK_STATE_WAITING
 MODULE = "system:sign_in"
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
 
 
 def _queue(store: JournalStore, key: str, state: int = QUEUED) -> None:
