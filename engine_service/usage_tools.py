@@ -147,6 +147,25 @@ class StorageUsage:
         await self._dep.aclose()
 
 
+def _server_scope(ctx: ExecutionContext, refusal: str) -> str:
+    """The asking administrator's player scope (their game server, or its network); `refusal`
+    says why not when their players are not scoped."""
+    scope = ctx.player.player_id.rpartition("/")[0]
+    if not scope:
+        raise ModuleFailure(AgentFailure.INVALID_INPUT, refusal)
+    return scope
+
+
+def _read_failure(exc: grpc.aio.AioRpcError, what: str) -> ModuleFailure:
+    """A refused read (INVALID_ARGUMENT) as INVALID_INPUT, any other error as storage
+    unavailable: `what` could not be read."""
+    if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return ModuleFailure(AgentFailure.INVALID_INPUT, exc.details() or "")
+    return ModuleFailure(
+        AgentFailure.STORAGE_UNAVAILABLE, f"{what} could not be read; try again later"
+    )
+
+
 class UsageTools:
     """The handlers of `system:usage.read` and `system:spend.read`; `reader` None: no storage
     (STORAGE_UNAVAILABLE)."""
@@ -158,28 +177,25 @@ class UsageTools:
         tools.server(USAGE_READ_SPEC, self.read)
         tools.server(SPEND_READ_SPEC, self.spend)
 
-    async def spend(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
+    def _need_reader(self) -> UsageReader:
         if self._reader is None:
             raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
-        scope = ctx.player.player_id.rpartition("/")[0]
-        if not scope:
-            raise ModuleFailure(
-                AgentFailure.INVALID_INPUT,
-                "this server's players are not scoped, so its spend cannot be told apart",
-            )
+        return self._reader
+
+    async def spend(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
+        reader = self._need_reader()
+        scope = _server_scope(
+            ctx, "this server's players are not scoped, so its spend cannot be told apart"
+        )
         today = dt.datetime.now(dt.UTC).date()
         monthly = payload["period"] == "month"
         period = today.strftime("%Y-%m") if monthly else today.isoformat()
         try:
-            found = await self._reader.spend(
+            found = await reader.spend(
                 scope, period, SPEND_LINES, min(STORAGE_TIMEOUT_SECONDS, ctx.remaining())
             )
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise ModuleFailure(AgentFailure.INVALID_INPUT, exc.details() or "") from None
-            raise ModuleFailure(
-                AgentFailure.STORAGE_UNAVAILABLE, "spend could not be read; try again later"
-            ) from None
+            raise _read_failure(exc, "spend") from None
 
         def lines(found: Any, strip: bool = False) -> list[dict[str, Any]]:
             return [
@@ -214,24 +230,21 @@ class UsageTools:
         }
 
     async def read(self, payload: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
-        if self._reader is None:
-            raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "this engine has no storage")
+        reader = self._need_reader()
         scope = ""
         if payload["player"].strip() == EVERYONE:
             name, scoped = EVERYONE, ""
-            scope = ctx.player.player_id.rpartition("/")[0]
-            if not scope:
-                raise ModuleFailure(
-                    AgentFailure.INVALID_INPUT,
-                    "this server's players are not scoped, so its use cannot be told apart; "
-                    "ask for one player",
-                )
+            scope = _server_scope(
+                ctx,
+                "this server's players are not scoped, so its use cannot be told apart; "
+                "ask for one player",
+            )
         else:
             name, scoped = scoped_player(ctx, payload["player"])
         today = dt.datetime.now(dt.UTC).date()
         first = (today - dt.timedelta(days=USAGE_DAYS - 1)).isoformat()
         try:
-            days = await self._reader.days(
+            days = await reader.days(
                 scoped,
                 first,
                 today.isoformat(),
@@ -239,11 +252,7 @@ class UsageTools:
                 scope=scope,
             )
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise ModuleFailure(AgentFailure.INVALID_INPUT, exc.details() or "") from None
-            raise ModuleFailure(
-                AgentFailure.STORAGE_UNAVAILABLE, "usage could not be read; try again later"
-            ) from None
+            raise _read_failure(exc, "usage") from None
         return {
             "player": name,
             "days": [

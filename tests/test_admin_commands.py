@@ -15,6 +15,8 @@ from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 from system.relay.v1 import relay_pb2
 
+from services.gamesim.client import GameServerClient
+from services.model_testserver import FakeOpenAIServer
 from tests.inprocess import HoldingClient, running_chain
 from tests.waiting import holds_for, wait_until
 
@@ -25,14 +27,42 @@ def card_lines(result: common_pb2.AgentResult) -> list[str]:
     return [line.text for line in result.card.lines]
 
 
+async def join_admins_and_steve(client: GameServerClient) -> None:
+    """op (admin level 3, en), zhop (level 4, zh) and steve (an ordinary player, en)."""
+    await client.join("op", "Op", "en_us", permission_level=3)
+    await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
+    await client.join("steve", "Steve", "en_us")
+
+
+async def says_hello(
+    client: GameServerClient, fake: FakeOpenAIServer, player: str, prompt_tokens: int = 40
+) -> None:
+    """`player` chats once: the router's model call (clarify), then the chat's own
+    (`prompt_tokens` in, 5 out)."""
+    fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
+    fake.script(f"Hello {player}!", prompt_tokens=prompt_tokens, completion_tokens=5)
+    assert (await client.chat(player, "hello there")).reply.module_id == "system:chat"
+
+
+def priced_providers(tmp_path: pathlib.Path, fake: FakeOpenAIServer, key_env: str) -> str:
+    """A providers file: `fake` as the one route, priced 1000 per million input tokens and
+    2000 per million output tokens, its key read from `key_env`."""
+    providers = tmp_path / "providers.toml"
+    providers.write_text(
+        f'[providers.fake]\npreset = "custom"\nbase_url = "{fake.base_url}"\n'
+        f'api_key_env = "{key_env}"\n[providers.fake.models]\n'
+        "m = { input_per_million = 1000.0, output_per_million = 2000.0 }\n"
+        '[routes]\ndefault = ["fake/m"]\n'
+    )
+    return str(providers)
+
+
 async def test_an_admin_sees_routing_diagnostics_and_an_ordinary_player_does_not(
     tmp_path: pathlib.Path,
 ) -> None:
     async with running_chain(tmp_path, credentials=True) as chain:
         client = await chain.client()
-        await client.join("op", "Op", "en_us", permission_level=3)
-        await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
-        await client.join("steve", "Steve", "en_us")
+        await join_admins_and_steve(client)
         assert (await client.chat("op", "help")).reply.result.status == SUCCEEDED
         await client.chat("op", "what is in my inventory")  # a local route, counted
 
@@ -89,17 +119,11 @@ async def test_reload_applies_an_edited_semantic_config_and_names_a_bad_key(
 async def test_an_admin_reads_a_players_usage_and_an_ordinary_player_cannot(
     tmp_path: pathlib.Path,
 ) -> None:
-    from services.model_testserver import FakeOpenAIServer
-
     with FakeOpenAIServer(api_key="usage-test-key") as fake:
         async with running_chain(tmp_path, model=fake) as chain:
             client = await chain.client()
-            await client.join("op", "Op", "en_us", permission_level=3)
-            await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
-            await client.join("steve", "Steve", "en_us")
-            fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
-            fake.script("Hello Steve!", prompt_tokens=40, completion_tokens=5)
-            assert (await client.chat("steve", "hello there")).reply.module_id == "system:chat"
+            await join_admins_and_steve(client)
+            await says_hello(client, fake, "steve")
 
             async def settled() -> list[str] | None:
                 shown = (await client.chat("op", "/system usage steve")).reply.result
@@ -121,9 +145,7 @@ async def test_an_admin_reads_a_players_usage_and_an_ordinary_player_cannot(
 
             # The whole server: every player's use summed per day.
             await client.join("alex", "Alex", "en_us")
-            fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
-            fake.script("Hello Alex!", prompt_tokens=30, completion_tokens=5)
-            assert (await client.chat("alex", "hello there")).reply.module_id == "system:chat"
+            await says_hello(client, fake, "alex", prompt_tokens=30)
 
             async def server_settled() -> list[str] | None:
                 shown = (await client.chat("op", "/system usage *")).reply.result
@@ -298,28 +320,16 @@ async def test_an_admin_sees_the_servers_spend_and_an_ordinary_player_does_not(
     """`/system spend` (花费): the server's spend today and this month by player, module and
     provider, the network's, and the server budget against its limit; `/system usage` shows
     the money too. Through the gateway, router, engine, a priced model gateway and storage."""
-    from services.model_testserver import FakeOpenAIServer
-
     monkeypatch.setenv("SPEND_TEST_KEY", "spend-test-key")
     with FakeOpenAIServer(api_key="spend-test-key") as fake:
-        providers = tmp_path / "providers.toml"
-        providers.write_text(
-            f'[providers.fake]\npreset = "custom"\nbase_url = "{fake.base_url}"\n'
-            'api_key_env = "SPEND_TEST_KEY"\n[providers.fake.models]\n'
-            "m = { input_per_million = 1000.0, output_per_million = 2000.0 }\n"
-            '[routes]\ndefault = ["fake/m"]\n'
-        )
+        providers = priced_providers(tmp_path, fake, "SPEND_TEST_KEY")
         budgets = tmp_path / "budgets.toml"
         budgets.write_text("[server]\ndaily_cost = 100.0\n")
-        settings = {"providers_file": str(providers), "budgets_file": str(budgets)}
+        settings = {"providers_file": providers, "budgets_file": str(budgets)}
         async with running_chain(tmp_path, model=fake, model_settings=settings) as chain:
             client = await chain.client()
-            await client.join("op", "Op", "en_us", permission_level=3)
-            await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
-            await client.join("steve", "Steve", "en_us")
-            fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
-            fake.script("Hello Steve!", prompt_tokens=40, completion_tokens=5)
-            assert (await client.chat("steve", "hello there")).reply.module_id == "system:chat"
+            await join_admins_and_steve(client)
+            await says_hello(client, fake, "steve")
 
             async def spent() -> list[str] | None:
                 shown = (await client.chat("op", "/system spend")).reply.result
@@ -366,17 +376,9 @@ async def test_a_budget_alert_reaches_the_online_admins_in_game(
     players at or above the admin level on the game server (the network's budget: on every
     game server), each in their language, through the gateway's NotifyPlayer; an ordinary
     player gets nothing. Real services on loopback, with service credentials."""
-    from services.model_testserver import FakeOpenAIServer
-
     monkeypatch.setenv("ALERT_TEST_KEY", "alert-test-key")
     with FakeOpenAIServer(api_key="alert-test-key") as fake:
-        providers = tmp_path / "providers.toml"
-        providers.write_text(
-            f'[providers.fake]\npreset = "custom"\nbase_url = "{fake.base_url}"\n'
-            'api_key_env = "ALERT_TEST_KEY"\n[providers.fake.models]\n'
-            "m = { input_per_million = 1000.0, output_per_million = 2000.0 }\n"
-            '[routes]\ndefault = ["fake/m"]\n'
-        )
+        providers = priced_providers(tmp_path, fake, "ALERT_TEST_KEY")
         budgets = tmp_path / "budgets.toml"
         # A lease holds 16,384 tokens and more at once: the first reservation passes 10 % of
         # the server's budget and 1 % of the network's (network budgets: every game server).
@@ -384,18 +386,14 @@ async def test_a_budget_alert_reaches_the_online_admins_in_game(
             "[server]\ndaily_tokens = 100000\nalert_percent = 10\n"
             "[network]\ndaily_tokens = 1000000\nalert_percent = 1\n"
         )
-        settings = {"providers_file": str(providers), "budgets_file": str(budgets)}
+        settings = {"providers_file": providers, "budgets_file": str(budgets)}
         async with running_chain(
             tmp_path, credentials=True, model=fake, model_settings=settings
         ) as chain:
             client = await chain.client()
-            await client.join("op", "Op", "en_us", permission_level=3)
-            await client.join("zhop", "Zhop", "zh_cn", permission_level=4)
-            await client.join("steve", "Steve", "en_us")
+            await join_admins_and_steve(client)
             for _ in range(2):
-                fake.script(json.dumps({"capabilityId": "clarify", "arguments": {}}))
-                fake.script("Hello Steve!", prompt_tokens=40, completion_tokens=5)
-                assert (await client.chat("steve", "hello there")).reply.module_id == "system:chat"
+                await says_hello(client, fake, "steve")
             notices = chain.apps["model"].notices
             await notices.drain()
             # Once per budget and period: the second chat sent none.
