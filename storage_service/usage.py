@@ -56,7 +56,7 @@ from storage_service.usage_budgets import (
     CounterChanges,
     budget_levels,
     counter_keys,
-    counter_limits,
+    counter_limit,
     least_room,
     lock_row,
     refuse_tightest,
@@ -229,10 +229,9 @@ class UsageLedger:
                 self._hold(session, _PLAYERS, key, held["tokens"], held["web_searches"])
             self._hold(session, _TOTALS, _TOTALS.c.day == day, held["tokens"], held["web_searches"])
             changes = CounterChanges()
-            limited = counter_limits(player_id, scope_of(player_id), day, limits)
             for budget, period in keys:
                 changes.hold(budget, period, held["tokens"], held["cost"])
-                changes.limit(budget, period, *limited[(budget, period)])
+                changes.limit(budget, period, *counter_limit(budget, period, limits))
             changes.apply(session)
         uses = tuple(
             BudgetUse(

@@ -35,7 +35,7 @@ __all__ = [
     "Level",
     "budget_levels",
     "counter_keys",
-    "counter_limits",
+    "counter_limit",
     "least_room",
     "lock_row",
     "refuse_tightest",
@@ -92,26 +92,16 @@ def counter_keys(player_id: str, scope: str, day: dt.date) -> list[tuple[str, st
     return keys
 
 
-def counter_limits(
-    player_id: str, scope: str, day: dt.date, limits: Limits
-) -> dict[tuple[str, str], tuple[int, int]]:
-    """The (token, money) limits `limits` set on each budget counter row of a reservation of
-    `player_id` on `day`, recorded on the rows for the spend view (0: no limit)."""
-    found = {
-        ("network", day.isoformat()): (limits.global_tokens, limits.global_cost_micros),
-        ("network", day.strftime("%Y-%m")): (limits.monthly_tokens, limits.monthly_cost_micros),
-    }
-    if player_id:
-        found[(f"player:{player_id}", day.isoformat())] = (
-            limits.player_tokens,
-            limits.player_cost_micros,
-        )
-    if scope:
-        found[(f"server:{scope}", day.isoformat())] = (
-            limits.server_tokens,
-            limits.server_cost_micros,
-        )
-    return found
+def counter_limit(budget: str, period: str, limits: Limits) -> tuple[int, int]:
+    """The (token, money) limits `limits` set on the budget counter row (`budget`, `period`),
+    one of counter_keys's, recorded on the row for the spend view (0: no limit)."""
+    if budget.startswith("player:"):
+        return limits.player_tokens, limits.player_cost_micros
+    if budget.startswith("server:"):
+        return limits.server_tokens, limits.server_cost_micros
+    if len(period) == 7:  # the network's month
+        return limits.monthly_tokens, limits.monthly_cost_micros
+    return limits.global_tokens, limits.global_cost_micros
 
 
 def budget_levels(
