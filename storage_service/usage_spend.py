@@ -54,7 +54,6 @@ class SpendView:
         if max_lines > MAX_SPEND_LINES:
             raise InvalidArgument(f"max_lines is {max_lines}; the most is {MAX_SPEND_LINES}")
         lines = max_lines or DEFAULT_SPEND_LINES
-        days = _COUNTERS.c.period.like(f"{period}-__") if monthly else _COUNTERS.c.period == period
         c = _COUNTERS.c
         with self._sessions() as session:
             counters = session.execute(
@@ -68,20 +67,17 @@ class SpendView:
                     c.limit_tokens,
                     c.limit_cost_micros,
                 ).where(
-                    (c.period.in_(sorted({period, period[:7]})) | days)
+                    (c.period.in_(sorted({period, period[:7]})) | _days(c.period, period, monthly))
                     & (
                         c.budget.in_(["network", f"server:{scope}"])
                         | c.budget.like(f"player:{_like(scope)}/%", escape="\\")
                     )
                 )
             ).all()
-            spend_days = (
-                _SPEND.c.period.like(f"{period}-__") if monthly else _SPEND.c.period == period
-            )
             modules = session.execute(
                 select(
                     _SPEND.c.module_id, _SPEND.c.provider, _SPEND.c.tokens, _SPEND.c.cost_micros
-                ).where(spend_days & (_SPEND.c.scope == scope))
+                ).where(_days(_SPEND.c.period, period, monthly) & (_SPEND.c.scope == scope))
             ).all()
         players: dict[str, list[int]] = {}
         total, network = [0, 0], [0, 0]
@@ -154,6 +150,11 @@ def check_period(period: str) -> bool:
     raise InvalidArgument(
         f"period must be a UTC day YYYY-MM-DD or month YYYY-MM, got {period[:16]!r}"
     )
+
+
+def _days(period_column: Any, period: str, monthly: bool) -> Any:
+    """Rows of the day `period`, or of every day of the month `period`."""
+    return period_column.like(f"{period}-__") if monthly else period_column == period
 
 
 def _like(text: str) -> str:
