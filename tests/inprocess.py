@@ -153,7 +153,7 @@ class Chain:
         )
         channel = grpc.aio.insecure_channel(
             self.apps["gateway"].host.internal_target,
-            interceptors=client_interceptors(metadata=metadata),
+            interceptors=client_interceptors(metadata=lambda: metadata),
         )
         self._channels.append(channel)
         return relay_pb2_grpc.ToolRelayServiceStub(channel)

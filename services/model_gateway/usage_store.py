@@ -16,7 +16,7 @@ from system.storage.v1 import player_data_pb2, player_data_pb2_grpc
 
 from services.model_gateway.budgets import BudgetAlerts, BudgetPlan, Use
 from services.model_gateway.lease import Amount, Answer, Batch
-from services.model_gateway.metering import BudgetExhausted, Budgets, ExternalServicesOff, Used
+from services.model_gateway.metering import BudgetExhausted, Budgets, ExternalServicesOff
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.context import remaining_seconds
 from services.runtime.errors import (
@@ -197,29 +197,13 @@ def _settle_request(settle: Settle) -> player_data_pb2.SettleUsageRequest:
     return player_data_pb2.SettleUsageRequest(
         reservation_id=settle.reservation_id,
         player_id=settle.player_id,
-        used=_amounts(batch.used),
+        used=player_data_pb2.UsageAmounts(**dataclasses.asdict(batch.used)),
         sequence=batch.sequence,
         keep_open=batch.keep is not None,
         keep_tokens=batch.keep.tokens if batch.keep else 0,
         keep_web_searches=batch.keep.web_searches if batch.keep else 0,
         keep_cost_micros=batch.keep.cost if batch.keep else 0,
         ttl_seconds=settle.ttl_seconds if batch.keep is not None else 0,
-    )
-
-
-def _amounts(used: Used) -> player_data_pb2.UsageAmounts:
-    fields = {f.name: getattr(used, f.name) for f in dataclasses.fields(used) if f.name != "spend"}
-    return player_data_pb2.UsageAmounts(
-        **fields,
-        spend=[
-            player_data_pb2.SpendItem(
-                module_id=item.module_id,
-                provider=item.provider,
-                tokens=item.tokens,
-                cost_micros=item.cost_micros,
-            )
-            for item in used.spend
-        ],
     )
 
 

@@ -100,7 +100,8 @@ def open_channel(
             reconnect backoff they cause) then never delay request traffic.
         interceptors: with request-id and deadline propagation; without, for a long-lived
             stream that outlives every request (services.runtime.multiplex), whose messages
-            carry their request ids themselves (its opener sends `settings.security.metadata`).
+            carry their request ids themselves (its opener sends `settings.security.metadata`, asked
+            on each open).
         settings: credential, TLS and keepalive; the defaults send no credential.
     """
     settings = settings or ChannelSettings()
@@ -120,8 +121,9 @@ def open_channel(
     ]
     if private:
         options.append(("grpc.use_local_subchannel_pool", 1))
+    security = settings.security
     chosen = (
-        client_interceptors(default_timeout, settings.security.metadata) if interceptors else None
+        client_interceptors(default_timeout, lambda: security.metadata) if interceptors else None
     )
     credentials = settings.security.channel_credentials()
     if credentials is not None:

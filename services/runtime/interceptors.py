@@ -44,6 +44,9 @@ __all__ = [
 log = logging.getLogger(ACCESS_LOGGER)
 
 # Standard services are neither logged nor measured: probes would drown the access log.
+OutboundMetadata = tuple[tuple[str, str], ...]
+"""(key, value) pairs an outbound call carries."""
+
 _QUIET_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
@@ -332,13 +335,14 @@ class ContextClientInterceptor(
     to metadata, and caps the timeout by the current deadline."""
 
     def __init__(
-        self, default_timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+        self, default_timeout: float | None, metadata: Callable[[], OutboundMetadata] = tuple
     ) -> None:
         self.default_timeout = default_timeout
         self.metadata = metadata
+        """Asked on every call: what it carries (the credential as it is now)."""
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self.metadata)
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), *self.metadata())
         request_id = request_context.current_request_id()
         # Metadata is a collection of (key, value) pairs whose `in` tests a key.
         if request_id and request_context.REQUEST_ID_KEY not in metadata:  # type: ignore[comparison-overlap]
@@ -394,8 +398,8 @@ class ContextClientInterceptor(
 
 
 def client_interceptors(
-    default_timeout: float | None = 10.0, metadata: tuple[tuple[str, str], ...] = ()
+    default_timeout: float | None = 10.0, metadata: Callable[[], OutboundMetadata] = tuple
 ) -> list[grpc.aio.ClientInterceptor]:
-    """The interceptors every outbound channel uses; `metadata` goes on every call (the
-    service's credential)."""
+    """The interceptors every outbound channel uses; what `metadata` answers, asked on every
+    call, goes on it (the service's credential as it is now)."""
     return [ContextClientInterceptor(default_timeout, metadata)]

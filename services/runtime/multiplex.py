@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -527,7 +526,7 @@ class StreamedCalls:
             private=dependency.private,
             settings=dependency.settings,
         )
-        metadata = dependency.settings.security.metadata
+        security = dependency.settings.security
         request_type, response_type = _stream_types(service)
         open_stream = self._channel.stream_stream(
             f"/{service.full_name}/{STREAM_METHOD}",
@@ -535,7 +534,8 @@ class StreamedCalls:
             response_deserializer=response_type.FromString,
         )
         self._client = MultiplexClient(
-            functools.partial(open_stream, metadata=metadata) if metadata else open_stream,
+            # The credential as it is when each stream opens (a rotated token file).
+            lambda: open_stream(metadata=security.metadata or None),
             service,
             stream_seconds=dependency.settings.stream_seconds,
         )

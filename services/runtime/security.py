@@ -23,7 +23,7 @@ import dataclasses
 import hmac
 import ipaddress
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,40 +151,6 @@ def read_token_file(path: str, setting: str = "service_token_file") -> str:
     return token
 
 
-class BearerMetadata(tuple[tuple[str, str], ...]):
-    """The `authorization: Bearer <token>` metadata of outbound calls, carrying the token in
-    `service_token_file` as it is at each use.
-
-    Channels take `ChannelSecurity.metadata` once, when they open, and iterate it on every
-    call (the client interceptor) or every stream they open (multiplexed streams); a tuple to
-    them, this one yields the file's current token each time it is iterated (the file looked
-    at no more often than its watcher's `recheck_seconds`), so a rotated token is sent without
-    reopening a channel.
-    """
-
-    _token: WatchedFile[str]
-
-    def __new__(cls, token: WatchedFile[str]) -> BearerMetadata:
-        metadata = super().__new__(cls, ())
-        metadata._token = token
-        return metadata
-
-    def _items(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self._token.current()}"),)
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(self._items())
-
-    def __len__(self) -> int:
-        return 1
-
-    def __getitem__(self, index: Any) -> Any:
-        return self._items()[index]
-
-    def __repr__(self) -> str:
-        return f"BearerMetadata({self._token.what})"
-
-
 def _read(path: str, setting: str) -> bytes:
     try:
         return Path(path).read_bytes()
@@ -222,10 +188,10 @@ class ChannelSecurity:
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        """What every outbound call carries (the bearer token); with `token_file`, the file's
-        token at each use (`BearerMetadata`)."""
+        """What an outbound call carries (the bearer token); with `token_file`, the file's
+        token as it is now: channels ask for it on each call and each stream they open."""
         if self._watched is not None:
-            return BearerMetadata(self._watched)
+            return (("authorization", f"Bearer {self._watched.current()}"),)
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
