@@ -377,14 +377,19 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
         logs,
     )
     # Budgets off (the reservation is still made); a budget check waits as long as the call.
+    # An experiment: leases kept between batches (empty: the gateways' default).
+    lease_idle = (
+        {}
+        if args.lease_idle_seconds is None
+        else {"LEASE_IDLE_SECONDS": str(args.lease_idle_seconds)}
+    )
     common = {
         "BASE_URL": base_url,
         "API_KEY": KEY,
         "PLAYER_DAILY_TOKENS": "0",
         "STORAGE_TIMEOUT_SECONDS": "30",
+        **lease_idle,
     }
-    if args.lease_idle_seconds is not None:  # an experiment: leases kept between batches
-        common["LEASE_IDLE_SECONDS"] = str(args.lease_idle_seconds)
     plain, plain_target = _service(
         "gateway", "services.model_gateway", "SYSTEM_MODEL_", {**common, "STORAGE_TARGET": ""}, logs
     )
@@ -419,7 +424,7 @@ async def run(args: argparse.Namespace, logs: Path) -> dict[str, Any]:
             "BUDGETS_FILE": str(_budgets_file(logs)),
             "STORAGE_TARGET": storage_target,
             "STORAGE_TIMEOUT_SECONDS": "30",
-            **{k: v for k, v in common.items() if k == "LEASE_IDLE_SECONDS"},
+            **lease_idle,
         }
         gateways["gateway+budgets"] = _service(
             "gateway-budgets", "services.model_gateway", "SYSTEM_MODEL_", nested, logs

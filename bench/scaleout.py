@@ -1022,11 +1022,10 @@ def _results(
                     }
                 )
                 continue
-            if task.state == journal_pb2.TASK_STATE_SUCCEEDED:
-                missing = sum(1 for a in applied if a == 0)
-                lost += missing
-                if missing and len(lost_examples) < 5:
-                    lost_examples.append(f"{scoped}: SUCCEEDED, applied {applied}")
+            missing = sum(1 for a in applied if a == 0)  # SUCCEEDED
+            lost += missing
+            if missing and len(lost_examples) < 5:
+                lost_examples.append(f"{scoped}: SUCCEEDED, applied {applied}")
     purchases_lost = purchases_twice = 0
     for server in servers:
         for player in server.players:
@@ -1061,12 +1060,7 @@ def _results(
     by_status: dict[str, dict[int, int]] = {}
     for (second, status), n in sorted(recorder.errors.items()):
         by_status.setdefault(status, {})[second] = n
-    carried: dict[str, dict[str, int]] = {}
-    for (how, outcome), n in sorted(recorder.carried.items()):
-        carried.setdefault(how, {})[outcome] = n
-    carried_by_reason: dict[str, dict[str, int]] = {}
-    for (reason, outcome), n in sorted(recorder.carried_by_reason.items()):
-        carried_by_reason.setdefault(reason, {})[outcome] = n
+    carried, carried_by_reason = _nested(recorder.carried), _nested(recorder.carried_by_reason)
     return {
         "options": dataclasses.asdict(options),
         "cards_across_reconnects": {
@@ -1119,6 +1113,14 @@ def _results(
             "errors_by_status_per_s": by_status,
         },
     }
+
+
+def _nested(counts: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """(outer, inner) counts as {outer: {inner: count}}, sorted."""
+    nested: dict[str, dict[str, int]] = {}
+    for (outer, inner), n in sorted(counts.items()):
+        nested.setdefault(outer, {})[inner] = n
+    return nested
 
 
 def run(database_url: str, folder: Path, options: Options) -> dict[str, Any]:

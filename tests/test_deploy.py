@@ -1917,5 +1917,10 @@ def test_strict_validation_finds_an_unknown_field_a_wrong_type_and_an_unknown_ki
     wrong_type = copy.deepcopy(deployment)
     wrong_type["spec"]["replicas"] = "two"
     unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
-    for broken in (misspelled, wrong_type, unknown):
-        assert _strictly_invalid([broken], "1.34.0"), broken
+    for broken, named in (
+        (misspelled, "'replica' was unexpected) at spec"),
+        (wrong_type, "at spec.replicas"),
+        (unknown, "Widget/w: no 1.34.0 schema"),
+    ):
+        (problem,) = _strictly_invalid([broken], "1.34.0")
+        assert named in problem, problem

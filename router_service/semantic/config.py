@@ -46,14 +46,13 @@ import enum
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from services.runtime.config import ConfigError, read_json_file
+from services.runtime.config import ConfigError, read_json_file, write_file_atomically
 
 __all__ = [
     "Mode",
@@ -408,11 +407,7 @@ def ensure_semantic_config(path: str | Path) -> tuple[SemanticConfig, bool]:
     defaults = SemanticConfig()
     text = json.dumps(defaults.to_json(), indent=2, ensure_ascii=False) + "\n"
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Written whole or not at all: a reader never sees half a file.
-        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, target)
+        write_file_atomically(target, text)
     except OSError as exc:
         log.warning("could not write the default %s (%s); using the defaults", target, exc)
         return defaults, False

@@ -26,6 +26,7 @@ import re
 from collections.abc import Collection, Iterable, Iterator
 from typing import Literal
 
+from router_service.semantic.spelling import inflection_bases
 from router_service.semantic.text import ITEM_ID, normalize
 
 __all__ = [
@@ -232,17 +233,12 @@ _LATIN = re.compile(r"[a-z]+")
 
 
 def _base(word: str) -> str:
-    """`word` with an English inflection (-s, -es, -d, -ed, -ing; a doubled last consonant
-    undone) taken off where what is left is one of `_VERBS`; else `word`."""
+    """`word` with an English inflection taken off (`spelling.inflection_bases`) where what is
+    left is one of `_VERBS`; else `word`."""
     if word in _VERBS:
         return word
-    for suffix in ("ing", "ed", "es", "s", "d"):
-        if word.endswith(suffix):
-            stem = word[: -len(suffix)]
-            for base in (stem, stem + "e", stem[:-1] if stem[-2:-1] == stem[-1:] else ""):
-                if base in _VERBS:
-                    return base
-    return word
+    found = inflection_bases(word) & _VERBS
+    return min(found) if found else word
 
 
 def _lemmas(prepared: str) -> str:

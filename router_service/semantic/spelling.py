@@ -37,7 +37,7 @@ from collections.abc import Iterable
 
 from router_service.semantic.text import ITEM_ID, normalize
 
-__all__ = ["MIN_LENGTH", "Speller"]
+__all__ = ["MIN_LENGTH", "Speller", "inflection_bases"]
 
 MIN_LENGTH = 4
 """Shortest word corrected, and shortest correction."""
@@ -50,7 +50,7 @@ _SUFFIXES = ("s", "es", "d", "ed", "ing")
 make other words, `player`, `lately`)."""
 
 
-def _bases(word: str) -> set[str]:
+def inflection_bases(word: str) -> set[str]:
     """The forms of `word` with one inflection taken off (`played`: `play`, `playe`; `tries`:
     `try`; `setting`: `sett`, `sette`, `set`)."""
     out = {word[:-3] + "y"} if word.endswith(("ies", "ied")) else set()
@@ -97,7 +97,7 @@ class Speller:
         it inflects; None when `word` is known, short, or has no single such word."""
         if len(word) < MIN_LENGTH or word in self._known:
             return None
-        found = _swaps(word) & self._targets or _bases(word) & self._bases
+        found = _swaps(word) & self._targets or inflection_bases(word) & self._bases
         return next(iter(found)) if len(found) == 1 else None
 
     def correct(self, normalized: str) -> str:
