@@ -14,7 +14,9 @@ outputs replay unchanged. On a second run, at each position:
   happened, and the seed's rule is never to guess;
 - a call refused before it reached the game server (`NotDelivered`, player offline) is closed
   with a "not delivered" receipt, and the next run tries the position again under the next
-  attempt id (`<task>/<position>.<attempt>`), since nothing can have happened;
+  attempt id (`<task>/<position>.<attempt>`), since nothing can have happened; for a tool
+  that honours call ids the receipt stays RUNNING and the next run resends under the same id
+  (the same call id can do no harm, and an earlier run may have sent it);
 - a call of a game tool that honours call ids whose outcome was lost on the way (EFFECT_UNKNOWN:
   the gateway replica died or the stream broke while it ran, the relay answered that its effect
   is unknown, no answer in time) keeps its RUNNING receipt and raises `ResendLater`: the task
@@ -25,12 +27,20 @@ outputs replay unchanged. On a second run, at each position:
   A resend (a RUNNING receipt) that cannot be delivered keeps its receipt RUNNING, so the
   position keeps its call id: a new attempt id would let the game server run it twice.
 
-Only the intent must be stored before the tool runs; a result may travel with the next
-step's intent. So a step's result is held for at most `linger` seconds: the next step's intent
-carries it (`RecordStep.completed`: stored first, in the same transaction), the task's final
-transition takes it in the same transaction, and otherwise the timer sends it alone. A task with two write steps thus
-waits for three writes (intent, intent, result + transition) instead of five, and a crash
-inside the linger window only turns a done step into EFFECT_UNKNOWN: never into a repeat.
+Only the intent must be stored before the tool runs; a result may travel with a later write.
+So a step's result is held for at most `linger` seconds: the next step's intent carries it
+(`RecordStep.completed`: stored first, in the same transaction), the task's final transition
+takes it in the same transaction, and otherwise the timer sends it alone. A crash inside the
+linger window only turns a done step into EFFECT_UNKNOWN: never into a repeat.
+
+A game tool that honours call ids needs no intent on the task's first claim (decision 0036):
+nothing is stored for the task yet, and a run that dies before the step's result is stored
+leaves a position without a receipt, which the next claim records and resends under the same
+call id (`<task>/<position>`, the game server answering it as the first call). Such results
+are held, without a timer, until the task's final transition, a step that needs an intent, or
+an abandoned run stores them (`TaskStore.store_steps` records and completes them in one
+transaction). A task whose steps all honour call ids, as an advancement's rewards, so makes
+one write when it ends, not one per step.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from typing import Any
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
-from engine_service.task_store import Claim, TaskStore
+from engine_service.task_store import Claim, DoneStep, TaskStore
 from engine_service.tools import ToolKind, ToolSpec
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 
@@ -102,11 +112,6 @@ def _decode(receipt: journal_pb2.StepReceipt) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-def _completed(held: tuple[str, str, bytes, str]) -> journal_pb2.CompletedStep:
-    step_id, tool, encoded, codec_id = held
-    return journal_pb2.CompletedStep(step_id=step_id, tool=tool, result=encoded, codec_id=codec_id)
-
-
 class TaskSteps:
     """The write-step journal of one run of one claimed task.
 
@@ -121,9 +126,22 @@ class TaskSteps:
         self._claim = claim
         self._linger = linger
         self._position = 0
-        self._held: tuple[str, str, bytes, str] | None = None
+        self._held: list[DoneStep] = []
         self._timer: asyncio.TimerHandle | None = None
         self._sending: list[asyncio.Task[None]] = []
+
+    def _unjournaled(self, spec: ToolSpec) -> bool:
+        """Whether the step runs without an intent stored first (decision 0036): a game tool
+        that honours call ids, on the task's first claim. Nothing can be stored for the task
+        yet, so its position has no receipt, and a run that dies before the result is stored
+        leaves a position that the next claim records and resends under the same call id,
+        which the game server answers as the first call."""
+        return (
+            self._claim.task.attempts <= 1
+            and spec.honours_call_id
+            and spec.kind == ToolKind.GAME
+            and not spec.read_only
+        )
 
     async def run(
         self, spec: ToolSpec, call: Callable[[str], Awaitable[dict[str, Any]]]
@@ -136,11 +154,21 @@ class TaskSteps:
             ResendLater: a tool that honours call ids lost its outcome; the task waits.
             LeaseLost: another replica holds the task now.
         """
-        held = self._take()  # the previous result travels with this intent
-        previous = _completed(held) if held is not None else None
         position = self._position
         self._position += 1
         task_id = self._claim.task.task_id
+        if self._unjournaled(spec):
+            step_id = f"{task_id}/{position}"
+            output = await self._resending(spec, step_id, call)
+            encoded = _encode(output)
+            self._held.append(DoneStep(step_id, position, spec.tool_id, encoded, JSON_CODEC, False))
+            return output
+        held = self._take()
+        if any(not step.recorded for step in held):
+            # RecordStep carries results of recorded steps only: the others go first.
+            await self._store_held(held)
+            held = []
+        previous = held  # the earlier results travel with this intent
         for attempt in range(MAX_ATTEMPTS):
             step_id = f"{task_id}/{position}" + (f".{attempt}" if attempt else "")
             try:
@@ -154,10 +182,10 @@ class TaskSteps:
                     retry=spec.idempotent or spec.honours_call_id,
                 )
             except BaseException:
-                if previous is not None:  # not stored: `finish` or `abandon` sends it
-                    self._held = held
+                if previous:  # not stored: `finish` or `abandon` sends them
+                    self._held = previous + self._held
                 raise
-            previous = None
+            previous = []
             if not created:
                 if receipt.state == journal_pb2.STEP_STATE_DONE:
                     if receipt.codec_id == NOT_DELIVERED_CODEC:
@@ -170,62 +198,77 @@ class TaskSteps:
                         "have happened; it is not repeated",
                     )
             try:
-                output = await call(step_id)
+                output = await self._resending(spec, step_id, call)
             except NotDelivered:
-                # Closed only when this run recorded the intent: a resend of an earlier run's
-                # call (a RUNNING receipt) may have run the first time, so its position keeps
-                # this step id, and its call id, for the next run.
-                if created:
+                # Closed only when this run recorded the intent, for a tool that does not
+                # honour call ids: a resend of an earlier run's call (a RUNNING receipt) may
+                # have run the first time, as may a call of a first claim that stored no
+                # intent, so a tool that honours call ids keeps this step id, and its call
+                # id, for the next run (a lost outcome waiting for its resend too).
+                if created and not spec.honours_call_id:
                     await self._store.complete_step(
                         self._claim, step_id, spec.tool_id, b"", NOT_DELIVERED_CODEC
                     )
                 raise
-            except ModuleFailure as exc:
-                attempts = self._claim.task.attempts
-                if not _resendable(spec, exc) or attempts >= RESEND_ATTEMPTS:
-                    raise
-                log.info(
-                    "task %s: %s was interrupted (claim %d); it waits for its player and "
-                    "is resent under call id %s: %s",
-                    task_id,
-                    spec.tool_id,
-                    attempts,
-                    step_id,
-                    exc.message,
-                )
-                raise ResendLater(
-                    f"{spec.tool_id} was interrupted; it is resent under the same call id "
-                    f"once the player is reachable: {exc.message}"
-                ) from exc
-            self._hold((step_id, spec.tool_id, _encode(output), JSON_CODEC))
+            self._hold(DoneStep(step_id, position, spec.tool_id, _encode(output), JSON_CODEC, True))
             return output
         raise ModuleFailure(
             AgentFailure.MODULE_FAILED,
             f"{spec.tool_id} could not be delivered in {MAX_ATTEMPTS} attempts",
         )
 
-    def _hold(self, step: tuple[str, str, bytes, str]) -> None:
-        self._held = step
-        self._timer = asyncio.get_running_loop().call_later(self._linger, self._send_held)
+    async def _resending(
+        self, spec: ToolSpec, step_id: str, call: Callable[[str], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Runs the call; a lost outcome of a tool that honours call ids becomes ResendLater
+        (until the task has been claimed RESEND_ATTEMPTS times)."""
+        try:
+            return await call(step_id)
+        except NotDelivered:
+            raise
+        except ModuleFailure as exc:
+            attempts = self._claim.task.attempts
+            if not _resendable(spec, exc) or attempts >= RESEND_ATTEMPTS:
+                raise
+            log.info(
+                "task %s: %s was interrupted (claim %d); it waits for its player and "
+                "is resent under call id %s: %s",
+                self._claim.task.task_id,
+                spec.tool_id,
+                attempts,
+                step_id,
+                exc.message,
+            )
+            raise ResendLater(
+                f"{spec.tool_id} was interrupted; it is resent under the same call id "
+                f"once the player is reachable: {exc.message}"
+            ) from exc
 
-    def _take(self) -> tuple[str, str, bytes, str] | None:
-        """The held result, no longer held (its timer stopped), for a write to carry."""
+    def _hold(self, step: DoneStep) -> None:
+        """Holds a recorded step's result for at most `linger` for a write to carry it."""
+        self._held.append(step)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._linger, self._send_held)
+
+    def _take(self) -> list[DoneStep]:
+        """The held results, no longer held (the timer stopped), for a write to carry."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        held, self._held = self._held, None
+        held, self._held = self._held, []
         return held
 
     def _send_held(self) -> None:
         held = self._take()
-        if held is None:
-            return
-        step_id, tool, encoded, codec_id = held
-        self._sending.append(
-            asyncio.ensure_future(
-                self._store.complete_step(self._claim, step_id, tool, encoded, codec_id)
-            )
-        )
+        if held:
+            self._sending.append(asyncio.ensure_future(self._store.store_steps(self._claim, held)))
+
+    async def _store_held(self, held: list[DoneStep]) -> None:
+        try:
+            await self._store.store_steps(self._claim, held)
+        except BaseException:
+            self._held = held + self._held  # `finish` or `abandon` tries again
+            raise
 
     async def _sent(self) -> None:
         """Waits for every result already sent; raises the first failure."""
@@ -238,8 +281,7 @@ class TaskSteps:
     async def finish(
         self, state: journal_pb2.TaskState, result: common_pb2.AgentResult | None
     ) -> None:
-        """Stores every result and moves the task to `state` (the last result and the move
-        in one transaction).
+        """Stores every held result and moves the task to `state` (in one transaction).
 
         Raises:
             LeaseLost: another replica holds the task now.
@@ -247,14 +289,14 @@ class TaskSteps:
         """
         held = self._take()
         await self._sent()
-        if held is None:
-            await self._store.finish(self._claim, state, result)
+        if held:
+            await self._store.store_steps(self._claim, held, (state, result))
         else:
-            await self._store.complete_and_finish(self._claim, held, state, result)
+            await self._store.finish(self._claim, state, result)
 
     async def abandon(self, timeout: float = 2.0) -> None:
         """The run was stopped: sends what is held and waits a little for what was sent,
-        so done steps replay on the next claim instead of reading as unknown."""
+        so done steps replay on the next claim instead of being run or resent again."""
         self._send_held()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(self._sent()), timeout)

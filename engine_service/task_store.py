@@ -5,6 +5,7 @@ dies loses nothing but the leases it held, which expire and let another replica 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -23,7 +24,7 @@ from services.runtime.errors import (
     error_reason,
 )
 
-__all__ = ["Claim", "LeaseLost", "TaskStore", "task_lease"]
+__all__ = ["Claim", "DoneStep", "LeaseLost", "TaskStore", "task_lease"]
 
 _JOURNAL = "system.storage.v1.JournalService"
 
@@ -31,6 +32,19 @@ _JOURNAL = "system.storage.v1.JournalService"
 class LeaseLost(Exception):
     """The task's lease was taken over (or expired): another replica owns the task now, and
     this one must stop writing for it at once."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DoneStep:
+    """A step's result not stored yet (engine_service.steps holds them until a write)."""
+
+    step_id: str
+    position: int
+    tool: str
+    result: bytes
+    codec_id: str
+    recorded: bool
+    """Whether its intent is stored (a RUNNING receipt); else the write records it first."""
 
 
 def task_lease(task_id: str) -> str:
@@ -246,32 +260,50 @@ class TaskStore:
         except grpc.aio.AioRpcError as exc:
             raise _storage_error(exc, f"task {claim.task.task_id} could not be finished") from None
 
-    async def complete_and_finish(
+    async def store_steps(
         self,
         claim: Claim,
-        step: tuple[str, str, bytes, str],
-        state: journal_pb2.TaskState,
-        result: common_pb2.AgentResult | None,
+        steps: Sequence[DoneStep],
+        move: tuple[journal_pb2.TaskState, common_pb2.AgentResult | None] | None = None,
     ) -> None:
-        """Stores the last step's result and moves the task to `state` in one transaction
-        (one round trip instead of two). `step` is (step id, tool, result, codec id). Safe to
-        retry: the batch's request id makes a second apply a replay."""
-        step_id, tool, encoded, codec_id = step
+        """Stores done steps' results, recording first those whose intent was never stored,
+        and, with `move`, moves the task to that state with its result: one transaction, one
+        round trip. Safe to retry: the batch's request id makes a second apply a replay.
+
+        Raises:
+            LeaseLost: another replica holds the task now.
+            ModuleFailure: storage refused or could not be reached.
+        """
         task = claim.task
-        request = journal_pb2.CommitRequest(
-            request_id=f"finish:{task.task_id}:{task.attempts}",
-            player_id=task.player_id,
-            operations=[
+        operations: list[journal_pb2.CommitOperation] = []
+        for step in steps:
+            if not step.recorded:
+                operations.append(
+                    journal_pb2.CommitOperation(
+                        receipt=journal_pb2.ReceiptWrite(
+                            step_id=step.step_id,
+                            task_id=task.task_id,
+                            position=step.position,
+                            tool=step.tool,
+                            state=journal_pb2.STEP_STATE_RUNNING,
+                        )
+                    )
+                )
+            operations.append(
                 journal_pb2.CommitOperation(
                     receipt=journal_pb2.ReceiptWrite(
-                        step_id=step_id,
+                        step_id=step.step_id,
                         task_id=task.task_id,
-                        tool=tool,
+                        tool=step.tool,
                         state=journal_pb2.STEP_STATE_DONE,
-                        result=encoded,
-                        codec_id=codec_id,
+                        result=step.result,
+                        codec_id=step.codec_id,
                     )
-                ),
+                )
+            )
+        if move is not None:
+            state, result = move
+            operations.append(
                 journal_pb2.CommitOperation(
                     transition=journal_pb2.TaskTransition(
                         task_id=task.task_id,
@@ -279,14 +311,23 @@ class TaskStore:
                         expected_state=journal_pb2.TASK_STATE_RUNNING,
                         result=result,
                     )
-                ),
-            ],
+                )
+            )
+            request_id = f"finish:{task.task_id}:{task.attempts}"
+            what = f"task {task.task_id} could not be finished"
+        else:
+            request_id = f"steps:{steps[0].step_id}:{task.attempts}"
+            what = f"the results of task {task.task_id}'s steps could not be stored"
+        request = journal_pb2.CommitRequest(
+            request_id=request_id,
+            player_id=task.player_id,
+            operations=operations,
             fence=claim.fence,
         )
         try:
             await self._calls.call("Commit", request, self._timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _storage_error(exc, f"task {task.task_id} could not be finished") from None
+            raise _storage_error(exc, what) from None
 
     # -- receipts --------------------------------------------------------------------------
 
@@ -296,13 +337,13 @@ class TaskStore:
         step_id: str,
         position: int,
         tool: str,
-        completed: journal_pb2.CompletedStep | None = None,
+        completed: Sequence[DoneStep] = (),
         retry: bool = False,
     ) -> tuple[journal_pb2.StepReceipt, bool]:
-        """Records a step's intent (with an earlier step's result stored first in the same
-        transaction, when given); returns the receipt and whether it is new. `retry`: the
-        step's tool may run again, so a transport failure (a storage replica gone mid-call)
-        is retried, on another replica where there is one."""
+        """Records a step's intent (with `completed`, earlier steps' results whose intents are
+        stored, stored first in the same transaction); returns the receipt and whether it is
+        new. `retry`: the step's tool may run again, so a transport failure (a storage
+        replica gone mid-call) is retried, on another replica where there is one."""
         try:
             response = await self._calls.call(
                 "RecordStep",
@@ -312,7 +353,15 @@ class TaskStore:
                     position=position,
                     tool=tool,
                     fence=claim.fence,
-                    completed=[completed] if completed is not None else [],
+                    completed=[
+                        journal_pb2.CompletedStep(
+                            step_id=step.step_id,
+                            tool=step.tool,
+                            result=step.result,
+                            codec_id=step.codec_id,
+                        )
+                        for step in completed
+                    ],
                 ),
                 self._timeout,
                 idempotent=retry,

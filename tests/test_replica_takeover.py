@@ -412,10 +412,9 @@ async def test_a_restarted_replica_takes_its_task_back_without_waiting_out_the_l
 ) -> None:
     """Replica `slot-a` (a process) is killed with -9 between a give and its answer, its
     task's lease an hour long. Replica `slot-b` (in process) starts and works, and leaves
-    that lease alone. `slot-a` restarts under its name: the task is taken back and ends from
-    its receipts (the first give replayed, the unanswered one sent again with its call id,
-    which item.give honours, so nothing is given twice) while `slot-b`'s own task in
-    progress keeps its lease."""
+    that lease alone. `slot-a` restarts under its name: the task is taken back and ends with
+    its gives sent again under their call ids, which item.give honours, so nothing is given
+    twice, while `slot-b`'s own task in progress keeps its lease."""
     gateway_port = free_port()
     b_port = free_port()
     async with _stack(fresh_database_url, f"127.0.0.1:{b_port}", gateway_port) as stack:
@@ -479,17 +478,19 @@ async def test_a_restarted_replica_takes_its_task_back_without_waiting_out_the_l
                 await _stop(b)
 
     assert done.task_id == stuck.task_id
-    # The first give replayed from its receipt, the second sent again with its call id and
-    # answered from the world's memory (issue 19: not EFFECT_UNKNOWN any more).
+    # Both gives sent again with their call ids (a first claim stores nothing for them until
+    # the task ends: decision 0036) and answered from the world's memory (issue 19: not
+    # EFFECT_UNKNOWN any more).
     assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
     assert done.attempts == 2
     # Both gives ran once.
     assert game.gained("stuck") == REWARD
     stuck_calls = [call_id for player, _, call_id in game.calls if player == "stuck"]
-    assert stuck_calls == [f"{stuck.task_id}/0", f"{stuck.task_id}/1", f"{stuck.task_id}/1"]
+    first, second = f"{stuck.task_id}/0", f"{stuck.task_id}/1"
+    assert stuck_calls == [first, second, first, second]
     # slot-b's task was never taken from it by slot-a's start.
     assert busy_after[0].attempts == 1
     assert busy_owner == b.identity.owner
     assert "leases of earlier incarnations taken back: 1" in (tmp_path / "slot-a.log").read_text()
     sent = Counter(call_id for _, _, call_id in game.calls)
-    assert [call_id for call_id, n in sent.items() if n > 1] == [f"{stuck.task_id}/1"]
+    assert [call_id for call_id, n in sent.items() if n > 1] == [first, second]

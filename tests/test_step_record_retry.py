@@ -69,6 +69,8 @@ async def test_an_honouring_tools_intent_is_recorded_again_and_sent_once(
     store: TaskStore,
 ) -> None:
     claim = await _claimed(store, "p1")
+    # A later claim: on the first, such a tool's step records no intent (decision 0036).
+    claim.task.attempts = 2
     called = _lose_first_record_answer(store)
     calls: list[str] = []
     output = await TaskSteps(store, claim).run(_give(honours=True), _counting(calls))
