@@ -172,8 +172,11 @@ in event tasks. `honours_call_id`: the game server treats `call_id` as an idempo
 repeated call id answers as the first call and runs nothing); the engine then resends, under
 the same call id, an event step interrupted by a crash or whose answer was lost with its gateway
 replica (it waits for the player to be reachable again), instead of reporting
-`system.error.effect_unknown`. Where the catalogue says yes, a hello must say yes too; a server
-may say yes for any write tool.
+`system.error.effect_unknown`. Because of that promise the engine stores nothing before such a
+call on a task's first run, and a task whose first run was lost resends all its calls under
+their call ids (decision 0036): keep each answer at least as long as a task can run (minutes;
+save data, not only memory, across a game-server restart). Where the catalogue says yes, a
+hello must say yes too; a server may say yes for any write tool.
 """
 
 
