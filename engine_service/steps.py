@@ -290,6 +290,22 @@ class TaskSteps:
         held = self._take()
         await self._sent()
         if held:
+            try:
+                await self._store.store_steps(self._claim, held, (state, result))
+                return
+            except ModuleFailure as exc:
+                kept = [step for step in held if step.recorded]
+                if exc.failure != AgentFailure.STORAGE_FULL or len(kept) == len(held):
+                    raise
+                # The player's receipts are full: the receipts of steps that honour call ids
+                # only spare a resend, and the move must not wait for room (decision 0036).
+                log.warning(
+                    "task %s: its steps' receipts were not stored (%s); the task moves on",
+                    self._claim.task.task_id,
+                    exc.message,
+                )
+                held = kept
+        if held:
             await self._store.store_steps(self._claim, held, (state, result))
         else:
             await self._store.finish(self._claim, state, result)

@@ -7,15 +7,19 @@ Real storage service (SQLite) on loopback, the engine's own TaskStore and TaskSt
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import pathlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
 from system.storage.v1 import journal_pb2
 
 from engine_service.steps import JSON_CODEC, TaskSteps
 from engine_service.task_store import Claim, TaskStore
+from storage_service.app import create_app as create_storage
+from storage_service.config import StorageConfig
 from tests import test_honoured_call_ids
-from tests.test_honoured_call_ids import _claim, _give
+from tests.test_honoured_call_ids import HOST, _claim, _give
 
 store = test_honoured_call_ids.store
 """The fixture: the engine's TaskStore over a storage service on SQLite."""
@@ -133,3 +137,36 @@ async def test_a_step_that_needs_an_intent_stores_the_held_results_first(
     assert (await _receipt(store, f"{task_id}/1")).state == journal_pb2.STEP_STATE_RUNNING
     await steps.finish(journal_pb2.TASK_STATE_SUCCEEDED, None)
     assert (await _receipt(store, f"{task_id}/1")).state == journal_pb2.STEP_STATE_DONE
+
+
+@pytest.fixture
+async def cramped(tmp_path: pathlib.Path) -> AsyncIterator[TaskStore]:
+    """A storage service that keeps one receipt a player."""
+    storage = await create_storage(
+        StorageConfig(
+            **HOST, database_url=f"sqlite:///{tmp_path / 'storage.db'}", receipt_max_entries=1
+        )
+    )
+    await storage.host.start()
+    tasks = TaskStore(storage.host.target)
+    try:
+        yield tasks
+    finally:
+        await tasks.aclose()
+        await storage.host.stop()
+        await storage.aclose()
+
+
+async def test_a_task_ends_though_its_steps_receipts_find_no_room(cramped: TaskStore) -> None:
+    """The gives ran, so the task must end SUCCEEDED: with the player's receipts full the
+    results are left out (a resend would be answered as the first call) and the move goes."""
+    claim = await _first_claim(cramped, "p5")
+    game = GameServer()
+    steps = TaskSteps(cramped, claim)
+    await steps.run(_give(honours=True), game.call())
+    await steps.run(_give(honours=True), game.call())
+    await steps.finish(journal_pb2.TASK_STATE_SUCCEEDED, None)
+    request = journal_pb2.GetTaskRequest(task_id=claim.task.task_id)
+    task = (await cramped._dep.stub.GetTask(request)).task
+    assert task.state == journal_pb2.TASK_STATE_SUCCEEDED
+    assert len(game.answers) == 2
