@@ -170,6 +170,22 @@ def test_generic_words_need_not_be_in_the_examples(analyzer: Analyzer) -> None:
     assert model.topic_coverage(paris, "demo:forecast") == 0.5
 
 
+def test_a_word_with_the_stem_of_an_example_word_is_known_to_the_module(
+    analyzer: Analyzer,
+) -> None:
+    assert [ngram.word_stem(w) for w in ("playing", "played", "plays", "play")] == ["play"] * 4
+    assert ngram.word_stem("deleting") == ngram.word_stem("delete") == "delet"
+    assert ngram.word_stem("stopped") == "stop" and ngram.word_stem("tries") == "try"
+    assert ngram.word_stem("class") == "class" and ngram.word_stem("bus") == "bus"
+    assert ngram.word_stem("商店") == "商店" and ngram.word_stem("set") == "set"
+    model = ngram.NgramScorer.train(WEATHER, ["en"], analyzer).model("en")
+    assert model is not None
+    raining = analyzer.analyze("is it raining")  # the examples say `rain`
+    assert model.missing_words(raining, "demo:forecast") == set()
+    assert model.topic_coverage(raining, "demo:forecast") == 1.0
+    assert model.missing_words(raining, "demo:clock") == {"raining"}
+
+
 def test_open_words_are_measured_on_the_modules_own_examples(analyzer: Analyzer) -> None:
     cities = Profile(
         "demo:city_weather",

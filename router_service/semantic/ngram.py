@@ -39,7 +39,8 @@ features. `router.py` lets it stand in for the seed's fixed score and margin gat
 module routes when its margin reaches the threshold, the text's topics and unknown words all
 appear among that module's examples (the seed's topic coverage, over the module's examples
 together: `LanguageModel.topic_coverage`; the lexicon's generic words are not asked of them),
-the seed's feature coverage passes or fails only on generic words, and the guards, profile
+a word with the stem of one of theirs counting as held (`word_stem`), the seed's feature
+coverage passes or fails only on generic words, and the guards, profile
 kinds and argument extractor allow it. A module whose examples each name their own things
 (`LanguageModel.open_words`, measured on its examples by leaving one out) may also take a text
 holding as many words its examples lack as one of its examples typically does, so long as no
@@ -73,6 +74,7 @@ __all__ = [
     "NgramScorer",
     "ScorerTop",
     "load_background",
+    "word_stem",
 ]
 
 log = logging.getLogger("system.router.semantic")
@@ -104,6 +106,33 @@ catalogue routes with the seed's gates alone, and the start-up log says so."""
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(rf"[{_HAN}]+|[^\s{_HAN}]+")
 _HAN_RUN = re.compile(rf"^[{_HAN}]+$")
+
+
+_LATIN_WORD = re.compile(r"[a-z]+")
+
+
+def word_stem(word: str) -> str:
+    """A Latin word with one English inflection taken off and a final `e` dropped, the same
+    way for a text's words and the examples' (`playing`, `played`, `plays` -> `play`;
+    `deleting`, `delete` -> `delet`; `reminders` -> `reminder`): topic coverage reads a word as
+    known to a module whose examples hold the same stem (issue 17, round 6). Other words, and
+    words under four letters, as they are."""
+    if len(word) < 4 or not _LATIN_WORD.fullmatch(word):
+        return word
+    stem = word
+    if word.endswith("ies") and len(word) > 4:
+        stem = word[:-3] + "y"
+    elif word.endswith("ing") and len(word) >= 6:
+        stem = word[:-3]
+    elif len(word) >= 5 and (word.endswith("ed") or (word.endswith("es") and word[-3] in "sxzh")):
+        stem = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        stem = word[:-1]
+    if stem != word and len(stem) > 3 and stem[-1] == stem[-2] and stem[-1] not in "lsz":
+        stem = stem[:-1]  # a doubled consonant undone: `stopped` -> `stop`
+    if len(stem) > 3 and stem.endswith("e"):
+        stem = stem[:-1]
+    return stem
 
 
 def load_background(languages: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
@@ -221,6 +250,9 @@ class LanguageModel:
     other examples lack, rounded down (`_open_words`). 0 for a module asked in fixed words (every
     built-in module); 1 or 2 for one whose examples each name their own things (`weather in
     chicago`, `play jazz by miles davis`)."""
+    stems: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict, repr=False)
+    """Per class, the `word_stem` of each of `unigrams`: a text's word with one of these stems
+    counts as known to the module (`played` for examples that say `playing`)."""
 
     def topic_coverage(self, analysis: Analysis, module_id: str) -> float:
         """The share of the text's content unigrams (topics and unknown words) that appear in
@@ -232,12 +264,24 @@ class LanguageModel:
             return 0.0
         return (len(content) - missing) / len(content)
 
+    def missing_words(self, analysis: Analysis, module_id: str) -> set[str]:
+        """The text's content words (as `content` counts them) that `module_id`'s examples
+        lack, neither as written nor as a `word_stem`."""
+        known = self.unigrams.get(module_id, frozenset())
+        stems = self.stems.get(module_id, frozenset())
+        return {
+            u
+            for u in analysis.content
+            if u not in known and u not in self.generic and word_stem(u) not in stems
+        }
+
     def content(self, analysis: Analysis, module_id: str) -> tuple[set[str], int]:
         """The text's content words as `topic_coverage` counts them (a generic word left out
-        unless `module_id`'s examples hold it), and how many of them its examples lack."""
+        unless `module_id`'s examples hold it), and how many of them its examples lack
+        (`missing_words`: a word with the stem of one of theirs is not lacking)."""
         known = self.unigrams.get(module_id, frozenset())
         content = {u for u in analysis.content if u in known or u not in self.generic}
-        return content, len(content - known)
+        return content, len(self.missing_words(analysis, module_id))
 
     def known_elsewhere(self, words: Iterable[str]) -> int:
         """How many of `words` some example of the catalogue holds (as a word feature)."""
@@ -370,8 +414,9 @@ class NgramScorer:
             return None
         second, best = np.argpartition(scores, len(scores) - 2)[-2:]
         module_id = model.classes[int(best)]
-        content, missing = model.content(analysis, module_id)
-        known = model.unigrams.get(module_id, frozenset())
+        content, _ = model.content(analysis, module_id)
+        missing_words = model.missing_words(analysis, module_id)
+        missing = len(missing_words)
         return ScorerTop(
             module_id,
             float(scores[best] - scores[second]),
@@ -381,7 +426,7 @@ class NgramScorer:
             missing,
             model.open_words.get(module_id, 0),
             len(content),
-            model.known_elsewhere(content - known) if missing else 0,
+            model.known_elsewhere(missing_words) if missing else 0,
         )
 
 
@@ -432,6 +477,10 @@ def _fit_language(
     allowed = int(BACKGROUND_ACCEPT * len(kept))
     if len(background_margins) > allowed:
         background_threshold = background_margins[allowed] + 1e-9
+    unigrams = {
+        c: frozenset(u for a, y in zip(analyses, labels, strict=True) if y == c for u in a.unigrams)
+        for c in classes
+    }
     return LanguageModel(
         classes=classes,
         featurizer=featurizer,
@@ -440,14 +489,8 @@ def _fit_language(
         loo_threshold=loo_threshold,
         background_threshold=background_threshold,
         background_kept=len(kept),
-        unigrams=MappingProxyType(
-            {
-                c: frozenset(
-                    u for a, y in zip(analyses, labels, strict=True) if y == c for u in a.unigrams
-                )
-                for c in classes
-            }
-        ),
+        unigrams=MappingProxyType(unigrams),
+        stems=MappingProxyType({c: frozenset(map(word_stem, us)) for c, us in unigrams.items()}),
         loo=tuple(loo),
         generic=generic,
         open_words=MappingProxyType(_open_words(analyses, labels, classes, generic)),
