@@ -27,6 +27,7 @@ from system.storage.v1 import storage_pb2_grpc
 
 from engine_service.app import create_app as create_engine
 from engine_service.config import EngineConfig
+from engine_service.task_store import TaskStore
 from router_service.app import create_app as create_router
 from router_service.config import RouterConfig
 from services.gamesim.client import GameServerClient
@@ -316,6 +317,30 @@ async def running_chain(
         yield chain
     finally:
         await chain._close()
+
+
+@contextlib.asynccontextmanager
+async def task_store(tmp_path: pathlib.Path, **config: Any) -> AsyncIterator[TaskStore]:
+    """The engine's TaskStore over a storage service of its own on SQLite (`config`: more
+    StorageConfig fields), on loopback; stopped at the end."""
+    storage = await create_storage(
+        StorageConfig(
+            port=0,
+            metrics_port=-1,
+            drain_seconds=0,
+            grace_seconds=1,
+            database_url=f"sqlite:///{tmp_path / 'storage.db'}",
+            **config,
+        )
+    )
+    await storage.host.start()
+    tasks = TaskStore(storage.host.target)
+    try:
+        yield tasks
+    finally:
+        await tasks.aclose()
+        await storage.host.stop()
+        await storage.aclose()
 
 
 class HoldingClient(GameServerClient):

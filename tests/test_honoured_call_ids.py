@@ -23,11 +23,9 @@ from services.gamesim import world as gamesim
 from services.gamesim.world import HONOURS_CALL_ID, World
 from services.gateway.tool_contract import check_tools
 from services.results import AgentFailure, ModuleFailure
-from storage_service.app import create_app as create_storage
-from storage_service.config import StorageConfig
+from tests.inprocess import task_store
 from tests.waiting import wait_until
 
-HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
 LEASE = 1
 
 
@@ -43,17 +41,8 @@ def _give(honours: bool) -> ToolSpec:
 
 @pytest.fixture
 async def store(tmp_path: pathlib.Path) -> AsyncIterator[TaskStore]:
-    storage = await create_storage(
-        StorageConfig(**HOST, database_url=f"sqlite:///{tmp_path / 'storage.db'}")
-    )
-    await storage.host.start()
-    tasks = TaskStore(storage.host.target)
-    try:
+    async with task_store(tmp_path) as tasks:
         yield tasks
-    finally:
-        await tasks.aclose()
-        await storage.host.stop()
-        await storage.aclose()
 
 
 async def _claim(store: TaskStore, owner: str, task_id: str) -> Claim:

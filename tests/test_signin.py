@@ -35,9 +35,7 @@ from services.model_gateway.config import ModelConfig
 from services.model_testserver import FakeOpenAIServer
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.config import ConfigError
-from storage_service.app import create_app as create_storage
-from storage_service.config import StorageConfig
-from tests.inprocess import Chain, card_lines, running_chain
+from tests.inprocess import Chain, card_lines, running_chain, task_store
 from tests.waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -360,23 +358,8 @@ async def test_a_local_route_cannot_sign_in() -> None:
 
 @pytest.fixture
 async def store(tmp_path: pathlib.Path) -> AsyncIterator[TaskStore]:
-    storage = await create_storage(
-        StorageConfig(
-            port=0,
-            metrics_port=-1,
-            drain_seconds=0,
-            grace_seconds=1,
-            database_url=f"sqlite:///{tmp_path / 'storage.db'}",
-        )
-    )
-    await storage.host.start()
-    tasks = TaskStore(storage.host.target)
-    try:
+    async with task_store(tmp_path) as tasks:
         yield tasks
-    finally:
-        await tasks.aclose()
-        await storage.host.stop()
-        await storage.aclose()
 
 
 async def _claim(store: TaskStore, owner: str, task_id: str) -> Claim:

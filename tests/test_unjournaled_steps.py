@@ -16,10 +16,9 @@ from system.storage.v1 import journal_pb2
 
 from engine_service.steps import JSON_CODEC, TaskSteps
 from engine_service.task_store import Claim, TaskStore
-from storage_service.app import create_app as create_storage
-from storage_service.config import StorageConfig
 from tests import test_honoured_call_ids
-from tests.test_honoured_call_ids import HOST, _claim, _give
+from tests.inprocess import task_store
+from tests.test_honoured_call_ids import _claim, _give
 
 store = test_honoured_call_ids.store
 """The fixture: the engine's TaskStore over a storage service on SQLite."""
@@ -142,19 +141,8 @@ async def test_a_step_that_needs_an_intent_stores_the_held_results_first(
 @pytest.fixture
 async def cramped(tmp_path: pathlib.Path) -> AsyncIterator[TaskStore]:
     """A storage service that keeps one receipt a player."""
-    storage = await create_storage(
-        StorageConfig(
-            **HOST, database_url=f"sqlite:///{tmp_path / 'storage.db'}", receipt_max_entries=1
-        )
-    )
-    await storage.host.start()
-    tasks = TaskStore(storage.host.target)
-    try:
+    async with task_store(tmp_path, receipt_max_entries=1) as tasks:
         yield tasks
-    finally:
-        await tasks.aclose()
-        await storage.host.stop()
-        await storage.aclose()
 
 
 async def test_a_task_ends_though_its_steps_receipts_find_no_room(cramped: TaskStore) -> None:
