@@ -39,7 +39,7 @@ features. `router.py` lets it stand in for the seed's fixed score and margin gat
 module routes when its margin reaches the threshold, the text's topics and unknown words all
 appear among that module's examples (the seed's topic coverage, over the module's examples
 together: `LanguageModel.topic_coverage`; the lexicon's generic words are not asked of them),
-a word with the stem of one of theirs counting as held (`word_stem`), the seed's feature
+a word sharing an inflection's base with one of theirs counting as held (`word_forms`), the seed's feature
 coverage passes or fails only on generic words, and the guards, profile
 kinds and argument extractor allow it. A module whose examples each name their own things
 (`LanguageModel.open_words`, measured on its examples by leaving one out) may also take a text
@@ -65,6 +65,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from router_service.semantic.profiles import Profile
+from router_service.semantic.spelling import inflection_bases
 from router_service.semantic.text import Analysis, Analyzer
 
 __all__ = [
@@ -74,7 +75,7 @@ __all__ = [
     "NgramScorer",
     "ScorerTop",
     "load_background",
-    "word_stem",
+    "word_forms",
 ]
 
 log = logging.getLogger("system.router.semantic")
@@ -108,31 +109,12 @@ _RUN = re.compile(rf"[{_HAN}]+|[^\s{_HAN}]+")
 _HAN_RUN = re.compile(rf"^[{_HAN}]+$")
 
 
-_LATIN_WORD = re.compile(r"[a-z]+")
-
-
-def word_stem(word: str) -> str:
-    """A Latin word with one English inflection taken off and a final `e` dropped, the same
-    way for a text's words and the examples' (`playing`, `played`, `plays` -> `play`;
-    `deleting`, `delete` -> `delet`; `reminders` -> `reminder`): topic coverage reads a word as
-    known to a module whose examples hold the same stem (issue 17, round 6). Other words, and
-    words under four letters, as they are."""
-    if len(word) < 4 or not _LATIN_WORD.fullmatch(word):
-        return word
-    stem = word
-    if word.endswith("ies") and len(word) > 4:
-        stem = word[:-3] + "y"
-    elif word.endswith("ing") and len(word) >= 6:
-        stem = word[:-3]
-    elif len(word) >= 5 and (word.endswith("ed") or (word.endswith("es") and word[-3] in "sxzh")):
-        stem = word[:-2]
-    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        stem = word[:-1]
-    if stem != word and len(stem) > 3 and stem[-1] == stem[-2] and stem[-1] not in "lsz":
-        stem = stem[:-1]  # a doubled consonant undone: `stopped` -> `stop`
-    if len(stem) > 3 and stem.endswith("e"):
-        stem = stem[:-1]
-    return stem
+def word_forms(word: str) -> frozenset[str]:
+    """`word` and its forms with one English inflection taken off (`spelling.inflection_bases`,
+    the speller's reading of inflections): a text's word is known to a module when these meet
+    the forms of one of its examples' words (`played` and `playing` share `play`; issue 17,
+    round 6)."""
+    return frozenset({word} | inflection_bases(word))
 
 
 def load_background(languages: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
@@ -251,7 +233,7 @@ class LanguageModel:
     built-in module); 1 or 2 for one whose examples each name their own things (`weather in
     chicago`, `play jazz by miles davis`)."""
     stems: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict, repr=False)
-    """Per class, the `word_stem` of each of `unigrams`: a text's word with one of these stems
+    """Per class, the `word_forms` of all its `unigrams`: a text's word with a form among these
     counts as known to the module (`played` for examples that say `playing`)."""
 
     def topic_coverage(self, analysis: Analysis, module_id: str) -> float:
@@ -266,19 +248,19 @@ class LanguageModel:
 
     def missing_words(self, analysis: Analysis, module_id: str) -> set[str]:
         """The text's content words (as `content` counts them) that `module_id`'s examples
-        lack, neither as written nor as a `word_stem`."""
+        lack, neither as written nor by a shared form (`word_forms`)."""
         known = self.unigrams.get(module_id, frozenset())
         stems = self.stems.get(module_id, frozenset())
         return {
             u
             for u in analysis.content
-            if u not in known and u not in self.generic and word_stem(u) not in stems
+            if u not in known and u not in self.generic and stems.isdisjoint(word_forms(u))
         }
 
     def content(self, analysis: Analysis, module_id: str) -> tuple[set[str], int]:
         """The text's content words as `topic_coverage` counts them (a generic word left out
         unless `module_id`'s examples hold it), and how many of them its examples lack
-        (`missing_words`: a word with the stem of one of theirs is not lacking)."""
+        (`missing_words`: a word sharing a form with one of theirs is not lacking)."""
         known = self.unigrams.get(module_id, frozenset())
         content = {u for u in analysis.content if u in known or u not in self.generic}
         return content, len(self.missing_words(analysis, module_id))
@@ -490,7 +472,9 @@ def _fit_language(
         background_threshold=background_threshold,
         background_kept=len(kept),
         unigrams=MappingProxyType(unigrams),
-        stems=MappingProxyType({c: frozenset(map(word_stem, us)) for c, us in unigrams.items()}),
+        stems=MappingProxyType(
+            {c: frozenset().union(*map(word_forms, us)) for c, us in unigrams.items()}
+        ),
         loo=tuple(loo),
         generic=generic,
         open_words=MappingProxyType(_open_words(analyses, labels, classes, generic)),
