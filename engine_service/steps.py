@@ -85,13 +85,17 @@ class ResendLater(NotDelivered):
         super().__init__(AgentFailure.TOOL_UNAVAILABLE, message, player_offline=True)
 
 
+def _honoured(spec: ToolSpec) -> bool:
+    """Whether a write step's call may be sent again under its call id: the game server
+    answers a repeated call id as the first call."""
+    return spec.honours_call_id and spec.kind == ToolKind.GAME and not spec.read_only
+
+
 def _resendable(spec: ToolSpec, failure: ModuleFailure) -> bool:
     """Whether a failed call's outcome was lost on the way and a resend under the same call id
-    is safe (the game server answers a repeated call id as the first call)."""
+    is safe."""
     return (
-        spec.honours_call_id
-        and spec.kind == ToolKind.GAME
-        and not spec.read_only
+        _honoured(spec)
         and failure.failure == AgentFailure.EFFECT_UNKNOWN
         and not isinstance(failure, NotDelivered)
     )
@@ -136,12 +140,7 @@ class TaskSteps:
         yet, so its position has no receipt, and a run that dies before the result is stored
         leaves a position that the next claim records and resends under the same call id,
         which the game server answers as the first call."""
-        return (
-            self._claim.task.attempts <= 1
-            and spec.honours_call_id
-            and spec.kind == ToolKind.GAME
-            and not spec.read_only
-        )
+        return self._claim.task.attempts <= 1 and _honoured(spec)
 
     async def run(
         self, spec: ToolSpec, call: Callable[[str], Awaitable[dict[str, Any]]]
@@ -161,7 +160,9 @@ class TaskSteps:
             step_id = f"{task_id}/{position}"
             output = await self._resending(spec, step_id, call)
             encoded = _encode(output)
-            self._held.append(DoneStep(step_id, position, spec.tool_id, encoded, JSON_CODEC, False))
+            self._held.append(
+                DoneStep(step_id, position, spec.tool_id, encoded, JSON_CODEC, recorded=False)
+            )
             return output
         held = self._take()
         if any(not step.recorded for step in held):
@@ -210,7 +211,10 @@ class TaskSteps:
                         self._claim, step_id, spec.tool_id, b"", NOT_DELIVERED_CODEC
                     )
                 raise
-            self._hold(DoneStep(step_id, position, spec.tool_id, _encode(output), JSON_CODEC, True))
+            encoded = _encode(output)
+            self._hold(
+                DoneStep(step_id, position, spec.tool_id, encoded, JSON_CODEC, recorded=True)
+            )
             return output
         raise ModuleFailure(
             AgentFailure.MODULE_FAILED,
@@ -224,8 +228,6 @@ class TaskSteps:
         (until the task has been claimed RESEND_ATTEMPTS times)."""
         try:
             return await call(step_id)
-        except NotDelivered:
-            raise
         except ModuleFailure as exc:
             attempts = self._claim.task.attempts
             if not _resendable(spec, exc) or attempts >= RESEND_ATTEMPTS:
@@ -289,26 +291,20 @@ class TaskSteps:
         """
         held = self._take()
         await self._sent()
-        if held:
-            try:
-                await self._store.store_steps(self._claim, held, (state, result))
-                return
-            except ModuleFailure as exc:
-                kept = [step for step in held if step.recorded]
-                if exc.failure != AgentFailure.STORAGE_FULL or len(kept) == len(held):
-                    raise
-                # The player's receipts are full: the receipts of steps that honour call ids
-                # only spare a resend, and the move must not wait for room (decision 0036).
-                log.warning(
-                    "task %s: its steps' receipts were not stored (%s); the task moves on",
-                    self._claim.task.task_id,
-                    exc.message,
-                )
-                held = kept
-        if held:
+        try:
             await self._store.store_steps(self._claim, held, (state, result))
-        else:
-            await self._store.finish(self._claim, state, result)
+        except ModuleFailure as exc:
+            kept = [step for step in held if step.recorded]
+            if exc.failure != AgentFailure.STORAGE_FULL or len(kept) == len(held):
+                raise
+            # The player's receipts are full: the receipts of steps that honour call ids only
+            # spare a resend, and the move must not wait for room (decision 0036).
+            log.warning(
+                "task %s: its steps' receipts were not stored (%s); the task moves on",
+                self._claim.task.task_id,
+                exc.message,
+            )
+            await self._store.store_steps(self._claim, kept, (state, result))
 
     async def abandon(self, timeout: float = 2.0) -> None:
         """The run was stopped: sends what is held and waits a little for what was sent,

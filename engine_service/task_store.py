@@ -234,32 +234,6 @@ class TaskStore:
             self._timeout,
         )
 
-    async def finish(
-        self,
-        claim: Claim,
-        state: journal_pb2.TaskState,
-        result: common_pb2.AgentResult | None = None,
-    ) -> None:
-        """Moves the claimed (RUNNING) task to `state` under its fence.
-
-        Raises:
-            LeaseLost: another replica holds the task now.
-            ModuleFailure: storage refused or could not be reached.
-        """
-        try:
-            await self._dep.stub.TransitionTask(
-                journal_pb2.TransitionTaskRequest(
-                    task_id=claim.task.task_id,
-                    state=state,
-                    expected_state=journal_pb2.TASK_STATE_RUNNING,
-                    result=result,
-                    fence=claim.fence,
-                ),
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _storage_error(exc, f"task {claim.task.task_id} could not be finished") from None
-
     async def store_steps(
         self,
         claim: Claim,
@@ -267,38 +241,34 @@ class TaskStore:
         move: tuple[journal_pb2.TaskState, common_pb2.AgentResult | None] | None = None,
     ) -> None:
         """Stores done steps' results, recording first those whose intent was never stored,
-        and, with `move`, moves the task to that state with its result: one transaction, one
-        round trip. Safe to retry: the batch's request id makes a second apply a replay.
+        and, with `move`, moves the claimed (RUNNING) task to that state with its result under
+        its fence: one transaction, one round trip. Safe to retry: the batch's request id makes a second apply a replay.
 
         Raises:
             LeaseLost: another replica holds the task now.
             ModuleFailure: storage refused or could not be reached.
         """
         task = claim.task
+
+        def receipt(step: DoneStep, **write: Any) -> journal_pb2.CommitOperation:
+            return journal_pb2.CommitOperation(
+                receipt=journal_pb2.ReceiptWrite(
+                    step_id=step.step_id, task_id=task.task_id, tool=step.tool, **write
+                )
+            )
+
         operations: list[journal_pb2.CommitOperation] = []
         for step in steps:
             if not step.recorded:
                 operations.append(
-                    journal_pb2.CommitOperation(
-                        receipt=journal_pb2.ReceiptWrite(
-                            step_id=step.step_id,
-                            task_id=task.task_id,
-                            position=step.position,
-                            tool=step.tool,
-                            state=journal_pb2.STEP_STATE_RUNNING,
-                        )
-                    )
+                    receipt(step, position=step.position, state=journal_pb2.STEP_STATE_RUNNING)
                 )
             operations.append(
-                journal_pb2.CommitOperation(
-                    receipt=journal_pb2.ReceiptWrite(
-                        step_id=step.step_id,
-                        task_id=task.task_id,
-                        tool=step.tool,
-                        state=journal_pb2.STEP_STATE_DONE,
-                        result=step.result,
-                        codec_id=step.codec_id,
-                    )
+                receipt(
+                    step,
+                    state=journal_pb2.STEP_STATE_DONE,
+                    result=step.result,
+                    codec_id=step.codec_id,
                 )
             )
         if move is not None:

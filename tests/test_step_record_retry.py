@@ -24,9 +24,12 @@ store = test_honoured_call_ids.store
 """The fixture: the engine's TaskStore over a storage service on SQLite."""
 
 
-def _lose_first_record_answer(store: TaskStore) -> list[str]:
-    """Makes the first RecordStep run in storage and then fail UNAVAILABLE, as a call whose
-    storage replica died before its answer got back; returns the methods called."""
+def calls_to_storage(
+    store: TaskStore, lose: Callable[[str, list[str]], bool] = lambda method, called: False
+) -> list[str]:
+    """The methods the store sends on its journal stream from now on. A call for which
+    `lose(method, called so far)` is true runs in storage and then fails UNAVAILABLE, as a
+    call whose storage replica died before its answer got back."""
     client = store._calls._client
     real = client._call_once
     called: list[str] = []
@@ -34,7 +37,7 @@ def _lose_first_record_answer(store: TaskStore) -> list[str]:
     async def once(method: str, request: Any, response_type: Any, timeout: Any) -> Any:
         called.append(method)
         answer = await real(method, request, response_type, timeout)
-        if method == "RecordStep" and called.count("RecordStep") == 1:
+        if lose(method, called):
             raise grpc.aio.AioRpcError(
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.aio.Metadata(),
@@ -45,6 +48,14 @@ def _lose_first_record_answer(store: TaskStore) -> list[str]:
 
     client._call_once = once  # type: ignore[method-assign]
     return called
+
+
+def _lose_first_record_answer(store: TaskStore) -> list[str]:
+    """The first RecordStep's answer lost after storage applied it; returns the methods
+    called."""
+    return calls_to_storage(
+        store, lambda method, called: method == "RecordStep" and called.count(method) == 1
+    )
 
 
 async def _claimed(store: TaskStore, player: str) -> Claim:

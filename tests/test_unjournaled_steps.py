@@ -19,23 +19,10 @@ from engine_service.task_store import Claim, TaskStore
 from tests import test_honoured_call_ids
 from tests.inprocess import task_store
 from tests.test_honoured_call_ids import _claim, _give
+from tests.test_step_record_retry import calls_to_storage
 
 store = test_honoured_call_ids.store
 """The fixture: the engine's TaskStore over a storage service on SQLite."""
-
-
-def _calls_to_storage(store: TaskStore) -> list[str]:
-    """The methods the store sends on its journal stream, from now on."""
-    client = store._calls._client
-    real = client._call_once
-    called: list[str] = []
-
-    async def once(method: str, request: Any, response_type: Any, timeout: Any) -> Any:
-        called.append(method)
-        return await real(method, request, response_type, timeout)
-
-    client._call_once = once  # type: ignore[method-assign]
-    return called
 
 
 class GameServer:
@@ -72,7 +59,7 @@ async def test_a_first_claims_honouring_steps_are_one_write_with_the_final_trans
 ) -> None:
     claim = await _first_claim(store, "p1")
     task_id = claim.task.task_id
-    called = _calls_to_storage(store)
+    called = calls_to_storage(store)
     game = GameServer()
     steps = TaskSteps(store, claim)
     assert await steps.run(_give(honours=True), game.call()) == {"given": 1}
@@ -126,7 +113,7 @@ async def test_a_step_that_needs_an_intent_stores_the_held_results_first(
 ) -> None:
     claim = await _first_claim(store, "p4")
     task_id = claim.task.task_id
-    called = _calls_to_storage(store)
+    called = calls_to_storage(store)
     game = GameServer()
     steps = TaskSteps(store, claim)
     await steps.run(_give(honours=True), game.call())
