@@ -23,6 +23,7 @@ from router_service.semantic import (
     normalize,
 )
 from router_service.semantic.config import Scorer, parse_semantic_config
+from router_service.semantic.guards import directions, opposite
 from router_service.semantic.router import _scorer_covers
 
 CORPUS = Path(__file__).resolve().parents[1] / "router_service" / "corpus"
@@ -380,3 +381,41 @@ def test_a_change_module_takes_no_text_without_a_change_word(analyzer: Analyzer)
     # With the module's own change word it still reaches the module.
     change = router.decide("delete my events for tomorrow", "en")
     assert change.outcome == "direct" and change.module_id == "demo:event_remove"
+
+
+def test_a_module_asked_in_one_direction_takes_no_text_saying_the_opposite(
+    analyzer: Analyzer,
+) -> None:
+    """A module most of whose examples say one direction (`down`, `decrease`, `lower`) is not
+    reached by the scorer from a text saying the other (`turn the volume up`): that is the
+    request of a sibling the catalogue lacks (issue 17, round 7)."""
+    lower = Profile(
+        "demo:volume_down",
+        "read",
+        {
+            "en": [
+                "volume down",
+                "turn the music down",
+                "decrease the volume",
+                "lower the volume please",
+                "make the speaker quieter",
+            ]
+        },
+    )
+    config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
+    router = SemanticRouter([*WEATHER, lower], config, analyzer=analyzer)
+    usual, _ = router._directions[("demo:volume_down", "en")]
+    assert usual == {"en0-"}
+    assert directions("Increased the volume") == {"en0+"}  # any inflection
+    assert opposite("en0-") == "en0+"
+    up = router.decide("turn the volume up on the speaker", "en")
+    assert up.scorer_module == "demo:volume_down"
+    assert up.outcome == "no_direct"
+    # The rule is what stops it: without it the scorer would route the text there.
+    unguarded = SemanticRouter([*WEATHER, lower], config, analyzer=analyzer)
+    unguarded._directions = {}
+    assert unguarded.decide("turn the volume up on the speaker", "en").outcome == "direct"
+    # Its own direction still reaches it, and so does a text naming no direction.
+    for text in ("turn the speaker volume down", "the volume of the speaker"):
+        decision = router.decide(text, "en")
+        assert decision.outcome == "direct" and decision.module_id == "demo:volume_down", text

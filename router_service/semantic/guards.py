@@ -37,7 +37,9 @@ __all__ = [
     "changes_state",
     "check_guards",
     "declared_markers",
+    "directions",
     "fired_guards",
+    "opposite",
 ]
 
 # English words match whole (no letter or digit on either side, so `it` misses `item`); Chinese
@@ -255,6 +257,64 @@ def changes_state(text: str) -> bool:
         return True
     lemmas = _lemmas(prepared)
     return lemmas != prepared and any(p.search(lemmas) for p in _STATE)
+
+
+# Words that name a direction of change, as opposed poles (issue 17, round 7): a module most of
+# whose examples say one pole (`volume down`, `decrease the volume`) is asked for that
+# direction, and a text saying the other (`turn the volume up`) is its missing sibling's
+# request, not its own (`router.DIRECTION_SHARE`). Particles, verbs and comparatives only:
+# adjectives of state are said with either direction (`less bright`, `dimmed bright`).
+# Inflections are read by rule (`increased`, `dimmed`, `closing`).
+# fmt: off
+_OPPOSITES_EN = (
+    ("up increase raise higher louder boost more max maximum",
+     "down decrease lower reduce quieter softer less min minimum"),
+    ("brighten brighter lighten", "dim dimmer darken darker"),
+    ("on enable activate", "off disable deactivate"),
+    ("open", "close shut"),
+    ("lock", "unlock"),
+    ("mute", "unmute"),
+    ("next", "previous"),
+    ("warmer hotter heat", "cooler colder"),
+    ("add create", "remove delete erase"),
+)
+_OPPOSITES_ZH = (
+    ("调高 调大 增加 提高 升高 加大 调亮", "调低 调小 减少 降低 减小 调暗"),
+    ("打开 开启", "关闭 关掉 关上"),
+)
+# fmt: on
+_POLES_EN = {
+    word: f"en{i}{sign}"
+    for i, pair in enumerate(_OPPOSITES_EN)
+    for sign, words in zip("+-", pair, strict=True)
+    for word in words.split()
+}
+_POLES_ZH = tuple(
+    (word, f"zh{i}{sign}")
+    for i, pair in enumerate(_OPPOSITES_ZH)
+    for sign, words in zip("+-", pair, strict=True)
+    for word in words.split()
+)
+
+
+def directions(text: str) -> frozenset[str]:
+    """The poles of the direction words (`_OPPOSITES_EN`, `_OPPOSITES_ZH`) that `text` says,
+    each as a name such as `en0+` (`up`, `increase`, `louder`...) and `en0-` (`down`,
+    `decrease`...), English words in any inflection (`spelling.inflection_bases`)."""
+    prepared = _prepare(text)
+    found = {
+        _POLES_EN[form]
+        for token in _LATIN.findall(prepared)
+        for form in (token, *inflection_bases(token))
+        if form in _POLES_EN
+    }
+    found.update(pole for word, pole in _POLES_ZH if word in prepared)
+    return frozenset(found)
+
+
+def opposite(pole: str) -> str:
+    """The pole opposed to `pole` (`en0+` for `en0-`)."""
+    return pole[:-1] + ("-" if pole.endswith("+") else "+")
 
 
 def fired_guards(text: str) -> list[str]:
