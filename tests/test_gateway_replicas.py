@@ -334,6 +334,8 @@ async def test_a_row_storage_lost_is_written_again_at_the_next_renewal(chain: Ch
     await on_a.join("steve", "Steve", "en_us")
     await wait_located_at(chain, "gateway")
     a = chain.apps["gateway"].presence
+    # The join's write answered (a retry of it would write the row again, not a sync).
+    await wait_until(lambda: a.settled, what="the join's presence write settled")
     syncs = a.syncs
     # The row goes missing (a write lost in a failover, say): the digest of A's next renewal
     # no longer matches, and A sends its list once.
@@ -341,6 +343,9 @@ async def test_a_row_storage_lost_is_written_again_at_the_next_renewal(chain: Ch
         connection.execute(delete(PlayerPresenceRow))
     assert not (await located(chain)).connected
     await wait_located_at(chain, "gateway")
+    # Storage shows the row once the sync is stored, a moment before the gateway reads the
+    # answer and counts it.
+    await wait_until(lambda: a.syncs > syncs, what="the renewal's sync counted")
     assert a.syncs == syncs + 1
 
 

@@ -116,6 +116,15 @@ class GameServerClient:
         )
         try:
             await self._call.write(gateway_pb2.ConnectRequest(hello=hello))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # The gateway ended the stream before the hello left (a refused token, say): grpc
+            # then reports the write as INTERNAL ("Internal error from Core") or a finished
+            # RPC, and the call's own status says why.
+            async with asyncio.timeout(timeout):
+                code, details = await self._call.code(), await self._call.details()
+            await self.close()
+            raise GatewayRefused(code, details or "") from None
+        try:
             first = await asyncio.wait_for(self._call.read(), timeout)
         except grpc.aio.AioRpcError as exc:
             await self.close()
