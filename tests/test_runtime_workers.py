@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from system.common.v1 import common_pb2
 from system.router.v1 import router_pb2, router_pb2_grpc
 
-from services.runtime.config import ConfigError, ServerConfig, load_config
+from services.runtime.config import DEFAULT_EVENT_LOOP, ConfigError, ServerConfig, load_config
 from services.runtime.workers import worker_metrics_port
 from tests.waiting import wait_until_sync
 
@@ -185,7 +185,7 @@ def test_workers_and_event_loop_settings_validate() -> None:
         environ={"T_WORKERS": "4", "T_EVENT_LOOP": "asyncio"},
     )
     assert (config.workers, config.event_loop) == (4, "asyncio")
-    assert ServerConfig().workers == 1 and ServerConfig().event_loop == "asyncio"
+    assert ServerConfig().workers == 1 and ServerConfig().event_loop == DEFAULT_EVENT_LOOP
     for env, message in (
         ({"T_WORKERS": "0"}, "workers must be 1..64"),
         ({"T_WORKERS": "65"}, "workers must be 1..64"),
