@@ -4,7 +4,8 @@
                            [--replicas 1,2] [--out DIR]
 
 Runs the whole stack as processes (as `make run` does) with a simulated game server in this
-process, on SQLite and on PostgreSQL (a fresh database on BENCH_POSTGRES_DSN, else
+process (on the services' event loop: uvloop where installed, decision 0037; a real game
+server is Java), on SQLite and on PostgreSQL (a fresh database on BENCH_POSTGRES_DSN, else
 TEST_POSTGRES_DSN, else postgresql://127.0.0.1:5432/test, dropped at the end).
 
 Overhead: `system:inventory` is a read-only module with one game tool. An engine runs in this
@@ -71,6 +72,7 @@ from engine_service.app import create_app as create_engine_app
 from engine_service.config import EngineConfig
 from services.gamesim import GameServerClient
 from services.gateway.config import GatewayConfig
+from services.runtime.main import run_on_loop
 from services.stack import SERVICES, Stack
 from services.stack.launcher import free_port
 
@@ -732,7 +734,7 @@ def main(argv: list[str] | None = None) -> None:
     progress(0, 1, "transport floor")
     transport = measure_transport()
     progress(1, 1, "transport floor")
-    results = asyncio.run(main_async(args))
+    results = run_on_loop(main_async(args))
     cores = os.cpu_count() or 1
     for result in results.values():
         for key in [k for k in result if k.startswith("events_")]:

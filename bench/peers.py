@@ -12,7 +12,8 @@ arranged like a `help` request's path through the stack, so the skeleton bench c
                                                           (gateway → engine → storage)
 
 G calls R, then E; E calls S before it answers; every answer is ~200 bytes. Generic
-handlers on raw bytes as in bench/transport.py, so no protobuf work is counted. (In the
+handlers on raw bytes as in bench/transport.py, so no protobuf work is counted; each hop runs
+on the event loop the services run on (uvloop where installed, decision 0037). (In the
 stack the engine's storage calls travel on an open stream and the history write goes out
 after the reply, so this chain does if anything more on its critical path than `help` does.)
 
@@ -44,6 +45,7 @@ import grpc
 from bench.cpu import cpu_seconds, postgres_cpu_seconds
 from bench.report import progress, summarize
 from bench.transport import _SERVICE, PAYLOAD, _same, serve_echo
+from services.runtime.main import run_on_loop
 from services.stack.launcher import free_port
 
 __all__ = ["measure_dbos", "measure_echo_chain"]
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dbos-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.hop:
-        asyncio.run(_serve_hop(args.hop[0], args.hop[1:]))
+        run_on_loop(_serve_hop(args.hop[0], args.hop[1:]))
         return
     if args.dbos_worker:
         url, seconds, concurrency = args.dbos_worker

@@ -10,15 +10,16 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
-from services.runtime.config import ConfigError, ServerConfig, load_config
+from services.runtime.config import DEFAULT_EVENT_LOOP, ConfigError, ServerConfig, load_config
 from services.runtime.logging import configure_logging
 from services.runtime.server import ServiceHost
 from services.runtime.tracing import configure_tracing
 from services.runtime.workers import supervise
 
-__all__ = ["App", "run_service"]
+__all__ = ["App", "run_on_loop", "run_service"]
 
 C = TypeVar("C", bound=ServerConfig)
+T = TypeVar("T")
 
 
 class App(Protocol):
@@ -57,12 +58,15 @@ async def _serve(create_app: Callable[[C], Awaitable[App]], config: C) -> None:
         await app.aclose()
 
 
-def _loop_runner(event_loop: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+def run_on_loop(main: Coroutine[Any, Any, T], event_loop: str = DEFAULT_EVENT_LOOP) -> T:
+    """Runs `main` to completion on a new loop of the kind named (`ServerConfig.event_loop`;
+    the services' default unless told), and returns its result. The benches run their own
+    processes (baselines, load generators) with it, on the loop the services run on."""
     if event_loop == "uvloop":
         import uvloop  # optional; config validation checked it is installed
 
-        return uvloop.run
-    return asyncio.run
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def _run(name: str, create_app: Callable[[C], Awaitable[App]], config: C) -> int:
@@ -70,7 +74,7 @@ def _run(name: str, create_app: Callable[[C], Awaitable[App]], config: C) -> int
     # Here, in the serving process (a forked worker's own): the exporter's thread is its own.
     provider = configure_tracing(name, config.tracing_exporter, config.tracing_sample_ratio)
     try:
-        _loop_runner(config.event_loop)(_serve(create_app, config))
+        run_on_loop(_serve(create_app, config), config.event_loop)
     except ConfigError as exc:  # found while assembling, e.g. conflicting module registrations
         print(f"{name}: invalid configuration: {exc}", file=sys.stderr)
         return 2
