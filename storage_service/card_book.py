@@ -168,7 +168,10 @@ class CardBookStore:
         written = deleted = 0
         with self._sessions.begin() as session:
             if rows:
-                inserted = insert_for(session)(_CARDS).values(rows)
+                # Executed with the rows as its parameter sets (executemany), not with the
+                # rows in its VALUES: that form is compiled once and cached, a multi-row
+                # VALUES clause was compiled again on every call.
+                inserted = insert_for(session)(_CARDS)
                 new = inserted.excluded
                 rises = new.version > _CARDS.c.version
 
@@ -195,7 +198,8 @@ class CardBookStore:
                                     ~_CARDS.c.closed,
                                 ),
                             ),
-                        ).execution_options(preserve_rowcount=True)
+                        ).execution_options(preserve_rowcount=True),
+                        rows,
                     )
                 )
             if forgotten:
