@@ -232,6 +232,90 @@ def test_an_open_modules_unknown_word_must_be_unknown_to_the_catalogue(
     assert not _scorer_covers(top, ["coverage", "topic_coverage"], 0.9)
 
 
+def test_only_a_rivals_word_counts_against_an_open_module(analyzer: Analyzer) -> None:
+    """A word the routed module's examples lack counts as another module's evidence only where a
+    module scored next to it for this text holds it (`ngram.RIVALS`, issue 17 round 8): `week`
+    in calendar, list and alarm examples does not stop `what movies are playing this week`
+    while the song and game modules are the movie module's rivals, and does stop `movies
+    playing this week`, where the alarm module is one."""
+    catalogue = [
+        Profile(
+            "demo:movies",
+            "read",
+            {
+                "en": [
+                    "movies playing near me",
+                    "what movies are showing in paris",
+                    "movies with tom hanks",
+                    "cartoon movies for kids",
+                ]
+            },
+        ),
+        Profile(
+            "demo:song",
+            "read",
+            {
+                "en": [
+                    "what song is playing",
+                    "what is playing now",
+                    "name of the song playing",
+                    "who is playing this song",
+                ]
+            },
+        ),
+        Profile(
+            "demo:game",
+            "read",
+            {
+                "en": [
+                    "who is playing tonight",
+                    "what game is playing",
+                    "score of the game playing",
+                    "which teams are playing",
+                ]
+            },
+        ),
+        Profile(
+            "demo:calendar",
+            "read",
+            {"en": ["my meetings", "calendar for next week", "what is on my calendar", "lunch"]},
+        ),
+        Profile(
+            "demo:lists",
+            "read",
+            {"en": ["my shopping list", "groceries for the week", "what is on my list", "lists"]},
+        ),
+        Profile(
+            "demo:alarm",
+            "read",
+            {"en": ["alarms this week", "my alarms", "when is my alarm", "alarm for six"]},
+        ),
+    ]
+    model = ngram.NgramScorer.train(catalogue, ["en"], analyzer).model("en")
+    assert model is not None and model.open_words["demo:movies"] >= 1
+    scorer = ngram.NgramScorer({"en": model}, 0.0)
+    top = scorer.top(analyzer.analyze("what movies are playing this week"), "en")
+    assert top is not None and top.module_id == "demo:movies"
+    assert (top.missing, top.missing_elsewhere) == (1, 0)
+    assert _scorer_covers(top, ["coverage", "topic_coverage"], 0.9)
+    rival = scorer.top(analyzer.analyze("movies playing this week"), "en")
+    assert rival is not None and rival.module_id == "demo:movies"
+    assert (rival.missing, rival.missing_elsewhere) == (1, 1)
+    assert not _scorer_covers(rival, ["coverage", "topic_coverage"], 0.9)
+
+
+def test_light_verbs_are_not_asked_of_the_examples(analyzer: Analyzer) -> None:
+    """`get`, `put`, `give`, `take`, `bring`, `keep` (any form) are generic like `go` and
+    `make`: `get the forecast` needs no example that says `get` (issue 17, round 8)."""
+    model = ngram.NgramScorer.train(WEATHER, ["en"], analyzer).model("en")
+    assert model is not None
+    for text in ("get the forecast", "put on a new timer", "bring me the forecast"):
+        analysis = analyzer.analyze(text)
+        module_id = "demo:timer" if "timer" in text else "demo:forecast"
+        assert model.missing_words(analysis, module_id) == set(), text
+        assert model.topic_coverage(analysis, module_id) == 1.0, text
+
+
 def test_the_built_in_modules_allow_no_unknown_words(router: SemanticRouter) -> None:
     for lang in ("zh", "en"):
         model = router.ngram.model(lang)

@@ -43,8 +43,9 @@ a word sharing an inflection's base with one of theirs counting as held (`word_f
 coverage passes or fails only on generic words, and the guards, profile
 kinds and argument extractor allow it. A module whose examples each name their own things
 (`LanguageModel.open_words`, measured on its examples by leaving one out) may also take a text
-holding as many words its examples lack as one of its examples typically does, so long as no
-other module's examples hold them (`ScorerTop.missing_elsewhere`).
+holding as many words its examples lack as one of its examples typically does, so long as none
+of them is held by the examples of a module that competes for the text (the scorer's next
+`RIVALS` modules: `ScorerTop.missing_elsewhere`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ BACKGROUND_OVERLAP = 0.6
 reaches this is left out: the catalogue claims it."""
 MIN_MARGIN = 0.3
 """The threshold is never below this margin."""
+RIVALS = 2
+"""How many modules after the top one count as its rivals for a text: an open module's unknown
+word that a rival's examples hold is that rival's evidence (`ScorerTop.missing_elsewhere`). Any
+module until issue 17's round 8: then `what movies are playing this week` missed the
+recommendations module because a calendar module's examples say `week`. 1 routed `slow the volume
+speaker` to volume-up with volume-down held out (`slow` is the traffic module's word); 2 and more
+none of the development set's wrong routes."""
 
 MAX_EXAMPLES = 2500
 """Most examples of one language the scorer trains on. Its closed-form fit is cubic in them
@@ -265,10 +273,19 @@ class LanguageModel:
         content = {u for u in analysis.content if u in known or u not in self.generic}
         return content, len(self.missing_words(analysis, module_id))
 
-    def known_elsewhere(self, words: Iterable[str]) -> int:
-        """How many of `words` some example of the catalogue holds (as a word feature)."""
-        vocabulary = self.featurizer.vocabulary
-        return sum(1 for u in words if "w:" + u in vocabulary)
+    def held_by(self, words: Iterable[str], module_ids: Iterable[str]) -> int:
+        """How many of `words` the examples of one of `module_ids` hold, as written or by a
+        shared form (`word_forms`)."""
+        ids = tuple(module_ids)
+        return sum(
+            1
+            for u in words
+            if any(
+                u in self.unigrams.get(m, ())
+                or not self.stems.get(m, frozenset()).isdisjoint(word_forms(u))
+                for m in ids
+            )
+        )
 
     def only_generic_unknown(self, analysis: Analysis) -> bool:
         """Whether every unigram of the text that no example holds is a generic word."""
@@ -306,9 +323,12 @@ class ScorerTop:
     content: int = 0
     """The text's content words counted for `topic_coverage`."""
     missing_elsewhere: int = 0
-    """Of the `missing` words, those another module's examples hold: evidence for that
-    module's meaning rather than a name the module's examples leave open (`turn the volume
-    down` to a volume-up module whose examples lack `down`)."""
+    """Of the `missing` words, those the examples of a rival hold (one of the `RIVALS` modules
+    scored next for this text): evidence for that module's meaning rather than a name the
+    module's examples leave open (`turn the volume down` to a volume-up module whose examples
+    lack `down`, volume-down scored next). A word only a module far down the ranking holds is
+    its incidental vocabulary (`week` in a calendar module's examples when asking for movies
+    playing this week), not a rival reading of the text."""
 
 
 class NgramScorer:
@@ -394,8 +414,12 @@ class NgramScorer:
             return None
         if len(scores) < 2:  # pragma: no cover - a model has two classes at least
             return None
-        second, best = np.argpartition(scores, len(scores) - 2)[-2:]
-        module_id = model.classes[int(best)]
+        # The best module and its rivals, best first: the second sets the margin.
+        ranked = min(len(scores), RIVALS + 1)
+        order = np.argpartition(scores, len(scores) - ranked)[-ranked:]
+        best, *rivals = order[np.argsort(-scores[order])].tolist()
+        second = rivals[0]
+        module_id = model.classes[best]
         content, _ = model.content(analysis, module_id)
         missing_words = model.missing_words(analysis, module_id)
         missing = len(missing_words)
@@ -408,7 +432,7 @@ class NgramScorer:
             missing,
             model.open_words.get(module_id, 0),
             len(content),
-            model.known_elsewhere(missing_words) if missing else 0,
+            model.held_by(missing_words, (model.classes[r] for r in rivals)) if missing else 0,
         )
 
 
