@@ -304,18 +304,6 @@ def test_only_a_rivals_word_counts_against_an_open_module(analyzer: Analyzer) ->
     assert not _scorer_covers(rival, ["coverage", "topic_coverage"], 0.9)
 
 
-def test_light_verbs_are_not_asked_of_the_examples(analyzer: Analyzer) -> None:
-    """`get`, `put`, `give`, `take`, `bring`, `keep` (any form) are generic like `go` and
-    `make`: `get the forecast` needs no example that says `get` (issue 17, round 8)."""
-    model = ngram.NgramScorer.train(WEATHER, ["en"], analyzer).model("en")
-    assert model is not None
-    for text in ("get the forecast", "put on a new timer", "bring me the forecast"):
-        analysis = analyzer.analyze(text)
-        module_id = "demo:timer" if "timer" in text else "demo:forecast"
-        assert model.missing_words(analysis, module_id) == set(), text
-        assert model.topic_coverage(analysis, module_id) == 1.0, text
-
-
 def test_the_built_in_modules_allow_no_unknown_words(router: SemanticRouter) -> None:
     for lang in ("zh", "en"):
         model = router.ngram.model(lang)
