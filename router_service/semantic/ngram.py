@@ -101,11 +101,11 @@ MIN_MARGIN = 0.3
 """The threshold is never below this margin."""
 RIVALS = 2
 """How many modules after the top one count as its rivals for a text: an open module's unknown
-word that a rival's examples hold is that rival's evidence (`ScorerTop.missing_elsewhere`). Any
-module until issue 17's round 8: then `what movies are playing this week` missed the
-recommendations module because a calendar module's examples say `week`. 1 routed `slow the volume
-speaker` to volume-up with volume-down held out (`slow` is the traffic module's word); 2 and more
-none of the development set's wrong routes."""
+word that a rival's examples hold is that rival's evidence (`ScorerTop.missing_elsewhere`).
+Until issue 17's round 8 every module's examples counted, and `what movies are playing this
+week` missed the recommendations module because a calendar module's examples say `week`. With
+1, `slow the volume speaker` reached volume-up on a held-out draw (volume-down out; `slow` is
+the traffic module's word); 2 or more add no wrong route on the development set or its draws."""
 
 MAX_EXAMPLES = 2500
 """Most examples of one language the scorer trains on. Its closed-form fit is cubic in them
