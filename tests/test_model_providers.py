@@ -66,14 +66,20 @@ def fake_b() -> Iterator[FakeOpenAIServer]:
         yield server
 
 
-def _providers_toml(a: FakeOpenAIServer, b: FakeOpenAIServer, key_file: Path, **extra: Any) -> str:
+def _providers_toml(
+    a: FakeOpenAIServer,
+    b: FakeOpenAIServer,
+    key_file: Path,
+    first_token_timeout: float = 0.5,
+    **extra: Any,
+) -> str:
     a_limits = "".join(f"{k} = {v}\n" for k, v in extra.items())
     return f"""
 [providers.a]
 preset = "custom"
 base_url = "{a.base_url}"
 api_key_env = "{ENV_A}"
-first_token_timeout_seconds = 0.5
+first_token_timeout_seconds = {first_token_timeout}
 {a_limits}
 [providers.a.models]
 model-a = {{ input_per_million = 1.0, output_per_million = 2.0 }}
@@ -185,24 +191,43 @@ async def test_output_already_streamed_is_not_sent_elsewhere(
 
 
 async def test_a_first_token_clock_cut_by_the_deadline_is_not_the_providers_fault(
-    gateway: Gateway, fake_a: FakeOpenAIServer, fake_b: FakeOpenAIServer
+    tmp_path: Path,
+    fake_a: FakeOpenAIServer,
+    fake_b: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a's first-token timeout is 0.5 s; the caller leaves 0.3 s: the caller's clock ran out.
-    stub = await gateway(breaker_failures=1)
-    before = _sample("model_provider_failures_total", provider="a", kind="deadline")
-    fake_a.script(delay=2.0)
-    error = await _fails(stub.Complete(_request(), timeout=0.3))
-    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert fake_b.completions == []
-    # The caller's deadline ends its call first; the gateway notes the failure just after.
-    await wait_until(
-        lambda: (
-            _sample("model_provider_failures_total", provider="a", kind="deadline") == before + 1
-        ),
-        what="the deadline failure counted",
-    )
-    # Not counted against a: its breaker (1 failure opens it) is still closed.
-    assert (await stub.Complete(_request(), timeout=5)).provider == "a"
+    # a's first-token timeout is 4 s; the caller leaves 1.5 s: the caller's clock ran out.
+    # (Seconds, not tenths: on a loaded machine a 0.3 s deadline could pass before the
+    # gateway called a at all.)
+    monkeypatch.setenv(ENV_A, KEY_A)
+    key_file = tmp_path / "b.key"
+    key_file.write_text(KEY_B)
+    path = tmp_path / "providers.toml"
+    path.write_text(_providers_toml(fake_a, fake_b, key_file, first_token_timeout=4.0))
+    calls = ("cancelled", "deadline_exceeded")
+    async with gateways(providers_file=str(path), breaker_failures=1) as start:
+        stub = await start()
+        ended = sum(_sample("model_calls_total", outcome=outcome) for outcome in calls)
+        timeouts = _sample(
+            "model_provider_failures_total", provider="a", kind="first_token_timeout"
+        )
+        fake_a.script(delay=3.0)
+        error = await _fails(stub.Complete(_request(), timeout=1.5))
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert len(fake_a.completions) == 1 and fake_b.completions == []
+        # The caller's deadline ends its call first; the gateway ends its side just after,
+        # either by its own cut clock (a failure of kind `deadline`) or by the call's
+        # cancellation, whichever comes first: both are the caller's clock, never a's fault.
+        await wait_until(
+            lambda: (
+                sum(_sample("model_calls_total", outcome=outcome) for outcome in calls) == ended + 1
+            ),
+            what="the call's end counted",
+        )
+        kind = "first_token_timeout"
+        assert _sample("model_provider_failures_total", provider="a", kind=kind) == timeouts
+        # Not counted against a: its breaker (1 failure opens it) is still closed.
+        assert (await stub.Complete(_request(), timeout=5)).provider == "a"
 
 
 async def test_a_refused_key_does_not_fall_back(
