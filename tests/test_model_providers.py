@@ -97,6 +97,22 @@ default = ["a/model-a", "b/model-b"]
 """
 
 
+def _write_providers(
+    tmp_path: Path,
+    fake_a: FakeOpenAIServer,
+    fake_b: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    **options: Any,
+) -> Path:
+    """The providers file of a and b (`_providers_toml` with `options`), their keys in place."""
+    monkeypatch.setenv(ENV_A, KEY_A)
+    key_file = tmp_path / "b.key"
+    key_file.write_text(KEY_B + "\n")
+    path = tmp_path / "providers.toml"
+    path.write_text(_providers_toml(fake_a, fake_b, key_file, **options))
+    return path
+
+
 @pytest.fixture
 def providers_file(
     tmp_path: Path,
@@ -104,12 +120,7 @@ def providers_file(
     fake_b: FakeOpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Path:
-    monkeypatch.setenv(ENV_A, KEY_A)
-    key_file = tmp_path / "b.key"
-    key_file.write_text(KEY_B + "\n")
-    path = tmp_path / "providers.toml"
-    path.write_text(_providers_toml(fake_a, fake_b, key_file))
-    return path
+    return _write_providers(tmp_path, fake_a, fake_b, monkeypatch)
 
 
 @pytest.fixture
@@ -199,11 +210,7 @@ async def test_a_first_token_clock_cut_by_the_deadline_is_not_the_providers_faul
     # a's first-token timeout is 4 s; the caller leaves 1.5 s: the caller's clock ran out.
     # (Seconds, not tenths: on a loaded machine a 0.3 s deadline could pass before the
     # gateway called a at all.)
-    monkeypatch.setenv(ENV_A, KEY_A)
-    key_file = tmp_path / "b.key"
-    key_file.write_text(KEY_B)
-    path = tmp_path / "providers.toml"
-    path.write_text(_providers_toml(fake_a, fake_b, key_file, first_token_timeout=4.0))
+    path = _write_providers(tmp_path, fake_a, fake_b, monkeypatch, first_token_timeout=4.0)
     calls = ("cancelled", "deadline_exceeded")
     async with gateways(providers_file=str(path), breaker_failures=1) as start:
         stub = await start()
@@ -356,11 +363,7 @@ async def test_a_saturated_provider_is_passed_over(
     fake_b: FakeOpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(ENV_A, KEY_A)
-    key_file = tmp_path / "b.key"
-    key_file.write_text(KEY_B)
-    path = tmp_path / "providers.toml"
-    path.write_text(_providers_toml(fake_a, fake_b, key_file, max_concurrent=1))
+    path = _write_providers(tmp_path, fake_a, fake_b, monkeypatch, max_concurrent=1)
     async with gateways(providers_file=str(path)) as start:
         stub = await start()
         fake_a.script(content="slow", chunk_chars=2, chunk_delay=0.1)

@@ -8,6 +8,7 @@ and a supervisor that stops everything when a worker dies.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -26,7 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from system.common.v1 import common_pb2
 from system.router.v1 import router_pb2, router_pb2_grpc
 
-from services.runtime.config import DEFAULT_EVENT_LOOP, ConfigError, ServerConfig, load_config
+from services.runtime.config import ConfigError, ServerConfig, load_config
+from services.runtime.main import run_on_loop
 from services.runtime.workers import worker_metrics_port
 from tests.waiting import wait_until_sync
 
@@ -185,7 +187,7 @@ def test_workers_and_event_loop_settings_validate() -> None:
         environ={"T_WORKERS": "4", "T_EVENT_LOOP": "asyncio"},
     )
     assert (config.workers, config.event_loop) == (4, "asyncio")
-    assert ServerConfig().workers == 1 and ServerConfig().event_loop == DEFAULT_EVENT_LOOP
+    assert ServerConfig().workers == 1
     for env, message in (
         ({"T_WORKERS": "0"}, "workers must be 1..64"),
         ({"T_WORKERS": "65"}, "workers must be 1..64"),
@@ -194,6 +196,19 @@ def test_workers_and_event_loop_settings_validate() -> None:
     ):
         with pytest.raises(ConfigError, match=message):
             load_config(ServerConfig, env_prefix="T_", environ=env)
+
+
+def test_services_run_on_uvloop_by_default_where_it_is_installed() -> None:
+    """Decision 0037: the default loop is uvloop (a locked dependency here), and run_on_loop,
+    which serves every service, runs on the loop asked for."""
+    pytest.importorskip("uvloop")
+    assert ServerConfig().event_loop == "uvloop"
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run_on_loop(loop_module()).startswith("uvloop")
+    assert run_on_loop(loop_module(), "asyncio").startswith("asyncio")
 
 
 def test_uvloop_setting_needs_the_package() -> None:

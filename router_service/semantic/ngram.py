@@ -257,13 +257,16 @@ class LanguageModel:
     def missing_words(self, analysis: Analysis, module_id: str) -> set[str]:
         """The text's content words (as `content` counts them) that `module_id`'s examples
         lack, neither as written nor by a shared form (`word_forms`)."""
-        known = self.unigrams.get(module_id, frozenset())
-        stems = self.stems.get(module_id, frozenset())
         return {
-            u
-            for u in analysis.content
-            if u not in known and u not in self.generic and stems.isdisjoint(word_forms(u))
+            u for u in analysis.content if u not in self.generic and not self.holds(module_id, u)
         }
+
+    def holds(self, module_id: str, word: str) -> bool:
+        """Whether `module_id`'s examples hold `word`, as written or by a shared form
+        (`word_forms`)."""
+        if word in self.unigrams.get(module_id, ()):
+            return True
+        return not self.stems.get(module_id, frozenset()).isdisjoint(word_forms(word))
 
     def content(self, analysis: Analysis, module_id: str) -> tuple[set[str], int]:
         """The text's content words as `topic_coverage` counts them (a generic word left out
@@ -277,15 +280,7 @@ class LanguageModel:
         """How many of `words` the examples of one of `module_ids` hold, as written or by a
         shared form (`word_forms`)."""
         ids = tuple(module_ids)
-        return sum(
-            1
-            for u in words
-            if any(
-                u in self.unigrams.get(m, ())
-                or not self.stems.get(m, frozenset()).isdisjoint(word_forms(u))
-                for m in ids
-            )
-        )
+        return sum(1 for u in words if any(self.holds(m, u) for m in ids))
 
     def only_generic_unknown(self, analysis: Analysis) -> bool:
         """Whether every unigram of the text that no example holds is a generic word."""
