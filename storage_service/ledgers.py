@@ -139,6 +139,13 @@ def _locks_held(session: Session) -> set[str]:
     return _transaction_locks(session)[0]
 
 
+def _ledgers_held(session: Session, player_id: str) -> bool:
+    """Whether no other writer can change the player's ledgers before the session's
+    transaction ends, so a ledger read now stays true: on PostgreSQL once the transaction
+    holds the player's lock; on SQLite always (its writers take turns at BEGIN IMMEDIATE)."""
+    return not is_postgresql(session) or player_id in _locks_held(session)
+
+
 def _lock_player(session: Session, player_id: str) -> None:
     """Serializes writers of one player's ledgers until the transaction ends (PostgreSQL; on
     SQLite BEGIN IMMEDIATE already serializes every writer). Taken once per transaction."""

@@ -23,6 +23,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    true,
     update,
 )
 from sqlalchemy.orm import Session
@@ -52,6 +53,7 @@ from storage_service.ledgers import (
     _TASK_OWNER_LOCKING,
     JournalBounds,
     _check_owner,
+    _ledgers_held,
     _locks_held,
     _make_room_for_tasks,
     _owner_locked,
@@ -199,6 +201,16 @@ _TASK_FOR_UPDATE = FastStatement(
     .where(_TASKS.c.task_id == bindparam("task_id", type_=String))
     .with_for_update()
 )
+# The same, with the task ledger of :player_id (count, bytes): what a move that adds a
+# result makes room in, read with the task (one statement less). Only the task's row is
+# locked (FOR UPDATE OF; PostgreSQL locks no aggregate); SQLite has no row locks and
+# SQLAlchemy leaves the clause out there.
+_TASK_AND_LEDGER_FOR_UPDATE = FastStatement(
+    select(*_TASK_COLUMNS, _LEDGER.c.ledger_count, _LEDGER.c.ledger_bytes)
+    .select_from(_TASKS.join(_LEDGER, true()))
+    .where(_TASKS.c.task_id == bindparam("task_id", type_=String))
+    .with_for_update(of=_TASKS)
+)
 # Every finished event task moves once: one UPDATE on the driver's cursor, no ORM flush.
 _TASK_MOVE = FastStatement(
     update(_TASKS)
@@ -212,17 +224,28 @@ _TASK_MOVE = FastStatement(
 )
 
 
-def _locked_task(session: Session, task_id: str, player_id: str | None = None) -> TaskRow:
+def _locked_task(
+    session: Session, task_id: str, player_id: str | None = None, with_ledger: bool = False
+) -> tuple[TaskRow, tuple[int, int] | None]:
     """The task (a detached row: change it with statements, not the session), locked FOR
     UPDATE after its player's ledger lock; NOT_FOUND when missing. `player_id`: the player
     the caller expects (a Commit's, whose lock the batch took already: then the owner is not
-    looked up first; the caller checks that the task is that player's)."""
+    looked up first; the caller checks that the task is that player's). With `with_ledger`,
+    also that player's task ledger (count, bytes), read in the same statement, when no other
+    writer can change it any more (see _ledgers_held); None otherwise."""
     if player_id is None or player_id not in _locks_held(session):
         player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
     if player_id is not None:
-        found = _TASK_FOR_UPDATE.execute(session, {"task_id": task_id}).first()
-        if found is not None:
-            return _task_row(found)
+        params = {"task_id": task_id, "player_id": player_id}
+        if with_ledger and _ledgers_held(session, player_id):
+            found = _TASK_AND_LEDGER_FOR_UPDATE.execute(session, params).first()
+            if found is not None:
+                *columns, count, total = found
+                return _task_row(columns), (count, total)
+        else:
+            found = _TASK_FOR_UPDATE.execute(session, params).first()
+            if found is not None:
+                return _task_row(found), None
     raise _no_task(task_id)
 
 
@@ -262,7 +285,8 @@ def transition_task(
                 f"result encodes to {len(encoded)} bytes, over the {bounds.max_result_bytes} "
                 "byte limit"
             )
-    row = _locked_task(session, task_id, player_id)
+    # Only a move with a result can make the row larger: only then is the ledger wanted.
+    row, ledger = _locked_task(session, task_id, player_id, with_ledger=encoded is not None)
     _check_owner(row.player_id, player_id, f"task {task_id!r}")
     current = _stored_task_state(row)
     if expected is not None and current != expected:
@@ -282,7 +306,13 @@ def transition_task(
     size = task_size(row.task_id, row.player_id, row.module_id, row.event_key, row.input, encoded)
     if size > row.size_bytes:
         _make_room_for_tasks(
-            session, bounds, row.player_id, 0, size - row.size_bytes, exclude_seq=row.seq
+            session,
+            bounds,
+            row.player_id,
+            0,
+            size - row.size_bytes,
+            exclude_seq=row.seq,
+            ledger=ledger,
         )
     _TASK_MOVE.execute(
         session,

@@ -1,0 +1,264 @@
+"""An event task's final Commit (issue 16): what it costs in statements, and what it must still
+do. The engine's last write of a task records each never-recorded step (RUNNING then DONE, in
+one batch: decision 0036) and moves the task to its end with its result; storage runs it in
+its group-commit writer. Every statement there costs the storage process Python CPU, so their
+number is counted here on PostgreSQL and must not grow back. The rules it counts on (the
+ledger eviction a result makes room with, the answers of a replay) are checked on both
+databases."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import sessionmaker
+from system.common.v1 import common_pb2
+from system.storage.v1 import journal_pb2
+
+from services.runtime.errors import FailedPrecondition, ResourceExhausted
+from storage_service.dialect import is_postgresql
+from storage_service.group_commit import run_group
+from storage_service.journal import JournalBounds, JournalStore
+from storage_service.journal_records import ReceiptRow, TaskRow
+
+TS = journal_pb2.TaskState
+SS = journal_pb2.StepState
+MODULE = "mod:reward"
+TOOL = "minecraft:item.give"
+NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+# The final Commit of a task with two gives, in its group: the group's lock statement (the
+# player's lock and the fence's lease row), the batch row, per step a RUNNING receipt and its
+# completion, the task read under lock with the player's task ledger, its UPDATE.
+FINAL_COMMIT_STATEMENTS = 8
+
+
+def _player() -> str:
+    return f"p-{uuid.uuid4()}"
+
+
+def _store(sessions: sessionmaker, **bounds: int) -> JournalStore:  # type: ignore[type-arg]
+    return JournalStore(sessions, JournalBounds(**bounds), lambda: NOW)
+
+
+def _step(step_id: str, task_id: str, state: int, **write: Any) -> journal_pb2.CommitOperation:
+    return journal_pb2.CommitOperation(
+        receipt=journal_pb2.ReceiptWrite(
+            step_id=step_id, task_id=task_id, tool=TOOL, state=state, **write
+        )
+    )
+
+
+def _final_commit(
+    claim: journal_pb2.TaskClaim, gives: int = 2, text: str = "given", state: int = 0
+) -> journal_pb2.CommitRequest:
+    """What the engine's TaskStore.store_steps sends at a first claim's end (decision 0036):
+    per give a RUNNING record and its DONE result, then the transition with the result."""
+    task = claim.task
+    operations = []
+    for position in range(gives):
+        step_id = f"{task.task_id}/{position}"
+        operations.append(_step(step_id, task.task_id, SS.STEP_STATE_RUNNING, position=position))
+        operations.append(
+            _step(
+                step_id,
+                task.task_id,
+                SS.STEP_STATE_DONE,
+                result=f'{{"given": {position + 1}}}'.encode(),
+                codec_id="json",
+            )
+        )
+    operations.append(
+        journal_pb2.CommitOperation(
+            transition=journal_pb2.TaskTransition(
+                task_id=task.task_id,
+                state=state or TS.TASK_STATE_SUCCEEDED,
+                expected_state=TS.TASK_STATE_RUNNING,
+                result=common_pb2.AgentResult(status=common_pb2.RESULT_STATUS_SUCCEEDED, text=text),
+            )
+        )
+    )
+    return journal_pb2.CommitRequest(
+        request_id=f"finish:{task.task_id}:{task.attempts}",
+        player_id=task.player_id,
+        operations=operations,
+        fence=journal_pb2.Fence(lease_name=claim.lease.name, token=claim.lease.token),
+    )
+
+
+def _claimed(store: JournalStore, player: str, key: str = "advancement") -> journal_pb2.TaskClaim:
+    store.create_task(player, MODULE, None, key)
+    (claim,) = store.claim_tasks("engine-a", 1, 30, [player])
+    return claim
+
+
+def _in_group(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
+    """The Commit as the storage service runs it: a unit of a group (group_commit)."""
+    (outcome,) = run_group(store._sessions, [store.commit_unit(request)])  # noqa: SLF001
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every statement psycopg sends from now on (SQLAlchemy's and the raw cursor's alike)."""
+    sent: list[str] = []
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(
+        self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        sent.append(str(query))
+        return executemany(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.Cursor, "executemany", counted_executemany)
+    yield sent
+
+
+def _receipts(sessions: sessionmaker, task_id: str) -> list[tuple[Any, ...]]:  # type: ignore[type-arg]
+    with sessions() as session:
+        rows = session.execute(
+            select(
+                ReceiptRow.seq,
+                ReceiptRow.step_id,
+                ReceiptRow.task_id,
+                ReceiptRow.player_id,
+                ReceiptRow.position,
+                ReceiptRow.tool,
+                ReceiptRow.state,
+                ReceiptRow.result,
+                ReceiptRow.codec_id,
+                ReceiptRow.size_bytes,
+                ReceiptRow.created_at,
+                ReceiptRow.updated_at,
+            )
+            .where(ReceiptRow.task_id == task_id)
+            .order_by(ReceiptRow.seq)
+        ).all()
+        return [tuple(row) for row in rows]
+
+
+def test_a_final_commit_costs_its_statements_and_no_more(
+    engine: Engine,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+    statements: list[str],
+) -> None:
+    if not is_postgresql(engine):
+        pytest.skip("counts PostgreSQL's statements (psycopg's cursor)")
+    store = _store(sessions)
+    player = _player()
+    warm = _claimed(store, player, "warm-up")  # every statement rendered, connection pooled
+    _in_group(store, _final_commit(warm))
+    claim = _claimed(store, player)
+    statements.clear()
+    assert _in_group(store, _final_commit(claim)) == journal_pb2.CommitResponse()
+    assert len(statements) == FINAL_COMMIT_STATEMENTS, "\n".join(statements)
+    # A replay answers from the batch's row.
+    statements.clear()
+    assert _in_group(store, _final_commit(claim)).replayed
+
+
+def test_a_final_commit_stores_what_it_stored_one_write_at_a_time(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """Each step's receipt as a RUNNING record then its completion store it, and a replay of
+    the batch gives the same answer and changes nothing."""
+    store = _store(sessions)
+    player = _player()
+    one_at_a_time = _claimed(store, player, "one")
+    request = _final_commit(one_at_a_time)
+    for operation in request.operations[:-1]:  # each write alone, in its own batch
+        alone = journal_pb2.CommitRequest(
+            request_id=f"r-{uuid.uuid4()}", player_id=player, operations=[operation]
+        )
+        store.commit(alone)
+    together = _claimed(store, player, "two")
+    assert _in_group(store, _final_commit(together)) == journal_pb2.CommitResponse()
+
+    def shown(task_id: str) -> list[tuple[Any, ...]]:
+        # Without seq and the ids that name the task.
+        return [(row[1].split("/")[1], *row[4:]) for row in _receipts(sessions, task_id)]
+
+    assert shown(together.task.task_id) == shown(one_at_a_time.task.task_id)
+    assert [row[6] for row in _receipts(sessions, together.task.task_id)] == ["done", "done"]
+    stored = _receipts(sessions, together.task.task_id)
+    replayed = _in_group(store, _final_commit(together))
+    assert replayed == journal_pb2.CommitResponse(replayed=True)
+    assert _receipts(sessions, together.task.task_id) == stored
+    assert store.get_task(together.task.task_id).state == TS.TASK_STATE_SUCCEEDED
+
+
+def test_a_step_completed_with_another_tool_fails_at_the_completion(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """The DONE write's own error, naming its operation; nothing of the batch stays."""
+    store = _store(sessions)
+    claim = _claimed(store, _player())
+    request = _final_commit(claim)
+    request.operations[1].receipt.tool = "minecraft:other"
+    with pytest.raises(FailedPrecondition, match=r"^operations\[1\] \(receipt\): .*not "):
+        _in_group(store, request)
+    assert _receipts(sessions, claim.task.task_id) == []
+    assert store.get_task(claim.task.task_id).state == TS.TASK_STATE_RUNNING
+
+
+def test_a_result_too_large_for_the_receipts_fails_at_the_completion(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """A RUNNING record that fits and a result that does not: STORAGE_FULL from the DONE
+    write, as when they were applied one after the other."""
+    store = _store(sessions, receipt_max_bytes=400)
+    claim = _claimed(store, _player())
+    request = _final_commit(claim, gives=1)
+    request.operations[1].receipt.result = b"x" * 300
+    with pytest.raises(ResourceExhausted, match=r"^operations\[1\] \(receipt\): STORAGE_FULL"):
+        _in_group(store, request)
+    assert _receipts(sessions, claim.task.task_id) == []
+
+
+def test_a_final_commit_evicts_finished_tasks_to_make_room_for_its_result(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    store = _store(sessions, task_max_entries=2)
+    player = _player()
+    finished = _claimed(store, player, "finished")
+    _in_group(store, _final_commit(finished))
+    running = _claimed(store, player, "running")
+    # A store whose byte bound leaves 5 bytes free: the result must evict the finished task.
+    with sessions() as session:
+        total = sum(session.scalars(select(TaskRow.size_bytes).where(TaskRow.player_id == player)))
+    tight = _store(sessions, task_max_entries=2, task_max_bytes=total + 5)
+    _in_group(tight, _final_commit(running, text="a result longer than five bytes"))
+    tasks, _ = tight.list_tasks(player, page_size=10)
+    assert [task.task_id for task in tasks] == [running.task.task_id]
+    assert tasks[0].state == TS.TASK_STATE_SUCCEEDED
+    assert tasks[0].result.text == "a result longer than five bytes"
+
+
+def test_a_final_commit_without_room_for_its_result_is_storage_full(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    store = _store(sessions)
+    player = _player()
+    first = _claimed(store, player, "first")
+    second = _claimed(store, player, "second")
+    with sessions() as session:
+        total = sum(session.scalars(select(TaskRow.size_bytes).where(TaskRow.player_id == player)))
+    tight = _store(sessions, task_max_bytes=total + 5)
+    with pytest.raises(ResourceExhausted, match=r"^operations\[4\] \(transition\): STORAGE_FULL"):
+        _in_group(tight, _final_commit(first, text="a result longer than five bytes"))
+    # Nothing of the batch stays: no receipts, the task still RUNNING, the batch not stored.
+    assert _receipts(sessions, first.task.task_id) == []
+    assert tight.get_task(first.task.task_id).state == TS.TASK_STATE_RUNNING
+    assert tight.get_task(second.task.task_id).state == TS.TASK_STATE_RUNNING
