@@ -38,8 +38,10 @@ from engine_service.web_tools import SEARCH_FEATURE, WEB_FETCH, WEB_SEARCH
 from services.gamesim.world import World
 from services.results import card, succeeded
 from services.untrusted import (
+    _CLEANED,
     DATA_RULE,
     PromptBudget,
+    _removed,
     clean,
     data_block,
     data_json,
@@ -86,6 +88,23 @@ FORBIDDEN = ("§", "\x1b", "\u200b", "\u202e", "[run:", "<click", "&4", "&l", "&
 )
 def test_clean_strips_codes_escapes_and_invisible_characters(raw: str, cleaned: str) -> None:
     assert clean(raw) == cleaned
+
+
+def test_text_without_a_character_the_patterns_start_with_is_left_as_it_is() -> None:
+    """`clean` skips its patterns when no character they start with is in the text: every
+    character any of them would change must be one `_CLEANED` finds."""
+    starts = (
+        [chr(code) for code in range(0x3000)]
+        + [chr(code) for code in (*range(0x110B0, 0x110D0), *range(0x13420, 0x13450))]
+        + [chr(code) for code in (*range(0x1BC90, 0x1BCB0), *range(0x1D170, 0x1D180))]
+    )
+    starts += [chr(code) for code in (*range(0xE0000, 0xE0080), *range(0xE0100, 0xE01F0))]
+    starts += [chr(code) for code in range(0xFE00, 0x10000)]
+    for char in starts:
+        for text in (char, f"a{char}b", f"{char}a", f"A{char}\n{char}{char}1"):
+            if _CLEANED.search(text) is None:
+                assert _removed(text) == text, f"{char!r} (U+{ord(char):04X}) is changed"
+    assert clean("plain text, no codes <b>") == "plain text, no codes <b>"
 
 
 def test_values_and_prompts_are_length_limited() -> None:
