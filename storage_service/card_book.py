@@ -39,7 +39,7 @@ from system.storage.v1 import card_book_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import Base, rowcount, table_of
-from storage_service.dialect import aware, insert_for
+from storage_service.dialect import INSERT, DialectInsert, aware, name_of
 from storage_service.validation import MAX_PLAYER_ID, check_id, check_player_id
 
 __all__ = [
@@ -87,6 +87,50 @@ class PlayerCardRow(Base):
 
 
 _CARDS = table_of(PlayerCardRow)
+
+
+def _raise_statement(insert: DialectInsert) -> Any:
+    """The conditional upsert (see the module docstring) in one dialect's INSERT."""
+    new = insert(_CARDS).excluded
+    rises = new.version > _CARDS.c.version
+
+    def raised(column: str) -> Any:
+        # A rise takes the new card whole; a close at the same version only closes.
+        return case((rises, new[column]), else_=_CARDS.c[column])
+
+    return (
+        insert(_CARDS)
+        .on_conflict_do_update(
+            index_elements=["player_id", "card_id"],
+            set_={
+                "version": new.version,
+                "template": raised("template"),
+                "closed": new.closed,
+                "buttons": raised("buttons"),
+                "shown_at": raised("shown_at"),
+            },
+            where=or_(
+                rises,
+                and_(new.version == _CARDS.c.version, new.closed, ~_CARDS.c.closed),
+            ),
+        )
+        .execution_options(preserve_rowcount=True)
+    )
+
+
+# Built once: SaveCards runs every linger of every gateway replica, and building these
+# constructs on each call cost more than running them.
+_RAISE = {name: _raise_statement(insert) for name, insert in INSERT.items()}
+_FORGET = delete(_CARDS).where(
+    _CARDS.c.player_id == bindparam("p"),
+    _CARDS.c.card_id == bindparam("c"),
+    _CARDS.c.version <= bindparam("v"),
+)
+_EXPIRED = (
+    select(_CARDS.c.player_id, _CARDS.c.card_id)
+    .where(_CARDS.c.shown_at < bindparam("cutoff"))
+    .limit(SWEEP)
+)
 
 
 class Saved(NamedTuple):
@@ -168,48 +212,13 @@ class CardBookStore:
         written = deleted = 0
         with self._sessions.begin() as session:
             if rows:
-                # Executed with the rows as its parameter sets (executemany), not with the
-                # rows in its VALUES: that form is compiled once and cached, a multi-row
-                # VALUES clause was compiled again on every call.
-                inserted = insert_for(session)(_CARDS)
-                new = inserted.excluded
-                rises = new.version > _CARDS.c.version
-
-                def raised(column: str) -> Any:
-                    # A rise takes the new card whole; a close at the same version only closes.
-                    return case((rises, new[column]), else_=_CARDS.c[column])
-
-                written = rowcount(
-                    session.execute(
-                        inserted.on_conflict_do_update(
-                            index_elements=["player_id", "card_id"],
-                            set_={
-                                "version": new.version,
-                                "template": raised("template"),
-                                "closed": new.closed,
-                                "buttons": raised("buttons"),
-                                "shown_at": raised("shown_at"),
-                            },
-                            where=or_(
-                                rises,
-                                and_(
-                                    new.version == _CARDS.c.version,
-                                    new.closed,
-                                    ~_CARDS.c.closed,
-                                ),
-                            ),
-                        ).execution_options(preserve_rowcount=True),
-                        rows,
-                    )
-                )
+                # Executed with the rows as its parameter sets (executemany), so that the
+                # statement, built once, is compiled once and cached.
+                written = rowcount(session.execute(_RAISE[name_of(session)], rows))
             if forgotten:
                 deleted += rowcount(
                     session.execute(
-                        delete(_CARDS).where(
-                            _CARDS.c.player_id == bindparam("p"),
-                            _CARDS.c.card_id == bindparam("c"),
-                            _CARDS.c.version <= bindparam("v"),
-                        ),
+                        _FORGET,
                         [
                             {"p": gone.player_id, "c": gone.card_id, "v": gone.version}
                             for gone in forgotten
@@ -217,11 +226,7 @@ class CardBookStore:
                     )
                 )
             cutoff = now - dt.timedelta(seconds=CARDS_KEPT_SECONDS)
-            expired = session.execute(
-                select(_CARDS.c.player_id, _CARDS.c.card_id)
-                .where(_CARDS.c.shown_at < cutoff)
-                .limit(SWEEP)
-            ).all()
+            expired = session.execute(_EXPIRED, {"cutoff": cutoff}).all()
             if expired:
                 deleted += rowcount(
                     session.execute(

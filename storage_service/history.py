@@ -97,6 +97,13 @@ _HISTORY = table_of(HistoryRow)
 _PREFERENCES = table_of(PreferenceRow)
 _ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
 _INSERT_ENTRY = FastStatement(insert(_HISTORY), column_keys=_ENTRY_COLUMNS)
+# Every interactive run's finish asks it first (a retried finish must not append twice).
+_NEWEST_REQUEST_ID = FastStatement(
+    select(_HISTORY.c.request_id)
+    .where(_HISTORY.c.player_id == bindparam("player_id", type_=String))
+    .order_by(_HISTORY.c.id.desc())
+    .limit(1)
+)
 # Every interactive request appends its exchange, so the append is three statements: the first
 # entry inserted only if the player has not turned history off (its row count says which),
 # the others, and one DELETE of what no longer fits.
@@ -249,12 +256,8 @@ class ConversationStore:
 
     def newest_request_id(self, session: Session, player_id: str) -> str | None:
         """The request id of the player's newest entry (None: no history)."""
-        return session.scalar(
-            select(HistoryRow.request_id)
-            .where(HistoryRow.player_id == player_id)
-            .order_by(HistoryRow.id.desc())
-            .limit(1)
-        )
+        found = _NEWEST_REQUEST_ID.execute(session, {"player_id": player_id}).first()
+        return None if found is None else found[0]
 
     def tail_in(
         self, session: Session, player_id: str, count: int
