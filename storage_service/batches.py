@@ -25,7 +25,7 @@ from services.runtime.errors import InvalidArgument, ServiceError
 from storage_service.db import Base, table_of
 from storage_service.dialect import INSERT, POSTGRESQL, SQLITE, advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
-from storage_service.journal_records import MAX_ID, SS, _check_id
+from storage_service.journal_records import MAX_ID, SS, STEP_DONE, _check_id
 from storage_service.leases import _check_token
 from storage_service.ledgers import (
     JournalBounds,
@@ -40,7 +40,7 @@ from storage_service.player_data import (
     delete_document,
     put_document,
 )
-from storage_service.receipts import complete_step, record_step
+from storage_service.receipts import Completion, complete_step, record_step
 from storage_service.tasks import transition_task
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
@@ -149,15 +149,28 @@ def _apply_operation(
     request: journal_pb2.CommitRequest,
     index: int,
     versions: list[int],
-) -> None:
-    """Applies operations[index], its errors naming it."""
+) -> int:
+    """Applies operations[index], its errors naming it; returns how many operations it
+    applied: 2 when a step's recording took the next operation, its completion, with it."""
     operation = request.operations[index]
     kind = operation.WhichOneof("op")
     assert kind is not None
+    following = request.operations[index + 1] if index + 1 < len(request.operations) else None
     try:
-        _apply(session, bounds, now, request.player_id, operation, kind, versions)
+        return _apply(session, bounds, now, request.player_id, operation, kind, versions, following)
     except ServiceError as error:
         raise type(error)(f"operations[{index}] ({kind}): {error.message}") from error
+
+
+def _completion(following: journal_pb2.CommitOperation | None, step_id: str) -> Completion | None:
+    """The completion of step `step_id` when it is the next operation: what the engine sends
+    after the recording of a step it never recorded (decision 0036), written with it."""
+    if following is None or following.WhichOneof("op") != "receipt":
+        return None
+    write = following.receipt
+    if write.state != SS.STEP_STATE_DONE or write.step_id != step_id:
+        return None
+    return Completion(write.tool, write.result, write.codec_id)
 
 
 def _apply(
@@ -168,7 +181,10 @@ def _apply(
     operation: journal_pb2.CommitOperation,
     kind: str,
     versions: list[int],
-) -> None:
+    following: journal_pb2.CommitOperation | None,
+) -> int:
+    """Applies one operation (and, with a step's recording, its completion when that comes
+    next: see _completion); returns how many it applied."""
     if kind == "check":
         check_version(session, operation.check.key, operation.check.expected_version)
     elif kind == "put":
@@ -199,7 +215,7 @@ def _apply(
         if write.state == SS.STEP_STATE_RUNNING:
             if write.result or write.codec_id:
                 raise InvalidArgument("result and codec_id are for DONE; RUNNING records intent")
-            record_step(
+            receipt, created = record_step(
                 session,
                 bounds,
                 now,
@@ -208,7 +224,10 @@ def _apply(
                 position=write.position,
                 tool=write.tool,
                 player_id=player_id,
+                then=_completion(following, write.step_id),
             )
+            if created and receipt.state == STEP_DONE:
+                return 2
         elif write.state == SS.STEP_STATE_DONE:
             complete_step(
                 session,
@@ -227,6 +246,7 @@ def _apply(
             )
     else:  # usage
         add_usage(session, player_id, operation.usage)
+    return 1
 
 
 # INSERT ... ON CONFLICT DO NOTHING of a batch's row, built once; its row count (1: inserted,
@@ -271,8 +291,9 @@ def apply_batch(
         return _replay(session, request, batch.digest)
     check_noted_fence(session, request.fence if request.HasField("fence") else None, now)
     versions: list[int] = []
-    for index in range(len(request.operations)):
-        _apply_operation(session, bounds, now, request, index, versions)
+    index = 0
+    while index < len(request.operations):
+        index += _apply_operation(session, bounds, now, request, index, versions)
     response = journal_pb2.CommitResponse(versions=versions)
     if not versions:  # the response is empty, as stored with the row already
         return response

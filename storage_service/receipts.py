@@ -7,12 +7,21 @@ another result is refused. Each write first tries one statement that applies it 
 stands in the way (`_RECORD_FAST`, `_COMPLETE_FAST`; a Commit sent ahead uses the same,
 `_receipt_fast`); when that changes nothing, the long way under the player's lock says why,
 or makes room in the player's receipt ledger (storage_service.ledgers) and writes.
+
+A recording may carry the step's completion (`Completion`: a Commit's RUNNING write followed
+by the DONE write of the same step, as the engine sends the steps it never recorded,
+decision 0036): the receipt the recording would insert is completed in memory by the rule
+`complete_step` applies to a stored one (`_completed`), and `_RECORD_FAST` inserts it DONE,
+one row written once. When that statement changes nothing, the recording goes the long way
+alone and the completion is applied after it as usual, so every outcome is the one the two
+writes have one after the other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -20,12 +29,11 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    cast,
     exists,
     func,
     insert,
-    literal,
     literal_column,
-    null,
     select,
     true,
     update,
@@ -68,7 +76,15 @@ from storage_service.ledgers import (
     receipt_size,
 )
 
-__all__ = ["complete_step", "record_step"]
+__all__ = ["Completion", "complete_step", "record_step"]
+
+
+class Completion(NamedTuple):
+    """A step's result, given with its recording (see the module docstring)."""
+
+    tool: str
+    result: bytes
+    codec_id: str
 
 
 def _check_same_step(
@@ -92,7 +108,8 @@ def _record_fast() -> FastStatement:
     """INSERT ... SELECT that records a new step in one statement when nothing stands in the
     way: the task is the player's and unfinished, the step is new and the receipt fits the
     ledger without eviction. It inserts nothing otherwise, and `record_step` then works out
-    why the long way (same transaction, same lock)."""
+    why the long way (same transaction, same lock). The receipt's state, result and codec are
+    parameters: RUNNING with neither, or DONE when the step's completion came with it."""
     player = _param("p_player", String)
     ledger = (
         select(
@@ -103,7 +120,6 @@ def _record_fast() -> FastStatement:
         .subquery()
     )
     size = _param("p_size", Integer)
-    now = _param("p_now", DateTime(timezone=True))
     rows = (
         select(
             _param("p_step", String),
@@ -111,12 +127,13 @@ def _record_fast() -> FastStatement:
             TaskRow.player_id,
             _param("p_position", BigInteger),
             _param("p_tool", String),
-            literal(STEP_RUNNING, String),
-            null(),
-            literal("", String),
+            _param("p_state", String),
+            # Typed in the SQL: a NULL (a RUNNING receipt's) would be read as text otherwise.
+            cast(_param("p_result", LargeBinary), LargeBinary),
+            _param("p_codec", String),
             size,
-            now,
-            now,
+            _param("p_created", DateTime(timezone=True)),
+            _param("p_updated", DateTime(timezone=True)),
         )
         .select_from(TaskRow)
         .join(ledger, true())
@@ -181,25 +198,20 @@ def _check_record(step_id: str, task_id: str, position: int, tool: str) -> None:
         raise InvalidArgument(f"position must be between 0 and {2**32 - 1}")
 
 
-def _record_params(
-    bounds: JournalBounds,
-    now: dt.datetime,
-    step_id: str,
-    task_id: str,
-    player_id: str,
-    position: int,
-    tool: str,
-    size: int,
-) -> dict[str, object]:
-    """The parameters of _RECORD_FAST."""
+def _record_params(bounds: JournalBounds, receipt: StoredReceipt) -> dict[str, object]:
+    """The parameters of _RECORD_FAST that insert `receipt`."""
     return {
-        "p_step": step_id,
-        "p_task": task_id,
-        "p_player": player_id,
-        "p_position": position,
-        "p_tool": tool,
-        "p_size": size,
-        "p_now": now,
+        "p_step": receipt.step_id,
+        "p_task": receipt.task_id,
+        "p_player": receipt.player_id,
+        "p_position": receipt.position,
+        "p_tool": receipt.tool,
+        "p_state": receipt.state,
+        "p_result": receipt.result,
+        "p_codec": receipt.codec_id,
+        "p_size": receipt.size_bytes,
+        "p_created": receipt.created_at,
+        "p_updated": receipt.updated_at,
         "p_max_entries": bounds.receipt_max_entries,
         "p_max_bytes": bounds.receipt_max_bytes,
     }
@@ -274,6 +286,47 @@ def _running_receipt(
     )
 
 
+def _completed(
+    row: StoredReceipt, tool: str, result: bytes, codec_id: str, now: dt.datetime
+) -> StoredReceipt | None:
+    """What completing the receipt `row` with `result` makes of it (`complete_step`'s rule,
+    the ledger aside): the receipt DONE, or None when it is DONE with this result and codec
+    already (nothing changes). FAILED_PRECONDITION for another tool or a different result."""
+    state = _stored_step_state(row)
+    if row.tool != tool:
+        raise FailedPrecondition(
+            f"step {row.step_id} was recorded for tool {row.tool!r}, not {tool!r}"
+        )
+    if state == STEP_DONE:
+        if (row.result or b"") == result and row.codec_id == codec_id:
+            return None
+        raise FailedPrecondition(
+            f"step {row.step_id} is already DONE with a different result; a step's result is "
+            "stored once and replayed, never replaced"
+        )
+    size = receipt_size(row.step_id, row.task_id, row.player_id, row.tool, codec_id, result)
+    return dataclasses.replace(
+        row, state=STEP_DONE, result=result, codec_id=codec_id, size_bytes=size, updated_at=now
+    )
+
+
+def _written(
+    bounds: JournalBounds, receipt: StoredReceipt, then: Completion | None, now: dt.datetime
+) -> StoredReceipt:
+    """The receipt a new recording inserts: `receipt` (RUNNING), completed with `then` when
+    given and its completion is one `complete_step` would apply; otherwise it stays RUNNING
+    and the completion, applied after the recording, fails as it would alone."""
+    if then is None:
+        return receipt
+    try:
+        _check_complete(bounds, receipt.step_id, then.tool, then.result, then.codec_id)
+        done = _completed(receipt, then.tool, then.result, then.codec_id, now)
+    except ServiceError:
+        return receipt
+    assert done is not None  # a new receipt is RUNNING
+    return done
+
+
 def record_step(
     session: Session,
     bounds: JournalBounds,
@@ -284,9 +337,14 @@ def record_step(
     position: int,
     tool: str,
     player_id: str | None = None,
+    then: Completion | None = None,
 ) -> tuple[StoredReceipt, bool]:
     """Records a step's intent (RUNNING). Returns (receipt, created); an existing receipt of
     the same task, position and tool comes back with created False.
+
+    `then`: the step's completion, written with the new receipt when the one statement that
+    records a step applies (the receipt returned is then DONE); otherwise ignored, for the
+    caller to apply with `complete_step` after this (see the module docstring).
 
     NOT_FOUND for a missing task; FAILED_PRECONDITION for a conflicting receipt or a task
     already final; STORAGE_FULL when the player's receipts are full of unfinished tasks'.
@@ -306,12 +364,12 @@ def record_step(
     # (an earlier or concurrent recording), the task and the player's receipt ledger.
     _lock_player(session, owner)
     size = receipt_size(step_id, task_id, owner, tool, "", None)
-    if size <= bounds.receipt_max_bytes:
-        inserted = _RECORD_FAST.execute(
-            session, _record_params(bounds, now, step_id, task_id, owner, position, tool, size)
-        )
+    receipt = _running_receipt(step_id, task_id, owner, position, tool, size, now)
+    written = _written(bounds, receipt, then, now)
+    if written.size_bytes <= bounds.receipt_max_bytes:
+        inserted = _RECORD_FAST.execute(session, _record_params(bounds, written))
         if inserted.rowcount == 1:
-            return _running_receipt(step_id, task_id, owner, position, tool, size, now), True
+            return written, True
     ledger = _ledger_query(owner).subquery()
     found = connection.execute(
         select(
@@ -406,39 +464,32 @@ def complete_step(
         raise NotFound(f"no receipt for step {step_id!r}; record the step before completing it")
     row = StoredReceipt.of(found)
     _check_owner(row.player_id, player_id, f"step {step_id!r}")
-    state = _stored_step_state(row)
-    if row.tool != tool:
-        raise FailedPrecondition(f"step {step_id} was recorded for tool {row.tool!r}, not {tool!r}")
-    if state == STEP_DONE:
-        if (row.result or b"") == result and row.codec_id == codec_id:
-            return row
-        raise FailedPrecondition(
-            f"step {step_id} is already DONE with a different result; a step's result is "
-            "stored once and replayed, never replaced"
-        )
-    size = receipt_size(row.step_id, row.task_id, row.player_id, row.tool, codec_id, result)
-    if size > row.size_bytes:
+    completed = _completed(row, tool, result, codec_id, now)
+    if completed is None:
+        return row
+    if completed.size_bytes > row.size_bytes:
         # The count does not matter when nothing is added: only the bytes are checked.
         _make_room_for_receipts(
             session,
             bounds,
             row.player_id,
             0,
-            size - row.size_bytes,
+            completed.size_bytes - row.size_bytes,
             exclude_seq=row.seq,
             ledger=(0, found.ledger_bytes),
         )
-    row.state = STEP_DONE
-    row.result = result
-    row.codec_id = codec_id
-    row.size_bytes = size
-    row.updated_at = now
     connection.execute(
         update(_RECEIPTS)
         .where(ReceiptRow.seq == row.seq)
-        .values(state=STEP_DONE, result=result, codec_id=codec_id, size_bytes=size, updated_at=now)
+        .values(
+            state=completed.state,
+            result=completed.result,
+            codec_id=completed.codec_id,
+            size_bytes=completed.size_bytes,
+            updated_at=completed.updated_at,
+        )
     )
-    return row
+    return completed
 
 
 _SS_RUNNING = int(SS.STEP_STATE_RUNNING)
@@ -457,11 +508,10 @@ def _receipt_fast(
             size = receipt_size(write.step_id, write.task_id, player_id, write.tool, "", None)
             if size > bounds.receipt_max_bytes:
                 return None
-            params = _record_params(
-                bounds, now, write.step_id, write.task_id, player_id, write.position, write.tool,
-                size,
-            )  # fmt: skip
-            return _RECORD_FAST, params
+            receipt = _running_receipt(
+                write.step_id, write.task_id, player_id, write.position, write.tool, size, now
+            )
+            return _RECORD_FAST, _record_params(bounds, receipt)
         if write.state == _SS_DONE:
             _check_complete(bounds, write.step_id, write.tool, write.result, write.codec_id)
             params = _complete_params(

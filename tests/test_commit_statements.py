@@ -33,9 +33,11 @@ TOOL = "minecraft:item.give"
 NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
 
 # The final Commit of a task with two gives, in its group: the group's lock statement (the
-# player's lock and the fence's lease row), the batch row, per step a RUNNING receipt and its
-# completion, the task read under lock with the player's task ledger, its UPDATE.
-FINAL_COMMIT_STATEMENTS = 8
+# player's lock and the fence's lease row), the batch row, per step one row (its recording
+# and its completion written together, DONE), the task read under lock with the player's task
+# ledger, its UPDATE. Before issue 16's changes: 9 (a RUNNING insert and a DONE update per
+# step, the ledger read on its own).
+FINAL_COMMIT_STATEMENTS = 6
 
 
 def _player() -> str:
@@ -262,3 +264,44 @@ def test_a_final_commit_without_room_for_its_result_is_storage_full(
     assert _receipts(sessions, first.task.task_id) == []
     assert tight.get_task(first.task.task_id).state == TS.TASK_STATE_RUNNING
     assert tight.get_task(second.task.task_id).state == TS.TASK_STATE_RUNNING
+
+
+def test_steps_recorded_before_are_completed_as_before(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """A later claim's final Commit may repeat the RUNNING write of a step an earlier run
+    recorded: the recording finds it, and the completion completes it."""
+    store = _store(sessions)
+    claim = _claimed(store, _player())
+    request = _final_commit(claim)
+    first = journal_pb2.CommitRequest(
+        request_id="earlier", player_id=claim.task.player_id, operations=[request.operations[0]]
+    )
+    store.commit(first)
+    assert [row[6] for row in _receipts(sessions, claim.task.task_id)] == ["running"]
+    _in_group(store, request)
+    rows = _receipts(sessions, claim.task.task_id)
+    assert [(row[1], row[6], row[7]) for row in rows] == [
+        (f"{claim.task.task_id}/0", "done", b'{"given": 1}'),
+        (f"{claim.task.task_id}/1", "done", b'{"given": 2}'),
+    ]
+
+
+def test_a_result_that_needs_room_evicts_finished_tasks_receipts(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """Room for a result is made as when the completion came alone: the receipts of a
+    finished task go, oldest first."""
+    store = _store(sessions)
+    player = _player()
+    finished = _claimed(store, player, "finished")
+    _in_group(store, _final_commit(finished, gives=1))
+    (old,) = _receipts(sessions, finished.task.task_id)
+    claim = _claimed(store, player)
+    request = _final_commit(claim, gives=1)
+    running_size = old[9] - len(b'{"given": 1}') - len(b"json")
+    # Room for the old receipt and the new one RUNNING, not for its result too.
+    tight = _store(sessions, receipt_max_bytes=old[9] + running_size + 4)
+    _in_group(tight, request)
+    assert _receipts(sessions, finished.task.task_id) == []
+    assert [row[6] for row in _receipts(sessions, claim.task.task_id)] == ["done"]
