@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import DateTime, Index, String, delete, select
+from sqlalchemy import DateTime, Index, String, bindparam, delete, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
@@ -294,6 +294,17 @@ class PresenceStore:
         return removed
 
 
+# Built once: every task claim asks it.
+_LOCATE = (
+    select(_PRESENCE.c.player_id, _REPLICAS.c.replica_id, _REPLICAS.c.address)
+    .join(_PRESENCE, _PRESENCE.c.replica_id == _REPLICAS.c.replica_id)
+    .where(
+        _PRESENCE.c.player_id.in_(bindparam("players", expanding=True)),
+        _REPLICAS.c.expires_at > bindparam("now"),
+    )
+)
+
+
 def locate_players(
     session: Session | Connection, player_ids: Collection[str], now: dt.datetime
 ) -> dict[str, Location]:
@@ -302,11 +313,7 @@ def locate_players(
     its claim, storage_service.journal)."""
     if not player_ids:
         return {}
-    found = session.execute(
-        select(_PRESENCE.c.player_id, _REPLICAS.c.replica_id, _REPLICAS.c.address)
-        .join(_PRESENCE, _PRESENCE.c.replica_id == _REPLICAS.c.replica_id)
-        .where(_PRESENCE.c.player_id.in_(sorted(player_ids)), _REPLICAS.c.expires_at > now)
-    )
+    found = session.execute(_LOCATE, {"players": sorted(player_ids), "now": now})
     return {player_id: Location(replica_id, address) for player_id, replica_id, address in found}
 
 
