@@ -229,11 +229,6 @@ class ReActLoop:
             )
         return LoopOutcome(observations, "rounds")
 
-    @property
-    def data_budget(self) -> PromptBudget:
-        """What the loop's prompt may still carry of data (observations, context)."""
-        return self._budget
-
     def _render(self, observation: Observation) -> str:
         if self._budget.left < _OMITTED_BELOW:
             return json.dumps(

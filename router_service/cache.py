@@ -480,11 +480,6 @@ class IntentCache:
 
     # -- settings and diagnostics -------------------------------------------------------------
 
-    def purge_expired(self) -> int:
-        """Removes expired entries now; returns how many."""
-        with self._lock:
-            return self._purge_expired_locked()
-
     def resize(self, max_entries: int, ttl_seconds: float, per_player: int) -> None:
         """Applies new bounds at once (configuration reload): least recently used entries go
         until both bounds hold. The TTL applies to entries written from now on, as the seed

@@ -154,20 +154,6 @@ class FastStatement:
         """Runs the statement in the session's current transaction (or on the connection)."""
         return self.send(session, params).result()
 
-    async def execute_async(
-        self, connection: Any, dialect: Dialect, params: Mapping[str, Any]
-    ) -> FastResult:
-        """Runs the statement on a psycopg AsyncConnection (rendered for `dialect`, its
-        processors applied as in `execute`), as it is: one in autocommit runs it as a
-        transaction of its own. Driver errors come as psycopg raises them."""
-        rendered = self._render(dialect)
-        args = rendered.args(params)
-        async with connection.cursor() as cursor:
-            prepare = False if self._planned_each_time else None
-            await cursor.execute(rendered.sql, args, prepare=prepare)
-            rows = await cursor.fetchall() if rendered.returns_rows else []
-            return FastResult(cursor.rowcount, rendered.rows(rows))
-
     def send(self, session: Session | Connection, params: Mapping[str, Any]) -> Sent:
         """Sends the statement in the session's current transaction (or on the connection,
         as it is: one in autocommit runs it as a transaction of its own): inside

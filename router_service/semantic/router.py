@@ -160,11 +160,6 @@ class LocalDecision:
     made (mode off, too long, another language, empty). `fallback_candidates` reuses it so a
     text that falls back is not analysed and matched twice."""
 
-    @property
-    def top_module(self) -> str | None:
-        """The best candidate's module, if any."""
-        return self.candidates[0].module_id if self.candidates else None
-
 
 @dataclasses.dataclass(frozen=True)
 class FallbackCandidate:

@@ -41,15 +41,10 @@ class PlayerScopes:
 
     def __init__(self, scopes: Mapping[str, str]) -> None:
         self._scopes = dict(scopes)
-        self._networks = {scope for server, scope in self._scopes.items() if scope != server}
 
     def scope_of(self, server_id: str) -> str:
         """The scope of the server's players ("" for a server this gateway does not know)."""
         return self._scopes.get(server_id, "")
-
-    def is_network(self, scope: str) -> bool:
-        """Whether `scope` is a network (players may move between its servers)."""
-        return scope in self._networks
 
     def scoped(self, server_id: str, player_id: str) -> str:
         """The id other services know the server's player by."""
