@@ -38,12 +38,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
-from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 from storage_service.batch_groups import _CommitSender, _SendableCommit, send_batches
 from storage_service.batches import BatchRow, _Batch, apply_batch
 from storage_service.claims import MAX_CLAIM, MAX_CLAIM_PLAYERS, claim_tasks
 from storage_service.dialect import OneStatement, utc_now
-from storage_service.group_commit import Declared, declared, fenced, run_group
+from storage_service.group_commit import Declared, declared, fenced
 from storage_service.journal_records import (
     MAX_TASK_ID,
     TS,
@@ -472,24 +472,6 @@ class JournalStore:
             functools.partial(self._apply_batch, batch=batch),
             Writes(players=(request.player_id,), fences=fenced(request)),
         )
-
-    def commit_group(
-        self, requests: Sequence[journal_pb2.CommitRequest]
-    ) -> list[journal_pb2.CommitResponse | Exception]:
-        """Applies several batches in one transaction, each with the outcome `commit` would
-        have given it alone (see `storage_service.group_commit.run_group`); an invalid one is
-        refused without reaching the database."""
-        outcomes: list[journal_pb2.CommitResponse | Exception | None] = [None] * len(requests)
-        units: dict[int, Callable[[Session], journal_pb2.CommitResponse]] = {}
-        for index, request in enumerate(requests):
-            try:
-                units[index] = self.commit_unit(request)
-            except ServiceError as error:
-                outcomes[index] = error
-        ran = run_group(self._sessions, list(units.values()))
-        for index, outcome in zip(units, ran, strict=True):
-            outcomes[index] = outcome
-        return outcomes  # type: ignore[return-value]
 
     def _apply_batch(self, session: Session, *, batch: _Batch) -> journal_pb2.CommitResponse:
         """Applies one validated batch inside the session's current transaction."""

@@ -1,5 +1,5 @@
 """Group commit: several writes in one transaction, each with the outcome it would have had
-alone (JournalStore.commit_group and run_group, on SQLite and PostgreSQL), and the writer
+alone (commit units run by run_group, on SQLite and PostgreSQL), and the writer
 thread that gathers concurrent calls into groups (GroupCommitter)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from services.runtime.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    ServiceError,
     Unavailable,
 )
 from storage_service.db import Base, make_engine
@@ -80,6 +81,24 @@ def _receipt(
     )
 
 
+def _commit_group(
+    store: JournalStore, requests: Sequence[journal_pb2.CommitRequest]
+) -> list[journal_pb2.CommitResponse | Exception]:
+    """Applies several batches in one transaction (run_group), each with the outcome `commit`
+    would have given it alone; an invalid one is refused without reaching the database."""
+    outcomes: list[journal_pb2.CommitResponse | Exception | None] = [None] * len(requests)
+    units: dict[int, Callable[[Session], journal_pb2.CommitResponse]] = {}
+    for index, request in enumerate(requests):
+        try:
+            units[index] = store.commit_unit(request)
+        except ServiceError as error:
+            outcomes[index] = error
+    ran = run_group(store._sessions, list(units.values()))
+    for index, outcome in zip(units, ran, strict=True):
+        outcomes[index] = outcome
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
 def _count_commits(engine: Engine) -> list[str]:
     """Records each transaction's end ("commit" or "rollback") on the engine."""
     ends: list[str] = []
@@ -88,13 +107,13 @@ def _count_commits(engine: Engine) -> list[str]:
     return ends
 
 
-# -- JournalStore.commit_group ----------------------------------------------------------------
+# -- commit units run in one group (run_group) --------------------------------------------
 
 
 def test_a_group_of_good_batches_is_one_transaction(store: JournalStore, engine: Engine) -> None:
     players = [_player() for _ in range(5)]
     ends = _count_commits(engine)
-    outcomes = store.commit_group([_commit(p, _put(p, 0), _usage()) for p in players])
+    outcomes = _commit_group(store, [_commit(p, _put(p, 0), _usage()) for p in players])
     assert ends == ["commit"]
     assert [list(o.versions) for o in outcomes] == [[1]] * 5  # type: ignore[union-attr]
     data = PlayerDataStore(store._sessions)
@@ -123,7 +142,7 @@ def test_each_batch_of_a_group_has_the_outcome_it_would_have_alone(
         ),
     ]
     ends = _count_commits(engine)
-    outcomes = store.commit_group(requests)
+    outcomes = _commit_group(store, requests)
     # The first run failed on the version conflict and was rolled back; the second isolated
     # each batch with a savepoint (the invalid one never reached the database).
     assert ends == ["rollback", "commit"]
@@ -153,7 +172,7 @@ def test_a_single_batch_fails_alone_without_a_second_run(
     player = _player()
     store.commit(_commit(player, _put(player, 0)))
     ends = _count_commits(engine)
-    (outcome,) = store.commit_group([_commit(player, _put(player, 0))])
+    (outcome,) = _commit_group(store, [_commit(player, _put(player, 0))])
     assert isinstance(outcome, Aborted)
     assert ends == ["rollback"]
 
@@ -459,11 +478,11 @@ def test_receipt_batches_are_sent_ahead_and_share_the_transaction(
     other = _player()
     ends = _count_commits(engine)
     requests = [_running(p, t, f"{t}/0") for p, t in tasks] + [_commit(other, _put(other, 0))]
-    outcomes = store.commit_group(requests)
+    outcomes = _commit_group(store, requests)
     assert ends == ["commit"]
     assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
     assert list(outcomes[-1].versions) == [1]  # type: ignore[union-attr]
-    outcomes = store.commit_group([_done(p, f"{t}/0", result=p.encode()) for p, t in tasks])
+    outcomes = _commit_group(store, [_done(p, f"{t}/0", result=p.encode()) for p, t in tasks])
     assert ends == ["commit", "commit"]
     assert all(isinstance(o, journal_pb2.CommitResponse) and not o.replayed for o in outcomes)
     for player, task_id in tasks:
@@ -479,7 +498,7 @@ def test_a_retried_batch_in_a_sent_group_is_replayed_and_the_others_applied(
     store.commit(first)
     reused = _running(a, task_a, f"{task_a}/1", request_id=first.request_id)
     ends = _count_commits(engine)
-    outcomes = store.commit_group([first, _running(b, task_b, f"{task_b}/0"), reused])
+    outcomes = _commit_group(store, [first, _running(b, task_b, f"{task_b}/0"), reused])
     # The fast form did not hold for the retries: rolled back and run the ordinary way, where
     # the reused request id fails, so once more with a savepoint per batch.
     assert ends == ["rollback", "rollback", "commit"]
@@ -501,7 +520,7 @@ def test_a_stale_fence_in_a_sent_group_fails_only_its_batch(
     fenced = _running(a, task_a, f"{task_a}/0", fence=good)
     refused = _running(a, task_a, f"{task_a}/1", fence=stale)
     ends = _count_commits(engine)
-    outcomes = store.commit_group([fenced, refused, _running(b, task_b, f"{task_b}/0")])
+    outcomes = _commit_group(store, [fenced, refused, _running(b, task_b, f"{task_b}/0")])
     assert ends == ["rollback", "rollback", "commit"]  # sent, plain, then isolated
     assert isinstance(outcomes[0], journal_pb2.CommitResponse)
     assert isinstance(outcomes[1], FailedPrecondition) and "stale fence" in str(outcomes[1])
@@ -510,14 +529,14 @@ def test_a_stale_fence_in_a_sent_group_fails_only_its_batch(
         store.get_step(f"{task_a}/1", "t.t")
     # Sent alone, under its valid fence, a fenced batch applies at the first try.
     ends.clear()
-    (outcome,) = store.commit_group([_running(a, task_a, f"{task_a}/2", fence=good)])
+    (outcome,) = _commit_group(store, [_running(a, task_a, f"{task_a}/2", fence=good)])
     assert isinstance(outcome, journal_pb2.CommitResponse) and ends == ["commit"]
 
 
 def test_a_sent_batch_refused_the_long_way_fails_alone(store: JournalStore, engine: Engine) -> None:
     (a, task_a), (b, task_b) = _tasks(store, 2)
     ends = _count_commits(engine)
-    outcomes = store.commit_group([_done(a, f"{task_a}/9"), _running(b, task_b, f"{task_b}/0")])
+    outcomes = _commit_group(store, [_done(a, f"{task_a}/9"), _running(b, task_b, f"{task_b}/0")])
     assert isinstance(outcomes[0], NotFound)
     assert str(outcomes[0]).startswith("operations[0] (receipt): ")  # as `commit` words it
     assert isinstance(outcomes[1], journal_pb2.CommitResponse)
@@ -536,9 +555,9 @@ def test_a_lone_receipt_batch_is_not_sent_ahead(
 
     monkeypatch.setattr(JournalStore, "_send_batches", send)
     tasks = _tasks(store, 2)
-    (outcome,) = store.commit_group([_running(p, t, f"{t}/0") for p, t in tasks[:1]])
+    (outcome,) = _commit_group(store, [_running(p, t, f"{t}/0") for p, t in tasks[:1]])
     assert isinstance(outcome, journal_pb2.CommitResponse) and sent == []
-    outcomes = store.commit_group([_running(p, t, f"{t}/1") for p, t in tasks])
+    outcomes = _commit_group(store, [_running(p, t, f"{t}/1") for p, t in tasks])
     assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
     assert sent == [2]  # both offered to the pipeline together
 
@@ -549,7 +568,7 @@ def test_the_same_batch_twice_in_a_sent_group_is_applied_once(
     (a, task_a), (b, task_b) = _tasks(store, 2)
     request = _running(a, task_a, f"{task_a}/0")
     ends = _count_commits(engine)
-    outcomes = store.commit_group([request, _running(b, task_b, f"{task_b}/0"), request])
+    outcomes = _commit_group(store, [request, _running(b, task_b, f"{task_b}/0"), request])
     assert ends == ["commit"]  # the second copy was not sent: it replays the first
     assert isinstance(outcomes[0], journal_pb2.CommitResponse) and not outcomes[0].replayed
     assert isinstance(outcomes[1], journal_pb2.CommitResponse)
@@ -562,7 +581,7 @@ def test_a_group_recording_one_step_twice_stores_it_once(
     ((player, task_id),) = _tasks(store, 1)
     step = f"{task_id}/0"
     ends = _count_commits(engine)
-    outcomes = store.commit_group([_running(player, task_id, step) for _ in range(2)])
+    outcomes = _commit_group(store, [_running(player, task_id, step) for _ in range(2)])
     assert ends == ["commit"]
     assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
     assert store.get_step(step, "t.t").state == journal_pb2.STEP_STATE_RUNNING
@@ -585,7 +604,7 @@ def test_a_sent_batch_of_several_writes_keeps_their_order(
         _receipt(missing, task_id, journal_pb2.STEP_STATE_DONE, result=b"r", codec_id="c:c"),
         _receipt(other, task_id, journal_pb2.STEP_STATE_RUNNING),
     )
-    outcomes = store.commit_group([both, backwards])
+    outcomes = _commit_group(store, [both, backwards])
     assert isinstance(outcomes[0], journal_pb2.CommitResponse)
     assert isinstance(outcomes[1], NotFound) and str(outcomes[1]).startswith("operations[0]")
     assert store.get_step(step, "t.t").result == b"r"
@@ -605,11 +624,12 @@ def test_a_sent_write_that_needs_room_evicts_where_it_would_have(engine: Engine)
     second, _, _ = store.create_task(player, "system:event", None, "e-2")
     ((other, other_task),) = _tasks(store, 1)
     ends = _count_commits(engine)
-    outcomes = store.commit_group(
+    outcomes = _commit_group(
+        store,
         [
             _running(player, second.task_id, f"{second.task_id}/0"),
             _running(other, other_task, f"{other_task}/0"),
-        ]
+        ],
     )
     assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
     assert ends == ["commit"]  # the fast form did not fit; the long way evicted, same run
@@ -631,7 +651,7 @@ def test_one_players_writes_in_a_sent_group_each_see_the_ledger_the_last_left(
     others = _tasks(store, 2)
     requests = [_running(player, task_id, f"{task_id}/{n}") for n in range(3)]
     requests += [_running(other, other_task, f"{other_task}/0") for other, other_task in others]
-    outcomes = store.commit_group(requests)
+    outcomes = _commit_group(store, requests)
     assert isinstance(outcomes[0], journal_pb2.CommitResponse)
     assert isinstance(outcomes[1], journal_pb2.CommitResponse)
     assert isinstance(outcomes[2], ResourceExhausted)  # STORAGE_FULL: nothing terminal to evict
@@ -653,12 +673,13 @@ def test_fenced_batches_in_a_sent_group_each_check_their_own_lease(
         lease = store.acquire_lease(f"task:{task_id}", "replica-a", 30)
         fences.append(journal_pb2.Fence(lease_name=lease.name, token=lease.token))
     stale = journal_pb2.Fence(lease_name=fences[1].lease_name, token=fences[1].token - 1)
-    outcomes = store.commit_group(
+    outcomes = _commit_group(
+        store,
         [
             _running(tasks[0][0], tasks[0][1], f"{tasks[0][1]}/0", fence=fences[0]),
             _running(tasks[1][0], tasks[1][1], f"{tasks[1][1]}/0", fence=stale),
             _running(tasks[2][0], tasks[2][1], f"{tasks[2][1]}/0", fence=fences[2]),
-        ]
+        ],
     )
     assert isinstance(outcomes[0], journal_pb2.CommitResponse)
     assert isinstance(outcomes[1], FailedPrecondition)
@@ -727,11 +748,11 @@ def test_a_large_sent_group_applies_every_batch_once(store: JournalStore, engine
     requests = [_running(p, t, f"{t}/0") for p, t in tasks]
     requests[17] = retried
     ends = _count_commits(engine)
-    outcomes = store.commit_group(requests)
+    outcomes = _commit_group(store, requests)
     assert ends == ["rollback", "commit"]  # the retry's row was there: once more, plainly
     assert [o.replayed for o in outcomes] == [i == 17 for i in range(23)]  # type: ignore[union-attr]
     ends.clear()
-    outcomes = store.commit_group([_done(p, f"{t}/0", result=p.encode()) for p, t in tasks])
+    outcomes = _commit_group(store, [_done(p, f"{t}/0", result=p.encode()) for p, t in tasks])
     assert ends == ["commit"] and not any(o.replayed for o in outcomes)  # type: ignore[union-attr]
     for player, task_id in tasks:
         assert store.get_step(f"{task_id}/0", "t.t").result == player.encode()
