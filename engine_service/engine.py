@@ -68,11 +68,6 @@ class BoundedExecutor:
         self._closed = False
 
     @property
-    def admitted(self) -> int:
-        """Jobs running or waiting now."""
-        return self._admitted
-
-    @property
     def capacity(self) -> int:
         """Workers plus queue places."""
         return self._limit

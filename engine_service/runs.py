@@ -176,10 +176,6 @@ class PlayerRuns:
     def running(self, player_id: str) -> Run | None:
         return self._runs.get(player_id)
 
-    def active_players(self) -> list[str]:
-        """Players with a run in progress on this replica."""
-        return list(self._runs)
-
     def join_or_start(self, player_id: str, print_: str) -> Run | None:
         """None when the caller starts a new run (call `start` next, without awaiting in
         between); the run in progress when `print_` duplicates it. Raises ResourceExhausted

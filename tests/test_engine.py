@@ -506,7 +506,7 @@ async def test_slow_module_past_the_deadline_is_a_timeout() -> None:
     assert time.monotonic() - started < 2
     assert result.status == FAILED
     assert result.failure.key == "system.error.timeout"
-    assert engine.interactive.admitted == 0  # the slot was given back
+    assert engine.interactive._admitted == 0  # the slot was given back
 
 
 async def test_execute_records_the_exchange_in_history() -> None:
@@ -624,7 +624,7 @@ async def test_full_interactive_queue_is_resource_exhausted() -> None:
 
     engine = _engine(_registry(_module("test:wait", waits)), workers=1, queue=0)
     first = asyncio.create_task(engine.execute(_player(), _action("test:wait"), ""))
-    await wait_until(lambda: engine.interactive.admitted == 1, what="the first run admitted")
+    await wait_until(lambda: engine.interactive._admitted == 1, what="the first run admitted")
     with pytest.raises(ResourceExhausted, match="queue is full"):  # another player: the queue
         await engine.execute(_player(player_id="p-2"), _action("system:help"), "")
     gate.set()
@@ -651,7 +651,7 @@ async def test_bounded_executor_refuses_at_once_beyond_workers_plus_queue() -> N
     first = asyncio.create_task(executor.run(job))
     second = asyncio.create_task(executor.run(job))
     await wait_until(
-        lambda: executor.admitted == 2 and running == 1, what="one job running, one queued"
+        lambda: executor._admitted == 2 and running == 1, what="one job running, one queued"
     )
     started = time.monotonic()
     with pytest.raises(ResourceExhausted, match="interactive queue is full"):
@@ -660,7 +660,7 @@ async def test_bounded_executor_refuses_at_once_beyond_workers_plus_queue() -> N
     gate.set()
     assert await asyncio.gather(first, second) == ["done", "done"]
     assert peak == 1  # one worker: the second waited
-    assert executor.admitted == 0
+    assert executor._admitted == 0
     third = asyncio.create_task(executor.run(job))
     fourth = asyncio.create_task(executor.run(job))
     assert await asyncio.gather(third, fourth) == ["done", "done"]
@@ -675,11 +675,11 @@ async def test_bounded_executor_frees_the_slot_of_a_cancelled_or_failing_job() -
     with pytest.raises(ValueError):
         await executor.run(boom)
     task = asyncio.create_task(executor.run(lambda: asyncio.sleep(10)))
-    await wait_until(lambda: executor.admitted == 1, what="the job admitted")
+    await wait_until(lambda: executor._admitted == 1, what="the job admitted")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert executor.admitted == 0
+    assert executor._admitted == 0
     assert await executor.run(lambda: asyncio.sleep(0, "ok")) == "ok"
 
 

@@ -491,15 +491,15 @@ async def test_a_burst_ten_times_the_queue_gets_busy_at_once_and_leaves_nothing(
             tracemalloc.stop()
         # Nothing of the burst stays behind: no runs, snapshots or queue places, and memory
         # back near where it was (allocator slack and logging buffers aside).
-        assert engine.interactive.admitted == 0
-        assert not engine.runs.active_players()
+        assert engine.interactive._admitted == 0
+        assert not engine.runs._runs
         assert not engine.players._players
         assert after - before < 2 * 1024 * 1024, f"{(after - before) / 1024:.0f} KiB kept"
 
 
 async def _until_idle(engine: Any) -> None:
     await wait_until(
-        lambda: engine.interactive.admitted == 0 and not engine.runs.active_players(),
+        lambda: engine.interactive._admitted == 0 and not engine.runs._runs,
         timeout=10,
         interval=0.05,
         what="the engine idle: no queue places or runs left",
@@ -516,7 +516,7 @@ async def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
 
     running = asyncio.ensure_future(executor.run(job))
     queued = [asyncio.ensure_future(executor.run(job)) for _ in range(2)]
-    await wait_until(lambda: executor.admitted == 3, what="one job running, two queued")
+    await wait_until(lambda: executor._admitted == 3, what="one job running, two queued")
     with pytest.raises(ResourceExhausted):
         await executor.run(job)
     assert executor.shutdown() == 2
@@ -527,7 +527,7 @@ async def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
         await executor.run(job)
     gate.set()
     assert await running == "done"  # running work finishes
-    assert executor.admitted == 0
+    assert executor._admitted == 0
 
 
 async def test_an_event_backlog_is_claimed_in_batches(database_url: str) -> None:

@@ -468,7 +468,7 @@ async def test_cancellation_stops_a_run() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await wait_until(lambda: engine.interactive.admitted == 0, what="the run's slot given back")
+    await wait_until(lambda: engine.interactive._admitted == 0, what="the run's slot given back")
     assert engine.players.current(_player(level=9)).permission_level == 9  # snapshot released
     # Nothing of the run goes on after it: no second call of the three.
     await holds_for(lambda: tools.calls == [COUNTER], 0.05, what="no tool call after the cancel")

@@ -11,7 +11,7 @@ A plain sleep is left only where time passing is the behaviour under test (a lea
 a session expiring, a connection left idle) or where it stands for a slow part of the system (a
 slow module, a transaction held open, a game server answering late).
 
-    await wait_until(lambda: executor.admitted == 2, what="both jobs admitted")
+    await wait_until(lambda: len(started) == 2, what="both jobs started")
     tasks = await wait_until(lambda: stack.tasks("steve"), timeout=10, what="steve's task")
 """
 
