@@ -13,10 +13,10 @@ never share entries. Bounds: a global entry count, an entry count per player and
 with access-order LRU eviction; they can change on reload (`resize`).
 
 Late writes: a model call and the module run take time, and meanwhile the player may clear
-their memory, change preferences, revoke or disconnect (`clear_player`), or the runtime may be
-replaced (`set_runtime_generation`). A caller takes a `PlayerScope` before routing and hands it
-back with the write; a write whose scope, memory generation or runtime generation is no longer
-current is dropped.
+their memory, change preferences, revoke or disconnect (`clear_player`). A caller takes a
+`PlayerScope` before routing and hands it back with the write; a write whose scope or memory
+generation is no longer current is dropped. A write routed under a runtime generation that was
+replaced meanwhile is keyed on the old one, which no later lookup asks for.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from typing import Any
 from router_service.semantic.text import normalize
 
 __all__ = [
-    "CacheStats",
     "CachedIntent",
     "ClearReason",
     "IntentCache",
@@ -48,7 +47,7 @@ __all__ = [
 
 
 class ClearReason(enum.StrEnum):
-    """Why a player's scope was cleared (counted in `CacheStats.clears`)."""
+    """Why a player's scope was cleared."""
 
     MEMORY_CLEARED = "memory_cleared"
     PREFERENCES_CHANGED = "preferences_changed"
@@ -75,8 +74,6 @@ class WriteOutcome(enum.StrEnum):
     """The player's scope was cleared after the scope was taken."""
     STALE_MEMORY = "stale_memory"
     """A newer memory generation of this player has been seen."""
-    STALE_RUNTIME = "stale_runtime"
-    """The runtime generation changed after routing."""
     EMPTY_TEXT = "empty_text"
     """Nothing is left of the text after normalisation."""
 
@@ -90,7 +87,7 @@ class PlayerScope:
     """Whoever the cache isolates: the caller composes it (for example server id and player
     id) so that two players can never share it."""
     generation: int
-    """Bumped by every clear of this player's scope (and by `clear_all`)."""
+    """Bumped by every clear of this player's scope (and when the cache starts over)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,24 +99,6 @@ class CachedIntent:
     arguments: Mapping[str, Any]
     expires_at: float
     """On the cache's clock."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheStats:
-    """Counters for diagnostics; no keys, players or texts."""
-
-    entries: int
-    max_entries_per_player: int
-    """The largest number of entries any one player holds now."""
-    hits: int
-    misses: int
-    evictions: int
-    """Entries removed by the global or per-player bound (LRU)."""
-    expirations: int
-    """Entries removed because their TTL ran out."""
-    writes: int
-    refused_writes: int
-    clears: int
 
 
 _Key = tuple[str, int, Hashable, Hashable, str, bytes]
@@ -183,7 +162,8 @@ class IntentCache:
         normalize: Text normalisation before hashing; by default the one every matching
             stage uses, so the cache and the local matcher see the same text.
         max_tracked_players: Players whose scope generation is remembered; past it the cache
-            starts over (as `clear_all`), which costs cached intents but never isolation.
+            starts over (every entry dropped, every scope taken before made stale), which
+            costs cached intents but never isolation.
     """
 
     def __init__(
@@ -207,12 +187,10 @@ class IntentCache:
         self._entries: collections.OrderedDict[_Key, CachedIntent] = collections.OrderedDict()
         self._players: dict[str, _PlayerState] = {}
         # Generations come from one counter, so a generation is never reused: a scope taken
-        # before `clear_all` (or before a player's state was forgotten) can never match again.
+        # before the cache started over (or before a player's state was forgotten) can never
+        # match again.
         self._generations = itertools.count(1)
         self._floor = next(self._generations)
-        self._runtime_generation: Hashable | None = None
-        self._hits = self._misses = self._evictions = self._expirations = 0
-        self._writes = self._refused = self._clears = 0
 
     @staticmethod
     def _check(max_entries: int, ttl_seconds: float, per_player: int) -> None:
@@ -236,7 +214,6 @@ class IntentCache:
         disconnects. Returns how many entries were dropped."""
         ClearReason(reason)
         with self._lock:
-            self._clears += 1
             state = self._players.get(player_id)
             dropped = 0
             if state is None:
@@ -249,29 +226,10 @@ class IntentCache:
             state.generation = next(self._generations)
             return dropped
 
-    def clear_all(self) -> int:
-        """Drops every entry and invalidates every scope taken before. Returns how many entries
-        were dropped."""
-        with self._lock:
-            return self._clear_all_locked()
-
-    def set_runtime_generation(self, generation: Hashable) -> bool:
-        """Declares the current runtime generation (module registry, lexicon, policy). A change
-        clears everything; writes routed under another generation are dropped from then on.
-        Returns True when it changed."""
-        with self._lock:
-            if generation == self._runtime_generation:
-                return False
-            self._runtime_generation = generation
-            self._clear_all_locked()
-            return True
-
-    def _clear_all_locked(self) -> int:
-        dropped = len(self._entries)
+    def _clear_all_locked(self) -> None:
         self._entries.clear()
         self._players.clear()
         self._floor = next(self._generations)
-        return dropped
 
     def _track(self, player_id: str) -> _PlayerState:
         if len(self._players) >= self._max_tracked_players:
@@ -339,7 +297,6 @@ class IntentCache:
             key = None
             if (
                 state is not None
-                and runtime_generation == self._current_runtime(runtime_generation)
                 and self._observe_memory(state, memory_generation)
                 and state.keys  # most players have no entry: skip normalising and hashing
             ):
@@ -348,21 +305,12 @@ class IntentCache:
                 entry = self._entries.get(key)
                 if entry is not None and entry.expires_at <= self._clock():
                     self._remove(key)
-                    self._expirations += 1
                     entry = None
             if entry is None or state is None or key is None:
-                self._misses += 1
                 return None
             self._entries.move_to_end(key)
             state.keys.move_to_end(key)
-            self._hits += 1
             return entry
-
-    def _current_runtime(self, runtime_generation: Hashable) -> Hashable:
-        # Until a runtime generation is declared, any is accepted (keys still separate them).
-        if self._runtime_generation is None:
-            return runtime_generation
-        return self._runtime_generation
 
     def record_success(
         self,
@@ -408,12 +356,8 @@ class IntentCache:
         with self._lock:
             if outcome is None:
                 outcome = self._write_locked(
-                    key, scope, runtime_generation, memory_generation, module_id, reparsed_arguments
+                    key, scope, memory_generation, module_id, reparsed_arguments
                 )
-            if outcome is WriteOutcome.WRITTEN:
-                self._writes += 1
-            else:
-                self._refused += 1
             return outcome
 
     @staticmethod
@@ -432,15 +376,12 @@ class IntentCache:
         self,
         key: _Key | None,
         scope: PlayerScope,
-        runtime_generation: Hashable,
         memory_generation: int,
         module_id: str,
         arguments: Mapping[str, Any] | None,
     ) -> WriteOutcome:
         if key is None:
             return WriteOutcome.EMPTY_TEXT
-        if runtime_generation != self._current_runtime(runtime_generation):
-            return WriteOutcome.STALE_RUNTIME
         state = self._current(scope)
         if state is None:
             return WriteOutcome.STALE_SCOPE
@@ -455,10 +396,8 @@ class IntentCache:
                 self._purge_expired_locked()
             while len(state.keys) >= self._per_player:
                 self._remove(next(iter(state.keys)))
-                self._evictions += 1
             while len(self._entries) >= self._max_entries:
                 self._remove(next(iter(self._entries)))
-                self._evictions += 1
         frozen = types.MappingProxyType(copy.deepcopy(dict(arguments or {})))
         self._entries[key] = CachedIntent(module_id, frozen, self._clock() + self._ttl)
         state.keys[key] = None
@@ -470,15 +409,13 @@ class IntentCache:
         if state is not None:
             state.keys.pop(key, None)
 
-    def _purge_expired_locked(self) -> int:
+    def _purge_expired_locked(self) -> None:
         now = self._clock()
         expired = [key for key, entry in self._entries.items() if entry.expires_at <= now]
         for key in expired:
             self._remove(key)
-        self._expirations += len(expired)
-        return len(expired)
 
-    # -- settings and diagnostics -------------------------------------------------------------
+    # -- settings -----------------------------------------------------------------------------
 
     def resize(self, max_entries: int, ttl_seconds: float, per_player: int) -> None:
         """Applies new bounds at once (configuration reload): least recently used entries go
@@ -492,29 +429,9 @@ class IntentCache:
             for state in list(self._players.values()):
                 while len(state.keys) > per_player:
                     self._remove(next(iter(state.keys)))
-                    self._evictions += 1
             while len(self._entries) > max_entries:
                 self._remove(next(iter(self._entries)))
-                self._evictions += 1
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
-
-    def stats(self) -> CacheStats:
-        """Counters and sizes after dropping expired entries."""
-        with self._lock:
-            self._purge_expired_locked()
-            return CacheStats(
-                entries=len(self._entries),
-                max_entries_per_player=max(
-                    (len(s.keys) for s in self._players.values()), default=0
-                ),
-                hits=self._hits,
-                misses=self._misses,
-                evictions=self._evictions,
-                expirations=self._expirations,
-                writes=self._writes,
-                refused_writes=self._refused,
-                clears=self._clears,
-            )
