@@ -435,10 +435,6 @@ class ButtonMatcher:
         """Loads jieba now (about a second) rather than on the first Chinese text."""
         self._segmenter()
 
-    def cached_indexes(self) -> int:
-        with self._lock:
-            return len(self._indexes)
-
     def match(self, text: str, lang: str, buttons: Sequence[Button]) -> ButtonMatch:
         """Which of `buttons` the text presses, if any.
 

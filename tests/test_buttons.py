@@ -221,11 +221,14 @@ def test_indexes_are_reused_per_button_set_and_language() -> None:
     matcher = ButtonMatcher({"details": {"zh": ["查看详情"]}}, cache_size=2, segment=segment)
     other_notice = [("n:9/details", "details", "详情")]
     matcher.match("详情", "zh", REWARD_ZH)
+    calls.clear()
     matcher.match("详情", "zh", [("notice:8/" + a.split("/")[1], k, t) for a, k, t in REWARD_ZH])
-    assert matcher.cached_indexes() == 1  # same labels, other action ids: one index
+    assert "领取奖励" not in calls  # same labels, other action ids: the index is reused
     matcher.match("详情", "en", REWARD_ZH)
     matcher.match("详情", "zh", other_notice)
-    assert matcher.cached_indexes() == 2  # bounded
+    calls.clear()
+    matcher.match("详情", "zh", REWARD_ZH)
+    assert "领取奖励" in calls  # bounded at two: the oldest index was dropped, built again
     assert matcher.match("查看详情", "zh", other_notice).action_id == "n:9/details"
 
 
