@@ -155,18 +155,6 @@ class ModuleScorer:
         model = self._models.get(lang)
         return model.estimator if model else None
 
-    def probabilities(self, analysis: Analysis, lang: str) -> dict[str, float] | None:
-        """Every class's calibrated probability for the analysed text; None when `lang` has
-        no model or the text has no feature the index knows."""
-        model = self._models.get(lang)
-        if model is None:
-            return None
-        row = self._index.query_vector(analysis, lang)
-        if row is None:
-            return None
-        proba = model.predict(*row)
-        return dict(zip(model.classes, proba.tolist(), strict=True))
-
     def probability(self, analysis: Analysis, lang: str, module_id: str) -> float | None:
         """The calibrated probability that the analysed text asks for `module_id`; None when
         there is no model, the module is no class of it, or no feature of the text is known."""
