@@ -111,7 +111,8 @@ async def settle(chain: Chain, client: GameServerClient, timeout: float = 20.0) 
         CHECKER, timeout, control=gateway_pb2.Control(action=gateway_pb2.CONTROL_ACTION_STATE)
     )
     assert state.WhichOneof("body") == "state", state
-    connection = chain.apps["gateway"].connections.for_player(f"{chain.server_id}/{CHECKER}")
+    connection = chain.apps["gateway"].connections.attached(f"{chain.server_id}/{CHECKER}")
+    assert connection is not None, "the checker is not attached"
     await wait_until(
         lambda: not connection.running,
         timeout,

@@ -15,8 +15,7 @@ from system.gateway.v1 import gateway_pb2
 
 from services.gateway.card_books import CardBookStore
 from services.gateway.players import PlayerState
-from services.gateway.validation import shown
-from services.runtime.errors import NotFound, Unavailable
+from services.runtime.errors import Unavailable
 
 __all__ = ["Connection", "ConnectionRegistry", "PendingCall", "RunningRequest"]
 
@@ -324,10 +323,3 @@ class ConnectionRegistry:
     def pending(self) -> int:
         """Player requests in progress on every connection."""
         return sum(len(connection.running) for connection in self._by_server.values())
-
-    def for_player(self, scoped_id: str) -> Connection:
-        """The connection the player (by scoped id) is attached to."""
-        connection = self._attached.get(scoped_id)
-        if connection is None:
-            raise NotFound(f"player {shown(scoped_id)} is not connected")
-        return connection
