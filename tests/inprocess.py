@@ -39,11 +39,12 @@ from services.model_gateway.config import ModelConfig
 from services.model_testserver import FakeOpenAIServer
 from services.runtime.interceptors import client_interceptors
 from services.runtime.security import CALLERS
+from services.runtime.server import ServiceHost
 from services.stack.launcher import free_port
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 
-__all__ = ["Chain", "CutOffClient", "card_lines", "running_chain"]
+__all__ = ["Chain", "CutOffClient", "card_lines", "internal_target", "running_chain"]
 
 SERVER_ID = "sim"
 # Every service in tests: any free port, no metrics endpoint, no drain, a short grace.
@@ -153,7 +154,7 @@ class Chain:
             (("authorization", f"Bearer {self.credentials['engine']}"),) if self.credentials else ()
         )
         channel = grpc.aio.insecure_channel(
-            self.apps["gateway"].host.internal_target,
+            internal_target(self.apps["gateway"].host),
             interceptors=client_interceptors(metadata=lambda: metadata),
         )
         self._channels.append(channel)
@@ -404,6 +405,12 @@ class CutOffClient(GameServerClient):
                 if drop:
                     return
         await super().send(frame)
+
+
+def internal_target(host: ServiceHost) -> str:
+    """`host:port` of the host's internal port that clients on this machine can dial (the
+    address `target` dials, with the internal port)."""
+    return f"{host.target.rpartition(':')[0]}:{host.internal_port}"
 
 
 def card_lines(response: gateway_pb2.PlayerResponse) -> list[str]:

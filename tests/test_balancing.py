@@ -27,6 +27,7 @@ from services.runtime.config import ConfigError, ServerConfig
 from services.runtime.errors import Unavailable
 from services.runtime.multiplex import MultiplexServer, StreamedCalls
 from services.runtime.server import PublicPort, ServiceHost
+from tests.inprocess import internal_target
 from tests.waiting import wait_until
 
 RELAY_NAME = "system.relay.v1.ToolRelayService"
@@ -294,7 +295,7 @@ async def test_unary_calls_go_on_across_aged_connections_and_the_public_port_kee
     host, relay = await _replica(
         _config(max_connection_age_seconds=0.3, max_connection_age_grace_seconds=2.0), public
     )
-    internal = Dependency(host.internal_target, relay_pb2_grpc.ToolRelayServiceStub)
+    internal = Dependency(internal_target(host), relay_pb2_grpc.ToolRelayServiceStub)
     outside = Dependency(host.target, relay_pb2_grpc.ToolRelayServiceStub)
     failures: list[BaseException] = []
     try:

@@ -688,7 +688,7 @@ async def test_an_undecodable_call_leaves_the_relay_stream_up(tmp_path: Any) -> 
     async with servers_chain(tmp_path) as chain:
         a = await connect(chain, "a")
         await a.join(STEVE, "Steve")
-        channel = grpc.aio.insecure_channel(chain.apps["gateway"].host.internal_target)
+        channel = grpc.aio.insecure_channel(inprocess.internal_target(chain.apps["gateway"].host))
         try:
             raw = channel.stream_stream(
                 "/system.relay.v1.ToolRelayService/MultiplexCalls",

@@ -24,7 +24,7 @@ from system.storage.v1 import card_book_pb2, card_book_pb2_grpc, presence_pb2, p
 from services.gamesim.client import FrameRefused, GameServerClient
 from services.gamesim.world import World
 from storage_service.presence import PlayerPresenceRow
-from tests.inprocess import SERVER_ID, Chain, running_chain
+from tests.inprocess import SERVER_ID, Chain, internal_target, running_chain
 from tests.waiting import wait_until
 
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -70,7 +70,7 @@ async def located(chain: Chain, player_id: str = STEVE) -> presence_pb2.LocatePl
 
 
 def relay_address(chain: Chain, gateway: str) -> str:
-    return chain.apps[gateway].host.internal_target
+    return internal_target(chain.apps[gateway].host)
 
 
 async def wait_located_at(chain: Chain, gateway: str) -> None:

@@ -26,7 +26,7 @@ from system.storage.v1 import presence_pb2, presence_pb2_grpc
 from services.gamesim.client import GameServerClient
 from services.gamesim.world import World
 from services.stack.launcher import free_port
-from tests.inprocess import SERVER_ID, Chain, HoldingClient, running_chain
+from tests.inprocess import SERVER_ID, Chain, HoldingClient, internal_target, running_chain
 from tests.waiting import wait_until
 
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
@@ -81,7 +81,7 @@ async def wait_located_at(chain: Chain, player_id: str, gateway: str) -> None:
     """Until storage names `gateway` for the player (asked with the engine's credential)."""
     stub = presence_pb2_grpc.PresenceServiceStub(chain.channel("storage"))
     auth = (("authorization", f"Bearer {chain.credentials['engine']}"),)
-    address = chain.apps[gateway].host.internal_target
+    address = internal_target(chain.apps[gateway].host)
 
     async def there() -> bool:
         found = await stub.LocatePlayer(

@@ -213,11 +213,6 @@ class ServiceHost:
         """`host:port` of `config.port` that clients on this machine can dial."""
         return f"{self._dial_host}:{self.port}"
 
-    @property
-    def internal_target(self) -> str:
-        """`host:port` of the internal port that clients on this machine can dial."""
-        return f"{self._dial_host}:{self.internal_port}"
-
     def _listeners(self) -> list[_Listener]:
         return [self._internal] + ([self._public] if self._public is not None else [])
 
