@@ -149,7 +149,6 @@ class Router:
         buttons: ButtonMatcher,
         diagnostics: diag.RouterDiagnostics,
         model: ModelRouter | None,
-        semantic_config_path: str = "",
         shared: SharedIntentCache | None = None,
     ) -> None:
         self._catalog = catalog
@@ -161,7 +160,6 @@ class Router:
         self._buttons = buttons
         self.diagnostics = diagnostics
         self._model = model
-        self._config_path = semantic_config_path
         # The modules a player may use depend only on the catalogue, their permission level
         # and their server's features: worked out once per such combination, not per call.
         self._allowed_catalog: Catalog | None = None
