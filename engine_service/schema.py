@@ -45,8 +45,6 @@ class SchemaViolation:
     """Where in the value, as `items[0].item`; empty for the value itself."""
     expected: str
     """What the schema expects there, in words (`is required`, `must be at least 1`)."""
-    top_level_field: bool
-    """True when `path` names a field of the value itself (for input messages)."""
 
     def text(self, what: str = "value") -> str:
         """`items[0].item is required`, or `value must be a object` at the root."""
@@ -172,12 +170,12 @@ def violation(schema: dict[str, Any], value: Any) -> SchemaViolation | None:
     """The first way `value` breaks `schema`, or None when it conforms."""
     bad = _non_finite(value)
     if bad is not None:
-        return SchemaViolation(path_text(bad), "must be a finite number", len(bad) == 1)
+        return SchemaViolation(path_text(bad), "must be a finite number")
     error = best_match(_validator(schema).iter_errors(value))
     if error is None:
         return None
     path, expected = _describe(error)
-    return SchemaViolation(path_text(path), expected, len(path) == 1)
+    return SchemaViolation(path_text(path), expected)
 
 
 def normalise(schema: dict[str, Any], value: Any) -> Any:
