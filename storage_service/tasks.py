@@ -236,16 +236,14 @@ def _locked_task(
     if player_id is None or player_id not in _locks_held(session):
         player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
     if player_id is not None:
-        params = {"task_id": task_id, "player_id": player_id}
-        if with_ledger and _ledgers_held(session, player_id):
-            found = _TASK_AND_LEDGER_FOR_UPDATE.execute(session, params).first()
-            if found is not None:
-                *columns, count, total = found
-                return _task_row(columns), (count, total)
-        else:
-            found = _TASK_FOR_UPDATE.execute(session, params).first()
-            if found is not None:
+        ledgered = with_ledger and _ledgers_held(session, player_id)
+        statement = _TASK_AND_LEDGER_FOR_UPDATE if ledgered else _TASK_FOR_UPDATE
+        found = statement.execute(session, {"task_id": task_id, "player_id": player_id}).first()
+        if found is not None:
+            if not ledgered:
                 return _task_row(found), None
+            *columns, count, total = found
+            return _task_row(columns), (count, total)
     raise _no_task(task_id)
 
 
