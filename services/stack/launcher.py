@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -77,10 +78,36 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_CHOSEN = 10000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
+    """A loopback port free now, for a service started a little later. Chosen below the
+    kernel's ephemeral range where it says what that is (Linux): a port from that range (what
+    binding port 0 gives) may meanwhile become the local end of some outgoing connection, and
+    the service then cannot listen on it. Never the same port twice in one process."""
+    try:
+        lowest_ephemeral = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lowest_ephemeral = 0
+    for _ in range(200 if lowest_ephemeral > _LOWEST_CHOSEN + 1000 else 0):
+        port = random.randrange(_LOWEST_CHOSEN, lowest_ephemeral)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 @dataclasses.dataclass
