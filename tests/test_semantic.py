@@ -522,6 +522,20 @@ def test_every_guard_blocks_a_direct_route(
         ("purchase", "write"),
         ("sign in", "write"),
         ("redeem code", "write"),
+        # The Chinese lists say what the English ones say (issue 17, round 9): `stop`,
+        # `again`, `that one`, `log in`, `set`, `reset`, `remove`, `turn off`.
+        ("停止播放音乐", "negation"),
+        ("再跟我说一遍", "reference"),
+        ("重复一下", "reference"),
+        ("那首歌叫什么", "reference"),
+        ("登录我的账号", "write"),
+        ("设个闹钟", "write"),
+        ("帮我定一个六点的闹钟", "write"),
+        ("设置闹钟", "write"),
+        ("重置密码", "write"),
+        ("把这个提醒删掉", "write"),
+        ("去掉购物清单里的牛奶", "write"),
+        ("关掉插座", "write"),
     ],
 )
 def test_guards_in_both_languages(text: str, guard: str) -> None:
@@ -569,6 +583,11 @@ def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
     assert check_guards("don't cancel it", declared) == "negation"
     # The same marker in other company is still a guard: `it` after `read` is a reference.
     assert check_guards("read it", declared) == "reference"
+    # Chinese `设` (set) likewise: `闹钟设了几个` declares `钟|设`; `设个闹钟` still fires.
+    declared_zh = declared_markers(["闹钟设好了几个", "这周一共定好几个闹钟"])
+    assert check_guards("闹钟设好了吗", declared_zh) is None
+    assert check_guards("设好闹钟", declared_zh) == "write"
+    assert check_guards("给我定个闹钟", declared_zh) == "write"
 
 
 @pytest.mark.parametrize(
@@ -675,6 +694,9 @@ def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
         "查看当前任务",
         "show my items",
         "查询物品类别",
+        "这是什么设备",  # 设 of 设备 (device) is no `set`
+        "我一定要看商店",  # nor 定 of 一定
+        "看看订单",
     ):
         assert fired_guards(text) == [], text
     assert [g.name for g in GUARDS] == [

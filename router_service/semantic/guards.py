@@ -15,6 +15,12 @@ words as the way the module is asked. Words that change state but that read requ
 `what time is the alarm set for` declares `alarm|set` and `set an alarm` still fires. Claim,
 buy, pay, sign-in and the other write words (`WRITE`) never are (seed 004).
 
+**Both languages' lists say the same things** (issue 17, round 9): `stop` is 停止, `again` is
+再…一遍, `that one` 那首 / 那条, `log in` 登录, `set` 设置 / 设个 / 定个, `turn off` 关掉, `remove`
+删掉 / 去掉. Measured on the development set translated into Chinese
+(`corpus/hwu64-zh/`), where Chinese requests lacking them routed `设个闹钟` to the alarm query and
+`再跟我说一遍` to the explain module.
+
 **The `and` of `between A and B` is no compound** (`_joins_one_thing`): it joins the two ends of
 one thing (`the exchange rate between the dollar and the euro`).
 """
@@ -77,7 +83,8 @@ NEGATION = Guard("negation", _pattern(
     ["not", r"no(?!\s*\.)", "never", "don't", "dont", "doesn't", "doesnt", "didn't", "didnt",
      "won't", "wont", "can't", "cant", "cannot", "isn't", "aren't", "shouldn't", "without",
      "nothing", "none", "neither", "nor", "stop"],
-    ["不", r"(?<![类区级性识辨告分特派])别(?!的)", "没", "勿", "莫", "甭", "休想", "无需", "毋"],
+    ["不", r"(?<![类区级性识辨告分特派])别(?!的)", "没", "勿", "莫", "甭", "休想", "无需", "毋",
+     "停止", "停下"],
 ))
 CONDITION = Guard("condition", _pattern(
     ["if", "when", "whenever", "unless", "once", "in case", "as soon as", "until", "after",
@@ -90,7 +97,8 @@ REFERENCE = Guard("reference", _pattern(
      "the same", "same one", "previous", "the last one", "the other", "one more", "again",
      "above", "him", "her", "his"],
     ["那个", "这个", "那些", "这些", "那件", "这件", "那里", "这里", "它", "他", "她", "刚才", "刚刚",
-     "上一个", "上个", "之前那", "同样", "上面", "前面", "那样", "这样"],
+     "上一个", "上个", "之前那", "同样", "上面", "前面", "那样", "这样", "另一个", "重复",
+     r"再[^，。,.!?！？\s]{0,4}一(?:遍|次)", "又一", r"那(?:首|条|封|张|本|篇|部|集|位|家)"],
 ))
 COMPOUND = Guard("compound", _pattern(
     ["and", "then", "also", "plus", "as well", "or", "after that", "too", "&"],
@@ -106,7 +114,7 @@ WRITE = Guard("write", _pattern(
     _WRITE_EN,
     ["执行", "领取", "领", "购买", "买", "支付", "付款", "付钱", "签到", "打卡", "兑换", "出售", "卖",
      "赠送", "送给", "转账", "提交", "确认", "下单", "充值", "交易", "接受", "放弃", "发送", "给我一",
-     "送我"],
+     "送我", "登录", "登陆"],
 ), lift="never")
 # Words that change state, but that a read request may use too (`the alarm set for six`,
 # `what's turned on`): a module's examples may declare them with the word before them.
@@ -115,8 +123,9 @@ _CHANGE_EN = [
     "turn off", "equip", "craft me", "collect", "receive", "take", "get me", "grab"]
 CHANGE = Guard("write", _pattern(
     _CHANGE_EN,
-    ["删除", "清空", "清除", "修改", "更改", "改成", "改为", "设为", "设置为", "开启", "关闭", "启用",
-     "禁用", "装备上", "拿", "收下", "提取"],
+    ["删除", "清空", "清除", "修改", "更改", "改成", "改为", "设为", "设置", "设定", "开启", "关闭",
+     "启用", "禁用", "装备上", "拿", "收下", "提取", "重置", "删掉", "删了", "去掉", "移除", "关掉",
+     "关上", r"设(?=个|一个|一下|成|到|好)", r"定(?=个|一个|一下|好)"],
 ), lift="left")
 # fmt: on
 
