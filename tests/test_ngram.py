@@ -480,6 +480,11 @@ def test_a_module_asked_in_one_direction_takes_no_text_saying_the_opposite(
     assert usual == {"en0-"}
     assert directions("Increased the volume") == {"en0+"}  # any inflection
     assert opposite("en0-") == "en0+"
+    # Chinese poles: `静音` (mute) is not the `静音` of `取消静音` (unmute).
+    mute, unmute = directions("把音箱静音"), directions("取消静音")
+    assert len(mute) == len(unmute) == 1 and opposite(next(iter(mute))) in unmute
+    assert directions("音量调低一点") == {opposite(next(iter(directions("音量调高"))))}
+    assert directions("下一首歌") and directions("这个亮点是什么") == frozenset()
     up = router.decide("turn the volume up on the speaker", "en")
     assert up.scorer_module == "demo:volume_down"
     assert up.outcome == "no_direct"

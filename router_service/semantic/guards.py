@@ -287,9 +287,18 @@ _OPPOSITES_EN = (
     ("warmer hotter heat", "cooler colder"),
     ("add create", "remove delete erase"),
 )
+# Chinese poles are regular expressions matched anywhere (no spaces between words): `静音`
+# (mute) is not the `静音` of `取消静音` (unmute).
 _OPPOSITES_ZH = (
-    ("调高 调大 增加 提高 升高 加大 调亮", "调低 调小 减少 降低 减小 调暗"),
-    ("打开 开启", "关闭 关掉 关上"),
+    ("调高 调大 增加 提高 升高 加大 大声 大点 大一点 响一点",
+     "调低 调小 减少 降低 减小 小声 小点 小一点 轻一点"),
+    ("调亮 变亮 亮一点 更亮", "调暗 变暗 暗一点 更暗"),
+    ("打开 开启 启用 开灯", "关闭 关掉 关上 停用 关灯"),
+    ("锁上 上锁 锁门", "解锁 开锁"),
+    ("(?<!取消)(?<!解除)静音", "取消静音 解除静音"),
+    ("下一(?:首|个|集|页|章|曲|张|条|封)", "上一(?:首|个|集|页|章|曲|张|条|封)"),
+    ("调暖 暖一点 热一点 升温", "调凉 凉一点 冷一点 降温"),
+    ("添加 加上 新建 创建", "删除 删掉 去掉 移除"),
 )
 # fmt: on
 _POLES_EN = {
@@ -299,7 +308,7 @@ _POLES_EN = {
     for word in words.split()
 }
 _POLES_ZH = tuple(
-    (word, f"zh{i}{sign}")
+    (re.compile(word), f"zh{i}{sign}")
     for i, pair in enumerate(_OPPOSITES_ZH)
     for sign, words in zip("+-", pair, strict=True)
     for word in words.split()
@@ -317,7 +326,7 @@ def directions(text: str) -> frozenset[str]:
         for form in (token, *inflection_bases(token))
         if form in _POLES_EN
     }
-    found.update(pole for word, pole in _POLES_ZH if word in prepared)
+    found.update(pole for word, pole in _POLES_ZH if word.search(prepared))
     return frozenset(found)
 
 
