@@ -423,6 +423,38 @@ def test_a_catalogue_beyond_the_scorers_size_routes_with_the_gates_alone(
     assert ngram._fit_language(texts, labels, [], analyzer) is None
 
 
+def test_a_catalogue_beyond_the_fits_size_trains_on_a_spread_of_each_modules_examples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More examples than the closed-form fit takes (a 100-shot catalogue): each module keeps
+    as many as fit, its most typical and then those least like the ones kept (a near-duplicate
+    is left out), while topic coverage still knows every example's words."""
+    from router_service.semantic import ngram
+
+    examples = [
+        ("test:a", ["open the shop", "open the shop today", "browse the store"]),
+        ("test:b", ["show my mail", "show my mail today", "read my inbox"]),
+    ]
+    texts = [t for _, ts in examples for t in ts]
+    labels = [m for m, ts in examples for _ in ts]
+    analyzer = ngram.Analyzer()
+    monkeypatch.setattr(ngram, "MAX_EXAMPLES", 4)
+    model = ngram._fit_language(texts, labels, [], analyzer)
+    assert model is not None
+    assert len(model.loo) == 4  # two examples of each module fitted
+    chosen = ngram._spread(model.featurizer.matrix, labels, 4)
+    assert [texts[i] for i in chosen] == [
+        "open the shop",
+        "browse the store",
+        "show my mail",
+        "read my inbox",
+    ]
+    assert "today" in model.unigrams["test:a"] and "inbox" in model.unigrams["test:b"]
+    # Every example is fitted while they fit, and a class under its share keeps all of its own.
+    assert ngram._spread(model.featurizer.matrix, labels, 6) == list(range(6))
+    assert len(ngram._spread(model.featurizer.matrix, [*labels[:5], "test:c"], 5)) == 5
+
+
 def test_a_change_module_takes_no_text_without_a_change_word(analyzer: Analyzer) -> None:
     """A module whose examples are phrased with a state-changing word (`delete`, `remove`) is
     not reached by the scorer without one: `my events tomorrow` is a read of a sibling it lacks."""
