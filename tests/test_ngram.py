@@ -428,7 +428,8 @@ def test_a_catalogue_beyond_the_fits_size_trains_on_a_spread_of_each_modules_exa
 ) -> None:
     """More examples than the closed-form fit takes (a 100-shot catalogue): each module keeps
     as many as fit, its most typical and then those least like the ones kept (a near-duplicate
-    is left out), while topic coverage still knows every example's words."""
+    is left out), while topic coverage still knows every example's words; with fewer than
+    `MIN_FITTED` of each fitting, the gates alone route."""
     from router_service.semantic import ngram
 
     examples = [
@@ -438,21 +439,31 @@ def test_a_catalogue_beyond_the_fits_size_trains_on_a_spread_of_each_modules_exa
     texts = [t for _, ts in examples for t in ts]
     labels = [m for m, ts in examples for _ in ts]
     analyzer = ngram.Analyzer()
+    assert ngram._per_class([3, 3], 4) == 2 and ngram._per_class([3, 3], 6) == 3
+    assert ngram._per_class([1, 5, 9], 10) == 4  # the class of 1 keeps it; 4 each for the rest
     monkeypatch.setattr(ngram, "MAX_EXAMPLES", 4)
+    monkeypatch.setattr(ngram, "MIN_FITTED", 2)
     model = ngram._fit_language(texts, labels, [], analyzer)
     assert model is not None
     assert len(model.loo) == 4  # two examples of each module fitted
-    chosen = ngram._spread(model.featurizer.matrix, labels, 4)
+    chosen = ngram._spread(
+        ngram.NgramFeaturizer([analyzer.analyze(t) for t in texts]).matrix, labels, 2
+    )
     assert [texts[i] for i in chosen] == [
         "open the shop",
         "browse the store",
         "show my mail",
         "read my inbox",
     ]
+    # The fitted examples' features only; every example's words for topic coverage.
+    assert "w:today" not in model.featurizer.vocabulary
     assert "today" in model.unigrams["test:a"] and "inbox" in model.unigrams["test:b"]
-    # Every example is fitted while they fit, and a class under its share keeps all of its own.
-    assert ngram._spread(model.featurizer.matrix, labels, 6) == list(range(6))
-    assert len(ngram._spread(model.featurizer.matrix, [*labels[:5], "test:c"], 5)) == 5
+    monkeypatch.setattr(ngram, "MIN_FITTED", 3)
+    assert ngram._fit_language(texts, labels, [], analyzer) is None
+    # Under MAX_EXAMPLES every example is fitted, however few each module has.
+    monkeypatch.setattr(ngram, "MAX_EXAMPLES", 6)
+    model = ngram._fit_language(texts, labels, [], analyzer)
+    assert model is not None and len(model.loo) == 6
 
 
 def test_a_change_module_takes_no_text_without_a_change_word(analyzer: Analyzer) -> None:

@@ -111,9 +111,12 @@ MAX_EXAMPLES = 2500
 """Most examples of one language the scorer fits. Its closed-form fit is cubic in them (2,000
 took 2.7 s to build the router, 4,000 took 14 s on a 2-core machine). A catalogue with more
 (150 modules x 100 examples) fits a spread of each module's examples, as many of each as fit
-(`_spread`; 15,000 examples built in 6.8 s), its vocabulary and topic coverage still from them
-all; one with more than half as many modules routes with the seed's gates alone, and the
-start-up log says so."""
+(`_spread`), so long as that is `MIN_FITTED` or more; else (1,000 modules x 20 examples) it
+routes with the seed's gates alone, and the start-up log says so."""
+MIN_FITTED = 10
+"""Fewest examples of each module a spread fit takes (the 10-shot sets are what the scorer
+and its threshold were measured on; 5 of 10 measured far worse, `semantic/README.md`). It
+also bounds the weights' memory: features x modules, 250 modules at the most."""
 
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(rf"[{_HAN}]+|[^\s{_HAN}]+")
@@ -382,10 +385,11 @@ class NgramScorer:
                 )
             else:
                 log.warning(
-                    "semantic scorer (%s): no model (fewer than two modules, or more than %d "
-                    "modules); the seed's gates alone route it",
+                    "semantic scorer (%s): no model (fewer than two modules, or fewer than %d "
+                    "examples of each fit in %d); the seed's gates alone route it",
                     lang,
-                    MAX_EXAMPLES // 2,
+                    MIN_FITTED,
+                    MAX_EXAMPLES,
                 )
         return cls(models, time.perf_counter() - started)
 
@@ -448,16 +452,21 @@ def _fit_language(
     classes = tuple(sorted(set(labels)))
     if len(classes) < 2:
         return None
-    if 2 * len(classes) > MAX_EXAMPLES:
+    per_class = _per_class(Counter(labels).values(), MAX_EXAMPLES)
+    if len(labels) > MAX_EXAMPLES and per_class < MIN_FITTED:
         return None
     analyses = [analyzer.analyze(t) for t in texts]
     featurizer = NgramFeaturizer(analyses)
-    # A catalogue with more examples than the closed-form fit takes trains on a spread of each
-    # module's examples (`_spread`); its vocabulary, idf, topic coverage and open words still
-    # come from every example.
-    chosen = _spread(featurizer.matrix, labels, MAX_EXAMPLES)
-    matrix = featurizer.matrix[chosen]
-    fitted_labels = [labels[i] for i in chosen]
+    fitted_labels = labels
+    if per_class < max(counts.values()):
+        # More examples than the closed-form fit takes: it fits a spread of each module's
+        # examples (`_spread`), its features and idf from those alone (so its weights take no
+        # more memory than a catalogue of that size); topic coverage and open words still
+        # come from every example.
+        chosen = _spread(featurizer.matrix, labels, per_class)
+        featurizer = NgramFeaturizer([analyses[i] for i in chosen])
+        fitted_labels = [labels[i] for i in chosen]
+    matrix = featurizer.matrix
     n, k = len(fitted_labels), len(classes)
     position = {c: i for i, c in enumerate(classes)}
     encoded = np.fromiter((position[y] for y in fitted_labels), dtype=np.int64, count=n)
@@ -508,24 +517,26 @@ def _fit_language(
     )
 
 
-def _spread(matrix: sp.csr_matrix, labels: Sequence[str], most: int) -> list[int]:
-    """At most `most` rows to fit: every row when there are no more; else each class keeps up
-    to the same number of rows (the largest that fits), chosen to span its phrasings: its most
-    typical example (nearest its centroid), then, one at a time, the example least like those
-    chosen so far (farthest-first)."""
+def _per_class(sizes: Iterable[int], most: int) -> int:
+    """How many examples of each class fit when at most `most` may: the largest share that
+    fits once the classes with fewer keep all of theirs (every class's size when all fit)."""
+    ordered = sorted(sizes)
+    left = most
+    for count, size in enumerate(ordered):
+        share = left // (len(ordered) - count)
+        if size > share:
+            return share
+        left -= size
+    return ordered[-1] if ordered else 0
+
+
+def _spread(matrix: sp.csr_matrix, labels: Sequence[str], per_class: int) -> list[int]:
+    """The rows to fit, at most `per_class` of each class, chosen to span its phrasings: its
+    most typical example (nearest its centroid), then, one at a time, the example least like
+    those chosen so far (farthest-first)."""
     rows: dict[str, list[int]] = {}
     for i, label in enumerate(labels):
         rows.setdefault(label, []).append(i)
-    if len(labels) <= most:
-        return list(range(len(labels)))
-    sizes = sorted(len(members) for members in rows.values())
-    per_class, left = 0, most
-    for count, size in enumerate(sizes):
-        share = left // (len(sizes) - count)  # what each class still to place may take
-        if size > share:
-            per_class = share
-            break
-        left -= size
     chosen: list[int] = []
     for members in rows.values():
         if len(members) <= per_class:
