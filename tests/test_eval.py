@@ -347,6 +347,34 @@ def test_hold_out_leaves_modules_out_and_their_cases_out_of_scope(
     assert "--hold-out" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not REAL_MATCHER, reason="needs the real matcher")
+def test_seeds_route_one_draw_each_and_sum_them_up(
+    tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profiles, cases = tiny
+    base = ["--profiles", str(profiles), "--cases", str(cases), "--no-progress"]
+    out = tmp_path / "draws.json"
+    assert ev.main([*base, "--hold-out", "1", "--seeds", "1-4", "--json", str(out)]) == 0
+    document = json.loads(out.read_text(encoding="utf-8"))
+    draws, summary = document["draws"], document["summary"]
+    assert [d["seed"] for d in draws] == [1, 2, 3, 4]
+    # Each draw is what `--seed N` alone reports.
+    single = tmp_path / "one.json"
+    assert ev.main([*base, "--hold-out", "1", "--seed", "3", "--json", str(single)]) == 0
+    assert draws[2]["overall"] == json.loads(single.read_text(encoding="utf-8"))["overall"]
+    overalls = [d["overall"] for d in draws]
+    assert summary["false_direct"] == sum(o["false_direct"] for o in overalls)
+    assert summary["out_of_scope"] == sum(o["out_of_scope"] for o in overalls)
+    assert summary["coverage_worst"] == min(o["coverage"] for o in overalls)
+    capsys.readouterr()
+    # Judged on the worst draw; refused without --hold-out, with --plot, or a bad range.
+    assert ev.main([*base, "--hold-out", "1", "--seeds", "1-4", "--fail-under-coverage", "1"]) == 1
+    assert ev.main([*base, "--seeds", "1-4"]) == 2
+    assert ev.main([*base, "--hold-out", "1", "--seeds", "1-2", "--plot", "x.png"]) == 2
+    with pytest.raises(SystemExit):
+        ev.main([*base, "--hold-out", "1", "--seeds", "4-1"])
+
+
 def test_progress_bar_goes_to_stderr(
     tiny: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
