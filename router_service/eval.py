@@ -847,15 +847,7 @@ def _route(args: argparse.Namespace) -> int:
         decide, meta, router, config = _build_router(
             args.profiles, args.config, args.hold_out, args.seed
         )
-        module_ids = meta.pop("module_ids")
-        cases: Iterable[Case] = iter_cases(
-            args.cases, split=args.split, known_modules=module_ids, default_lang=meta["language"]
-        )
-        held = frozenset(meta.get("held_out", ()))
-        if held:  # a held-out module's cases must not route: out of scope for this router
-            cases = (
-                dataclasses.replace(c, expected=None) if c.expected in held else c for c in cases
-            )
+        cases = _router_cases(args, meta)
         if args.plot:
             cases = list(cases)  # routed again by the sweep
         show = args.progress if args.progress is not None else err.isatty()
@@ -877,13 +869,23 @@ def _route(args: argparse.Namespace) -> int:
         document["sweep"] = swept
         write_plot(args.plot, f"{args.profiles} / {args.cases} [{args.split}]", swept, report)
         print(f"plot written to {args.plot}", file=err)
-    text = json.dumps(document, ensure_ascii=False, indent=2)
-    print(format_table(report, max_confusions=args.max_confusions))
-    print()
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    _emit(format_table(report, max_confusions=args.max_confusions), document, args.json)
     return _verdict(document["overall"], args, err)
+
+
+def _router_cases(args: argparse.Namespace, meta: dict[str, Any]) -> Iterable[Case]:
+    """The cases of `args` for the router `meta` describes (its `module_ids` taken out of
+    `meta`): a held-out module's cases become out of scope, since they must not route."""
+    cases = iter_cases(
+        args.cases,
+        split=args.split,
+        known_modules=meta.pop("module_ids"),
+        default_lang=meta["language"],
+    )
+    held = frozenset(meta.get("held_out", ()))
+    if not held:
+        return cases
+    return (dataclasses.replace(c, expected=None) if c.expected in held else c for c in cases)
 
 
 def _draws(args: argparse.Namespace) -> int:
@@ -894,17 +896,7 @@ def _draws(args: argparse.Namespace) -> int:
     for seed in args.seeds:
         try:
             decide, meta, _, _ = _build_router(args.profiles, args.config, args.hold_out, seed)
-            module_ids = meta.pop("module_ids")
-            held = frozenset(meta["held_out"])
-            cases = [
-                dataclasses.replace(c, expected=None) if c.expected in held else c
-                for c in iter_cases(
-                    args.cases,
-                    split=args.split,
-                    known_modules=module_ids,
-                    default_lang=meta["language"],
-                )
-            ]
+            cases = list(_router_cases(args, meta))
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=err)
             return 2
@@ -928,11 +920,7 @@ def _draws(args: argparse.Namespace) -> int:
         f"{_pct(summary['precision_worst'])})"
     )
     document = {"hold_out": args.hold_out, "summary": summary, "draws": draws}
-    text = json.dumps(document, ensure_ascii=False, indent=2)
-    print()
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    _emit(None, document, args.json)
     # Judged draw by draw: the worst one must hold the floor.
     judged = {"precision": summary["precision_worst"], "coverage": summary["coverage_worst"]}
     return _verdict(judged, args, err)
@@ -959,15 +947,7 @@ def _compare(args: argparse.Namespace) -> int:
     err = sys.stderr
     try:
         decides, own, meta = _build_routers(args.profiles, args.config)
-        module_ids = meta.pop("module_ids")
-        cases = list(
-            iter_cases(
-                args.cases,
-                split=args.split,
-                known_modules=module_ids,
-                default_lang=meta["language"],
-            )
-        )
+        cases = list(_router_cases(args, meta))
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 2
@@ -982,13 +962,20 @@ def _compare(args: argparse.Namespace) -> int:
         "scorer": own,
         "compare": {mode: report.as_dict() for mode, report in reports.items()},
     }
+    _emit(format_compare(reports), document, args.json)
+    return _verdict(document["compare"][own]["overall"], args, err)
+
+
+def _emit(table: str | None, document: dict[str, Any], json_path: str | None) -> None:
+    """Prints the table (when there is one), a blank line and the JSON document; also writes
+    the document to `json_path` when given."""
     text = json.dumps(document, ensure_ascii=False, indent=2)
-    print(format_compare(reports))
+    if table is not None:
+        print(table)
     print()
     print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-    return _verdict(document["compare"][own]["overall"], args, err)
+    if json_path:
+        Path(json_path).write_text(text + "\n", encoding="utf-8")
 
 
 def _verdict(overall: dict[str, Any], args: argparse.Namespace, err: TextIO) -> int:
