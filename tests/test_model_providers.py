@@ -286,11 +286,17 @@ async def test_all_providers_failing_retries_the_list_within_max_attempts(
 
 # -- circuit breaker -------------------------------------------------------------------------
 
+COOLDOWN = 2.0
+"""The breaker tests' cool-down: long enough that the calls meant to find the breaker open
+come before it ends, however loaded the machine."""
+
 
 async def test_breaker_opens_skips_probes_and_closes(
     gateway: Gateway, fake_a: FakeOpenAIServer, fake_b: FakeOpenAIServer
 ) -> None:
-    stub = await gateway(breaker_failures=2, breaker_cooldown_seconds=0.5)
+    # The open phase's checks must fall inside the cool-down even on a loaded machine (0.5 s
+    # did not: a fresh-clone CI run's third call came after it and probed a).
+    stub = await gateway(breaker_failures=2, breaker_cooldown_seconds=COOLDOWN)
     fake_a.fault(status=500)
     for _ in range(2):
         assert (await stub.Complete(_request(), timeout=5)).provider == "b"
@@ -306,7 +312,7 @@ async def test_breaker_opens_skips_probes_and_closes(
 
     # After the cool-down one probe goes through; it succeeds and the breaker closes.
     fake_a.clear_fault()
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(COOLDOWN + 0.1)
     response = await stub.Complete(_request(), timeout=5)
     assert response.provider == "a"
     assert len(fake_a.completions) == 3
@@ -317,10 +323,10 @@ async def test_breaker_opens_skips_probes_and_closes(
 async def test_failed_probe_opens_the_breaker_again(
     gateway: Gateway, fake_a: FakeOpenAIServer, fake_b: FakeOpenAIServer
 ) -> None:
-    stub = await gateway(breaker_failures=1, breaker_cooldown_seconds=0.3)
+    stub = await gateway(breaker_failures=1, breaker_cooldown_seconds=COOLDOWN)
     fake_a.fault(status=503)
     assert (await stub.Complete(_request(), timeout=5)).provider == "b"
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(COOLDOWN + 0.1)
     assert (await stub.Complete(_request(), timeout=5)).provider == "b"  # the probe failed
     assert len(fake_a.completions) == 2
     assert _sample("model_provider_breaker_state", provider="a") == BreakerState.OPEN
