@@ -97,7 +97,7 @@ REFERENCE = Guard("reference", _pattern(
      "the same", "same one", "previous", "the last one", "the other", "one more", "again",
      "above", "him", "her", "his"],
     ["那个", "这个", "那些", "这些", "那件", "这件", "那里", "这里", "它", "他", "她", "刚才", "刚刚",
-     "上一个", "上个", "之前那", "同样", "上面", "前面", "那样", "这样", "另一个", "重复",
+     "上一个", "上个", "之前那", "同样", "上面", "前面", "那样", "这样", "另一个",
      r"再[^，。,.!?！？\s]{0,4}一(?:遍|次)", "又一", r"那(?:首|条|封|张|本|篇|部|集|位|家)"],
 ))
 COMPOUND = Guard("compound", _pattern(
