@@ -43,7 +43,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,7 @@ from services.gamesim.client import FrameRefused, GatewayRefused
 from services.gamesim.world import World
 from services.model_testserver import FakeOpenAIServer, router_demo_reply
 from services.stack import SERVICES, Stack
-from services.stack.launcher import ROOT, _die_with_parent
+from services.stack.launcher import ROOT, _die_with_parent, free_port
 
 __all__ = ["Options", "run"]
 
@@ -218,26 +217,6 @@ class Replica:
                 self.process.wait()
 
 
-_TAKEN: set[int] = set()
-
-
-def _port() -> int:
-    """A free port below the kernel's ephemeral range (32768 and up on Linux), so no
-    outgoing connection of another process takes it between now and the service's bind (a
-    port is chosen up front: other services are given it before the service starts)."""
-    while True:
-        port = secrets.randbelow(12000) + 20000
-        if port in _TAKEN:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _TAKEN.add(port)
-        return port
-
-
 def _targets(ports: list[int]) -> str:
     return "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in ports)
 
@@ -253,9 +232,9 @@ class Cluster:
         self.stack = Stack(folder, extra_env={})  # tokens and each service's base environment
         self.model_key = secrets.token_urlsafe(24)
         self.fake = FakeOpenAIServer(self.model_key, responder=router_demo_reply)
-        ports = {s: [_port(), _port()] for s in ("storage", "engine", "router", "gateway")}
-        ports["model"] = [_port()]
-        internal = [_port(), _port()]
+        ports = {s: [free_port(), free_port()] for s in ("storage", "engine", "router", "gateway")}
+        ports["model"] = [free_port()]
+        internal = [free_port(), free_port()]
         self.internal_ports = internal
         self.public_ports = ports["gateway"]
         tokens = ",".join(f"{server}={token}" for server, token in servers.items())
@@ -279,7 +258,7 @@ class Cluster:
                         env[key] = _targets(internal)
                     elif dependency in ports:
                         env[key] = _targets(ports[dependency])
-                metrics = _port()
+                metrics = free_port()
                 env.update(
                     {
                         f"{p}PORT": str(port),

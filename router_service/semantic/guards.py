@@ -308,10 +308,9 @@ _POLES_EN = {
     for word in words.split()
 }
 _POLES_ZH = tuple(
-    (re.compile(word), f"zh{i}{sign}")
+    (re.compile("|".join(words.split())), f"zh{i}{sign}")
     for i, pair in enumerate(_OPPOSITES_ZH)
     for sign, words in zip("+-", pair, strict=True)
-    for word in words.split()
 )
 
 
@@ -326,7 +325,7 @@ def directions(text: str) -> frozenset[str]:
         for form in (token, *inflection_bases(token))
         if form in _POLES_EN
     }
-    found.update(pole for word, pole in _POLES_ZH if word.search(prepared))
+    found.update(pole for words, pole in _POLES_ZH if words.search(prepared))
     return frozenset(found)
 
 

@@ -452,17 +452,17 @@ def _fit_language(
     classes = tuple(sorted(set(labels)))
     if len(classes) < 2:
         return None
+    # More examples than the closed-form fit takes: it fits a spread of each module's examples
+    # (`_spread`), as many of each as fit, its features and idf from those alone (so its
+    # weights take no more memory than a catalogue of that size); topic coverage and open
+    # words still come from every example.
     per_class = _per_class(Counter(labels).values(), MAX_EXAMPLES)
-    if len(labels) > MAX_EXAMPLES and per_class < MIN_FITTED:
+    if per_class is not None and per_class < MIN_FITTED:
         return None
     analyses = [analyzer.analyze(t) for t in texts]
     featurizer = NgramFeaturizer(analyses)
     fitted_labels = labels
-    if per_class < max(counts.values()):
-        # More examples than the closed-form fit takes: it fits a spread of each module's
-        # examples (`_spread`), its features and idf from those alone (so its weights take no
-        # more memory than a catalogue of that size); topic coverage and open words still
-        # come from every example.
+    if per_class is not None:
         chosen = _spread(featurizer.matrix, labels, per_class)
         featurizer = NgramFeaturizer([analyses[i] for i in chosen])
         fitted_labels = [labels[i] for i in chosen]
@@ -517,9 +517,9 @@ def _fit_language(
     )
 
 
-def _per_class(sizes: Iterable[int], most: int) -> int:
+def _per_class(sizes: Iterable[int], most: int) -> int | None:
     """How many examples of each class fit when at most `most` may: the largest share that
-    fits once the classes with fewer keep all of theirs (every class's size when all fit)."""
+    fits once the classes with fewer keep all of theirs. None when every example fits."""
     ordered = sorted(sizes)
     left = most
     for count, size in enumerate(ordered):
@@ -527,7 +527,7 @@ def _per_class(sizes: Iterable[int], most: int) -> int:
         if size > share:
             return share
         left -= size
-    return ordered[-1] if ordered else 0
+    return None
 
 
 def _spread(matrix: sp.csr_matrix, labels: Sequence[str], per_class: int) -> list[int]:
