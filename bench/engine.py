@@ -729,7 +729,14 @@ def main(argv: list[str] | None = None) -> None:
             f"holds to {players + 1} players"
         )
     args.backends = [b for b in args.backends.split(",") if b]
-    args.replicas = [int(r) for r in args.replicas.split(",") if r]
+    try:
+        args.replicas = [int(r) for r in args.replicas.split(",") if r]
+    except ValueError:
+        parser.error(f"--replicas must be whole numbers separated by commas, not {args.replicas!r}")
+    # Each count runs once against the backend's one database: a count given twice would find
+    # its players' tasks already made there and wait for gives that never come.
+    if not args.replicas or min(args.replicas) < 1 or len(set(args.replicas)) < len(args.replicas):
+        parser.error("--replicas must list different replica counts of 1 or more, such as 1,2")
     load_before = os.getloadavg()
     progress(0, 1, "transport floor")
     transport = measure_transport()

@@ -3,6 +3,9 @@ counted calls become exchanges (the figures behind its "tasks/s the cores allow"
 
 from __future__ import annotations
 
+import pytest
+
+from bench import engine as engine_bench
 from bench.engine import exchanges_per_task
 from bench.transport import measure_transport
 
@@ -27,3 +30,15 @@ def test_a_tasks_calls_become_exchanges() -> None:
     per_task = exchanges_per_task(counted, tasks=10, submitted=10)
     assert per_task["unary_per_task"] == 2.2  # CreateTask, a share of a claim, SubmitEvent
     assert per_task["stream_per_task"] == 7.0  # 3 journal calls, 2 relayed ones, 2 to the game
+
+
+@pytest.mark.parametrize("replicas", ["2,2", "0", "1,x", ","])
+def test_replica_counts_that_cannot_run_are_refused_before_anything_starts(
+    replicas: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A count given twice would run against the database its first run filled and wait
+    # minutes for gives that never come.
+    with pytest.raises(SystemExit) as exited:
+        engine_bench.main(["--replicas", replicas, "--backends", "postgres"])
+    assert exited.value.code == 2
+    assert "--replicas" in capsys.readouterr().err
