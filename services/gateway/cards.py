@@ -118,8 +118,6 @@ class CardBook:
         self.loaded = loader is None
         """Whether what storage holds was read into the book."""
         self._retry_at = 0.0
-        self.reads = 0
-        """Reads from storage that answered."""
 
     def __len__(self) -> int:
         return len(self._cards)
@@ -178,7 +176,6 @@ class CardBook:
         if found is None:
             self._retry_at = time.monotonic() + LOAD_RETRY_SECONDS
             return False
-        self.reads += 1
         self.merge(found)
         self.loaded = True
         return True
