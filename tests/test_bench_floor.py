@@ -42,3 +42,25 @@ def test_replica_counts_that_cannot_run_are_refused_before_anything_starts(
         engine_bench.main(["--replicas", replicas, "--backends", "postgres"])
     assert exited.value.code == 2
     assert "--replicas" in capsys.readouterr().err
+
+
+def test_the_median_pair_is_reported_whole() -> None:
+    rounds = [
+        {"tasks_per_s": 240.0, "over_dbos": 1.58},
+        {"tasks_per_s": 217.0, "over_dbos": 1.33},
+        {"tasks_per_s": 236.0, "over_dbos": 1.65},
+    ]
+    assert engine_bench._median_round(rounds) is rounds[0]
+    # An even number: the lower of the two middle pairs (no figure made up between them).
+    assert engine_bench._median_round(rounds[1:]) is rounds[1]
+    assert engine_bench._median_round(rounds[:1]) is rounds[0]
+
+
+@pytest.mark.parametrize("rounds", ["0", "11"])
+def test_round_counts_out_of_range_are_refused(
+    rounds: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        engine_bench.main(["--rounds", rounds, "--backends", "postgres"])
+    assert exited.value.code == 2
+    assert "--rounds" in capsys.readouterr().err
