@@ -747,13 +747,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _peers(postgres: dict[str, Any] | None) -> dict[str, Any] | None:
-    """DBOS beside our PostgreSQL event runs (None when PostgreSQL was not measured): the
-    median round's DBOS figure (`_alternate_with_dbos`). Adds `over_dbos` to each run against
-    it (the median round's run has its own already); the targets are read on the best run."""
-    if postgres is None or not postgres.get("rounds"):
+    """DBOS beside our PostgreSQL event runs (None when PostgreSQL was not measured): the DBOS
+    figure of the run at the most replicas, the median round of `_alternate_with_dbos`, which
+    carries its own `over_dbos`. Adds `over_dbos` against it to the other runs; the targets are
+    read on the best run."""
+    if postgres is None:
         return None
     runs = {key: value for key, value in postgres.items() if key.startswith("events_")}
-    dbos = _median_round(postgres["rounds"])["dbos"]
+    paired = [run for run in runs.values() if "dbos" in run]
+    if not paired:
+        return None
+    dbos = paired[0]["dbos"]
     for run in runs.values():
         run.setdefault("over_dbos", round(run["tasks_per_s"] / dbos["workflows_per_s"], 2))
     best = max(runs, key=lambda key: runs[key]["tasks_per_s"])
@@ -816,8 +820,10 @@ def main(argv: list[str] | None = None) -> None:
     results = run_on_loop(main_async(args))
     cores = os.cpu_count() or 1
     for result in results.values():
-        runs = [result[k] for k in result if k.startswith("events_")] + result.get("rounds", [])
-        for run in runs:  # the median round is both: measured once, set once
+        events = [result[k] for k in result if k.startswith("events_")]
+        rounds = result.get("rounds", [])
+        # The run at the most replicas is one of the rounds (the median): each run once.
+        for run in rounds + [e for e in events if all(e is not r for r in rounds)]:
             run["floor"] = _floor(run, transport, cores)
             run["of_floor"] = round(run["tasks_per_s"] / run["floor"]["tasks_per_s_at_floor"], 3)
     peers = _peers(results.get("postgres"))
