@@ -333,6 +333,43 @@ class ExecutionContext:
         self.steps.append(Step(call_id, tool_id, spec.read_only, output))
         return output
 
+    async def tools(
+        self, calls: Sequence[tuple[str, dict[str, Any] | None]]
+    ) -> list[dict[str, Any]]:
+        """Calls tools that do not depend on one another (a reward's gives) and returns their
+        outputs in the order given; each is a call and a step of its own, as with `tool`.
+
+        They are sent together, so calls to one service travel in one message
+        (services.runtime.multiplex), unless one of them is a write step that stores its
+        intent first (a task claimed again, or a tool that does not honour call ids): then
+        they run one after another in the order given, as `tool` calls would, and stop at the
+        first failure. Sent together, the budgets are checked for all of them before any is
+        sent; when some fail, the others still finish (their steps count as done) and the
+        first failure in the order given is raised.
+        """
+        live = self._check_running()
+        specs = [self._check_tool(tool_id, live) for tool_id, _ in calls]
+        steps = self._steps
+        journaled = steps is not None and any(
+            not spec.read_only and not steps.unjournaled(spec) for spec in specs
+        )
+        if len(calls) <= 1 or journaled:
+            return [await self.tool(tool_id, data) for tool_id, data in calls]
+        writes = sum(not spec.read_only for spec in specs)
+        self._spend("tool calls", self.tool_calls + len(calls) - 1, self.policy.tool_calls)
+        self._spend("steps", self.step_count + len(calls) - 1, self.policy.steps)
+        if writes:
+            self._spend("write steps", self.write_steps + writes - 1, self.policy.write_steps)
+        outcomes = await asyncio.gather(
+            *(self.tool(tool_id, data) for tool_id, data in calls), return_exceptions=True
+        )
+        outputs: list[dict[str, Any]] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            outputs.append(outcome)
+        return outputs
+
     async def _call(
         self,
         live: common_pb2.PlayerContext,

@@ -10,7 +10,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import Any, Protocol
 
@@ -224,6 +224,13 @@ class ModuleContext(Protocol):
     """How the module was chosen (`system.engine.v1.RouteSource`)."""
 
     async def tool(self, tool_id: str, data: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+    async def tools(
+        self, calls: Sequence[tuple[str, dict[str, Any] | None]]
+    ) -> list[dict[str, Any]]:
+        """Tools whose calls do not depend on one another, called together (see
+        `ExecutionContext.tools`)."""
+        ...
 
     def charge_model_call(self) -> None: ...
 

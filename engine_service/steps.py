@@ -134,7 +134,7 @@ class TaskSteps:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: list[asyncio.Task[None]] = []
 
-    def _unjournaled(self, spec: ToolSpec) -> bool:
+    def unjournaled(self, spec: ToolSpec) -> bool:
         """Whether the step runs without an intent stored first (decision 0036): a game tool
         that honours call ids, on the task's first claim. Nothing can be stored for the task
         yet, so its position has no receipt, and a run that dies before the result is stored
@@ -156,7 +156,7 @@ class TaskSteps:
         position = self._position
         self._position += 1
         task_id = self._claim.task.task_id
-        if self._unjournaled(spec):
+        if self.unjournaled(spec):
             step_id = f"{task_id}/{position}"
             output = await self._resending(spec, step_id, call)
             encoded = _encode(output)

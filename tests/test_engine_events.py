@@ -123,8 +123,11 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def _stack(database_url: str, engine_target: str, gateway_port: int) -> AsyncIterator[Stack]:
-    """Storage and gateway in process; the engine(s) are the caller's."""
+async def _stack(
+    database_url: str, engine_target: str, gateway_port: int, **gateway_settings: Any
+) -> AsyncIterator[Stack]:
+    """Storage and gateway (with `gateway_settings`) in process; the engine(s) are the
+    caller's."""
     storage = await create_storage(StorageConfig(**HOST, database_url=database_url))
     await storage.host.start()
     token = secrets.token_urlsafe(16)
@@ -135,6 +138,7 @@ async def _stack(database_url: str, engine_target: str, gateway_port: int) -> As
         engine_target=engine_target,
         storage_target=storage.host.target,
         tokens=(f"{SERVER}={token}",),
+        **gateway_settings,
     )
     gateway = await create_gateway(config)
     await gateway.host.start()
@@ -179,11 +183,16 @@ async def _stop(engine: EngineApp) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _one_engine(database_url: str, **settings: Any) -> AsyncIterator[tuple[Stack, EngineApp]]:
-    """The stack with one in-process engine (its port chosen before the gateway starts)."""
+async def _one_engine(
+    database_url: str, gateway: dict[str, Any] | None = None, **settings: Any
+) -> AsyncIterator[tuple[Stack, EngineApp]]:
+    """The stack with one in-process engine (its port chosen before the gateway starts);
+    `gateway`: the gateway's settings beyond the defaults."""
     engine_port = free_port()
     gateway_port = free_port()
-    async with _stack(database_url, f"127.0.0.1:{engine_port}", gateway_port) as stack:
+    async with _stack(
+        database_url, f"127.0.0.1:{engine_port}", gateway_port, **(gateway or {})
+    ) as stack:
         engine = await _engine(
             stack.storage.host.target, gateway_port, port=engine_port, **settings
         )
@@ -311,27 +320,32 @@ async def test_an_offline_players_task_waits_for_them(fresh_database_url: str) -
 async def test_a_player_leaving_mid_task_resumes_it_without_repeating(
     fresh_database_url: str,
 ) -> None:
-    """The first give lands; the player leaves before the second is sent: the second call is
-    refused as not delivered, the task waits, and on their return only the second runs."""
-    async with _one_engine(fresh_database_url) as (stack, engine):
+    """The two gives go out together (ExecutionContext.tools); the first lands, the player
+    leaves before the second runs, and it is never answered: its outcome unknown, the task
+    waits for the player (item.give honours call ids), and on their return only the second
+    runs, under its call id; the first is replayed from its receipt, not given again."""
+    async with _one_engine(fresh_database_url, gateway={"tool_call_timeout_seconds": 1.0}) as (
+        stack,
+        engine,
+    ):
         await stack.game.join("alex", "Alex")
         game = stack.game
         original = game._run_tool
+        dropped: list[str] = []
 
-        def leave_after_first(call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest | None:
-            frame = original(call)
-            if len(game.calls) != 1:
-                return frame
-            # The first give happened; the player leaves before its answer goes back.
-            loop = asyncio.get_running_loop()
-            loop.create_task(game.leave("alex"))
-            loop.call_later(0.3, lambda: loop.create_task(game.send(frame)))
+        def leave_before_second(call: gateway_pb2.ToolCall) -> gateway_pb2.ConnectRequest | None:
+            if not call.call_id.endswith("/1") or dropped:
+                return original(call)
+            # The player leaves before this give runs: it never runs and is never answered.
+            dropped.append(call.call_id)
+            asyncio.get_running_loop().create_task(game.leave("alex"))
             return None
 
-        game._run_tool = leave_after_first  # type: ignore[method-assign]
+        game._run_tool = leave_before_second  # type: ignore[method-assign]
         await game.event("alex", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
         waiting = (await stack.settled(["alex"], states={journal_pb2.TASK_STATE_WAITING}))["alex"]
         assert game.gained("alex") == Counter({"minecraft:diamond": 1})
+        assert dropped == [f"{waiting.task_id}/1"]
 
         game._run_tool = original  # type: ignore[method-assign]
         await game.join("alex", "Alex")
@@ -339,7 +353,10 @@ async def test_a_player_leaving_mid_task_resumes_it_without_repeating(
         assert done.task_id == waiting.task_id
         assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
         assert game.gained("alex") == REWARD
-        assert [tool for _, tool, _ in game.calls] == ["minecraft:item.give"] * 2
+        assert [call_id for _, _, call_id in game.calls] == [
+            f"{done.task_id}/0",
+            f"{done.task_id}/1",
+        ]
 
 
 async def test_bad_events_are_refused_and_make_no_task(fresh_database_url: str) -> None:
@@ -406,8 +423,8 @@ async def test_kill_9_mid_give_gives_once_and_the_other_replica_finishes(
 ) -> None:
     """Replica A (a process) and replica B (in process) run one stream of event tasks. A give
     for `stuck` reaches the game and its answer never comes back; A is killed with -9 while
-    it waits, then restarted. The interrupted give is sent again with its step id as call id
-    (item.give honours call ids: the world answers as the first time, giving nothing), so
+    it waits, then restarted. The interrupted gives (sent together) are sent again with their
+    step ids as call ids (item.give honours call ids: the world answers as the first time, giving nothing), so
     every task, `stuck`'s too, SUCCEEDED with exactly its reward (issue 19: no EFFECT_UNKNOWN
     rewards after a kill)."""
     players = [f"p{i:02d}" for i in range(30)]
@@ -456,9 +473,12 @@ async def test_kill_9_mid_give_gives_once_and_the_other_replica_finishes(
     assert stuck.state == journal_pb2.TASK_STATE_SUCCEEDED, stuck.result
     # Claimed by A, then once more after A restarted and took its leases back (decision 0014).
     assert stuck.attempts == 2
-    assert game.gained("stuck") == REWARD  # the first give once, though it was sent twice
+    assert game.gained("stuck") == REWARD  # each give once, though each was sent twice
     stuck_calls = [call_id for player, _, call_id in game.calls if player == "stuck"]
-    assert stuck_calls[:2] == [f"{stuck.task_id}/0"] * 2
+    first, second = f"{stuck.task_id}/0", f"{stuck.task_id}/1"
+    # Both gives went out together and were held; after the kill, resent in order.
+    assert sorted(stuck_calls[:2]) == [first, second], stuck_calls
+    assert stuck_calls[2:] == [first, second], stuck_calls
 
     # A's other worker may have been in its task when it died: a first claim stores its gives
     # only when the task ends (decision 0036), so its gives are sent again too, with their
@@ -488,11 +508,12 @@ async def test_stopping_a_replica_gives_its_tasks_back_at_once(fresh_database_ur
         await stack.game.join("slow", "Slow")
         stack.game.hold.add("slow")
         await stack.game.event("slow", ADVANCEMENT, "adv", {"advancement": DIAMOND})
-        await wait_until(lambda: len(stack.game.calls) == 1, timeout=20)
+        # Both gives go out together (ExecutionContext.tools) and run; neither is answered.
+        await wait_until(lambda: len(stack.game.calls) == 2, timeout=20)
         await _stop(engine)
         task = (await stack.tasks("slow"))[0]
         assert task.state == journal_pb2.TASK_STATE_RUNNING
-        assert stack.game.gained("slow") == Counter({"minecraft:diamond": 1})  # it ran
+        assert stack.game.gained("slow") == REWARD  # they ran
         stack.game.hold.discard("slow")  # from now on the game server answers
         replacement = await _engine(stack.storage.host.target, stack.gateway_port)
         try:
@@ -501,10 +522,8 @@ async def test_stopping_a_replica_gives_its_tasks_back_at_once(fresh_database_ur
             await _stop(replacement)
         assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
         assert done.attempts == 2
-        assert stack.game.gained("slow") == REWARD  # the diamond once, though sent twice
-        first = f"{task.task_id}/0"
-        assert [call_id for _, _, call_id in stack.game.calls] == [
-            first,
-            first,
-            f"{task.task_id}/1",
-        ]
+        assert stack.game.gained("slow") == REWARD  # each stack once, though sent twice
+        first, second = f"{task.task_id}/0", f"{task.task_id}/1"
+        calls = [call_id for _, _, call_id in stack.game.calls]
+        # Resent one at a time in order, each intent stored first (a task claimed again).
+        assert sorted(calls[:2]) == [first, second] and calls[2:] == [first, second], calls

@@ -403,6 +403,63 @@ async def test_write_tool_allowed_from_explicit_routes(source: int) -> None:
     assert tools.calls == [COUNTER, LEDGER]
 
 
+def _ledgers(*amounts: int) -> Run:
+    async def run(_: dict[str, Any], ctx: ExecutionContext) -> common_pb2.AgentResult:
+        outputs = await ctx.tools([(LEDGER, {"amount": amount}) for amount in amounts])
+        return _done(" ".join(str(output["written"]) for output in outputs))
+
+    return run
+
+
+async def test_tools_sends_the_calls_together_and_answers_in_their_order() -> None:
+    """Each call waits until the other has started: called one after another, the first
+    would wait for ever."""
+    tools = Tools()
+    started: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
+
+    async def both_started(_: str) -> None:
+        started[len(tools.calls) - 1].set()
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 2)
+
+    tools.before_call = both_started
+    engine = _engine(tools, FakeModule(_spec(tools=(LEDGER,), policy=WRITER), _ledgers(1, 2)))
+    result = await _execute(engine)
+    assert result.status == SUCCEEDED, result.failure
+    assert result.card.title == "1 2"
+    assert tools.calls == [LEDGER, LEDGER]
+
+
+async def test_tools_checks_the_budgets_of_every_call_before_sending_any() -> None:
+    tools = Tools()
+    engine = _engine(
+        tools, FakeModule(_spec(tools=(LEDGER,), policy=WRITER), _ledgers(1, 2, 3))
+    )  # WRITER allows two write steps
+    result = await _execute(engine)
+    assert result.failure.key == "system.error.budget_exhausted"
+    assert tools.calls == []
+
+
+async def test_tools_lets_the_others_finish_and_raises_the_first_failure() -> None:
+    """The first call fails once the second has finished: the run reports the first call's
+    failure, with the second's write as done."""
+    tools = Tools()
+    second_done = asyncio.Event()
+
+    async def first_fails(_: str) -> None:
+        if len(tools.calls) == 1:
+            await asyncio.wait_for(second_done.wait(), 2)
+            raise ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, "the ledger is closed")
+        second_done.set()
+
+    tools.before_call = first_fails
+    engine = _engine(tools, FakeModule(_spec(tools=(LEDGER,), policy=WRITER), _ledgers(1, 2)))
+    result = await _execute(engine)
+    assert result.status == PARTIAL
+    assert result.failure.key == "system.error.tool_unavailable"
+    assert "the ledger is closed" in result.failure.message
+    assert [line.text for line in result.card.lines][-1:] == [f"✓ {LEDGER}"]
+
+
 async def test_tool_input_is_checked_against_its_schema() -> None:
     tools = Tools()
     engine = _engine(

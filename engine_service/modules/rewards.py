@@ -75,9 +75,8 @@ class AdvancementRewardModule:
         return len(data["items"])
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
-        lines = []
-        for stack in data["items"]:
-            item, count = stack["item"], stack["count"]
-            await ctx.tool(ITEM_GIVE, {"item": item, "count": count})
-            lines.append(f"{item} × {count}")
+        stacks = [(stack["item"], stack["count"]) for stack in data["items"]]
+        # The gives do not depend on one another: sent together (one relay message).
+        await ctx.tools([(ITEM_GIVE, {"item": item, "count": count}) for item, count in stacks])
+        lines = [f"{item} × {count}" for item, count in stacks]
         return succeeded(card("system:reward", pick(_TITLE, ctx.player.language), lines))
