@@ -76,6 +76,7 @@ from engine_service.config import EngineConfig
 from services.gamesim import GameServerClient
 from services.gateway.config import GatewayConfig
 from services.runtime.main import run_on_loop
+from services.runtime.multiplex import STREAM_METHOD, MultiplexClient
 from services.stack import SERVICES, Stack
 from services.stack.launcher import free_port
 
@@ -288,9 +289,10 @@ async def _joins_settled(stack: Stack, quiet: float = 0.3, longest: float = 15.0
 
 class _Exchanges:
     """The gRPC exchanges between the stack's processes during the events: counted at the
-    storage service and the gateway (every journal and game-tool call lands on one of them),
-    plus the bench's SubmitEvent calls to the engine and, for every game-tool call the
-    gateway relays, its request and answer on the game server's Connect stream."""
+    storage service, the gateway and the engine (every journal and game-tool call lands on one
+    of the first two, and the submissions on the engine's MultiplexCalls stream, as a gateway
+    sends them), plus, for every game-tool call the gateway relays, its request and answer on
+    the game server's Connect stream."""
 
     def __init__(self, stack: Stack) -> None:
         self._stack = stack
@@ -298,24 +300,23 @@ class _Exchanges:
 
     def _read(self) -> Counter[str]:
         counts: Counter[str] = Counter()
-        for name in ("storage", "gateway"):
+        for name in ("storage", "gateway", "engine"):
             counts.update({f"{name} {m}": n for m, n in _handled(self._stack, name).items()})
         return counts
 
-    def per_task(self, tasks: int, submitted: int) -> dict[str, Any]:
+    def per_task(self, tasks: int) -> dict[str, Any]:
         used = self._read()
         used.subtract(self._start)
-        return exchanges_per_task({m: n for m, n in used.items() if n > 0}, tasks, submitted)
+        return exchanges_per_task({m: n for m, n in used.items() if n > 0}, tasks)
 
 
-def exchanges_per_task(calls: dict[str, int], tasks: int, submitted: int) -> dict[str, Any]:
+def exchanges_per_task(calls: dict[str, int], tasks: int) -> dict[str, Any]:
     """Unary calls and stream exchanges per task from the calls services counted: a call on
     a Multiplex stream is one exchange, a relayed game-tool call one more (its request and
-    answer on the game server's Connect stream), and every other call a unary one, as are
-    the `submitted` calls made from outside the services."""
+    answer on the game server's Connect stream), and every other call a unary one."""
     streamed = sum(n for method, n in calls.items() if "Multiplex/" in method)
     relayed = sum(n for method, n in calls.items() if method.endswith("CallGameTool"))
-    unary = sum(n for method, n in calls.items() if "Multiplex" not in method) + submitted
+    unary = sum(n for method, n in calls.items() if "Multiplex" not in method)
     return {
         "calls": calls,
         "unary_per_task": round(unary / tasks, 2),
@@ -387,7 +388,16 @@ async def measure_events(
     await _joins_settled(stack)  # so the joins' own calls are not counted as the tasks'
     channel = grpc.aio.insecure_channel(stack.target("engine"))
     storage_channel = grpc.aio.insecure_channel(stack.target("storage"))
-    engine = engine_pb2_grpc.EngineServiceStub(channel)
+    # Submitted as a gateway submits its game servers' events: on the engine's stream.
+    engine_service = engine_pb2.DESCRIPTOR.services_by_name["EngineService"]
+    open_stream = channel.stream_stream(
+        f"/{engine_service.full_name}/{STREAM_METHOD}",
+        request_serializer=engine_pb2.MultiplexCallsRequest.SerializeToString,
+        response_deserializer=engine_pb2.MultiplexCallsResponse.FromString,
+    )
+    engine = MultiplexClient(
+        lambda: open_stream(metadata=stack.credential("gateway")), engine_service
+    )
     journal = journal_pb2_grpc.JournalServiceStub(storage_channel)
     gives_before = game.gives
     queue: asyncio.Queue[str] = asyncio.Queue()
@@ -399,7 +409,8 @@ async def measure_events(
             player = queue.get_nowait()
             data = struct_pb2.Struct()
             data.update({"advancement": DIAMOND})
-            await engine.SubmitEvent(
+            await engine.call(
+                "SubmitEvent",
                 engine_pb2.SubmitEventRequest(
                     player=_player(player),
                     event_type="minecraft:advancement",
@@ -407,8 +418,7 @@ async def measure_events(
                     data=data,
                     player_online=True,
                 ),
-                timeout=30,
-                metadata=stack.credential("gateway"),
+                30,
             )
 
     try:
@@ -427,7 +437,7 @@ async def measure_events(
         progress(tasks, tasks, f"events {label}")
         elapsed = game.last_give - started
         cpu = meter.per_task_ms(tasks)
-        exchanged = exchanges.per_task(tasks, submitted=tasks)
+        exchanged = exchanges.per_task(tasks)
         # Every task ended SUCCEEDED, with exactly its two gives.
         states: dict[str, int] = {}
         for player in players:
@@ -444,6 +454,7 @@ async def measure_events(
         if game.gives != target:
             raise RuntimeError(f"{game.gives - target} gives more than tasks * 2")
     finally:
+        await engine.aclose()
         await channel.close()
         await storage_channel.close()
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -16,6 +17,7 @@ from engine_service.registry import struct_to_dict
 from engine_service.tool_catalog import game_tool_catalog, to_proto
 from services.runtime.config import ConfigError
 from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.runtime.multiplex import MultiplexServer
 
 __all__ = ["EngineServicer"]
 
@@ -37,6 +39,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self._advancements = advancements
         self._replica = replica
         self._game_tools: engine_pb2.GetGameToolCatalogResponse | None = None
+        self._multiplex = MultiplexServer(
+            engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
+            {"SubmitEvent": self.SubmitEvent, "ResumePlayerTasks": self.ResumePlayerTasks},
+        )
 
     async def Execute(
         self, request: engine_pb2.ExecuteRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -143,3 +149,13 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             digest=rules.digest,
             replica=self._replica,
         )
+
+    async def MultiplexCalls(
+        self,
+        request_iterator: AsyncIterator[engine_pb2.MultiplexCallsRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[engine_pb2.MultiplexCallsResponse]:
+        # SubmitEvent and ResumePlayerTasks, many on one stream (services.runtime.multiplex);
+        # neither handler reads its context, so a call on the stream runs as the unary one.
+        async for response in self._multiplex.serve(request_iterator, context):
+            yield response

@@ -21,15 +21,18 @@ def test_transport_measures_both_ends_of_both_kinds() -> None:
 
 def test_a_tasks_calls_become_exchanges() -> None:
     counted = {
+        "engine SubmitEvent": 10,
         "storage CreateTask": 10,
         "storage ClaimTasks": 2,
         "storage Multiplex/RecordStep": 20,
         "storage Multiplex/Commit": 10,
         "gateway Multiplex/CallGameTool": 20,
+        "engine Multiplex/SubmitEvent": 10,
     }
-    per_task = exchanges_per_task(counted, tasks=10, submitted=10)
-    assert per_task["unary_per_task"] == 2.2  # CreateTask, a share of a claim, SubmitEvent
-    assert per_task["stream_per_task"] == 7.0  # 3 journal calls, 2 relayed ones, 2 to the game
+    per_task = exchanges_per_task(counted, tasks=10)
+    assert per_task["unary_per_task"] == 2.2  # SubmitEvent, CreateTask, a share of a claim
+    # SubmitEvent, 3 journal calls, 2 relayed ones, 2 to the game
+    assert per_task["stream_per_task"] == 8.0
 
 
 @pytest.mark.parametrize(

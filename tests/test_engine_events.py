@@ -32,6 +32,7 @@ from engine_service.config import EngineConfig
 from services.gamesim.client import GameServerClient
 from services.gateway.app import create_app as create_gateway
 from services.gateway.config import GatewayConfig
+from services.runtime.multiplex import MultiplexClient
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from tests.service_process import ServiceProcess, free_port
@@ -225,6 +226,17 @@ def _player(player_id: str) -> common_pb2.PlayerContext:
     )
 
 
+def _diamond_event(player_id: str, event_key: str) -> engine_pb2.SubmitEventRequest:
+    """The player (online) earned the diamond advancement, as the gateway submits it."""
+    return engine_pb2.SubmitEventRequest(
+        player=_player(player_id),
+        event_type=ADVANCEMENT,
+        event_key=event_key,
+        data=_data(advancement=DIAMOND),
+        player_online=True,
+    )
+
+
 def _data(**values: Any) -> struct_pb2.Struct:
     data = struct_pb2.Struct()
     data.update(values)
@@ -256,16 +268,7 @@ async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> 
 
         # The game server resends the event (unsure it arrived): nothing new happens.
         await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
-        resent = await stack.engine_stub.SubmitEvent(
-            engine_pb2.SubmitEventRequest(
-                player=_player("steve"),
-                event_type=ADVANCEMENT,
-                event_key="adv-1",
-                data=_data(advancement=DIAMOND),
-                player_online=True,
-            ),
-            timeout=5,
-        )
+        resent = await stack.engine_stub.SubmitEvent(_diamond_event("steve", "adv-1"), timeout=5)
         assert [(t.task_id, t.created) for t in resent.tasks] == [(task.task_id, False)]
 
         async def nothing_new() -> bool:
@@ -357,6 +360,53 @@ async def test_a_player_leaving_mid_task_resumes_it_without_repeating(
             f"{done.task_id}/0",
             f"{done.task_id}/1",
         ]
+
+
+async def test_events_travel_on_the_engines_stream_as_unary_calls_do(
+    fresh_database_url: str,
+) -> None:
+    """The gateway hands events and resumes to the engine on its MultiplexCalls stream; a
+    call there answers what the unary RPC answers: the task made once per event key, a bad
+    event refused INVALID_ARGUMENT naming the field, a resume counted."""
+    async with _one_engine(fresh_database_url) as (stack, engine):
+        await stack.game.join("steve", "Steve")
+        await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        done = (await stack.settled(["steve"]))["steve"]
+        assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
+        assert stack.game.gained("steve") == REWARD
+        assert stack.gateway.players._engine_calls.streams_opened >= 1  # the join's resume too
+
+        service = engine_pb2.DESCRIPTOR.services_by_name["EngineService"]
+        async with grpc.aio.insecure_channel(engine.host.target) as channel:
+            calls = MultiplexClient(
+                engine_pb2_grpc.EngineServiceStub(channel).MultiplexCalls, service
+            )
+            try:
+                again = await calls.call(
+                    "SubmitEvent",
+                    _diamond_event("steve", "adv-1"),
+                    5,
+                )
+                assert [(t.task_id, t.created) for t in again.tasks] == [(done.task_id, False)]
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await calls.call(
+                        "SubmitEvent",
+                        engine_pb2.SubmitEventRequest(
+                            player=_player("steve"), event_type=ADVANCEMENT, event_key=""
+                        ),
+                        5,
+                    )
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "event_key" in (refused.value.details() or "")
+                resumed = await calls.call(
+                    "ResumePlayerTasks",
+                    engine_pb2.ResumePlayerTasksRequest(player=_player("steve")),
+                    5,
+                )
+                assert resumed.resumed == 0  # nothing of steve's waits
+            finally:
+                await calls.aclose()
+        assert len(await stack.tasks("steve")) == 1
 
 
 async def test_bad_events_are_refused_and_make_no_task(fresh_database_url: str) -> None:

@@ -25,6 +25,7 @@ from services.modes import MODES, mode_by_name
 from services.results import AgentFailure, card, failed
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.logging import RepeatedLines
+from services.runtime.multiplex import StreamedCalls
 
 __all__ = ["PlayerRequests", "PlayerState"]
 
@@ -69,6 +70,9 @@ CATALOG_TTL_SECONDS = 300.0
 # Longest a history control waits for the engine to settle the player's history (the engine
 # itself waits at most half a second for a run finishing elsewhere).
 SETTLE_SECONDS = 2.0
+ENGINE_EVENT_SECONDS = 10.0
+"""Longest a game event or a player's resume waits for the engine (the channel's default for
+a call outside any request's deadline)."""
 
 
 def _depth(value: object) -> int:
@@ -192,6 +196,11 @@ class PlayerRequests:
         self.engine = Dependency(
             engine_target, engine_pb2_grpc.EngineServiceStub, settings=settings
         )
+        # Events and resumes, which every game server sends all the time, on the engine's
+        # MultiplexCalls stream (unary calls to an engine without it: decision 0021).
+        self._engine_calls = StreamedCalls(
+            self.engine, engine_pb2.DESCRIPTOR.services_by_name["EngineService"]
+        )
         # The catalogue is asked for at hello time, maybe before the engine is up: on
         # connections of its own, so a refused attempt never puts the request path's
         # connection to the engine into reconnect backoff.
@@ -246,6 +255,7 @@ class PlayerRequests:
     async def aclose(self) -> None:
         for task in list(self._background):
             task.cancel()
+        await self._engine_calls.aclose()
         for dep in (self.router, self.engine, self._catalogue, self.storage, self.bindings):
             await dep.aclose()
 
@@ -301,8 +311,10 @@ class PlayerRequests:
         async def resume() -> None:
             if arrived is not None:
                 await arrived
-            await self.engine.stub.ResumePlayerTasks(
-                engine_pb2.ResumePlayerTasksRequest(player=player)
+            await self._engine_calls.call(
+                "ResumePlayerTasks",
+                engine_pb2.ResumePlayerTasksRequest(player=player),
+                ENGINE_EVENT_SECONDS,
             )
 
         self._in_background(resume(), "resuming the player's event tasks")
@@ -328,14 +340,16 @@ class PlayerRequests:
                 refused(grpc.StatusCode.PERMISSION_DENIED, _REVOKED)
                 return
             try:
-                await self.engine.stub.SubmitEvent(
+                await self._engine_calls.call(
+                    "SubmitEvent",
                     engine_pb2.SubmitEventRequest(
                         player=player,
                         event_type=event.event_type,
                         event_key=event.event_key,
                         data=event.data,
                         player_online=online,
-                    )
+                    ),
+                    ENGINE_EVENT_SECONDS,
                 )
             except grpc.aio.AioRpcError as exc:
                 refused(exc.code(), exc.details() or exc.code().name)
