@@ -78,7 +78,9 @@ async def test_one_trace_links_gateway_router_engine_and_storage(
     spans: InMemorySpanExporter, chain: Chain
 ) -> None:
     await _help(chain)
-    finished = await _settled(spans, "Multiplex/")
+    # The run's journal write (the player's join resumes their tasks on the engine's stream
+    # too: not that one).
+    finished = await _settled(spans, "JournalService/Multiplex/")
     request = _one(finished, "gateway/PlayerRequest")
     assert request.parent is None  # a trace of its own, not the Connect stream's
     trace_id = request.context.trace_id
