@@ -20,10 +20,12 @@ directly through the gateway's relay, and an empty health check of the engine (t
 floor).
 
 Event tasks: `system:advancement_reward` for `minecraft:story/mine_diamond` makes two write
-steps (two `minecraft:item.give` calls to the game server, which honours call ids: on a first
-claim their results are stored with the task's final transition, decision 0036). N players are online; N events are submitted (16 at a time) and the clock runs from the
-first submission until the game server has seen all 2N gives; every task is then checked to be
-SUCCEEDED with exactly its two gives. With the seed's 2 event workers per replica, a replica
+steps (two `minecraft:item.give` calls to the game server, sent together: decision 0038; the
+game server honours call ids, so on a first claim their results are stored with the task's
+final transition, decision 0036). N players are online; N events are submitted (16 at a time,
+on the engine's MultiplexCalls stream as a gateway submits them: decision 0039) and the clock
+runs from the first submission until the game server has seen all 2N gives; every task is then
+checked to be SUCCEEDED with exactly its two gives. With the seed's 2 event workers per replica, a replica
 runs two tasks at a time, so throughput is bound by one task's latency: 1 and 2 replicas are
 measured, with the CPU each process of the stack spent per task.
 
@@ -664,8 +666,9 @@ def _markdown(report: dict[str, Any]) -> str:
         f"{t['unary']['both_cpu_ms']} ms (wall p50 {t['unary']['wall_p50_ms']} ms), one "
         f"message each way on an open stream {t['stream']['both_cpu_ms']} ms (wall p50 "
         f"{t['stream']['wall_p50_ms']} ms). A task's exchanges are counted at the storage "
-        "service and the gateway (plus the bench's SubmitEvent and each relayed call's two "
-        "messages on the game server's stream); *floor* is their transport CPU plus the "
+        "service, the gateway and the engine (its SubmitEvent, on the engine's stream as a "
+        "gateway sends it: decision 0039), plus each relayed call's two messages on the game "
+        "server's stream; *floor* is their transport CPU plus the "
         "database's measured CPU per task, and the last column is the machine's cores over it:"
         " the most tasks/s this machine allows with these processes even if the services did "
         "no work of their own.",
@@ -731,10 +734,12 @@ def _markdown(report: dict[str, Any]) -> str:
         "goes out just after the reply (decision 0006: in order per player, the player's next",
         "run waits for it) and is not on the critical path.",
         "An event task with two write steps of a tool that honours call ids waits for its",
-        "two game-tool calls through the gateway and one journal write on the stream: both",
-        "results with the final transition (decision 0036; a retried task records intents",
-        "and resends under the same call ids). Its creation is one more write on the stream",
-        "and its claim a share of a batched ClaimTasks. With the seed's two",
+        "two game-tool calls through the gateway, sent together in one relay message",
+        "(decision 0038), and one journal write on the stream: both results with the final",
+        "transition (decision 0036; a retried task records intents and resends under the",
+        "same call ids, one at a time). Its submission comes on the engine's stream (decision",
+        "0039), its creation is one more write on storage's stream and its claim a share of a",
+        "batched ClaimTasks. With the seed's two",
         "event workers per replica (`TaskExecutor` 2/64, which the seed says not to change) a",
         "replica runs two tasks at a time, so its throughput is two over one task's latency:",
         "300 tasks/s on two replicas needs a task in under 13 ms, sequential round trips",
