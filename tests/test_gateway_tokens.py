@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from typing import Any
 
+import grpc
 import pytest
 
 from services.gamesim.client import GatewayRefused
@@ -83,3 +85,43 @@ def test_token_files_are_checked_at_start(tmp_path: pathlib.Path) -> None:
     secret.write_text("lobby=lobby-token-1, pvp=pvp-token-1\n")
     book = TokenBook((), str(secret))
     assert (book.server_of("lobby-token-1"), book.server_of("pvp-token-1")) == ("lobby", "pvp")
+
+
+async def test_a_refusal_that_raced_the_hello_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """grpc reports its own INTERNAL, not the gateway's status, for a hello written as the
+    gateway refused the stream: the simulated game server connects again to learn why, and
+    passes any other refusal on at once."""
+    from services.gamesim import client as gamesim
+
+    race = GatewayRefused(grpc.StatusCode.INTERNAL, "Internal error from Core")
+    why = GatewayRefused(
+        grpc.StatusCode.UNAUTHENTICATED, "the token is not valid for any game server"
+    )
+    tries: list[int] = []
+
+    def connecting(outcomes: list[GatewayRefused]) -> Any:
+        async def once(self: object, timeout: float) -> None:
+            tries.append(1)
+            raise outcomes[min(len(tries), len(outcomes)) - 1]
+
+        return once
+
+    game = gamesim.GameServerClient("127.0.0.1:1", "lobby", OLD)
+    monkeypatch.setattr(gamesim.GameServerClient, "_connect_once", connecting([race, why]))
+    with pytest.raises(GatewayRefused) as refused:
+        await game.connect()
+    assert refused.value is why and len(tries) == 2
+
+    tries.clear()
+    monkeypatch.setattr(gamesim.GameServerClient, "_connect_once", connecting([race]))
+    with pytest.raises(GatewayRefused) as raced:
+        await game.connect()
+    assert raced.value is race and len(tries) == gamesim.HELLO_RACE_ATTEMPTS
+
+    tries.clear()
+    monkeypatch.setattr(gamesim.GameServerClient, "_connect_once", connecting([why]))
+    with pytest.raises(GatewayRefused):
+        await game.connect()
+    assert len(tries) == 1

@@ -23,6 +23,11 @@ log = logging.getLogger("system.gamesim")
 PROTOCOL_VERSION = 1
 CLOSE_DRAIN_SECONDS = 5.0
 """Longest `GameServerClient.close` waits for requests in flight before half-closing."""
+HELLO_RACE_ATTEMPTS = 3
+"""Connections tried when the gateway's refusal raced the hello (see `connect`)."""
+_CORE_WRITE_RACE = "Internal error from Core"
+"""What grpc reports, instead of the server's status, for a write on a stream the server
+has just ended (the gateway's own INTERNAL reads otherwise)."""
 
 
 class GatewayRefused(Exception):
@@ -95,6 +100,17 @@ class GameServerClient:
 
     async def connect(self, timeout: float = 10.0) -> gateway_pb2.Welcome:
         """Opens the stream and sends the hello. Raises GatewayRefused if refused."""
+        for _ in range(HELLO_RACE_ATTEMPTS - 1):
+            try:
+                return await self._connect_once(timeout)
+            except GatewayRefused as exc:
+                if exc.code != grpc.StatusCode.INTERNAL or exc.details != _CORE_WRITE_RACE:
+                    raise
+                # The gateway refused the stream while the hello was on its way out: grpc
+                # then reports only its own INTERNAL, not why. Asking again tells.
+        return await self._connect_once(timeout)
+
+    async def _connect_once(self, timeout: float) -> gateway_pb2.Welcome:
         # A plugin's settings: the stack's keepalive policy (services.runtime.keepalive), and
         # TLS when the gateway's public port serves it.
         options = self.keepalive.channel_options()
