@@ -25,9 +25,9 @@ game server honours call ids, so on a first claim their results are stored with 
 final transition, decision 0036). N players are online; N events are submitted (16 at a time,
 on the engine's MultiplexCalls stream as a gateway submits them: decision 0039) and the clock
 runs from the first submission until the game server has seen all 2N gives; every task is then
-checked to be SUCCEEDED with exactly its two gives. With the seed's 2 event workers per replica, a replica
-runs two tasks at a time, so throughput is bound by one task's latency: 1 and 2 replicas are
-measured, with the CPU each process of the stack spent per task.
+checked to be SUCCEEDED with exactly its two gives. With the seed's 2 event workers per
+replica, a replica runs two tasks at a time, so throughput is bound by one task's latency: 1
+and 2 replicas are measured, with the CPU each process of the stack spent per task.
 
 Peer (issue 16), in the same run when PostgreSQL is measured: DBOS Transact on the same
 PostgreSQL server (bench/peers.py: workflows of two `@DBOS.step()` steps, one small write
@@ -78,7 +78,7 @@ from engine_service.config import EngineConfig
 from services.gamesim import GameServerClient
 from services.gateway.config import GatewayConfig
 from services.runtime.main import run_on_loop
-from services.runtime.multiplex import STREAM_METHOD, MultiplexClient
+from services.runtime.multiplex import MultiplexClient
 from services.stack import SERVICES, Stack
 from services.stack.launcher import free_port
 
@@ -391,14 +391,10 @@ async def measure_events(
     channel = grpc.aio.insecure_channel(stack.target("engine"))
     storage_channel = grpc.aio.insecure_channel(stack.target("storage"))
     # Submitted as a gateway submits its game servers' events: on the engine's stream.
-    engine_service = engine_pb2.DESCRIPTOR.services_by_name["EngineService"]
-    open_stream = channel.stream_stream(
-        f"/{engine_service.full_name}/{STREAM_METHOD}",
-        request_serializer=engine_pb2.MultiplexCallsRequest.SerializeToString,
-        response_deserializer=engine_pb2.MultiplexCallsResponse.FromString,
-    )
+    stub = engine_pb2_grpc.EngineServiceStub(channel)
     engine = MultiplexClient(
-        lambda: open_stream(metadata=stack.credential("gateway")), engine_service
+        lambda: stub.MultiplexCalls(metadata=stack.credential("gateway")),
+        engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
     )
     journal = journal_pb2_grpc.JournalServiceStub(storage_channel)
     gives_before = game.gives

@@ -265,6 +265,14 @@ class ExecutionContext:
             )
         return live
 
+    def _check_budgets(self, calls: int, writes: int) -> None:
+        """BUDGET_EXHAUSTED unless the policy leaves room for `calls` more tool calls (each a
+        step), `writes` of them write steps."""
+        self._spend("tool calls", self.tool_calls + calls - 1, self.policy.tool_calls)
+        self._spend("steps", self.step_count + calls - 1, self.policy.steps)
+        if writes:
+            self._spend("write steps", self.write_steps + writes - 1, self.policy.write_steps)
+
     def _spend(self, what: str, used: int, limit: int) -> None:
         if used >= limit:
             raise ModuleFailure(
@@ -308,10 +316,7 @@ class ExecutionContext:
         """
         live = self._check_running()
         spec = self._check_tool(tool_id, live)
-        self._spend("tool calls", self.tool_calls, self.policy.tool_calls)
-        self._spend("steps", self.step_count, self.policy.steps)
-        if not spec.read_only:
-            self._spend("write steps", self.write_steps, self.policy.write_steps)
+        self._check_budgets(1, 0 if spec.read_only else 1)
         payload = dict(data or {})
         try:
             payload = check_input(tool_id, spec.input_schema, payload)
@@ -355,11 +360,7 @@ class ExecutionContext:
         )
         if len(calls) <= 1 or journaled:
             return [await self.tool(tool_id, data) for tool_id, data in calls]
-        writes = sum(not spec.read_only for spec in specs)
-        self._spend("tool calls", self.tool_calls + len(calls) - 1, self.policy.tool_calls)
-        self._spend("steps", self.step_count + len(calls) - 1, self.policy.steps)
-        if writes:
-            self._spend("write steps", self.write_steps + writes - 1, self.policy.write_steps)
+        self._check_budgets(len(calls), sum(not spec.read_only for spec in specs))
         outcomes = await asyncio.gather(
             *(self.tool(tool_id, data) for tool_id, data in calls), return_exceptions=True
         )

@@ -492,13 +492,7 @@ async def test_kill_9_mid_give_gives_once_and_the_other_replica_finishes(
             game.hold.add("stuck")
             async with grpc.aio.insecure_channel(replica_a.target) as channel:
                 await engine_pb2_grpc.EngineServiceStub(channel).SubmitEvent(
-                    engine_pb2.SubmitEventRequest(
-                        player=_player("stuck"),
-                        event_type=ADVANCEMENT,
-                        event_key="adv",
-                        data=_data(advancement=DIAMOND),
-                        player_online=True,
-                    ),
+                    _diamond_event("stuck", "adv"),
                     timeout=10,
                 )
             await wait_until(lambda: any(c[0] == "stuck" for c in game.calls), timeout=20)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 
-from services.gamesim.client import FrameRefused, GameServerClient
+from services.gamesim.client import CORE_WRITE_RACE, FrameRefused, GameServerClient
 from services.runtime.metrics import RPC_HANDLED
 from tests.inprocess import Chain, running_chain
 from tests.waiting import wait_until
@@ -361,7 +361,6 @@ _ENDED = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
 # reports its own INTERNAL with this text instead of the gateway's status. The gateway's own
 # INTERNAL reads "internal error; quote request id ..." and is never accepted; the server-side
 # counters (checked when the test is over) show the gateway's real codes.
-_CLIENT_WRITE_RACE = "Internal error from Core"
 
 
 async def raw_stream(channel: grpc.aio.Channel, chain: Chain, chunks: list[bytes]) -> str:
@@ -385,7 +384,7 @@ async def raw_stream(channel: grpc.aio.Channel, chain: Chain, chunks: list[bytes
             frames.append(frame)
     code, details = await call.code(), await call.details()
     assert not [f for f in frames if f.error.code == grpc.StatusCode.INTERNAL.value[0]], frames
-    if code == grpc.StatusCode.INTERNAL and details == _CLIENT_WRITE_RACE:
+    if code == grpc.StatusCode.INTERNAL and details == CORE_WRITE_RACE:
         return "WRITE_RACE"
     assert code in STREAM_ENDS, (code, details, chunks, frames)
     return code.name

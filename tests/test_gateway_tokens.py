@@ -95,7 +95,7 @@ async def test_a_refusal_that_raced_the_hello_is_asked_again(
     passes any other refusal on at once."""
     from services.gamesim import client as gamesim
 
-    race = GatewayRefused(grpc.StatusCode.INTERNAL, "Internal error from Core")
+    race = GatewayRefused(grpc.StatusCode.INTERNAL, gamesim.CORE_WRITE_RACE)
     why = GatewayRefused(
         grpc.StatusCode.UNAUTHENTICATED, "the token is not valid for any game server"
     )

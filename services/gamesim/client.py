@@ -25,7 +25,7 @@ CLOSE_DRAIN_SECONDS = 5.0
 """Longest `GameServerClient.close` waits for requests in flight before half-closing."""
 HELLO_RACE_ATTEMPTS = 3
 """Connections tried when the gateway's refusal raced the hello (see `connect`)."""
-_CORE_WRITE_RACE = "Internal error from Core"
+CORE_WRITE_RACE = "Internal error from Core"
 """What grpc reports, instead of the server's status, for a write on a stream the server
 has just ended (the gateway's own INTERNAL reads otherwise)."""
 
@@ -104,7 +104,7 @@ class GameServerClient:
             try:
                 return await self._connect_once(timeout)
             except GatewayRefused as exc:
-                if exc.code != grpc.StatusCode.INTERNAL or exc.details != _CORE_WRITE_RACE:
+                if exc.code != grpc.StatusCode.INTERNAL or exc.details != CORE_WRITE_RACE:
                     raise
                 # The gateway refused the stream while the hello was on its way out: grpc
                 # then reports only its own INTERNAL, not why. Asking again tells.

@@ -23,7 +23,7 @@ from system.storage.v1 import player_data_pb2, player_data_pb2_grpc, storage_pb2
 from services.gateway.cards import CardBook
 from services.modes import MODES, mode_by_name
 from services.results import AgentFailure, card, failed
-from services.runtime.channels import ChannelSettings, Dependency
+from services.runtime.channels import DEFAULT_CALL_SECONDS, ChannelSettings, Dependency
 from services.runtime.logging import RepeatedLines
 from services.runtime.multiplex import StreamedCalls
 
@@ -70,9 +70,6 @@ CATALOG_TTL_SECONDS = 300.0
 # Longest a history control waits for the engine to settle the player's history (the engine
 # itself waits at most half a second for a run finishing elsewhere).
 SETTLE_SECONDS = 2.0
-ENGINE_EVENT_SECONDS = 10.0
-"""Longest a game event or a player's resume waits for the engine (the channel's default for
-a call outside any request's deadline)."""
 
 
 def _depth(value: object) -> int:
@@ -314,7 +311,7 @@ class PlayerRequests:
             await self._engine_calls.call(
                 "ResumePlayerTasks",
                 engine_pb2.ResumePlayerTasksRequest(player=player),
-                ENGINE_EVENT_SECONDS,
+                DEFAULT_CALL_SECONDS,
             )
 
         self._in_background(resume(), "resuming the player's event tasks")
@@ -349,7 +346,7 @@ class PlayerRequests:
                         data=event.data,
                         player_online=online,
                     ),
-                    ENGINE_EVENT_SECONDS,
+                    DEFAULT_CALL_SECONDS,
                 )
             except grpc.aio.AioRpcError as exc:
                 refused(exc.code(), exc.details() or exc.code().name)

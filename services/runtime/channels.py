@@ -77,11 +77,15 @@ def _service_config(idempotent_methods: Sequence[str], balanced: bool) -> str:
     return json.dumps(config)
 
 
+DEFAULT_CALL_SECONDS = 10.0
+"""The deadline of a call made outside any request's deadline (a background call)."""
+
+
 def open_channel(
     target: str,
     *,
     idempotent_methods: Sequence[str] = (),
-    default_timeout: float | None = 10.0,
+    default_timeout: float | None = DEFAULT_CALL_SECONDS,
     private: bool = False,
     interceptors: bool = True,
     settings: ChannelSettings | None = None,
