@@ -6,7 +6,6 @@ assistant's result is stored encoded, so replaying it gives back exactly what wa
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime as dt
 from typing import Any, cast
@@ -37,6 +36,7 @@ from storage_service.db import HistoryRow, PreferenceRow, rowcount, table_of, up
 from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.intent_cache import invalidate as invalidate_intents
+from storage_service.pages import decode_seq_token, encode_token, read_page
 from storage_service.validation import check_player_id
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
@@ -69,28 +69,6 @@ class Preferences:
             external_enabled=self.external_enabled,
             conversation_mode=cast(common_pb2.ConversationMode, self.conversation_mode),
         )
-
-
-def _encode_token(row_id: int) -> str:
-    return base64.urlsafe_b64encode(f"h{row_id}".encode()).decode()
-
-
-def _decode_token(token: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(token.encode()).decode()
-        digits = raw[1:]
-        # Only what _encode_token makes: a row id that fits the BIGINT column. A forged huge
-        # number would otherwise reach the driver (SQLite raises OverflowError: INTERNAL).
-        if not (raw.startswith("h") and digits.isascii() and digits.isdigit()):
-            raise ValueError
-        row_id = int(digits)
-        if not 0 < row_id < 2**63:
-            raise ValueError
-        return row_id
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument(
-            "page_token is malformed; pass the next_page_token of a previous response unchanged"
-        ) from None
 
 
 _HISTORY = table_of(HistoryRow)
@@ -347,12 +325,14 @@ class ConversationStore:
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         query = select(HistoryRow).where(HistoryRow.player_id == player_id)
         if page_token:
-            query = query.where(HistoryRow.id < _decode_token(page_token))
+            query = query.where(HistoryRow.id < decode_seq_token("h", page_token))
         with self._sessions() as session:
-            rows = list(session.scalars(query.order_by(HistoryRow.id.desc()).limit(size + 1)))
-        more = len(rows) > size
-        rows = rows[:size]
-        token = _encode_token(rows[-1].id) if more else ""
+            rows, token = read_page(
+                session,
+                query.order_by(HistoryRow.id.desc()),
+                size,
+                lambda row: encode_token("h", row.id),
+            )
         return [_entry(row) for row in reversed(rows)], token
 
     def clear(self, player_id: str) -> int:

@@ -72,13 +72,12 @@ from storage_service.ledgers import (
     receipt_size,
     task_size,
 )
+from storage_service.pages import decode_seq_token, encode_token, read_page
 from storage_service.presence import locate_players
 from storage_service.receipts import complete_step, record_step
 from storage_service.tasks import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
-    _decode_token,
-    _encode_token,
     create_task,
     transition_task,
 )
@@ -249,12 +248,12 @@ class JournalStore:
         if names:
             query = query.where(TaskRow.state.in_(sorted(names)))
         if page_token:
-            query = query.where(TaskRow.seq > _decode_token(page_token))
+            query = query.where(TaskRow.seq > decode_seq_token("t", page_token))
         with self._sessions() as session:
-            rows = list(session.scalars(query.order_by(TaskRow.seq).limit(size + 1)))
-            more = len(rows) > size
-            rows = rows[:size]
-            return [task_message(row) for row in rows], _encode_token(rows[-1].seq) if more else ""
+            rows, token = read_page(
+                session, query.order_by(TaskRow.seq), size, lambda row: encode_token("t", row.seq)
+            )
+            return [task_message(row) for row in rows], token
 
     def claim_tasks(
         self, owner: str, max_tasks: int, lease_seconds: int, player_ids: Sequence[str] = ()

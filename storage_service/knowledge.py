@@ -38,7 +38,6 @@ Schema
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import datetime as dt
 import logging
@@ -71,6 +70,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from services.runtime.errors import InvalidArgument, NotFound
 from storage_service.db import Base, rowcount, upsert_ignore
 from storage_service.dialect import ID, POSTGRESQL, SQLITE, aware, is_postgresql, name_of
+from storage_service.pages import decode_token, encode_token, read_page
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 if TYPE_CHECKING:
@@ -333,23 +333,6 @@ def _no_nul(name: str, value: str) -> None:
         raise InvalidArgument(f"{name} must not contain NUL characters")
 
 
-def _encode_page(entry_id: str) -> str:
-    return base64.urlsafe_b64encode(f"k{entry_id}".encode()).decode()
-
-
-def _decode_page(token: str) -> str:
-    """The entry id a page token of `_encode_page` carries."""
-    try:
-        raw = base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError):
-        raw = ""
-    if not raw.startswith("k") or len(raw) < 2:
-        raise InvalidArgument(
-            "page_token is malformed; pass the next_page_token of a previous response unchanged"
-        )
-    return raw[1:]
-
-
 def _scope(player_id: str) -> str:
     return "the shared table" if not player_id else f"player {player_id}'s table"
 
@@ -472,16 +455,19 @@ class KnowledgeStore:
         check_player_id(player_id, required=False)
         if not 0 <= page_size <= MAX_PAGE:
             raise InvalidArgument(f"page_size must be between 0 and {MAX_PAGE}, got {page_size}")
-        after = _decode_page(page_token) if page_token else ""
+        after = decode_token("k", page_token) if page_token else ""
         size = page_size or DEFAULT_PAGE
         query = select(KnowledgeRow).where(KnowledgeRow.player_id == player_id)
         if after:
             query = query.where(KnowledgeRow.entry_id > after)
         with self._sessions() as session:
-            rows = list(session.scalars(query.order_by(KnowledgeRow.entry_id).limit(size + 1)))
-        more = len(rows) > size
-        rows = rows[:size]
-        return [_entry(row) for row in rows], _encode_page(rows[-1].entry_id) if more else ""
+            rows, token = read_page(
+                session,
+                query.order_by(KnowledgeRow.entry_id),
+                size,
+                lambda row: encode_token("k", row.entry_id),
+            )
+        return [_entry(row) for row in rows], token
 
     # -- search ------------------------------------------------------------------------------
 

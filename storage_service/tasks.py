@@ -1,5 +1,5 @@
 """Event tasks: created once per (player, event key), moved only along the edges listed in
-journal.proto, and the page tokens of a player's task list.
+journal.proto, and the page sizes of a player's task list (storage_service.pages).
 
 QUEUED, RUNNING and WAITING are recoverable, SUCCEEDED, FAILED and PARTIALLY_SUCCEEDED
 terminal: a terminal task never changes again. A move that adds a result makes room in the
@@ -8,7 +8,6 @@ player's task ledger first (storage_service.ledgers). Claims are storage_service
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import uuid
 from collections.abc import Sequence
@@ -321,26 +320,3 @@ def transition_task(
     row.size_bytes = size
     row.updated_at = now
     return row
-
-
-# -- page tokens -------------------------------------------------------------------------------
-
-
-def _encode_token(seq: int) -> str:
-    return base64.urlsafe_b64encode(f"t{seq}".encode()).decode()
-
-
-def _decode_token(token: str) -> int:
-    try:
-        raw = base64.urlsafe_b64decode(token.encode()).decode()
-        digits = raw[1:]
-        if not (raw.startswith("t") and digits.isascii() and digits.isdigit()):
-            raise ValueError
-        seq = int(digits)
-        if not 0 < seq < 2**63:
-            raise ValueError
-        return seq
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument(
-            "page_token is malformed; pass the next_page_token of a previous response unchanged"
-        ) from None
