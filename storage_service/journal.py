@@ -158,6 +158,13 @@ class JournalStore:
         # Stored as UTC: SQLite keeps no offset, so every time written must be UTC already.
         return now.replace(tzinfo=dt.UTC) if now.tzinfo is None else now.astimezone(dt.UTC)
 
+    def _fenced_now(self, session: Session, fence: journal_pb2.Fence | None) -> dt.datetime:
+        """The time of a fenced write (a `*_in` method), once its fence (if any) holds at that
+        time: FAILED_PRECONDITION otherwise, before the write touches anything."""
+        now = self._now()
+        check_noted_fence(session, fence, now)
+        return now
+
     # -- tasks ---------------------------------------------------------------------------------
 
     def create_task(
@@ -308,8 +315,7 @@ class JournalStore:
         fence: journal_pb2.Fence | None = None,
     ) -> journal_pb2.EventTask:
         """`transition_task` inside the session's transaction."""
-        now = self._now()
-        check_noted_fence(session, fence, now)
+        now = self._fenced_now(session, fence)
         row = transition_task(
             session,
             self._bounds,
@@ -337,8 +343,7 @@ class JournalStore:
     ) -> tuple[journal_pb2.StepReceipt, bool]:
         """`record_step` inside the session's transaction; `completed` results of earlier
         steps of the task are stored first (DONE, as `complete_step` does)."""
-        now = self._now()
-        check_noted_fence(session, fence, now)
+        now = self._fenced_now(session, fence)
         owner = None  # the task's player, once known (its ledger lock is held then)
         for index, step in enumerate(completed):
             done = complete_step(
@@ -381,8 +386,7 @@ class JournalStore:
         fence: journal_pb2.Fence | None = None,
     ) -> journal_pb2.StepReceipt:
         """`complete_step` inside the session's transaction."""
-        now = self._now()
-        check_noted_fence(session, fence, now)
+        now = self._fenced_now(session, fence)
         row = complete_step(
             session,
             self._bounds,
