@@ -44,6 +44,8 @@ def test_a_tasks_calls_become_exchanges() -> None:
         ("--replicas", ","),
         ("--rounds", "0"),
         ("--rounds", "11"),
+        ("--tasks", "0"),
+        ("--tasks", "10000"),  # past MAX_TASKS: a player each, joined before the clock starts
     ],
 )
 def test_settings_that_cannot_run_are_refused_before_anything_starts(
