@@ -4,8 +4,8 @@
                            [--replicas 1,2] [--rounds 1] [--out DIR]
 
 Runs the whole stack as processes (as `make run` does) with a simulated game server in this
-process (on the services' event loop: uvloop where installed, decision 0037; a real game
-server is Java), on SQLite and on PostgreSQL (a fresh database on BENCH_POSTGRES_DSN, else
+process (on the services' event loop: uvloop where installed, decision 0037; a real game server
+is Java), on SQLite and on PostgreSQL (a fresh database on BENCH_POSTGRES_DSN, else
 TEST_POSTGRES_DSN, else postgresql://127.0.0.1:5432/test, dropped at the end).
 
 Overhead: `system:inventory` is a read-only module with one game tool. An engine runs in this
@@ -13,11 +13,10 @@ process (storage, gateway and game server as in production: processes and a stre
 execution is timed inside the engine (Engine.execute) and so is the game-tool call inside it
 (at the engine's relay client). Engine overhead = execution time minus tool time, per
 execution, at p50 and p99: the checks, what the tool does not cover of the player's lease in
-storage (taken while the run starts: decision 0009), the context and budgets (the history
-write goes out after the reply: decision 0006). Measured in the same run as
-baselines: Execute as its caller sees it (adding the caller's gRPC hop), the same tool called
-directly through the gateway's relay, and an empty health check of the engine (the transport
-floor).
+storage (taken while the run starts: decision 0009), the context and budgets (the history write
+goes out after the reply: decision 0006). Measured in the same run as baselines: Execute as its
+caller sees it (adding the caller's gRPC hop), the same tool called directly through the
+gateway's relay, and an empty health check of the engine (the transport floor).
 
 Event tasks: `system:advancement_reward` for `minecraft:story/mine_diamond` makes two write
 steps (two `minecraft:item.give` calls to the game server, sent together: decision 0038; the
@@ -28,20 +27,21 @@ runs from the first submission until the game server has seen all 2N gives; ever
 checked to be SUCCEEDED with exactly its two gives. Each task has its own player (up to
 MAX_TASKS; the bench's gateway admits them all on one connection), so a run can last long
 enough to outlast the machine's noise: `make bench` gives 2,999 tasks, about 9 s a run here,
-where 999 (3 s) moved the ratio to DBOS between 1.1x and 2.2x from one single run to the next. With the seed's 2 event workers per
-replica, a replica runs two tasks at a time, so throughput is bound by one task's latency: 1
-and 2 replicas are measured, with the CPU each process of the stack spent per task.
+where 999 (3 s) moved the ratio to DBOS between 1.1x and 2.2x from one single run to the next.
+With the seed's 2 event workers per replica, a replica runs two tasks at a time, so throughput
+is bound by one task's latency: 1 and 2 replicas are measured, with the CPU each process of the
+stack spent per task.
 
 Peer (issue 16), in the same run when PostgreSQL is measured: DBOS Transact on the same
-PostgreSQL server (bench/peers.py: workflows of two `@DBOS.step()` steps, one small write
-each, in a process of its own on a database of its own), as many workflows in flight as the
-engine runs event tasks at once at the most replicas measured (event workers × replicas),
-right after our run at the most replicas and for as long. `--rounds N` alternates the two N
-times (our later runs give the same players tasks under new event keys) and reports the pair
-whose ratio is the median: the machines are noisy, and a pair measured back to back drifts
-together. Recorded: our best PostgreSQL tasks/s over DBOS's workflows/s (target at least 2)
-and over the tasks/s the cores allow at the floor (target at least 60 %). Results go to
-bench/results/engine.{json,md,png}.
+PostgreSQL server (bench/peers.py: workflows of two `@DBOS.step()` steps, one small write each,
+in a process of its own on a database of its own), as many workflows in flight as the engine
+runs event tasks at once at the most replicas measured (event workers × replicas), right after
+our run at the most replicas and for as long, then the transport floor again. `--rounds N`
+alternates these rounds N times (our later runs give the same players tasks under new event
+keys) and reports the round whose ratio is the median, with its own floor: the machines are
+noisy, and figures measured back to back drift together. Recorded: our best PostgreSQL tasks/s
+over DBOS's workflows/s (target at least 2) and over the tasks/s the cores allow at the floor
+(target at least 60 %). Results go to bench/results/engine.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -481,9 +481,10 @@ async def _alternate_with_dbos(
     first: dict[str, Any],
 ) -> list[dict[str, Any]]:
     """Our event run at the most replicas, each followed at once by DBOS for as long, as
-    many in flight as our event workers there: `args.rounds` such pairs, alternated, so a
-    machine whose speed drifts during the bench moves both sides of each pair alike. Each
-    round is our run with its `dbos` and `over_dbos`."""
+    many in flight as our event workers there, and by the transport floor's measurement:
+    `args.rounds` such rounds, alternated, so a machine whose speed drifts during the bench
+    moves every figure of a round alike. Each round is our run with its `dbos`, `over_dbos`
+    and `transport`."""
     concurrency = EngineConfig().event_workers * max(args.replicas)
     rounds: list[dict[str, Any]] = []
     ours = first
@@ -493,6 +494,9 @@ async def _alternate_with_dbos(
         progress(number, args.rounds, "DBOS peer")
         # In a thread: the stack and the game server's stream stay served meanwhile.
         dbos = await asyncio.to_thread(measure_dbos, max(ours["seconds"], 2.0), concurrency)
+        # This pair's floor too, measured with it: the machine's speed drifts between rounds,
+        # and a share of a floor measured minutes apart would carry that drift.
+        ours["transport"] = await asyncio.to_thread(measure_transport)
         progress(number + 1, args.rounds, "DBOS peer")
         ours["dbos"] = dbos
         ours["over_dbos"] = round(ours["tasks_per_s"] / dbos["workflows_per_s"], 2)
@@ -666,7 +670,9 @@ def _markdown(report: dict[str, Any]) -> str:
     t = report["transport"]
     lines += [
         "",
-        "Transport floor, measured in the same run (`bench/transport.py`: two processes, "
+        "Transport floor, measured at the start of the run (and again after each alternated "
+        "round with DBOS, whose share of the floor uses its own: the rounds' table) "
+        "(`bench/transport.py`: two processes, "
         "nothing behind the calls, CPU of both ends per exchange): an empty unary call "
         f"{t['unary']['both_cpu_ms']} ms (wall p50 {t['unary']['wall_p50_ms']} ms), one "
         f"message each way on an open stream {t['stream']['both_cpu_ms']} ms (wall p50 "
@@ -706,17 +712,21 @@ def _markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"DBOS ran right after our run at the most replicas, for as long, alternated with "
-            f"it {len(rounds)} time(s) (`--rounds`), so that a machine whose speed drifts moves "
-            "both sides of a pair alike; the pair whose ratio is the median is the one above "
-            "and in the table.",
+            f"it {len(rounds)} time(s) (`--rounds`), and the transport floor was measured again "
+            "right after DBOS, so that a machine whose speed drifts moves every figure of a "
+            "round alike; the round whose ratio to DBOS is the median is the one above and in "
+            "the table.",
             "",
-            "| round | our tasks/s | DBOS workflows/s | ours / DBOS | share of the floor |",
-            "|---|---|---|---|---|",
+            "| round | our tasks/s | DBOS workflows/s | ours / DBOS | stream exchange CPU "
+            "(measured after the pair) | tasks/s at the floor | share of the floor |",
+            "|---|---|---|---|---|---|---|",
         ]
         for number, r in enumerate(rounds, 1):
+            exchange = r.get("transport", report["transport"])["stream"]["both_cpu_ms"]
             lines.append(
                 f"| {number} | {r['tasks_per_s']} | {r['dbos']['workflows_per_s']} "
-                f"| {r['over_dbos']}× | {round(100 * r['of_floor'], 1)} % |"
+                f"| {r['over_dbos']}× | {exchange} ms | {r['floor']['tasks_per_s_at_floor']} "
+                f"| {round(100 * r['of_floor'], 1)} % |"
             )
         lines += [
             "",
@@ -843,7 +853,7 @@ def main(argv: list[str] | None = None) -> None:
         rounds = result.get("rounds", [])
         # The run at the most replicas is one of the rounds (the median): each run once.
         for run in rounds + [e for e in events if all(e is not r for r in rounds)]:
-            run["floor"] = _floor(run, transport, cores)
+            run["floor"] = _floor(run, run.get("transport", transport), cores)
             run["of_floor"] = round(run["tasks_per_s"] / run["floor"]["tasks_per_s_at_floor"], 3)
     peers = _peers(results.get("postgres"))
     report = {
