@@ -26,7 +26,7 @@ on the engine's MultiplexCalls stream as a gateway submits them: decision 0039) 
 runs from the first submission until the game server has seen all 2N gives; every task is then
 checked to be SUCCEEDED with exactly its two gives. Each task has its own player (up to
 MAX_TASKS; the bench's gateway admits them all on one connection), so a run can last long
-enough to outlast the machine's noise: `make bench` gives 2,999 tasks, about 9 s a run here,
+enough to outlast the machine's noise: `make bench` gives 2,999 tasks, about 8 s a run here,
 where 999 (3 s) moved the ratio to DBOS between 1.1x and 2.2x from one single run to the next.
 With the seed's 2 event workers per replica, a replica runs two tasks at a time, so throughput
 is bound by one task's latency: 1 and 2 replicas are measured, with the CPU each process of the
@@ -348,6 +348,18 @@ def _floor(events: dict[str, Any], transport: dict[str, Any], cores: int) -> dic
         "floor_ms": round(floor, 2),
         "tasks_per_s_at_floor": round(cores * 1000 / floor, 1),
     }
+
+
+def _add_floors(results: dict[str, Any], transport: dict[str, Any], cores: int) -> None:
+    """Gives every event run its `floor` and `of_floor`: an alternated round against the
+    transport measured with it, any other run against `transport` (measured at the start)."""
+    for result in results.values():
+        events = [result[k] for k in result if k.startswith("events_")]
+        rounds = result.get("rounds", [])
+        # The run at the most replicas is one of the rounds (the median): each run once.
+        for run in rounds + [e for e in events if all(e is not r for r in rounds)]:
+            run["floor"] = _floor(run, run.get("transport", transport), cores)
+            run["of_floor"] = round(run["tasks_per_s"] / run["floor"]["tasks_per_s_at_floor"], 3)
 
 
 class _StackCpu:
@@ -722,7 +734,7 @@ def _markdown(report: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for number, r in enumerate(rounds, 1):
-            exchange = r.get("transport", report["transport"])["stream"]["both_cpu_ms"]
+            exchange = r["transport"]["stream"]["both_cpu_ms"]
             lines.append(
                 f"| {number} | {r['tasks_per_s']} | {r['dbos']['workflows_per_s']} "
                 f"| {r['over_dbos']}× | {exchange} ms | {r['floor']['tasks_per_s_at_floor']} "
@@ -847,14 +859,7 @@ def main(argv: list[str] | None = None) -> None:
     transport = measure_transport()
     progress(1, 1, "transport floor")
     results = run_on_loop(main_async(args))
-    cores = os.cpu_count() or 1
-    for result in results.values():
-        events = [result[k] for k in result if k.startswith("events_")]
-        rounds = result.get("rounds", [])
-        # The run at the most replicas is one of the rounds (the median): each run once.
-        for run in rounds + [e for e in events if all(e is not r for r in rounds)]:
-            run["floor"] = _floor(run, run.get("transport", transport), cores)
-            run["of_floor"] = round(run["tasks_per_s"] / run["floor"]["tasks_per_s_at_floor"], 3)
+    _add_floors(results, transport, os.cpu_count() or 1)
     peers = _peers(results.get("postgres"))
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -36,7 +36,7 @@ from storage_service.db import HistoryRow, PreferenceRow, rowcount, table_of, up
 from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.intent_cache import invalidate as invalidate_intents
-from storage_service.pages import decode_seq_token, encode_token, read_page
+from storage_service.pages import PageTokens
 from storage_service.validation import check_player_id
 
 __all__ = ["ConversationStore", "HistoryBounds", "Preferences"]
@@ -71,6 +71,8 @@ class Preferences:
         )
 
 
+_PAGES = PageTokens("h")
+"""ListHistory's page tokens: an entry's row id."""
 _HISTORY = table_of(HistoryRow)
 _PREFERENCES = table_of(PreferenceRow)
 _ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
@@ -325,13 +327,10 @@ class ConversationStore:
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         query = select(HistoryRow).where(HistoryRow.player_id == player_id)
         if page_token:
-            query = query.where(HistoryRow.id < decode_seq_token("h", page_token))
+            query = query.where(HistoryRow.id < _PAGES.decode_number(page_token))
         with self._sessions() as session:
-            rows, token = read_page(
-                session,
-                query.order_by(HistoryRow.id.desc()),
-                size,
-                lambda row: encode_token("h", row.id),
+            rows, token = _PAGES.read(
+                session, query.order_by(HistoryRow.id.desc()), size, lambda row: row.id
             )
         return [_entry(row) for row in reversed(rows)], token
 

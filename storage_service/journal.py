@@ -72,7 +72,7 @@ from storage_service.ledgers import (
     receipt_size,
     task_size,
 )
-from storage_service.pages import decode_seq_token, encode_token, read_page
+from storage_service.pages import PageTokens
 from storage_service.presence import locate_players
 from storage_service.receipts import complete_step, record_step
 from storage_service.tasks import (
@@ -105,6 +105,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("system.storage.journal")
+
+_TASK_PAGES = PageTokens("t")
+"""ListTasks' page tokens: a task's sequence number."""
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -255,10 +258,10 @@ class JournalStore:
         if names:
             query = query.where(TaskRow.state.in_(sorted(names)))
         if page_token:
-            query = query.where(TaskRow.seq > decode_seq_token("t", page_token))
+            query = query.where(TaskRow.seq > _TASK_PAGES.decode_number(page_token))
         with self._sessions() as session:
-            rows, token = read_page(
-                session, query.order_by(TaskRow.seq), size, lambda row: encode_token("t", row.seq)
+            rows, token = _TASK_PAGES.read(
+                session, query.order_by(TaskRow.seq), size, lambda row: row.seq
             )
             return [task_message(row) for row in rows], token
 

@@ -70,7 +70,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from services.runtime.errors import InvalidArgument, NotFound
 from storage_service.db import Base, rowcount, upsert_ignore
 from storage_service.dialect import ID, POSTGRESQL, SQLITE, aware, is_postgresql, name_of
-from storage_service.pages import decode_token, encode_token, read_page
+from storage_service.pages import PageTokens
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
 
 if TYPE_CHECKING:
@@ -90,6 +90,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("system.storage.knowledge")
+
+_PAGES = PageTokens("k")
+"""ListKnowledge's page tokens: an entry id."""
 
 MAX_ENTRY_ID = 128
 MAX_TITLE = 200
@@ -455,17 +458,14 @@ class KnowledgeStore:
         check_player_id(player_id, required=False)
         if not 0 <= page_size <= MAX_PAGE:
             raise InvalidArgument(f"page_size must be between 0 and {MAX_PAGE}, got {page_size}")
-        after = decode_token("k", page_token) if page_token else ""
+        after = _PAGES.decode(page_token) if page_token else ""
         size = page_size or DEFAULT_PAGE
         query = select(KnowledgeRow).where(KnowledgeRow.player_id == player_id)
         if after:
             query = query.where(KnowledgeRow.entry_id > after)
         with self._sessions() as session:
-            rows, token = read_page(
-                session,
-                query.order_by(KnowledgeRow.entry_id),
-                size,
-                lambda row: encode_token("k", row.entry_id),
+            rows, token = _PAGES.read(
+                session, query.order_by(KnowledgeRow.entry_id), size, lambda row: row.entry_id
             )
         return [_entry(row) for row in rows], token
 

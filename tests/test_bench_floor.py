@@ -67,3 +67,27 @@ def test_the_median_pair_is_reported_whole() -> None:
     # An even number: the lower of the two middle pairs (no figure made up between them).
     assert engine_bench._median_round(rounds[1:]) is rounds[1]
     assert engine_bench._median_round(rounds[:1]) is rounds[0]
+
+
+def test_each_round_is_judged_against_the_floor_measured_with_it() -> None:
+    def transport(stream_ms: float) -> dict[str, dict[str, float]]:
+        return {"unary": {"both_cpu_ms": 0.5}, "stream": {"both_cpu_ms": stream_ms}}
+
+    def run(tasks_per_s: float) -> dict[str, object]:
+        return {
+            "tasks_per_s": tasks_per_s,
+            "exchanges": {"unary_per_task": 0.0, "stream_per_task": 10.0},
+            "cpu_ms_per_task": {"postgres": 1.0},
+        }
+
+    slow, fast, alone = run(200.0), run(200.0), run(100.0)
+    slow["transport"], fast["transport"] = transport(0.3), transport(0.1)
+    results = {
+        "postgres": {"rounds": [slow, fast], "events_2_replicas": fast, "events_1_replicas": alone}
+    }
+    engine_bench._add_floors(results, transport(0.2), cores=2)
+    # 10 stream exchanges at the round's own cost plus 1 ms of database, over two cores.
+    assert slow["floor"]["tasks_per_s_at_floor"] == 500.0 and slow["of_floor"] == 0.4
+    assert fast["floor"]["tasks_per_s_at_floor"] == 1000.0 and fast["of_floor"] == 0.2
+    # A run that is no round is judged against the floor measured at the start.
+    assert alone["floor"]["tasks_per_s_at_floor"] == round(2000 / 3.0, 1)
