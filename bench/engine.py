@@ -440,6 +440,7 @@ async def measure_events(
     try:
         meter = _StackCpu(stack, extra or [])
         exchanges = _Exchanges(stack)
+        progress(0, tasks, f"events {label}")
         started = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
         submitted = time.perf_counter()
