@@ -1,11 +1,14 @@
 """A group commit's receipt batches sent ahead together.
 
 When a group (storage_service.group_commit) holds two or more Commits made only of receipt
-writes, their statements are sent before any result is read: first the batches' rows (with
-their players' ledger locks on PostgreSQL), then their fences' reads and each write's
-one-statement form (storage_service.receipts). On PostgreSQL the rows go as one statement, the
-fences as one, and the receipt writes as one statement per chunk over arrays; on SQLite a
-statement each. When a batch's one-statement form does not hold (a retry of a stored batch, a
+writes, or of receipt writes and a last task move (an event task's final Commit: decision
+0036), their statements are sent before any result is read: first the batches' rows (with
+their players' ledger locks on PostgreSQL), then each write's one-statement form
+(storage_service.receipts, storage_service.tasks.transition_fast). On PostgreSQL the rows go
+as one statement, the receipt writes as one statement per chunk over arrays and the moves as
+one more, and a fence is checked against the lease row the group's lock statement read
+(ledgers.lock_in_order); on SQLite a statement each, and a batch with a move goes the
+ordinary way. When a batch's one-statement form does not hold (a retry of a stored batch, a
 stale fence, a receipt that must evict older ones) `finish_batch` raises NotApplied and the
 group runs again write by write (storage_service.batches), so answers never differ.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -25,9 +28,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     bindparam,
-    func,
     literal_column,
-    select,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -43,11 +44,18 @@ from storage_service.batches import (
 )
 from storage_service.dialect import is_postgresql
 from storage_service.fastsql import FastResult, FastStatement, Sent
-from storage_service.group_commit import NotApplied
+from storage_service.group_commit import NotApplied, fenced
 from storage_service.journal_records import _RECEIPTS, RECOVERABLE, STEP_DONE, STEP_RUNNING
-from storage_service.leases import _FENCE_QUERY, _LEASES, _fence_holds
-from storage_service.ledgers import JournalBounds, Writes, _locks_held, _player_lock_key
+from storage_service.leases import _FENCE_QUERY, _fence_holds
+from storage_service.ledgers import (
+    JournalBounds,
+    Writes,
+    _locks_held,
+    _player_lock_key,
+    noted_lease,
+)
 from storage_service.receipts import _RECORD_FAST, _receipt_applied, _receipt_fast
+from storage_service.tasks import _TASKS, transition_fast
 
 if TYPE_CHECKING:
     from storage_service.journal import JournalStore
@@ -182,26 +190,21 @@ SELECT step_id FROM recorded UNION ALL SELECT step_id FROM completed"""
     .columns(_RECEIPTS.c.step_id),
     planned_each_time=True,
 )
-_FENCES_QUERY = FastStatement(
-    select(_LEASES.c.name, _LEASES.c.owner, _LEASES.c.token, _LEASES.c.expires_at)
-    .where(_LEASES.c.name == func.any(bindparam("names", type_=ARRAY(String))))
-    .with_for_update(read=True)
-)
 
 
 class _Applied:
-    """The step ids a combined statement changed, read once its result came."""
+    """The ids (of steps, of tasks) a combined statement changed, read once its result came."""
 
-    __slots__ = ("_sent", "_steps")
+    __slots__ = ("_ids", "_sent")
 
     def __init__(self, sent: Sent) -> None:
         self._sent = sent
-        self._steps: set[str] | None = None
+        self._ids: set[str] | None = None
 
-    def __contains__(self, step_id: str) -> bool:
-        if self._steps is None:
-            self._steps = {row[0] for row in self._sent.result().rows}
-        return step_id in self._steps
+    def __contains__(self, changed: str) -> bool:
+        if self._ids is None:
+            self._ids = {row[0] for row in self._sent.result().rows}
+        return changed in self._ids
 
 
 class _ReceiptChunks:
@@ -212,18 +215,22 @@ class _ReceiptChunks:
         self._bounds = bounds
         self._now = now
         self._chunks: list[tuple[list[dict[str, object]], list[dict[str, object]]]] = []
-        self._seen: set[str] = set()
+        # The first chunk each player's and each step's next write may go in: right after
+        # their previous write's, so that writes of one player or one step keep their order
+        # and a group of batches of several writes each costs as many chunks as its longest
+        # batch, not one per write.
+        self._next: dict[str, int] = {}
         self._where: list[tuple[int, str]] = []  # (chunk, step id) of each write
         self._sent: list[_Applied] = []
 
     def add(self, statement: FastStatement, params: dict[str, object]) -> int:
         player, step = f"p:{params['p_player']}", f"s:{params['p_step']}"
-        if not self._chunks or player in self._seen or step in self._seen:
+        chunk = max(self._next.get(player, 0), self._next.get(step, 0))
+        self._next[player] = self._next[step] = chunk + 1
+        if chunk == len(self._chunks):
             self._chunks.append(([], []))
-            self._seen = set()
-        self._seen.update((player, step))
-        self._chunks[-1][0 if statement is _RECORD_FAST else 1].append(params)
-        self._where.append((len(self._chunks) - 1, str(params["p_step"])))
+        self._chunks[chunk][0 if statement is _RECORD_FAST else 1].append(params)
+        self._where.append((chunk, str(params["p_step"])))
         return len(self._where) - 1
 
     def send(self, session: Session) -> None:
@@ -252,62 +259,166 @@ class _ReceiptChunks:
         return step in self._sent[chunk]
 
 
-def send_batches(
-    session: Session, bounds: JournalBounds, now: dt.datetime, batches: Sequence[_Batch]
-) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
-    """Sends batches of receipt writes ahead (group_commit.Sender): first their rows,
-    with their players' locks on PostgreSQL (_BatchRows), then their fences' reads and
-    their writes' one-statement forms, in the order `batches.apply_batch` runs them: on
-    PostgreSQL one fence query for the group and the writes in chunks (_ReceiptChunks),
-    on SQLite a statement each. A row touches nothing a write or a fence reads, and a
-    fence nothing a write touches, so sending every row first, then every fence, gives
-    each batch the result it would have had in turn. None for a batch with a write that
-    has no such form, and for a batch already in the group (it replays the first, the
-    long way)."""
-    plans: list[list[tuple[FastStatement, dict[str, object]]] | None] = []
+# A group's final task moves in one statement (PostgreSQL), each row checked as transition_task
+# checks its task: the player's own, in a state with an edge to the target (and the expected
+# one), and a result that fits the player's task ledger without evicting (else the move is
+# not applied and goes the long way, which evicts or says why). It runs after every receipt
+# chunk: a batch's move is its last operation. A group holds at most one move per player, so
+# the ledger each row reads is not one another row changes. Planned at every execution, as
+# _RECEIPTS_MANY is.
+_MOVED_SIZE = (
+    "octet_length(t.task_id) + octet_length(t.player_id) + octet_length(t.module_id)"
+    " + octet_length(t.event_key) + octet_length(t.input) + coalesce(octet_length(v.result), 0)"
+)  # ledgers.task_size, in SQL
+_TRANSITIONS_MANY = FastStatement(
+    text(
+        f"""
+UPDATE journal_tasks AS t
+SET state = v.state, result = v.result, size_bytes = {_MOVED_SIZE}, updated_at = :now
+FROM unnest(:t_tasks, :t_players, :t_states, :t_froms, :t_results)
+     AS v(task_id, player_id, state, froms, result)
+WHERE t.task_id = v.task_id AND t.player_id = v.player_id
+  AND t.state = ANY(string_to_array(v.froms, ','))
+  AND ({_MOVED_SIZE} <= t.size_bytes
+       OR (SELECT sum(x.size_bytes) FROM journal_tasks AS x WHERE x.player_id = v.player_id)
+          + {_MOVED_SIZE} - t.size_bytes <= :max_bytes)
+RETURNING t.task_id"""
+    )
+    .bindparams(
+        bindparam("t_tasks", type_=ARRAY(String)),
+        bindparam("t_players", type_=ARRAY(String)),
+        bindparam("t_states", type_=ARRAY(String)),
+        bindparam("t_froms", type_=ARRAY(String)),
+        bindparam("t_results", type_=ARRAY(LargeBinary)),
+        bindparam("now", type_=DateTime(timezone=True)),
+        bindparam("max_bytes", type_=BigInteger),
+    )
+    .columns(_TASKS.c.task_id),
+    planned_each_time=True,
+)
+
+
+class _Transitions:
+    """The final task moves of a group, sent as one _TRANSITIONS_MANY (see above)."""
+
+    def __init__(self, bounds: JournalBounds, now: dt.datetime) -> None:
+        self._bounds = bounds
+        self._now = now
+        self._rows: list[dict[str, object]] = []
+        self._sent: _Applied | None = None
+
+    def add(self, row: dict[str, object]) -> Callable[[], bool]:
+        """Adds a move (tasks.transition_fast's row); returns whether it applied, to be
+        asked once the statement's result came."""
+        self._rows.append(row)
+        return functools.partial(self._applied, str(row["task"]))
+
+    def send(self, session: Session) -> None:
+        if not self._rows:
+            return
+        params: dict[str, object] = {
+            f"t_{key}s": [row[key] for row in self._rows]
+            for key in ("task", "player", "state", "result")
+        }
+        params["t_froms"] = [row["froms"] for row in self._rows]
+        params.update(now=self._now, max_bytes=self._bounds.task_max_bytes)
+        self._sent = _Applied(_TRANSITIONS_MANY.send(session, params))
+
+    def _applied(self, task_id: str) -> bool:
+        assert self._sent is not None
+        return task_id in self._sent
+
+
+class _Plan(NamedTuple):
+    """A batch's one-statement forms: its receipt writes' and its last move's."""
+
+    writes: list[tuple[FastStatement, dict[str, object]]]
+    move: dict[str, object] | None
+
+
+def _plans(
+    bounds: JournalBounds, now: dt.datetime, batches: Sequence[_Batch], postgresql: bool
+) -> list[_Plan | None]:
+    """Each batch's plan, or None where it runs the ordinary way: a write or move without a
+    one-statement form, a move on SQLite, a batch already in the group (it replays the
+    first, the long way) and a player's batch after one of theirs with a move (whose
+    statement runs after every receipt write)."""
+    plans: list[_Plan | None] = []
     keys: set[tuple[str, str]] = set()
+    moved: set[str] = set()
     for batch in batches:
         assert batch.receipts is not None
-        player, key = (
-            batch.request.player_id,
-            (batch.request.player_id, batch.request.request_id),
-        )
-        fast = [_receipt_fast(bounds, now, player, write) for write in batch.receipts]
-        if key in keys or any(plan is None for plan in fast):
+        player = batch.request.player_id
+        key = (player, batch.request.request_id)
+        writes = [_receipt_fast(bounds, now, player, write) for write in batch.receipts]
+        move = None
+        if batch.transition is not None and postgresql:
+            move = transition_fast(bounds, player, batch.transition)
+        if (
+            key in keys
+            or player in moved
+            or any(write is None for write in writes)
+            or (batch.transition is not None and move is None)
+        ):
             plans.append(None)
             continue
         keys.add(key)
-        plans.append(fast)  # type: ignore[arg-type]
+        if move is not None:
+            moved.add(player)
+        plans.append(_Plan(writes, move))  # type: ignore[arg-type]
+    return plans
+
+
+def send_batches(
+    session: Session, bounds: JournalBounds, now: dt.datetime, batches: Sequence[_Batch]
+) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
+    """Sends batches of receipt writes (and a last move) ahead (group_commit.Sender): first
+    their rows, with their players' locks on PostgreSQL (_BatchRows), then their writes'
+    one-statement forms, in the order `batches.apply_batch` runs them: on PostgreSQL the
+    writes in chunks (_ReceiptChunks) and the moves in one statement (_Transitions), their
+    fences checked against the lease rows the group's locks read; on SQLite a fence read
+    and a statement each. A row touches nothing a write or a fence reads, and a fence
+    nothing a write touches, so sending every row first gives each batch the result it
+    would have had in turn. None for a batch that runs the ordinary way (_plans)."""
+    postgresql = is_postgresql(session)
+    plans = _plans(bounds, now, batches, postgresql)
     sent = [batch for batch, plan in zip(batches, plans, strict=True) if plan is not None]
     if not sent:
         return [None] * len(batches)
-    postgresql = is_postgresql(session)
     rows = _BatchRows(session, sent, now, postgresql)
     finishers: list[Callable[[], journal_pb2.CommitResponse] | None] = []
     if postgresql:
-        # The fences in one statement, then the writes in chunks (_ReceiptChunks).
-        names = sorted({b.request.fence.lease_name for b in sent if b.request.HasField("fence")})
-        fences = _Fences(_FENCES_QUERY.send(session, {"names": names}) if names else None)
+        # The writes in chunks (_ReceiptChunks), then the moves (_Transitions); the fences'
+        # lease rows come with the group's locks (each unit's `writes` names its fence).
         chunks = _ReceiptChunks(bounds, now)
-        indexes = [
-            [chunks.add(statement, params) for statement, params in plan] if plan else None
-            for plan in plans
-        ]
+        transitions = _Transitions(bounds, now)
+        checks: list[list[Callable[[], bool]] | None] = []
+        for plan in plans:
+            if plan is None:
+                checks.append(None)
+                continue
+            applied: list[Callable[[], bool]] = [
+                functools.partial(chunks.applied, chunks.add(statement, params))
+                for statement, params in plan.writes
+            ]
+            if plan.move is not None:
+                applied.append(transitions.add(plan.move))
+            checks.append(applied)
         chunks.send(session)
-        for batch, written in zip(batches, indexes, strict=True):
+        transitions.send(session)
+        for batch, written in zip(batches, checks, strict=True):
             if written is None:
                 finishers.append(None)
                 continue
             request = batch.request
             fence = (
-                functools.partial(fences.row, request.fence.lease_name)
+                functools.partial(noted_lease, session, request.fence.lease_name)
                 if request.HasField("fence")
                 else None
             )
-            applied = [functools.partial(chunks.applied, index) for index in written]
             finishers.append(
                 functools.partial(
-                    finish_batch, session, bounds, batch, now, True, rows, fence, applied
+                    finish_batch, session, bounds, batch, now, True, rows, fence, written
                 )
             )
         return finishers
@@ -319,10 +430,10 @@ def send_batches(
         fenced = None
         if request.HasField("fence"):
             fenced = _FENCE_QUERY.send(session, {"name": request.fence.lease_name}).result
-        checks = []
-        for write, (statement, params) in zip(batch.receipts, plan, strict=True):  # type: ignore[arg-type]
+        checks_alone = []
+        for write, (statement, params) in zip(batch.receipts, plan.writes, strict=True):  # type: ignore[arg-type]
             sent_write = statement.send(session, params)
-            checks.append(functools.partial(_applied_alone, write, sent_write))
+            checks_alone.append(functools.partial(_applied_alone, write, sent_write))
         finishers.append(
             functools.partial(
                 finish_batch,
@@ -333,7 +444,7 @@ def send_batches(
                 False,
                 rows,
                 functools.partial(_first_row, fenced) if fenced is not None else None,
-                checks,
+                checks_alone,
             )
         )
     return finishers
@@ -352,7 +463,7 @@ def finish_batch(
     """The answer of a batch sent ahead, once its results came; NotApplied when what was
     sent may not stand (a retried batch, a stale fence, a write that did not apply with
     another sent after it): `batches.apply_batch` then runs it the long way. `fence_row` reads the
-    fence's lease row, `applied[i]` says whether the i-th write applied."""
+    fence's lease row, `applied[i]` says whether the i-th write (the batch's move last) applied."""
     request = batch.request
     assert batch.receipts is not None
     if not rows.inserted(batch):
@@ -381,22 +492,6 @@ def _applied_alone(write: journal_pb2.ReceiptWrite, sent: Sent) -> bool:
     return _receipt_applied(write, sent.result())
 
 
-class _Fences:
-    """The lease rows of a group's fences, read by one statement (None: no fences)."""
-
-    __slots__ = ("_rows", "_sent")
-
-    def __init__(self, sent: Sent | None) -> None:
-        self._sent = sent
-        self._rows: dict[str, tuple[object, ...]] | None = None
-
-    def row(self, name: str) -> tuple[object, ...] | None:
-        if self._rows is None:
-            rows = self._sent.result().rows if self._sent is not None else []
-            self._rows = {str(row[0]): row for row in rows}
-        return self._rows.get(name)
-
-
 class _CommitSender:
     """Sends the receipt batches of a group ahead together (storage_service.group_commit
     .Sender)."""
@@ -422,7 +517,7 @@ class _SendableCommit:
     def __init__(self, sender: _CommitSender, batch: _Batch) -> None:
         self.sender = sender
         self.batch = batch
-        self.writes = Writes(players=(batch.request.player_id,))
+        self.writes = Writes(players=(batch.request.player_id,), fences=fenced(batch.request))
 
     def __call__(self, session: Session) -> journal_pb2.CommitResponse:
         return self.sender._store._apply_batch(session, batch=self.batch)  # noqa: SLF001

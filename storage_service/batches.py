@@ -117,17 +117,24 @@ class _Batch:
     """Whether it holds receipt or transition operations (they take the player's lock)."""
     digest: bytes
     receipts: tuple[journal_pb2.ReceiptWrite, ...] | None
-    """Its receipt writes when it holds nothing else (such a batch may be sent ahead)."""
+    """Its receipt writes when it holds nothing else but, maybe, a last `transition` (such a
+    batch may be sent ahead: storage_service.batch_groups)."""
+    transition: journal_pb2.TaskTransition | None = None
+    """Its last operation when that is a task's move and every other one a receipt write (an
+    event task's final Commit: decision 0036)."""
 
     @classmethod
     def of(cls, request: journal_pb2.CommitRequest) -> _Batch:
         """Validates `request`; INVALID_ARGUMENT when it is not a batch that may be applied."""
         kinds = _validate_batch(request)
-        receipts = None
-        if all(kind == "receipt" for kind in kinds):
-            receipts = tuple(operation.receipt for operation in request.operations)
+        receipts, transition = None, None
+        writes = kinds[:-1] if kinds[-1] == "transition" else kinds
+        if all(kind == "receipt" for kind in writes):
+            receipts = tuple(operation.receipt for operation in request.operations[: len(writes)])
+            if len(writes) < len(kinds):
+                transition = request.operations[-1].transition
         locks_player = any(kind in ("receipt", "transition") for kind in kinds)
-        return cls(request, locks_player, _digest(request), receipts)
+        return cls(request, locks_player, _digest(request), receipts, transition)
 
 
 def _batch_values(batch: _Batch, now: dt.datetime) -> dict[str, object]:

@@ -265,10 +265,17 @@ def check_noted_fence(session: Session, fence: journal_pb2.Fence | None, now: dt
     says the fence does not hold (to say why), as check_fence reads it."""
     if fence is None:
         return
-    noted = _transaction_locks(session)[1].get((_NOTED_LEASE, fence.lease_name))
+    noted = noted_lease(session, fence.lease_name)
     if noted is not None and _fence_holds(noted, fence, now):
         return
     check_fence(session, fence, now)
+
+
+def noted_lease(session: Session, name: str) -> tuple[object, ...] | None:
+    """The lease row (name, owner, token, expires_at) the transaction's `lock_in_order` read
+    and share-locked for a fence a unit's `Writes` named; None when it read none."""
+    noted: tuple[object, ...] | None = _transaction_locks(session)[1].get((_NOTED_LEASE, name))
+    return noted
 
 
 def _nothing() -> None:

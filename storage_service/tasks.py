@@ -27,8 +27,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 from system.common.v1 import common_pb2
+from system.storage.v1 import journal_pb2
 
-from services.runtime.errors import FailedPrecondition, InvalidArgument
+from services.runtime.errors import FailedPrecondition, InvalidArgument, ServiceError
 from storage_service.db import table_of
 from storage_service.dialect import ID, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
@@ -61,7 +62,7 @@ from storage_service.ledgers import (
 )
 from storage_service.validation import check_player_id
 
-__all__ = ["create_task", "transition_task"]
+__all__ = ["create_task", "transition_fast", "transition_task"]
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -246,23 +247,15 @@ def _locked_task(
     raise _no_task(task_id)
 
 
-def transition_task(
-    session: Session,
+def _checked_move(
     bounds: JournalBounds,
-    now: dt.datetime,
-    *,
     task_id: str,
     state: int,
-    expected_state: int = TS.TASK_STATE_UNSPECIFIED,
-    result: common_pb2.AgentResult | None = None,
-    player_id: str | None = None,
-) -> TaskRow:
-    """Moves a task along a valid edge (see journal_records._MOVES); a final result only with a terminal state.
-
-    `player_id`, when given, must own the task (Commit). NOT_FOUND for a missing task;
-    FAILED_PRECONDITION for an invalid move or an `expected_state` that does not hold;
-    STORAGE_FULL when the result does not fit the player's bound.
-    """
+    expected_state: int,
+    result: common_pb2.AgentResult | None,
+) -> tuple[str, str | None, bytes | None]:
+    """A move's target and expected state names and its encoded result, as requested; what
+    needs no row. INVALID_ARGUMENT for a bad id or state, or a result that may not come."""
     _check_id(task_id, "task_id", MAX_TASK_ID)
     target = _state_name(state, "state")
     expected = (
@@ -282,6 +275,61 @@ def transition_task(
                 f"result encodes to {len(encoded)} bytes, over the {bounds.max_result_bytes} "
                 "byte limit"
             )
+    return target, expected, encoded
+
+
+def transition_fast(
+    bounds: JournalBounds, player_id: str, move: journal_pb2.TaskTransition
+) -> dict[str, object] | None:
+    """What a Commit's transition needs to be applied in one statement with other batches'
+    (batch_groups._Transitions): the task, its player, the target state, the states it may
+    move from (a comma-separated list: those with an edge to the target, narrowed to the
+    expected one) and the encoded result. None when the move is refused before any row is
+    read (the long way, transition_task, then says why)."""
+    try:
+        target, expected, encoded = _checked_move(
+            bounds,
+            move.task_id,
+            move.state,
+            move.expected_state,
+            move.result if move.HasField("result") else None,
+        )
+    except ServiceError:
+        return None
+    froms = sorted(
+        current
+        for current, targets in _MOVES.items()
+        if target in targets and expected in (None, current)
+    )
+    if not froms:
+        return None
+    return {
+        "task": move.task_id,
+        "player": player_id,
+        "state": target,
+        "froms": ",".join(froms),
+        "result": encoded,
+    }
+
+
+def transition_task(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    task_id: str,
+    state: int,
+    expected_state: int = TS.TASK_STATE_UNSPECIFIED,
+    result: common_pb2.AgentResult | None = None,
+    player_id: str | None = None,
+) -> TaskRow:
+    """Moves a task along a valid edge (see journal_records._MOVES); a final result only with a terminal state.
+
+    `player_id`, when given, must own the task (Commit). NOT_FOUND for a missing task;
+    FAILED_PRECONDITION for an invalid move or an `expected_state` that does not hold;
+    STORAGE_FULL when the result does not fit the player's bound.
+    """
+    target, expected, encoded = _checked_move(bounds, task_id, state, expected_state, result)
     # Only a move with a result can make the row larger: only then is the ledger wanted.
     row, ledger = _locked_task(session, task_id, player_id, with_ledger=encoded is not None)
     _check_owner(row.player_id, player_id, f"task {task_id!r}")

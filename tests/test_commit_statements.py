@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
@@ -305,3 +305,183 @@ def test_a_result_that_needs_room_evicts_finished_tasks_receipts(
     _in_group(tight, request)
     assert _receipts(sessions, finished.task.task_id) == []
     assert [row[6] for row in _receipts(sessions, claim.task.task_id)] == ["done"]
+
+
+# -- final Commits sent ahead together (storage_service.batch_groups) -----------------------
+
+# A group of final Commits of different players, whatever their number: the group's lock
+# statement (the players' locks and the fences' lease rows), the batches' rows, one statement
+# per receipt write of a batch (a step's recording, then its completion: four for two gives,
+# each holding that write of every batch) and one for all the tasks' moves.
+FINAL_GROUP_STATEMENTS = 7
+
+
+def _group(store: JournalStore, requests: list[journal_pb2.CommitRequest]) -> list[Any]:
+    """The Commits as one group of the storage service's writer: each one's answer or error."""
+    return run_group(store._sessions, [store.commit_unit(r) for r in requests])  # noqa: SLF001
+
+
+def _ends(engine: Engine) -> list[str]:
+    """Each transaction's end from now on ("commit" or "rollback"): a group whose sent
+    statements all held commits at its first try."""
+    ends: list[str] = []
+    event.listen(engine, "commit", lambda _conn: ends.append("commit"))
+    event.listen(engine, "rollback", lambda _conn: ends.append("rollback"))
+    return ends
+
+
+def _task_row(sessions: sessionmaker, task_id: str) -> tuple[Any, ...]:  # type: ignore[type-arg]
+    with sessions() as session:
+        row = session.execute(
+            select(
+                TaskRow.state,
+                TaskRow.result,
+                TaskRow.attempts,
+                TaskRow.size_bytes,
+                TaskRow.updated_at,
+            ).where(TaskRow.task_id == task_id)
+        ).one()
+        return tuple(row)
+
+
+@pytest.mark.parametrize("commits", [2, 5])
+def test_a_group_of_final_commits_costs_the_statements_of_one(
+    engine: Engine,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+    statements: list[str],
+    commits: int,
+) -> None:
+    if not is_postgresql(engine):
+        pytest.skip("counts PostgreSQL's statements (psycopg's cursor)")
+    store = _store(sessions)
+    warm = [_claimed(store, _player(), "warm-up") for _ in range(2)]
+    _group(store, [_final_commit(claim) for claim in warm])
+    claims = [_claimed(store, _player()) for _ in range(commits)]
+    statements.clear()
+    outcomes = _group(store, [_final_commit(claim) for claim in claims])
+    assert outcomes == [journal_pb2.CommitResponse()] * commits
+    assert len(statements) == FINAL_GROUP_STATEMENTS, "\n".join(statements)
+    for claim in claims:
+        assert store.get_task(claim.task.task_id).state == TS.TASK_STATE_SUCCEEDED
+
+
+def test_final_commits_sent_together_store_what_each_stores_alone(
+    engine: Engine,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """The same tasks' final Commits, once each alone (the long way) and once as one group
+    (sent ahead on PostgreSQL): the same receipts and the same task rows, sizes included."""
+    store = _store(sessions)
+    alone = [_claimed(store, _player(), "alone") for _ in range(3)]
+    together = [_claimed(store, _player(), "together") for _ in range(3)]
+    for index, claim in enumerate(alone):
+        assert _in_group(store, _final_commit(claim, gives=index + 1, text="é" * index)) == (
+            journal_pb2.CommitResponse()
+        )
+    requests = [
+        _final_commit(claim, gives=index + 1, text="é" * index)
+        for index, claim in enumerate(together)
+    ]
+    ends = _ends(engine)
+    assert _group(store, requests) == [journal_pb2.CommitResponse()] * 3
+    assert ends == ["commit"]  # at the first try: nothing fell back to the long way
+
+    def receipts(task_id: str) -> list[tuple[Any, ...]]:
+        return [(row[1].split("/")[1], *row[4:]) for row in _receipts(sessions, task_id)]
+
+    for one, other in zip(alone, together, strict=True):
+        assert receipts(other.task.task_id) == receipts(one.task.task_id)
+        expected = _task_row(sessions, one.task.task_id)
+        # The ids differ by their length only where the event keys do ("alone", "together").
+        grown = len("together") - len("alone")
+        assert _task_row(sessions, other.task.task_id) == (*expected[:3], expected[3] + grown,
+                                                           expected[4])  # fmt: skip
+    # Replays answer from the batches' rows and change nothing.
+    stored = [_task_row(sessions, claim.task.task_id) for claim in together]
+    assert all(outcome.replayed for outcome in _group(store, requests))
+    assert [_task_row(sessions, claim.task.task_id) for claim in together] == stored
+
+
+def test_a_move_that_does_not_hold_in_a_sent_group_fails_alone(
+    engine: Engine,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """A final Commit whose task is not in the expected state (here: finished already) fails
+    with the long way's error, naming its operation; the group's other Commits apply."""
+    store = _store(sessions)
+    finished, first, second = (_claimed(store, _player(), "k") for _ in range(3))
+    _in_group(store, _final_commit(finished))
+    again = _final_commit(finished)
+    again.request_id = "another attempt"
+    ends = _ends(engine)
+    outcomes = _group(store, [_final_commit(first), again, _final_commit(second)])
+    # Sent (its recordings find their steps: not applied; SQLite sends no move), plain (the
+    # refusal), then a savepoint per Commit.
+    sent = ["rollback"] if is_postgresql(engine) else []
+    assert ends == [*sent, "rollback", "commit"]
+    assert outcomes[0] == outcomes[2] == journal_pb2.CommitResponse()
+    assert isinstance(outcomes[1], FailedPrecondition)
+    assert str(outcomes[1]).startswith("operations[4] (transition): ")
+    assert "SUCCEEDED" in str(outcomes[1])
+    assert _receipts(sessions, finished.task.task_id)[0][6] == "done"  # as the first stored it
+    for claim in (first, second):
+        assert store.get_task(claim.task.task_id).state == TS.TASK_STATE_SUCCEEDED
+
+
+def test_a_move_onto_another_players_task_in_a_sent_group_is_refused(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    store = _store(sessions)
+    mine, theirs, other = (_claimed(store, _player()) for _ in range(3))
+    stolen = _final_commit(mine, gives=0)
+    stolen.player_id = theirs.task.player_id  # the batch's player is not the task's
+    stolen.ClearField("fence")
+    outcomes = _group(store, [stolen, _final_commit(other)])
+    assert not isinstance(outcomes[0], journal_pb2.CommitResponse)
+    assert str(outcomes[0]).startswith("operations[0] (transition): ")
+    assert outcomes[1] == journal_pb2.CommitResponse()
+    assert store.get_task(mine.task.task_id).state == TS.TASK_STATE_RUNNING
+
+
+def test_a_sent_move_that_needs_room_evicts_where_it_would_have(
+    engine: Engine,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    store = _store(sessions, task_max_entries=2)
+    player = _player()
+    finished = _claimed(store, player, "finished")
+    _in_group(store, _final_commit(finished))
+    running = _claimed(store, player, "running")
+    other = _claimed(store, _player())
+    with sessions() as session:
+        total = sum(session.scalars(select(TaskRow.size_bytes).where(TaskRow.player_id == player)))
+    tight = _store(sessions, task_max_entries=2, task_max_bytes=total + 5)
+    ends = _ends(engine)
+    outcomes = _group(
+        tight,
+        [_final_commit(running, text="a result longer than five bytes"), _final_commit(other)],
+    )
+    assert outcomes == [journal_pb2.CommitResponse()] * 2
+    assert ends == ["commit"]  # the move that did not fit went the long way, in place
+    tasks, _ = tight.list_tasks(player, page_size=10)
+    assert [task.task_id for task in tasks] == [running.task.task_id]
+    assert tasks[0].result.text == "a result longer than five bytes"
+
+
+def test_one_players_two_final_commits_in_a_group_both_apply(
+    engine: Engine,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """The second goes the ordinary way, after the sent ones: a player's ledger is read by
+    one move of the group's statement at most."""
+    store = _store(sessions)
+    player = _player()
+    first, second = _claimed(store, player, "one"), _claimed(store, player, "two")
+    other = _claimed(store, _player())
+    ends = _ends(engine)
+    outcomes = _group(store, [_final_commit(c) for c in (first, second, other)])
+    assert outcomes == [journal_pb2.CommitResponse()] * 3
+    assert ends == ["commit"]
+    for claim in (first, second, other):
+        assert store.get_task(claim.task.task_id).state == TS.TASK_STATE_SUCCEEDED
+        assert [row[6] for row in _receipts(sessions, claim.task.task_id)] == ["done", "done"]
