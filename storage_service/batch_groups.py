@@ -41,6 +41,7 @@ from storage_service.batches import (
     _apply_operation,
     _Batch,
     _batch_values,
+    _completion,
 )
 from storage_service.dialect import is_postgresql
 from storage_service.fastsql import FastResult, FastStatement, Sent
@@ -54,7 +55,12 @@ from storage_service.ledgers import (
     _player_lock_key,
     noted_lease,
 )
-from storage_service.receipts import _RECORD_FAST, _receipt_applied, _receipt_fast
+from storage_service.receipts import (
+    _RECORD_FAST,
+    _receipt_applied,
+    _receipt_fast,
+    _receipt_fast_done,
+)
 from storage_service.tasks import _TASKS, transition_fast
 
 if TYPE_CHECKING:
@@ -142,10 +148,11 @@ _RECEIPTS_MANY = FastStatement(
 WITH recorded AS (
     INSERT INTO journal_receipts (step_id, task_id, player_id, position, tool, state, result,
                                   codec_id, size_bytes, created_at, updated_at)
-    SELECT v.step_id, t.task_id, t.player_id, v.position, v.tool, '{STEP_RUNNING}', NULL, '',
-           v.size_bytes, :now, :now
-    FROM unnest(:r_steps, :r_tasks, :r_players, :r_positions, :r_tools, :r_sizes)
-         AS v(step_id, task_id, player_id, position, tool, size_bytes)
+    SELECT v.step_id, t.task_id, t.player_id, v.position, v.tool, v.state, v.result,
+           v.codec_id, v.size_bytes, :now, :now
+    FROM unnest(:r_steps, :r_tasks, :r_players, :r_positions, :r_tools, :r_states,
+                :r_results, :r_codecs, :r_sizes)
+         AS v(step_id, task_id, player_id, position, tool, state, result, codec_id, size_bytes)
     JOIN journal_tasks AS t ON t.task_id = v.task_id AND t.player_id = v.player_id
     CROSS JOIN LATERAL (
         SELECT count(*) AS entries, coalesce(sum(r.size_bytes), 0) AS bytes
@@ -176,6 +183,9 @@ SELECT step_id FROM recorded UNION ALL SELECT step_id FROM completed"""
         bindparam("r_players", type_=ARRAY(String)),
         bindparam("r_positions", type_=ARRAY(BigInteger)),
         bindparam("r_tools", type_=ARRAY(String)),
+        bindparam("r_states", type_=ARRAY(String)),
+        bindparam("r_results", type_=ARRAY(LargeBinary)),
+        bindparam("r_codecs", type_=ARRAY(String)),
         bindparam("r_sizes", type_=ARRAY(Integer)),
         bindparam("c_steps", type_=ARRAY(String)),
         bindparam("c_players", type_=ARRAY(String)),
@@ -241,6 +251,9 @@ class _ReceiptChunks:
                 "r_players": [row["p_player"] for row in records],
                 "r_positions": [row["p_position"] for row in records],
                 "r_tools": [row["p_tool"] for row in records],
+                "r_states": [row["p_state"] for row in records],
+                "r_results": [row["p_result"] for row in records],
+                "r_codecs": [row["p_codec"] for row in records],
                 "r_sizes": [row["p_size"] for row in records],
                 "c_steps": [row["p_step"] for row in completes],
                 "c_players": [row["p_player"] for row in completes],
@@ -330,10 +343,34 @@ class _Transitions:
 
 
 class _Plan(NamedTuple):
-    """A batch's one-statement forms: its receipt writes' and its last move's."""
+    """A batch's one-statement forms: its receipt writes' (each with the index of its first
+    operation: a recording that carries its completion stands for both) and its last
+    move's."""
 
-    writes: list[tuple[FastStatement, dict[str, object]]]
+    writes: list[tuple[int, FastStatement, dict[str, object]]]
     move: dict[str, object] | None
+
+
+def _receipt_writes(
+    bounds: JournalBounds, now: dt.datetime, batch: _Batch
+) -> list[tuple[int, FastStatement, dict[str, object]]] | None:
+    """The batch's receipt writes in their one-statement forms, a step's recording followed
+    by its completion as one DONE insert where `record_step` would make it one
+    (batches._completion); None when a write has no such form."""
+    assert batch.receipts is not None
+    operations = batch.request.operations
+    player = batch.request.player_id
+    writes = []
+    index = 0
+    while index < len(batch.receipts):
+        write = batch.receipts[index]
+        following = operations[index + 1] if index + 1 < len(operations) else None
+        fast = _receipt_fast(bounds, now, player, write, _completion(following, write.step_id))
+        if fast is None:
+            return None
+        writes.append((index, *fast))
+        index += 2 if _receipt_fast_done(fast[1]) else 1
+    return writes
 
 
 def _plans(
@@ -347,17 +384,16 @@ def _plans(
     keys: set[tuple[str, str]] = set()
     moved: set[str] = set()
     for batch in batches:
-        assert batch.receipts is not None
         player = batch.request.player_id
         key = (player, batch.request.request_id)
-        writes = [_receipt_fast(bounds, now, player, write) for write in batch.receipts]
+        writes = _receipt_writes(bounds, now, batch)
         move = None
         if batch.transition is not None and postgresql:
             move = transition_fast(bounds, player, batch.transition)
         if (
             key in keys
             or player in moved
-            or any(write is None for write in writes)
+            or writes is None
             or (batch.transition is not None and move is None)
         ):
             plans.append(None)
@@ -365,7 +401,7 @@ def _plans(
         keys.add(key)
         if move is not None:
             moved.add(player)
-        plans.append(_Plan(writes, move))  # type: ignore[arg-type]
+        plans.append(_Plan(writes, move))
     return plans
 
 
@@ -392,17 +428,17 @@ def send_batches(
         # lease rows come with the group's locks (each unit's `writes` names its fence).
         chunks = _ReceiptChunks(bounds, now)
         transitions = _Transitions(bounds, now)
-        checks: list[list[Callable[[], bool]] | None] = []
-        for plan in plans:
+        checks: list[list[tuple[int, Callable[[], bool]]] | None] = []
+        for batch, plan in zip(batches, plans, strict=True):
             if plan is None:
                 checks.append(None)
                 continue
-            applied: list[Callable[[], bool]] = [
-                functools.partial(chunks.applied, chunks.add(statement, params))
-                for statement, params in plan.writes
+            applied: list[tuple[int, Callable[[], bool]]] = [
+                (index, functools.partial(chunks.applied, chunks.add(statement, params)))
+                for index, statement, params in plan.writes
             ]
             if plan.move is not None:
-                applied.append(transitions.add(plan.move))
+                applied.append((len(batch.request.operations) - 1, transitions.add(plan.move)))
             checks.append(applied)
         chunks.send(session)
         transitions.send(session)
@@ -430,10 +466,12 @@ def send_batches(
         fenced = None
         if request.HasField("fence"):
             fenced = _FENCE_QUERY.send(session, {"name": request.fence.lease_name}).result
+        assert batch.receipts is not None
         checks_alone = []
-        for write, (statement, params) in zip(batch.receipts, plan.writes, strict=True):  # type: ignore[arg-type]
+        for index, statement, params in plan.writes:
             sent_write = statement.send(session, params)
-            checks_alone.append(functools.partial(_applied_alone, write, sent_write))
+            check = functools.partial(_applied_alone, batch.receipts[index], sent_write)
+            checks_alone.append((index, check))
         finishers.append(
             functools.partial(
                 finish_batch,
@@ -458,14 +496,14 @@ def finish_batch(
     postgresql: bool,
     rows: _BatchRows,
     fence_row: Callable[[], tuple[object, ...] | None] | None,
-    applied: Sequence[Callable[[], bool]],
+    applied: Sequence[tuple[int, Callable[[], bool]]],
 ) -> journal_pb2.CommitResponse:
     """The answer of a batch sent ahead, once its results came; NotApplied when what was
     sent may not stand (a retried batch, a stale fence, a write that did not apply with
     another sent after it): `batches.apply_batch` then runs it the long way. `fence_row` reads the
-    fence's lease row, `applied[i]` says whether the i-th write (the batch's move last) applied."""
+    fence's lease row; `applied` holds, per write sent (the batch's move last), the index of
+    its first operation and whether it applied."""
     request = batch.request
-    assert batch.receipts is not None
     if not rows.inserted(batch):
         raise NotApplied  # the batch was there already: a replay
     if postgresql:
@@ -473,14 +511,16 @@ def finish_batch(
     if fence_row is not None and not _fence_holds(fence_row(), request.fence, now):
         raise NotApplied
     last = len(applied) - 1
-    for index, write_applied in enumerate(applied):
+    for position, (first, write_applied) in enumerate(applied):
         if write_applied():
             continue
-        if index != last:
+        if position != last:
             raise NotApplied  # the writes after it ran already, as if it had applied
         # The last write goes on the long way (eviction, or the reason it is refused),
         # right where it would have run.
-        _apply_operation(session, bounds, now, request, index, [])
+        index = first
+        while index < len(request.operations):
+            index += _apply_operation(session, bounds, now, request, index, [])
     return journal_pb2.CommitResponse()
 
 

@@ -497,21 +497,27 @@ _SS_DONE = int(SS.STEP_STATE_DONE)
 
 
 def _receipt_fast(
-    bounds: JournalBounds, now: dt.datetime, player_id: str, write: journal_pb2.ReceiptWrite
+    bounds: JournalBounds,
+    now: dt.datetime,
+    player_id: str,
+    write: journal_pb2.ReceiptWrite,
+    then: Completion | None = None,
 ) -> tuple[FastStatement, dict[str, object]] | None:
     """The one statement that applies `write` when nothing stands in the way (_RECORD_FAST,
     _COMPLETE_FAST); None when the write is invalid or too large for it (the long way then
-    says why, or makes room)."""
+    says why, or makes room). A recording with `then` (its step's completion, the next write)
+    inserts the receipt DONE when `record_step` would: see `_receipt_fast_done`."""
     try:
         if write.state == _SS_RUNNING and not (write.result or write.codec_id):
             _check_record(write.step_id, write.task_id, write.position, write.tool)
             size = receipt_size(write.step_id, write.task_id, player_id, write.tool, "", None)
-            if size > bounds.receipt_max_bytes:
-                return None
             receipt = _running_receipt(
                 write.step_id, write.task_id, player_id, write.position, write.tool, size, now
             )
-            return _RECORD_FAST, _record_params(bounds, receipt)
+            written = _written(bounds, receipt, then, now)
+            if written.size_bytes > bounds.receipt_max_bytes:
+                return None
+            return _RECORD_FAST, _record_params(bounds, written)
         if write.state == _SS_DONE:
             _check_complete(bounds, write.step_id, write.tool, write.result, write.codec_id)
             params = _complete_params(
@@ -521,6 +527,11 @@ def _receipt_fast(
     except ServiceError:
         pass
     return None
+
+
+def _receipt_fast_done(params: dict[str, object]) -> bool:
+    """Whether `_receipt_fast`'s parameters record the step DONE (its completion with it)."""
+    return params.get("p_state") == STEP_DONE
 
 
 def _receipt_applied(write: journal_pb2.ReceiptWrite, result: FastResult) -> bool:

@@ -107,6 +107,25 @@ def _in_group(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
     return outcome
 
 
+def _in_company(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
+    """The Commit in a group with another player's final Commit: sent ahead together on
+    PostgreSQL (storage_service.batch_groups); the other one must apply whatever this one
+    does."""
+    other = _final_commit(_claimed(store, _player(), "company"), gives=1)
+    outcome, company = run_group(store._sessions, [store.commit_unit(r) for r in (request, other)])  # noqa: SLF001
+    assert company == journal_pb2.CommitResponse()
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+@pytest.fixture(params=["alone", "sent"])
+def apply(request: pytest.FixtureRequest) -> Any:
+    """Runs a final Commit as the storage service's writer does: alone in its group, or in a
+    group with another one (sent ahead together on PostgreSQL); the outcomes must match."""
+    return _in_group if request.param == "alone" else _in_company
+
+
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every statement psycopg sends from now on (SQLAlchemy's and the raw cursor's alike)."""
@@ -203,6 +222,7 @@ def test_a_final_commit_stores_what_it_stored_one_write_at_a_time(
 
 def test_a_step_completed_with_another_tool_fails_at_the_completion(
     sessions: sessionmaker,  # type: ignore[type-arg]
+    apply: Any,
 ) -> None:
     """The DONE write's own error, naming its operation; nothing of the batch stays."""
     store = _store(sessions)
@@ -210,13 +230,14 @@ def test_a_step_completed_with_another_tool_fails_at_the_completion(
     request = _final_commit(claim)
     request.operations[1].receipt.tool = "minecraft:other"
     with pytest.raises(FailedPrecondition, match=r"^operations\[1\] \(receipt\): .*not "):
-        _in_group(store, request)
+        apply(store, request)
     assert _receipts(sessions, claim.task.task_id) == []
     assert store.get_task(claim.task.task_id).state == TS.TASK_STATE_RUNNING
 
 
 def test_a_result_too_large_for_the_receipts_fails_at_the_completion(
     sessions: sessionmaker,  # type: ignore[type-arg]
+    apply: Any,
 ) -> None:
     """A RUNNING record that fits and a result that does not: STORAGE_FULL from the DONE
     write, as when they were applied one after the other."""
@@ -225,23 +246,24 @@ def test_a_result_too_large_for_the_receipts_fails_at_the_completion(
     request = _final_commit(claim, gives=1)
     request.operations[1].receipt.result = b"x" * 300
     with pytest.raises(ResourceExhausted, match=r"^operations\[1\] \(receipt\): STORAGE_FULL"):
-        _in_group(store, request)
+        apply(store, request)
     assert _receipts(sessions, claim.task.task_id) == []
 
 
 def test_a_final_commit_evicts_finished_tasks_to_make_room_for_its_result(
     sessions: sessionmaker,  # type: ignore[type-arg]
+    apply: Any,
 ) -> None:
     store = _store(sessions, task_max_entries=2)
     player = _player()
     finished = _claimed(store, player, "finished")
-    _in_group(store, _final_commit(finished))
+    apply(store, _final_commit(finished))
     running = _claimed(store, player, "running")
     # A store whose byte bound leaves 5 bytes free: the result must evict the finished task.
     with sessions() as session:
         total = sum(session.scalars(select(TaskRow.size_bytes).where(TaskRow.player_id == player)))
     tight = _store(sessions, task_max_entries=2, task_max_bytes=total + 5)
-    _in_group(tight, _final_commit(running, text="a result longer than five bytes"))
+    apply(tight, _final_commit(running, text="a result longer than five bytes"))
     tasks, _ = tight.list_tasks(player, page_size=10)
     assert [task.task_id for task in tasks] == [running.task.task_id]
     assert tasks[0].state == TS.TASK_STATE_SUCCEEDED
@@ -250,6 +272,7 @@ def test_a_final_commit_evicts_finished_tasks_to_make_room_for_its_result(
 
 def test_a_final_commit_without_room_for_its_result_is_storage_full(
     sessions: sessionmaker,  # type: ignore[type-arg]
+    apply: Any,
 ) -> None:
     store = _store(sessions)
     player = _player()
@@ -259,7 +282,7 @@ def test_a_final_commit_without_room_for_its_result_is_storage_full(
         total = sum(session.scalars(select(TaskRow.size_bytes).where(TaskRow.player_id == player)))
     tight = _store(sessions, task_max_bytes=total + 5)
     with pytest.raises(ResourceExhausted, match=r"^operations\[4\] \(transition\): STORAGE_FULL"):
-        _in_group(tight, _final_commit(first, text="a result longer than five bytes"))
+        apply(tight, _final_commit(first, text="a result longer than five bytes"))
     # Nothing of the batch stays: no receipts, the task still RUNNING, the batch not stored.
     assert _receipts(sessions, first.task.task_id) == []
     assert tight.get_task(first.task.task_id).state == TS.TASK_STATE_RUNNING
@@ -268,6 +291,7 @@ def test_a_final_commit_without_room_for_its_result_is_storage_full(
 
 def test_steps_recorded_before_are_completed_as_before(
     sessions: sessionmaker,  # type: ignore[type-arg]
+    apply: Any,
 ) -> None:
     """A later claim's final Commit may repeat the RUNNING write of a step an earlier run
     recorded: the recording finds it, and the completion completes it."""
@@ -279,7 +303,7 @@ def test_steps_recorded_before_are_completed_as_before(
     )
     store.commit(first)
     assert [row[6] for row in _receipts(sessions, claim.task.task_id)] == ["running"]
-    _in_group(store, request)
+    apply(store, request)
     rows = _receipts(sessions, claim.task.task_id)
     assert [(row[1], row[6], row[7]) for row in rows] == [
         (f"{claim.task.task_id}/0", "done", b'{"given": 1}'),
@@ -289,20 +313,21 @@ def test_steps_recorded_before_are_completed_as_before(
 
 def test_a_result_that_needs_room_evicts_finished_tasks_receipts(
     sessions: sessionmaker,  # type: ignore[type-arg]
+    apply: Any,
 ) -> None:
     """Room for a result is made as when the completion came alone: the receipts of a
     finished task go, oldest first."""
     store = _store(sessions)
     player = _player()
     finished = _claimed(store, player, "finished")
-    _in_group(store, _final_commit(finished, gives=1))
+    apply(store, _final_commit(finished, gives=1))
     (old,) = _receipts(sessions, finished.task.task_id)
     claim = _claimed(store, player)
     request = _final_commit(claim, gives=1)
     running_size = old[9] - len(b'{"given": 1}') - len(b"json")
     # Room for the old receipt and the new one RUNNING, not for its result too.
     tight = _store(sessions, receipt_max_bytes=old[9] + running_size + 4)
-    _in_group(tight, request)
+    apply(tight, request)
     assert _receipts(sessions, finished.task.task_id) == []
     assert [row[6] for row in _receipts(sessions, claim.task.task_id)] == ["done"]
 
@@ -311,9 +336,9 @@ def test_a_result_that_needs_room_evicts_finished_tasks_receipts(
 
 # A group of final Commits of different players, whatever their number: the group's lock
 # statement (the players' locks and the fences' lease rows), the batches' rows, one statement
-# per receipt write of a batch (a step's recording, then its completion: four for two gives,
-# each holding that write of every batch) and one for all the tasks' moves.
-FINAL_GROUP_STATEMENTS = 7
+# per step (its recording and its completion as one DONE insert, as record_step writes them:
+# two for two gives, each holding that step of every batch) and one for all the tasks' moves.
+FINAL_GROUP_STATEMENTS = 5
 
 
 def _group(store: JournalStore, requests: list[journal_pb2.CommitRequest]) -> list[Any]:
