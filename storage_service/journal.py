@@ -30,7 +30,7 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from google.protobuf import struct_pb2
 from sqlalchemy import select
@@ -42,8 +42,9 @@ from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFoun
 from storage_service.batch_groups import _CommitSender, _SendableCommit, send_batches
 from storage_service.batches import BatchRow, _Batch, apply_batch
 from storage_service.claims import MAX_CLAIM, MAX_CLAIM_PLAYERS, claim_tasks
+from storage_service.create_groups import CreateSender, SendableCreate
 from storage_service.dialect import OneStatement, utc_now
-from storage_service.group_commit import Declared, declared, fenced
+from storage_service.group_commit import Declared, fenced
 from storage_service.journal_records import (
     MAX_TASK_ID,
     TS,
@@ -154,6 +155,7 @@ class JournalStore:
         self._bounds = bounds
         self._clock = clock
         self._sender = _CommitSender(self)
+        self._creates = CreateSender(self._bounds, self._now)
         self._one_statement = OneStatement(sessions)
 
     def _now(self) -> dt.datetime:
@@ -197,20 +199,22 @@ class JournalStore:
         input: struct_pb2.Struct | None,
         event_key: str,
         initial_state: int = TS.TASK_STATE_UNSPECIFIED,
-    ) -> Declared:
+    ) -> SendableCreate:
         """`create_task_in` as a unit of a group (storage_service.group_commit), which writes
-        the player's rows. The player id is checked now: the group takes the player's lock
-        with it before the unit runs, and a malformed one is refused INVALID_ARGUMENT without
-        reaching the database."""
+        the player's rows, and may be sent ahead with the group's other creations
+        (storage_service.create_groups). The player id is checked now: the group takes the
+        player's lock with it before the unit runs, and a malformed one is refused
+        INVALID_ARGUMENT without reaching the database."""
         check_player_id(player_id)
-        return declared(
-            self.create_task_in,
-            Writes(players=(player_id,)),
-            player_id=player_id,
-            module_id=module_id,
-            input=input,
-            event_key=event_key,
-            initial_state=initial_state,
+        request: dict[str, Any] = {
+            "player_id": player_id,
+            "module_id": module_id,
+            "input": input,
+            "event_key": event_key,
+            "initial_state": initial_state,
+        }
+        return SendableCreate(
+            self._creates, functools.partial(self.create_task_in, **request), request
         )
 
     def create_task_in(

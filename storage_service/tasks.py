@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from google.protobuf import struct_pb2
 from sqlalchemy import (
@@ -62,7 +63,7 @@ from storage_service.ledgers import (
 )
 from storage_service.validation import check_player_id
 
-__all__ = ["create_task", "transition_fast", "transition_task"]
+__all__ = ["create_task", "new_task", "transition_fast", "transition_task"]
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -122,8 +123,7 @@ _TASK_BY_EVENT = FastStatement(
 _TASK_INSERT = FastStatement(insert(_TASKS), column_keys=_TASK_COLUMN_NAMES[1:])
 
 
-def create_task(
-    session: Session,
+def new_task(
     bounds: JournalBounds,
     now: dt.datetime,
     *,
@@ -132,11 +132,10 @@ def create_task(
     input: struct_pb2.Struct | None,
     event_key: str,
     initial_state: int = TS.TASK_STATE_UNSPECIFIED,
-) -> tuple[TaskRow, bool, int]:
-    """Creates a task, or finds the player's task with this event key.
-
-    Returns (row, created, evicted). STORAGE_FULL when the ledger is full of unfinished tasks.
-    """
+) -> dict[str, Any]:
+    """The row a new task would be (a fresh task id), checked as far as no stored row is
+    needed: INVALID_ARGUMENT for a malformed id, an initial state other than QUEUED or
+    WAITING, or an input too large for any ledger."""
     check_player_id(player_id)
     _check_id(module_id, "module_id")
     _check_id(event_key, "event_key")
@@ -156,6 +155,45 @@ def create_task(
             f"the task encodes to {size} bytes, over the {bounds.task_max_bytes} byte bound of a "
             "player's task ledger; pass a smaller input"
         )
+    return {
+        "task_id": task_id,
+        "player_id": player_id,
+        "module_id": module_id,
+        "event_key": event_key,
+        "state": state,
+        "input": data,
+        "result": None,
+        "attempts": 0,
+        "size_bytes": size,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def create_task(
+    session: Session,
+    bounds: JournalBounds,
+    now: dt.datetime,
+    *,
+    player_id: str,
+    module_id: str,
+    input: struct_pb2.Struct | None,
+    event_key: str,
+    initial_state: int = TS.TASK_STATE_UNSPECIFIED,
+) -> tuple[TaskRow, bool, int]:
+    """Creates a task, or finds the player's task with this event key.
+
+    Returns (row, created, evicted). STORAGE_FULL when the ledger is full of unfinished tasks.
+    """
+    values = new_task(
+        bounds,
+        now,
+        player_id=player_id,
+        module_id=module_id,
+        input=input,
+        event_key=event_key,
+        initial_state=initial_state,
+    )
     # Every event makes a task: one statement reads the task with this event key and the
     # player's ledger, under the player's lock. A group's lock_in_order took that lock
     # already; otherwise (PostgreSQL) it goes to the server with the read (one round trip,
@@ -177,20 +215,9 @@ def create_task(
         existing = _task_row(columns)
         _stored_task_state(existing)
         return existing, False, 0
-    evicted = _make_room_for_tasks(session, bounds, player_id, 1, size, ledger=(count, total))
-    values = {
-        "task_id": task_id,
-        "player_id": player_id,
-        "module_id": module_id,
-        "event_key": event_key,
-        "state": state,
-        "input": data,
-        "result": None,
-        "attempts": 0,
-        "size_bytes": size,
-        "created_at": now,
-        "updated_at": now,
-    }
+    evicted = _make_room_for_tasks(
+        session, bounds, player_id, 1, values["size_bytes"], ledger=(count, total)
+    )
     _TASK_INSERT.execute(session, values)
     # Not added to the session: the caller only reads it (task_message).
     return TaskRow(**values), True, evicted

@@ -1,0 +1,154 @@
+"""A group commit's new tasks sent ahead together (PostgreSQL).
+
+Every game event makes a task (`CreateTask`). Alone, a creation is three statements in its
+group, each waited for: the player's lock, the read of the player's task with that event key
+and of the player's task ledger, then the insert. When a group (storage_service.group_commit)
+holds two or more creations, they are sent ahead with its other sendable writes instead: one
+`INSERT ... SELECT FROM unnest(...)` for all of them, each row inserted only where
+`tasks.create_task` would insert it without evicting (no task of the player with that event
+key, room in the player's ledger). A row not inserted (the event's task exists, or the ledger
+must make room) is then created the long way right there, which finds the task or evicts:
+nothing of it was written, so the answer is the long way's. A group sends at most one
+creation per player, so the ledger each row reads is not one another row changes; a player's
+next creation in the group runs the ordinary way. On SQLite creations run the ordinary way
+(a statement there costs no round trip).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Integer, LargeBinary, String, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
+from system.storage.v1 import journal_pb2
+
+from services.runtime.errors import ServiceError
+from storage_service.batch_groups import _Applied
+from storage_service.dialect import is_postgresql
+from storage_service.fastsql import FastStatement
+from storage_service.journal_records import TaskRow, task_message
+from storage_service.ledgers import JournalBounds, Writes
+from storage_service.tasks import _TASKS, new_task
+
+__all__ = ["CreateSender", "SendableCreate"]
+
+Created = tuple[journal_pb2.EventTask, bool, int]
+
+_COLUMNS = ("task_id", "player_id", "module_id", "event_key", "state", "input", "size_bytes")
+# The players' ledgers are read per row (count, bytes) as `create_task` reads them under the
+# player's lock (the group's lock statement took it). Planned at every execution, as the
+# receipt writes' array statements are (batch_groups).
+_CREATE_MANY = FastStatement(
+    text(
+        """
+INSERT INTO journal_tasks (task_id, player_id, module_id, event_key, state, input, result,
+                           attempts, size_bytes, created_at, updated_at)
+SELECT v.task_id, v.player_id, v.module_id, v.event_key, v.state, v.input, NULL, 0,
+       v.size_bytes, :now, :now
+FROM unnest(:task_ids, :player_ids, :module_ids, :event_keys, :states, :inputs, :size_bytess)
+     AS v(task_id, player_id, module_id, event_key, state, input, size_bytes)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS entries, coalesce(sum(x.size_bytes), 0) AS bytes
+    FROM journal_tasks AS x WHERE x.player_id = v.player_id
+) AS ledger
+WHERE NOT EXISTS (SELECT 1 FROM journal_tasks AS e
+                  WHERE e.player_id = v.player_id AND e.event_key = v.event_key)
+  AND ledger.entries + 1 <= :max_entries
+  AND ledger.bytes + v.size_bytes <= :max_bytes
+ON CONFLICT DO NOTHING
+RETURNING task_id"""
+    )
+    .bindparams(
+        bindparam("task_ids", type_=ARRAY(String)),
+        bindparam("player_ids", type_=ARRAY(String)),
+        bindparam("module_ids", type_=ARRAY(String)),
+        bindparam("event_keys", type_=ARRAY(String)),
+        bindparam("states", type_=ARRAY(String)),
+        bindparam("inputs", type_=ARRAY(LargeBinary)),
+        bindparam("size_bytess", type_=ARRAY(Integer)),
+        bindparam("now", type_=DateTime(timezone=True)),
+        bindparam("max_entries", type_=Integer),
+        bindparam("max_bytes", type_=BigInteger),
+    )
+    .columns(_TASKS.c.task_id),
+    planned_each_time=True,
+)
+
+
+class SendableCreate:
+    """`JournalStore.create_task_unit`: a unit (its long way, `create_task_in`) that can also
+    be sent ahead with its group's other creations (group_commit.SendableUnit)."""
+
+    __slots__ = ("_long_way", "request", "sender", "writes")
+
+    def __init__(
+        self,
+        sender: CreateSender,
+        long_way: Callable[[Session], Created],
+        request: dict[str, Any],
+    ) -> None:
+        self.sender = sender
+        self._long_way = long_way
+        self.request = request
+        """create_task's keyword arguments: player_id, module_id, input, event_key,
+        initial_state."""
+        self.writes = Writes(players=(request["player_id"],))
+
+    def __call__(self, session: Session) -> Created:
+        return self._long_way(session)
+
+
+class CreateSender:
+    """Sends a group's creations ahead in one statement (group_commit.Sender)."""
+
+    __slots__ = ("_bounds", "_now")
+
+    def __init__(self, bounds: JournalBounds, now: Callable[[], Any]) -> None:
+        self._bounds = bounds
+        self._now = now
+
+    def send(
+        self, session: Session, units: Sequence[SendableCreate]
+    ) -> list[Callable[[], Created] | None]:
+        if not is_postgresql(session):
+            return [None] * len(units)
+        now = self._now()
+        rows: list[dict[str, Any] | None] = []
+        players: set[str] = set()
+        for unit in units:
+            player = unit.request["player_id"]
+            try:
+                row = None if player in players else new_task(self._bounds, now, **unit.request)
+            except ServiceError:
+                row = None  # the long way says why, in its turn
+            if row is not None:
+                players.add(player)
+            rows.append(row)
+        sent = [row for row in rows if row is not None]
+        if not sent:
+            return [None] * len(units)
+        params: dict[str, object] = {f"{name}s": [row[name] for row in sent] for name in _COLUMNS}
+        params.update(
+            now=now,
+            max_entries=self._bounds.task_max_entries,
+            max_bytes=self._bounds.task_max_bytes,
+        )
+        inserted = _Applied(_CREATE_MANY.send(session, params))
+        return [
+            None if row is None else functools.partial(_finish, session, unit, row, inserted)
+            for unit, row in zip(units, rows, strict=True)
+        ]
+
+
+def _finish(
+    session: Session, unit: SendableCreate, row: dict[str, Any], inserted: _Applied
+) -> Created:
+    """The creation's answer: the row inserted, or the long way's (the event's task exists,
+    or the ledger must make room), which nothing sent for it has changed."""
+    if row["task_id"] in inserted:
+        # Not added to the session: the caller only reads it (task_message).
+        return task_message(TaskRow(**row)), True, 0
+    return unit(session)
