@@ -9,12 +9,16 @@ checked value comes back with such numbers turned into `int` wherever its schema
 `integer`. NaN and infinities are refused everywhere (JSON cannot carry them).
 
 Validators are built once per schema object and kept (schemas are part of frozen
-declarations), so a check costs the walk over the value only.
+declarations), so a check costs the walk over the value only. Verdicts are kept too, per
+schema object and value (its canonical JSON, up to 1 KiB): an event task's input, a give's
+input and its output repeat from one task to the next (the rules name the same stacks), and
+a repeated check costs the value's encoding instead of the walk.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from typing import Any
@@ -35,6 +39,11 @@ __all__ = [
 
 _VALIDATORS: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
 _MAX_VALIDATORS = 4096
+# (id of the schema, the value's canonical JSON) -> (the schema, its verdict). The schema is
+# kept, and compared by identity, so an id reused by another schema object never matches.
+_VERDICTS: dict[tuple[int, str], tuple[dict[str, Any], SchemaViolation | None]] = {}
+_MAX_VERDICTS = 8192
+_MAX_VERDICT_KEY = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +180,30 @@ def violation(schema: dict[str, Any], value: Any) -> SchemaViolation | None:
     bad = _non_finite(value)
     if bad is not None:
         return SchemaViolation(path_text(bad), "must be a finite number")
+    key = _canonical(value)
+    if key is not None:
+        kept = _VERDICTS.get((id(schema), key))
+        if kept is not None and kept[0] is schema:
+            return kept[1]
+    found = _first_violation(schema, value)
+    if key is not None:
+        if len(_VERDICTS) >= _MAX_VERDICTS:
+            _VERDICTS.clear()
+        _VERDICTS[(id(schema), key)] = (schema, found)
+    return found
+
+
+def _canonical(value: Any) -> str | None:
+    """`value` as canonical JSON (keys sorted; 2 and 2.0 differ), or None when it is not JSON
+    or too long to keep a verdict for."""
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return text if len(text) <= _MAX_VERDICT_KEY else None
+
+
+def _first_violation(schema: dict[str, Any], value: Any) -> SchemaViolation | None:
     error = best_match(_validator(schema).iter_errors(value))
     if error is None:
         return None
