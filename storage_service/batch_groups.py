@@ -288,7 +288,7 @@ _TRANSITIONS_MANY = FastStatement(
         f"""
 UPDATE journal_tasks AS t
 SET state = v.state, result = v.result, size_bytes = {_MOVED_SIZE}, updated_at = :now
-FROM unnest(:t_tasks, :t_players, :t_states, :t_froms, :t_results)
+FROM unnest(:t_task, :t_player, :t_state, :t_froms, :t_result)
      AS v(task_id, player_id, state, froms, result)
 WHERE t.task_id = v.task_id AND t.player_id = v.player_id
   AND t.state = ANY(string_to_array(v.froms, ','))
@@ -298,11 +298,11 @@ WHERE t.task_id = v.task_id AND t.player_id = v.player_id
 RETURNING t.task_id"""
     )
     .bindparams(
-        bindparam("t_tasks", type_=ARRAY(String)),
-        bindparam("t_players", type_=ARRAY(String)),
-        bindparam("t_states", type_=ARRAY(String)),
+        bindparam("t_task", type_=ARRAY(String)),
+        bindparam("t_player", type_=ARRAY(String)),
+        bindparam("t_state", type_=ARRAY(String)),
         bindparam("t_froms", type_=ARRAY(String)),
-        bindparam("t_results", type_=ARRAY(LargeBinary)),
+        bindparam("t_result", type_=ARRAY(LargeBinary)),
         bindparam("now", type_=DateTime(timezone=True)),
         bindparam("max_bytes", type_=BigInteger),
     )
@@ -330,10 +330,9 @@ class _Transitions:
         if not self._rows:
             return
         params: dict[str, object] = {
-            f"t_{key}s": [row[key] for row in self._rows]
-            for key in ("task", "player", "state", "result")
+            f"t_{key}": [row[key] for row in self._rows]
+            for key in ("task", "player", "state", "froms", "result")
         }
-        params["t_froms"] = [row["froms"] for row in self._rows]
         params.update(now=self._now, max_bytes=self._bounds.task_max_bytes)
         self._sent = _Applied(_TRANSITIONS_MANY.send(session, params))
 

@@ -48,7 +48,8 @@ INSERT INTO journal_tasks (task_id, player_id, module_id, event_key, state, inpu
                            attempts, size_bytes, created_at, updated_at)
 SELECT v.task_id, v.player_id, v.module_id, v.event_key, v.state, v.input, NULL, 0,
        v.size_bytes, :now, :now
-FROM unnest(:task_ids, :player_ids, :module_ids, :event_keys, :states, :inputs, :size_bytess)
+FROM unnest(:v_task_id, :v_player_id, :v_module_id, :v_event_key, :v_state, :v_input,
+            :v_size_bytes)
      AS v(task_id, player_id, module_id, event_key, state, input, size_bytes)
 CROSS JOIN LATERAL (
     SELECT count(*) AS entries, coalesce(sum(x.size_bytes), 0) AS bytes
@@ -62,13 +63,13 @@ ON CONFLICT DO NOTHING
 RETURNING task_id"""
     )
     .bindparams(
-        bindparam("task_ids", type_=ARRAY(String)),
-        bindparam("player_ids", type_=ARRAY(String)),
-        bindparam("module_ids", type_=ARRAY(String)),
-        bindparam("event_keys", type_=ARRAY(String)),
-        bindparam("states", type_=ARRAY(String)),
-        bindparam("inputs", type_=ARRAY(LargeBinary)),
-        bindparam("size_bytess", type_=ARRAY(Integer)),
+        bindparam("v_task_id", type_=ARRAY(String)),
+        bindparam("v_player_id", type_=ARRAY(String)),
+        bindparam("v_module_id", type_=ARRAY(String)),
+        bindparam("v_event_key", type_=ARRAY(String)),
+        bindparam("v_state", type_=ARRAY(String)),
+        bindparam("v_input", type_=ARRAY(LargeBinary)),
+        bindparam("v_size_bytes", type_=ARRAY(Integer)),
         bindparam("now", type_=DateTime(timezone=True)),
         bindparam("max_entries", type_=Integer),
         bindparam("max_bytes", type_=BigInteger),
@@ -92,9 +93,9 @@ class SendableCreate:
     ) -> None:
         self.sender = sender
         self._long_way = long_way
+        # create_task's keyword arguments: player_id, module_id, input, event_key,
+        # initial_state.
         self.request = request
-        """create_task's keyword arguments: player_id, module_id, input, event_key,
-        initial_state."""
         self.writes = Writes(players=(request["player_id"],))
 
     def __call__(self, session: Session) -> Created:
@@ -130,7 +131,7 @@ class CreateSender:
         sent = [row for row in rows if row is not None]
         if not sent:
             return [None] * len(units)
-        params: dict[str, object] = {f"{name}s": [row[name] for row in sent] for name in _COLUMNS}
+        params: dict[str, object] = {f"v_{name}": [row[name] for row in sent] for name in _COLUMNS}
         params.update(
             now=now,
             max_entries=self._bounds.task_max_entries,
