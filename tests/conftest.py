@@ -8,7 +8,9 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
@@ -107,3 +109,24 @@ def engine(database_url: str) -> Iterator[Engine]:
 def sessions(engine: Engine) -> sessionmaker[Session]:
     """Sessions on `engine`, as the storage service makes them."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every statement psycopg sends from now on (SQLAlchemy's and the raw cursor's alike)."""
+    sent: list[str] = []
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    def counted_executemany(
+        self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        sent.append(str(query))
+        return executemany(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+    monkeypatch.setattr(psycopg.Cursor, "executemany", counted_executemany)
+    yield sent

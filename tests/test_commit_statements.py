@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import sessionmaker
@@ -124,27 +122,6 @@ def apply(request: pytest.FixtureRequest) -> Any:
     """Runs a final Commit as the storage service's writer does: alone in its group, or in a
     group with another one (sent ahead together on PostgreSQL); the outcomes must match."""
     return _in_group if request.param == "alone" else _in_company
-
-
-@pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every statement psycopg sends from now on (SQLAlchemy's and the raw cursor's alike)."""
-    sent: list[str] = []
-    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
-
-    def counted_execute(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(str(query))
-        return execute(self, query, *args, **kwargs)
-
-    def counted_executemany(
-        self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any
-    ) -> Any:
-        sent.append(str(query))
-        return executemany(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
-    monkeypatch.setattr(psycopg.Cursor, "executemany", counted_executemany)
-    yield sent
 
 
 def _receipts(sessions: sessionmaker, task_id: str) -> list[tuple[Any, ...]]:  # type: ignore[type-arg]

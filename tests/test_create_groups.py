@@ -19,7 +19,6 @@ from storage_service.dialect import is_postgresql
 from storage_service.group_commit import run_group
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_records import TaskRow
-from tests.test_commit_statements import statements  # noqa: F401 - a fixture
 
 TS = journal_pb2.TaskState
 NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -104,7 +103,7 @@ def test_creations_in_a_group_store_what_each_stores_alone(
 def test_a_group_of_creations_costs_two_statements(
     engine: Engine,
     sessions: sessionmaker,  # type: ignore[type-arg]
-    statements: list[str],  # noqa: F811 - the fixture imported above
+    statements: list[str],
     creations: int,
 ) -> None:
     if not is_postgresql(engine):
