@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
@@ -23,6 +23,7 @@ from storage_service.dialect import is_postgresql
 from storage_service.group_commit import run_group
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_records import ReceiptRow, TaskRow
+from tests.transactions import transaction_ends
 
 TS = journal_pb2.TaskState
 SS = journal_pb2.StepState
@@ -323,15 +324,6 @@ def _group(store: JournalStore, requests: list[journal_pb2.CommitRequest]) -> li
     return run_group(store._sessions, [store.commit_unit(r) for r in requests])  # noqa: SLF001
 
 
-def _ends(engine: Engine) -> list[str]:
-    """Each transaction's end from now on ("commit" or "rollback"): a group whose sent
-    statements all held commits at its first try."""
-    ends: list[str] = []
-    event.listen(engine, "commit", lambda _conn: ends.append("commit"))
-    event.listen(engine, "rollback", lambda _conn: ends.append("rollback"))
-    return ends
-
-
 def _task_row(sessions: sessionmaker, task_id: str) -> tuple[Any, ...]:  # type: ignore[type-arg]
     with sessions() as session:
         row = session.execute(
@@ -384,7 +376,7 @@ def test_final_commits_sent_together_store_what_each_stores_alone(
         _final_commit(claim, gives=index + 1, text="é" * index)
         for index, claim in enumerate(together)
     ]
-    ends = _ends(engine)
+    ends = transaction_ends(engine)
     assert _group(store, requests) == [journal_pb2.CommitResponse()] * 3
     assert ends == ["commit"]  # at the first try: nothing fell back to the long way
 
@@ -415,7 +407,7 @@ def test_a_move_that_does_not_hold_in_a_sent_group_fails_alone(
     _in_group(store, _final_commit(finished))
     again = _final_commit(finished)
     again.request_id = "another attempt"
-    ends = _ends(engine)
+    ends = transaction_ends(engine)
     outcomes = _group(store, [_final_commit(first), again, _final_commit(second)])
     # Sent (its recordings find their steps: not applied; SQLite sends no move), plain (the
     # refusal), then a savepoint per Commit.
@@ -458,7 +450,7 @@ def test_a_sent_move_that_needs_room_evicts_where_it_would_have(
     with sessions() as session:
         total = sum(session.scalars(select(TaskRow.size_bytes).where(TaskRow.player_id == player)))
     tight = _store(sessions, task_max_entries=2, task_max_bytes=total + 5)
-    ends = _ends(engine)
+    ends = transaction_ends(engine)
     outcomes = _group(
         tight,
         [_final_commit(running, text="a result longer than five bytes"), _final_commit(other)],
@@ -480,7 +472,7 @@ def test_one_players_two_final_commits_in_a_group_both_apply(
     player = _player()
     first, second = _claimed(store, player, "one"), _claimed(store, player, "two")
     other = _claimed(store, _player())
-    ends = _ends(engine)
+    ends = transaction_ends(engine)
     outcomes = _group(store, [_final_commit(c) for c in (first, second, other)])
     assert outcomes == [journal_pb2.CommitResponse()] * 3
     assert ends == ["commit"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from google.protobuf import struct_pb2
-from sqlalchemy import Engine, event, select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import journal_pb2
 
@@ -19,6 +19,7 @@ from storage_service.dialect import is_postgresql
 from storage_service.group_commit import run_group
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_records import TaskRow
+from tests.transactions import transaction_ends
 
 TS = journal_pb2.TaskState
 NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -53,13 +54,6 @@ def _create(
     return run_group(store._sessions, units)  # noqa: SLF001
 
 
-def _ends(engine: Engine) -> list[str]:
-    ends: list[str] = []
-    event.listen(engine, "commit", lambda _conn: ends.append("commit"))
-    event.listen(engine, "rollback", lambda _conn: ends.append("rollback"))
-    return ends
-
-
 def _row(sessions: sessionmaker, task_id: str) -> tuple[Any, ...]:  # type: ignore[type-arg]
     with sessions() as session:
         row = session.execute(
@@ -86,7 +80,7 @@ def test_creations_in_a_group_store_what_each_stores_alone(
     store = _store(sessions)
     players = [_player() for _ in range(4)]
     alone = [store.create_task(p, MODULE, _input("k"), "k") for p in players[:2]]
-    ends = _ends(engine)
+    ends = transaction_ends(engine)
     together = _create(store, [(p, "k") for p in players[2:]])
     assert ends == ["commit"]
     for (one, one_created, _), (other, other_created, other_evicted) in zip(
@@ -124,7 +118,7 @@ def test_an_events_existing_task_is_found_in_a_group(
     store = _store(sessions)
     player, other = _player(), _player()
     existing, _, _ = store.create_task(player, MODULE, _input("k"), "k")
-    ends = _ends(engine)
+    ends = transaction_ends(engine)
     (found, created, evicted), (new, new_created, _) = _create(store, [(player, "k"), (other, "k")])
     assert ends == ["commit"]
     assert (found, created, evicted) == (existing, False, 0)
@@ -154,7 +148,7 @@ def test_a_full_ledger_evicts_in_a_group_as_alone(
     old, _, _ = store.create_task(player, MODULE, _input("k"), "old")
     store.transition_task(old.task_id, TS.TASK_STATE_RUNNING)
     store.transition_task(old.task_id, TS.TASK_STATE_SUCCEEDED)
-    ends = _ends(engine)
+    ends = transaction_ends(engine)
     (new, created, evicted), (_, other_created, _) = _create(
         store, [(player, "new"), (other, "new")]
     )

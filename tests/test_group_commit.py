@@ -31,6 +31,7 @@ from storage_service.dbcall import is_unavailable
 from storage_service.group_commit import DEFAULT_MAX_GROUP, GroupCommitter, Unit, run_group
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.player_data import PlayerDataStore
+from tests.transactions import transaction_ends
 from tests.waiting import wait_until
 
 DAY = "2030-01-01"
@@ -99,20 +100,12 @@ def _commit_group(
     return [outcome for outcome in outcomes if outcome is not None]
 
 
-def _count_commits(engine: Engine) -> list[str]:
-    """Records each transaction's end ("commit" or "rollback") on the engine."""
-    ends: list[str] = []
-    event.listen(engine, "commit", lambda _conn: ends.append("commit"))
-    event.listen(engine, "rollback", lambda _conn: ends.append("rollback"))
-    return ends
-
-
 # -- commit units run in one group (run_group) --------------------------------------------
 
 
 def test_a_group_of_good_batches_is_one_transaction(store: JournalStore, engine: Engine) -> None:
     players = [_player() for _ in range(5)]
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, [_commit(p, _put(p, 0), _usage()) for p in players])
     assert ends == ["commit"]
     assert [list(o.versions) for o in outcomes] == [[1]] * 5  # type: ignore[union-attr]
@@ -141,7 +134,7 @@ def test_each_batch_of_a_group_has_the_outcome_it_would_have_alone(
             _receipt(step, task.task_id, journal_pb2.STEP_STATE_DONE, result=b"r", codec_id="c:c"),
         ),
     ]
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, requests)
     # The first run failed on the version conflict and was rolled back; the second isolated
     # each batch with a savepoint (the invalid one never reached the database).
@@ -171,7 +164,7 @@ def test_a_single_batch_fails_alone_without_a_second_run(
 ) -> None:
     player = _player()
     store.commit(_commit(player, _put(player, 0)))
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     (outcome,) = _commit_group(store, [_commit(player, _put(player, 0))])
     assert isinstance(outcome, Aborted)
     assert ends == ["rollback"]
@@ -476,7 +469,7 @@ def test_receipt_batches_are_sent_ahead_and_share_the_transaction(
 ) -> None:
     tasks = _tasks(store, 4)
     other = _player()
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     requests = [_running(p, t, f"{t}/0") for p, t in tasks] + [_commit(other, _put(other, 0))]
     outcomes = _commit_group(store, requests)
     assert ends == ["commit"]
@@ -497,7 +490,7 @@ def test_a_retried_batch_in_a_sent_group_is_replayed_and_the_others_applied(
     first = _running(a, task_a, f"{task_a}/0")
     store.commit(first)
     reused = _running(a, task_a, f"{task_a}/1", request_id=first.request_id)
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, [first, _running(b, task_b, f"{task_b}/0"), reused])
     # The fast form did not hold for the retries: rolled back and run the ordinary way, where
     # the reused request id fails, so once more with a savepoint per batch.
@@ -519,7 +512,7 @@ def test_a_stale_fence_in_a_sent_group_fails_only_its_batch(
     stale = journal_pb2.Fence(lease_name=claim.lease.name, token=claim.lease.token - 1)
     fenced = _running(a, task_a, f"{task_a}/0", fence=good)
     refused = _running(a, task_a, f"{task_a}/1", fence=stale)
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, [fenced, refused, _running(b, task_b, f"{task_b}/0")])
     assert ends == ["rollback", "rollback", "commit"]  # sent, plain, then isolated
     assert isinstance(outcomes[0], journal_pb2.CommitResponse)
@@ -535,7 +528,7 @@ def test_a_stale_fence_in_a_sent_group_fails_only_its_batch(
 
 def test_a_sent_batch_refused_the_long_way_fails_alone(store: JournalStore, engine: Engine) -> None:
     (a, task_a), (b, task_b) = _tasks(store, 2)
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, [_done(a, f"{task_a}/9"), _running(b, task_b, f"{task_b}/0")])
     assert isinstance(outcomes[0], NotFound)
     assert str(outcomes[0]).startswith("operations[0] (receipt): ")  # as `commit` words it
@@ -567,7 +560,7 @@ def test_the_same_batch_twice_in_a_sent_group_is_applied_once(
 ) -> None:
     (a, task_a), (b, task_b) = _tasks(store, 2)
     request = _running(a, task_a, f"{task_a}/0")
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, [request, _running(b, task_b, f"{task_b}/0"), request])
     assert ends == ["commit"]  # the second copy was not sent: it replays the first
     assert isinstance(outcomes[0], journal_pb2.CommitResponse) and not outcomes[0].replayed
@@ -580,7 +573,7 @@ def test_a_group_recording_one_step_twice_stores_it_once(
 ) -> None:
     ((player, task_id),) = _tasks(store, 1)
     step = f"{task_id}/0"
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, [_running(player, task_id, step) for _ in range(2)])
     assert ends == ["commit"]
     assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
@@ -623,7 +616,7 @@ def test_a_sent_write_that_needs_room_evicts_where_it_would_have(engine: Engine)
     store.transition_task(task_id, journal_pb2.TASK_STATE_SUCCEEDED)
     second, _, _ = store.create_task(player, "system:event", None, "e-2")
     ((other, other_task),) = _tasks(store, 1)
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(
         store,
         [
@@ -747,7 +740,7 @@ def test_a_large_sent_group_applies_every_batch_once(store: JournalStore, engine
     store.commit(retried)
     requests = [_running(p, t, f"{t}/0") for p, t in tasks]
     requests[17] = retried
-    ends = _count_commits(engine)
+    ends = transaction_ends(engine)
     outcomes = _commit_group(store, requests)
     assert ends == ["rollback", "commit"]  # the retry's row was there: once more, plainly
     assert [o.replayed for o in outcomes] == [i == 17 for i in range(23)]  # type: ignore[union-attr]
