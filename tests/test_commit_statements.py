@@ -98,12 +98,21 @@ def _claimed(store: JournalStore, player: str, key: str = "advancement") -> jour
     return claim
 
 
-def _in_group(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
-    """The Commit as the storage service runs it: a unit of a group (group_commit)."""
-    (outcome,) = run_group(store._sessions, [store.commit_unit(request)])  # noqa: SLF001
+def _group(store: JournalStore, requests: list[journal_pb2.CommitRequest]) -> list[Any]:
+    """The Commits as one group of the storage service's writer: each one's answer or error."""
+    return run_group(store._sessions, [store.commit_unit(r) for r in requests])  # noqa: SLF001
+
+
+def _answer(outcome: Any) -> Any:
     if isinstance(outcome, Exception):
         raise outcome
     return outcome
+
+
+def _in_group(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
+    """The Commit as the storage service runs it: a unit of a group (group_commit)."""
+    (outcome,) = _group(store, [request])
+    return _answer(outcome)
 
 
 def _in_company(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
@@ -111,11 +120,9 @@ def _in_company(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
     PostgreSQL (storage_service.batch_groups); the other one must apply whatever this one
     does."""
     other = _final_commit(_claimed(store, _player(), "company"), gives=1)
-    outcome, company = run_group(store._sessions, [store.commit_unit(r) for r in (request, other)])  # noqa: SLF001
+    outcome, company = _group(store, [request, other])
     assert company == journal_pb2.CommitResponse()
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
+    return _answer(outcome)
 
 
 @pytest.fixture(params=["alone", "sent"])
@@ -317,11 +324,6 @@ def test_a_result_that_needs_room_evicts_finished_tasks_receipts(
 # per step (its recording and its completion as one DONE insert, as record_step writes them:
 # two for two gives, each holding that step of every batch) and one for all the tasks' moves.
 FINAL_GROUP_STATEMENTS = 5
-
-
-def _group(store: JournalStore, requests: list[journal_pb2.CommitRequest]) -> list[Any]:
-    """The Commits as one group of the storage service's writer: each one's answer or error."""
-    return run_group(store._sessions, [store.commit_unit(r) for r in requests])  # noqa: SLF001
 
 
 def _task_row(sessions: sessionmaker, task_id: str) -> tuple[Any, ...]:  # type: ignore[type-arg]

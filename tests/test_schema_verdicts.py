@@ -64,6 +64,11 @@ def test_a_kept_verdict_belongs_to_its_schema_object_only() -> None:
     found = violation(stricter, value)
     assert found is not None and found.path == "items"
     assert violation(STACKS, value) is None
+    # An id reused by another schema object (as after the first was freed) never matches:
+    # the kept entry names its schema object, and only that object gets its verdict.
+    key = (id(STACKS), schema_module._canonical(value))  # noqa: SLF001
+    schema_module._VERDICTS[key] = (stricter, found)  # noqa: SLF001
+    assert violation(STACKS, value) is None
 
 
 def test_check_input_refuses_a_repeated_bad_value_each_time() -> None:
