@@ -262,18 +262,54 @@ def _extra_engine(stack: Stack, index: int) -> subprocess.Popen[bytes]:
     )
 
 
-def _handled(stack: Stack, name: str) -> Counter[str]:
-    """RPCs the service has handled so far, by method (a call on a Multiplex stream counts
-    under `Multiplex/<Method>`), from its Prometheus endpoint."""
+def _samples(stack: Stack, name: str, metric: str) -> list[Any]:
+    """The samples of one metric from the service's Prometheus endpoint (`name` as in its
+    port file: `engine`, or `engine-1` for an extra replica)."""
     url = f"http://127.0.0.1:{stack.metrics_port(name)}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback
         text = response.read().decode()
+    return [
+        sample
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == metric
+    ]
+
+
+def _handled(stack: Stack, name: str) -> Counter[str]:
+    """RPCs the service has handled so far, by method (a call on a Multiplex stream counts
+    under `Multiplex/<Method>`)."""
     counts: Counter[str] = Counter()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "grpc_server_handled_total":
-                counts[sample.labels["grpc_method"]] += int(sample.value)
+    for sample in _samples(stack, name, "grpc_server_handled_total"):
+        counts[sample.labels["grpc_method"]] += int(sample.value)
     return counts
+
+
+class _WorkersBusy:
+    """The share of each engine replica's event workers busy running modules during the
+    events (`engine_executor_busy_seconds` over the run's seconds and the workers)."""
+
+    def __init__(self, stack: Stack, replicas: int) -> None:
+        self._stack = stack
+        self._names = ["engine"] + [f"engine-{i}" for i in range(1, replicas)]
+        self._start = self._read()
+
+    def _read(self) -> list[float]:
+        return [
+            sum(
+                sample.value
+                for sample in _samples(self._stack, name, "engine_executor_busy_seconds_total")
+                if sample.labels["executor"] == "event"
+            )
+            for name in self._names
+        ]
+
+    def shares(self, seconds: float) -> list[float]:
+        workers = EngineConfig().event_workers
+        return [
+            round((end - start) / (seconds * workers), 3)
+            for start, end in zip(self._start, self._read(), strict=True)
+        ]
 
 
 async def _joins_settled(stack: Stack, quiet: float = 0.3, longest: float = 15.0) -> None:
@@ -440,6 +476,7 @@ async def measure_events(
     try:
         meter = _StackCpu(stack, extra or [])
         exchanges = _Exchanges(stack)
+        busy = _WorkersBusy(stack, 1 + len(extra or []))
         progress(0, tasks, f"events {label}")
         started = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
@@ -455,6 +492,7 @@ async def measure_events(
         elapsed = game.last_give - started
         cpu = meter.per_task_ms(tasks)
         exchanged = exchanges.per_task(tasks)
+        workers_busy = busy.shares(elapsed)
         # Every task ended SUCCEEDED, with exactly its two gives.
         states: dict[str, int] = {}
         for player in players:
@@ -481,6 +519,7 @@ async def measure_events(
         "submit_seconds": round(submitted - started, 3),
         "cpu_ms_per_task": cpu,
         "exchanges": exchanged,
+        "workers_busy": workers_busy,
         "states": states,
     }
 
@@ -663,7 +702,7 @@ def _markdown(report: dict[str, Any]) -> str:
         "",
         "| database | replicas | tasks | seconds | tasks/s | CPU ms per task | final states "
         "| exchanges per task (unary / stream) | floor ms per task (transport + database) "
-        "| tasks/s the cores allow at the floor |",
+        "| tasks/s the cores allow at the floor | event workers busy, by replica |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for backend, result in report["results"].items():
@@ -678,7 +717,8 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"| **{e['tasks_per_s']}** | {cpu.get('all', '?')} ({spent}) | {e['states']} "
                 f"| {x['unary_per_task']} / {x['stream_per_task']} "
                 f"| {f['floor_ms']} ({f['transport_ms']} + {f['database_ms']}) "
-                f"| {f['tasks_per_s_at_floor']} |"
+                f"| {f['tasks_per_s_at_floor']} "
+                f"| {' / '.join(f'{round(100 * b)} %' for b in e.get('workers_busy', []))} |"
             )
     t = report["transport"]
     lines += [

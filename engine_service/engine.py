@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import prometheus_client
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2
 
@@ -54,6 +55,17 @@ _MAY_NOT_USE = {"zh": "你没有权限使用 {module_id}。", "en": "You may not
 """A module the player's level, binding or features do not allow (Failure.args: module_id)."""
 
 
+EXECUTOR_BUSY = prometheus_client.Counter(
+    "engine_executor_busy_seconds",
+    "Seconds the executor's workers spent running jobs, summed over its workers and counted "
+    "as each job ends: its rate over engine_executor_workers is the share of workers busy.",
+    ["executor"],
+)
+EXECUTOR_WORKERS = prometheus_client.Gauge(
+    "engine_executor_workers", "Workers of the executor.", ["executor"]
+)
+
+
 class BoundedExecutor:
     """Runs at most `workers` jobs at once with at most `queue` more waiting; beyond that a
     submission is refused at once with RESOURCE_EXHAUSTED (the seed's BUSY)."""
@@ -66,6 +78,8 @@ class BoundedExecutor:
         self._admitted = 0
         self._queued: set[asyncio.Task[object]] = set()
         self._closed = False
+        self._busy = EXECUTOR_BUSY.labels(executor=name)
+        EXECUTOR_WORKERS.labels(executor=name).set(workers)
 
     @property
     def capacity(self) -> int:
@@ -95,9 +109,11 @@ class BoundedExecutor:
                 await self._slots.acquire()
             finally:
                 self._queued.discard(task)
+            started = time.monotonic()
             try:
                 return await job()
             finally:
+                self._busy.inc(time.monotonic() - started)
                 self._slots.release()
         finally:
             admission.release()
