@@ -266,6 +266,10 @@ class EventRunner:
         self._lease_seconds = lease_seconds
         self._poll_seconds = poll_seconds
         self._wake = asyncio.Event()
+        self._arrived = False
+        """Whether new work woke the runner (then it gathers more before claiming)."""
+        self._working: set[asyncio.Task[None]] = set()
+        """Runs of claimed tasks whose module has not run yet: waiting for a worker or on one."""
         self._loop_task: asyncio.Task[None] | None = None
         self._runs: set[asyncio.Task[None]] = set()
 
@@ -274,7 +278,16 @@ class EventRunner:
             self._loop_task = asyncio.create_task(self._loop(), name="event-runner")
 
     def wake(self) -> None:
-        """New work may be runnable: claim now instead of at the next poll."""
+        """New work may be runnable: claim now instead of at the next poll (after gathering
+        CLAIM_GATHER_SECONDS of arrivals)."""
+        self._arrived = True
+        self._wake.set()
+
+    def _left(self, run: asyncio.Task[None]) -> None:
+        """A claimed task left its worker (its module ran, or it never reached one), or its
+        run ended: claim again at once if what is held ran low. No gathering: nothing new
+        arrived, and the workers may be waiting."""
+        self._working.discard(run)
         self._wake.set()
 
     async def stop(self) -> None:
@@ -318,15 +331,21 @@ class EventRunner:
         await self._take_back()
         while True:
             # Claimed tasks count from the moment they are claimed, before they reach the
-            # executor, so the runner never holds more than the executor admits.
-            held = len(self._runs)
-            free = min(self._executor.capacity - held, 100)
-            # While more than REFILL_WORKERS workers' worth of claimed tasks are held, a task
-            # claimed now would only wait behind them (the queue is first in, first out):
-            # claim again once they run low, many at once, instead of one claim (a locking
-            # query in storage) per finished task; meanwhile other replicas may take what is
-            # queued.
-            if free <= 0 or held > REFILL_WORKERS * self._executor.workers:
+            # executor, so the runner never holds more than the executor admits. A task whose
+            # module has run no longer counts: storing how it ended is not a worker's job
+            # (decision 0032), and counting it would leave the workers idle while the ends of
+            # the tasks before were in flight.
+            # The ends in flight are bounded too, at one executor's worth (a storage that
+            # stores them slowly slows the claims, not the memory).
+            working = len(self._working)
+            capacity = self._executor.capacity
+            free = min(capacity - working, 2 * capacity - len(self._runs), 100)
+            # While more than REFILL_WORKERS workers' worth of claimed tasks wait for or hold
+            # a worker, a task claimed now would only wait behind them (the queue is first in,
+            # first out): claim again once they run low, many at once, instead of one claim (a
+            # locking query in storage) per finished task; meanwhile other replicas may take
+            # what is queued.
+            if free <= 0 or working > REFILL_WORKERS * self._executor.workers:
                 await self._wait()
                 continue
             try:
@@ -339,7 +358,9 @@ class EventRunner:
                     self._remember(claim.task.player_id, claim.gateway_address)
                 run = asyncio.create_task(self._hold(claim))
                 self._runs.add(run)
+                self._working.add(run)  # until its module has run (`_hold`)
                 run.add_done_callback(self._runs.discard)
+                run.add_done_callback(self._left)
             if len(claims) < free:
                 await self._wait()  # nothing more runnable now
 
@@ -351,7 +372,9 @@ class EventRunner:
                 await self._wake.wait()
             # Woken by new work: let a little more arrive, so one claim (a locking query in
             # storage) takes a batch instead of one task per submission.
-            await asyncio.sleep(CLAIM_GATHER_SECONDS)
+            if self._arrived:
+                await asyncio.sleep(CLAIM_GATHER_SECONDS)
+        self._arrived = False
         self._wake.clear()
 
     async def _hold(self, claim: Claim) -> None:
@@ -366,7 +389,10 @@ class EventRunner:
             # A worker runs the module; storing how the task ended (its last write) is not a
             # worker's job: the next claimed task starts meanwhile, and the write shares its
             # transaction with the other tasks' writes in flight (decision 0032).
-            ended = await self._executor.run(lambda: self._run(claim))
+            try:
+                ended = await self._executor.run(lambda: self._run(claim))
+            finally:
+                self._left(run)
             await self._end(claim, ended)
             give_back = False
         except LeaseLost as exc:
@@ -381,7 +407,6 @@ class EventRunner:
             log.warning("task %s stopped: %s", claim.task.task_id, exc)
         finally:
             renewer.cancel()
-            self.wake()
             if give_back:
                 with contextlib.suppress(Exception):
                     await self._store.release(claim, self._owner)

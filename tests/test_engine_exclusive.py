@@ -569,3 +569,55 @@ async def test_an_event_backlog_is_claimed_in_batches(database_url: str) -> None
         # One claim per finished task would make 40 and more; claiming only once four or
         # fewer are left makes a handful (the last ones find nothing, a poll may add one).
         assert len(claims) <= 12, claims
+
+
+async def test_workers_do_not_wait_for_the_ends_of_earlier_tasks(database_url: str) -> None:
+    """Storing how a task ended is not a worker's job (decision 0032): while the ends of the
+    tasks claimed first are still being stored, the runner claims more and the workers run
+    them, instead of idling until those writes come back. The ends in flight stay bounded."""
+    ticks = TickModule()
+    ticks.gate.set()
+    workers, queue = 2, 4  # capacity 6: the backlog takes several claims
+    async with _replicas(
+        database_url, count=1, more=(ticks,), event_workers=workers, event_queue=queue
+    ) as running:
+        store = running.apps[0].runner_tasks
+        ends = asyncio.Event()  # every task's end waits for it
+        ending = 0
+        real_store_steps = store.store_steps
+
+        async def slow_end(*args: Any, **kwargs: Any) -> Any:
+            nonlocal ending
+            ending += 1
+            await ends.wait()
+            return await real_store_steps(*args, **kwargs)
+
+        store.store_steps = slow_end  # type: ignore[method-assign]
+        tasks = 16
+        player = _player("p-ends")
+        for i in range(tasks):
+            await running.stubs[0].SubmitEvent(
+                engine_pb2.SubmitEventRequest(
+                    player=player, event_type="test:tick", event_key=f"e{i}", player_online=True
+                ),
+                timeout=5,
+            )
+        # Twice as many modules run as the executor holds, every end still waiting: the
+        # first claim's ends did not keep the workers from the next claim's tasks. No more:
+        # the ends in flight are bounded at one executor's worth beyond it.
+        bound = 2 * (workers + queue)
+        await wait_until(
+            lambda: ticks.runs == bound, timeout=10, interval=0.02, what=f"{bound} modules run"
+        )
+        await holds_for(lambda: ticks.runs == bound, 0.3, what=lambda: f"{ticks.runs} run")
+        assert ending == bound
+        ends.set()
+        await wait_until(
+            lambda: ticks.runs == tasks and not running.apps[0].runner._runs,
+            timeout=10,
+            what="every task run and its end stored",
+        )
+        listed = await running.journal.ListTasks(
+            journal_pb2.ListTasksRequest(player_id="p-ends"), timeout=5
+        )
+        assert [t.state for t in listed.tasks] == [journal_pb2.TASK_STATE_SUCCEEDED] * tasks
