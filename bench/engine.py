@@ -783,7 +783,7 @@ def _markdown(report: dict[str, Any]) -> str:
             )
         lines += [
             "",
-            f"Best PostgreSQL run ({over['run'].removeprefix('events_').replace('_', ' ')}): "
+            f"The median round ({over['run'].removeprefix('events_').replace('_', ' ')}): "
             f"ours / DBOS **{over['value']}×** (target ≥ {over['target_at_least']}×: "
             f"{'met' if over['met'] else 'not met'}); of the floor "
             f"**{round(100 * floor['value'], 1)} %** (target ≥ "
@@ -834,7 +834,9 @@ def _peers(postgres: dict[str, Any] | None) -> dict[str, Any] | None:
     """DBOS beside our PostgreSQL event runs (None when PostgreSQL was not measured): the DBOS
     figure of the run at the most replicas, the median round of `_alternate_with_dbos`, which
     carries its own `over_dbos`. Adds `over_dbos` against it to the other runs; the targets are
-    read on the best run."""
+    read on that median round: the run measured beside its DBOS and its own floor, not the run
+    with the most tasks/s, which may have been measured at another moment of a drifting
+    machine."""
     if postgres is None:
         return None
     runs = {key: value for key, value in postgres.items() if key.startswith("events_")}
@@ -844,7 +846,7 @@ def _peers(postgres: dict[str, Any] | None) -> dict[str, Any] | None:
     dbos = paired[0]["dbos"]
     for run in runs.values():
         run.setdefault("over_dbos", round(run["tasks_per_s"] / dbos["workflows_per_s"], 2))
-    best = max(runs, key=lambda key: runs[key]["tasks_per_s"])
+    best = next(key for key, run in runs.items() if run is paired[0])
     return {
         "dbos": dbos,
         "ours_over_dbos": {

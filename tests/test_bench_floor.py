@@ -91,3 +91,17 @@ def test_each_round_is_judged_against_the_floor_measured_with_it() -> None:
     assert fast["floor"]["tasks_per_s_at_floor"] == 1000.0 and fast["of_floor"] == 0.2
     # A run that is no round is judged against the floor measured at the start.
     assert alone["floor"]["tasks_per_s_at_floor"] == round(2000 / 3.0, 1)
+
+
+def test_the_targets_are_read_on_the_round_measured_beside_dbos() -> None:
+    dbos = {"workflows_per_s": 100.0}
+    paired = {"tasks_per_s": 210.0, "over_dbos": 2.1, "of_floor": 0.61, "dbos": dbos}
+    # One replica, measured before the rounds on a faster moment of the machine: more tasks/s,
+    # but no DBOS beside it.
+    alone = {"tasks_per_s": 230.0, "of_floor": 0.55}
+    peers = engine_bench._peers({"events_1_replicas": alone, "events_2_replicas": paired})
+    assert peers is not None
+    assert peers["ours_over_dbos"]["run"] == "events_2_replicas"
+    assert peers["ours_over_dbos"]["value"] == 2.1 and peers["ours_over_dbos"]["met"]
+    assert peers["ours_of_floor"]["value"] == 0.61 and peers["ours_of_floor"]["met"]
+    assert alone["over_dbos"] == 2.3  # shown beside it, against the same DBOS
