@@ -1,8 +1,11 @@
 """What one gRPC exchange between two Python processes costs on this machine, with nothing
 behind it: an empty unary call, and one message each way on an open stream (how the engine's
-journal and game-tool calls travel: decision 0008). The CPU both processes spend per exchange
-is the floor under any figure that passes messages between the stack's processes; the engine
-bench multiplies it by the exchanges an event task makes.
+journal and game-tool calls travel: decision 0008), one exchange in flight; and the same on
+STREAMS open streams at once (`streams`), as the stack's exchanges overlap under load (16
+submissions and every worker's calls in flight), where each process wakes once for several
+messages. The CPU both processes spend per exchange is the floor under any figure that passes
+messages between the stack's processes; the engine bench multiplies it by the exchanges an
+event task makes.
 
     python -m bench.transport [--calls 3000]
 
@@ -14,6 +17,7 @@ run on (`services.runtime.main.run_on_loop`: uvloop where installed, decision 00
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
@@ -34,6 +38,9 @@ _SERVICE = "bench.transport.Echo"
 PAYLOAD = b"x" * 200
 """About the size of a journal call's message."""
 WARM_UP = 300
+STREAMS = 16
+"""Streams in flight at once for the `streams` kind (as many as the engine bench's submitters)."""
+KINDS = ("unary", "stream", "streams")
 
 
 def _same(value: bytes) -> bytes:
@@ -79,35 +86,41 @@ async def _client(port: int, calls: int, kind: str) -> dict[str, float]:
         await channel.channel_ready()
         unary = channel.unary_unary(f"/{_SERVICE}/Unary", _same, _same)
         stream = channel.stream_stream(f"/{_SERVICE}/Stream", _same, _same)
-        call = stream() if kind == "stream" else None
+        opened = [stream() for _ in range(STREAMS if kind == "streams" else kind == "stream")]
+        lanes: list[Any] = opened or [None]  # None: unary calls, one at a time
         wall: list[float] = []
 
-        async def exchange() -> None:
-            if call is None:
-                await unary(PAYLOAD)
-            else:
-                await call.write(PAYLOAD)
-                await call.read()
+        async def exchanges(call: Any, count: int, timed: bool) -> None:
+            for _ in range(count):
+                start = time.perf_counter()
+                if call is None:
+                    await unary(PAYLOAD)
+                else:
+                    await call.write(PAYLOAD)
+                    await call.read()
+                if timed:
+                    wall.append(time.perf_counter() - start)
 
-        for _ in range(WARM_UP):
-            await exchange()
+        async def run(count: int, timed: bool) -> None:
+            await asyncio.gather(*(exchanges(call, count // len(lanes), timed) for call in lanes))
+
+        warmed = len(lanes) * (WARM_UP // len(lanes))
+        await run(WARM_UP, timed=False)
         cpu = time.process_time()
-        for _ in range(calls):
-            start = time.perf_counter()
-            await exchange()
-            wall.append(time.perf_counter() - start)
+        await run(calls, timed=True)
         cpu = time.process_time() - cpu
-        if call is not None:
+        for call in opened:
             await call.done_writing()
     wall.sort()
     return {
-        "client_cpu_ms": round(1000 * cpu / calls, 4),
+        "client_cpu_ms": round(1000 * cpu / len(wall), 4),
+        "exchanges": warmed + len(wall),
         "wall_p50_ms": round(1000 * wall[len(wall) // 2], 4),
     }
 
 
 def measure_transport(calls: int = 3000) -> dict[str, dict[str, float]]:
-    """CPU per exchange of each end and its wall time, for `unary` and `stream`."""
+    """CPU per exchange of each end and its wall time, for each of KINDS."""
     port = free_port()
     here = Path(__file__).resolve().parent.parent
     server = subprocess.Popen(
@@ -120,7 +133,7 @@ def measure_transport(calls: int = 3000) -> dict[str, dict[str, float]]:
         assert server.stdout is not None
         server.stdout.readline()  # "serving"
         results: dict[str, dict[str, float]] = {}
-        for kind in ("unary", "stream"):
+        for kind in KINDS:
             before = cpu_seconds(server.pid)
             out = subprocess.run(
                 [
@@ -141,7 +154,9 @@ def measure_transport(calls: int = 3000) -> dict[str, dict[str, float]]:
             measured = json.loads(out.strip().splitlines()[-1])
             # The server's CPU counts the client's warm-up too.
             spent = cpu_seconds(server.pid) - before
-            measured["server_cpu_ms"] = round(1000 * spent / (calls + WARM_UP), 4)
+            measured["server_cpu_ms"] = round(1000 * spent / measured.pop("exchanges"), 4)
+            if kind == "streams":
+                measured["in_flight"] = STREAMS
             measured["both_cpu_ms"] = round(
                 measured["client_cpu_ms"] + measured["server_cpu_ms"], 4
             )

@@ -7,16 +7,17 @@ import pytest
 
 from bench import engine as engine_bench
 from bench.engine import exchanges_per_task
-from bench.transport import measure_transport
+from bench.transport import KINDS, STREAMS, measure_transport
 
 
-def test_transport_measures_both_ends_of_both_kinds() -> None:
-    measured = measure_transport(calls=50)
-    for kind in ("unary", "stream"):
+def test_transport_measures_both_ends_of_every_kind() -> None:
+    measured = measure_transport(calls=64)
+    for kind in KINDS:
         ends = measured[kind]
         assert ends["client_cpu_ms"] > 0 and ends["server_cpu_ms"] > 0
         assert ends["both_cpu_ms"] == round(ends["client_cpu_ms"] + ends["server_cpu_ms"], 4)
         assert ends["wall_p50_ms"] > 0
+    assert measured["streams"]["in_flight"] == STREAMS
 
 
 def test_a_tasks_calls_become_exchanges() -> None:
@@ -105,3 +106,29 @@ def test_the_targets_are_read_on_the_round_measured_beside_dbos() -> None:
     assert peers["ours_over_dbos"]["value"] == 2.1 and peers["ours_over_dbos"]["met"]
     assert peers["ours_of_floor"]["value"] == 0.61 and peers["ours_of_floor"]["met"]
     assert alone["over_dbos"] == 2.3  # shown beside it, against the same DBOS
+
+
+def test_the_loaded_floor_prices_stream_exchanges_as_measured_in_flight_together() -> None:
+    run = {
+        "tasks_per_s": 200.0,
+        "exchanges": {"unary_per_task": 0.0, "stream_per_task": 10.0},
+        "cpu_ms_per_task": {"postgres": 1.0},
+        "transport": {
+            "unary": {"both_cpu_ms": 0.5},
+            "stream": {"both_cpu_ms": 0.3},
+            "streams": {"both_cpu_ms": 0.1},
+        },
+    }
+    engine_bench._add_floors({"postgres": {"rounds": [run], "events_2_replicas": run}}, {}, 2)
+    # One in flight: 10 x 0.3 + 1 ms; together: 10 x 0.1 + 1 ms, over two cores.
+    assert run["floor"]["tasks_per_s_at_floor"] == 500.0 and run["of_floor"] == 0.4
+    assert run["floor"]["tasks_per_s_at_loaded_floor"] == 1000.0
+    assert run["of_loaded_floor"] == 0.2
+    run["dbos"], run["over_dbos"] = {"workflows_per_s": 100.0}, 2.0
+    peers = engine_bench._peers({"events_2_replicas": run})
+    assert peers is not None and peers["ours_of_loaded_floor"] == {
+        "run": "events_2_replicas",
+        "value": 0.2,
+        "target_at_least": engine_bench.OF_FLOOR_TARGET,
+        "met": False,
+    }
