@@ -48,6 +48,8 @@ log = logging.getLogger("system.engine.events")
 
 CLAIM_GATHER_SECONDS = 0.02
 """How long a woken runner waits before claiming, to claim work that arrives together at once."""
+ENDS_GRACE_SECONDS = 5.0
+"""How long a stopping runner waits for the ends being stored of tasks whose module has run."""
 REFILL_WORKERS = 2
 """The runner claims more once no more than this many workers' worth of claimed tasks is left
 (running or waiting): enough that new claims arrive before the workers run dry."""
@@ -291,15 +293,22 @@ class EventRunner:
         self._wake.set()
 
     async def stop(self) -> None:
-        """Stops claiming and cancels held tasks; their leases are given back so another
-        replica can take them at once. Steps already journaled replay there."""
+        """Stops claiming and cancels held tasks whose module has not run; their leases are
+        given back so another replica can take them at once. Steps already journaled replay
+        there. A task whose module has run is only storing how it ended: that write is let
+        finish (ENDS_GRACE_SECONDS at most), so the task is not run again elsewhere."""
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
-        for run in [*self._runs, *self._rechecks]:
+        ending = [run for run in self._runs if run not in self._working]
+        for run in [*self._working, *self._rechecks]:
             run.cancel()
+        if ending:
+            _, late = await asyncio.wait(ending, timeout=ENDS_GRACE_SECONDS)
+            for run in late:
+                run.cancel()
         if self._runs or self._rechecks:
             await asyncio.gather(*self._runs, *self._rechecks, return_exceptions=True)
         if self._telling:  # players still hear how their finished tasks ended

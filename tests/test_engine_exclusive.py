@@ -12,6 +12,7 @@ import gc
 import pathlib
 import time
 import tracemalloc
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -96,10 +97,12 @@ class TickModule:
         )
         self.gate = asyncio.Event()
         self.runs = 0
+        self.by_player: Counter[str] = Counter()
 
     async def run(self, data: dict[str, Any], ctx: Any) -> common_pb2.AgentResult:
         await self.gate.wait()
         self.runs += 1
+        self.by_player[ctx.player.player_id] += 1
         return succeeded(card("test:card", "tick", []))
 
 
@@ -607,17 +610,64 @@ async def test_workers_do_not_wait_for_the_ends_of_earlier_tasks(database_url: s
         # the ends in flight are bounded at one executor's worth beyond it.
         bound = 2 * (workers + queue)
         await wait_until(
-            lambda: ticks.runs == bound, timeout=10, interval=0.02, what=f"{bound} modules run"
+            lambda: ticks.by_player["p-ends"] == bound,
+            timeout=10,
+            interval=0.02,
+            what=f"{bound} modules run",
         )
-        await holds_for(lambda: ticks.runs == bound, 0.3, what=lambda: f"{ticks.runs} run")
+        await holds_for(
+            lambda: ticks.by_player["p-ends"] == bound,
+            0.3,
+            what=lambda: f"{ticks.by_player['p-ends']} run",
+        )
         assert ending == bound
         ends.set()
         await wait_until(
-            lambda: ticks.runs == tasks and not running.apps[0].runner._runs,
+            lambda: ticks.by_player["p-ends"] == tasks and not running.apps[0].runner._runs,
             timeout=10,
-            what="every task run and its end stored",
+            what=lambda: (
+                f"every task run and its end stored: {ticks.by_player['p-ends']} run, "
+                f"{len(running.apps[0].runner._runs)} held"
+            ),
         )
         listed = await running.journal.ListTasks(
             journal_pb2.ListTasksRequest(player_id="p-ends"), timeout=5
         )
         assert [t.state for t in listed.tasks] == [journal_pb2.TASK_STATE_SUCCEEDED] * tasks
+
+
+async def test_a_stopping_runner_lets_the_ends_being_stored_finish(database_url: str) -> None:
+    """A task whose module has run is only storing how it ended when the replica stops: the
+    runner waits for that write instead of cancelling it, so the task is not run again by the
+    next replica to claim it."""
+    ticks = TickModule()
+    ticks.gate.set()
+    async with _replicas(database_url, count=1, more=(ticks,)) as running:
+        app = running.apps[0]
+        store = app.runner_tasks
+        ends = asyncio.Event()
+        real_store_steps = store.store_steps
+
+        async def slow_end(*args: Any, **kwargs: Any) -> Any:
+            await ends.wait()
+            return await real_store_steps(*args, **kwargs)
+
+        store.store_steps = slow_end  # type: ignore[method-assign]
+        player = _player("p-stop")
+        for i in range(3):
+            await running.stubs[0].SubmitEvent(
+                engine_pb2.SubmitEventRequest(
+                    player=player, event_type="test:tick", event_key=f"s{i}", player_online=True
+                ),
+                timeout=5,
+            )
+        await wait_until(lambda: ticks.by_player["p-stop"] == 3, what="every module run")
+        stopping = asyncio.ensure_future(app.runner.stop())
+        await holds_for(lambda: not stopping.done(), 0.3, what="the stop waits for the ends")
+        ends.set()
+        await asyncio.wait_for(stopping, 10)
+        listed = await running.journal.ListTasks(
+            journal_pb2.ListTasksRequest(player_id="p-stop"), timeout=5
+        )
+        assert [t.state for t in listed.tasks] == [journal_pb2.TASK_STATE_SUCCEEDED] * 3
+        assert ticks.by_player["p-stop"] == 3
