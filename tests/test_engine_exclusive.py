@@ -533,6 +533,20 @@ async def test_shutdown_cancels_queued_work_and_refuses_more() -> None:
     assert executor._admitted == 0
 
 
+async def _submit_ticks(running: Replicas, player_id: str, count: int) -> None:
+    """`count` test:tick events of an online player, one task each."""
+    for i in range(count):
+        await running.stubs[0].SubmitEvent(
+            engine_pb2.SubmitEventRequest(
+                player=_player(player_id),
+                event_type="test:tick",
+                event_key=f"{player_id}-{i}",
+                player_online=True,
+            ),
+            timeout=5,
+        )
+
+
 async def test_an_event_backlog_is_claimed_in_batches(database_url: str) -> None:
     """Claimed tasks wait their turn in the event executor's queue, so the runner claims again
     only once they run low (decision 0007): a backlog takes a few claims, not one per finished
@@ -550,14 +564,7 @@ async def test_an_event_backlog_is_claimed_in_batches(database_url: str) -> None
 
         store.claim = counted_claim  # type: ignore[method-assign]
         tasks = 40
-        player = _player("p-ticks")
-        for i in range(tasks):
-            await running.stubs[0].SubmitEvent(
-                engine_pb2.SubmitEventRequest(
-                    player=player, event_type="test:tick", event_key=f"k{i}", player_online=True
-                ),
-                timeout=5,
-            )
+        await _submit_ticks(running, "p-ticks", tasks)
         # Nothing finishes yet: the runner holds what it claimed while it had room, the rest
         # stays in storage, where another replica could take it.
         await wait_until(lambda: sum(claims) > 0, what="a first claim")
@@ -597,14 +604,7 @@ async def test_workers_do_not_wait_for_the_ends_of_earlier_tasks(database_url: s
 
         store.store_steps = slow_end  # type: ignore[method-assign]
         tasks = 16
-        player = _player("p-ends")
-        for i in range(tasks):
-            await running.stubs[0].SubmitEvent(
-                engine_pb2.SubmitEventRequest(
-                    player=player, event_type="test:tick", event_key=f"e{i}", player_online=True
-                ),
-                timeout=5,
-            )
+        await _submit_ticks(running, "p-ends", tasks)
         # Twice as many modules run as the executor holds, every end still waiting: the
         # first claim's ends did not keep the workers from the next claim's tasks. No more:
         # the ends in flight are bounded at one executor's worth beyond it.
@@ -653,14 +653,7 @@ async def test_a_stopping_runner_lets_the_ends_being_stored_finish(database_url:
             return await real_store_steps(*args, **kwargs)
 
         store.store_steps = slow_end  # type: ignore[method-assign]
-        player = _player("p-stop")
-        for i in range(3):
-            await running.stubs[0].SubmitEvent(
-                engine_pb2.SubmitEventRequest(
-                    player=player, event_type="test:tick", event_key=f"s{i}", player_online=True
-                ),
-                timeout=5,
-            )
+        await _submit_ticks(running, "p-stop", 3)
         await wait_until(lambda: ticks.by_player["p-stop"] == 3, what="every module run")
         stopping = asyncio.ensure_future(app.runner.stop())
         await holds_for(lambda: not stopping.done(), 0.3, what="the stop waits for the ends")
