@@ -382,17 +382,15 @@ def _floor(events: dict[str, Any], transport: dict[str, Any], cores: int) -> dic
 
     database = events["cpu_ms_per_task"].get("postgres", 0.0)
     floor = carried(transport["stream"]["both_cpu_ms"]) + database
-    figures = {
+    loaded = carried(transport["streams"]["both_cpu_ms"]) + database
+    return {
         "transport_ms": round(floor - database, 2),
         "database_ms": round(database, 2),
         "floor_ms": round(floor, 2),
         "tasks_per_s_at_floor": round(cores * 1000 / floor, 1),
+        "loaded_floor_ms": round(loaded, 2),
+        "tasks_per_s_at_loaded_floor": round(cores * 1000 / loaded, 1),
     }
-    if "streams" in transport:  # results recorded before it was measured have none
-        loaded = carried(transport["streams"]["both_cpu_ms"]) + database
-        figures["loaded_floor_ms"] = round(loaded, 2)
-        figures["tasks_per_s_at_loaded_floor"] = round(cores * 1000 / loaded, 1)
-    return figures
 
 
 def _add_floors(results: dict[str, Any], transport: dict[str, Any], cores: int) -> None:
@@ -404,10 +402,8 @@ def _add_floors(results: dict[str, Any], transport: dict[str, Any], cores: int) 
         # The run at the most replicas is one of the rounds (the median): each run once.
         for run in rounds + [e for e in events if all(e is not r for r in rounds)]:
             run["floor"] = floor = _floor(run, run.get("transport", transport), cores)
-            run["of_floor"] = round(run["tasks_per_s"] / floor["tasks_per_s_at_floor"], 3)
-            if "tasks_per_s_at_loaded_floor" in floor:
-                at = floor["tasks_per_s_at_loaded_floor"]
-                run["of_loaded_floor"] = round(run["tasks_per_s"] / at, 3)
+            for share, at in (("of_floor", "at_floor"), ("of_loaded_floor", "at_loaded_floor")):
+                run[share] = round(run["tasks_per_s"] / floor[f"tasks_per_s_{at}"], 3)
 
 
 class _StackCpu:
@@ -730,7 +726,7 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"| **{e['tasks_per_s']}** | {cpu.get('all', '?')} ({spent}) | {e['states']} "
                 f"| {x['unary_per_task']} / {x['stream_per_task']} "
                 f"| {f['floor_ms']} ({f['transport_ms']} + {f['database_ms']}) "
-                f"| {f['tasks_per_s_at_floor']} ({f.get('tasks_per_s_at_loaded_floor', '–')}) "
+                f"| {f['tasks_per_s_at_floor']} ({f['tasks_per_s_at_loaded_floor']}) "
                 f"| {' / '.join(f'{round(100 * b)} %' for b in e.get('workers_busy', []))} |"
             )
     t = report["transport"]
@@ -755,7 +751,7 @@ def _markdown(report: dict[str, Any]) -> str:
     peers = report.get("peers")
     if peers is not None:
         d, over, floor = peers["dbos"], peers["ours_over_dbos"], peers["ours_of_floor"]
-        loaded = peers.get("ours_of_loaded_floor")
+        loaded = peers["ours_of_loaded_floor"]
         cpu = ", ".join(f"{name} {ms}" for name, ms in d["cpu_ms_per_workflow"].items())
         lines += [
             "",
@@ -776,8 +772,8 @@ def _markdown(report: dict[str, Any]) -> str:
             if key.startswith("events_"):
                 lines.append(
                     f"| {key.removeprefix('events_').replace('_', ' ')} | {e['tasks_per_s']} "
-                    f"| {e['over_dbos']}× | {round(100 * e['of_floor'], 1)} % "
-                    f"| {_percent(e.get('of_loaded_floor'))} |"
+                    f"| {e['over_dbos']}× | {_percent(e['of_floor'])} "
+                    f"| {_percent(e['of_loaded_floor'])} |"
                 )
         rounds = report["results"]["postgres"].get("rounds", [])
         lines += [
@@ -798,21 +794,17 @@ def _markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {number} | {r['tasks_per_s']} | {r['dbos']['workflows_per_s']} "
                 f"| {r['over_dbos']}× | {exchange} ms | {r['floor']['tasks_per_s_at_floor']} "
-                f"| {round(100 * r['of_floor'], 1)} % | {_percent(r.get('of_loaded_floor'))} |"
+                f"| {_percent(r['of_floor'])} | {_percent(r['of_loaded_floor'])} |"
             )
         lines += [
             "",
             f"The median round ({over['run'].removeprefix('events_').replace('_', ' ')}): "
             f"ours / DBOS **{over['value']}×** (target ≥ {over['target_at_least']}×: "
             f"{'met' if over['met'] else 'not met'}); of the floor "
-            f"**{round(100 * floor['value'], 1)} %** (target ≥ "
+            f"**{_percent(floor['value'])}** (target ≥ "
             f"{round(100 * floor['target_at_least'])} %: {'met' if floor['met'] else 'not met'})"
-            + (
-                f"; of the loaded floor **{_percent(loaded['value'])}** "
-                f"({'met' if loaded['met'] else 'not met'})."
-                if loaded is not None
-                else "."
-            ),
+            f"; of the loaded floor **{_percent(loaded['value'])}** "
+            f"({'met' if loaded['met'] else 'not met'}).",
         ]
     lines += [
         "",
@@ -855,8 +847,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def _percent(share: float | None) -> str:
-    return "–" if share is None else f"{round(100 * share, 1)} %"
+def _percent(share: float) -> str:
+    return f"{round(100 * share, 1)} %"
 
 
 def _peers(postgres: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -875,29 +867,22 @@ def _peers(postgres: dict[str, Any] | None) -> dict[str, Any] | None:
     dbos = paired[0]["dbos"]
     for run in runs.values():
         run.setdefault("over_dbos", round(run["tasks_per_s"] / dbos["workflows_per_s"], 2))
-    best = next(key for key, run in runs.items() if run is paired[0])
+    median = next(key for key, run in runs.items() if run is paired[0])
+
+    def target(figure: str, at_least: float) -> dict[str, Any]:
+        value = runs[median][figure]
+        return {
+            "run": median,
+            "value": value,
+            "target_at_least": at_least,
+            "met": value >= at_least,
+        }
+
     return {
         "dbos": dbos,
-        "ours_over_dbos": {
-            "run": best,
-            "value": runs[best]["over_dbos"],
-            "target_at_least": OVER_DBOS_TARGET,
-            "met": runs[best]["over_dbos"] >= OVER_DBOS_TARGET,
-        },
-        "ours_of_floor": {
-            "run": best,
-            "value": runs[best]["of_floor"],
-            "target_at_least": OF_FLOOR_TARGET,
-            "met": runs[best]["of_floor"] >= OF_FLOOR_TARGET,
-        },
-        "ours_of_loaded_floor": None
-        if "of_loaded_floor" not in runs[best]
-        else {
-            "run": best,
-            "value": runs[best]["of_loaded_floor"],
-            "target_at_least": OF_FLOOR_TARGET,
-            "met": runs[best]["of_loaded_floor"] >= OF_FLOOR_TARGET,
-        },
+        "ours_over_dbos": target("over_dbos", OVER_DBOS_TARGET),
+        "ours_of_floor": target("of_floor", OF_FLOOR_TARGET),
+        "ours_of_loaded_floor": target("of_loaded_floor", OF_FLOOR_TARGET),
     }
 
 

@@ -40,7 +40,9 @@ PAYLOAD = b"x" * 200
 WARM_UP = 300
 STREAMS = 16
 """Streams in flight at once for the `streams` kind (as many as the engine bench's submitters)."""
-KINDS = ("unary", "stream", "streams")
+OPEN_STREAMS = {"unary": 0, "stream": 1, "streams": STREAMS}
+"""Each kind measured, and the streams it opens (none: unary calls, one at a time)."""
+KINDS = tuple(OPEN_STREAMS)
 
 
 def _same(value: bytes) -> bytes:
@@ -86,7 +88,7 @@ async def _client(port: int, calls: int, kind: str) -> dict[str, float]:
         await channel.channel_ready()
         unary = channel.unary_unary(f"/{_SERVICE}/Unary", _same, _same)
         stream = channel.stream_stream(f"/{_SERVICE}/Stream", _same, _same)
-        opened = [stream() for _ in range(STREAMS if kind == "streams" else kind == "stream")]
+        opened = [stream() for _ in range(OPEN_STREAMS[kind])]
         lanes: list[Any] = opened or [None]  # None: unary calls, one at a time
         wall: list[float] = []
 

@@ -343,9 +343,8 @@ class EventRunner:
             # executor, so the runner never holds more than the executor admits. A task whose
             # module has run no longer counts: storing how it ended is not a worker's job
             # (decision 0032), and counting it would leave the workers idle while the ends of
-            # the tasks before were in flight.
-            # The ends in flight are bounded too, at one executor's worth (a storage that
-            # stores them slowly slows the claims, not the memory).
+            # the tasks before were in flight. Those ends are bounded at one executor's worth
+            # beyond it (a storage that stores them slowly slows the claims, not the memory).
             working = len(self._working)
             capacity = self._executor.capacity
             free = min(capacity - working, 2 * capacity - len(self._runs), 100)

@@ -72,7 +72,11 @@ def test_the_median_pair_is_reported_whole() -> None:
 
 def test_each_round_is_judged_against_the_floor_measured_with_it() -> None:
     def transport(stream_ms: float) -> dict[str, dict[str, float]]:
-        return {"unary": {"both_cpu_ms": 0.5}, "stream": {"both_cpu_ms": stream_ms}}
+        return {
+            "unary": {"both_cpu_ms": 0.5},
+            "stream": {"both_cpu_ms": stream_ms},
+            "streams": {"both_cpu_ms": stream_ms / 2},
+        }
 
     def run(tasks_per_s: float) -> dict[str, object]:
         return {
@@ -96,10 +100,16 @@ def test_each_round_is_judged_against_the_floor_measured_with_it() -> None:
 
 def test_the_targets_are_read_on_the_round_measured_beside_dbos() -> None:
     dbos = {"workflows_per_s": 100.0}
-    paired = {"tasks_per_s": 210.0, "over_dbos": 2.1, "of_floor": 0.61, "dbos": dbos}
+    paired = {
+        "tasks_per_s": 210.0,
+        "over_dbos": 2.1,
+        "of_floor": 0.61,
+        "of_loaded_floor": 0.3,
+        "dbos": dbos,
+    }
     # One replica, measured before the rounds on a faster moment of the machine: more tasks/s,
     # but no DBOS beside it.
-    alone = {"tasks_per_s": 230.0, "of_floor": 0.55}
+    alone = {"tasks_per_s": 230.0, "of_floor": 0.55, "of_loaded_floor": 0.28}
     peers = engine_bench._peers({"events_1_replicas": alone, "events_2_replicas": paired})
     assert peers is not None
     assert peers["ours_over_dbos"]["run"] == "events_2_replicas"

@@ -547,6 +547,34 @@ async def _submit_ticks(running: Replicas, player_id: str, count: int) -> None:
         )
 
 
+class _HeldEnds:
+    """Holds back every task end (the final `store_steps`) of an engine replica until
+    `release`; counts the ends that arrived."""
+
+    def __init__(self, app: Any) -> None:
+        self.arrived = 0
+        self._released = asyncio.Event()
+        store = app.runner_tasks
+        real_store_steps = store.store_steps
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            self.arrived += 1
+            await self._released.wait()
+            return await real_store_steps(*args, **kwargs)
+
+        store.store_steps = held
+
+    def release(self) -> None:
+        self._released.set()
+
+
+async def _states(running: Replicas, player_id: str) -> list[int]:
+    listed = await running.journal.ListTasks(
+        journal_pb2.ListTasksRequest(player_id=player_id), timeout=5
+    )
+    return [task.state for task in listed.tasks]
+
+
 async def test_an_event_backlog_is_claimed_in_batches(database_url: str) -> None:
     """Claimed tasks wait their turn in the event executor's queue, so the runner claims again
     only once they run low (decision 0007): a backlog takes a few claims, not one per finished
@@ -591,18 +619,7 @@ async def test_workers_do_not_wait_for_the_ends_of_earlier_tasks(database_url: s
     async with _replicas(
         database_url, count=1, more=(ticks,), event_workers=workers, event_queue=queue
     ) as running:
-        store = running.apps[0].runner_tasks
-        ends = asyncio.Event()  # every task's end waits for it
-        ending = 0
-        real_store_steps = store.store_steps
-
-        async def slow_end(*args: Any, **kwargs: Any) -> Any:
-            nonlocal ending
-            ending += 1
-            await ends.wait()
-            return await real_store_steps(*args, **kwargs)
-
-        store.store_steps = slow_end  # type: ignore[method-assign]
+        ends = _HeldEnds(running.apps[0])
         tasks = 16
         await _submit_ticks(running, "p-ends", tasks)
         # Twice as many modules run as the executor holds, every end still waiting: the
@@ -620,8 +637,8 @@ async def test_workers_do_not_wait_for_the_ends_of_earlier_tasks(database_url: s
             0.3,
             what=lambda: f"{ticks.by_player['p-ends']} run",
         )
-        assert ending == bound
-        ends.set()
+        assert ends.arrived == bound
+        ends.release()
         await wait_until(
             lambda: ticks.by_player["p-ends"] == tasks and not running.apps[0].runner._runs,
             timeout=10,
@@ -630,10 +647,7 @@ async def test_workers_do_not_wait_for_the_ends_of_earlier_tasks(database_url: s
                 f"{len(running.apps[0].runner._runs)} held"
             ),
         )
-        listed = await running.journal.ListTasks(
-            journal_pb2.ListTasksRequest(player_id="p-ends"), timeout=5
-        )
-        assert [t.state for t in listed.tasks] == [journal_pb2.TASK_STATE_SUCCEEDED] * tasks
+        assert await _states(running, "p-ends") == [journal_pb2.TASK_STATE_SUCCEEDED] * tasks
 
 
 async def test_a_stopping_runner_lets_the_ends_being_stored_finish(database_url: str) -> None:
@@ -644,23 +658,12 @@ async def test_a_stopping_runner_lets_the_ends_being_stored_finish(database_url:
     ticks.gate.set()
     async with _replicas(database_url, count=1, more=(ticks,)) as running:
         app = running.apps[0]
-        store = app.runner_tasks
-        ends = asyncio.Event()
-        real_store_steps = store.store_steps
-
-        async def slow_end(*args: Any, **kwargs: Any) -> Any:
-            await ends.wait()
-            return await real_store_steps(*args, **kwargs)
-
-        store.store_steps = slow_end  # type: ignore[method-assign]
+        ends = _HeldEnds(app)
         await _submit_ticks(running, "p-stop", 3)
         await wait_until(lambda: ticks.by_player["p-stop"] == 3, what="every module run")
         stopping = asyncio.ensure_future(app.runner.stop())
         await holds_for(lambda: not stopping.done(), 0.3, what="the stop waits for the ends")
-        ends.set()
+        ends.release()
         await asyncio.wait_for(stopping, 10)
-        listed = await running.journal.ListTasks(
-            journal_pb2.ListTasksRequest(player_id="p-stop"), timeout=5
-        )
-        assert [t.state for t in listed.tasks] == [journal_pb2.TASK_STATE_SUCCEEDED] * 3
+        assert await _states(running, "p-stop") == [journal_pb2.TASK_STATE_SUCCEEDED] * 3
         assert ticks.by_player["p-stop"] == 3
