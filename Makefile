@@ -13,6 +13,9 @@ export TEST_POSTGRES_DSN ?= postgresql://127.0.0.1:5432/test
 export NO_PROXY := 127.0.0.1,localhost,$(NO_PROXY)
 export no_proxy := 127.0.0.1,localhost,$(no_proxy)
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): most tests wait on the services they start, so two share the
+# two cores well (a whole run about 8 minutes instead of 14 here). 0: one process, no workers.
+TEST_WORKERS ?= 2
 
 .PHONY: help venv lock protos check-protos run test test-fast bench lint typecheck fmt clean
 
@@ -61,10 +64,10 @@ run: $(GEN_STAMP)
 	$(PYTHON) -m services.stack $(if $(SAY),--say '$(SAY)') $(if $(filter offline,$(MODEL)),--offline-model)
 
 test: $(GEN_STAMP)
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: $(GEN_STAMP)
-	$(PYTHON) -m pytest -m 'not e2e' $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) -m 'not e2e' $(PYTEST_ARGS)
 
 bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.skeleton
