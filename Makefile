@@ -74,7 +74,7 @@ bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.storage
 	$(PYTHON) -m bench.router
 	$(PYTHON) -m bench.model_gateway
-	$(PYTHON) -m bench.engine --tasks 2999 --rounds 3
+	$(PYTHON) -m bench.engine --tasks 2999 --rounds 5
 	$(PYTHON) -m bench.tls
 	$(PYTHON) -m bench.intent_cache
 	$(PYTHON) -m bench.scaleout
