@@ -287,28 +287,32 @@ def _handled(stack: Stack, name: str) -> Counter[str]:
 
 class _WorkersBusy:
     """The share of each engine replica's event workers busy running modules during the
-    events (`engine_executor_busy_seconds` over the run's seconds and the workers)."""
+    events (`engine_executor_busy_seconds` over the run's seconds and the replica's own
+    `engine_executor_workers`)."""
 
     def __init__(self, stack: Stack, replicas: int) -> None:
         self._stack = stack
         self._names = ["engine"] + [f"engine-{i}" for i in range(1, replicas)]
-        self._start = self._read()
-
-    def _read(self) -> list[float]:
-        return [
-            sum(
-                sample.value
-                for sample in _samples(self._stack, name, "engine_executor_busy_seconds_total")
-                if sample.labels["executor"] == "event"
-            )
-            for name in self._names
+        self._start = [
+            self._event(name, "engine_executor_busy_seconds_total") for name in self._names
         ]
 
+    def _event(self, name: str, metric: str) -> float:
+        """The event executor's value of `metric` at replica `name`."""
+        return sum(
+            sample.value
+            for sample in _samples(self._stack, name, metric)
+            if sample.labels["executor"] == "event"
+        )
+
     def shares(self, seconds: float) -> list[float]:
-        workers = EngineConfig().event_workers
         return [
-            round((end - start) / (seconds * workers), 3)
-            for start, end in zip(self._start, self._read(), strict=True)
+            round(
+                (self._event(name, "engine_executor_busy_seconds_total") - start)
+                / (seconds * self._event(name, "engine_executor_workers")),
+                3,
+            )
+            for name, start in zip(self._names, self._start, strict=True)
         ]
 
 
@@ -740,7 +744,8 @@ def _markdown(report: dict[str, Any]) -> str:
         f"message each way on an open stream {t['stream']['both_cpu_ms']} ms (wall p50 "
         f"{t['stream']['wall_p50_ms']} ms), the same on {STREAMS} streams in flight at once "
         f"{t['streams']['both_cpu_ms']} ms (the loaded floor: the stack's exchanges overlap "
-        "under load, and each process then wakes once for several messages). A task's exchanges are counted at the storage "
+        "under load, and each process then wakes once for several messages). A task's "
+        "exchanges are counted at the storage "
         "service, the gateway and the engine (its SubmitEvent, on the engine's stream as a "
         "gateway sends it: decision 0039), plus each relayed call's two messages on the game "
         "server's stream; *floor* is their transport CPU plus the "

@@ -17,7 +17,7 @@ def test_transport_measures_both_ends_of_every_kind() -> None:
         assert ends["client_cpu_ms"] > 0 and ends["server_cpu_ms"] > 0
         assert ends["both_cpu_ms"] == round(ends["client_cpu_ms"] + ends["server_cpu_ms"], 4)
         assert ends["wall_p50_ms"] > 0
-    assert measured["streams"]["in_flight"] == STREAMS
+    assert [measured[kind]["in_flight"] for kind in KINDS] == [1, 1, STREAMS]
 
 
 def test_a_tasks_calls_become_exchanges() -> None:
