@@ -48,7 +48,7 @@ from bench.transport import _SERVICE, PAYLOAD, _same, serve_echo
 from services.runtime.main import run_on_loop
 from services.stack.launcher import free_port
 
-__all__ = ["measure_dbos", "measure_echo_chain"]
+__all__ = ["EchoChain", "measure_dbos", "measure_echo_chain"]
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_UP = 100
@@ -89,36 +89,84 @@ def _start_hop(downstream: list[int]) -> tuple[subprocess.Popen[str], int]:
     return process, port
 
 
-async def _time_chain(
-    port: int, n: int, pids: list[int], pause: float = 0.0
-) -> tuple[list[float], float, list[float]]:
-    """n round trips of one message on a stream to G, after the warm-up; the CPU every
-    process (the four hops and this client) spent per round trip, in ms; and, with `pause`,
-    n more round trips `pause` seconds apart."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        await channel.channel_ready()
-        call = channel.stream_stream(f"/{_SERVICE}/Stream", _same, _same)()
+class EchoChain:
+    """The four hop processes, started and stopped with the object, and one bidi stream to G
+    on the caller's event loop (`open`): `round_trip` times one message through the chain.
+    The skeleton bench interleaves its round trips with `help`'s, so that both are timed in
+    the same moments of a machine whose speed drifts."""
+
+    def __init__(self) -> None:
+        self._processes: list[subprocess.Popen[str]] = []
+        self._channel: grpc.aio.Channel | None = None
+        self._call: Any = None
+
+    def __enter__(self) -> EchoChain:
+        try:
+            s, s_port = _start_hop([])
+            self._processes.append(s)
+            r, r_port = _start_hop([])
+            self._processes.append(r)
+            e, e_port = _start_hop([s_port])
+            self._processes.append(e)
+            g, self._port = _start_hop([r_port, e_port])
+            self._processes.append(g)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for process in self._processes:
+            process.terminate()
+        for process in self._processes:
+            process.wait(10)
+
+    def cpu_seconds(self) -> float:
+        """CPU the four hops have spent so far."""
+        return sum(cpu_seconds(process.pid) for process in self._processes)
+
+    async def open(self) -> None:
+        """Opens the stream to G and warms the chain up."""
+        self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{self._port}")
+        await self._channel.channel_ready()
+        self._call = self._channel.stream_stream(f"/{_SERVICE}/Stream", _same, _same)()
         for _ in range(WARM_UP):
-            await call.write(PAYLOAD)
-            await call.read()
-        cpu = sum(cpu_seconds(pid) for pid in pids) + time.process_time()
+            await self.round_trip()
+
+    async def round_trip(self) -> float:
+        """One message through the chain and back, in ms."""
+        start = time.perf_counter()
+        await self._call.write(PAYLOAD)
+        await self._call.read()
+        return (time.perf_counter() - start) * 1000
+
+    async def close(self) -> None:
+        if self._call is not None:
+            await self._call.done_writing()
+        if self._channel is not None:
+            await self._channel.close()
+
+
+async def _time_chain(
+    chain: EchoChain, n: int, pause: float
+) -> tuple[list[float], float, list[float]]:
+    """n round trips after the warm-up; the CPU every process (the four hops and this client)
+    spent per round trip, in ms; and, with `pause`, n more round trips `pause` seconds apart."""
+    await chain.open()
+    try:
+        cpu = chain.cpu_seconds() + time.process_time()
         samples = []
         for i in range(n):
-            start = time.perf_counter()
-            await call.write(PAYLOAD)
-            await call.read()
-            samples.append((time.perf_counter() - start) * 1000)
+            samples.append(await chain.round_trip())
             progress(i + 1, n, "echo chain")
-        cpu = sum(cpu_seconds(pid) for pid in pids) + time.process_time() - cpu
+        cpu = chain.cpu_seconds() + time.process_time() - cpu
         paced = []
         for i in range(n if pause else 0):
             await asyncio.sleep(pause)
-            start = time.perf_counter()
-            await call.write(PAYLOAD)
-            await call.read()
-            paced.append((time.perf_counter() - start) * 1000)
+            paced.append(await chain.round_trip())
             progress(i + 1, n, "echo chain, paced")
-        await call.done_writing()
+    finally:
+        await chain.close()
     return samples, 1000 * cpu / n, paced
 
 
@@ -127,24 +175,8 @@ def measure_echo_chain(n: int = 1000, pause: float = 0.0) -> dict[str, Any]:
     figures (n, p50_ms, p90_ms, p99_ms, ...), `cpu_ms_per_round_trip` of all five processes,
     and the samples themselves under `samples_ms`; with `pause`, as many round trips `pause`
     seconds apart under `paced_samples_ms` (a player's pace: processes idle in between)."""
-    started: list[subprocess.Popen[str]] = []
-    try:
-        s, s_port = _start_hop([])
-        started.append(s)
-        r, r_port = _start_hop([])
-        started.append(r)
-        e, e_port = _start_hop([s_port])
-        started.append(e)
-        g, g_port = _start_hop([r_port, e_port])
-        started.append(g)
-        samples, cpu_ms, paced = asyncio.run(
-            _time_chain(g_port, n, [p.pid for p in started], pause)
-        )
-    finally:
-        for process in started:
-            process.terminate()
-        for process in started:
-            process.wait(10)
+    with EchoChain() as chain:
+        samples, cpu_ms, paced = asyncio.run(_time_chain(chain, n, pause))
     return {
         **summarize(samples),
         "cpu_ms_per_round_trip": round(cpu_ms, 3),

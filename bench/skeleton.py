@@ -1,6 +1,6 @@
 """Start-up time of the whole stack and the round trip of a help request.
 
-    python -m bench.skeleton [--starts 5] [--requests 100] [--out DIR]
+    python -m bench.skeleton [--starts 5] [--requests 200] [--out DIR]
 
 Starts the five services as processes (as `make run` does) several times and times each start
 until all answer SERVING and a game server is welcomed. Then, on one running stack, it times
@@ -9,7 +9,10 @@ measured in the same run, each hop alone: a health check of the gateway (the tra
 floor), router.Route, engine.Execute and storage.AppendHistory; and, as a peer, the same
 hops with nothing behind them: a plain `grpc.aio` echo chain of four processes arranged like
 the help path (bench/peers.py), recorded as `help p50 / echo chain p50` (target at most
-2). Results go to bench/results/skeleton.{json,md,png}.
+2). The chain runs beside the stack and the two take turns (of `TURN_SECONDS` back to
+back, of one call at a player's pace): on a 2-core machine whose speed drifts, each timed
+in a stretch of its own gave ratios 1.7-2.5x a minute apart. Results go to
+bench/results/skeleton.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from system.router.v1 import router_pb2, router_pb2_grpc
 from system.storage.v1 import storage_pb2, storage_pb2_grpc
 
 from bench.machine import describe_machine
-from bench.peers import measure_echo_chain
+from bench.peers import EchoChain
 from bench.report import progress, summarize
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
@@ -51,6 +54,9 @@ ECHO_PACED = "peer: the echo chain, one every 50 ms"
 ECHO_TARGET = 2.0
 """Issue 16: help's p50 at most this many times the echo chain's."""
 PLAYER = "00000000-0000-4000-8000-00000000be00"
+TURN_SECONDS = 0.1
+"""Back to back, help and the echo chain take turns of this long: their ratio moved 1.5-2.7x
+between runs minutes apart when each was timed in one stretch of its own."""
 
 
 async def _time(
@@ -68,6 +74,44 @@ async def _time(
         samples.append((time.perf_counter() - start) * 1000)
         progress(i + 1, n, label)
     return samples
+
+
+async def _interleaved(
+    label: str, n: int, ours: Callable[[], Awaitable[Any]], chain: EchoChain, pause: float
+) -> tuple[list[float], list[float], float]:
+    """`n` help round trips and `n` through the echo chain, taking turns: back to back each
+    runs for `TURN_SECONDS` while the other waits (equal turns, so each side's processes sit
+    idle as long before their turn), paced one call each, `pause` seconds before every call.
+    Also the CPU the chain's processes and this client spent per chain round trip, in ms
+    (back to back only, else 0)."""
+    for _ in range(5):  # warm-up: connections, caches, first-call imports
+        await ours()
+    help_ms: list[float] = []
+    echo_ms: list[float] = []
+    echo_cpu = 0.0
+
+    async def turn(call: Callable[[], Awaitable[float]], samples: list[float]) -> None:
+        ends = time.perf_counter() + TURN_SECONDS
+        while True:
+            if pause:
+                await asyncio.sleep(pause)
+            samples.append(await call())
+            if pause or time.perf_counter() >= ends:
+                return
+
+    async def timed_help() -> float:
+        start = time.perf_counter()
+        await ours()
+        return (time.perf_counter() - start) * 1000
+
+    while len(help_ms) < n or len(echo_ms) < n:
+        await turn(timed_help, help_ms)
+        cpu = chain.cpu_seconds() + time.process_time()
+        await turn(chain.round_trip, echo_ms)
+        echo_cpu += chain.cpu_seconds() + time.process_time() - cpu
+        progress(min(len(help_ms), len(echo_ms), n), n, label)
+    # Each side's first n (the side that is quicker per call makes more in its turns).
+    return help_ms[:n], echo_ms[:n], 0.0 if pause else 1000 * echo_cpu / len(echo_ms)
 
 
 async def _connect(stack: Stack) -> tuple[GameServerClient, float]:
@@ -92,8 +136,12 @@ def measure_starts(count: int) -> list[float]:
     return seconds
 
 
-async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
+async def measure_paths(
+    stack: Stack, n: int, chain: EchoChain
+) -> tuple[dict[str, list[float]], float]:
+    """Each path's round trips, and the echo chain's CPU per round trip (ms)."""
     client, _ = await _connect(stack)
+    await chain.open()
     await client.join(PLAYER, "Bench", "en_us")
     player = common_pb2.PlayerContext(server_id="sim", player_id=PLAYER, language="en")
     action = common_pb2.ModuleAction(module_id="system:help", input=struct_pb2.Struct())
@@ -109,7 +157,7 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
     engine = engine_pb2_grpc.EngineServiceStub(channels["engine"])
     storage = storage_pb2_grpc.StorageServiceStub(channels["storage"])
     try:
-        return {
+        paths = {
             "gateway health check (transport floor)": await _time(
                 "health check", n, lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5)
             ),
@@ -142,13 +190,19 @@ async def measure_paths(stack: Stack, n: int) -> dict[str, list[float]]:
                     metadata=gateway_credential,
                 ),
             ),
-            HELP: await _time("help via gateway", n, lambda: client.chat(PLAYER, "help")),
-            HELP_PACED: await _time(
-                "help, paced", n, lambda: client.chat(PLAYER, "help"), pause=PACE_SECONDS
-            ),
         }
+
+        async def chat() -> None:
+            await client.chat(PLAYER, "help")
+
+        paths[HELP], paths[ECHO], echo_cpu = await _interleaved("help and echo", n, chat, chain, 0)
+        paths[HELP_PACED], paths[ECHO_PACED], _ = await _interleaved(
+            "help and echo, paced", n, chat, chain, PACE_SECONDS
+        )
+        return paths, echo_cpu
     finally:
         await client.close()
+        await chain.close()
         for channel in channels.values():
             await channel.close()
 
@@ -186,23 +240,19 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--starts", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     starts = measure_starts(args.starts)
-    with tempfile.TemporaryDirectory() as data:
+    with tempfile.TemporaryDirectory() as data, EchoChain() as chain:
         stack = Stack(Path(data))
         stack.start(timeout=60)
         try:
-            paths = asyncio.run(measure_paths(stack, args.requests))
+            paths, echo_cpu = asyncio.run(measure_paths(stack, args.requests, chain))
             rss = {spec.name: _rss_mib(stack.processes[spec.name].process.pid) for spec in SERVICES}
         finally:
             stack.stop()
-    # The peer, in the same run with the stack stopped: the same hops with nothing behind them.
-    echo = measure_echo_chain(args.requests, pause=PACE_SECONDS)
-    paths[ECHO] = echo.pop("samples_ms")
-    paths[ECHO_PACED] = echo.pop("paced_samples_ms")
 
     summaries = {name: summarize(samples) for name, samples in paths.items()}
     ratio = round(summaries[HELP]["p50_ms"] / summaries[ECHO]["p50_ms"], 2)
@@ -220,7 +270,7 @@ def main() -> int:
             name: {**summary, "p50_vs_floor": round(summary["p50_ms"] / floor, 2)}
             for name, summary in summaries.items()
         },
-        "echo_chain_cpu_ms_per_round_trip": echo["cpu_ms_per_round_trip"],
+        "echo_chain_cpu_ms_per_round_trip": round(echo_cpu, 3),
         "help_p50_over_echo_chain_p50": {
             "value": ratio,
             "target_at_most": ECHO_TARGET,
@@ -260,13 +310,14 @@ def main() -> int:
         f"player's pace (target ≤ {ECHO_TARGET}×: "
         f"{'met' if ratio <= ECHO_TARGET else 'not met'} / "
         f"{'met' if paced_ratio <= ECHO_TARGET else 'not met'}; each against the echo chain "
-        "timed the same way). Help takes no player lease and makes its one storage call, the "
+        f"timed the same way, the two taking turns of {TURN_SECONDS} s back to back and of one "
+        "call at a player's pace). Help takes no player lease and makes its one storage call, the "
         "run's finish, after the reply (decision 0020); processes idle between paced requests "
         "answer a little slower, the peer's as ours. The echo chain (bench/peers.py) is "
         "four `grpc.aio` processes on raw bytes arranged like help's path: one message on a "
         "bidi stream to G, which calls R then E (unary), E calling S (unary) before it "
         "answers, ~200-byte answers; all five processes spent "
-        f"{echo['cpu_ms_per_round_trip']} ms CPU per round trip.",
+        f"{round(echo_cpu, 3)} ms CPU per round trip.",
         "",
         "Resident memory after the run (MiB): " + ", ".join(f"{k} {v}" for k, v in rss.items()),
         "",
