@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     DateTime,
     Engine,
@@ -47,7 +48,12 @@ class Base(DeclarativeBase):
 
 
 class HistoryRow(Base):
-    """One conversation-history entry. `result` is an encoded system.common.v1.AgentResult."""
+    """One conversation-history entry. `result` is an encoded system.common.v1.AgentResult.
+
+    `seq` and `bytes_through` count the player's entries and their bytes from some start up to
+    and including this one (each insert adds to the player's newest entry's); only their
+    differences mean something: the entries and bytes from one entry to the newest, which
+    eviction reads from the oldest entries alone instead of summing the whole history."""
 
     __tablename__ = "history_entries"
     __table_args__ = (Index("ix_history_player_id", "player_id", "id"),)
@@ -60,6 +66,8 @@ class HistoryRow(Base):
     request_id: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    bytes_through: Mapped[int] = mapped_column(BigInteger)
 
 
 class PreferenceRow(Base):

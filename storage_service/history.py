@@ -22,9 +22,9 @@ from sqlalchemy import (
     exists,
     func,
     insert,
-    or_,
     select,
     text,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,6 +36,7 @@ from storage_service.db import HistoryRow, PreferenceRow, rowcount, table_of, up
 from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.intent_cache import invalidate as invalidate_intents
+from storage_service.ledgers import lock_player
 from storage_service.pages import PageTokens
 from storage_service.validation import check_player_id
 
@@ -76,23 +77,41 @@ _PAGES = PageTokens("h")
 _HISTORY = table_of(HistoryRow)
 _PREFERENCES = table_of(PreferenceRow)
 _ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
-_INSERT_ENTRY = FastStatement(insert(_HISTORY), column_keys=_ENTRY_COLUMNS)
+_PLAYER = bindparam("player_id", type_=String)
 # Every interactive run's finish asks it first (a retried finish must not append twice).
 _NEWEST_REQUEST_ID = FastStatement(
     select(_HISTORY.c.request_id)
-    .where(_HISTORY.c.player_id == bindparam("player_id", type_=String))
+    .where(_HISTORY.c.player_id == _PLAYER)
     .order_by(_HISTORY.c.id.desc())
     .limit(1)
 )
-# Every interactive request appends its exchange, so the append is three statements: the first
-# entry inserted only if the player has not turned history off (its row count says which),
-# the others, and one DELETE of what no longer fits.
+
+
+def _newest(column: str) -> Any:
+    """The player's newest entry's running total `column` (0 without history)."""
+    newest = (
+        select(_HISTORY.c[column])
+        .where(_HISTORY.c.player_id == _PLAYER)
+        .order_by(_HISTORY.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    return func.coalesce(newest, 0)
+
+
+# SQLite: every interactive request appends its exchange, one statement an entry: inserted
+# only if the player has not turned history off (the first one's row count says which), its
+# running totals one past the player's newest entry's; then one DELETE of what no longer fits.
 _INSERT_IF_ENABLED = FastStatement(
     insert(_HISTORY).from_select(
-        _ENTRY_COLUMNS,
-        select(*(bindparam(name, type_=_HISTORY.c[name].type) for name in _ENTRY_COLUMNS)).where(
+        [*_ENTRY_COLUMNS, "seq", "bytes_through"],
+        select(
+            *(bindparam(name, type_=_HISTORY.c[name].type) for name in _ENTRY_COLUMNS),
+            _newest("seq") + 1,
+            _newest("bytes_through") + bindparam("size_bytes", type_=Integer),
+        ).where(
             ~exists().where(
-                _PREFERENCES.c.player_id == bindparam("player_id", type_=String),
+                _PREFERENCES.c.player_id == _PLAYER,
                 _PREFERENCES.c.history_enabled.is_(False),
             )
         ),
@@ -108,10 +127,17 @@ _INSERT_IF_ENABLED = FastStatement(
 _INSERT_ALL_IF_ENABLED = FastStatement(
     text(
         f"""
-INSERT INTO {_HISTORY.name} (player_id, role, text, result, request_id, size_bytes, created_at)
-SELECT :player_id, v.role, v.text, v.result, v.request_id, v.size_bytes, v.created_at
+INSERT INTO {_HISTORY.name}
+    (player_id, role, text, result, request_id, size_bytes, created_at, seq, bytes_through)
+SELECT :player_id, v.role, v.text, v.result, v.request_id, v.size_bytes, v.created_at,
+       coalesce(newest.seq, 0) + v.n,
+       coalesce(newest.bytes_through, 0) + sum(v.size_bytes) OVER (ORDER BY v.n)
 FROM unnest(:roles, :texts, :results, :request_ids, :sizes, :created)
      WITH ORDINALITY AS v(role, text, result, request_id, size_bytes, created_at, n)
+LEFT JOIN (
+    SELECT seq, bytes_through FROM {_HISTORY.name}
+    WHERE player_id = :player_id ORDER BY id DESC LIMIT 1
+) AS newest ON TRUE
 WHERE NOT EXISTS (
     SELECT 1 FROM {_PREFERENCES.name}
     WHERE player_id = :player_id AND history_enabled IS FALSE
@@ -130,26 +156,41 @@ ORDER BY v.n"""
 
 
 def _evict_statement() -> FastStatement:
-    """Deletes the player's oldest entries until both bounds hold: counted from the newest, an
-    entry goes when the entries or bytes up to it exceed a bound (both only grow with age, so
-    what goes is always the oldest ones)."""
-    newest_first = _HISTORY.c.id.desc()
-    ranked = (
-        select(
-            _HISTORY.c.id,
-            func.count().over(order_by=newest_first).label("entries"),
-            func.sum(_HISTORY.c.size_bytes).over(order_by=newest_first).label("bytes"),
+    """Deletes the player's oldest entries until both bounds hold. The entries kept are those
+    from the oldest one whose running totals, set against the newest entry's, leave at most
+    `max_entries` entries and `max_bytes` bytes from it to the newest: found walking the
+    player's entries from the oldest, so an append reads the entries it evicts and one more,
+    not the whole history. None fits (a bound lowered below the newest entry): all go."""
+    newest = (
+        select(_HISTORY.c.seq, _HISTORY.c.bytes_through)
+        .where(_HISTORY.c.player_id == _PLAYER)
+        .order_by(_HISTORY.c.id.desc())
+        .limit(1)
+        .subquery("newest")
+    )
+    kept = _HISTORY.alias("kept")
+    oldest_kept = (
+        select(kept.c.id)
+        .select_from(kept.join(newest, true()))
+        .where(
+            kept.c.player_id == _PLAYER,
+            newest.c.seq - kept.c.seq < bindparam("max_entries", type_=Integer),
+            newest.c.bytes_through - kept.c.bytes_through + kept.c.size_bytes
+            <= bindparam("max_bytes", type_=BigInteger),
         )
-        .where(_HISTORY.c.player_id == bindparam("player_id", type_=String))
-        .subquery()
+        .order_by(kept.c.id)
+        .limit(1)
+        .scalar_subquery()
     )
-    over = or_(
-        ranked.c.entries > bindparam("max_entries", type_=Integer),
-        ranked.c.bytes > bindparam("max_bytes", type_=BigInteger),
+    return FastStatement(
+        delete(_HISTORY).where(
+            _HISTORY.c.player_id == _PLAYER,
+            _HISTORY.c.id < func.coalesce(oldest_kept, _BEYOND_EVERY_ID),
+        )
     )
-    return FastStatement(delete(_HISTORY).where(_HISTORY.c.id.in_(select(ranked.c.id).where(over))))
 
 
+_BEYOND_EVERY_ID = 2**62
 _EVICT = _evict_statement()
 
 
@@ -225,13 +266,17 @@ class ConversationStore:
         """Appends `rows` (from `rows`) in the session's transaction, unless the player turned
         history off, and evicts what no longer fits. Returns (recorded, evicted)."""
         # Every interactive request appends its exchange: statements on the driver's cursor
-        # (storage_service.fastsql) rather than ORM objects and a flush.
+        # (storage_service.fastsql) rather than ORM objects and a flush. The running totals
+        # go on from the newest entry's, so the player's appends take turns (on PostgreSQL
+        # at the player's lock, which a grouped FinishRun already holds; SQLite's writers
+        # always take turns).
+        lock_player(session, player_id)
         if is_postgresql(session):
             return self._append_pipelined(session, player_id, rows)
         if _INSERT_IF_ENABLED.execute(session, rows[0]).rowcount == 0:
             return False, 0  # the player turned history off
         for row in rows[1:]:
-            _INSERT_ENTRY.execute(session, row)
+            _INSERT_IF_ENABLED.execute(session, row)
         return True, self._evict(session, player_id)
 
     def newest_request_id(self, session: Session, player_id: str) -> str | None:

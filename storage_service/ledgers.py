@@ -11,7 +11,7 @@ drained.
 
 Concurrency: on SQLite every write transaction starts with BEGIN IMMEDIATE (see db.py), so
 writers are serialized. On PostgreSQL (READ COMMITTED) writes that change a player's ledgers
-take a transaction-scoped advisory lock on the player first (`_lock_player`, or with the
+take a transaction-scoped advisory lock on the player first (`lock_player`, or with the
 lookup of the row's owner, `_owner_locked`), so dedupe by event key and the bounds hold under
 concurrent writers.
 
@@ -65,6 +65,7 @@ __all__ = [
     "Writes",
     "check_noted_fence",
     "lock_in_order",
+    "lock_player",
     "receipt_size",
     "task_size",
 ]
@@ -146,7 +147,7 @@ def _ledgers_held(session: Session, player_id: str) -> bool:
     return not is_postgresql(session) or player_id in _locks_held(session)
 
 
-def _lock_player(session: Session, player_id: str) -> None:
+def lock_player(session: Session, player_id: str) -> None:
     """Serializes writers of one player's ledgers until the transaction ends (PostgreSQL; on
     SQLite BEGIN IMMEDIATE already serializes every writer). Taken once per transaction."""
     if not is_postgresql(session):
@@ -170,7 +171,7 @@ class Writes(NamedTuple):
 
 
 # Every named player's ledger lock, one by one in the order of the locks' ids (`ordered` is
-# materialized in that order, and `locked` takes the locks as it reads it). What _lock_player
+# materialized in that order, and `locked` takes the locks as it reads it). What lock_player
 # takes, so a unit's own lock calls find it held; with each player, the named tasks and steps
 # found to be theirs, so a unit's own owner lookup (_owner_locked) is not sent again. Then the
 # named fences' lease rows, share-locked as check_fence locks them: only once every lock is
@@ -445,7 +446,7 @@ def _owner_locked(
     session: Session, queries: tuple[FastStatement, FastStatement], key: str
 ) -> str | None:
     """The player owning the task or receipt `key`, with the player's ledger lock held (see
-    _lock_player); None when there is no such row (and no lock is taken). Not asked again
+    lock_player); None when there is no such row (and no lock is taken). Not asked again
     when the transaction's `lock_in_order` found the owner and took their lock (an owner
     never changes; a row deleted since, which only its owner's lock holder can do, is found
     missing by the caller's next statement)."""

@@ -69,10 +69,10 @@ from storage_service.ledgers import (
     JournalBounds,
     _check_owner,
     _ledger_query,
-    _lock_player,
     _make_room_for_receipts,
     _owner_locked,
     _param,
+    lock_player,
     receipt_size,
 )
 
@@ -362,7 +362,7 @@ def record_step(
             raise _no_task(task_id)
     # Under the player's lock, one statement reads the rest: the receipt if it exists already
     # (an earlier or concurrent recording), the task and the player's receipt ledger.
-    _lock_player(session, owner)
+    lock_player(session, owner)
     size = receipt_size(step_id, task_id, owner, tool, "", None)
     receipt = _running_receipt(step_id, task_id, owner, position, tool, size, now)
     written = _written(bounds, receipt, then, now)
@@ -442,7 +442,7 @@ def complete_step(
         owner = _owner_locked(session, (_STEP_OWNER, _STEP_OWNER_LOCKING), step_id)
     found = None
     if owner is not None:
-        _lock_player(session, owner)
+        lock_player(session, owner)
         done = _COMPLETE_FAST.execute(
             session, _complete_params(bounds, now, step_id, owner, tool, result, codec_id)
         ).first()

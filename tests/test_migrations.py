@@ -10,8 +10,12 @@ from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+from sqlalchemy.orm import sessionmaker
+from system.common.v1 import common_pb2
 
 from storage_service.db import make_engine
+from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.migrate import current_revision, head_revision, upgrade
 from storage_service.schema import include_name, metadata
 
@@ -56,3 +60,45 @@ def test_migrate_command_upgrades_and_reports(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     assert f"schema at {head_revision()} (was empty)" in first.stdout
     assert run("--current").stdout.strip() == head_revision()
+
+
+def test_history_running_totals_are_numbered_for_the_entries_already_stored(
+    fresh_database_url: str,
+) -> None:
+    """Revision 0013 numbers each player's stored entries from their oldest, so the first
+    append after the upgrade evicts exactly what no longer fits."""
+    engine = make_engine(fresh_database_url)
+    try:
+        upgrade(engine, "0012")
+        with engine.begin() as connection:
+            for player, sizes in (("steve", [10, 20, 30, 40]), ("alex", [5])):
+                for size in sizes:
+                    connection.execute(
+                        text(
+                            "INSERT INTO history_entries (player_id, role, text, request_id, "
+                            "size_bytes, created_at) VALUES (:p, 1, :t, '', :s, :c)"
+                        ),
+                        {"p": player, "t": "x" * size, "s": size, "c": "2026-12-01 00:00:00"},
+                    )
+        upgrade(engine)
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT player_id, seq, bytes_through FROM history_entries "
+                    "ORDER BY player_id, id"
+                )
+            ).all()
+        assert [tuple(row) for row in rows] == [
+            ("alex", 1, 5),
+            ("steve", 1, 10),
+            ("steve", 2, 30),
+            ("steve", 3, 60),
+            ("steve", 4, 100),
+        ]
+        # 100 stored bytes + 25 > 110: the oldest two go (20 + 30 + 40 + 25 = 115 is still over).
+        store = ConversationStore(sessionmaker(engine), HistoryBounds(10, 110, 100))
+        entry = common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="y" * 25)
+        assert store.append("steve", [entry]) == (True, 2)
+        assert [len(e.text) for e in store.list("steve", 10, "")[0]] == [30, 40, 25]
+    finally:
+        engine.dispose()

@@ -264,6 +264,20 @@ def test_single_entry_over_the_byte_bound_is_rejected(sessions: sessionmaker) ->
     assert _texts(_list_all(store, player)) == ["keep"]
 
 
+def test_a_bound_lowered_under_what_is_stored_keeps_what_fits_of_the_newest(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    player = _player()
+    ConversationStore(sessions, HistoryBounds(10, 1000, 100)).append(
+        player, [_entry("a" * 40), _entry("b" * 60)]
+    )
+    # An operator lowered the byte bound under the 60 bytes the newest stored entry holds:
+    # beside the next append (20 bytes) neither stored entry fits, so both go.
+    lowered = ConversationStore(sessions, HistoryBounds(10, 50, 100))
+    assert lowered.append(player, [_entry("c" * 20)]) == (True, 2)
+    assert _texts(_list_all(lowered, player)) == ["c" * 20]
+
+
 def test_eviction_never_touches_other_players(sessions: sessionmaker) -> None:  # type: ignore[type-arg]
     store = ConversationStore(sessions, HistoryBounds(2, 1_000_000, 100))
     alice, bob = _player(), _player()
@@ -664,22 +678,27 @@ def _size(entry: common_pb2.HistoryEntry) -> int:
     max_entries=st.integers(min_value=1, max_value=6),
     max_bytes=st.integers(min_value=20, max_value=120),
     max_text_chars=st.integers(min_value=8, max_value=40),
-    batches=st.lists(st.lists(_spec, min_size=1, max_size=3), min_size=2, max_size=12),
+    batches=st.lists(st.none() | st.lists(_spec, min_size=1, max_size=3), min_size=2, max_size=12),
 )
 def test_bounded_history_matches_model(
     model_sessions: sessionmaker,  # type: ignore[type-arg]
     max_entries: int,
     max_bytes: int,
     max_text_chars: int,
-    batches: list[list[tuple[int, str, int | None]]],
+    batches: list[list[tuple[int, str, int | None]] | None],
 ) -> None:
     """After every append the stored history is the model's: the newest entries that fit both
-    bounds, oldest first; a batch with an invalid entry changes nothing."""
+    bounds, oldest first; a batch with an invalid entry changes nothing; a clear (None) empties
+    it, and the running totals eviction reads go on from nothing."""
     store = ConversationStore(model_sessions, HistoryBounds(max_entries, max_bytes, max_text_chars))
     player = _player()
     model: list[common_pb2.HistoryEntry] = []  # oldest first
     serial = 0
     for specs in batches:
+        if specs is None:
+            store.clear(player)
+            model.clear()
+            continue
         batch = [_make(serial + i, spec) for i, spec in enumerate(specs)]
         serial += len(batch)
         if any(len(e.text) > max_text_chars or _size(e) > max_bytes for e in batch):
