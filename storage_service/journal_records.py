@@ -93,7 +93,9 @@ class TaskRow(Base):
     __tablename__ = "journal_tasks"
     __table_args__ = (
         UniqueConstraint("player_id", "event_key", name="uq_journal_tasks_event"),
-        Index("ix_journal_tasks_player", "player_id", "seq"),
+        # Covering on PostgreSQL: every write that adds to a player's tasks sums their sizes
+        # (the ledger's bound), from the index alone (migration 0014).
+        Index("ix_journal_tasks_player", "player_id", "seq", postgresql_include=["size_bytes"]),
         Index("ix_journal_tasks_state", "state", "seq"),
     )
 
@@ -117,7 +119,9 @@ class ReceiptRow(Base):
 
     __tablename__ = "journal_receipts"
     __table_args__ = (
-        Index("ix_journal_receipts_player", "player_id", "seq"),
+        # Covering on PostgreSQL, as the tasks' (migration 0014): a player's receipt ledger is
+        # summed for every receipt written.
+        Index("ix_journal_receipts_player", "player_id", "seq", postgresql_include=["size_bytes"]),
         Index("ix_journal_receipts_task", "task_id"),
     )
 

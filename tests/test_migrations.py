@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
@@ -100,5 +101,28 @@ def test_history_running_totals_are_numbered_for_the_entries_already_stored(
         entry = common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="y" * 25)
         assert store.append("steve", [entry]) == (True, 2)
         assert [len(e.text) for e in store.list("steve", 10, "")[0]] == [30, 40, 25]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_ledger_indexes_cover_the_sizes_on_postgresql(postgres_url: str) -> None:
+    """Revision 0014: a player's task and receipt sizes are summed from the index alone
+    (Alembic's comparison above does not look at INCLUDE columns, so this does)."""
+    engine = make_engine(postgres_url)
+    try:
+        upgrade(engine)
+        with engine.connect() as connection:
+            definitions = dict(
+                connection.execute(
+                    text(
+                        "SELECT indexname, indexdef FROM pg_indexes WHERE indexname IN "
+                        "('ix_journal_tasks_player', 'ix_journal_receipts_player')"
+                    )
+                ).all()
+            )
+        assert len(definitions) == 2
+        for definition in definitions.values():
+            assert definition.endswith("(player_id, seq) INCLUDE (size_bytes)"), definition
     finally:
         engine.dispose()
