@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -48,6 +48,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import TypeEngine
@@ -290,23 +291,56 @@ def _fits(count: int, total: int, add_count: int, add_bytes: int, limits: tuple[
     )
 
 
+_Candidate = Row[*tuple[Any, ...]]
+"""An evictable entry: its seq and size first (a task's id after them)."""
+
+
 def _choose_evictions(
     count: int,
     total: int,
     add_count: int,
     add_bytes: int,
     limits: tuple[int, int],
-    candidates: Sequence[tuple[int, int]],
-) -> list[int] | None:
-    """Seqs to evict, oldest first, so the addition fits; None when it cannot fit."""
-    doomed: list[int] = []
-    for seq, size in candidates:
+    candidates: Iterable[_Candidate],
+) -> list[_Candidate] | None:
+    """The candidates (rows whose first two columns are seq and size) to evict, oldest first,
+    so the addition fits; None when it cannot fit. Reads `candidates` only as far as it must."""
+    doomed: list[_Candidate] = []
+    for candidate in candidates:
         if _fits(count, total, add_count, add_bytes, limits):
             break
-        doomed.append(seq)
+        doomed.append(candidate)
         count -= 1
-        total -= size
+        total -= candidate[1]
     return doomed if _fits(count, total, add_count, add_bytes, limits) else None
+
+
+def _oldest_first(
+    session: Session,
+    query: Select[*tuple[Any, ...]],
+    seq: InstrumentedAttribute[int],
+    first: int,
+) -> Iterator[_Candidate]:
+    """The rows of `query` in `seq` order, read in pages (the first of `first` rows, then
+    growing): a player at a bound evicts an entry or two per write, and reading every
+    evictable entry of a full ledger (a thousand tasks, five thousand receipts) to find them
+    cost milliseconds a write."""
+    size, after = max(first, 1) + _PAGE_SLACK, None
+    while True:
+        page = query.order_by(seq).limit(size)
+        if after is not None:
+            page = page.where(seq > after)
+        rows = session.execute(page).all()
+        yield from rows
+        if len(rows) < size:
+            return
+        after, size = rows[-1][0], min(size * 4, _MAX_PAGE)
+
+
+_PAGE_SLACK = 8
+"""Candidates read beyond the entries the count bound alone asks to evict (the bytes bound
+may ask for a few more)."""
+_MAX_PAGE = 1024
 
 
 _TASKS = table_of(TaskRow)
@@ -339,26 +373,22 @@ def _make_room_for_tasks(
     count, total = ledger
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
-    query = (
-        select(TaskRow.seq, TaskRow.size_bytes, TaskRow.task_id)
-        .where(TaskRow.player_id == player_id, TaskRow.state.in_(TERMINAL))
-        .order_by(TaskRow.seq)
+    query = select(TaskRow.seq, TaskRow.size_bytes, TaskRow.task_id).where(
+        TaskRow.player_id == player_id, TaskRow.state.in_(TERMINAL)
     )
     if exclude_seq is not None:
         query = query.where(TaskRow.seq != exclude_seq)
-    candidates = session.execute(query).all()
-    doomed = _choose_evictions(
-        count, total, add_count, add_bytes, limits, [(c.seq, c.size_bytes) for c in candidates]
-    )
+    candidates = _oldest_first(session, query, TaskRow.seq, count + add_count - limits[0])
+    doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
     if doomed is None:
         raise ResourceExhausted(
             f"STORAGE_FULL: player {player_id}'s task ledger holds {count} tasks in {total} bytes "
             f"(bounds {bounds.task_max_entries} tasks, {bounds.task_max_bytes} bytes) and not "
             "enough of them are finished to make room; finish or fail tasks before adding more"
         )
-    names = [f"task:{c.task_id}" for c in candidates[: len(doomed)]]
-    session.execute(delete(TaskRow).where(TaskRow.seq.in_(doomed)))
+    session.execute(delete(TaskRow).where(TaskRow.seq.in_([row.seq for row in doomed])))
     # The leases of evicted tasks go too (tokens stay increasing: see leases._micros).
+    names = [f"task:{row.task_id}" for row in doomed]
     session.execute(delete(LeaseRow).where(LeaseRow.name.in_(names)))
     return len(doomed)
 
@@ -398,11 +428,10 @@ def _make_room_for_receipts(
             ReceiptRow.player_id == player_id,
             or_(TaskRow.seq.is_(None), TaskRow.state.in_(TERMINAL)),
         )
-        .order_by(ReceiptRow.seq)
     )
     if exclude_seq is not None:
         query = query.where(ReceiptRow.seq != exclude_seq)
-    candidates = [(seq, size) for seq, size in session.execute(query)]
+    candidates = _oldest_first(session, query, ReceiptRow.seq, count + add_count - limits[0])
     doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
     if doomed is None:
         raise ResourceExhausted(
@@ -411,7 +440,7 @@ def _make_room_for_receipts(
             "bytes) and not enough of them belong to finished tasks to make room; finish or "
             "fail tasks before recording more steps"
         )
-    session.execute(delete(ReceiptRow).where(ReceiptRow.seq.in_(doomed)))
+    session.execute(delete(ReceiptRow).where(ReceiptRow.seq.in_([row.seq for row in doomed])))
     return len(doomed)
 
 

@@ -529,6 +529,31 @@ def test_task_bound_by_bytes(make_store: Callable[..., JournalStore]) -> None:
     assert len(_listed(store, player)) == 3
 
 
+def test_room_made_by_bytes_reads_the_oldest_tasks_page_after_page(
+    make_store: Callable[..., JournalStore],
+) -> None:
+    """Evictions are read oldest first in growing pages (9 rows, then 36): a task that needs
+    about twenty small ones gone evicts exactly as many of the oldest finished ones as it
+    needs, no more."""
+    player = _player()
+    probe = make_store()
+    small = [_task(probe, player, SUCCEEDED, key=f"e-{i:04}") for i in range(30)]
+    running = _task(probe, player, RUNNING, key="e-run")  # unfinished: never evicted
+    size = _size(small[0])
+    assert {_size(task) for task in small} == {size}
+    max_bytes = 31 * size + size // 2
+    store = make_store(task_max_entries=1000, task_max_bytes=max_bytes)
+    big, created, evicted = store.create_task(
+        player, MODULE, _input(pad="z" * (19 * size)), "e-big"
+    )
+    stored = 30 * size + _size(running)
+    needed = next(n for n in range(31) if stored - n * size + _size(big) <= max_bytes)
+    assert needed > 9  # more than the first page holds
+    assert created and evicted == needed
+    kept = [tid for tid, _ in _listed(store, player)]
+    assert kept == [t.task_id for t in small[needed:]] + [running.task_id, big.task_id]
+
+
 def test_task_result_growth_respects_the_byte_bound(
     make_store: Callable[..., JournalStore],
 ) -> None:
