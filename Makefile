@@ -72,6 +72,7 @@ test-fast: $(GEN_STAMP)
 bench: $(GEN_STAMP)
 	$(PYTHON) -m bench.skeleton
 	$(PYTHON) -m bench.storage
+	$(PYTHON) -m bench.ledgers
 	$(PYTHON) -m bench.router
 	$(PYTHON) -m bench.model_gateway
 	$(PYTHON) -m bench.engine --tasks 2999 --rounds 5
