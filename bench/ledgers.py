@@ -31,12 +31,12 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
-from system.storage.v1 import journal_pb2
 
 from bench.cpu import postgres_cpu_seconds
 from bench.databases import database
 from bench.machine import describe_machine
 from bench.report import progress
+from bench.storage import _step_requests
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
 from storage_service.group_commit import GroupCommitter
@@ -90,25 +90,6 @@ FROM generate_series(0, :count - 1) AS g"""
         autocommit.execute(text("VACUUM ANALYZE journal_receipts"))
 
 
-def _intent(player: str, task_id: str) -> journal_pb2.CommitRequest:
-    step_id = f"{task_id}/0"
-    return journal_pb2.CommitRequest(
-        request_id=f"{step_id}/running",
-        player_id=player,
-        operations=[
-            journal_pb2.CommitOperation(
-                receipt=journal_pb2.ReceiptWrite(
-                    step_id=step_id,
-                    task_id=task_id,
-                    position=0,
-                    tool="bench.tool",
-                    state=journal_pb2.STEP_STATE_RUNNING,
-                )
-            )
-        ],
-    )
-
-
 async def _block(
     store: JournalStore, committer: GroupCommitter, players: list[str], writes: int, label: str
 ) -> dict[str, dict[str, float]]:
@@ -126,7 +107,8 @@ async def _block(
 
     async def receipt(i: int) -> None:
         player, task_id = tasks[i]
-        response = await committer.run(store.commit_unit(_intent(player, task_id)))
+        intent, _ = _step_requests(player, task_id, 0)  # the step's intent, RUNNING
+        response = await committer.run(store.commit_unit(intent))
         assert response is not None
 
     for name, write in zip(WRITES, (create, receipt), strict=True):
