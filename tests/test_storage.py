@@ -8,6 +8,7 @@ import datetime as dt
 import pathlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -276,6 +277,31 @@ def test_a_bound_lowered_under_what_is_stored_keeps_what_fits_of_the_newest(
     lowered = ConversationStore(sessions, HistoryBounds(10, 50, 100))
     assert lowered.append(player, [_entry("c" * 20)]) == (True, 2)
     assert _texts(_list_all(lowered, player)) == ["c" * 20]
+
+
+def test_racing_appends_keep_the_running_totals_and_the_bound(
+    sessions: sessionmaker,  # type: ignore[type-arg]
+) -> None:
+    """Appends of one player from many threads take turns (on PostgreSQL at the player's
+    lock): every entry's totals follow the one before it, and the bound holds exactly."""
+    store = ConversationStore(sessions, HistoryBounds(5, 1_000_000, 100))
+    player = _player()
+
+    def appends(writer: int) -> None:
+        for i in range(6):
+            store.append(player, [_entry(f"{writer}-{i}"), _entry(f"{writer}-{i}", ASSISTANT)])
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        list(pool.map(appends, range(6)))
+    with sessions() as session:
+        rows = session.scalars(
+            select(HistoryRow).where(HistoryRow.player_id == player).order_by(HistoryRow.id)
+        ).all()
+    assert len(rows) == 5
+    for before, after in zip(rows, rows[1:], strict=False):
+        assert after.seq == before.seq + 1
+        assert after.bytes_through == before.bytes_through + after.size_bytes
+    assert rows[-1].seq == 6 * 6 * 2  # every entry counted once
 
 
 def test_eviction_never_touches_other_players(sessions: sessionmaker) -> None:  # type: ignore[type-arg]
