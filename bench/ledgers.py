@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import sessionmaker
 
 from bench.cpu import postgres_cpu_seconds
@@ -45,13 +45,12 @@ from storage_service.ledgers import JournalBounds
 from storage_service.migrate import upgrade
 
 RESULTS = Path(__file__).resolve().parent / "results"
-RECEIPTS_PER_TASK = 5
 KINDS = ("fresh", "full")
 WRITES = ("CreateTask", "receipt Commit")
 FULL = "bench/full-"
 
 
-def _fill(engine: Any, players: int, bounds: JournalBounds) -> None:
+def _fill(engine: Engine, players: int, bounds: JournalBounds) -> None:
     """Players FULL0 .. FULL<players - 1> at both count bounds: finished tasks, done
     receipts (task i's receipts are its player's, as the engine writes them)."""
     tasks = bounds.task_max_entries
@@ -109,7 +108,7 @@ async def _block(
         player, task_id = tasks[i]
         intent, _ = _step_requests(player, task_id, 0)  # the step's intent, RUNNING
         response = await committer.run(store.commit_unit(intent))
-        assert response is not None
+        assert not response.replayed
 
     for name, write in zip(WRITES, (create, receipt), strict=True):
         database_cpu, own_cpu = postgres_cpu_seconds() or 0.0, time.process_time()
@@ -149,11 +148,14 @@ async def _measure(url: str, players: int, writes: int, rounds: int) -> dict[str
         finally:
             committer.close()
         with engine.connect() as connection:
-            at_bound = connection.execute(
-                text("SELECT count(*) FROM journal_tasks WHERE player_id = :p"), {"p": full[0]}
-            ).scalar_one()
-        # Each creation of a full player evicted one finished task: still at the bound.
-        assert at_bound == bounds.task_max_entries, at_bound
+            at_bounds = tuple(
+                connection.execute(
+                    text(f"SELECT count(*) FROM {table} WHERE player_id = :p"), {"p": full[0]}
+                ).scalar_one()
+                for table in ("journal_tasks", "journal_receipts")
+            )
+        # Each write of a full player evicted one finished entry: still at both bounds.
+        assert at_bounds == (bounds.task_max_entries, bounds.receipt_max_entries), at_bounds
     finally:
         engine.dispose()
     medians = {
@@ -166,7 +168,12 @@ async def _measure(url: str, players: int, writes: int, rounds: int) -> dict[str
         }
         for kind in KINDS
     }
-    return {"fill_seconds": round(filled, 1), "rounds": runs, "medians": medians}
+    return {
+        "bounds": {"tasks": bounds.task_max_entries, "receipts": bounds.receipt_max_entries},
+        "fill_seconds": round(filled, 1),
+        "rounds": runs,
+        "medians": medians,
+    }
 
 
 def _markdown(results: dict[str, Any]) -> str:
@@ -235,7 +242,6 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder, database("postgres", Path(folder)) as url:
         measured = asyncio.run(_measure(url, args.players, args.writes, args.rounds))
-    bounds = JournalBounds()
     results = {
         "benchmark": "ledgers",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -244,7 +250,6 @@ def main() -> int:
         "players": args.players,
         "writes": args.writes,
         "rounds_run": args.rounds,
-        "bounds": {"tasks": bounds.task_max_entries, "receipts": bounds.receipt_max_entries},
         **measured,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ hops with nothing behind them: a plain `grpc.aio` echo chain of four processes a
 the help path (bench/peers.py), recorded as `help p50 / echo chain p50` (target at most
 2). The chain runs beside the stack and the two take turns (of `TURN_SECONDS` back to
 back, of one call at a player's pace): on a 2-core machine whose speed drifts, each timed
-in a stretch of its own gave ratios 1.7-2.5x a minute apart. Results go to
+in a stretch of its own gave ratios 1.5-2.7x minutes apart. Results go to
 bench/results/skeleton.{json,md,png}.
 """
 

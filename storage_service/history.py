@@ -87,16 +87,19 @@ _NEWEST_REQUEST_ID = FastStatement(
 )
 
 
+_NEWEST_TOTALS = (
+    select(_HISTORY.c.seq, _HISTORY.c.bytes_through)
+    .where(_HISTORY.c.player_id == _PLAYER)
+    .order_by(_HISTORY.c.id.desc())
+    .limit(1)
+)
+"""The running totals of the player's newest entry, which an append goes on from and which
+eviction sets every older entry's against."""
+
+
 def _newest(column: str) -> Any:
     """The player's newest entry's running total `column` (0 without history)."""
-    newest = (
-        select(_HISTORY.c[column])
-        .where(_HISTORY.c.player_id == _PLAYER)
-        .order_by(_HISTORY.c.id.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
-    return func.coalesce(newest, 0)
+    return func.coalesce(_NEWEST_TOTALS.with_only_columns(_HISTORY.c[column]).scalar_subquery(), 0)
 
 
 # SQLite: every interactive request appends its exchange, one statement an entry: inserted
@@ -155,19 +158,17 @@ ORDER BY v.n"""
 )
 
 
+_BEYOND_EVERY_ID = 2**62
+"""Past every entry's id: with no entry that may stay, every entry of the player goes."""
+
+
 def _evict_statement() -> FastStatement:
     """Deletes the player's oldest entries until both bounds hold. The entries kept are those
     from the oldest one whose running totals, set against the newest entry's, leave at most
     `max_entries` entries and `max_bytes` bytes from it to the newest: found walking the
     player's entries from the oldest, so an append reads the entries it evicts and one more,
     not the whole history. None fits (a bound lowered below the newest entry): all go."""
-    newest = (
-        select(_HISTORY.c.seq, _HISTORY.c.bytes_through)
-        .where(_HISTORY.c.player_id == _PLAYER)
-        .order_by(_HISTORY.c.id.desc())
-        .limit(1)
-        .subquery("newest")
-    )
+    newest = _NEWEST_TOTALS.subquery("newest")
     kept = _HISTORY.alias("kept")
     oldest_kept = (
         select(kept.c.id)
@@ -190,7 +191,6 @@ def _evict_statement() -> FastStatement:
     )
 
 
-_BEYOND_EVERY_ID = 2**62
 _EVICT = _evict_statement()
 
 
