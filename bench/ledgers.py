@@ -1,18 +1,20 @@
 """What a journal write costs for a player whose ledgers are full, against a fresh player.
 
-    python -m bench.ledgers [--players 200] [--writes 400] [--rounds 2] [--out DIR]
+    python -m bench.ledgers [--players 200] [--writers 8] [--writes 800] [--rounds 2] [--out DIR]
 
 Storage evicts a player's finished tasks and receipts only when a write would not fit, so an
 active player's ledgers fill to the bounds (1,000 tasks and 5,000 receipts by default) and
-stay there: every later write of theirs checks a full ledger and evicts to make room. The
-engine bench gives each player a handful of tasks; this bench measures the other end
-(decision 0042). On a fresh PostgreSQL database it fills `players` players to both bounds
-(finished tasks and done receipts, written with SQL, spread over the tables as many players'
-traffic would spread them; then VACUUM ANALYZE), and times, through the storage's
-JournalStore and GroupCommitter in this process (as the storage service runs its writes,
-without the gRPC hop), `writes` task creations and as many receipt writes (a step's intent,
-RUNNING, on the task just created) for those players and for as many fresh ones, the two
-kinds alternated `--rounds` times. Per write: PostgreSQL's CPU, this process's CPU (the
+stay there: every later write of theirs checks a full ledger, and one in so many evicts to
+make room (a 64th of the bound: decision 0043). The engine bench gives each player a handful
+of tasks; this bench measures the other end (decision 0042). On a fresh PostgreSQL database it
+fills `players` players to both bounds (finished tasks and done receipts, written with SQL,
+spread over the tables as many players' traffic would spread them; then VACUUM ANALYZE), and
+times, through the storage's JournalStore and GroupCommitter in this process (as the storage
+service runs its writes, without the gRPC hop), `writes` task creations and as many receipt
+writes (a step's intent, RUNNING, on the task just created) spread over `writers` of those
+players, and as many for as many fresh ones, the two kinds alternated `--rounds` times: each
+full writer makes many writes in a row, as an active player does, so the figures are the
+steady state's, evictions included. Per write: PostgreSQL's CPU, this process's CPU (the
 storage's share) and the wall time. Results go to bench/results/ledgers.{json,md,png}.
 """
 
@@ -41,7 +43,7 @@ from storage_service.config import StorageConfig
 from storage_service.db import make_engine
 from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalStore
-from storage_service.ledgers import JournalBounds
+from storage_service.ledgers import HEADROOM_SHARE, JournalBounds
 from storage_service.migrate import upgrade
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -126,7 +128,9 @@ async def _block(
     return figures
 
 
-async def _measure(url: str, players: int, writes: int, rounds: int) -> dict[str, Any]:
+async def _measure(
+    url: str, players: int, writers: int, writes: int, rounds: int
+) -> dict[str, Any]:
     bounds = JournalBounds.from_config(StorageConfig(database_url=url))
     engine = make_engine(url)
     try:
@@ -140,22 +144,27 @@ async def _measure(url: str, players: int, writes: int, rounds: int) -> dict[str
         try:
             runs: dict[str, list[dict[str, dict[str, float]]]] = {kind: [] for kind in KINDS}
             for round_ in range(rounds):
-                fresh = [f"bench/fresh-{round_}-{i}" for i in range(players)]
-                for kind, who in (("fresh", fresh), ("full", full)):
+                fresh = [f"bench/fresh-{round_}-{i}" for i in range(writers)]
+                for kind, who in (("fresh", fresh), ("full", full[:writers])):
                     runs[kind].append(
                         await _block(store, committer, who, writes, f"round {round_ + 1} {kind}")
                     )
         finally:
             committer.close()
         with engine.connect() as connection:
-            at_bounds = tuple(
-                connection.execute(
+            held = {
+                table: connection.execute(
                     text(f"SELECT count(*) FROM {table} WHERE player_id = :p"), {"p": full[0]}
                 ).scalar_one()
                 for table in ("journal_tasks", "journal_receipts")
-            )
-        # Each write of a full player evicted one finished entry: still at both bounds.
-        assert at_bounds == (bounds.task_max_entries, bounds.receipt_max_entries), at_bounds
+            }
+        # A full writer's writes evicted as they went: each ledger between the bound less its
+        # headroom and the bound.
+        for table, bound in (
+            ("journal_tasks", bounds.task_max_entries),
+            ("journal_receipts", bounds.receipt_max_entries),
+        ):
+            assert bound - bound // HEADROOM_SHARE <= held[table] <= bound, (table, held)
     finally:
         engine.dispose()
     medians = {
@@ -170,6 +179,10 @@ async def _measure(url: str, players: int, writes: int, rounds: int) -> dict[str
     }
     return {
         "bounds": {"tasks": bounds.task_max_entries, "receipts": bounds.receipt_max_entries},
+        "headroom": {
+            "tasks": bounds.task_max_entries // HEADROOM_SHARE,
+            "receipts": bounds.receipt_max_entries // HEADROOM_SHARE,
+        },
         "fill_seconds": round(filled, 1),
         "rounds": runs,
         "medians": medians,
@@ -186,10 +199,12 @@ def _markdown(results: dict[str, Any]) -> str:
         "",
         f"{results['players']} players filled to the default bounds "
         f"({results['bounds']['tasks']} finished tasks, {results['bounds']['receipts']} done "
-        f"receipts each; {results['fill_seconds']} s to fill), and as many fresh players; "
-        f"{results['writes']} writes of each kind per round, {results['rounds_run']} rounds, "
-        "the median of the rounds below. A full player's task creation evicts a finished task; "
-        "its receipt write evicts a receipt.",
+        f"receipts each; {results['fill_seconds']} s to fill); {results['writes']} writes of "
+        f"each kind per round spread over {results['writers']} of them and over as many fresh "
+        f"players, {results['rounds_run']} rounds, the median of the rounds below. A full "
+        "player's write that does not fit evicts, and frees a 64th of the bound beyond its "
+        f"need ({results['headroom']['tasks']} tasks, {results['headroom']['receipts']} "
+        "receipts): the figures are per write, the evicting ones included.",
         "",
         "| write | player | PostgreSQL CPU µs | storage CPU µs | wall p50 ms |",
         "|---|---|---:|---:|---:|",
@@ -236,18 +251,20 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--players", type=int, default=200)
-    parser.add_argument("--writes", type=int, default=400)
+    parser.add_argument("--writers", type=int, default=8)
+    parser.add_argument("--writes", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder, database("postgres", Path(folder)) as url:
-        measured = asyncio.run(_measure(url, args.players, args.writes, args.rounds))
+        measured = asyncio.run(_measure(url, args.players, args.writers, args.writes, args.rounds))
     results = {
         "benchmark": "ledgers",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": describe_machine(),
         "command": " ".join(["python -m bench.ledgers", *sys.argv[1:]]),
         "players": args.players,
+        "writers": args.writers,
         "writes": args.writes,
         "rounds_run": args.rounds,
         **measured,

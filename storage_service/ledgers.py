@@ -2,10 +2,12 @@
 and the player's ledger lock.
 
 A player's tasks and a player's receipts are each bounded by count and by encoded bytes. A
-write that adds an entry, or makes one larger (a task's final result, a step's result), first
-evicts the player's terminal entries oldest first (receipts: those whose task is terminal or
-gone); QUEUED, RUNNING and WAITING tasks and the receipts of such tasks are never evicted.
-When that is not enough the write fails with STORAGE_FULL and writes nothing. Moving a task
+write that adds an entry, or makes one larger (a task's final result, a step's result), and
+does not fit first evicts the player's terminal entries oldest first (receipts: those whose
+task is terminal or gone), a 64th of each bound more than it needs where there are that many
+(`HEADROOM_SHARE`: so a player at a bound does not evict on every write); QUEUED, RUNNING and
+WAITING tasks and the receipts of such tasks are never evicted. When even the write's own
+need cannot be met the write fails with STORAGE_FULL and writes nothing. Moving a task
 to a terminal state without a result never grows the ledger, so a full ledger can always be
 drained.
 
@@ -295,6 +297,20 @@ _Candidate = Row[*tuple[Any, ...]]
 """An evictable entry: its seq and size first (a task's id after them)."""
 
 
+HEADROOM_SHARE = 64
+"""A write that must evict frees this share of each bound beyond its own need (1/64: 15 of
+1,000 tasks, 78 of 5,000 receipts), where that many entries are finished: a player at a bound
+then evicts on one write in so many instead of on every write (decision 0043)."""
+
+
+def _headroom_limits(limits: tuple[int, int]) -> tuple[int, int]:
+    """The ledger an eviction leaves room under: each bound less its headroom."""
+    return (
+        limits[0] - limits[0] // HEADROOM_SHARE,
+        limits[1] - limits[1] // HEADROOM_SHARE,
+    )
+
+
 def _choose_evictions(
     count: int,
     total: int,
@@ -304,10 +320,13 @@ def _choose_evictions(
     candidates: Iterable[_Candidate],
 ) -> list[_Candidate] | None:
     """The candidates (rows whose first two columns are seq and size) to evict, oldest first,
-    so the addition fits; None when it cannot fit. Reads `candidates` only as far as it must."""
+    so the addition fits under the bounds less their headroom, or, when too few candidates
+    are left for that, under the bounds; None when it cannot fit. Reads `candidates` only as
+    far as it must."""
+    roomy = _headroom_limits(limits)
     doomed: list[_Candidate] = []
     for candidate in candidates:
-        if _fits(count, total, add_count, add_bytes, limits):
+        if _fits(count, total, add_count, add_bytes, roomy):
             break
         doomed.append(candidate)
         count -= 1
@@ -378,7 +397,9 @@ def _make_room_for_tasks(
     )
     if exclude_seq is not None:
         query = query.where(TaskRow.seq != exclude_seq)
-    candidates = _oldest_first(session, query, TaskRow.seq, count + add_count - limits[0])
+    candidates = _oldest_first(
+        session, query, TaskRow.seq, count + add_count - _headroom_limits(limits)[0]
+    )
     doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
     if doomed is None:
         raise ResourceExhausted(
@@ -431,7 +452,9 @@ def _make_room_for_receipts(
     )
     if exclude_seq is not None:
         query = query.where(ReceiptRow.seq != exclude_seq)
-    candidates = _oldest_first(session, query, ReceiptRow.seq, count + add_count - limits[0])
+    candidates = _oldest_first(
+        session, query, ReceiptRow.seq, count + add_count - _headroom_limits(limits)[0]
+    )
     doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
     if doomed is None:
         raise ResourceExhausted(

@@ -16,8 +16,8 @@ from bench.ledgers import KINDS, WRITES, _measure
 @pytest.mark.postgres
 def test_ledger_bench_measures_fresh_and_full_players() -> None:
     with tempfile.TemporaryDirectory() as folder, database("postgres", Path(folder)) as url:
-        # _measure checks itself that a full player is still at the task bound afterwards.
-        measured = asyncio.run(_measure(url, players=2, writes=3, rounds=1))
+        # _measure checks itself that a full player's ledgers are still near the bounds.
+        measured = asyncio.run(_measure(url, players=2, writers=2, writes=3, rounds=1))
     assert set(measured["medians"]) == set(KINDS)
     for kind in KINDS:
         for write in WRITES:

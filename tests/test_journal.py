@@ -3,6 +3,7 @@ PostgreSQL; a property test of the bounded task ledger; JournalService in-proces
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import uuid
@@ -33,6 +34,7 @@ from services.runtime.errors import (
 )
 from services.runtime.server import ServiceHost
 from storage_service import leases as leases_module
+from storage_service import ledgers as ledgers_module
 from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
 from storage_service.group_commit import GroupCommitter
@@ -44,6 +46,7 @@ from storage_service.journal import (
     TaskRow,
 )
 from storage_service.journal_servicer import JournalServicer
+from storage_service.ledgers import HEADROOM_SHARE
 from storage_service.player_data import PlayerDataStore
 from storage_service.presence import PresenceStore
 from storage_service.runs import RunStore
@@ -534,7 +537,7 @@ def test_room_made_by_bytes_reads_the_oldest_tasks_page_after_page(
 ) -> None:
     """Evictions are read oldest first in growing pages (9 rows, then 36): a task that needs
     about twenty small ones gone evicts exactly as many of the oldest finished ones as it
-    needs, no more."""
+    needs to fit under the bound less its headroom (a 64th of it), no more."""
     player = _player()
     probe = make_store()
     small = [_task(probe, player, SUCCEEDED, key=f"e-{i:04}") for i in range(30)]
@@ -547,8 +550,10 @@ def test_room_made_by_bytes_reads_the_oldest_tasks_page_after_page(
         player, MODULE, _input(pad="z" * (19 * size)), "e-big"
     )
     stored = 30 * size + _size(running)
-    needed = next(n for n in range(31) if stored - n * size + _size(big) <= max_bytes)
+    roomy = max_bytes - max_bytes // HEADROOM_SHARE
+    needed = next(n for n in range(31) if stored - n * size + _size(big) <= roomy)
     assert needed > 9  # more than the first page holds
+    assert stored - (needed - 1) * size + _size(big) <= max_bytes  # one fewer would fit
     assert created and evicted == needed
     kept = [tid for tid, _ in _listed(store, player)]
     assert kept == [t.task_id for t in small[needed:]] + [running.task_id, big.task_id]
@@ -595,6 +600,37 @@ def test_receipt_bounds_evict_only_receipts_of_finished_tasks(
         store.get_step("a/0", "t.t")  # the oldest receipt of the finished task went
     assert store.get_step("a/1", "t.t").step_id == "a/1"
     assert store.get_step("b/0", "t.t").step_id == "b/0"
+
+
+def test_a_receipt_that_must_evict_leaves_headroom_for_the_next_ones(
+    make_store: Callable[..., JournalStore],
+) -> None:
+    """A player at the receipt bound does not evict on every write: the write that must evict
+    frees a 64th of the bound more (here two receipts), and the next two writes fit as they
+    are."""
+    bound = 2 * HEADROOM_SHARE
+    store = make_store(receipt_max_entries=bound)
+    player = _player()
+    old, new = _task(store, player, RUNNING), _task(store, player, RUNNING)
+    for position in range(bound):
+        store.record_step(f"old/{position}", old.task_id, position, "t.t")
+    store.transition_task(old.task_id, SUCCEEDED)
+
+    def kept() -> list[int]:
+        present = []
+        for position in range(bound):
+            with contextlib.suppress(NotFound):
+                store.get_step(f"old/{position}", "t.t")
+                present.append(position)
+        return present
+
+    store.record_step("new/0", new.task_id, 0, "t.t")
+    assert kept() == list(range(3, bound))  # one for the write, two of headroom
+    store.record_step("new/1", new.task_id, 1, "t.t")
+    store.record_step("new/2", new.task_id, 2, "t.t")
+    assert kept() == list(range(3, bound))  # the headroom taken, nothing evicted
+    store.record_step("new/3", new.task_id, 3, "t.t")
+    assert kept() == list(range(6, bound))
 
 
 def test_receipt_result_growth_respects_the_byte_bound(
@@ -1170,6 +1206,9 @@ def test_commit_refuses_another_players_task_or_step(store: JournalStore) -> Non
 # -- a property: the bounded task ledger against a model ------------------------------------------
 
 MAX_ENTRIES, MAX_BYTES = 4, 520
+MODEL_HEADROOM_SHARE = 4
+"""The headroom share the model's store runs with (a quarter: one entry, 130 bytes), so that
+bounds this small still leave headroom to evict."""
 
 _operation = st.one_of(
     st.tuples(st.just("create"), st.integers(0, 120)),
@@ -1193,17 +1232,25 @@ def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JournalSt
 def _model_fit(
     ledger: list[dict[str, Any]], add_count: int, add_bytes: int, skip: str = ""
 ) -> list[str] | None:
-    """The model: ids of terminal tasks to evict, oldest first, or None when it cannot fit."""
+    """The model: ids of terminal tasks to evict, oldest first, or None when it cannot fit.
+    An addition that does not fit evicts until it fits under the bounds less their headroom,
+    or, when too few are finished for that, under the bounds."""
 
-    def fits(count: int, total: int) -> bool:
-        return (add_count == 0 or count + add_count <= MAX_ENTRIES) and (
-            add_bytes <= 0 or total + add_bytes <= MAX_BYTES
+    def fits(count: int, total: int, entries: int = MAX_ENTRIES, size: int = MAX_BYTES) -> bool:
+        return (add_count == 0 or count + add_count <= entries) and (
+            add_bytes <= 0 or total + add_bytes <= size
         )
 
     count, total = len(ledger), sum(t["size"] for t in ledger)
+    if fits(count, total):
+        return []
+    roomy = (
+        MAX_ENTRIES - MAX_ENTRIES // MODEL_HEADROOM_SHARE,
+        MAX_BYTES - MAX_BYTES // MODEL_HEADROOM_SHARE,
+    )
     doomed: list[str] = []
     for entry in ledger:
-        if fits(count, total):
+        if fits(count, total, *roomy):
             break
         if entry["state"] in TERMINAL and entry["id"] != skip:
             doomed.append(entry["id"])
@@ -1217,8 +1264,9 @@ def _model_fit(
 )
 @given(operations=st.lists(_operation, min_size=1, max_size=18))
 def test_bounded_task_ledger_matches_the_model(
-    sqlite_store: JournalStore, operations: list[tuple[Any, ...]]
+    sqlite_store: JournalStore, operations: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(ledgers_module, "HEADROOM_SHARE", MODEL_HEADROOM_SHARE)
     store = sqlite_store
     player = _player()
     ledger: list[dict[str, Any]] = []
