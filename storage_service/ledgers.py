@@ -356,6 +356,26 @@ def _oldest_first(
         after, size = rows[-1][0], min(size * 4, _MAX_PAGE)
 
 
+def _evictions(
+    session: Session,
+    query: Select[*tuple[Any, ...]],
+    seq: InstrumentedAttribute[int],
+    exclude_seq: int | None,
+    ledger: tuple[int, int],
+    add_count: int,
+    add_bytes: int,
+    limits: tuple[int, int],
+) -> list[_Candidate] | None:
+    """The evictable entries `query` selects (seq and size first; not the one at
+    `exclude_seq`, whose own growth is the addition) that `_choose_evictions` picks for a
+    ledger of `ledger` (count, bytes) under `limits`; None when the addition cannot fit."""
+    if exclude_seq is not None:
+        query = query.where(seq != exclude_seq)
+    count, total = ledger
+    candidates = _oldest_first(session, query, seq, count + add_count - _headroom_limits(limits)[0])
+    return _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
+
+
 _PAGE_SLACK = 8
 """Candidates read beyond the entries the count bound alone asks to evict (the bytes bound
 may ask for a few more)."""
@@ -379,9 +399,10 @@ def _make_room_for_tasks(
     exclude_seq: int | None = None,
     ledger: tuple[int, int] | None = None,
 ) -> int:
-    """Evicts the player's terminal tasks, oldest first, until the addition fits. Returns how
-    many; STORAGE_FULL when it cannot fit (nothing deleted). `ledger`: the player's task
-    count and bytes, when the caller read them already under the player's lock."""
+    """Evicts the player's terminal tasks, oldest first, until the addition fits (with
+    headroom: `_choose_evictions`). Returns how many; STORAGE_FULL when it cannot fit (nothing
+    deleted). `ledger`: the player's task count and bytes, when the caller read them already
+    under the player's lock."""
     limits = (bounds.task_max_entries, bounds.task_max_bytes)
     if ledger is None:
         # Raw cursor, so no autoflush: callers must not hold unflushed task changes here
@@ -395,12 +416,9 @@ def _make_room_for_tasks(
     query = select(TaskRow.seq, TaskRow.size_bytes, TaskRow.task_id).where(
         TaskRow.player_id == player_id, TaskRow.state.in_(TERMINAL)
     )
-    if exclude_seq is not None:
-        query = query.where(TaskRow.seq != exclude_seq)
-    candidates = _oldest_first(
-        session, query, TaskRow.seq, count + add_count - _headroom_limits(limits)[0]
+    doomed = _evictions(
+        session, query, TaskRow.seq, exclude_seq, ledger, add_count, add_bytes, limits
     )
-    doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
     if doomed is None:
         raise ResourceExhausted(
             f"STORAGE_FULL: player {player_id}'s task ledger holds {count} tasks in {total} bytes "
@@ -431,7 +449,7 @@ def _make_room_for_receipts(
     ledger: tuple[int, int] | None = None,
 ) -> int:
     """Evicts the player's receipts whose task is terminal or gone, oldest first, until the
-    addition fits. Returns how many; STORAGE_FULL when it cannot fit (nothing deleted).
+    addition fits (with headroom). Returns how many; STORAGE_FULL when it cannot fit (nothing deleted).
 
     `ledger` is the (count, bytes) of the player's receipts when the caller already read them
     in this transaction, under the player's lock; they are only read again when the addition
@@ -450,12 +468,9 @@ def _make_room_for_receipts(
             or_(TaskRow.seq.is_(None), TaskRow.state.in_(TERMINAL)),
         )
     )
-    if exclude_seq is not None:
-        query = query.where(ReceiptRow.seq != exclude_seq)
-    candidates = _oldest_first(
-        session, query, ReceiptRow.seq, count + add_count - _headroom_limits(limits)[0]
+    doomed = _evictions(
+        session, query, ReceiptRow.seq, exclude_seq, (count, total), add_count, add_bytes, limits
     )
-    doomed = _choose_evictions(count, total, add_count, add_bytes, limits, candidates)
     if doomed is None:
         raise ResourceExhausted(
             f"STORAGE_FULL: player {player_id}'s step receipts hold {count} receipts in {total} "
