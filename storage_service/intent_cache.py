@@ -18,7 +18,9 @@ remembering to send one. A RecordIntent names the generation its LookupIntent an
 that moved since is dropped (the player cleared their memory while the model was thinking).
 
 Bounds (`IntentCacheBounds`): entries per player, entries in all, and a lifetime; eviction is
-least recently used first (a hit counts as a use), expired entries first of all.
+least recently used first (a hit counts as a use), expired entries first of all. Every write
+also deletes a few of everyone's oldest expired entries (`SWEEP`), so the entries of players
+who do not come back never pile up to the global bound (decision 0044).
 
 Every call takes `now` (the storage service's clock), so tests say what time it is.
 """
@@ -29,7 +31,17 @@ import dataclasses
 import datetime as dt
 from typing import NamedTuple
 
-from sqlalchemy import BigInteger, DateTime, Index, LargeBinary, String, delete, func, select
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Index,
+    LargeBinary,
+    String,
+    delete,
+    func,
+    select,
+    tuple_,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.runtime.errors import InvalidArgument
@@ -75,6 +87,7 @@ class IntentEntryRow(Base):
     __table_args__ = (
         Index("ix_intent_cache_entries_used", "used_at"),
         Index("ix_intent_cache_entries_player_used", "player_id", "used_at"),
+        Index("ix_intent_cache_entries_expires", "expires_at"),
     )
 
     player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), primary_key=True)
@@ -105,6 +118,33 @@ class IntentCacheBounds:
         for name in ("max_entries", "per_player", "ttl_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"intent cache {name} must be positive")
+
+
+SWEEP = 16
+"""Expired entries, anyone's, that a write deletes besides its own player's: more than the one
+entry it adds, so expired entries never pile up, and few enough to cost a write little."""
+
+
+def _sweep_expired(session: Session, now: dt.datetime) -> int:
+    """Deletes up to SWEEP of the oldest expired entries. On PostgreSQL rows another write is
+    deleting are skipped, not waited for (no lock order to get wrong between the two)."""
+    oldest = (
+        select(_ENTRIES.c.player_id, _ENTRIES.c.language, _ENTRIES.c.text_sha256)
+        .where(_ENTRIES.c.expires_at <= now)
+        .order_by(_ENTRIES.c.expires_at)
+        .limit(SWEEP)
+        .with_for_update(skip_locked=True)
+    )
+    keys = [tuple(row) for row in session.execute(oldest)]
+    if not keys:
+        return 0
+    return rowcount(
+        session.execute(
+            delete(_ENTRIES).where(
+                tuple_(_ENTRIES.c.player_id, _ENTRIES.c.language, _ENTRIES.c.text_sha256).in_(keys)
+            )
+        )
+    )
 
 
 class Lookup(NamedTuple):
@@ -236,6 +276,7 @@ class IntentCacheStore:
                 )
             )
             evicted = self._evict_player(session, player_id, now)
+            evicted += _sweep_expired(session, now)
             evicted += self._evict_all(session, now)
         return Recorded(True, evicted)
 

@@ -17,6 +17,7 @@ from services.runtime.errors import InvalidArgument
 from storage_service.db import KEEP_ON_RESET
 from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.intent_cache import (
+    SWEEP,
     IntentCacheBounds,
     IntentCacheStore,
     IntentEntryRow,
@@ -126,6 +127,28 @@ def test_the_global_bound_evicts_expired_entries_then_the_least_recently_used(
     for player in players:
         record(store, player, "w", when=201)
     assert store.count() == 6
+
+
+def test_every_write_sweeps_a_few_of_everyones_expired_entries(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Players who never write again leave expired entries behind; others' writes delete them,
+    SWEEP a write, oldest first, long before the global bound would."""
+    store = IntentCacheStore(
+        sessions, IntentCacheBounds(max_entries=1000, per_player=3, ttl_seconds=60)
+    )
+    gone = [f"sim/gone{i}" for i in range(SWEEP + 4)]
+    for index, player in enumerate(gone):
+        record(store, player, "x", when=index / 100)
+    record(store, STEVE, "live", when=30)
+    assert store.count() == len(gone) + 1
+    record(store, ALEX, "a", when=61)  # all of the gone players' entries expired
+    assert store.count() == len(gone) - SWEEP + 2
+    assert {store.count(player) for player in gone[:SWEEP]} == {0}  # the oldest went first
+    assert {store.count(player) for player in gone[SWEEP:]} == {1}
+    record(store, ALEX, "b", when=62)
+    assert store.count() == 3  # the rest of them; steve's entry is live
+    assert hit(store, STEVE, "live", when=62) == "system:history"
 
 
 def test_a_late_write_under_an_old_generation_is_dropped(store: IntentCacheStore) -> None:
