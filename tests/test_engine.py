@@ -102,6 +102,37 @@ SHOP_AND_PAY = (
     "system:pay",
     "system:pay_confirm",
 )
+REGISTERED_IN_ORDER = [
+    "system:help",
+    "system:history",
+    "system:inventory",
+    "system:profile",
+    "system:item",
+    "system:inbox",
+    "system:mail_claim",
+    "system:advancement_reward",
+    *SHOP_AND_PAY,
+    "system:signin",
+    "system:question",
+    "system:search",
+    *QUEST_MODULES,
+    "system:routing",
+    "system:reload",
+    "system:usage",
+    "system:spend",
+    "system:grant",
+    "system:revoke",
+    "system:reset",
+    "system:search.grant",
+    "system:search.revoke",
+    "system:knowledge_add",
+    "system:knowledge_list",
+    "system:knowledge_remove",
+    "system:settings",
+    "system:reasoning",
+    "system:chat",
+]
+"""Every built-in module in registration order, as the registry and GetCatalog list them."""
 
 
 def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
@@ -184,36 +215,7 @@ def _lines(result: common_pb2.AgentResult) -> list[str]:
 
 def test_builtin_registry() -> None:
     registry = build_registry(EngineConfig())
-    assert [m.spec.module_id for m in registry.modules()] == [
-        "system:help",
-        "system:history",
-        "system:inventory",
-        "system:profile",
-        "system:item",
-        "system:inbox",
-        "system:mail_claim",
-        "system:advancement_reward",
-        *SHOP_AND_PAY,
-        "system:signin",
-        "system:question",
-        "system:search",
-        *QUEST_MODULES,
-        "system:routing",
-        "system:reload",
-        "system:usage",
-        "system:spend",
-        "system:grant",
-        "system:revoke",
-        "system:reset",
-        "system:search.grant",
-        "system:search.revoke",
-        "system:knowledge_add",
-        "system:knowledge_list",
-        "system:knowledge_remove",
-        "system:settings",
-        "system:reasoning",
-        "system:chat",
-    ]
+    assert [m.spec.module_id for m in registry.modules()] == REGISTERED_IN_ORDER
     assert [m.spec.module_id for m in registry.handlers("minecraft:advancement")] == [
         "system:advancement_reward"
     ]
@@ -973,36 +975,7 @@ async def test_service_refuses_bad_requests(services: Services) -> None:
 
 async def test_service_catalog(services: Services) -> None:
     catalog = await services.engine.GetCatalog(engine_pb2.GetCatalogRequest(), timeout=5)
-    assert [m.module_id for m in catalog.modules] == [
-        "system:help",
-        "system:history",
-        "system:inventory",
-        "system:profile",
-        "system:item",
-        "system:inbox",
-        "system:mail_claim",
-        "system:advancement_reward",
-        *SHOP_AND_PAY,
-        "system:signin",
-        "system:question",
-        "system:search",
-        *QUEST_MODULES,
-        "system:routing",
-        "system:reload",
-        "system:usage",
-        "system:spend",
-        "system:grant",
-        "system:revoke",
-        "system:reset",
-        "system:search.grant",
-        "system:search.revoke",
-        "system:knowledge_add",
-        "system:knowledge_list",
-        "system:knowledge_remove",
-        "system:settings",
-        "system:reasoning",
-        "system:chat",
-    ]
+    assert [m.module_id for m in catalog.modules] == REGISTERED_IN_ORDER
     assert catalog.generation == services.generation != ""
     for_player = await services.engine.GetCatalog(
         engine_pb2.GetCatalogRequest(player=_player()), timeout=5
