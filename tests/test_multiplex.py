@@ -645,6 +645,53 @@ async def test_calls_made_while_a_message_is_written_go_together_in_the_next() -
     assert {call.method for message in stream.written for call in message.calls} == {"AcquireLease"}
 
 
+async def test_calls_made_in_the_same_turn_of_the_loop_go_in_one_message() -> None:
+    """The writer lets the loop turn once before it writes: a call made a turn after the one
+    that woke it joins the same message."""
+    stream = _SlowStream()
+    client = MultiplexClient(lambda: stream, SERVICE)
+
+    async def call(i: int, turns: int) -> Any:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        return await client.call(
+            "AcquireLease", journal_pb2.AcquireLeaseRequest(name=f"n{i}"), timeout=5
+        )
+
+    try:
+        await call(0, 0)  # the stream is open
+        stream.written.clear()
+        answers = await asyncio.gather(call(1, 0), call(2, 1))
+    finally:
+        await client.aclose()
+    assert [a.lease.name for a in answers] == ["n1", "n2"]
+    assert [len(message.calls) for message in stream.written] == [2]
+
+
+async def test_answers_finishing_in_the_same_turn_of_the_loop_go_in_one_message() -> None:
+    """The server lets the loop turn once after an answer is ready: one that finishes a turn
+    later goes in the same message."""
+
+    async def lease(request: Any, context: Any) -> journal_pb2.AcquireLeaseResponse:
+        if request.name == "later":
+            await asyncio.sleep(0)
+        return journal_pb2.AcquireLeaseResponse(lease=journal_pb2.Lease(name=request.name))
+
+    server = MultiplexServer(SERVICE, {"AcquireLease": lease})
+
+    async def requests() -> AsyncIterator[journal_pb2.MultiplexCallsRequest]:
+        yield journal_pb2.MultiplexCallsRequest(
+            calls=[
+                _call(n, "AcquireLease", journal_pb2.AcquireLeaseRequest(name=name))
+                for n, name in enumerate(["now", "later"])
+            ]
+        )
+        await asyncio.sleep(0.05)
+
+    messages = [response async for response in server.serve(requests())]
+    assert [len(message.answers) for message in messages] == [2]
+
+
 async def test_calls_are_packed_into_messages_of_bounded_size() -> None:
     stream = _SlowStream()
     client = MultiplexClient(lambda: stream, SERVICE)

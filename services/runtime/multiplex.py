@@ -319,6 +319,10 @@ class MultiplexServer:
             done = False
             while not done:
                 ready = [await answers.get()]
+                # One turn of the loop first: a call finishing in the same turn as this one
+                # (the other of two results the game server sent in one read, say) goes in
+                # the same message, one write and one read fewer for both ends.
+                await asyncio.sleep(0)
                 while not answers.empty():  # what finished together goes together
                     ready.append(answers.get_nowait())
                 if ready[-1] is _DONE:
@@ -632,6 +636,9 @@ class _Stream:
 
     async def _write(self) -> None:
         try:
+            # One turn of the loop first, so that calls made in the same turn as this one
+            # (by tasks woken together) go in the same message.
+            await asyncio.sleep(0)
             while self._unsent:
                 waiting, self._unsent = self._unsent, []
                 for calls in _packed(waiting):
