@@ -449,7 +449,8 @@ def _make_room_for_receipts(
     ledger: tuple[int, int] | None = None,
 ) -> int:
     """Evicts the player's receipts whose task is terminal or gone, oldest first, until the
-    addition fits (with headroom). Returns how many; STORAGE_FULL when it cannot fit (nothing deleted).
+    addition fits (with headroom). Returns how many; STORAGE_FULL when it cannot fit (nothing
+    deleted).
 
     `ledger` is the (count, bytes) of the player's receipts when the caller already read them
     in this transaction, under the player's lock; they are only read again when the addition
