@@ -102,7 +102,7 @@ SHOP_AND_PAY = (
     "system:pay",
     "system:pay_confirm",
 )
-REGISTERED_IN_ORDER = [
+FOR_EVERY_PLAYER = (
     "system:help",
     "system:history",
     "system:inventory",
@@ -114,8 +114,9 @@ REGISTERED_IN_ORDER = [
     *SHOP_AND_PAY,
     "system:signin",
     "system:question",
-    "system:search",
-    *QUEST_MODULES,
+)
+"""The built-in modules every player may use, first in registration order."""
+FOR_ADMINS = (
     "system:routing",
     "system:reload",
     "system:usage",
@@ -128,11 +129,20 @@ REGISTERED_IN_ORDER = [
     "system:knowledge_add",
     "system:knowledge_list",
     "system:knowledge_remove",
+)
+"""The built-in administrators' modules (above the permission level of an ordinary player), in
+registration order."""
+REGISTERED_IN_ORDER = [
+    *FOR_EVERY_PLAYER,
+    "system:search",
+    *QUEST_MODULES,
+    *FOR_ADMINS,
     "system:settings",
     "system:reasoning",
     "system:chat",
 ]
-"""Every built-in module in registration order, as the registry and GetCatalog list them."""
+"""Every built-in module in registration order, as the registry and GetCatalog list them:
+reasoning and chat last, after any extra module."""
 
 
 def _registry(*modules: Any, builtins: bool = True) -> ModuleRegistry:
@@ -314,50 +324,20 @@ def test_available_filters_by_permission_and_feature() -> None:
     def ids(player: common_pb2.PlayerContext | None) -> list[str]:
         return [m.spec.module_id for m in registry.available(player)]
 
-    BUILTIN = (
-        "system:help",
-        "system:history",
-        "system:inventory",
-        "system:profile",
-        "system:item",
-        "system:inbox",
-        "system:mail_claim",
-        "system:advancement_reward",
-        *SHOP_AND_PAY,
-        "system:signin",
-        "system:question",
-    )
-    # `system:search` belongs to the `system:search` feature, granted explicitly; reasoning
-    # registers last, after every other module.
-
+    # `system:search` belongs to the `system:search` feature, granted explicitly; extra modules
+    # register after the built-ins, before reasoning and chat.
     assert ids(None) == [
-        *BUILTIN,
-        "system:search",
-        *QUEST_MODULES,
-        "system:routing",
-        "system:reload",
-        "system:usage",
-        "system:spend",
-        "system:grant",
-        "system:revoke",
-        "system:reset",
-        "system:search.grant",
-        "system:search.revoke",
-        "system:knowledge_add",
-        "system:knowledge_list",
-        "system:knowledge_remove",
-        "system:settings",
+        *REGISTERED_IN_ORDER[:-2],
         "test:ban",
         "ftbquests:quests",
-        "system:reasoning",
-        "system:chat",
+        *REGISTERED_IN_ORDER[-2:],
     ]
     everyone = ["system:reasoning", "system:chat"]
-    assert ids(_player(level=0)) == [*BUILTIN, "system:settings", *everyone]
-    assert ids(_player(level=2)) == [*BUILTIN, "system:settings", "test:ban", *everyone]
+    assert ids(_player(level=0)) == [*FOR_EVERY_PLAYER, "system:settings", *everyone]
+    assert ids(_player(level=2)) == [*FOR_EVERY_PLAYER, "system:settings", "test:ban", *everyone]
     assert ids(_player(level=4, features=("ftbquests", "system:search"))) == ids(None)
     assert ids(_player(features=("ftbquests",))) == [
-        *BUILTIN,
+        *FOR_EVERY_PLAYER,
         *QUEST_MODULES,
         "system:settings",
         "ftbquests:quests",
@@ -987,23 +967,7 @@ async def test_service_catalog(services: Services) -> None:
     assert list(for_player.modules) == [
         m
         for m in catalog.modules
-        if m.module_id
-        not in (
-            "system:search",
-            "system:routing",
-            "system:reload",
-            "system:usage",
-            "system:spend",
-            "system:grant",
-            "system:revoke",
-            "system:reset",
-            "system:search.grant",
-            "system:search.revoke",
-            "system:knowledge_add",
-            "system:knowledge_list",
-            "system:knowledge_remove",
-        )
-        and m.module_id not in QUEST_MODULES
+        if m.module_id not in ("system:search", *FOR_ADMINS, *QUEST_MODULES)
     ]
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await services.engine.GetCatalog(
