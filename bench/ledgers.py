@@ -256,6 +256,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if not 1 <= args.writers <= args.players:
+        parser.error(f"--writers must be between 1 and --players ({args.players})")
+    if args.writes < 1 or args.rounds < 1:
+        parser.error("--writes and --rounds must be at least 1")
     with tempfile.TemporaryDirectory() as folder, database("postgres", Path(folder)) as url:
         measured = asyncio.run(_measure(url, args.players, args.writers, args.writes, args.rounds))
     results = {

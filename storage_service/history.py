@@ -78,21 +78,15 @@ _HISTORY = table_of(HistoryRow)
 _PREFERENCES = table_of(PreferenceRow)
 _ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
 _PLAYER = bindparam("player_id", type_=String)
+_NEWEST_ENTRY = (
+    select(_HISTORY.c.request_id, _HISTORY.c.seq, _HISTORY.c.bytes_through)
+    .where(_HISTORY.c.player_id == _PLAYER)
+    .order_by(_HISTORY.c.id.desc())
+    .limit(1)
+)
 # Every interactive run's finish asks it first (a retried finish must not append twice).
-_NEWEST_REQUEST_ID = FastStatement(
-    select(_HISTORY.c.request_id)
-    .where(_HISTORY.c.player_id == _PLAYER)
-    .order_by(_HISTORY.c.id.desc())
-    .limit(1)
-)
-
-
-_NEWEST_TOTALS = (
-    select(_HISTORY.c.seq, _HISTORY.c.bytes_through)
-    .where(_HISTORY.c.player_id == _PLAYER)
-    .order_by(_HISTORY.c.id.desc())
-    .limit(1)
-)
+_NEWEST_REQUEST_ID = FastStatement(_NEWEST_ENTRY.with_only_columns(_HISTORY.c.request_id))
+_NEWEST_TOTALS = _NEWEST_ENTRY.with_only_columns(_HISTORY.c.seq, _HISTORY.c.bytes_through)
 """The running totals of the player's newest entry, which an append goes on from and which
 eviction sets every older entry's against."""
 

@@ -341,9 +341,9 @@ def _oldest_first(
     first: int,
 ) -> Iterator[_Candidate]:
     """The rows of `query` in `seq` order, read in pages (the first of `first` rows, then
-    growing): a player at a bound evicts an entry or two per write, and reading every
-    evictable entry of a full ledger (a thousand tasks, five thousand receipts) to find them
-    cost milliseconds a write."""
+    growing): an eviction takes the oldest few (what the write needs and the headroom), and
+    reading every evictable entry of a full ledger (a thousand tasks, five thousand receipts)
+    to find them cost milliseconds a write."""
     size, after = max(first, 1) + _PAGE_SLACK, None
     while True:
         page = query.order_by(seq).limit(size)
