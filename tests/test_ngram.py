@@ -18,6 +18,7 @@ from router_service.semantic import (
     Profile,
     SemanticConfig,
     SemanticRouter,
+    guards,
     load_profiles,
     ngram,
     normalize,
@@ -523,9 +524,12 @@ def test_a_module_asked_in_one_direction_takes_no_text_saying_the_opposite(
     assert usual == {"en0-"}
     assert directions("Increased the volume") == {"en0+"}  # any inflection
     assert opposite("en0-") == "en0+"
-    # Chinese poles: `静音` (mute) is not the `静音` of `取消静音` (unmute).
+    # Chinese poles: `静音` (mute) is not the `静音` of `取消静音` or `取消音箱静音` (unmute);
+    # to mute says `down` too, to unmute `up` (`_IMPLIED`).
     mute, unmute = directions("把音箱静音"), directions("取消静音")
-    assert len(mute) == len(unmute) == 1 and opposite(next(iter(mute))) in unmute
+    assert len(mute) == len(unmute) == 2 and {opposite(pole) for pole in mute} == unmute
+    assert directions("现在取消音箱静音") == unmute
+    assert directions("音量调低一点") < mute and directions("把音量调大") < unmute
     assert directions("音量调低一点") == {opposite(next(iter(directions("音量调高"))))}
     assert directions("下一首歌") and directions("这个亮点是什么") == frozenset()
     up = router.decide("turn the volume up on the speaker", "en")
@@ -539,3 +543,51 @@ def test_a_module_asked_in_one_direction_takes_no_text_saying_the_opposite(
     for text in ("turn the speaker volume down", "the volume of the speaker"):
         decision = router.decide(text, "en")
         assert decision.outcome == "direct" and decision.module_id == "demo:volume_down", text
+
+
+def test_to_mute_is_to_turn_the_volume_down(
+    analyzer: Analyzer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A volume-up module (one of whose examples unmutes) takes no scorer route from a text that
+    mutes, in either language: that is the request of a mute module the catalogue lacks
+    (issue 17, round 12: `音箱静音` reached volume-up when volume-mute was held out)."""
+    louder = Profile(
+        "demo:volume_up",
+        "read",
+        {
+            "en": [
+                "volume up",
+                "turn the speaker volume up",
+                "increase the volume",
+                "make the speaker louder",
+                "unmute the speaker",
+            ],
+            "zh": ["音量调大", "把音箱音量调高", "大声一点", "请把音量调大一点", "取消音箱静音"],
+        },
+    )
+    chinese = {  # the catalogue's other modules in Chinese too
+        "demo:forecast": ["明天天气怎么样", "会下雨吗", "这周的天气预报", "今天是晴天吗"],
+        "demo:clock": ["现在几点", "告诉我时间", "现在是什么时间", "几点了"],
+    }
+    catalogue = [
+        dataclasses.replace(p, examples={**p.examples, "zh": tuple(chinese[p.module_id])})
+        if p.module_id in chinese
+        else p
+        for p in [*WEATHER, louder]
+    ]
+    config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
+    router = SemanticRouter(catalogue, config, analyzer=analyzer)
+    muting = {"en": "mute the speaker volume", "zh": "把音箱音量静音"}
+    for lang, text in muting.items():
+        decision = router.decide(text, lang)
+        assert decision.scorer_module == "demo:volume_up", text
+        assert decision.outcome == "no_direct", text
+    for lang, text in {"en": "turn the speaker volume up", "zh": "把音箱音量调大"}.items():
+        decision = router.decide(text, lang)  # its own direction still reaches it
+        assert decision.outcome == "direct" and decision.module_id == "demo:volume_up", text
+    # What stops the Chinese text is that muting says `down`: without it the module's
+    # `取消音箱静音` holds the text's words and the text goes through. (The English one would
+    # stay out all the same: `unmute` does not hold its word `mute`.)
+    monkeypatch.setattr(guards, "_IMPLIED", {})
+    alone = SemanticRouter(catalogue, config, analyzer=analyzer)
+    assert alone.decide(muting["zh"], "zh").outcome == "direct"

@@ -288,14 +288,15 @@ _OPPOSITES_EN = (
     ("add create", "remove delete erase"),
 )
 # Chinese poles are regular expressions matched anywhere (no spaces between words): `静音`
-# (mute) is not the `静音` of `取消静音` (unmute).
+# (mute) is not the `静音` of `取消静音` or `取消音箱静音` (unmute: `取消` or `解除` up to four
+# characters before it), and a text that unmutes does not mute too.
 _OPPOSITES_ZH = (
     ("调高 调大 增加 提高 升高 加大 大声 大点 大一点 响一点",
      "调低 调小 减少 降低 减小 小声 小点 小一点 轻一点"),
     ("调亮 变亮 亮一点 更亮", "调暗 变暗 暗一点 更暗"),
     ("打开 开启 启用 开灯", "关闭 关掉 关上 停用 关灯"),
     ("锁上 上锁 锁门", "解锁 开锁"),
-    ("(?<!取消)(?<!解除)静音", "取消静音 解除静音"),
+    ("^(?!.*(?:取消|解除)[^，。！？,.!?]{0,4}静音).*?静音", "(?:取消|解除)[^，。！？,.!?]{0,4}?静音"),
     ("下一(?:首|个|集|页|章|曲|张|条|封)", "上一(?:首|个|集|页|章|曲|张|条|封)"),
     ("调暖 暖一点 热一点 升温", "调凉 凉一点 冷一点 降温"),
     ("添加 加上 新建 创建", "删除 删掉 去掉 移除"),
@@ -314,10 +315,27 @@ _POLES_ZH = tuple(
 )
 
 
+def _pole_zh(word: str) -> str:
+    return next(pole for words, pole in _POLES_ZH if words.fullmatch(word))
+
+
+# A pole that says another one too (issue 17, round 12): to mute is to turn the volume all the
+# way down and to unmute to bring it back (the public sets label `unmute the speaker` a
+# volume-up request), so a volume-up module whose mute sibling is missing does not take `mute
+# the speaker` (`音箱静音`), and a mute module does not take `turn it up`.
+_IMPLIED = {
+    _POLES_EN["mute"]: _POLES_EN["down"],
+    _POLES_EN["unmute"]: _POLES_EN["up"],
+    _pole_zh("静音"): _pole_zh("小声"),
+    _pole_zh("取消静音"): _pole_zh("大声"),
+}
+
+
 def directions(text: str) -> frozenset[str]:
     """The poles of the direction words (`_OPPOSITES_EN`, `_OPPOSITES_ZH`) that `text` says,
     each as a name such as `en0+` (`up`, `increase`, `louder`...) and `en0-` (`down`,
-    `decrease`...), English words in any inflection (`spelling.inflection_bases`)."""
+    `decrease`...), English words in any inflection (`spelling.inflection_bases`), with the
+    poles those imply (`_IMPLIED`: `mute` says `down` too)."""
     prepared = _prepare(text)
     found = {
         _POLES_EN[form]
@@ -326,6 +344,7 @@ def directions(text: str) -> frozenset[str]:
         if form in _POLES_EN
     }
     found.update(pole for words, pole in _POLES_ZH if words.search(prepared))
+    found.update([_IMPLIED[pole] for pole in found if pole in _IMPLIED])
     return frozenset(found)
 
 
