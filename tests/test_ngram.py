@@ -591,3 +591,30 @@ def test_to_mute_is_to_turn_the_volume_down(
     monkeypatch.setattr(guards, "_IMPLIED", {})
     alone = SemanticRouter(catalogue, config, analyzer=analyzer)
     assert alone.decide(muting["zh"], "zh").outcome == "direct"
+
+
+def test_a_word_one_example_only_modifies_covers_no_word_of_a_text(
+    analyzer: Analyzer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Chinese word that one example of a module holds only as a modifier (`灯` of
+    `打开灯的插座`, the lamp's socket) is not the module's topic: `打开灯` (turn on the light) is
+    not a smart-socket request, whatever the scorer ranks first (issue 17, round 12)."""
+    assert analyzer.analyze("打开灯的插座").modifiers == {"灯"}
+    assert analyzer.analyze("我的闹钟").modifiers == frozenset()  # a stopword is no topic
+    socket = Profile(
+        "demo:socket_on",
+        "read",
+        {"zh": ["打开智能插座", "请打开我的智能插座", "打开灯的插座", "把插座打开", "插座开"]},
+    )
+    forecast = Profile("demo:forecast", "read", {"zh": ["明天天气怎么样", "会下雨吗", "天气预报"]})
+    config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
+    router = SemanticRouter([socket, forecast], config, analyzer=analyzer)
+    light = router.decide("打开灯", "zh")
+    assert light.scorer_module == "demo:socket_on"
+    assert light.outcome == "no_direct"
+    own = router.decide("打开插座", "zh")
+    assert own.outcome == "direct" and own.module_id == "demo:socket_on"
+    # The rule is what stops it: with the modifier counted, the text goes through.
+    monkeypatch.setattr(ngram, "_only_modifying", lambda examples: set())
+    counted = SemanticRouter([socket, forecast], config, analyzer=analyzer)
+    assert counted.decide("打开灯", "zh").outcome == "direct"

@@ -497,6 +497,7 @@ def _fit_language(
         background_threshold = background_margins[allowed] + 1e-9
     unigrams = {
         c: frozenset(u for a, y in zip(analyses, labels, strict=True) if y == c for u in a.unigrams)
+        - _only_modifying(a for a, y in zip(analyses, labels, strict=True) if y == c)
         for c in classes
     }
     return LanguageModel(
@@ -515,6 +516,21 @@ def _fit_language(
         generic=generic,
         open_words=MappingProxyType(_open_words(analyses, labels, classes, generic)),
     )
+
+
+def _only_modifying(examples: Iterable[Analysis]) -> set[str]:
+    """The words only one of a module's examples holds, there only as a modifier (`X的Y`):
+    `灯` of a smart-socket module's `打开灯的插座` (the lamp's socket). Such a word names what
+    that example's thing belongs to, not what the module is asked about, so it covers no word
+    of a text: `打开灯` (turn on the light) is a light module's request, which the catalogue may
+    lack (issue 17, round 12)."""
+    holders: Counter[str] = Counter()
+    modifying: set[str] = set()
+    for analysis in examples:
+        words = Counter(analysis.unigrams)
+        holders.update(words.keys())
+        modifying.update(u for u in analysis.modifiers if words[u] == 1)
+    return {u for u in modifying if holders[u] == 1}
 
 
 def _per_class(sizes: Iterable[int], most: int) -> int | None:

@@ -205,6 +205,9 @@ class Analysis:
     content: frozenset[str]
     """Unigrams that name a topic: everything but `action` features (unknown words,
     placeholders and write features included). Topic coverage is measured over these."""
+    modifiers: frozenset[str] = frozenset()
+    """Unigrams written right before `的` somewhere in the text, the modifier of `X的Y` (`灯` in
+    `打开灯的插座`, the lamp's socket): what the thing named after it belongs to."""
 
 
 class Analyzer:
@@ -235,12 +238,13 @@ class Analyzer:
         """Normalises `text` and extracts its features."""
         normalized = normalize(text)
         unigrams: list[str] = []
+        modifiers: set[str] = set()
         start = 0
         for match in _PLACEHOLDER.finditer(normalized):
-            self._segment(normalized[start : match.start()], unigrams)
+            self._segment(normalized[start : match.start()], unigrams, modifiers)
             unigrams.append(ITEM if ":" in match.group() else NUM)
             start = match.end()
-        self._segment(normalized[start:], unigrams)
+        self._segment(normalized[start:], unigrams, modifiers)
         # Unordered pairs: `逛逛商铺` and `商铺逛逛` mean the same, and so do most reorderings
         # of two domain features; a pair still says the two were adjacent.
         bigrams = [
@@ -252,9 +256,10 @@ class Analyzer:
             unigrams=tuple(unigrams),
             features=(*unigrams, *bigrams),
             content=frozenset(u for u in unigrams if u not in self._action),
+            modifiers=frozenset(modifiers),
         )
 
-    def _segment(self, text: str, out: list[str]) -> None:
+    def _segment(self, text: str, out: list[str], modifiers: set[str]) -> None:
         words: list[str] = []  # a run of Latin words, joined into phrases when it ends
         for match in _TOKEN.finditer(text):
             kind = match.lastgroup
@@ -265,12 +270,15 @@ class Analyzer:
             self._words(words, out)
             words = []
             if kind == "han":
+                before = None  # the feature of the previous word of this run, if it had one
                 for word in self._jieba.cut(token, HMM=False):
-                    feature = self._zh.get(word)
-                    if feature is not None:
-                        out.append(feature)
-                    elif word not in self._zh_stop:
-                        out.append(word)
+                    if word == "的" and before is not None:
+                        modifiers.add(before)
+                    before = self._zh.get(word)
+                    if before is None and word not in self._zh_stop:
+                        before = word
+                    if before is not None:
+                        out.append(before)
             elif unicodedata.category(token).startswith("So"):
                 out.append(token)  # symbols and emoji count as unknown content; punctuation not
         self._words(words, out)
