@@ -590,6 +590,20 @@ def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
     assert check_guards("给我定个闹钟", declared_zh) == "write"
 
 
+def test_a_change_word_its_examples_use_without_an_object_still_fires_on_one() -> None:
+    """`the alarms you set` declares `you|set`, said of what was done; `can you set my alarm`
+    acts on something (`my`) and still fires, unless an example acts the same way (`you|set>`:
+    issue 17, round 12: the dev set's alarm query took `can you set my alarm for seven thirty am`
+    when the alarm-set module was held out)."""
+    reading = declared_markers(["let me know about the alarms you set", "what alarms are set"])
+    assert ("write", "you|set") in reading and ("write", "you|set>") not in reading
+    assert check_guards("can you set my alarm for seven", reading) == "write"
+    assert check_guards("which alarms did you set", reading) is None  # no object: lifted
+    acting = declared_markers(["could you set an alarm"])
+    assert check_guards("can you set my alarm for seven", acting) is None
+    assert check_guards("which alarms did you set", acting) is None  # with or without one
+
+
 @pytest.mark.parametrize(
     ("text", "changes"),
     [

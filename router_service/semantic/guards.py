@@ -12,8 +12,11 @@ fire for that module: `有没有未读的邮件` asks the inbox (its examples sa
 asks a stop command whose examples say `cancel it please`. The catalogue's author wrote those
 words as the way the module is asked. Words that change state but that read requests use too
 (`CHANGE`: set, remove, turn on, 删除, 关闭...) are declared only with the word before them, so
-`what time is the alarm set for` declares `alarm|set` and `set an alarm` still fires. Claim,
-buy, pay, sign-in and the other write words (`WRITE`) never are (seed 004).
+`what time is the alarm set for` declares `alarm|set` and `set an alarm` still fires; such a word
+followed by an object (`can you set my alarm`: `_OBJECTS`) acts on it, and only an example that
+acts too (`could you set an alarm`, declaring `you|set>`) lifts it, not `the alarms you set`
+(issue 17, round 12). Claim, buy, pay, sign-in and the other write words (`WRITE`) never are
+(seed 004).
 
 **Both languages' lists say the same things** (issue 17, round 9): `stop` is 停止, `again` is
 再…一遍, `that one` 那首 / 那条, `log in` 登录, `set` 设置 / 设个 / 定个, `turn off` 关掉, `remove`
@@ -178,9 +181,20 @@ def _prepare(text: str) -> str:
     return ITEM_ID.sub(" <item> ", normalize(text))
 
 
-def _occurrences(prepared: str) -> Iterator[tuple[str, tuple[Marker, ...]]]:
+# Words after a change word that make it act on something (`set my alarm`, `remove the
+# event`), as opposed to saying what was done (`the alarms you set`).
+# fmt: off
+_OBJECTS = frozenset([
+    "my", "a", "an", "the", "this", "that", "these", "those", "your", "our", "his", "her",
+    "their", "all", "some", "it", "them"])
+# fmt: on
+
+
+def _occurrences(prepared: str, checking: bool = False) -> Iterator[tuple[str, tuple[Marker, ...]]]:
     """Every guard marker in `prepared`, in guard order: its guard's name and the context forms
-    a module may declare (none for a guard that is never lifted)."""
+    a module may declare (none for a guard that is never lifted). A change word's form ends in
+    `>` where it acts on an object; `checking` a text, one without an object is also lifted by
+    that acting form."""
     for guard in GUARDS:
         for found in _found(guard, prepared):
             if guard.lift == "never":
@@ -189,10 +203,14 @@ def _occurrences(prepared: str) -> Iterator[tuple[str, tuple[Marker, ...]]]:
             marker = " ".join(found.group().split())
             before = _TOKEN.findall(prepared[: found.start()])
             left = (guard.name, f"{before[-1] if before else ''}|{marker}")
-            if guard.lift == "left":
-                yield guard.name, (left,)
-                continue
             after = _TOKEN.findall(prepared[found.end() :])
+            if guard.lift == "left":
+                acting = (guard.name, left[1] + ">")
+                if after and after[0] in _OBJECTS:
+                    yield guard.name, (acting,)
+                else:
+                    yield guard.name, (left, acting) if checking else (left,)
+                continue
             yield guard.name, (left, (guard.name, f"{marker}|{after[0] if after else ''}"))
 
 
@@ -220,7 +238,7 @@ def check_guards(text: str, declared: Collection[Marker] = frozenset()) -> str |
             if next(_found(guard, prepared), None) is not None:
                 return guard.name
         return None
-    for name, forms in _occurrences(prepared):
+    for name, forms in _occurrences(prepared, checking=True):
         if not any(form in declared for form in forms):
             return name
     return None
