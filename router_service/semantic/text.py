@@ -270,15 +270,16 @@ class Analyzer:
             self._words(words, out)
             words = []
             if kind == "han":
-                before = None  # the feature of the previous word of this run, if it had one
+                previous = None  # the feature of the word before in this run, if it had one
                 for word in self._jieba.cut(token, HMM=False):
-                    if word == "的" and before is not None:
-                        modifiers.add(before)
-                    before = self._zh.get(word)
-                    if before is None and word not in self._zh_stop:
-                        before = word
-                    if before is not None:
-                        out.append(before)
+                    if word == "的" and previous is not None:
+                        modifiers.add(previous)
+                    feature = self._zh.get(word)
+                    if feature is None and word not in self._zh_stop:
+                        feature = word
+                    if feature is not None:
+                        out.append(feature)
+                    previous = feature
             elif unicodedata.category(token).startswith("So"):
                 out.append(token)  # symbols and emoji count as unknown content; punctuation not
         self._words(words, out)
