@@ -126,25 +126,18 @@ entry it adds, so expired entries never pile up, and few enough to cost a write 
 
 
 def _sweep_expired(session: Session, now: dt.datetime) -> int:
-    """Deletes up to SWEEP of the oldest expired entries. On PostgreSQL rows another write is
-    deleting are skipped, not waited for (no lock order to get wrong between the two)."""
+    """Deletes up to SWEEP of the oldest expired entries, in one statement. On PostgreSQL rows
+    another write is deleting are skipped, not waited for (no lock order to get wrong between
+    the two)."""
+    key = (_ENTRIES.c.player_id, _ENTRIES.c.language, _ENTRIES.c.text_sha256)
     oldest = (
-        select(_ENTRIES.c.player_id, _ENTRIES.c.language, _ENTRIES.c.text_sha256)
+        select(*key)
         .where(_ENTRIES.c.expires_at <= now)
         .order_by(_ENTRIES.c.expires_at)
         .limit(SWEEP)
         .with_for_update(skip_locked=True)
     )
-    keys = [tuple(row) for row in session.execute(oldest)]
-    if not keys:
-        return 0
-    return rowcount(
-        session.execute(
-            delete(_ENTRIES).where(
-                tuple_(_ENTRIES.c.player_id, _ENTRIES.c.language, _ENTRIES.c.text_sha256).in_(keys)
-            )
-        )
-    )
+    return rowcount(session.execute(delete(_ENTRIES).where(tuple_(*key).in_(oldest))))
 
 
 class Lookup(NamedTuple):

@@ -203,15 +203,16 @@ def _occurrences(prepared: str, checking: bool = False) -> Iterator[tuple[str, t
             marker = " ".join(found.group().split())
             before = _TOKEN.findall(prepared[: found.start()])
             left = (guard.name, f"{before[-1] if before else ''}|{marker}")
-            after = _TOKEN.findall(prepared[found.end() :])
+            following = _TOKEN.search(prepared, found.end())
+            after = following.group() if following else ""
             if guard.lift == "left":
                 acting = (guard.name, left[1] + ">")
-                if after and after[0] in _OBJECTS:
+                if after in _OBJECTS:
                     yield guard.name, (acting,)
                 else:
                     yield guard.name, (left, acting) if checking else (left,)
                 continue
-            yield guard.name, (left, (guard.name, f"{marker}|{after[0] if after else ''}"))
+            yield guard.name, (left, (guard.name, f"{marker}|{after}"))
 
 
 def declared_markers(examples: Iterable[str]) -> frozenset[Marker]:

@@ -495,10 +495,13 @@ def _fit_language(
     allowed = int(BACKGROUND_ACCEPT * len(kept))
     if len(background_margins) > allowed:
         background_threshold = background_margins[allowed] + 1e-9
+    examples: dict[str, list[Analysis]] = {c: [] for c in classes}
+    for analysis, label in zip(analyses, labels, strict=True):
+        if label in examples:
+            examples[label].append(analysis)
     unigrams = {
-        c: frozenset(u for a, y in zip(analyses, labels, strict=True) if y == c for u in a.unigrams)
-        - _only_modifying(a for a, y in zip(analyses, labels, strict=True) if y == c)
-        for c in classes
+        c: frozenset(u for a in held for u in a.unigrams) - _only_modifying(held)
+        for c, held in examples.items()
     }
     return LanguageModel(
         classes=classes,
