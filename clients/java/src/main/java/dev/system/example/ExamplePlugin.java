@@ -392,10 +392,12 @@ public final class ExamplePlugin {
       String eventKey = "adv-" + UUID.randomUUID();
       boolean sent = client.event(steve, "minecraft:advancement", eventKey,
           Map.of("advancement", "minecraft:story/mine_stone"));
+      // The world records a call before the game thread applies it: wait for the bread too.
       boolean given = await(() -> world.calls().stream().anyMatch(
-          c -> c.tool().equals("minecraft:item.give") && c.playerId().equals(steve)), WAIT);
+              c -> c.tool().equals("minecraft:item.give") && c.playerId().equals(steve))
+          && Integer.valueOf(15).equals(world.inventory(steve).get("minecraft:bread")), WAIT);
       System.out.println("<Steve> earns minecraft:story/mine_stone (event " + eventKey + ")");
-      check(sent && given && world.inventory(steve).get("minecraft:bread") == 15,
+      check(sent && given,
           "event-item-give", "sent=" + sent + " given=" + given + " inventory=" + world.inventory(steve)
               + " frame errors=" + frameErrors);
       PlayerResponse notice = notices.poll(WAIT.toSeconds(), TimeUnit.SECONDS);
