@@ -115,7 +115,9 @@ async def test_a_step_that_needs_an_intent_stores_the_held_results_first(
     task_id = claim.task.task_id
     called = calls_to_storage(store)
     game = GameServer()
-    steps = TaskSteps(store, claim)
+    # The recorded step's result is held until `finish`: a short linger would let its timer
+    # store it while the test reads the receipt (CI saw it DONE on a slow machine).
+    steps = TaskSteps(store, claim, linger=3600.0)
     await steps.run(_give(honours=True), game.call())
     await steps.run(_give(honours=False), game.call())  # its intent is stored before it runs
     assert called == ["Commit", "RecordStep"]
