@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from router_service import eval as routing_eval
 from router_service.eval import iter_cases
@@ -424,13 +425,13 @@ def test_a_catalogue_beyond_the_scorers_size_routes_with_the_gates_alone(
     assert ngram._fit_language(texts, labels, [], analyzer) is None
 
 
-def test_a_catalogue_beyond_the_fits_size_trains_on_a_spread_of_each_modules_examples(
+def test_a_catalogue_beyond_the_fits_size_is_fitted_in_chunks_that_hold_every_example(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """More examples than the closed-form fit takes (a 100-shot catalogue): each module keeps
-    as many as fit, its most typical and then those least like the ones kept (a near-duplicate
-    is left out), while topic coverage still knows every example's words; with fewer than
-    `MIN_FITTED` of each fitting, the gates alone route."""
+    """More examples than one closed-form fit takes (a 100-shot catalogue): the fit is the mean
+    of fits on chunks of at most `per_class` of each module, which together hold every example
+    (its features and leave-one-out margins too); with fewer than `MIN_FITTED` of each module
+    in a chunk, the gates alone route."""
     from router_service.semantic import ngram
 
     examples = [
@@ -446,25 +447,53 @@ def test_a_catalogue_beyond_the_fits_size_trains_on_a_spread_of_each_modules_exa
     monkeypatch.setattr(ngram, "MIN_FITTED", 2)
     model = ngram._fit_language(texts, labels, [], analyzer)
     assert model is not None
-    assert len(model.loo) == 4  # two examples of each module fitted
-    chosen = ngram._spread(
-        ngram.NgramFeaturizer([analyzer.analyze(t) for t in texts]).matrix, labels, 2
-    )
-    assert [texts[i] for i in chosen] == [
-        "open the shop",
-        "browse the store",
-        "show my mail",
-        "read my inbox",
-    ]
-    # The fitted examples' features only; every example's words for topic coverage.
-    assert "w:today" not in model.featurizer.vocabulary
+    assert len(model.loo) == 6  # every example has its leave-one-out margin
+    assert "w:today" in model.featurizer.vocabulary
     assert "today" in model.unigrams["test:a"] and "inbox" in model.unigrams["test:b"]
     monkeypatch.setattr(ngram, "MIN_FITTED", 3)
     assert ngram._fit_language(texts, labels, [], analyzer) is None
-    # Under MAX_EXAMPLES every example is fitted, however few each module has.
-    monkeypatch.setattr(ngram, "MAX_EXAMPLES", 6)
-    model = ngram._fit_language(texts, labels, [], analyzer)
-    assert model is not None and len(model.loo) == 6
+
+
+def test_chunks_deal_each_modules_examples_round_them() -> None:
+    from router_service.semantic import ngram
+
+    labels = ["a"] * 7 + ["b"] * 2 + ["c"] * 4
+    chunks = ngram._chunks(labels, 3)
+    assert len(chunks) == 3  # the 7 of `a` need three chunks of 3
+    assert set().union(*chunks) == set(range(len(labels)))  # every example is fitted
+    for chunk in chunks:
+        held = [labels[i] for i in chunk]
+        assert held.count("a") == 3 and held.count("c") == 3
+        assert [i for i in chunk if labels[i] == "b"] == [7, 8]  # 2 fit whole, in every chunk
+    # Dealt, not cut: a catalogue that lists one phrasing after another spreads each of them.
+    assert [i for i in chunks[0] if labels[i] == "a"] == [0, 3, 6]
+    assert [i for i in chunks[1] if labels[i] == "a"] == [1, 2, 4]
+    assert [i for i in chunks[2] if labels[i] == "a"] == [0, 2, 5]
+
+
+def test_chunked_leave_one_out_equals_refitting_the_chunks_without_the_example() -> None:
+    """Each example's leave-one-out scores are the mean fit's, every chunk that holds it
+    refitted without it, and the weights the mean of the chunks' fits."""
+    from router_service.semantic import ngram
+
+    rng = np.random.default_rng(3)
+    dense = rng.random((9, 12)) * (rng.random((9, 12)) < 0.4)
+    matrix = sp.csr_matrix(dense / np.maximum(np.linalg.norm(dense, axis=1), 1e-9)[:, None])
+    labels = [0, 0, 0, 0, 1, 1, 1, 2, 2]
+    targets = -np.ones((9, 3))
+    targets[np.arange(9), labels] = 1.0
+    chunks = ngram._chunks([str(y) for y in labels], 2)
+    weights, loo = ngram._ridge(matrix, targets, chunks)
+
+    def fit(rows: list[int]) -> np.ndarray:
+        x = matrix[rows].toarray()
+        alpha = np.linalg.solve(x @ x.T + ngram.RIDGE * np.eye(len(rows)), targets[rows])
+        return np.asarray(x.T @ alpha)
+
+    np.testing.assert_allclose(weights, np.mean([fit(c) for c in chunks], axis=0), atol=1e-10)
+    for i in range(9):
+        refitted = np.mean([fit([j for j in c if j != i]) for c in chunks], axis=0)
+        np.testing.assert_allclose(loo[i], matrix[i].toarray()[0] @ refitted, atol=1e-10)
 
 
 def test_a_change_module_takes_no_text_without_a_change_word(analyzer: Analyzer) -> None:

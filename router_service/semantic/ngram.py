@@ -21,11 +21,12 @@ Per language, at start:
    reject profiles alike: hints and rejects compete, and the router never routes them).
 3. **Model**: a one-vs-rest ridge classifier (targets +1 / -1, penalty `RIDGE`) solved in
    closed form in the examples' space (`n x n`, n = examples), so training takes a fraction of a
-   second even for 150 modules x 10 examples; a text's confidence is its **margin**: the top
-   module's score minus the second's.
+   second even for 150 modules x 10 examples; past `MAX_EXAMPLES` the mean of such fits on
+   chunks of the examples that together hold all of them (`_chunks`, `_ridge`). A text's
+   confidence is its **margin**: the top module's score minus the second's.
 4. **Threshold**, the larger of:
    - *leave-one-out*: ridge gives every example's leave-one-out scores exactly from the one fit
-     (`(f_i - h_ii y_i) / (1 - h_ii)`); the least margin at which the examples' leave-one-out
+     (`y_i - alpha_i / [(K + RIDGE I)^-1]_ii`; for chunks, of the mean fit); the least margin at which the examples' leave-one-out
      top module is right at least `LOO_PRECISION` of the time (a held-out example is harder than
      a new text: it has one example fewer, often the only one of its phrasing, so this target
      is lower than the precision wanted of direct routes);
@@ -62,6 +63,7 @@ from importlib import resources
 from types import MappingProxyType
 
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
@@ -108,15 +110,19 @@ week` missed the recommendations module because a calendar module's examples say
 the traffic module's word); 2 or more add no wrong route on the development set or its draws."""
 
 MAX_EXAMPLES = 2500
-"""Most examples of one language the scorer fits. Its closed-form fit is cubic in them (2,000
-took 2.7 s to build the router, 4,000 took 14 s on a 2-core machine). A catalogue with more
-(150 modules x 100 examples) fits a spread of each module's examples, as many of each as fit
-(`_spread`), so long as that is `MIN_FITTED` or more; else (1,000 modules x 20 examples) it
-routes with the seed's gates alone, and the start-up log says so."""
+"""Most examples of one language one closed-form fit takes: it is cubic in them (a Cholesky
+factor and its inverse; 2,500 take about a second on a 2-core machine). A catalogue with more
+(150 modules x 100 examples) is fitted in chunks of at most this many, each holding as many of
+every module's examples as fit (`_per_class`), together all of them (`_chunks`); the weights
+are the chunks' fits' mean (`_ridge`). Until issue 17's round 13 such a catalogue fitted one
+spread of each module's examples and left the rest out: on the development set with 20 of each
+intent's test texts added as examples (30-shot), capped so that 10 of each fit, 13.8 % coverage
+against 30.4 % in chunks and 29.8 % for one fit of all (`router_service/corpus/README.md`)."""
 MIN_FITTED = 10
-"""Fewest examples of each module a spread fit takes (the 10-shot sets are what the scorer
-and its threshold were measured on; 5 of 10 measured far worse, `semantic/README.md`). It
-also bounds the weights' memory: features x modules, 250 modules at the most."""
+"""Fewest examples of each module a chunk must hold (the 10-shot sets are what the scorer and
+its threshold were measured on); with fewer (1,000 modules x 20 examples) the language routes
+with the seed's gates alone, and the start-up log says so. It also bounds the weights' memory:
+features x modules, 250 modules at the most."""
 
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(rf"[{_HAN}]+|[^\s{_HAN}]+")
@@ -452,35 +458,21 @@ def _fit_language(
     classes = tuple(sorted(set(labels)))
     if len(classes) < 2:
         return None
-    # More examples than the closed-form fit takes: it fits a spread of each module's examples
-    # (`_spread`), as many of each as fit, its features and idf from those alone (so its
-    # weights take no more memory than a catalogue of that size); topic coverage and open
-    # words still come from every example.
+    # More examples than one closed-form fit takes: the fit is the mean of fits on chunks of
+    # them (`_chunks`), which together hold every example; topic coverage and open words come
+    # from every example as always.
     per_class = _per_class(Counter(labels).values(), MAX_EXAMPLES)
     if per_class is not None and per_class < MIN_FITTED:
         return None
     analyses = [analyzer.analyze(t) for t in texts]
     featurizer = NgramFeaturizer(analyses)
-    fitted_labels = labels
-    if per_class is not None:
-        chosen = _spread(featurizer.matrix, labels, per_class)
-        featurizer = NgramFeaturizer([analyses[i] for i in chosen])
-        fitted_labels = [labels[i] for i in chosen]
-    matrix = featurizer.matrix
-    n, k = len(fitted_labels), len(classes)
+    n, k = len(labels), len(classes)
     position = {c: i for i, c in enumerate(classes)}
-    encoded = np.fromiter((position[y] for y in fitted_labels), dtype=np.int64, count=n)
+    encoded = np.fromiter((position[y] for y in labels), dtype=np.int64, count=n)
     targets = -np.ones((n, k))
     targets[np.arange(n), encoded] = 1.0
-    with threadpool_limits(1):
-        gram = (matrix @ matrix.T).toarray()
-        inverse = np.linalg.inv(gram + RIDGE * np.eye(n))
-        alpha = inverse @ targets
-        fitted = gram @ alpha
-        # Hat matrix diagonal h_ii = (K (K + lambda I)^-1)_ii, both symmetric: a row-wise sum.
-        hat = np.einsum("ij,ij->i", gram, inverse)
-        loo_scores = (fitted - hat[:, None] * targets) / (1.0 - hat[:, None])
-        weights = np.ascontiguousarray(matrix.T @ alpha)
+    chunks = [list(range(n))] if per_class is None else _chunks(labels, per_class)
+    weights, loo_scores = _ridge(featurizer.matrix, targets, chunks)
     loo = [
         (margin, top == truth)
         for margin, top, truth in zip(*_margins(loo_scores), encoded.tolist(), strict=True)
@@ -549,28 +541,56 @@ def _per_class(sizes: Iterable[int], most: int) -> int | None:
     return None
 
 
-def _spread(matrix: sp.csr_matrix, labels: Sequence[str], per_class: int) -> list[int]:
-    """The rows to fit, at most `per_class` of each class, chosen to span its phrasings: its
-    most typical example (nearest its centroid), then, one at a time, the example least like
-    those chosen so far (farthest-first)."""
+def _chunks(labels: Sequence[str], per_class: int) -> list[list[int]]:
+    """The examples in chunks of at most `per_class` of each class, which together hold every
+    example: as many chunks as the largest class needs; a class with `per_class` or fewer is in
+    every chunk whole, a larger one is dealt round the chunks (its every `count`-th example
+    from a different start, so a catalogue that lists one phrasing after another spreads each
+    over the chunks) and topped up from the next deal, so each chunk holds `per_class` of it."""
     rows: dict[str, list[int]] = {}
     for i, label in enumerate(labels):
         rows.setdefault(label, []).append(i)
-    chosen: list[int] = []
+    count = max(math.ceil(len(members) / per_class) for members in rows.values())
+    chunks: list[list[int]] = [[] for _ in range(count)]
     for members in rows.values():
-        if len(members) <= per_class:
-            chosen += members
-            continue
-        block = matrix[members]
-        similarity = (block @ block.T).toarray()
-        picked = [int(np.argmax(similarity.sum(axis=1)))]
-        nearest = similarity[picked[0]].copy()
-        while len(picked) < per_class:
-            nearest[picked] = np.inf
-            picked.append(int(np.argmin(nearest)))
-            nearest = np.maximum(nearest, similarity[picked[-1]])
-        chosen += sorted(members[j] for j in picked)
-    return sorted(chosen)
+        deals = [members[start::count] for start in range(count)]
+        for c, chunk in enumerate(chunks):
+            rotated = [i for turn in range(count) for i in deals[(c + turn) % count]]
+            chunk += rotated[:per_class]
+    return [sorted(chunk) for chunk in chunks]
+
+
+def _ridge(
+    matrix: sp.csr_matrix, targets: np.ndarray, chunks: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The one-vs-rest ridge weights (features x classes): the mean of one closed-form fit per
+    chunk of examples; and every example's exact leave-one-out scores under that mean.
+
+    A chunk's fit solves `(K + RIDGE I) alpha = Y` over its examples (K their Gram matrix) by
+    Cholesky; its leave-one-out score of an example it holds is `y_i - alpha_i / [(K + RIDGE
+    I)^-1]_ii` (the closed form of refitting without it), and a chunk that does not hold the
+    example scores it as new text. The mean of those is the mean fit refitted without it."""
+    n, k = targets.shape
+    dual = np.zeros((n, k))  # each example's coefficients, summed over its chunks
+    own = np.zeros((n, k))  # its leave-one-out scores less its fitted ones, likewise
+    with threadpool_limits(1):
+        for chunk in chunks:
+            rows = matrix[chunk]
+            system = (rows @ rows.T).toarray()
+            system[np.diag_indices_from(system)] += RIDGE
+            lower = scipy.linalg.cholesky(system, lower=True, check_finite=False)
+            y = targets[chunk]
+            alpha = scipy.linalg.cho_solve((lower, True), y, check_finite=False)
+            inverse_lower, info = scipy.linalg.lapack.dtrtri(lower, lower=1)
+            if info != 0:  # pragma: no cover - K + RIDGE I is positive definite
+                raise np.linalg.LinAlgError(f"dtrtri failed ({info})")
+            inverse_diagonal = np.einsum("ij,ij->j", inverse_lower, inverse_lower)
+            dual[chunk] += alpha
+            # fitted = y - RIDGE alpha; leave-one-out = y - alpha / inverse_diagonal
+            own[chunk] += alpha * (RIDGE - 1.0 / inverse_diagonal[:, None])
+        weights = np.ascontiguousarray(matrix.T @ dual) / len(chunks)
+        loo_scores = np.asarray(matrix @ weights) + own / len(chunks)
+    return weights, loo_scores
 
 
 def _open_words(
