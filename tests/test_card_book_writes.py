@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from system.storage.v1 import card_book_pb2_grpc
 
+from services.gateway import card_books
 from services.gateway.card_books import LINGER_SECONDS, CardBookStore
 from services.gateway.cards import ShownCard
 from storage_service import card_book as stored_cards
@@ -47,9 +48,12 @@ def _card(version: int) -> ShownCard:
 
 
 async def test_notices_one_at_a_time_are_one_write(
-    storage: tuple[stored_cards.CardBookStore, str],
+    storage: tuple[stored_cards.CardBookStore, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cards, target = storage
+    # A linger far longer than the notes' spacing: a slow machine's late wake-ups must not
+    # split them over two writes (0.1 s shipped; 5 ms apart).
+    monkeypatch.setattr(card_books, "LINGER_SECONDS", 1.0)
     store = CardBookStore(target)
     store.start()
     try:
