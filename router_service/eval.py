@@ -703,7 +703,15 @@ def _build_router(
             lang: round(ngram.threshold(lang), 4) for lang in ngram.languages
         }
         meta["scorer_train_seconds"] = round(ngram.train_seconds, 4)
+        meta["scorer_fit_size"] = _fit_size()
     return (lambda text, lang: router.decide(text, lang)), meta, router, config
+
+
+def _fit_size() -> int:
+    """Most examples of a language the scorer fits at once (past it, in chunks)."""
+    from router_service.semantic import ngram
+
+    return ngram.MAX_EXAMPLES
 
 
 def _decide_with(router: SemanticRouter, text: str, lang: str) -> Decision:
@@ -804,6 +812,14 @@ def _parser() -> argparse.ArgumentParser:
         "of all draws together (not with --plot)",
     )
     parser.add_argument(
+        "--fit-size",
+        type=int,
+        metavar="N",
+        help="fit at most N examples of a language at once (the router fits 2,500): a smaller "
+        "N fits the catalogue in chunks, as a catalogue past 2,500 would be, with any number of "
+        "each module in a chunk (a stand-in for a 100-shot set; scripts/more_shots.py)",
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -826,6 +842,23 @@ def _seed_range(text: str) -> range:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.fit_size is None:
+        return _run(args)
+    if args.fit_size < 2:
+        print("error: --fit-size must be 2 or more", file=sys.stderr)
+        return 2
+    from router_service.semantic import ngram
+
+    # For this run's routers only: the eval measures how a larger catalogue is fitted.
+    saved = ngram.MAX_EXAMPLES, ngram.MIN_FITTED
+    ngram.MAX_EXAMPLES, ngram.MIN_FITTED = args.fit_size, 1
+    try:
+        return _run(args)
+    finally:
+        ngram.MAX_EXAMPLES, ngram.MIN_FITTED = saved
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.compare and args.hold_out:
         print("error: --hold-out does not combine with --compare", file=sys.stderr)
         return 2

@@ -375,6 +375,50 @@ def test_seeds_route_one_draw_each_and_sum_them_up(
         ev.main([*base, "--hold-out", "1", "--seeds", "4-1"])
 
 
+def test_more_shots_moves_each_modules_first_cases_into_its_examples(
+    tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    profiles, cases = tiny
+    out = tmp_path / "more"
+    script = ROOT / "scripts" / "more_shots.py"
+    run = [sys.executable, str(script), "--set", str(profiles.parent), "--move", "1"]
+    done = subprocess.run([*run, "--out", str(out)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    moved = json.loads((out / "profiles.json").read_text(encoding="utf-8"))
+    examples = {m["id"]: m["examples"]["en"] for m in moved["modules"]}
+    # The first case of each module, in the file's order, in the language it is labelled in.
+    assert examples["test:shop"] == ["open the shop", "browse the store", "open the shop"]
+    assert examples["test:mail"][-1] == "zebra quantum violin"
+    left = [json.loads(line) for line in (out / "cases.jsonl").read_text().splitlines()]
+    assert [c["text"] for c in left] == [
+        "check my mailbox",  # test:shop's second case stays a case
+        "read my letters",
+        "purple elephants dance",  # out of scope: never moved
+    ]
+    (profiles.parent / "cases.jsonl").write_text('{"text": "x", "expected": "test:no"}\n')
+    bad = subprocess.run([*run, "--out", str(out)], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "test:no" in bad.stderr
+
+
+@pytest.mark.skipif(not REAL_MATCHER, reason="needs the real matcher")
+def test_fit_size_fits_in_chunks_for_the_run_only(
+    tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from router_service.semantic import ngram
+
+    profiles, cases = tiny
+    base = ["--profiles", str(profiles), "--cases", str(cases), "--no-progress"]
+    before = ngram.MAX_EXAMPLES, ngram.MIN_FITTED
+    out = tmp_path / "chunks.json"
+    assert ev.main([*base, "--fit-size", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["scorer_fit_size"] == 2 and set(report["scorer_thresholds"]) == {"en"}
+    assert before == (ngram.MAX_EXAMPLES, ngram.MIN_FITTED)  # restored for the process
+    capsys.readouterr()
+    assert ev.main([*base, "--fit-size", "1"]) == 2
+    assert "--fit-size" in capsys.readouterr().err
+
+
 def test_progress_bar_goes_to_stderr(
     tiny: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
