@@ -482,7 +482,7 @@ def made_up_catalogue(
 
 
 def measure_scorer_fits(shapes: tuple[tuple[int, int], ...]) -> dict[str, Any]:
-    from router_service.semantic import Analyzer, Profile, SemanticConfig, SemanticRouter, ngram
+    from router_service.semantic import Analyzer, Profile, SemanticConfig, SemanticRouter
 
     analyzer = Analyzer()
     analyzer.analyze("warm up")
@@ -497,7 +497,6 @@ def measure_scorer_fits(shapes: tuple[tuple[int, int], ...]) -> dict[str, Any]:
         build = time.perf_counter() - started
         rss_growth = _rss_mib() - rss_before
         model = router.ngram.model("en") if router.ngram else None
-        per_class = ngram._per_class([examples] * modules, ngram.MAX_EXAMPLES)
         allowed = frozenset(m for m, _ in catalogue)
         label = f"decide, {modules} x {examples}"
         samples, decisions = _time_calls(
@@ -512,7 +511,7 @@ def measure_scorer_fits(shapes: tuple[tuple[int, int], ...]) -> dict[str, Any]:
         out[f"{modules}x{examples}"] = {
             "modules": modules,
             "examples_per_module": examples,
-            "chunks": 1 if per_class is None else -(-examples // per_class),
+            "chunks": model.chunks if model else 0,
             "build_s": round(build, 3),
             "rss_growth_mib": round(rss_growth, 1),
             "weights_mib": round(model.weights.nbytes / 2**20, 1) if model else 0.0,

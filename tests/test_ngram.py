@@ -448,6 +448,7 @@ def test_a_catalogue_beyond_the_fits_size_is_fitted_in_chunks_that_hold_every_ex
     model = ngram._fit_language(texts, labels, [], analyzer)
     assert model is not None
     assert len(model.loo) == 6  # every example has its leave-one-out margin
+    assert model.chunks == 2  # two of each module in a chunk: three examples need two
     assert "w:today" in model.featurizer.vocabulary
     assert "today" in model.unigrams["test:a"] and "inbox" in model.unigrams["test:b"]
     monkeypatch.setattr(ngram, "MIN_FITTED", 3)

@@ -255,6 +255,9 @@ class LanguageModel:
     stems: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict, repr=False)
     """Per class, the `word_forms` of all its `unigrams`: a text's word with a form among these
     counts as known to the module (`played` for examples that say `playing`)."""
+    chunks: int = 1
+    """How many closed-form fits the weights are the mean of (`_chunks`): 1 unless the
+    language has more examples than `MAX_EXAMPLES`."""
 
     def topic_coverage(self, analysis: Analysis, module_id: str) -> float:
         """The share of the text's content unigrams (topics and unknown words) that appear in
@@ -380,10 +383,11 @@ class NgramScorer:
             if model is not None:
                 models[lang] = model
                 log.info(
-                    "semantic scorer (%s): %d modules, threshold %.3f (leave-one-out %.3f, "
-                    "background %.3f over %d texts)",
+                    "semantic scorer (%s): %d modules in %d fit(s), threshold %.3f "
+                    "(leave-one-out %.3f, background %.3f over %d texts)",
                     lang,
                     len(model.classes),
+                    model.chunks,
                     model.threshold,
                     model.loo_threshold,
                     model.background_threshold,
@@ -513,6 +517,7 @@ def _fit_language(
         loo=tuple(loo),
         generic=generic,
         open_words=MappingProxyType(_open_words(analyses, labels, classes, generic)),
+        chunks=len(chunks),
     )
 
 
