@@ -703,15 +703,10 @@ def _build_router(
             lang: round(ngram.threshold(lang), 4) for lang in ngram.languages
         }
         meta["scorer_train_seconds"] = round(ngram.train_seconds, 4)
-        meta["scorer_fit_size"] = _fit_size()
+        # How many fits each language's weights are the mean of (more than 1 past the fit's
+        # size, or with --fit-size).
+        meta["scorer_chunks"] = {lang: ngram.model(lang).chunks for lang in ngram.languages}
     return (lambda text, lang: router.decide(text, lang)), meta, router, config
-
-
-def _fit_size() -> int:
-    """Most examples of a language the scorer fits at once (past it, in chunks)."""
-    from router_service.semantic import ngram
-
-    return ngram.MAX_EXAMPLES
 
 
 def _decide_with(router: SemanticRouter, text: str, lang: str) -> Decision:

@@ -261,6 +261,12 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     return profiles, cases
 
 
+def _args(tiny: tuple[Path, Path]) -> list[str]:
+    """The eval's arguments for the tiny set, without a progress bar."""
+    profiles, cases = tiny
+    return ["--profiles", str(profiles), "--cases", str(cases), "--no-progress"]
+
+
 def _split_output(out: str) -> tuple[str, dict[str, Any]]:
     """The table, then the JSON document (which starts at the first line that is `{`)."""
     table, _, document = out.partition("\n{\n")
@@ -351,8 +357,7 @@ def test_hold_out_leaves_modules_out_and_their_cases_out_of_scope(
 def test_seeds_route_one_draw_each_and_sum_them_up(
     tiny: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    profiles, cases = tiny
-    base = ["--profiles", str(profiles), "--cases", str(cases), "--no-progress"]
+    base = _args(tiny)
     out = tmp_path / "draws.json"
     assert ev.main([*base, "--hold-out", "1", "--seeds", "1-4", "--json", str(out)]) == 0
     document = json.loads(out.read_text(encoding="utf-8"))
@@ -406,13 +411,14 @@ def test_fit_size_fits_in_chunks_for_the_run_only(
 ) -> None:
     from router_service.semantic import ngram
 
-    profiles, cases = tiny
-    base = ["--profiles", str(profiles), "--cases", str(cases), "--no-progress"]
+    base = _args(tiny)
     before = ngram.MAX_EXAMPLES, ngram.MIN_FITTED
     out = tmp_path / "chunks.json"
+    assert ev.main([*base, "--json", str(out)]) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["scorer_chunks"] == {"en": 1}
+    # Two examples of each of two modules, at most two examples a fit: two fits of one each.
     assert ev.main([*base, "--fit-size", "2", "--json", str(out)]) == 0
-    report = json.loads(out.read_text(encoding="utf-8"))
-    assert report["scorer_fit_size"] == 2 and set(report["scorer_thresholds"]) == {"en"}
+    assert json.loads(out.read_text(encoding="utf-8"))["scorer_chunks"] == {"en": 2}
     assert before == (ngram.MAX_EXAMPLES, ngram.MIN_FITTED)  # restored for the process
     capsys.readouterr()
     assert ev.main([*base, "--fit-size", "1"]) == 2
