@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from router_service.semantic import (
     normalize,
 )
 from router_service.semantic.config import Scorer, parse_semantic_config
-from router_service.semantic.guards import directions, opposite
+from router_service.semantic.guards import changes_state, directions, negates, opposite
 from router_service.semantic.router import _scorer_covers
 
 CORPUS = Path(__file__).resolve().parents[1] / "router_service" / "corpus"
@@ -515,18 +516,61 @@ def test_a_change_module_takes_no_text_without_a_change_word(analyzer: Analyzer)
     )
     config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
     router = SemanticRouter([*WEATHER, removal], config, analyzer=analyzer)
-    assert ("demo:event_remove", "en") in router._changes
-    assert ("demo:clock", "en") not in router._changes
+    assert router._meanings[("demo:event_remove", "en")] == (changes_state,)
+    assert ("demo:clock", "en") not in router._meanings
     read = router.decide("my events tomorrow", "en")
     assert read.scorer_module == "demo:event_remove"
     assert read.outcome == "no_direct"
     # The rule is what stops it: without it the scorer would route the read there.
     unguarded = SemanticRouter([*WEATHER, removal], config, analyzer=analyzer)
-    unguarded._changes = frozenset()
+    unguarded._meanings = MappingProxyType({})
     assert unguarded.decide("my events tomorrow", "en").outcome == "direct"
     # With the module's own change word it still reaches the module.
     change = router.decide("delete my events for tomorrow", "en")
     assert change.outcome == "direct" and change.module_id == "demo:event_remove"
+
+
+def test_a_negating_module_takes_no_text_without_a_negation(analyzer: Analyzer) -> None:
+    """A module most of whose examples say no (`不对`, `not`) is not reached by the scorer from
+    a text that says none: `你理解对了我的意思` (you understood what I meant) is the request of an affirming
+    sibling the catalogue lacks (issue 17, round 14)."""
+    negating = Profile(
+        "demo:negate",
+        "read",
+        {
+            "zh": [
+                "不对，你理解错了",
+                "你理解得不对",
+                "我不是这个意思",
+                "没听懂我的意思",
+                "你弄错了",
+            ]
+        },
+    )
+    forecast = Profile(
+        "demo:forecast_zh",
+        "read",
+        {"zh": ["明天天气怎么样", "今天会下雨吗", "这周的天气预报", "外面冷不冷", "今天出太阳吗"]},
+    )
+    catalogue = [forecast, negating]
+    config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
+    router = SemanticRouter(catalogue, config, analyzer=analyzer)
+    assert router._meanings[("demo:negate", "zh")] == (negates,)  # 4 of 5 negate
+    assert ("demo:forecast_zh", "zh") not in router._meanings  # 1 of 5 (`冷不冷`)
+    affirming = router.decide("你理解对了我的意思", "zh")
+    assert affirming.scorer_module == "demo:negate"
+    assert affirming.outcome == "no_direct"
+    unguarded = SemanticRouter(catalogue, config, analyzer=analyzer)
+    unguarded._meanings = MappingProxyType({})
+    assert unguarded.decide("你理解对了我的意思", "zh").outcome == "direct"
+    # A text that says no still reaches it.
+    denial = router.decide("你理解得不对，我不是这个意思", "zh")
+    assert (denial.outcome, denial.route, denial.module_id) == ("direct", "scorer", "demo:negate")
+    # Under the share (3 of 5) the module is not a negating one.
+    fewer = Profile("demo:negate", "read", {"zh": [*negating.examples["zh"][1:], "错了"]})
+    assert ("demo:negate", "zh") not in SemanticRouter(
+        [forecast, fewer], config, analyzer=analyzer
+    )._meanings
 
 
 def test_a_module_asked_in_one_direction_takes_no_text_saying_the_opposite(

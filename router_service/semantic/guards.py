@@ -48,6 +48,7 @@ __all__ = [
     "declared_markers",
     "directions",
     "fired_guards",
+    "negates",
     "opposite",
 ]
 
@@ -285,6 +286,11 @@ def changes_state(text: str) -> bool:
         return True
     lemmas = _lemmas(prepared)
     return lemmas != prepared and any(p.search(lemmas) for p in _STATE)
+
+
+def negates(text: str) -> bool:
+    """Whether `text` holds a negation marker (`NEGATION`), declared or not."""
+    return NEGATION.pattern.search(_prepare(text)) is not None
 
 
 # Words that name a direction of change, as opposed poles (issue 17, round 7): a module most of
