@@ -25,6 +25,7 @@ from router_service.semantic import (
     ngram,
     normalize,
 )
+from router_service.semantic import router as semantic_router
 from router_service.semantic.config import Scorer, parse_semantic_config
 from router_service.semantic.guards import changes_state, directions, negates, opposite
 from router_service.semantic.router import _scorer_covers
@@ -518,12 +519,14 @@ def test_a_change_module_takes_no_text_without_a_change_word(analyzer: Analyzer)
     router = SemanticRouter([*WEATHER, removal], config, analyzer=analyzer)
     assert router._meanings[("demo:event_remove", "en")] == (changes_state,)
     assert ("demo:clock", "en") not in router._meanings
+    # Removing is a direction too (`add` / `remove`): that rule is tested on its own below.
+    router._directions = MappingProxyType({})
     read = router.decide("my events tomorrow", "en")
     assert read.scorer_module == "demo:event_remove"
     assert read.outcome == "no_direct"
     # The rule is what stops it: without it the scorer would route the read there.
     unguarded = SemanticRouter([*WEATHER, removal], config, analyzer=analyzer)
-    unguarded._meanings = MappingProxyType({})
+    unguarded._meanings = unguarded._directions = MappingProxyType({})
     assert unguarded.decide("my events tomorrow", "en").outcome == "direct"
     # With the module's own change word it still reaches the module.
     change = router.decide("delete my events for tomorrow", "en")
@@ -594,8 +597,7 @@ def test_a_module_asked_in_one_direction_takes_no_text_saying_the_opposite(
     )
     config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
     router = SemanticRouter([*WEATHER, lower], config, analyzer=analyzer)
-    usual, _ = router._directions[("demo:volume_down", "en")]
-    assert usual == {"en0-"}
+    assert router._directions[("demo:volume_down", "en")].usual == {"en0-"}
     assert directions("Increased the volume") == {"en0+"}  # any inflection
     assert opposite("en0-") == "en0+"
     # Chinese poles: `静音` (mute) is not the `静音` of `取消静音` or `取消音箱静音` (unmute);
@@ -611,12 +613,47 @@ def test_a_module_asked_in_one_direction_takes_no_text_saying_the_opposite(
     assert up.outcome == "no_direct"
     # The rule is what stops it: without it the scorer would route the text there.
     unguarded = SemanticRouter([*WEATHER, lower], config, analyzer=analyzer)
-    unguarded._directions = {}
+    unguarded._directions = MappingProxyType({})
     assert unguarded.decide("turn the volume up on the speaker", "en").outcome == "direct"
-    # Its own direction still reaches it, and so does a text naming no direction.
-    for text in ("turn the speaker volume down", "the volume of the speaker"):
+    # Its own direction still reaches it.
+    decision = router.decide("turn the speaker volume down", "en")
+    assert decision.outcome == "direct" and decision.module_id == "demo:volume_down"
+
+
+def test_a_module_asked_in_a_direction_takes_no_text_saying_none_of_its_poles(
+    analyzer: Analyzer,
+) -> None:
+    """A module nearly all of whose examples say a direction (`dim`, `lower`, `down`) is not
+    reached by the scorer from a text that says none of their poles: `make the lights pink` is
+    a colour-changing sibling's request, `turn the lights off` a light-off one's (issue 17,
+    round 14). A module fewer of whose examples say one still takes such a text."""
+    examples = [
+        "dim the living room lights",
+        "please turn the lights down",
+        "lower the light level in my house",
+        "darken the lights in the kitchen",
+        "make the kitchen lights dimmer",
+    ]
+    config = SemanticConfig(scorer=Scorer("ngram", 0.8, -1.0))  # threshold out of the way
+    dimming = Profile("demo:lights_dim", "read", {"en": examples})
+    router = SemanticRouter([*WEATHER, dimming], config, analyzer=analyzer)
+    assert router._directions[("demo:lights_dim", "en")].directed
+    for text in ("make the kitchen lights pink", "turn the kitchen lights off"):
         decision = router.decide(text, "en")
-        assert decision.outcome == "direct" and decision.module_id == "demo:volume_down", text
+        assert decision.scorer_module == "demo:lights_dim", text
+        assert decision.outcome == "no_direct", text
+    unguarded = SemanticRouter([*WEATHER, dimming], config, analyzer=analyzer)
+    unguarded._directions = MappingProxyType({})
+    assert unguarded.decide("make the kitchen lights pink", "en").outcome == "direct"
+    own = router.decide("the living room lights dimmer please", "en")
+    assert (own.outcome, own.module_id) == ("direct", "demo:lights_dim")
+    # 3 of 5 examples saying a direction: under `DIRECTED_SHARE`, the colour text routes.
+    fewer = Profile(
+        "demo:lights_dim", "read", {"en": [*examples[:3], "the lights in the kitchen", "my lights"]}
+    )
+    loose = SemanticRouter([*WEATHER, fewer], config, analyzer=analyzer)
+    assert not loose._directions[("demo:lights_dim", "en")].directed
+    assert loose.decide("make the kitchen lights pink", "en").outcome == "direct"
 
 
 def test_to_mute_is_to_turn_the_volume_down(
@@ -659,10 +696,17 @@ def test_to_mute_is_to_turn_the_volume_down(
     for lang, text in {"en": "turn the speaker volume up", "zh": "把音箱音量调大"}.items():
         decision = router.decide(text, lang)  # its own direction still reaches it
         assert decision.outcome == "direct" and decision.module_id == "demo:volume_up", text
-    # What stops the Chinese text is that muting says `down`: without it the module's
-    # `取消音箱静音` holds the text's words and the text goes through. (The English one would
-    # stay out all the same: `unmute` does not hold its word `mute`.)
+    # What stops the Chinese text is that muting says `down`: without it the text says no
+    # pole, which a module asked in a direction takes no text of (`DIRECTED_SHARE`), and
+    # without that rule either the module's `取消音箱静音` holds the text's words and the text
+    # goes through. (The English one would stay out all the same: `unmute` does not hold its
+    # word `mute`.)
     monkeypatch.setattr(guards, "_IMPLIED", {})
+    assert (
+        SemanticRouter(catalogue, config, analyzer=analyzer).decide(muting["zh"], "zh").outcome
+        == "no_direct"
+    )
+    monkeypatch.setattr(semantic_router, "DIRECTED_SHARE", 2.0)
     alone = SemanticRouter(catalogue, config, analyzer=analyzer)
     assert alone.decide(muting["zh"], "zh").outcome == "direct"
 
