@@ -383,6 +383,9 @@ async def test_a_newer_connection_replaces_a_stalled_one(tmp_path: Any) -> None:
             await relay.CallGameTool(request, timeout=5)
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         await new.join(STEVE, "Steve")
+        # The join is a frame on the new stream: the call may only follow once it is read.
+        registry = chain.apps["gateway"].connections
+        await wait_until(lambda: registry.attached(scoped(STEVE, "a")) is not None, timeout=10)
         answer = await relay.CallGameTool(request, timeout=5)
         assert answer.result.WhichOneof("outcome") == "output"
         assert (await new.chat(STEVE, "help")).reply.result.status == SUCCEEDED
