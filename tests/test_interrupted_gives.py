@@ -32,7 +32,7 @@ from services.results import AgentFailure, ModuleFailure, NotDelivered
 from tests import test_gateway_replicas, test_honoured_call_ids
 from tests.inprocess import SERVER_ID, Chain
 from tests.test_honoured_call_ids import _give
-from tests.waiting import wait_until
+from tests.waiting import holds_for, wait_until
 
 STEVE = f"{SERVER_ID}/steve"
 GIVE = "minecraft:item.give"
@@ -166,8 +166,8 @@ async def test_a_tool_that_does_not_honour_call_ids_still_ends_effect_unknown(
     task = await _ended(chain)
     assert task.state == journal_pb2.TASK_STATE_FAILED
     assert task.result.failure.key == "system.error.effect_unknown", task.result
-    await asyncio.sleep(0.5)  # nothing is resent, even once steve is back
-    assert on_b.gives == []
+    # Nothing is resent, even once steve is back.
+    await holds_for(lambda: on_b.gives == [], 0.5, what="no give resent on gateway b")
     assert world.inventory("steve").get("minecraft:experience_bottle") is None
 
 

@@ -28,6 +28,7 @@ from storage_service.history import ConversationStore, HistoryBounds
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
 from storage_service.runs import RunStore
+from tests.waiting import wait_until
 
 JOURNAL = "system.storage.v1.JournalService"
 SERVICE = journal_pb2.DESCRIPTOR.services_by_name["JournalService"]
@@ -636,7 +637,7 @@ async def test_calls_made_while_a_message_is_written_go_together_in_the_next() -
 
     try:
         first = asyncio.ensure_future(call(0))
-        await asyncio.sleep(0.005)  # its message is being written
+        await wait_until(lambda: stream.written, what="the first call's message being written")
         answers = [*await asyncio.gather(first, *(call(i) for i in range(1, 20)))]
     finally:
         await client.aclose()

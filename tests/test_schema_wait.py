@@ -20,6 +20,7 @@ from storage_service.app import SERVICE_NAME, StorageApp, create_app
 from storage_service.config import StorageConfig
 from storage_service.db import make_engine
 from storage_service.migrate import SchemaVerdict, head_revision, schema_state, upgrade
+from tests.waiting import holds_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -72,6 +73,10 @@ async def _health(app: StorageApp, service: str = SERVICE_NAME) -> int:
         return status
 
 
+async def _not_serving(app: StorageApp) -> bool:
+    return await _health(app) == NOT_SERVING
+
+
 def _with_engine(database_url: str, act: Callable[[Engine], None]) -> None:
     engine = make_engine(database_url)
     try:
@@ -82,8 +87,8 @@ def _with_engine(database_url: str, act: Callable[[Engine], None]) -> None:
 
 async def test_waits_for_the_migration_then_serves(fresh_database_url: str) -> None:
     async with _storage(fresh_database_url) as app:
-        await asyncio.sleep(0.3)  # several polls
-        assert await _health(app) == NOT_SERVING
+        # It keeps polling and keeps out: not serving over several polls.
+        await holds_for(lambda: _not_serving(app), 0.3, what="the storage not serving")
         assert await _health(app, "") == SERVING  # alive: probes of the process pass
         assert not app.ready.is_set()
         check = await asyncio.to_thread(_migrate, fresh_database_url, "--check")
@@ -153,8 +158,7 @@ def test_schema_verdicts(fresh_database_url: str) -> None:
 async def test_a_refused_schema_keeps_it_out(fresh_database_url: str) -> None:
     _with_engine(fresh_database_url, lambda engine: upgrade(engine, "0007"))
     async with _storage(fresh_database_url) as app:
-        await asyncio.sleep(0.3)
-        assert await _health(app) == NOT_SERVING
+        await holds_for(lambda: _not_serving(app), 0.3, what="the storage not serving")
         await asyncio.to_thread(_with_engine, fresh_database_url, upgrade)
         await asyncio.wait_for(app.ready.wait(), 10)
         assert await _health(app) == SERVING

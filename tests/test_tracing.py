@@ -4,7 +4,6 @@ recorded with tracing off."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 
@@ -17,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from services.runtime import tracing
 from services.runtime.config import ConfigError, ServerConfig
 from tests.inprocess import Chain, running_chain
+from tests.waiting import holds_for, wait_until
 
 
 @pytest.fixture
@@ -49,11 +49,14 @@ async def _help(chain: Chain) -> None:
 async def _settled(exporter: InMemorySpanExporter, name_part: str) -> list[ReadableSpan]:
     """The finished spans, once one whose name holds `name_part` is among them (a run's
     journal writes may land just after the reply)."""
-    for _ in range(100):
-        found = exporter.get_finished_spans()
-        if any(name_part in span.name for span in found):
-            return list(found)
-        await asyncio.sleep(0.05)
+    await wait_until(
+        lambda: any(name_part in span.name for span in exporter.get_finished_spans()),
+        timeout=5,
+        what=lambda: (
+            f"a span named *{name_part}*; finished: "
+            f"{[span.name for span in exporter.get_finished_spans()]}"
+        ),
+    )
     return list(exporter.get_finished_spans())
 
 
@@ -123,8 +126,8 @@ async def test_tracing_off_records_nothing(chain: Chain) -> None:
     # Made but not installed: with tracing off no span goes anywhere, and the chain works.
     assert tracing.active() is None
     await _help(chain)
-    await asyncio.sleep(0.2)
-    assert exporter.get_finished_spans() == ()
+    # The run's journal writes go out just after the reply: none of them makes a span either.
+    await holds_for(lambda: exporter.get_finished_spans() == (), 0.2, what="no span finished")
     assert tracing.current_traceparent() == ("", "")
     provider.shutdown()
 
