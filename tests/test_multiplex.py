@@ -295,11 +295,13 @@ async def test_concurrent_calls_share_the_stream_and_group_commits(
 
 
 class _GatedServicer(JournalServicer):
-    """Commits wait for `gate` (tests of calls still in flight)."""
+    """Commits wait for `gate` (tests of calls still in flight); `arrived` counts them."""
 
     gate: asyncio.Event
+    arrived = 0
 
     async def Commit(self, request, context):  # type: ignore[no-untyped-def]
+        self.arrived += 1
         await self.gate.wait()
         return await super().Commit(request, context)
 
@@ -346,7 +348,7 @@ async def test_a_broken_stream_fails_its_calls_and_the_next_call_reopens_it(
         stuck = asyncio.ensure_future(
             client.call("Commit", _receipt_commit(player, task.task_id, "s1", RUNNING), timeout=30)
         )
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: service.servicer.arrived, what="the commit at the service")  # type: ignore[attr-defined]
         await service.stop()  # the service goes away with the call in flight
         with pytest.raises(grpc.aio.AioRpcError) as cut:
             await stuck
