@@ -228,44 +228,24 @@ class SemanticRouter:
         )
         self._profiles: Mapping[str, Profile] = MappingProxyType({p.module_id: p for p in profiles})
         self._rejects = sum(p.kind == "reject" for p in profiles)
+        examples = _module_examples(profiles, config)
         # Per module and language, the guard markers its own examples use (never write words).
         self._declared: Mapping[tuple[str, str], frozenset[Marker]] = MappingProxyType(
-            {
-                (p.module_id, lang): declared_markers(
-                    (*p.examples.get(lang, ()), *extra.get(lang, ()))
-                )
-                for p in profiles
-                for extra in (config.examples.get(p.module_id, {}),)
-                for lang in {*p.examples, *extra}
-            }
+            {key: declared_markers(texts) for key, texts in examples.items()}
         )
         # Per module and language, the markers the text must say because most of the
         # module's examples do (`_MEANINGS`: a change module, a negating module).
         self._meanings: Mapping[tuple[str, str], tuple[Callable[[str], bool], ...]] = (
             MappingProxyType(
-                {
-                    (p.module_id, lang): said
-                    for p in profiles
-                    for extra in (config.examples.get(p.module_id, {}),)
-                    for lang in {*p.examples, *extra}
-                    for said in (_meanings((*p.examples.get(lang, ()), *extra.get(lang, ()))),)
-                    if said
-                }
+                {key: said for key, texts in examples.items() if (said := _meanings(texts))}
             )
         )
         # Per module and language, the direction poles its examples say (`_Directions`).
         self._directions: Mapping[tuple[str, str], _Directions] = MappingProxyType(
-            {
-                (p.module_id, lang): _direction_poles(
-                    (*p.examples.get(lang, ()), *extra.get(lang, ()))
-                )
-                for p in profiles
-                for extra in (config.examples.get(p.module_id, {}),)
-                for lang in {*p.examples, *extra}
-            }
+            {key: _direction_poles(texts) for key, texts in examples.items()}
         )
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
-        self._speller = _speller(profiles, config, self._index) if self._index else None
+        self._speller = _speller(examples, self._index) if self._index else None
         trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
         self._scorer = (
             ModuleScorer.train(self._index)
@@ -464,7 +444,9 @@ class SemanticRouter:
         poles = self._directions.get((module_id, lang))
         if poles is None:
             return False
-        said = directions(normalized) | directions(matched_text)
+        said = directions(normalized)
+        if matched_text != normalized:
+            said |= directions(matched_text)
         if poles.directed and not said & poles.every:
             return True
         return any(
@@ -640,19 +622,25 @@ class SemanticRouter:
         ).candidates
 
 
-def _speller(profiles: list[Profile], config: SemanticConfig, index: SemanticIndex) -> Speller:
+def _module_examples(
+    profiles: Iterable[Profile], config: SemanticConfig
+) -> dict[tuple[str, str], tuple[str, ...]]:
+    """Each module's examples per language: its profile's, then the config's extra ones."""
+    return {
+        (p.module_id, lang): (*p.examples.get(lang, ()), *extra.get(lang, ()))
+        for p in profiles
+        for extra in (config.examples.get(p.module_id, {}),)
+        for lang in {*p.examples, *extra}
+    }
+
+
+def _speller(examples: Mapping[tuple[str, str], tuple[str, ...]], index: SemanticIndex) -> Speller:
     """The catalogue's speller: its examples' words (the config's extra examples too) are the
     corrections; the lexicon's words, stopwords and generic words are never corrected."""
     lexicon = index.analyzer.lexicon
     plain = [w for words in (*lexicon.stopwords.values(), *lexicon.generic.values()) for w in words]
     return Speller(
-        (
-            text
-            for p in profiles
-            for source in (p.examples, config.examples.get(p.module_id, {}))
-            for texts in source.values()
-            for text in texts
-        ),
+        (text for texts in examples.values() for text in texts),
         [*(w for table in lexicon.synonyms.values() for w in table), *plain],
         plain,
     )
@@ -676,13 +664,13 @@ def _direction_poles(texts: tuple[str, ...]) -> _Directions:
     return _Directions(
         usual=frozenset(p for p, n in counts.items() if _reaches(n, DIRECTION_SHARE, len(texts))),
         every=frozenset(counts),
-        directed=bool(texts) and _reaches(sum(map(bool, said)), DIRECTED_SHARE, len(texts)),
+        directed=_reaches(sum(map(bool, said)), DIRECTED_SHARE, len(texts)),
     )
 
 
 def _reaches(count: int, share: float, total: int) -> bool:
-    """Whether `count` of `total` is at least `share` of them."""
-    return count >= share * total - _EPSILON
+    """Whether `count` of `total` (more than none) is at least `share` of them."""
+    return total > 0 and count >= share * total - _EPSILON
 
 
 _MEANINGS: tuple[tuple[Callable[[str], bool], float], ...] = (
@@ -694,8 +682,6 @@ _MEANINGS: tuple[tuple[Callable[[str], bool], float], ...] = (
 
 def _meanings(texts: tuple[str, ...]) -> tuple[Callable[[str], bool], ...]:
     """The markers of `_MEANINGS` that at least their share of `texts` say."""
-    if not texts:
-        return ()
     return tuple(
         says for says, share in _MEANINGS if _reaches(sum(map(says, texts)), share, len(texts))
     )
