@@ -292,7 +292,7 @@ class _WorkersBusy:
 
     def __init__(self, stack: Stack, replicas: int) -> None:
         self._stack = stack
-        self._names = ["engine"] + [f"engine-{i}" for i in range(1, replicas)]
+        self._names = _engine_names(replicas)
         self._start = [
             self._event(name, "engine_executor_busy_seconds_total") for name in self._names
         ]
@@ -316,16 +316,40 @@ class _WorkersBusy:
         ]
 
 
-async def _joins_settled(stack: Stack, quiet: float = 0.3, longest: float = 15.0) -> None:
-    """Waits until the joins' calls to storage (each join's ResumePlayerTasks lists the
-    player's waiting tasks, and the gateway attaches the players) have stopped coming for
-    `quiet` seconds, at most `longest` seconds in all."""
+def _engine_names(replicas: int) -> list[str]:
+    """The engine replicas' names as in their port files (`engine`, `engine-1`, ...)."""
+    return ["engine"] + [f"engine-{i}" for i in range(1, replicas)]
+
+
+def _resumes(stack: Stack, replicas: int) -> int:
+    """ResumePlayerTasks calls the engine replicas have handled: a gateway makes one for each
+    player who joins."""
+    return sum(
+        count
+        for name in _engine_names(replicas)
+        for method, count in _handled(stack, name).items()
+        if method.endswith("ResumePlayerTasks")
+    )
+
+
+async def _joins_settled(
+    stack: Stack, replicas: int, resumes: int, quiet: float = 0.3, longest: float = 60.0
+) -> None:
+    """Waits until the engines have handled `resumes` ResumePlayerTasks calls in all (each
+    join's, which a gateway sends in the background once storage has placed the player), then
+    until the joins' calls to storage (a resume lists the player's waiting tasks, the gateway
+    attaches the players) have stopped coming for `quiet` seconds. Without the first wait a
+    loaded machine let a round count 2,999 joins' resumes as its tasks' work."""
+    deadline = time.monotonic() + longest
+    while (seen := await asyncio.to_thread(_resumes, stack, replicas)) < resumes:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {seen} of {resumes} joins reached the engines")
+        await asyncio.sleep(0.05)
 
     def joins_seen() -> int:
         handled = _handled(stack, "storage")
         return handled["ListTasks"] + handled["AttachPlayers"]
 
-    deadline = time.monotonic() + longest
     seen = await asyncio.to_thread(joins_seen)
     while time.monotonic() < deadline:
         await asyncio.sleep(quiet)
@@ -450,10 +474,14 @@ async def measure_events(
     round (`round_`) gives the same players new tasks (an event key of its own)."""
     players = [f"bench-{label}-{i}" for i in range(tasks)]
     event_key = "bench" if round_ == 0 else f"bench-{round_}"
+    replicas = 1 + len(extra or [])
+    resumes = await asyncio.to_thread(_resumes, stack, replicas)
     if round_ == 0:
         for player in players:
             await game.join(player, player)
-    await _joins_settled(stack)  # so the joins' own calls are not counted as the tasks'
+        resumes += len(players)
+    # So that the joins' own calls are not counted as the tasks'.
+    await _joins_settled(stack, replicas, resumes)
     channel = grpc.aio.insecure_channel(stack.target("engine"))
     storage_channel = grpc.aio.insecure_channel(stack.target("storage"))
     # Submitted as a gateway submits its game servers' events: on the engine's stream.
@@ -488,7 +516,7 @@ async def measure_events(
     try:
         meter = _StackCpu(stack, extra or [])
         exchanges = _Exchanges(stack)
-        busy = _WorkersBusy(stack, 1 + len(extra or []))
+        busy = _WorkersBusy(stack, replicas)
         progress(0, tasks, f"events {label}")
         started = time.perf_counter()
         await asyncio.gather(*(submitter() for _ in range(SUBMITTERS)))
