@@ -24,7 +24,7 @@ def _overall(tmp_path: Path, profiles: Path, cases: Path) -> dict[str, Any]:
     return overall
 
 
-def test_the_own_corpus_routes_a_half_and_never_wrongly(
+def test_the_own_corpus_routes_over_a_half_and_never_wrongly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     overall = _overall(tmp_path, CORPUS / "profiles.json", CORPUS / "cases.jsonl")
@@ -32,7 +32,7 @@ def test_the_own_corpus_routes_a_half_and_never_wrongly(
     assert overall["wrong_direct"] == 0
     assert overall["false_direct"] == 0
     assert overall["write_direct"] == 0 and overall["write_cases"] > 0
-    assert overall["coverage"] >= 0.50  # 51.5 % recorded
+    assert overall["coverage"] >= 0.56  # 57.5 % recorded (51.5 % before the Chinese typos)
 
 
 def test_the_chinese_development_set_keeps_its_precision(
@@ -44,5 +44,5 @@ def test_the_chinese_development_set_keeps_its_precision(
     overall = _overall(tmp_path, folder / "profiles.json", folder / "cases.jsonl")
     capsys.readouterr()
     assert overall["false_direct"] <= 1  # 1/400 recorded (`关灯`, out of scope as `lights out`)
-    assert overall["precision"] >= 0.98  # 98.5 % recorded
-    assert overall["coverage"] >= 0.20  # 20.4 % recorded
+    assert overall["precision"] >= 0.98  # 98.4 % recorded
+    assert overall["coverage"] >= 0.20  # 20.3 % recorded

@@ -40,6 +40,7 @@ from router_service.semantic import (
     reload_changes,
 )
 from router_service.semantic.guards import changes_state
+from router_service.semantic.homophones import Homophones
 from router_service.semantic.spelling import Speller
 from services.runtime.config import ConfigError
 
@@ -686,6 +687,62 @@ def test_a_typo_routes_as_the_word_while_guards_and_arguments_read_what_was_type
     # The extractor reads the text as typed: the id is not "corrected".
     item = router.decide("look up itme minecraft:daimond", "en")
     assert item.outcome == "direct" and item.input == {"item_id": "minecraft:daimond"}
+
+
+def _homophones(analyzer: Analyzer, examples: list[str], known: tuple[str, ...] = ()) -> Homophones:
+    return Homophones(
+        (word for text in examples for word in analyzer.han_words(text)),
+        known,
+        analyzer.han_words,
+        analyzer.word_log_probability,
+    )
+
+
+def test_a_same_sound_chinese_typo_reads_as_the_catalogues_word(analyzer: Analyzer) -> None:
+    homophones = _homophones(analyzer, ["打开商店", "我的余额", "查看历史记录", "帮助"])
+    assert homophones.correct("打开伤店") == "打开商店"  # 伤, 商: shang
+    assert homophones.correct("我的余鹅") == "我的余额"  # 鹅, 额: e
+    assert homophones.correct("查看历使记录") == "查看历史记录"
+    # A real word, but written far less often than the catalogue's word it sounds like.
+    assert homophones.correct("帮主") == "帮助"
+    # Left as typed: what the catalogue knows, two characters wrong, another sound.
+    assert homophones.correct("打开商店") == "打开商店"
+    assert homophones.correct("打开伤点") == "打开伤点"
+    assert homophones.correct("打开商庙") == "打开商庙"  # 庙 (miao) is no 店 (dian)
+    assert homophones.correct("minecraft:diamond 伤店") == "minecraft:diamond 商店"
+    assert _homophones(analyzer, []).correct("打开伤店") == "打开伤店"
+    # Characters far outside the common block are read, or left alone, without failing.
+    assert homophones.correct("打开\U0002a6d6店") == "打开\U0002a6d6店"
+
+
+def test_a_homophone_is_no_typo_where_what_was_typed_is_as_likely(analyzer: Analyzer) -> None:
+    # `都是` (all is) is likelier Chinese than `都市` (a city): not read as it.
+    homophones = _homophones(analyzer, ["大都市的天气", "权力"])
+    assert homophones.correct("都是晴天") == "都是晴天"
+    assert homophones.correction(["都", "是"]) is None
+    # Two real words of one sound: neither is read as the other.
+    assert homophones.correct("我的权利") == "我的权利"
+    # Only whole words of the text: `我接下来` is `我` `接下来`, never `我家` + `下来`.
+    assert _homophones(analyzer, ["我家"]).correct("我接下来要做什么") == "我接下来要做什么"
+    # Words the catalogue knows, each as typed, stay though together they sound like another
+    # of its words.
+    songs = _homophones(analyzer, ["这是哪首歌", "播放那首歌"])
+    assert songs.correct("我听的是哪首歌") == "我听的是哪首歌"
+    # Two catalogue words fit: neither is chosen.
+    both = Homophones(["商店", "伤店"], [], analyzer.han_words, analyzer.word_log_probability)
+    assert both.correction(["殇", "店"]) is None
+
+
+def test_a_chinese_typo_routes_as_the_word_while_the_guards_read_what_was_typed(
+    analyzer: Analyzer,
+) -> None:
+    router = _router(analyzer, PROFILES)
+    typo = router.decide("打开伤店", "zh")
+    assert typo.outcome == "direct" and typo.module_id == "system:shop"
+    unspelled = _router(analyzer, PROFILES)
+    unspelled._speller = None
+    assert unspelled.decide("打开伤店", "zh").outcome == "no_direct"
+    assert router.decide("不要打开伤店", "zh").gate_failed == "guard:negation"
 
 
 def test_a_module_declares_the_markers_of_its_extra_examples_too(analyzer: Analyzer) -> None:

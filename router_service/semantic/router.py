@@ -75,6 +75,7 @@ from router_service.semantic.guards import (
     negates,
     opposite,
 )
+from router_service.semantic.homophones import Homophones
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
 from router_service.semantic.ngram import NgramScorer, ScorerTop
 from router_service.semantic.profiles import Profile
@@ -637,12 +638,19 @@ def _module_examples(
 def _speller(examples: Mapping[tuple[str, str], tuple[str, ...]], index: SemanticIndex) -> Speller:
     """The catalogue's speller: its examples' words (the config's extra examples too) are the
     corrections; the lexicon's words, stopwords and generic words are never corrected."""
-    lexicon = index.analyzer.lexicon
+    analyzer = index.analyzer
+    lexicon = analyzer.lexicon
     plain = [w for words in (*lexicon.stopwords.values(), *lexicon.generic.values()) for w in words]
+    known = [*(w for table in lexicon.synonyms.values() for w in table), *plain]
+    chinese = (text for (_, lang), texts in examples.items() if lang == "zh" for text in texts)
+    homophones = Homophones(
+        (w for text in chinese for w in analyzer.han_words(text)),
+        known,
+        analyzer.han_words,
+        analyzer.word_log_probability,
+    )
     return Speller(
-        (text for texts in examples.values() for text in texts),
-        [*(w for table in lexicon.synonyms.values() for w in table), *plain],
-        plain,
+        (text for texts in examples.values() for text in texts), known, plain, homophones
     )
 
 

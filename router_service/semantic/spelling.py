@@ -25,9 +25,9 @@ swap apart (`form`, `from`) are rare, and the router never corrects a word it kn
 What it changes is the text the index and the n-gram scorer match; the guards read both the
 typed and the corrected text (either firing stops a route, so a correction never hides a
 negation or a write word, and `ordering` read as `order` is one), and the argument extractor
-reads what was typed. Chinese typos (IME
-homophones, `打开伤店`) are not corrected: they are not swaps, and the Han character n-grams
-already share what is left.
+reads what was typed. Chinese typos are of another kind (a pinyin input method's wrong
+character of the same sound, `打开伤店`): `homophones.py` reads them, in the same pass
+(`Speller.correct`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from router_service.semantic.homophones import Homophones
 from router_service.semantic.text import ITEM_ID, normalize
 
 __all__ = ["MIN_LENGTH", "Speller", "inflection_bases"]
@@ -76,14 +77,22 @@ class Speller:
     """Reads swapped-letter typos and inflections of the catalogue's words as those words.
     Immutable; thread-safe."""
 
-    def __init__(self, examples: Iterable[str], known: Iterable[str], plain: Iterable[str]) -> None:
+    def __init__(
+        self,
+        examples: Iterable[str],
+        known: Iterable[str],
+        plain: Iterable[str],
+        homophones: Homophones | None = None,
+    ) -> None:
         """
         Args:
             examples: the catalogue's example texts, every language.
             known: other words or phrases never corrected (the lexicon's words, stopwords,
                 generic words).
             plain: words never corrected *into* (stopwords, generic words).
+            homophones: what reads the Chinese typos (`homophones.py`); None: none are.
         """
+        self._homophones = homophones
         words = {w for text in examples for w in _LATIN.findall(normalize(text))}
         plain_words = {w for phrase in plain for w in _LATIN.findall(normalize(phrase))}
         self._known = frozenset(
@@ -103,6 +112,8 @@ class Speller:
     def correct(self, normalized: str) -> str:
         """`normalized` (a `normalize`d text) with its typos corrected; the same string when
         there are none. Item registry ids are left as typed."""
+        if self._homophones is not None:
+            normalized = self._homophones.correct(normalized)
         if not self._bases:
             return normalized
         spans = [m.span() for m in ITEM_ID.finditer(normalized)]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ import jieba
 from services.runtime.config import ConfigError
 
 __all__ = [
+    "HAN",
     "ITEM",
     "NUM",
     "Analysis",
@@ -55,9 +57,10 @@ NUM = "<num>"
 
 FEATURE_CLASSES = ("topic", "action", "write")
 
-_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
-_HAN_CHAR = re.compile(f"[{_HAN}]")
-_TOKEN = re.compile(rf"(?P<han>[{_HAN}]+)|(?P<word>(?:(?![{_HAN}])\w)+)|(?P<other>\S)")
+HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
+"""The Han characters, as a regular expression character class's inside."""
+_HAN_CHAR = re.compile(f"[{HAN}]")
+_TOKEN = re.compile(rf"(?P<han>[{HAN}]+)|(?P<word>(?:(?![{HAN}])\w)+)|(?P<other>\S)")
 # An item registry id: `namespace:path`, namespace starting with a letter (so `12:30` is no
 # id), path segments joined by `/`, `.` or `-`, never ending in one (`minecraft:stone.` is the
 # id plus a full stop). Shared with the item id extractor.
@@ -226,9 +229,33 @@ class Analyzer:
         self._action = frozenset(f for f, c in self.lexicon.classes.items() if c == "action")
         # A private tokenizer: adding the domain words must not change jieba for anyone else.
         self._jieba = jieba.Tokenizer()
+        self._jieba.initialize()
+        # The words jieba's dictionary lacks, added so that it cuts them whole: their counts
+        # are made up, so `word_log_probability` does not read them.
+        self._added: frozenset[str] = frozenset(
+            word
+            for word in {*self._zh, *self._zh_stop}
+            if len(word) > 1 and _HAN_CHAR.search(word) and word not in self._jieba.FREQ
+        )
         for word in sorted({*self._zh, *self._zh_stop}):
             if len(word) > 1 and _HAN_CHAR.search(word):
                 self._jieba.add_word(word)
+
+    def han_words(self, text: str) -> list[str]:
+        """The words of `text`'s Han runs as the analyzer segments them, before synonyms and
+        stopwords (`打开收件箱`: `打开`, `收件箱`)."""
+        return [
+            word
+            for match in _TOKEN.finditer(normalize(text))
+            if match.lastgroup == "han"
+            for word in self._jieba.cut(match.group(), HMM=False)
+        ]
+
+    def word_log_probability(self, word: str) -> float:
+        """How likely `word` is written, as jieba's dictionary counts it: its count over all
+        counts, in log (a word it lacks, or that only the lexicon added, counts once)."""
+        count = 0 if word in self._added else self._jieba.FREQ.get(word) or 0
+        return math.log(max(count, 1) / self._jieba.total)
 
     def __call__(self, text: str) -> list[str]:
         """The TF-IDF features of `text` (the `analyzer` callable of the vectorizer)."""
