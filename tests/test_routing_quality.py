@@ -32,7 +32,7 @@ def test_the_own_corpus_routes_over_a_half_and_never_wrongly(
     assert overall["wrong_direct"] == 0
     assert overall["false_direct"] == 0
     assert overall["write_direct"] == 0 and overall["write_cases"] > 0
-    assert overall["coverage"] >= 0.56  # 57.5 % recorded (51.5 % before the Chinese typos)
+    assert overall["coverage"] >= 0.58  # 59.0 % recorded (51.5 % before round 15's typos)
 
 
 def test_the_chinese_development_set_keeps_its_precision(

@@ -41,7 +41,7 @@ from router_service.semantic import (
 )
 from router_service.semantic.guards import changes_state
 from router_service.semantic.homophones import Homophones
-from router_service.semantic.spelling import Speller
+from router_service.semantic.spelling import Speller, english_words
 from services.runtime.config import ConfigError
 
 # --- fixtures ---------------------------------------------------------------------------------
@@ -659,7 +659,7 @@ def test_speller_reads_a_swapped_letter_typo_as_the_catalogues_word() -> None:
     # Never into a stopword or generic word, never a short word; no other edit than a swap.
     assert speller.correction("thsi") is None
     assert speller.correction("teh") is None
-    assert speller.correction("mal") is None  # a dropped letter is not corrected
+    assert speller.correction("mal") is None  # a dropped letter is not (without `english`)
     assert speller.correction("mall") is None  # nor a changed one
     # An inflection of an example word is read as the word (the analyzer only stems plurals).
     assert speller.correction("checked") == "check"
@@ -670,6 +670,23 @@ def test_speller_reads_a_swapped_letter_typo_as_the_catalogues_word() -> None:
     # An item registry id is the extractor's: kept as typed.
     assert speller.correct("look up minecraft:daimond") == "look up minecraft:daimond"
     assert Speller([], [], []).correct("opne") == "opne"
+
+
+def test_a_word_outside_english_one_letter_short_reads_as_the_catalogues_word() -> None:
+    examples = ["show my history", "check my mail", "open the planet", "my balance"]
+    speller = Speller(examples, known=[], plain=["my"], english=english_words())
+    assert speller.correct("pls show histry") == "pls show history"
+    assert speller.correction("chck") == "check"
+    assert speller.correction("balace") == "balance"
+    # A word of English is never read as another one letter longer (`plane`, `planet`).
+    assert "plane" in english_words()
+    assert speller.correction("plane") is None
+    # Only a dropped letter: one added or changed is left as typed (names, slang: `wifi`
+    # is one letter from `wife`, `yeap` from `year`).
+    assert speller.correction("ballance") is None
+    assert speller.correction("chack") is None
+    # Without the words of English, no dropped letter is read.
+    assert Speller(examples, known=[], plain=["my"]).correction("histry") is None
 
 
 def test_a_typo_routes_as_the_word_while_guards_and_arguments_read_what_was_typed(

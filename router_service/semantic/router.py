@@ -79,7 +79,7 @@ from router_service.semantic.homophones import Homophones
 from router_service.semantic.index import Match, ModuleScore, SemanticIndex
 from router_service.semantic.ngram import NgramScorer, ScorerTop
 from router_service.semantic.profiles import Profile
-from router_service.semantic.spelling import Speller
+from router_service.semantic.spelling import Speller, english_words
 from router_service.semantic.text import ITEM, NUM, Analysis, Analyzer, normalize
 from services.runtime.config import ConfigError
 
@@ -650,7 +650,11 @@ def _speller(examples: Mapping[tuple[str, str], tuple[str, ...]], index: Semanti
         analyzer.word_log_probability,
     )
     return Speller(
-        (text for texts in examples.values() for text in texts), known, plain, homophones
+        (text for texts in examples.values() for text in texts),
+        known,
+        plain,
+        homophones,
+        english_words(),
     )
 
 

@@ -10,10 +10,16 @@ consonant undone: `deleted` -> `delete`, `lists` -> `list`, `talking` -> `talk`)
 exactly one (the analyzer's own stemming only takes plurals off, and the character n-grams of
 `talking` are not those of `talk`).
 
-Only the swap: a letter changed, added or dropped turns too many real words into catalogue
-words (measured on the development set's held-out draws: `clean` to `clear`, `ready` to `read`,
-`rewind` to `remind`, `wrote` to `write`, `favourite` to `favorite`), while two real words one
-swap apart (`form`, `from`) are rare, and the router never corrects a word it knows.
+A letter changed, added or dropped turns too many real words into catalogue words (measured on
+the development set's held-out draws: `clean` to `clear`, `ready` to `read`, `rewind` to
+`remind`, `wrote` to `write`, `favourite` to `favorite`), while two real words one swap apart
+(`form`, `from`) are rare, and the router never corrects a word it knows. So beyond the swap
+only a dropped letter is read (round 15), and only in a word that is no word of English
+(`english_words`: counted `ENGLISH_COUNT` times or more in the frequency list pyspellchecker
+ships): `histry`, `invntory`, `chck`, `balace` are read as `history`, `inventory`, `check`,
+`balance`, while `plane` is never `planet`. A letter added or changed is left as typed even in
+a word outside English: those were names and slang (`petey` to `peter`, `wifi` to `wife`,
+`yeap` to `year`, `udrive` to `drive` on the development set).
 
 - Only Latin words of at least `MIN_LENGTH` letters, outside item registry ids (an id is the
   extractor's and is kept as typed: `minecraft:diamnod` is a wrong id, not a typo to fix).
@@ -32,6 +38,10 @@ character of the same sound, `打开伤店`): `homophones.py` reads them, in the
 
 from __future__ import annotations
 
+import functools
+import gzip
+import importlib.resources
+import json
 import re
 from collections.abc import Iterable
 
@@ -44,6 +54,19 @@ MIN_LENGTH = 4
 """Shortest word corrected, and shortest correction."""
 
 _LATIN = re.compile(r"[a-z]+")
+
+ENGLISH_COUNT = 100
+"""How often a word must be counted in pyspellchecker's English frequency list (subtitles, some
+6 million words) to be a word of English: `rewind` (2,769) is one, `ballance` (50) is not."""
+
+
+@functools.cache
+def english_words() -> frozenset[str]:
+    """The words of English (`ENGLISH_COUNT`), from the frequency list pyspellchecker ships:
+    loaded once per process (0.3 s, 5 MB kept)."""
+    resource = importlib.resources.files("spellchecker") / "resources" / "en.json.gz"
+    counts: dict[str, int] = json.loads(gzip.decompress(resource.read_bytes()))
+    return frozenset(word for word, count in counts.items() if count >= ENGLISH_COUNT)
 
 
 _SUFFIXES = ("s", "es", "d", "ed", "ing")
@@ -83,6 +106,7 @@ class Speller:
         known: Iterable[str],
         plain: Iterable[str],
         homophones: Homophones | None = None,
+        english: frozenset[str] | None = None,
     ) -> None:
         """
         Args:
@@ -91,8 +115,12 @@ class Speller:
                 generic words).
             plain: words never corrected *into* (stopwords, generic words).
             homophones: what reads the Chinese typos (`homophones.py`); None: none are.
+            english: the words of English (`english_words`): a word outside it may be read as
+                the one example word a letter added, dropped or changed away; None: no such
+                reading.
         """
         self._homophones = homophones
+        self._english = english
         words = {w for text in examples for w in _LATIN.findall(normalize(text))}
         plain_words = {w for phrase in plain for w in _LATIN.findall(normalize(phrase))}
         self._known = frozenset(
@@ -100,6 +128,11 @@ class Speller:
         )
         self._targets = frozenset(w for w in words if len(w) >= MIN_LENGTH and w not in plain_words)
         self._bases = frozenset(w for w in words if len(w) >= 3 and w not in plain_words)
+        # Each target under every form with one letter dropped (`history`: `histry`, ...).
+        self._dropped: dict[str, set[str]] = {}
+        for target in self._targets:
+            for i in range(len(target)):
+                self._dropped.setdefault(target[:i] + target[i + 1 :], set()).add(target)
 
     def correction(self, word: str) -> str | None:
         """The one word of the examples that `word` is a swapped-letter typo of, else the one
@@ -107,7 +140,13 @@ class Speller:
         if len(word) < MIN_LENGTH or word in self._known:
             return None
         found = _swaps(word) & self._targets or inflection_bases(word) & self._bases
+        if not found and self._english is not None and word not in self._english:
+            found = self._one_letter_off(word)
         return next(iter(found)) if len(found) == 1 else None
+
+    def _one_letter_off(self, word: str) -> set[str]:
+        """The example words `word` is one letter short of (`histry`: `history`)."""
+        return set(self._dropped.get(word, ()))
 
     def correct(self, normalized: str) -> str:
         """`normalized` (a `normalize`d text) with its typos corrected; the same string when
