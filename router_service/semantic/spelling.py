@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from router_service.semantic.homophones import Homophones
 from router_service.semantic.text import ITEM_ID, normalize
 
-__all__ = ["MIN_LENGTH", "Speller", "inflection_bases"]
+__all__ = ["ENGLISH_COUNT", "MIN_LENGTH", "Speller", "english_words", "inflection_bases"]
 
 MIN_LENGTH = 4
 """Shortest word corrected, and shortest correction."""
@@ -56,8 +56,8 @@ MIN_LENGTH = 4
 _LATIN = re.compile(r"[a-z]+")
 
 ENGLISH_COUNT = 100
-"""How often a word must be counted in pyspellchecker's English frequency list (subtitles, some
-6 million words) to be a word of English: `rewind` (2,769) is one, `ballance` (50) is not."""
+"""How often a word must be counted in pyspellchecker's English frequency list (built from the
+OpenSubtitles corpus) to be a word of English: `rewind` (2,769) is one, `ballance` (50) is not."""
 
 
 @functools.cache
@@ -97,7 +97,8 @@ def _swaps(word: str) -> set[str]:
 
 
 class Speller:
-    """Reads swapped-letter typos and inflections of the catalogue's words as those words.
+    """Reads typos of the catalogue's words as those words: swapped letters, inflections, a
+    letter short outside English, and (`homophones`) Chinese characters of the same sound.
     Immutable; thread-safe."""
 
     def __init__(
@@ -116,8 +117,7 @@ class Speller:
             plain: words never corrected *into* (stopwords, generic words).
             homophones: what reads the Chinese typos (`homophones.py`); None: none are.
             english: the words of English (`english_words`): a word outside it may be read as
-                the one example word a letter added, dropped or changed away; None: no such
-                reading.
+                the one example word it is a letter short of; None: no such reading.
         """
         self._homophones = homophones
         self._english = english
@@ -136,15 +136,16 @@ class Speller:
 
     def correction(self, word: str) -> str | None:
         """The one word of the examples that `word` is a swapped-letter typo of, else the one
-        it inflects; None when `word` is known, short, or has no single such word."""
+        it inflects, else (outside English) the one it is a letter short of; None when `word`
+        is known, short, or has no single such word."""
         if len(word) < MIN_LENGTH or word in self._known:
             return None
         found = _swaps(word) & self._targets or inflection_bases(word) & self._bases
         if not found and self._english is not None and word not in self._english:
-            found = self._one_letter_off(word)
+            found = self._letter_short_of(word)
         return next(iter(found)) if len(found) == 1 else None
 
-    def _one_letter_off(self, word: str) -> set[str]:
+    def _letter_short_of(self, word: str) -> set[str]:
         """The example words `word` is one letter short of (`histry`: `history`)."""
         return set(self._dropped.get(word, ()))
 
