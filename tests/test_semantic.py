@@ -689,20 +689,27 @@ def test_a_word_outside_english_one_letter_short_reads_as_the_catalogues_word() 
     assert Speller(examples, known=[], plain=["my"]).correction("histry") is None
 
 
-def test_a_typo_routes_as_the_word_while_guards_and_arguments_read_what_was_typed(
-    analyzer: Analyzer,
+@pytest.mark.parametrize(
+    ("typed", "negated", "lang"),
+    [("opne the shop", "don't opne the shop", "en"), ("打开伤店", "不要打开伤店", "zh")],
+)
+def test_a_typo_routes_as_the_word_while_the_guards_read_what_was_typed(
+    analyzer: Analyzer, typed: str, negated: str, lang: str
 ) -> None:
     router = _router(analyzer, PROFILES)
-    typo = router.decide("opne the shop", "en")
+    typo = router.decide(typed, lang)
     assert typo.outcome == "direct" and typo.module_id == "system:shop"
     # The speller is what routes it.
     unspelled = _router(analyzer, PROFILES)
     unspelled._speller = None
-    assert unspelled.decide("opne the shop", "en").outcome == "no_direct"
+    assert unspelled.decide(typed, lang).outcome == "no_direct"
     # A guard typed beside the typo still fires.
-    assert router.decide("don't opne the shop", "en").gate_failed == "guard:negation"
-    # The extractor reads the text as typed: the id is not "corrected".
-    item = router.decide("look up itme minecraft:daimond", "en")
+    assert router.decide(negated, lang).gate_failed == "guard:negation"
+
+
+def test_the_extractor_reads_a_mistyped_text_as_typed(analyzer: Analyzer) -> None:
+    # The id is not "corrected", though the word before it is.
+    item = _router(analyzer, PROFILES).decide("look up itme minecraft:daimond", "en")
     assert item.outcome == "direct" and item.input == {"item_id": "minecraft:daimond"}
 
 
@@ -748,18 +755,6 @@ def test_a_homophone_is_no_typo_where_what_was_typed_is_as_likely(analyzer: Anal
     # Two catalogue words fit: neither is chosen.
     both = Homophones(["商店", "伤店"], [], analyzer.han_words, analyzer.word_log_probability)
     assert both.correction(["殇", "店"]) is None
-
-
-def test_a_chinese_typo_routes_as_the_word_while_the_guards_read_what_was_typed(
-    analyzer: Analyzer,
-) -> None:
-    router = _router(analyzer, PROFILES)
-    typo = router.decide("打开伤店", "zh")
-    assert typo.outcome == "direct" and typo.module_id == "system:shop"
-    unspelled = _router(analyzer, PROFILES)
-    unspelled._speller = None
-    assert unspelled.decide("打开伤店", "zh").outcome == "no_direct"
-    assert router.decide("不要打开伤店", "zh").gate_failed == "guard:negation"
 
 
 def test_a_module_declares_the_markers_of_its_extra_examples_too(analyzer: Analyzer) -> None:
