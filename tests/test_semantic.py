@@ -707,6 +707,18 @@ def test_a_typo_routes_as_the_word_while_the_guards_read_what_was_typed(
     assert router.decide(negated, lang).gate_failed == "guard:negation"
 
 
+def test_traditional_characters_one_off_route_and_their_markers_stay_with_the_model(
+    analyzer: Analyzer,
+) -> None:
+    # A traditional character usually sounds as its simplified form (開, 开: kai).
+    router = _router(analyzer, PROFILES)
+    decision = router.decide("打開商店", "zh")
+    assert (decision.outcome, decision.module_id) == ("direct", "system:shop")
+    # A traditional negation left as typed is a word the catalogue lacks: no direct route.
+    for negated in ("別打開商店", "沒有打開商店"):
+        assert router.decide(negated, "zh").outcome == "no_direct"
+
+
 def test_the_extractor_reads_a_mistyped_text_as_typed(analyzer: Analyzer) -> None:
     # The id is not "corrected", though the word before it is.
     item = _router(analyzer, PROFILES).decide("look up itme minecraft:daimond", "en")
