@@ -707,16 +707,19 @@ def test_a_typo_routes_as_the_word_while_the_guards_read_what_was_typed(
     assert router.decide(negated, lang).gate_failed == "guard:negation"
 
 
-def test_traditional_characters_one_off_route_and_their_markers_stay_with_the_model(
-    analyzer: Analyzer,
-) -> None:
-    # A traditional character usually sounds as its simplified form (開, 开: kai).
+def test_traditional_chinese_routes_and_guards_as_simplified(analyzer: Analyzer) -> None:
+    assert normalize("打開郵件") == "打开邮件"
+    assert normalize("查看歷史記錄") == "查看历史记录"
+    assert normalize("乾隆") == "乾隆"  # the conversion's phrases keep what is not traditional
+    assert normalize("打开商店") == "打开商店"
     router = _router(analyzer, PROFILES)
-    decision = router.decide("打開商店", "zh")
-    assert (decision.outcome, decision.module_id) == ("direct", "system:shop")
-    # A traditional negation left as typed is a word the catalogue lacks: no direct route.
+    for text, module in (("打開商店", "system:shop"), ("查看歷史記錄", "system:history")):
+        decision = router.decide(text, "zh")
+        assert (decision.outcome, decision.module_id) == ("direct", module)
+    # The guards read the simplified form too: `別` is `别`, `沒` is `没`.
     for negated in ("別打開商店", "沒有打開商店"):
-        assert router.decide(negated, "zh").outcome == "no_direct"
+        assert router.decide(negated, "zh").gate_failed == "guard:negation"
+    assert router.decide("如果有郵件就打開收件箱", "zh").gate_failed == "guard:condition"
 
 
 def test_the_extractor_reads_a_mistyped_text_as_typed(analyzer: Analyzer) -> None:

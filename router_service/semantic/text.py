@@ -27,7 +27,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -87,8 +87,27 @@ def clean(text: str) -> str:
 
 
 def normalize(text: str) -> str:
-    """`clean` plus case folding: the form every matching stage and the intent cache key use."""
-    return clean(text).casefold()
+    """`clean` plus case folding and traditional Chinese characters in their simplified form:
+    the form every matching stage and the intent cache key use (`打開郵件` is `打开邮件`)."""
+    return _simplified(clean(text).casefold())
+
+
+@functools.cache
+def _to_simplified() -> tuple[frozenset[str], Callable[[str], str]]:
+    """The traditional characters OpenCC's conversion table changes, and its conversion
+    (`t2s`, with its phrases: `乾隆` stays), loaded on first use and warmed."""
+    from opencc import OpenCC  # noqa: PLC0415 - loaded with the first text, not at import
+
+    table = resources.files("opencc") / "dictionary" / "TSCharacters.txt"
+    lines = table.read_text(encoding="utf-8").splitlines()
+    convert: Callable[[str], str] = OpenCC("t2s").convert
+    convert("開")
+    return frozenset(line.split("\t", 1)[0] for line in lines if line.strip()), convert
+
+
+def _simplified(text: str) -> str:
+    traditional, convert = _to_simplified()
+    return text if traditional.isdisjoint(text) else convert(text)
 
 
 def _strip(text: str) -> str:
