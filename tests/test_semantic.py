@@ -732,7 +732,7 @@ def _homophones(analyzer: Analyzer, examples: list[str], known: tuple[str, ...] 
     return Homophones(
         (word for text in examples for word in analyzer.han_words(text)),
         known,
-        analyzer.han_words,
+        analyzer.cut,
         analyzer.word_log_probability,
     )
 
@@ -768,7 +768,7 @@ def test_a_homophone_is_no_typo_where_what_was_typed_is_as_likely(analyzer: Anal
     songs = _homophones(analyzer, ["这是哪首歌", "播放那首歌"])
     assert songs.correct("我听的是哪首歌") == "我听的是哪首歌"
     # Two catalogue words fit: neither is chosen.
-    both = Homophones(["商店", "伤店"], [], analyzer.han_words, analyzer.word_log_probability)
+    both = Homophones(["商店", "伤店"], [], analyzer.cut, analyzer.word_log_probability)
     assert both.correction(["殇", "店"]) is None
 
 

@@ -83,7 +83,8 @@ class Homophones:
         Args:
             words: the words of the catalogue's Chinese examples (the corrections).
             known: other words never corrected (the lexicon's, stopwords).
-            segment: a run of Han characters cut into words, as the analyzer cuts it.
+            segment: a run of Han characters cut into words, as the analyzer cuts it
+                (`Analyzer.cut`: the text is normalised already).
             log_probability: how likely a word is written, as jieba's dictionary says (its
                 count over all counts, in log; a word it lacks counts once).
         """

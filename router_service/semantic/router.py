@@ -646,7 +646,7 @@ def _speller(examples: Mapping[tuple[str, str], tuple[str, ...]], index: Semanti
     homophones = Homophones(
         (w for text in chinese for w in analyzer.han_words(text)),
         known,
-        analyzer.han_words,
+        analyzer.cut,
         analyzer.word_log_probability,
     )
     return Speller(

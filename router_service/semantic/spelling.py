@@ -142,12 +142,8 @@ class Speller:
             return None
         found = _swaps(word) & self._targets or inflection_bases(word) & self._bases
         if not found and self._english is not None and word not in self._english:
-            found = self._letter_short_of(word)
+            found = self._dropped.get(word, set())  # the words it is a letter short of
         return next(iter(found)) if len(found) == 1 else None
-
-    def _letter_short_of(self, word: str) -> set[str]:
-        """The example words `word` is one letter short of (`histry`: `history`)."""
-        return set(self._dropped.get(word, ()))
 
     def correct(self, normalized: str) -> str:
         """`normalized` (a `normalize`d text) with its typos corrected; the same string when

@@ -260,14 +260,18 @@ class Analyzer:
             if len(word) > 1 and _HAN_CHAR.search(word):
                 self._jieba.add_word(word)
 
+    def cut(self, run: str) -> list[str]:
+        """A run of Han characters (already normalised) cut into words as the analyzer cuts
+        it, before synonyms and stopwords (`打开收件箱`: `打开`, `收件箱`)."""
+        return list(self._jieba.cut(run, HMM=False))
+
     def han_words(self, text: str) -> list[str]:
-        """The words of `text`'s Han runs as the analyzer segments them, before synonyms and
-        stopwords (`打开收件箱`: `打开`, `收件箱`)."""
+        """The words of all of `text`'s Han runs (`cut`)."""
         return [
             word
             for match in _TOKEN.finditer(normalize(text))
             if match.lastgroup == "han"
-            for word in self._jieba.cut(match.group(), HMM=False)
+            for word in self.cut(match.group())
         ]
 
     def word_log_probability(self, word: str) -> float:
@@ -317,7 +321,7 @@ class Analyzer:
             words = []
             if kind == "han":
                 previous = None  # the feature of the word before in this run, if it had one
-                for word in self._jieba.cut(token, HMM=False):
+                for word in self.cut(token):
                     if word == "的" and previous is not None:
                         modifiers.add(previous)
                     feature = self._zh.get(word)
