@@ -46,7 +46,7 @@ from storage_service.batches import (
 from storage_service.dialect import is_postgresql
 from storage_service.fastsql import FastResult, FastStatement, Sent
 from storage_service.group_commit import NotApplied, fenced
-from storage_service.journal_records import _RECEIPTS, RECOVERABLE, STEP_DONE, STEP_RUNNING
+from storage_service.journal_records import _RECEIPTS, _TASKS, RECOVERABLE, STEP_DONE, STEP_RUNNING
 from storage_service.leases import _FENCE_QUERY, _fence_holds
 from storage_service.ledgers import (
     JournalBounds,
@@ -61,7 +61,7 @@ from storage_service.receipts import (
     _receipt_fast,
     _receipt_fast_done,
 )
-from storage_service.tasks import _TASKS, transition_fast
+from storage_service.tasks import transition_fast
 
 if TYPE_CHECKING:
     from storage_service.journal import JournalStore

@@ -17,7 +17,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 
-from sqlalchemy import DateTime, LargeBinary, String, bindparam, update
+from sqlalchemy import DateTime, LargeBinary, String, bindparam, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 from system.storage.v1 import journal_pb2
 
@@ -305,10 +305,10 @@ def apply_batch(
     if not versions:  # the response is empty, as stored with the row already
         return response
     session.connection().execute(
-        update(BatchRow)
+        update(_BATCHES)
         .where(
-            BatchRow.player_id == request.player_id,
-            BatchRow.request_id == request.request_id,
+            _BATCHES.c.player_id == request.player_id,
+            _BATCHES.c.request_id == request.request_id,
         )
         .values(response=response.SerializeToString())
     )
@@ -318,8 +318,12 @@ def apply_batch(
 def _replay(
     session: Session, request: journal_pb2.CommitRequest, digest: bytes
 ) -> journal_pb2.CommitResponse:
-    row = session.get(BatchRow, (request.player_id, request.request_id))
-    assert row is not None
+    row = session.execute(
+        select(_BATCHES.c.digest, _BATCHES.c.response).where(
+            _BATCHES.c.player_id == request.player_id,
+            _BATCHES.c.request_id == request.request_id,
+        )
+    ).one()
     if row.digest != digest:
         raise InvalidArgument(
             f"request_id {request.request_id!r} was already used for a different batch; "

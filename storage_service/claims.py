@@ -25,9 +25,9 @@ from system.storage.v1 import journal_pb2
 
 from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement
-from storage_service.journal_records import task_message
+from storage_service.journal_records import _TASKS, StoredTask, task_message
 from storage_service.leases import _LEASES, _micros
-from storage_service.tasks import _TASK_COLUMN_NAMES, _TASK_COLUMNS, _TASKS, _task_row
+from storage_service.tasks import _TASK_COLUMN_NAMES, _TASK_COLUMNS
 
 __all__ = ["MAX_CLAIM", "MAX_CLAIM_PLAYERS", "claim_tasks"]
 
@@ -203,7 +203,7 @@ def claim_tasks(
     claims = []
     width = len(_TASK_COLUMN_NAMES)
     for row in rows:
-        task = _task_row(row[:width])
+        task = StoredTask.from_row(row[:width])
         lease = journal_pb2.Lease(name=f"task:{task.task_id}", owner=owner, token=row[width])
         lease.expires_at.FromDatetime(aware(row[width + 1]))
         claims.append(journal_pb2.TaskClaim(task=task_message(task), lease=lease))

@@ -29,9 +29,9 @@ from services.runtime.errors import ServiceError
 from storage_service.batch_groups import _Applied
 from storage_service.dialect import is_postgresql
 from storage_service.fastsql import FastStatement
-from storage_service.journal_records import TaskRow, task_message
+from storage_service.journal_records import _TASKS, StoredTask, task_message
 from storage_service.ledgers import JournalBounds, Writes
-from storage_service.tasks import _TASKS, new_task
+from storage_service.tasks import new_task
 
 __all__ = ["CreateSender", "SendableCreate"]
 
@@ -150,6 +150,5 @@ def _finish(
     """The creation's answer: the row inserted, or the long way's (the event's task exists,
     or the ledger must make room), which nothing sent for it has changed."""
     if row["task_id"] in inserted:
-        # Not added to the session: the caller only reads it (task_message).
-        return task_message(TaskRow(**row)), True, 0
+        return task_message(StoredTask.of(row)), True, 0
     return unit(session)

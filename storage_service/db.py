@@ -32,6 +32,8 @@ from storage_service.dialect import ID, insert_for
 __all__ = [
     "KEEP_ON_RESET",
     "Base",
+    "HISTORY",
+    "PREFERENCES",
     "HistoryRow",
     "PreferenceRow",
     "make_engine",
@@ -91,23 +93,25 @@ def table_of(row: type[Base]) -> Table:
     return cast(Table, row.__table__)
 
 
+HISTORY = table_of(HistoryRow)
+PREFERENCES = table_of(PreferenceRow)
+
+
 def rowcount(result: Result[Any]) -> int:
     """The rows an INSERT, UPDATE or DELETE run by `Session.execute` touched: at run time its
     result is a CursorResult, which the signature only calls a Result."""
     return cast(CursorResult[Any], result).rowcount
 
 
-def upsert_ignore(session: Session, table: type[Base] | Table, **values: Any) -> Insert:
+def upsert_ignore(session: Session, table: Table, **values: Any) -> Insert:
     """INSERT that does nothing when the key exists, on SQLite and PostgreSQL.
 
     Its result's rowcount is 1 when this insert made the row and 0 when the key existed (what
     tells a racing writer whether it won): SQLAlchemy reports no count for an INSERT unless
-    asked to preserve it, and an ORM-enabled insert never does, so the insert is made on the
-    mapped class's Core table.
+    asked to preserve it.
     """
-    target = table if isinstance(table, Table) else table_of(table)
     return (
-        insert_for(session)(target)
+        insert_for(session)(table)
         .values(**values)
         .on_conflict_do_nothing()
         .execution_options(preserve_rowcount=True)

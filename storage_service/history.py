@@ -25,14 +25,16 @@ from sqlalchemy import (
     select,
     text,
     true,
+    update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import storage_pb2
 
 from services.runtime.errors import InvalidArgument
-from storage_service.db import HistoryRow, PreferenceRow, rowcount, table_of, upsert_ignore
+from storage_service.db import HISTORY, PREFERENCES, rowcount, upsert_ignore
 from storage_service.dialect import aware, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.intent_cache import invalidate as invalidate_intents
@@ -74,42 +76,46 @@ class Preferences:
 
 _PAGES = PageTokens("h")
 """ListHistory's page tokens: an entry's row id."""
-_HISTORY = table_of(HistoryRow)
-_PREFERENCES = table_of(PreferenceRow)
 _ENTRY_COLUMNS = ["player_id", "role", "text", "result", "request_id", "size_bytes", "created_at"]
+_ENTRY_READ_COLUMNS = tuple(
+    HISTORY.c[name] for name in ("id", "role", "text", "request_id", "result", "created_at")
+)
+"""What a read of entries selects (`_entry`; `id` orders pages)."""
+_PREFERENCE_COLUMNS = tuple(PREFERENCES.c[field.name] for field in dataclasses.fields(Preferences))
+"""A player's preference columns, in `Preferences`' field order."""
 _PLAYER = bindparam("player_id", type_=String)
 _NEWEST_ENTRY = (
-    select(_HISTORY.c.request_id, _HISTORY.c.seq, _HISTORY.c.bytes_through)
-    .where(_HISTORY.c.player_id == _PLAYER)
-    .order_by(_HISTORY.c.id.desc())
+    select(HISTORY.c.request_id, HISTORY.c.seq, HISTORY.c.bytes_through)
+    .where(HISTORY.c.player_id == _PLAYER)
+    .order_by(HISTORY.c.id.desc())
     .limit(1)
 )
 # Every interactive run's finish asks it first (a retried finish must not append twice).
-_NEWEST_REQUEST_ID = FastStatement(_NEWEST_ENTRY.with_only_columns(_HISTORY.c.request_id))
-_NEWEST_TOTALS = _NEWEST_ENTRY.with_only_columns(_HISTORY.c.seq, _HISTORY.c.bytes_through)
+_NEWEST_REQUEST_ID = FastStatement(_NEWEST_ENTRY.with_only_columns(HISTORY.c.request_id))
+_NEWEST_TOTALS = _NEWEST_ENTRY.with_only_columns(HISTORY.c.seq, HISTORY.c.bytes_through)
 """The running totals of the player's newest entry, which an append goes on from and which
 eviction sets every older entry's against."""
 
 
 def _newest(column: str) -> Any:
     """The player's newest entry's running total `column` (0 without history)."""
-    return func.coalesce(_NEWEST_TOTALS.with_only_columns(_HISTORY.c[column]).scalar_subquery(), 0)
+    return func.coalesce(_NEWEST_TOTALS.with_only_columns(HISTORY.c[column]).scalar_subquery(), 0)
 
 
 # SQLite: every interactive request appends its exchange, one statement an entry: inserted
 # only if the player has not turned history off (the first one's row count says which), its
 # running totals one past the player's newest entry's; then one DELETE of what no longer fits.
 _INSERT_IF_ENABLED = FastStatement(
-    insert(_HISTORY).from_select(
+    insert(HISTORY).from_select(
         [*_ENTRY_COLUMNS, "seq", "bytes_through"],
         select(
-            *(bindparam(name, type_=_HISTORY.c[name].type) for name in _ENTRY_COLUMNS),
+            *(bindparam(name, type_=HISTORY.c[name].type) for name in _ENTRY_COLUMNS),
             _newest("seq") + 1,
             _newest("bytes_through") + bindparam("size_bytes", type_=Integer),
         ).where(
             ~exists().where(
-                _PREFERENCES.c.player_id == _PLAYER,
-                _PREFERENCES.c.history_enabled.is_(False),
+                PREFERENCES.c.player_id == _PLAYER,
+                PREFERENCES.c.history_enabled.is_(False),
             )
         ),
     )
@@ -124,7 +130,7 @@ _INSERT_IF_ENABLED = FastStatement(
 _INSERT_ALL_IF_ENABLED = FastStatement(
     text(
         f"""
-INSERT INTO {_HISTORY.name}
+INSERT INTO {HISTORY.name}
     (player_id, role, text, result, request_id, size_bytes, created_at, seq, bytes_through)
 SELECT :player_id, v.role, v.text, v.result, v.request_id, v.size_bytes, v.created_at,
        coalesce(newest.seq, 0) + v.n,
@@ -132,11 +138,11 @@ SELECT :player_id, v.role, v.text, v.result, v.request_id, v.size_bytes, v.creat
 FROM unnest(:roles, :texts, :results, :request_ids, :sizes, :created)
      WITH ORDINALITY AS v(role, text, result, request_id, size_bytes, created_at, n)
 LEFT JOIN (
-    SELECT seq, bytes_through FROM {_HISTORY.name}
+    SELECT seq, bytes_through FROM {HISTORY.name}
     WHERE player_id = :player_id ORDER BY id DESC LIMIT 1
 ) AS newest ON TRUE
 WHERE NOT EXISTS (
-    SELECT 1 FROM {_PREFERENCES.name}
+    SELECT 1 FROM {PREFERENCES.name}
     WHERE player_id = :player_id AND history_enabled IS FALSE
 )
 ORDER BY v.n"""
@@ -163,7 +169,7 @@ def _evict_statement() -> FastStatement:
     player's entries from the oldest, so an append reads the entries it evicts and one more,
     not the whole history. None fits (a bound lowered below the newest entry): all go."""
     newest = _NEWEST_TOTALS.subquery("newest")
-    kept = _HISTORY.alias("kept")
+    kept = HISTORY.alias("kept")
     oldest_kept = (
         select(kept.c.id)
         .select_from(kept.join(newest, true()))
@@ -178,9 +184,9 @@ def _evict_statement() -> FastStatement:
         .scalar_subquery()
     )
     return FastStatement(
-        delete(_HISTORY).where(
-            _HISTORY.c.player_id == _PLAYER,
-            _HISTORY.c.id < func.coalesce(oldest_kept, _BEYOND_EVERY_ID),
+        delete(HISTORY).where(
+            HISTORY.c.player_id == _PLAYER,
+            HISTORY.c.id < func.coalesce(oldest_kept, _BEYOND_EVERY_ID),
         )
     )
 
@@ -200,8 +206,7 @@ class ConversationStore:
     def get_preferences(self, player_id: str) -> Preferences:
         check_player_id(player_id)
         with self._sessions() as session:
-            row = session.get(PreferenceRow, player_id)
-            return _preferences(row)
+            return self.preferences_in(session, player_id)
 
     def update_preferences(
         self,
@@ -222,21 +227,27 @@ class ConversationStore:
             # and two first-time updates would otherwise both insert.
             session.execute(
                 upsert_ignore(
-                    session, PreferenceRow, player_id=player_id, **dataclasses.asdict(Preferences())
+                    session, PREFERENCES, player_id=player_id, **dataclasses.asdict(Preferences())
                 )
             )
-            row = session.get(
-                PreferenceRow, player_id, with_for_update=True, populate_existing=True
+            changes = {
+                name: value
+                for name, value in (
+                    ("history_enabled", history_enabled),
+                    ("external_enabled", external_enabled),
+                    ("conversation_mode", conversation_mode),
+                )
+                if value is not None
+            }
+            mine = PREFERENCES.c.player_id == player_id
+            statement = (
+                update(PREFERENCES).where(mine).values(**changes).returning(*_PREFERENCE_COLUMNS)
+                if changes
+                else select(*_PREFERENCE_COLUMNS).where(mine).with_for_update()
             )
-            assert row is not None
-            if history_enabled is not None:
-                row.history_enabled = history_enabled
-            if external_enabled is not None:
-                row.external_enabled = external_enabled
-            if conversation_mode is not None:
-                row.conversation_mode = conversation_mode
+            row = session.execute(statement).one()
             invalidate_intents(session, player_id)  # the routers' cached intents go with it
-            return _preferences(row)
+            return Preferences(*row)
 
     # -- history ---------------------------------------------------------------------------
 
@@ -282,14 +293,12 @@ class ConversationStore:
         self, session: Session, player_id: str, count: int
     ) -> list[common_pb2.HistoryEntry]:
         """The player's newest `count` entries, oldest first, in the session's transaction."""
-        rows = list(
-            session.scalars(
-                select(HistoryRow)
-                .where(HistoryRow.player_id == player_id)
-                .order_by(HistoryRow.id.desc())
-                .limit(count)
-            )
-        )
+        rows = session.execute(
+            select(*_ENTRY_READ_COLUMNS)
+            .where(HISTORY.c.player_id == player_id)
+            .order_by(HISTORY.c.id.desc())
+            .limit(count)
+        ).all()
         return [_entry(row) for row in reversed(rows)]
 
     def _append_pipelined(
@@ -316,7 +325,10 @@ class ConversationStore:
     @staticmethod
     def preferences_in(session: Session, player_id: str) -> Preferences:
         """The player's preferences, in the session's transaction."""
-        return _preferences(session.get(PreferenceRow, player_id))
+        row = session.execute(
+            select(*_PREFERENCE_COLUMNS).where(PREFERENCES.c.player_id == player_id)
+        ).one_or_none()
+        return Preferences() if row is None else Preferences(*row)  # no row: the defaults
 
     def _row(self, player_id: str, index: int, entry: common_pb2.HistoryEntry) -> dict[str, Any]:
         if entry.role not in (common_pb2.HISTORY_ROLE_PLAYER, common_pb2.HISTORY_ROLE_ASSISTANT):
@@ -364,34 +376,25 @@ class ConversationStore:
         if page_size < 0:
             raise InvalidArgument("page_size must not be negative")
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        query = select(HistoryRow).where(HistoryRow.player_id == player_id)
+        query = select(*_ENTRY_READ_COLUMNS).where(HISTORY.c.player_id == player_id)
         if page_token:
-            query = query.where(HistoryRow.id < _PAGES.decode_number(page_token))
+            query = query.where(HISTORY.c.id < _PAGES.decode_number(page_token))
         with self._sessions() as session:
             rows, token = _PAGES.read(
-                session, query.order_by(HistoryRow.id.desc()), size, lambda row: row.id
+                session, query.order_by(HISTORY.c.id.desc()), size, lambda row: row.id
             )
         return [_entry(row) for row in reversed(rows)], token
 
     def clear(self, player_id: str) -> int:
         check_player_id(player_id)
         with self._sessions.begin() as session:
-            result = session.execute(delete(HistoryRow).where(HistoryRow.player_id == player_id))
+            result = session.execute(delete(HISTORY).where(HISTORY.c.player_id == player_id))
             invalidate_intents(session, player_id)  # the routers' cached intents go with it
             return int(rowcount(result) or 0)
 
 
-def _preferences(row: PreferenceRow | None) -> Preferences:
-    if row is None:
-        return Preferences()
-    return Preferences(
-        history_enabled=row.history_enabled,
-        external_enabled=row.external_enabled,
-        conversation_mode=row.conversation_mode,
-    )
-
-
-def _entry(row: HistoryRow) -> common_pb2.HistoryEntry:
+def _entry(row: Row[Any]) -> common_pb2.HistoryEntry:
+    """The entry a row of `_ENTRY_READ_COLUMNS` holds."""
     # The column holds a HistoryRole number, checked when the entry was appended.
     role = cast(common_pb2.HistoryRole, row.role)
     entry = common_pb2.HistoryEntry(role=role, text=row.text, request_id=row.request_id)

@@ -46,9 +46,13 @@ from storage_service.create_groups import CreateSender, SendableCreate
 from storage_service.dialect import OneStatement, utc_now
 from storage_service.group_commit import Declared, fenced
 from storage_service.journal_records import (
+    _RECEIPTS,
+    _TASKS,
     MAX_TASK_ID,
     TS,
     ReceiptRow,
+    StoredReceipt,
+    StoredTask,
     TaskRow,
     _check_id,
     _no_task,
@@ -242,12 +246,10 @@ class JournalStore:
     def get_task(self, task_id: str) -> journal_pb2.EventTask:
         _check_id(task_id, "task_id", MAX_TASK_ID)
         with self._sessions() as session:
-            row = session.execute(
-                select(TaskRow).where(TaskRow.task_id == task_id)
-            ).scalar_one_or_none()
+            row = session.execute(select(_TASKS).where(_TASKS.c.task_id == task_id)).one_or_none()
             if row is None:
                 raise _no_task(task_id)
-            return task_message(row)
+            return task_message(StoredTask.from_row(row))
 
     def list_tasks(
         self, player_id: str, states: Sequence[int] = (), page_size: int = 0, page_token: str = ""
@@ -258,16 +260,16 @@ class JournalStore:
         if page_size < 0:
             raise InvalidArgument("page_size must not be negative")
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        query = select(TaskRow).where(TaskRow.player_id == player_id)
+        query = select(_TASKS).where(_TASKS.c.player_id == player_id)
         if names:
-            query = query.where(TaskRow.state.in_(sorted(names)))
+            query = query.where(_TASKS.c.state.in_(sorted(names)))
         if page_token:
-            query = query.where(TaskRow.seq > _TASK_PAGES.decode_number(page_token))
+            query = query.where(_TASKS.c.seq > _TASK_PAGES.decode_number(page_token))
         with self._sessions() as session:
             rows, token = _TASK_PAGES.read(
-                session, query.order_by(TaskRow.seq), size, lambda row: row.seq
+                session, query.order_by(_TASKS.c.seq), size, lambda row: row.seq
             )
-            return [task_message(row) for row in rows], token
+            return [task_message(StoredTask.from_row(row)) for row in rows], token
 
     def claim_tasks(
         self, owner: str, max_tasks: int, lease_seconds: int, player_ids: Sequence[str] = ()
@@ -412,11 +414,12 @@ class JournalStore:
         _check_id(step_id, "step_id")
         _check_id(tool, "tool")
         with self._sessions() as session:
-            row = session.execute(
-                select(ReceiptRow).where(ReceiptRow.step_id == step_id)
-            ).scalar_one_or_none()
-            if row is None:
+            found = session.execute(
+                select(_RECEIPTS).where(_RECEIPTS.c.step_id == step_id)
+            ).one_or_none()
+            if found is None:
                 raise NotFound(f"no receipt for step {step_id!r}")
+            row = StoredReceipt(*found)
             if row.tool != tool:
                 raise FailedPrecondition(
                     f"step {step_id} was recorded for tool {row.tool!r}; refusing to replay it "

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, Index, Integer, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
@@ -37,6 +39,7 @@ __all__ = [
     "WAITING",
     "ReceiptRow",
     "StoredReceipt",
+    "StoredTask",
     "TaskRow",
     "receipt_message",
     "task_message",
@@ -139,8 +142,40 @@ class ReceiptRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
+_TASKS = table_of(TaskRow)
 _RECEIPTS = table_of(ReceiptRow)
 _RECEIPT_COLUMNS = tuple(_RECEIPTS.c)
+
+
+@dataclasses.dataclass(slots=True)
+class StoredTask:
+    """A task's columns as a statement read or wrote them, in the table's order (its fields
+    are `journal_tasks`' columns: `StoredTask(*row)` takes a row of every column). The storage
+    package reads and writes tables with statements; a mapped class only declares one."""
+
+    seq: int | None
+    task_id: str
+    player_id: str
+    module_id: str
+    event_key: str
+    state: str
+    input: bytes
+    result: bytes | None
+    attempts: int
+    size_bytes: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> StoredTask:
+        """The task a new row's values hold (`seq` None until the database numbers it)."""
+        fields: dict[str, Any] = {column.name: values.get(column.name) for column in _TASKS.c}
+        return cls(**fields)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> StoredTask:
+        """The task a row of every column, in the table's order, holds."""
+        return cls(*row)
 
 
 @dataclasses.dataclass
@@ -207,11 +242,11 @@ def _no_task(task_id: str) -> NotFound:
     return NotFound(f"no task {task_id!r} (it may have finished and been evicted)")
 
 
-def _stored_task_state(row: TaskRow) -> str:
+def _stored_task_state(row: StoredTask) -> str:
     return _known_task_state(row.task_id, row.state)
 
 
-def _stored_step_state(row: ReceiptRow | StoredReceipt) -> str:
+def _stored_step_state(row: StoredReceipt) -> str:
     if row.state not in _STEP_STATES:
         log.error("receipt %s has unknown stored state %r", row.step_id, row.state)
         raise ServiceError(
@@ -221,7 +256,7 @@ def _stored_step_state(row: ReceiptRow | StoredReceipt) -> str:
     return row.state
 
 
-def task_message(row: TaskRow) -> journal_pb2.EventTask:
+def task_message(row: StoredTask) -> journal_pb2.EventTask:
     """The EventTask a row holds; INTERNAL (ServiceError) for an unknown stored state."""
     task = journal_pb2.EventTask(
         task_id=row.task_id,
@@ -239,7 +274,7 @@ def task_message(row: TaskRow) -> journal_pb2.EventTask:
     return task
 
 
-def receipt_message(row: ReceiptRow | StoredReceipt) -> journal_pb2.StepReceipt:
+def receipt_message(row: StoredReceipt) -> journal_pb2.StepReceipt:
     """The StepReceipt a row holds; INTERNAL (ServiceError) for an unknown stored state."""
     receipt = journal_pb2.StepReceipt(
         step_id=row.step_id,

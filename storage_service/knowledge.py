@@ -64,11 +64,12 @@ from sqlalchemy import (
     table,
     update,
 )
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from services.runtime.errors import InvalidArgument, NotFound
-from storage_service.db import Base, rowcount, upsert_ignore
+from storage_service.db import Base, rowcount, table_of, upsert_ignore
 from storage_service.dialect import ID, POSTGRESQL, SQLITE, aware, is_postgresql, name_of
 from storage_service.pages import PageTokens
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
@@ -129,6 +130,9 @@ class KnowledgeRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     search_text: Mapped[str] = mapped_column(Text)
     """Normalised words of title and body, space-separated (see `tokens`)."""
+
+
+_KNOWLEDGE = table_of(KnowledgeRow)
 
 
 # -- the search index: DDL usable from create_all and from a migration ------------------------
@@ -217,12 +221,12 @@ def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
     return True
 
 
-@event.listens_for(KnowledgeRow.__table__, "after_create")
+@event.listens_for(_KNOWLEDGE, "after_create")
 def _after_create(target: Any, connection: Connection, **kw: Any) -> None:
     create_search_index(connection)
 
 
-@event.listens_for(KnowledgeRow.__table__, "before_drop")
+@event.listens_for(_KNOWLEDGE, "before_drop")
 def _before_drop(target: Any, connection: Connection, **kw: Any) -> None:
     drop_search_index(connection)
 
@@ -340,7 +344,8 @@ def _scope(player_id: str) -> str:
     return "the shared table" if not player_id else f"player {player_id}'s table"
 
 
-def _entry(row: KnowledgeRow) -> KnowledgeEntry:
+def _entry(row: Row[Any]) -> KnowledgeEntry:
+    """The entry a row of `_KNOWLEDGE`'s columns holds."""
     return KnowledgeEntry(
         player_id=row.player_id,
         entry_id=row.entry_id,
@@ -413,12 +418,12 @@ class KnowledgeStore:
         values = dataclasses.asdict(entry)
         values["search_text"] = " ".join(tokens(f"{title}\n{body}"))
         with self._sessions.begin() as session:
-            insert = upsert_ignore(session, KnowledgeRow, **values).returning(KnowledgeRow.id)
+            insert = upsert_ignore(session, _KNOWLEDGE, **values).returning(_KNOWLEDGE.c.id)
             inserted = session.execute(insert).first() is not None
             if not inserted:
                 session.execute(
-                    update(KnowledgeRow)
-                    .where(KnowledgeRow.player_id == player_id, KnowledgeRow.entry_id == entry_id)
+                    update(_KNOWLEDGE)
+                    .where(_KNOWLEDGE.c.player_id == player_id, _KNOWLEDGE.c.entry_id == entry_id)
                     .values(**values)
                 )
         return entry, inserted
@@ -430,8 +435,8 @@ class KnowledgeStore:
         with self._sessions.begin() as session:
             deleted = rowcount(
                 session.execute(
-                    delete(KnowledgeRow).where(
-                        KnowledgeRow.player_id == player_id, KnowledgeRow.entry_id == entry_id
+                    delete(_KNOWLEDGE).where(
+                        _KNOWLEDGE.c.player_id == player_id, _KNOWLEDGE.c.entry_id == entry_id
                     )
                 )
             )
@@ -445,9 +450,7 @@ class KnowledgeStore:
         if not player_id:
             raise InvalidArgument("player_id is required")
         with self._sessions.begin() as session:
-            result = session.execute(
-                delete(KnowledgeRow).where(KnowledgeRow.player_id == player_id)
-            )
+            result = session.execute(delete(_KNOWLEDGE).where(_KNOWLEDGE.c.player_id == player_id))
             return int(rowcount(result) or 0)
 
     def list_entries(
@@ -460,12 +463,12 @@ class KnowledgeStore:
             raise InvalidArgument(f"page_size must be between 0 and {MAX_PAGE}, got {page_size}")
         after = _PAGES.decode(page_token) if page_token else ""
         size = page_size or DEFAULT_PAGE
-        query = select(KnowledgeRow).where(KnowledgeRow.player_id == player_id)
+        query = select(_KNOWLEDGE).where(_KNOWLEDGE.c.player_id == player_id)
         if after:
-            query = query.where(KnowledgeRow.entry_id > after)
+            query = query.where(_KNOWLEDGE.c.entry_id > after)
         with self._sessions() as session:
             rows, token = _PAGES.read(
-                session, query.order_by(KnowledgeRow.entry_id), size, lambda row: row.entry_id
+                session, query.order_by(_KNOWLEDGE.c.entry_id), size, lambda row: row.entry_id
             )
         return [_entry(row) for row in rows], token
 
@@ -502,18 +505,18 @@ class KnowledgeStore:
         with self._sessions() as session:
             statement = self._ranked(session, words, limit or DEFAULT_LIMIT, scopes, language)
             return [
-                KnowledgeHit(_entry(row), float(score)) for row, score in session.execute(statement)
+                KnowledgeHit(_entry(row), float(row.score)) for row in session.execute(statement)
             ]
 
     def _ranked(
         self, session: Session, words: list[str], limit: int, scopes: list[str], language: str
     ) -> Any:
-        """SELECT (KnowledgeRow, score) for the words, `language` first, best first, ties
+        """SELECT (every column of the entry, score) for the words, `language` first, best first, ties
         newest first."""
         # The preferred language's entries sort first (0 before 1); none preferred: all 0.
-        preferred = (case((KnowledgeRow.language == language, 0), else_=1),) if language else ()
-        recency = (KnowledgeRow.updated_at.desc(), KnowledgeRow.id.desc())
-        in_scope = KnowledgeRow.player_id.in_(scopes)
+        preferred = (case((_KNOWLEDGE.c.language == language, 0), else_=1),) if language else ()
+        recency = (_KNOWLEDGE.c.updated_at.desc(), _KNOWLEDGE.c.id.desc())
+        in_scope = _KNOWLEDGE.c.player_id.in_(scopes)
         postgresql = is_postgresql(session)
         if self._use_index is None:
             self._use_index = postgresql or _sqlite_has_fts_table(session.connection())
@@ -524,21 +527,21 @@ class KnowledgeStore:
             fts = table(FTS_TABLE, column("rowid"))
             bm25 = func.bm25(literal_column(FTS_TABLE))  # smaller is better
             return (
-                select(KnowledgeRow, (-bm25).label("score"))
-                .join(fts, fts.c.rowid == KnowledgeRow.id)
+                select(_KNOWLEDGE, (-bm25).label("score"))
+                .join(fts, fts.c.rowid == _KNOWLEDGE.c.id)
                 .where(literal_column(FTS_TABLE).op("MATCH")(match), in_scope)
                 .order_by(*preferred, bm25, *recency)
                 .limit(limit)
             )
         if self._use_index:
             # The same expression as the GIN index, so the planner can use it.
-            vector = func.to_tsvector(literal_column("'simple'"), KnowledgeRow.search_text)
+            vector = func.to_tsvector(literal_column("'simple'"), _KNOWLEDGE.c.search_text)
             tsquery = func.to_tsquery(
                 literal_column("'simple'"), " | ".join(f"'{w}'" for w in words)
             )
             rank = func.ts_rank(vector, tsquery)
             return (
-                select(KnowledgeRow, rank.label("score"))
+                select(_KNOWLEDGE, rank.label("score"))
                 .where(vector.op("@@")(tsquery), in_scope)
                 .order_by(*preferred, rank.desc(), *recency)
                 .limit(limit)
@@ -546,9 +549,9 @@ class KnowledgeStore:
         # No index: an entry scores how often it holds each query word. With every space
         # doubled, each occurrence is " word " on its own, and removing them all shortens the
         # text by len(word) + 2 per occurrence.
-        padded = literal(" ") + KnowledgeRow.search_text + literal(" ")
+        padded = literal(" ") + _KNOWLEDGE.c.search_text + literal(" ")
         hits = [padded.like(f"% {w} %") for w in words]  # words hold no LIKE wildcards
-        doubled = literal(" ") + func.replace(KnowledgeRow.search_text, " ", "  ") + literal(" ")
+        doubled = literal(" ") + func.replace(_KNOWLEDGE.c.search_text, " ", "  ") + literal(" ")
         score = sum(
             (
                 (func.length(doubled) - func.length(func.replace(doubled, f" {w} ", "")))
@@ -558,7 +561,7 @@ class KnowledgeStore:
             literal(0),
         )
         return (
-            select(KnowledgeRow, score.label("score"))
+            select(_KNOWLEDGE, score.label("score"))
             .where(or_(*hits), in_scope)
             .order_by(*preferred, score.desc(), *recency)
             .limit(limit)

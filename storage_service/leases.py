@@ -89,7 +89,7 @@ def _micros(now: dt.datetime) -> int:
     return int((now - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
 
 
-def _live(row: LeaseRow | _FencedLease, now: dt.datetime) -> bool:
+def _live(row: _FencedLease, now: dt.datetime) -> bool:
     return row.owner is not None and row.expires_at is not None and aware(row.expires_at) > now
 
 

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     Select,
     String,
@@ -51,17 +52,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Row
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import TypeEngine
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument, ResourceExhausted
-from storage_service.db import table_of
 from storage_service.dialect import advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
-from storage_service.journal_records import TERMINAL, ReceiptRow, TaskRow
-from storage_service.leases import LeaseRow, _fence_holds, check_fence
+from storage_service.journal_records import _RECEIPTS, _TASKS, TERMINAL
+from storage_service.leases import _LEASES, _fence_holds, check_fence
 
 __all__ = [
     "JournalBounds",
@@ -337,7 +337,7 @@ def _choose_evictions(
 def _oldest_first(
     session: Session,
     query: Select[*tuple[Any, ...]],
-    seq: InstrumentedAttribute[int],
+    seq: Column[int],
     first: int,
 ) -> Iterator[_Candidate]:
     """The rows of `query` in `seq` order, read in pages (the first of `first` rows, then
@@ -359,7 +359,7 @@ def _oldest_first(
 def _evictions(
     session: Session,
     query: Select[*tuple[Any, ...]],
-    seq: InstrumentedAttribute[int],
+    seq: Column[int],
     exclude_seq: int | None,
     ledger: tuple[int, int],
     add_count: int,
@@ -382,7 +382,6 @@ may ask for a few more)."""
 _MAX_PAGE = 1024
 
 
-_TASKS = table_of(TaskRow)
 _TASK_LEDGER = FastStatement(
     select(func.count(), func.coalesce(func.sum(_TASKS.c.size_bytes), 0)).where(
         _TASKS.c.player_id == bindparam("player_id", type_=String)
@@ -413,11 +412,11 @@ def _make_room_for_tasks(
     count, total = ledger
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
-    query = select(TaskRow.seq, TaskRow.size_bytes, TaskRow.task_id).where(
-        TaskRow.player_id == player_id, TaskRow.state.in_(TERMINAL)
+    query = select(_TASKS.c.seq, _TASKS.c.size_bytes, _TASKS.c.task_id).where(
+        _TASKS.c.player_id == player_id, _TASKS.c.state.in_(TERMINAL)
     )
     doomed = _evictions(
-        session, query, TaskRow.seq, exclude_seq, ledger, add_count, add_bytes, limits
+        session, query, _TASKS.c.seq, exclude_seq, ledger, add_count, add_bytes, limits
     )
     if doomed is None:
         raise ResourceExhausted(
@@ -425,18 +424,18 @@ def _make_room_for_tasks(
             f"(bounds {bounds.task_max_entries} tasks, {bounds.task_max_bytes} bytes) and not "
             "enough of them are finished to make room; finish or fail tasks before adding more"
         )
-    session.execute(delete(TaskRow).where(TaskRow.seq.in_([row.seq for row in doomed])))
+    session.execute(delete(_TASKS).where(_TASKS.c.seq.in_([row.seq for row in doomed])))
     # The leases of evicted tasks go too (tokens stay increasing: see leases._micros).
     names = [f"task:{row.task_id}" for row in doomed]
-    session.execute(delete(LeaseRow).where(LeaseRow.name.in_(names)))
+    session.execute(delete(_LEASES).where(_LEASES.c.name.in_(names)))
     return len(doomed)
 
 
 def _ledger_query(player_id: str) -> Select[int, Any]:
     return select(
         func.count().label("ledger_count"),
-        func.coalesce(func.sum(ReceiptRow.size_bytes), 0).label("ledger_bytes"),
-    ).where(ReceiptRow.player_id == player_id)
+        func.coalesce(func.sum(_RECEIPTS.c.size_bytes), 0).label("ledger_bytes"),
+    ).where(_RECEIPTS.c.player_id == player_id)
 
 
 def _make_room_for_receipts(
@@ -462,15 +461,15 @@ def _make_room_for_receipts(
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
     query = (
-        select(ReceiptRow.seq, ReceiptRow.size_bytes)
-        .outerjoin(TaskRow, TaskRow.task_id == ReceiptRow.task_id)
+        select(_RECEIPTS.c.seq, _RECEIPTS.c.size_bytes)
+        .outerjoin(_TASKS, _TASKS.c.task_id == _RECEIPTS.c.task_id)
         .where(
-            ReceiptRow.player_id == player_id,
-            or_(TaskRow.seq.is_(None), TaskRow.state.in_(TERMINAL)),
+            _RECEIPTS.c.player_id == player_id,
+            or_(_TASKS.c.seq.is_(None), _TASKS.c.state.in_(TERMINAL)),
         )
     )
     doomed = _evictions(
-        session, query, ReceiptRow.seq, exclude_seq, (count, total), add_count, add_bytes, limits
+        session, query, _RECEIPTS.c.seq, exclude_seq, (count, total), add_count, add_bytes, limits
     )
     if doomed is None:
         raise ResourceExhausted(
@@ -479,7 +478,7 @@ def _make_room_for_receipts(
             "bytes) and not enough of them belong to finished tasks to make room; finish or "
             "fail tasks before recording more steps"
         )
-    session.execute(delete(ReceiptRow).where(ReceiptRow.seq.in_([row.seq for row in doomed])))
+    session.execute(delete(_RECEIPTS).where(_RECEIPTS.c.seq.in_([row.seq for row in doomed])))
     return len(doomed)
 
 
@@ -494,9 +493,7 @@ def _param(name: str, type_: TypeEngine[Any] | type[TypeEngine[Any]]) -> BindPar
     return bindparam(name, type_=type_)
 
 
-def _owner_queries(
-    column: InstrumentedAttribute[str], key: InstrumentedAttribute[str]
-) -> tuple[FastStatement, FastStatement]:
+def _owner_queries(column: Column[str], key: Column[str]) -> tuple[FastStatement, FastStatement]:
     """The owner of the row whose `key` is :p_key: plainly, and (PostgreSQL) with the owner's
     ledger lock taken in the same statement, one round trip instead of two."""
     where = key == _param("p_key", String)
@@ -506,8 +503,8 @@ def _owner_queries(
     )
 
 
-_TASK_OWNER, _TASK_OWNER_LOCKING = _owner_queries(TaskRow.player_id, TaskRow.task_id)
-_STEP_OWNER, _STEP_OWNER_LOCKING = _owner_queries(ReceiptRow.player_id, ReceiptRow.step_id)
+_TASK_OWNER, _TASK_OWNER_LOCKING = _owner_queries(_TASKS.c.player_id, _TASKS.c.task_id)
+_STEP_OWNER, _STEP_OWNER_LOCKING = _owner_queries(_RECEIPTS.c.player_id, _RECEIPTS.c.step_id)
 
 
 def _owner_locked(

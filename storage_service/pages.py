@@ -10,16 +10,15 @@ from __future__ import annotations
 import base64
 import dataclasses
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 from sqlalchemy import Select
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from services.runtime.errors import InvalidArgument
 
 __all__ = ["PageTokens"]
-
-R = TypeVar("R")
 
 MALFORMED = "page_token is malformed; pass the next_page_token of a previous response unchanged"
 
@@ -61,12 +60,12 @@ class PageTokens:
             raise InvalidArgument(MALFORMED) from None
 
     def read(
-        self, session: Session, query: Select[R], size: int, key: Callable[[R], str | int]
-    ) -> tuple[list[R], str]:
+        self, session: Session, query: Select[Any], size: int, key: Callable[[Row[Any]], str | int]
+    ) -> tuple[list[Row[Any]], str]:
         """The first `size` rows of `query` (ordered by its key), and the next page's token
         (the `key` of the page's last row), "" on the last page. One row more than the page
         is read: it only says that another page follows."""
-        rows = list(session.scalars(query.limit(size + 1)))
+        rows = list(session.execute(query.limit(size + 1)))
         more = len(rows) > size
         rows = rows[:size]
         return rows, self.encode(key(rows[-1])) if more else ""

@@ -130,8 +130,10 @@ def _live_replicas(session: Session, now: dt.datetime) -> set[str]:
 
 
 def _require_live(session: Session, replica_id: str, now: dt.datetime) -> None:
-    row = session.get(ReplicaRow, replica_id)
-    if row is None or aware(row.expires_at) <= now:
+    expires_at = session.execute(
+        select(_REPLICAS.c.expires_at).where(_REPLICAS.c.replica_id == replica_id)
+    ).scalar_one_or_none()
+    if expires_at is None or aware(expires_at) <= now:
         raise FailedPrecondition(
             f"gateway replica {replica_id!r} holds no live lease; call RenewReplica first"
         )

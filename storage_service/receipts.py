@@ -46,15 +46,14 @@ from storage_service.fastsql import FastResult, FastStatement
 from storage_service.journal_records import (
     _RECEIPT_COLUMNS,
     _RECEIPTS,
+    _TASKS,
     MAX_TASK_ID,
     RECOVERABLE,
     SS,
     STEP_DONE,
     STEP_RUNNING,
     TERMINAL,
-    ReceiptRow,
     StoredReceipt,
-    TaskRow,
     _check_id,
     _known_task_state,
     _no_task,
@@ -114,17 +113,17 @@ def _record_fast() -> FastStatement:
     ledger = (
         select(
             func.count().label("entries"),
-            func.coalesce(func.sum(ReceiptRow.size_bytes), 0).label("bytes"),
+            func.coalesce(func.sum(_RECEIPTS.c.size_bytes), 0).label("bytes"),
         )
-        .where(ReceiptRow.player_id == player)
+        .where(_RECEIPTS.c.player_id == player)
         .subquery()
     )
     size = _param("p_size", Integer)
     rows = (
         select(
             _param("p_step", String),
-            TaskRow.task_id,
-            TaskRow.player_id,
+            _TASKS.c.task_id,
+            _TASKS.c.player_id,
             _param("p_position", BigInteger),
             _param("p_tool", String),
             _param("p_state", String),
@@ -135,14 +134,14 @@ def _record_fast() -> FastStatement:
             _param("p_created", DateTime(timezone=True)),
             _param("p_updated", DateTime(timezone=True)),
         )
-        .select_from(TaskRow)
+        .select_from(_TASKS)
         .join(ledger, true())
         .where(
-            TaskRow.task_id == _param("p_task", String),
-            TaskRow.player_id == player,
+            _TASKS.c.task_id == _param("p_task", String),
+            _TASKS.c.player_id == player,
             # Constants in the SQL: an IN list of parameters is expanded on every execution.
-            TaskRow.state.in_([literal_column(f"'{name}'") for name in sorted(RECOVERABLE)]),
-            ~exists().where(ReceiptRow.step_id == _param("p_step", String)),
+            _TASKS.c.state.in_([literal_column(f"'{name}'") for name in sorted(RECOVERABLE)]),
+            ~exists().where(_RECEIPTS.c.step_id == _param("p_step", String)),
             ledger.c.entries + 1 <= _param("p_max_entries", Integer),
             ledger.c.bytes + size <= _param("p_max_bytes", BigInteger),
         )
@@ -160,26 +159,26 @@ def _complete_fast() -> FastStatement:
     player = _param("p_player", String)
     grows = _param("p_grows", Integer)
     ledger_bytes = (
-        select(func.coalesce(func.sum(ReceiptRow.size_bytes), 0))
-        .where(ReceiptRow.player_id == player)
+        select(func.coalesce(func.sum(_RECEIPTS.c.size_bytes), 0))
+        .where(_RECEIPTS.c.player_id == player)
         .scalar_subquery()
     )
     return FastStatement(
         update(_RECEIPTS)
         .where(
-            ReceiptRow.step_id == _param("p_step", String),
-            ReceiptRow.player_id == player,
-            ReceiptRow.tool == _param("p_tool", String),
-            ReceiptRow.state == STEP_RUNNING,
-            ReceiptRow.codec_id == "",
-            ReceiptRow.result.is_(None),
+            _RECEIPTS.c.step_id == _param("p_step", String),
+            _RECEIPTS.c.player_id == player,
+            _RECEIPTS.c.tool == _param("p_tool", String),
+            _RECEIPTS.c.state == STEP_RUNNING,
+            _RECEIPTS.c.codec_id == "",
+            _RECEIPTS.c.result.is_(None),
             ledger_bytes + grows <= _param("p_max_bytes", BigInteger),
         )
         .values(
             state=STEP_DONE,
             result=_param("p_result", LargeBinary),
             codec_id=_param("p_codec", String),
-            size_bytes=ReceiptRow.size_bytes + grows,
+            size_bytes=_RECEIPTS.c.size_bytes + grows,
             updated_at=_param("p_now", DateTime(timezone=True)),
         )
         .returning(*_RECEIPT_COLUMNS)
@@ -254,7 +253,7 @@ def _complete_params(
 def _find_receipt(session: Session, step_id: str) -> StoredReceipt | None:
     row = (
         session.connection()
-        .execute(select(*_RECEIPT_COLUMNS).where(ReceiptRow.step_id == step_id))
+        .execute(select(*_RECEIPT_COLUMNS).where(_RECEIPTS.c.step_id == step_id))
         .one_or_none()
     )
     return None if row is None else StoredReceipt.of(row)
@@ -373,17 +372,17 @@ def record_step(
     ledger = _ledger_query(owner).subquery()
     found = connection.execute(
         select(
-            select(ReceiptRow.seq)
-            .where(ReceiptRow.step_id == step_id)
+            select(_RECEIPTS.c.seq)
+            .where(_RECEIPTS.c.step_id == step_id)
             .scalar_subquery()
             .label("existing"),
-            TaskRow.player_id,
-            TaskRow.state,
+            _TASKS.c.player_id,
+            _TASKS.c.state,
             ledger.c.ledger_count,
             ledger.c.ledger_bytes,
         )
         .select_from(ledger)
-        .outerjoin(TaskRow, TaskRow.task_id == task_id)
+        .outerjoin(_TASKS, _TASKS.c.task_id == task_id)
     ).one()
     if found.existing is not None:
         existing = _find_receipt(session, step_id)
@@ -453,11 +452,11 @@ def complete_step(
             select(
                 *_RECEIPT_COLUMNS,
                 _ledger_query(owner)
-                .with_only_columns(func.coalesce(func.sum(ReceiptRow.size_bytes), 0))
+                .with_only_columns(func.coalesce(func.sum(_RECEIPTS.c.size_bytes), 0))
                 .scalar_subquery()
                 .label("ledger_bytes"),
             )
-            .where(ReceiptRow.step_id == step_id)
+            .where(_RECEIPTS.c.step_id == step_id)
             .with_for_update(of=_RECEIPTS)
         ).one_or_none()
     if found is None:
@@ -480,7 +479,7 @@ def complete_step(
         )
     connection.execute(
         update(_RECEIPTS)
-        .where(ReceiptRow.seq == row.seq)
+        .where(_RECEIPTS.c.seq == row.seq)
         .values(
             state=completed.state,
             result=completed.result,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import struct_pb2
@@ -31,17 +30,17 @@ from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, ServiceError
-from storage_service.db import table_of
 from storage_service.dialect import ID, is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.journal_records import (
     _MOVES,
     _TASK_NAMES,
+    _TASKS,
     MAX_TASK_ID,
     QUEUED,
     TERMINAL,
     TS,
-    TaskRow,
+    StoredTask,
     _check_id,
     _no_task,
     _shown,
@@ -70,7 +69,6 @@ MAX_PAGE_SIZE = 500
 
 
 # CreateTask runs for every event: its statements are rendered once (see fastsql).
-_TASKS = table_of(TaskRow)
 _TASK_COLUMN_NAMES = [
     "seq",
     "task_id",
@@ -86,12 +84,6 @@ _TASK_COLUMN_NAMES = [
     "updated_at",
 ]
 _TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]
-
-
-def _task_row(values: Sequence[object]) -> TaskRow:
-    """A detached task row from a statement's columns in _TASK_COLUMN_NAMES order (read it;
-    change the table with statements, not through a session)."""
-    return TaskRow(**dict(zip(_TASK_COLUMN_NAMES, values, strict=True)))
 
 
 # The player's task with this event key, if any, and the player's task ledger (count,
@@ -180,7 +172,7 @@ def create_task(
     input: struct_pb2.Struct | None,
     event_key: str,
     initial_state: int = TS.TASK_STATE_UNSPECIFIED,
-) -> tuple[TaskRow, bool, int]:
+) -> tuple[StoredTask, bool, int]:
     """Creates a task, or finds the player's task with this event key.
 
     Returns (row, created, evicted). STORAGE_FULL when the ledger is full of unfinished tasks.
@@ -212,15 +204,14 @@ def create_task(
     assert found is not None  # an aggregate always returns a row
     *columns, count, total = found
     if columns[0] is not None:  # the task's seq: it exists
-        existing = _task_row(columns)
+        existing = StoredTask.from_row(columns)
         _stored_task_state(existing)
         return existing, False, 0
     evicted = _make_room_for_tasks(
         session, bounds, player_id, 1, values["size_bytes"], ledger=(count, total)
     )
     _TASK_INSERT.execute(session, values)
-    # Not added to the session: the caller only reads it (task_message).
-    return TaskRow(**values), True, evicted
+    return StoredTask.of(values), True, evicted
 
 
 _TASK_FOR_UPDATE = FastStatement(
@@ -253,7 +244,7 @@ _TASK_MOVE = FastStatement(
 
 def _locked_task(
     session: Session, task_id: str, player_id: str | None = None, with_ledger: bool = False
-) -> tuple[TaskRow, tuple[int, int] | None]:
+) -> tuple[StoredTask, tuple[int, int] | None]:
     """The task (a detached row: change it with statements, not the session), locked FOR
     UPDATE after its player's ledger lock; NOT_FOUND when missing. `player_id`: the player
     the caller expects (a Commit's, whose lock the batch took already: then the owner is not
@@ -268,9 +259,9 @@ def _locked_task(
         found = statement.execute(session, {"task_id": task_id, "player_id": player_id}).first()
         if found is not None:
             if not ledgered:
-                return _task_row(found), None
+                return StoredTask.from_row(found), None
             *columns, count, total = found
-            return _task_row(columns), (count, total)
+            return StoredTask.from_row(columns), (count, total)
     raise _no_task(task_id)
 
 
@@ -349,7 +340,7 @@ def transition_task(
     expected_state: int = TS.TASK_STATE_UNSPECIFIED,
     result: common_pb2.AgentResult | None = None,
     player_id: str | None = None,
-) -> TaskRow:
+) -> StoredTask:
     """Moves a task along a valid edge (see journal_records._MOVES); a final result only with a terminal state.
 
     `player_id`, when given, must own the task (Commit). NOT_FOUND for a missing task;

@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from system.storage.v1 import player_data_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument
-from storage_service.db import PreferenceRow, rowcount, upsert_ignore
+from storage_service.db import PREFERENCES, rowcount, upsert_ignore
 from storage_service.usage_budgets import (
     CounterChanges,
     budget_levels,
@@ -523,8 +523,8 @@ def _external_enabled_many(session: Session, player_ids: set[str]) -> dict[str, 
     if not wanted:
         return {}
     rows = session.execute(
-        select(PreferenceRow.player_id, PreferenceRow.external_enabled).where(
-            PreferenceRow.player_id.in_(wanted)
+        select(PREFERENCES.c.player_id, PREFERENCES.c.external_enabled).where(
+            PREFERENCES.c.player_id.in_(wanted)
         )
     )
     return {row.player_id: bool(row.external_enabled) for row in rows}
@@ -532,7 +532,7 @@ def _external_enabled_many(session: Session, player_ids: set[str]) -> dict[str, 
 
 def _external_enabled(session: Session, player_id: str) -> bool:
     value = session.execute(
-        select(PreferenceRow.external_enabled).where(PreferenceRow.player_id == player_id)
+        select(PREFERENCES.c.external_enabled).where(PREFERENCES.c.player_id == player_id)
     ).scalar_one_or_none()
     return True if value is None else bool(value)  # no row: the defaults, which allow it
 

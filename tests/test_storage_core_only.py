@@ -1,0 +1,76 @@
+"""The storage package reads and writes its tables with Core statements only (issue 16: one
+data-access style). A mapped class declares a table; code outside that declaration reaches
+the table through `table_of(Row)` and never through the class itself: no ORM-enabled
+statement (`select(TaskRow)`, `TaskRow.seq == ...`), no `session.get`, no row objects made of
+the class. A statement on the driver's cursor (`fastsql`) is still a Core statement rendered
+once."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+from storage_service import schema
+from storage_service.db import Base
+
+PACKAGE = pathlib.Path(schema.__file__).parent
+MAPPED = frozenset(mapper.class_.__name__ for mapper in Base.registry.mappers)
+_ORM_SESSION_CALLS = frozenset({"get", "scalars", "add", "merge", "query", "refresh"})
+"""Session methods that load or keep mapped objects (`session.scalars` of a Core column
+statement would be harmless, but the package reads rows with `execute` alone)."""
+
+
+def _misuses(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a mapped class is used other than as `table_of`'s argument, its own `class`
+    statement or an import."""
+    allowed: set[int] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "table_of"
+            and node.args
+        ):
+            allowed.add(id(node.args[0]))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in MAPPED and id(node) not in allowed:
+            found.append((node.lineno, node.id))
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _ORM_SESSION_CALLS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "session"
+        ):
+            found.append((node.lineno, f"session.{node.func.attr}"))
+    return sorted(found)
+
+
+def test_the_mapped_classes_are_found() -> None:
+    assert {"TaskRow", "ReceiptRow", "HistoryRow", "PreferenceRow", "KnowledgeRow"} <= MAPPED
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+def test_storage_code_uses_core_statements_only(path: pathlib.Path) -> None:
+    misuses = _misuses(ast.parse(path.read_text(encoding="utf-8")))
+    assert not misuses, (
+        f"{path.name} uses the ORM where the package uses Core statements "
+        f"(reach a table through table_of(Row)): {misuses}"
+    )
+
+
+def test_the_check_finds_orm_use() -> None:
+    code = (
+        "row = session.get(TaskRow, 1)\n"
+        "query = select(TaskRow).where(TaskRow.seq == 1)\n"
+        "fine = table_of(TaskRow)\n"
+    )
+    assert _misuses(ast.parse(code)) == [
+        (1, "TaskRow"),
+        (1, "session.get"),
+        (2, "TaskRow"),
+        (2, "TaskRow"),
+    ]
