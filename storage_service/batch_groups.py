@@ -22,16 +22,18 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     DateTime,
-    Integer,
     LargeBinary,
     String,
+    any_,
     bindparam,
+    func,
+    literal,
     literal_column,
-    text,
+    or_,
+    select,
+    update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2
 
@@ -43,10 +45,10 @@ from storage_service.batches import (
     _batch_values,
     _completion,
 )
-from storage_service.dialect import is_postgresql
+from storage_service.dialect import INSERT, POSTGRESQL, advisory_lock, is_postgresql, unnested
 from storage_service.fastsql import FastResult, FastStatement, Sent
 from storage_service.group_commit import NotApplied, fenced
-from storage_service.journal_records import _RECEIPTS, _TASKS, RECOVERABLE, STEP_DONE, STEP_RUNNING
+from storage_service.journal_records import _TASKS
 from storage_service.leases import _FENCE_QUERY, _fence_holds
 from storage_service.ledgers import (
     JournalBounds,
@@ -54,9 +56,11 @@ from storage_service.ledgers import (
     _locks_held,
     _player_lock_key,
     noted_lease,
+    task_size_sql,
 )
 from storage_service.receipts import (
     _RECORD_FAST,
+    RECEIPT_WRITES_MANY,
     _receipt_applied,
     _receipt_fast,
     _receipt_fast_done,
@@ -70,27 +74,31 @@ __all__ = ["finish_batch", "send_batches"]
 
 # The rows of a group's batches in one statement (PostgreSQL): each inserted row returns its
 # key, with its player's ledger lock taken (as _BATCH_INSERT_LOCKING does for one row).
+_BATCH_ROWS = unnested(
+    "v",
+    [
+        ("players", "player_id", String()),
+        ("requests", "request_id", String()),
+        ("digests", "digest", LargeBinary()),
+    ],
+)
 _BATCH_ROWS_MANY = FastStatement(
-    text(
-        f"""
-INSERT INTO journal_batches (player_id, request_id, digest, response, created_at)
-SELECT v.player_id, v.request_id, v.digest, ''::bytea, :now
-FROM unnest(:players, :requests, :digests) AS v(player_id, request_id, digest)
-ON CONFLICT DO NOTHING
-RETURNING player_id, request_id,
-          pg_advisory_xact_lock(hashtextextended('{_player_lock_key("")}' || player_id, 0))
-          IS NULL"""
+    INSERT[POSTGRESQL](_BATCHES)
+    .from_select(
+        ["player_id", "request_id", "digest", "response", "created_at"],
+        select(
+            _BATCH_ROWS.c.player_id,
+            _BATCH_ROWS.c.request_id,
+            _BATCH_ROWS.c.digest,
+            literal(b"", LargeBinary),
+            bindparam("now", type_=DateTime(timezone=True)),
+        ),
     )
-    .bindparams(
-        bindparam("players", type_=ARRAY(String)),
-        bindparam("requests", type_=ARRAY(String)),
-        bindparam("digests", type_=ARRAY(LargeBinary)),
-        bindparam("now", type_=DateTime(timezone=True)),
-    )
-    .columns(
+    .on_conflict_do_nothing()
+    .returning(
         _BATCHES.c.player_id,
         _BATCHES.c.request_id,
-        literal_column("locked", Boolean),
+        advisory_lock(literal(_player_lock_key(""), String) + _BATCHES.c.player_id).is_(None),
     )
 )
 
@@ -134,72 +142,11 @@ class _BatchRows:
 # thread gives up the interpreter lock for each wait: with the event loop busy, getting it
 # back cost more than the statement (a group of 13 receipt Commits spent 3.5 ms queueing 15
 # statements, 1 ms of it CPU). So on PostgreSQL the receipt writes of a group go as one
-# statement per chunk, over arrays (unnest), each row checked exactly as _RECORD_FAST or
-# _COMPLETE_FAST checks its one row. A chunk holds at most one write per player and per step
-# id, so no row sees, or should have seen, another's effect (the ledgers are per player, a
-# step id is one receipt), and the statement's two parts, which see one snapshot, need no
-# order between them. Both are planned at every
-# execution: over an array the generic plan, made once while the tables are small, joins by
-# scanning them whole (seen: PostgreSQL's CPU per Commit doubled as a bench's tables grew).
-_RECEIPT_STATES = ", ".join(f"'{name}'" for name in sorted(RECOVERABLE))
-_RECEIPTS_MANY = FastStatement(
-    text(
-        f"""
-WITH recorded AS (
-    INSERT INTO journal_receipts (step_id, task_id, player_id, position, tool, state, result,
-                                  codec_id, size_bytes, created_at, updated_at)
-    SELECT v.step_id, t.task_id, t.player_id, v.position, v.tool, v.state, v.result,
-           v.codec_id, v.size_bytes, :now, :now
-    FROM unnest(:r_steps, :r_tasks, :r_players, :r_positions, :r_tools, :r_states,
-                :r_results, :r_codecs, :r_sizes)
-         AS v(step_id, task_id, player_id, position, tool, state, result, codec_id, size_bytes)
-    JOIN journal_tasks AS t ON t.task_id = v.task_id AND t.player_id = v.player_id
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS entries, coalesce(sum(r.size_bytes), 0) AS bytes
-        FROM journal_receipts AS r WHERE r.player_id = v.player_id
-    ) AS ledger
-    WHERE t.state IN ({_RECEIPT_STATES})
-      AND NOT EXISTS (SELECT 1 FROM journal_receipts AS e WHERE e.step_id = v.step_id)
-      AND ledger.entries + 1 <= :max_entries
-      AND ledger.bytes + v.size_bytes <= :max_bytes
-    RETURNING step_id
-), completed AS (
-    UPDATE journal_receipts AS r
-    SET state = '{STEP_DONE}', result = v.result, codec_id = v.codec_id,
-        size_bytes = r.size_bytes + v.grows, updated_at = :now
-    FROM unnest(:c_steps, :c_players, :c_tools, :c_grows, :c_results, :c_codecs)
-         AS v(step_id, player_id, tool, grows, result, codec_id)
-    WHERE r.step_id = v.step_id AND r.player_id = v.player_id AND r.tool = v.tool
-      AND r.state = '{STEP_RUNNING}' AND r.codec_id = '' AND r.result IS NULL
-      AND (SELECT coalesce(sum(x.size_bytes), 0) FROM journal_receipts AS x
-           WHERE x.player_id = v.player_id) + v.grows <= :max_bytes
-    RETURNING r.step_id
-)
-SELECT step_id FROM recorded UNION ALL SELECT step_id FROM completed"""
-    )
-    .bindparams(
-        bindparam("r_steps", type_=ARRAY(String)),
-        bindparam("r_tasks", type_=ARRAY(String)),
-        bindparam("r_players", type_=ARRAY(String)),
-        bindparam("r_positions", type_=ARRAY(BigInteger)),
-        bindparam("r_tools", type_=ARRAY(String)),
-        bindparam("r_states", type_=ARRAY(String)),
-        bindparam("r_results", type_=ARRAY(LargeBinary)),
-        bindparam("r_codecs", type_=ARRAY(String)),
-        bindparam("r_sizes", type_=ARRAY(Integer)),
-        bindparam("c_steps", type_=ARRAY(String)),
-        bindparam("c_players", type_=ARRAY(String)),
-        bindparam("c_tools", type_=ARRAY(String)),
-        bindparam("c_grows", type_=ARRAY(Integer)),
-        bindparam("c_results", type_=ARRAY(LargeBinary)),
-        bindparam("c_codecs", type_=ARRAY(String)),
-        bindparam("now", type_=DateTime(timezone=True)),
-        bindparam("max_entries", type_=Integer),
-        bindparam("max_bytes", type_=BigInteger),
-    )
-    .columns(_RECEIPTS.c.step_id),
-    planned_each_time=True,
-)
+# statement per chunk, over arrays (receipts.RECEIPT_WRITES_MANY: the rules of _RECORD_FAST
+# and _COMPLETE_FAST over unnested arrays, written once for both). A chunk holds at most one
+# write per player and per step id, so no row sees, or should have seen, another's effect
+# (the ledgers are per player, a step id is one receipt), and the statement's two parts,
+# which see one snapshot, need no order between them.
 
 
 class _Applied:
@@ -218,7 +165,7 @@ class _Applied:
 
 
 class _ReceiptChunks:
-    """The receipt writes of a group, sent as one _RECEIPTS_MANY per chunk (see above);
+    """The receipt writes of a group, sent as one RECEIPT_WRITES_MANY per chunk (see above);
     `applied(i)` is whether the i-th write added applied."""
 
     def __init__(self, bounds: JournalBounds, now: dt.datetime) -> None:
@@ -265,7 +212,7 @@ class _ReceiptChunks:
                 "max_entries": self._bounds.receipt_max_entries,
                 "max_bytes": self._bounds.receipt_max_bytes,
             }
-            self._sent.append(_Applied(_RECEIPTS_MANY.send(session, params)))
+            self._sent.append(_Applied(RECEIPT_WRITES_MANY.send(session, params)))
 
     def applied(self, index: int) -> bool:
         chunk, step = self._where[index]
@@ -278,35 +225,50 @@ class _ReceiptChunks:
 # not applied and goes the long way, which evicts or says why). It runs after every receipt
 # chunk: a batch's move is its last operation. A group holds at most one move per player, so
 # the ledger each row reads is not one another row changes. Planned at every execution, as
-# _RECEIPTS_MANY is.
-_MOVED_SIZE = (
-    "octet_length(t.task_id) + octet_length(t.player_id) + octet_length(t.module_id)"
-    " + octet_length(t.event_key) + octet_length(t.input) + coalesce(octet_length(v.result), 0)"
-)  # ledgers.task_size, in SQL
+# RECEIPT_WRITES_MANY is.
+_OTHER_TASKS = _TASKS.alias("x")
+_MOVES = unnested(
+    "v",
+    [
+        ("t_task", "task_id", String()),
+        ("t_player", "player_id", String()),
+        ("t_state", "state", String()),
+        ("t_froms", "froms", String()),
+        ("t_result", "result", LargeBinary()),
+    ],
+)
+_MOVED_SIZE = task_size_sql(
+    _TASKS.c.task_id,
+    _TASKS.c.player_id,
+    _TASKS.c.module_id,
+    _TASKS.c.event_key,
+    _TASKS.c.input,
+    _MOVES.c.result,
+)
+_PLAYER_TASK_BYTES = (
+    select(func.sum(_OTHER_TASKS.c.size_bytes))
+    .where(_OTHER_TASKS.c.player_id == _MOVES.c.player_id)
+    .scalar_subquery()
+)
 _TRANSITIONS_MANY = FastStatement(
-    text(
-        f"""
-UPDATE journal_tasks AS t
-SET state = v.state, result = v.result, size_bytes = {_MOVED_SIZE}, updated_at = :now
-FROM unnest(:t_task, :t_player, :t_state, :t_froms, :t_result)
-     AS v(task_id, player_id, state, froms, result)
-WHERE t.task_id = v.task_id AND t.player_id = v.player_id
-  AND t.state = ANY(string_to_array(v.froms, ','))
-  AND ({_MOVED_SIZE} <= t.size_bytes
-       OR (SELECT sum(x.size_bytes) FROM journal_tasks AS x WHERE x.player_id = v.player_id)
-          + {_MOVED_SIZE} - t.size_bytes <= :max_bytes)
-RETURNING t.task_id"""
+    update(_TASKS)
+    .where(
+        _TASKS.c.task_id == _MOVES.c.task_id,
+        _TASKS.c.player_id == _MOVES.c.player_id,
+        _TASKS.c.state == any_(func.string_to_array(_MOVES.c.froms, literal_column("','"))),
+        or_(
+            _TASKS.c.size_bytes >= _MOVED_SIZE,
+            _PLAYER_TASK_BYTES + _MOVED_SIZE - _TASKS.c.size_bytes
+            <= bindparam("max_bytes", type_=BigInteger),
+        ),
     )
-    .bindparams(
-        bindparam("t_task", type_=ARRAY(String)),
-        bindparam("t_player", type_=ARRAY(String)),
-        bindparam("t_state", type_=ARRAY(String)),
-        bindparam("t_froms", type_=ARRAY(String)),
-        bindparam("t_result", type_=ARRAY(LargeBinary)),
-        bindparam("now", type_=DateTime(timezone=True)),
-        bindparam("max_bytes", type_=BigInteger),
+    .values(
+        state=_MOVES.c.state,
+        result=_MOVES.c.result,
+        size_bytes=_MOVED_SIZE,
+        updated_at=bindparam("now", type_=DateTime(timezone=True)),
     )
-    .columns(_TASKS.c.task_id),
+    .returning(_TASKS.c.task_id),
     planned_each_time=True,
 )
 

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Table, func
+from sqlalchemy import BigInteger, Integer, Table, TableValuedAlias, bindparam, column, func
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
 
 __all__ = [
     "GREATEST",
@@ -39,6 +41,7 @@ __all__ = [
     "insert_for",
     "is_postgresql",
     "name_of",
+    "unnested",
     "utc_now",
 ]
 
@@ -90,6 +93,17 @@ def advisory_lock(key: Any) -> Any:
     SQLite has no such locks and needs none: its writers take turns at BEGIN IMMEDIATE
     (db.py)."""
     return func.pg_advisory_xact_lock(func.hashtextextended(key, 0))
+
+
+def unnested(name: str, arrays: Sequence[tuple[str, str, TypeEngine[Any]]]) -> TableValuedAlias:
+    """PostgreSQL only: a FROM item `name` whose rows are array parameters unnested side by
+    side, one (parameter, column, element type) each: how one statement writes a group's rows
+    (storage_service.batch_groups)."""
+    return (
+        func.unnest(*(bindparam(param, type_=ARRAY(type_)) for param, _, type_ in arrays))
+        .table_valued(*(column(field, type_) for _, field, type_ in arrays))
+        .render_derived(name=name)
+    )
 
 
 def utc_now() -> dt.datetime:
