@@ -20,14 +20,26 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Integer, LargeBinary, String, bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Integer,
+    LargeBinary,
+    String,
+    bindparam,
+    exists,
+    func,
+    literal_column,
+    null,
+    select,
+    true,
+)
 from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import ServiceError
 from storage_service.batch_groups import _Applied
-from storage_service.dialect import is_postgresql
+from storage_service.dialect import INSERT, POSTGRESQL, is_postgresql, unnested
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import _TASKS, StoredTask, task_message
 from storage_service.ledgers import JournalBounds, Writes
@@ -41,40 +53,52 @@ _COLUMNS = ("task_id", "player_id", "module_id", "event_key", "state", "input", 
 # The players' ledgers are read per row (count, bytes) as `create_task` reads them under the
 # player's lock (the group's lock statement took it). Planned at every execution, as the
 # receipt writes' array statements are (batch_groups).
+_NEW = unnested(
+    "v",
+    [
+        ("v_task_id", "task_id", String()),
+        ("v_player_id", "player_id", String()),
+        ("v_module_id", "module_id", String()),
+        ("v_event_key", "event_key", String()),
+        ("v_state", "state", String()),
+        ("v_input", "input", LargeBinary()),
+        ("v_size_bytes", "size_bytes", Integer()),
+    ],
+)
+_HELD = _TASKS.alias("x")
+_LEDGER = (
+    select(
+        func.count().label("entries"),
+        func.coalesce(func.sum(_HELD.c.size_bytes), literal_column("0")).label("bytes"),
+    )
+    .where(_HELD.c.player_id == _NEW.c.player_id)
+    .lateral("ledger")
+)
+_EXISTING = _TASKS.alias("e")
+_NOW = bindparam("now", type_=DateTime(timezone=True))
 _CREATE_MANY = FastStatement(
-    text(
-        """
-INSERT INTO journal_tasks (task_id, player_id, module_id, event_key, state, input, result,
-                           attempts, size_bytes, created_at, updated_at)
-SELECT v.task_id, v.player_id, v.module_id, v.event_key, v.state, v.input, NULL, 0,
-       v.size_bytes, :now, :now
-FROM unnest(:v_task_id, :v_player_id, :v_module_id, :v_event_key, :v_state, :v_input,
-            :v_size_bytes)
-     AS v(task_id, player_id, module_id, event_key, state, input, size_bytes)
-CROSS JOIN LATERAL (
-    SELECT count(*) AS entries, coalesce(sum(x.size_bytes), 0) AS bytes
-    FROM journal_tasks AS x WHERE x.player_id = v.player_id
-) AS ledger
-WHERE NOT EXISTS (SELECT 1 FROM journal_tasks AS e
-                  WHERE e.player_id = v.player_id AND e.event_key = v.event_key)
-  AND ledger.entries + 1 <= :max_entries
-  AND ledger.bytes + v.size_bytes <= :max_bytes
-ON CONFLICT DO NOTHING
-RETURNING task_id"""
+    INSERT[POSTGRESQL](_TASKS)
+    .from_select(
+        [*_COLUMNS, "result", "attempts", "created_at", "updated_at"],
+        select(
+            *(_NEW.c[name] for name in _COLUMNS),
+            null(),
+            literal_column("0"),
+            _NOW,
+            _NOW,
+        )
+        .select_from(_NEW.join(_LEDGER, true()))
+        .where(
+            ~exists().where(
+                _EXISTING.c.player_id == _NEW.c.player_id,
+                _EXISTING.c.event_key == _NEW.c.event_key,
+            ),
+            _LEDGER.c.entries + literal_column("1") <= bindparam("max_entries", type_=Integer),
+            _LEDGER.c.bytes + _NEW.c.size_bytes <= bindparam("max_bytes", type_=BigInteger),
+        ),
     )
-    .bindparams(
-        bindparam("v_task_id", type_=ARRAY(String)),
-        bindparam("v_player_id", type_=ARRAY(String)),
-        bindparam("v_module_id", type_=ARRAY(String)),
-        bindparam("v_event_key", type_=ARRAY(String)),
-        bindparam("v_state", type_=ARRAY(String)),
-        bindparam("v_input", type_=ARRAY(LargeBinary)),
-        bindparam("v_size_bytes", type_=ARRAY(Integer)),
-        bindparam("now", type_=DateTime(timezone=True)),
-        bindparam("max_entries", type_=Integer),
-        bindparam("max_bytes", type_=BigInteger),
-    )
-    .columns(_TASKS.c.task_id),
+    .on_conflict_do_nothing()
+    .returning(_TASKS.c.task_id),
     planned_each_time=True,
 )
 
