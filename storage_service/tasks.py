@@ -8,6 +8,7 @@ player's task ledger first (storage_service.ledgers). Claims are storage_service
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -69,20 +70,7 @@ MAX_PAGE_SIZE = 500
 
 
 # CreateTask runs for every event: its statements are rendered once (see fastsql).
-_TASK_COLUMN_NAMES = [
-    "seq",
-    "task_id",
-    "player_id",
-    "module_id",
-    "event_key",
-    "state",
-    "input",
-    "result",
-    "attempts",
-    "size_bytes",
-    "created_at",
-    "updated_at",
-]
+_TASK_COLUMN_NAMES = [field.name for field in dataclasses.fields(StoredTask)]  # the table's order
 _TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]
 
 

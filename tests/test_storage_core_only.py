@@ -8,12 +8,15 @@ once."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
 
 import pytest
+from sqlalchemy import Table
 
 from storage_service import schema
 from storage_service.db import Base
+from storage_service.journal_records import _RECEIPTS, _TASKS, StoredReceipt, StoredTask
 
 PACKAGE = pathlib.Path(schema.__file__).parent
 MAPPED = frozenset(mapper.class_.__name__ for mapper in Base.registry.mappers)
@@ -60,6 +63,15 @@ def test_storage_code_uses_core_statements_only(path: pathlib.Path) -> None:
         f"{path.name} uses the ORM where the package uses Core statements "
         f"(reach a table through table_of(Row)): {misuses}"
     )
+
+
+@pytest.mark.parametrize(
+    ("record", "table"), [(StoredTask, _TASKS), (StoredReceipt, _RECEIPTS)], ids=["task", "receipt"]
+)
+def test_a_record_holds_its_tables_columns_in_order(record: type, table: Table) -> None:
+    """`StoredTask.from_row(row)` and `StoredReceipt(*row)` take a row of `select(table)`
+    field by field: a column added to the table must be added to the record in its place."""
+    assert [field.name for field in dataclasses.fields(record)] == list(table.c.keys())
 
 
 def test_the_check_finds_orm_use() -> None:
