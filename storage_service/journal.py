@@ -40,7 +40,7 @@ from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 from storage_service.batch_groups import _CommitSender, _SendableCommit, send_batches
-from storage_service.batches import BatchRow, _Batch, apply_batch
+from storage_service.batches import _Batch, apply_batch
 from storage_service.claims import MAX_CLAIM, MAX_CLAIM_PLAYERS, claim_tasks
 from storage_service.create_groups import CreateSender, SendableCreate
 from storage_service.dialect import OneStatement, utc_now
@@ -50,10 +50,8 @@ from storage_service.journal_records import (
     _TASKS,
     MAX_TASK_ID,
     TS,
-    ReceiptRow,
     StoredReceipt,
     StoredTask,
-    TaskRow,
     _check_id,
     _no_task,
     _state_name,
@@ -61,8 +59,6 @@ from storage_service.journal_records import (
     task_message,
 )
 from storage_service.leases import (
-    OWNER_SEPARATOR,
-    LeaseRow,
     _check_ttl,
     acquire,
     check_fence,
@@ -74,8 +70,6 @@ from storage_service.ledgers import (
     JournalBounds,
     Writes,
     check_noted_fence,
-    receipt_size,
-    task_size,
 )
 from storage_service.pages import PageTokens
 from storage_service.presence import locate_players
@@ -89,22 +83,15 @@ from storage_service.tasks import (
 from storage_service.validation import check_player_id
 
 __all__ = [
-    "BatchRow",
     "JournalBounds",
     "JournalStore",
-    "LeaseRow",
-    "ReceiptRow",
-    "TaskRow",
-    "OWNER_SEPARATOR",
     "release_earlier_incarnations",
     "check_fence",
     "complete_step",
     "create_task",
     "receipt_message",
-    "receipt_size",
     "record_step",
     "task_message",
-    "task_size",
     "transition_task",
     "utc_now",
 ]

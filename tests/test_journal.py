@@ -39,13 +39,10 @@ from storage_service.config import StorageConfig
 from storage_service.db import Base, make_engine
 from storage_service.group_commit import GroupCommitter
 from storage_service.history import ConversationStore, HistoryBounds
-from storage_service.journal import (
-    JournalBounds,
-    JournalStore,
-    LeaseRow,
-    TaskRow,
-)
+from storage_service.journal import JournalBounds, JournalStore
+from storage_service.journal_records import TaskRow
 from storage_service.journal_servicer import JournalServicer
+from storage_service.leases import LeaseRow
 from storage_service.ledgers import HEADROOM_SHARE
 from storage_service.player_data import PlayerDataStore
 from storage_service.presence import PresenceStore

@@ -45,8 +45,9 @@ from storage_service.app import ACCESS
 from storage_service.app import create_app as create_storage
 from storage_service.config import StorageConfig
 from storage_service.history import ConversationStore, HistoryBounds
-from storage_service.journal import JournalBounds, JournalStore, LeaseRow
+from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
+from storage_service.leases import LeaseRow
 from storage_service.runs import RunStore
 from tests.service_process import ServiceProcess, free_port
 from tests.test_engine_events import (
