@@ -58,9 +58,8 @@ from storage_service.ledgers import (
     noted_lease,
     task_size_sql,
 )
+from storage_service.receipt_statements import _RECORD_FAST, RECEIPT_WRITES_MANY
 from storage_service.receipts import (
-    _RECORD_FAST,
-    RECEIPT_WRITES_MANY,
     _receipt_applied,
     _receipt_fast,
     _receipt_fast_done,
@@ -142,7 +141,7 @@ class _BatchRows:
 # thread gives up the interpreter lock for each wait: with the event loop busy, getting it
 # back cost more than the statement (a group of 13 receipt Commits spent 3.5 ms queueing 15
 # statements, 1 ms of it CPU). So on PostgreSQL the receipt writes of a group go as one
-# statement per chunk, over arrays (receipts.RECEIPT_WRITES_MANY: the rules of _RECORD_FAST
+# statement per chunk, over arrays (receipt_statements.RECEIPT_WRITES_MANY: the rules of _RECORD_FAST
 # and _COMPLETE_FAST over unnested arrays, written once for both). A chunk holds at most one
 # write per player and per step id, so no row sees, or should have seen, another's effect
 # (the ledgers are per player, a step id is one receipt), and the statement's two parts,

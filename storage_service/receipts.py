@@ -1,10 +1,10 @@
 """Step receipts: a step's intent recorded (RUNNING) before a write tool runs, its result
-stored once (DONE), and the one-statement forms of both.
+stored once (DONE); their one-statement forms are in storage_service.receipt_statements.
 
 A receipt is the single global receipt of its stable step id. Recording a step again returns
 the existing receipt; completing a DONE step again with the same result changes nothing, with
 another result is refused. Each write first tries one statement that applies it when nothing
-stands in the way (`_RECORD_FAST`, `_COMPLETE_FAST`; a Commit sent ahead uses the same,
+stands in the way (`_RECORD_FAST`, `_COMPLETE_FAST`; a Commit sent ahead uses the same rules,
 `_receipt_fast`); when that changes nothing, the long way under the player's lock says why,
 or makes room in the player's receipt ledger (storage_service.ledgers) and writes.
 
@@ -21,42 +21,24 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    CompoundSelect,
-    DateTime,
-    FromClause,
-    Insert,
-    Integer,
-    LargeBinary,
-    String,
-    Update,
-    and_,
-    cast,
-    exists,
     func,
     insert,
-    literal_column,
     select,
-    true,
-    union_all,
     update,
 )
 from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
-from storage_service.dialect import unnested
 from storage_service.fastsql import FastResult, FastStatement
 from storage_service.journal_records import (
     _RECEIPT_COLUMNS,
     _RECEIPTS,
     _TASKS,
     MAX_TASK_ID,
-    RECOVERABLE,
     SS,
     STEP_DONE,
     STEP_RUNNING,
@@ -78,9 +60,14 @@ from storage_service.ledgers import (
     _ledger_query,
     _make_room_for_receipts,
     _owner_locked,
-    _param,
     lock_player,
     receipt_size,
+)
+from storage_service.receipt_statements import (
+    _COMPLETE_FAST,
+    _RECORD_FAST,
+    _complete_params,
+    _record_params,
 )
 
 __all__ = ["Completion", "complete_step", "record_step"]
@@ -111,254 +98,12 @@ def _check_same_step(
         )
 
 
-# -- the one-statement forms ------------------------------------------------------------------
-# Each rule is written once, over column expressions: bind parameters for one write
-# (_RECORD_FAST, _COMPLETE_FAST) or the columns of arrays unnested for a group's writes
-# (RECEIPT_WRITES_MANY, PostgreSQL).
-
-
-class _Recording(NamedTuple):
-    """What a recording inserts, as SQL expressions."""
-
-    step_id: ColumnElement[Any]
-    task_id: ColumnElement[Any]
-    player_id: ColumnElement[Any]
-    position: ColumnElement[Any]
-    tool: ColumnElement[Any]
-    state: ColumnElement[Any]
-    result: ColumnElement[Any]
-    codec_id: ColumnElement[Any]
-    size_bytes: ColumnElement[Any]
-
-
-class _Completing(NamedTuple):
-    """What a completion stores, as SQL expressions; `grows` is by how many bytes."""
-
-    step_id: ColumnElement[Any]
-    player_id: ColumnElement[Any]
-    tool: ColumnElement[Any]
-    grows: ColumnElement[Any]
-    result: ColumnElement[Any]
-    codec_id: ColumnElement[Any]
-
-
-_RECORDED_COLUMNS = [*_Recording._fields, "created_at", "updated_at"]
-
-
-def _record_insert(
-    v: _Recording,
-    source: FromClause | None,
-    created: ColumnElement[Any],
-    updated: ColumnElement[Any],
-    max_entries: ColumnElement[Any],
-    max_bytes: ColumnElement[Any],
-) -> Insert:
-    """INSERT ... SELECT that records the steps `v` names when nothing stands in the way: the
-    task is the player's and unfinished, the step is new and the receipt fits the player's
-    ledger without eviction; it inserts nothing for a step otherwise. `source` is the FROM
-    item `v`'s columns come from (None for bind parameters): the ledger is then read per row
-    (LATERAL)."""
-    held = _RECEIPTS.alias("r")
-    ledger_query = select(
-        func.count().label("entries"),
-        func.coalesce(func.sum(held.c.size_bytes), literal_column("0")).label("bytes"),
-    ).where(held.c.player_id == v.player_id)
-    # The task is the player's: a condition on the one task row, or the join of each write's.
-    the_task = and_(_TASKS.c.task_id == v.task_id, _TASKS.c.player_id == v.player_id)
-    ledger: FromClause
-    if source is None:
-        ledger = ledger_query.subquery("ledger")
-        tables = _TASKS.join(ledger, true())
-    else:
-        ledger = ledger_query.lateral("ledger")
-        tables = source.join(_TASKS, the_task).join(ledger, true())
-    existing = _RECEIPTS.alias("e")
-    rows = (
-        select(
-            v.step_id,
-            _TASKS.c.task_id,
-            _TASKS.c.player_id,
-            v.position,
-            v.tool,
-            v.state,
-            v.result,
-            v.codec_id,
-            v.size_bytes,
-            created,
-            updated,
-        )
-        .select_from(tables)
-        .where(
-            the_task if source is None else true(),
-            # Constants in the SQL: an IN list of parameters is expanded on every execution.
-            _TASKS.c.state.in_([literal_column(f"'{name}'") for name in sorted(RECOVERABLE)]),
-            ~exists().where(existing.c.step_id == v.step_id),
-            ledger.c.entries + literal_column("1") <= max_entries,
-            ledger.c.bytes + v.size_bytes <= max_bytes,
-        )
-    )
-    return insert(_RECEIPTS).from_select(_RECORDED_COLUMNS, rows)
-
-
-def _complete_update(
-    v: _Completing, now: ColumnElement[Any], max_bytes: ColumnElement[Any]
-) -> Update:
-    """UPDATE that completes the RUNNING steps `v` names when each result fits the player's
-    ledger without eviction; it changes nothing for a step otherwise. A RUNNING receipt holds
-    no result and no codec (see record_step), so its size grows by exactly the codec id's
-    and the result's bytes."""
-    held = _RECEIPTS.alias("x")
-    ledger_bytes = (
-        select(func.coalesce(func.sum(held.c.size_bytes), literal_column("0")))
-        .where(held.c.player_id == v.player_id)
-        .scalar_subquery()
-    )
-    return (
-        update(_RECEIPTS)
-        .where(
-            _RECEIPTS.c.step_id == v.step_id,
-            _RECEIPTS.c.player_id == v.player_id,
-            _RECEIPTS.c.tool == v.tool,
-            _RECEIPTS.c.state == literal_column(f"'{STEP_RUNNING}'"),
-            _RECEIPTS.c.codec_id == literal_column("''"),
-            _RECEIPTS.c.result.is_(None),
-            ledger_bytes + v.grows <= max_bytes,
-        )
-        .values(
-            state=literal_column(f"'{STEP_DONE}'"),
-            result=v.result,
-            codec_id=v.codec_id,
-            size_bytes=_RECEIPTS.c.size_bytes + v.grows,
-            updated_at=now,
-        )
-    )
-
-
-# One write: the receipt's state, result and codec are parameters (RUNNING with neither, or
-# DONE when the step's completion came with it); the completion returns the receipt.
-_RECORD_FAST = FastStatement(
-    _record_insert(
-        _Recording(
-            _param("p_step", String),
-            _param("p_task", String),
-            _param("p_player", String),
-            _param("p_position", BigInteger),
-            _param("p_tool", String),
-            _param("p_state", String),
-            # Typed in the SQL: a NULL (a RUNNING receipt's) would be read as text otherwise.
-            cast(_param("p_result", LargeBinary), LargeBinary),
-            _param("p_codec", String),
-            _param("p_size", Integer),
-        ),
-        None,
-        _param("p_created", DateTime(timezone=True)),
-        _param("p_updated", DateTime(timezone=True)),
-        _param("p_max_entries", Integer),
-        _param("p_max_bytes", BigInteger),
-    )
-)
-_COMPLETE_FAST = FastStatement(
-    _complete_update(
-        _Completing(
-            _param("p_step", String),
-            _param("p_player", String),
-            _param("p_tool", String),
-            _param("p_grows", Integer),
-            _param("p_result", LargeBinary),
-            _param("p_codec", String),
-        ),
-        _param("p_now", DateTime(timezone=True)),
-        _param("p_max_bytes", BigInteger),
-    ).returning(*_RECEIPT_COLUMNS)
-)
-
-
-def _receipt_writes_many() -> CompoundSelect[Any]:
-    """A group's receipt writes in one statement (PostgreSQL), each row checked exactly as
-    _RECORD_FAST or _COMPLETE_FAST checks its one write: recordings from the `r_` arrays,
-    completions from the `c_` arrays (`batch_groups._ReceiptChunks` sends them); it returns
-    the step id of every write applied. Both parts see one snapshot: a chunk holds at most one
-    write per player and per step id."""
-    recordings = unnested(
-        "v",
-        [
-            ("r_steps", "step_id", String()),
-            ("r_tasks", "task_id", String()),
-            ("r_players", "player_id", String()),
-            ("r_positions", "position", BigInteger()),
-            ("r_tools", "tool", String()),
-            ("r_states", "state", String()),
-            ("r_results", "result", LargeBinary()),
-            ("r_codecs", "codec_id", String()),
-            ("r_sizes", "size_bytes", Integer()),
-        ],
-    )
-    completions = unnested(
-        "v",
-        [
-            ("c_steps", "step_id", String()),
-            ("c_players", "player_id", String()),
-            ("c_tools", "tool", String()),
-            ("c_grows", "grows", Integer()),
-            ("c_results", "result", LargeBinary()),
-            ("c_codecs", "codec_id", String()),
-        ],
-    )
-    now = _param("now", DateTime(timezone=True))
-    max_bytes = _param("max_bytes", BigInteger)
-    recorded = (
-        _record_insert(
-            _Recording(*(recordings.c[field] for field in _Recording._fields)),
-            recordings,
-            now,
-            now,
-            _param("max_entries", Integer),
-            max_bytes,
-        )
-        .returning(_RECEIPTS.c.step_id)
-        .cte("recorded")
-    )
-    completed = (
-        _complete_update(
-            _Completing(*(completions.c[field] for field in _Completing._fields)), now, max_bytes
-        )
-        .returning(_RECEIPTS.c.step_id)
-        .cte("completed")
-    )
-    return union_all(select(recorded.c.step_id), select(completed.c.step_id))
-
-
-# Planned at every execution: over arrays the generic plan, made once while the tables are
-# small, joins by scanning them whole (seen: PostgreSQL's CPU per Commit doubled as a bench's
-# tables grew).
-RECEIPT_WRITES_MANY = FastStatement(_receipt_writes_many(), planned_each_time=True)
-
-
 def _check_record(step_id: str, task_id: str, position: int, tool: str) -> None:
     _check_id(step_id, "step_id")
     _check_id(task_id, "task_id", MAX_TASK_ID)
     _check_id(tool, "tool")
     if not 0 <= position < 2**32:
         raise InvalidArgument(f"position must be between 0 and {2**32 - 1}")
-
-
-def _record_params(bounds: JournalBounds, receipt: StoredReceipt) -> dict[str, object]:
-    """The parameters of _RECORD_FAST that insert `receipt`."""
-    return {
-        "p_step": receipt.step_id,
-        "p_task": receipt.task_id,
-        "p_player": receipt.player_id,
-        "p_position": receipt.position,
-        "p_tool": receipt.tool,
-        "p_state": receipt.state,
-        "p_result": receipt.result,
-        "p_codec": receipt.codec_id,
-        "p_size": receipt.size_bytes,
-        "p_created": receipt.created_at,
-        "p_updated": receipt.updated_at,
-        "p_max_entries": bounds.receipt_max_entries,
-        "p_max_bytes": bounds.receipt_max_bytes,
-    }
 
 
 def _check_complete(
@@ -371,28 +116,6 @@ def _check_complete(
         raise InvalidArgument(
             f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
         )
-
-
-def _complete_params(
-    bounds: JournalBounds,
-    now: dt.datetime,
-    step_id: str,
-    player_id: str,
-    tool: str,
-    result: bytes,
-    codec_id: str,
-) -> dict[str, object]:
-    """The parameters of _COMPLETE_FAST."""
-    return {
-        "p_step": step_id,
-        "p_player": player_id,
-        "p_tool": tool,
-        "p_grows": len(codec_id.encode()) + len(result),
-        "p_max_bytes": bounds.receipt_max_bytes,
-        "p_result": result,
-        "p_codec": codec_id,
-        "p_now": now,
-    }
 
 
 def _find_receipt(session: Session, step_id: str) -> StoredReceipt | None:
