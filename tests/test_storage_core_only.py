@@ -1,5 +1,5 @@
 """The storage package reads and writes its tables with Core statements only (issue 16: one
-data-access style). A mapped class declares a table; code outside that declaration reaches
+data-access style), and its modules stay small. A mapped class declares a table; code outside that declaration reaches
 the table through `table_of(Row)` and never through the class itself: no ORM-enabled
 statement (`select(TaskRow)`, `TaskRow.seq == ...`), no `session.get`, no row objects made of
 the class. A statement on the driver's cursor (`fastsql`) is still a Core statement rendered
@@ -72,6 +72,18 @@ def test_a_record_holds_its_tables_columns_in_order(record: type, table: Table) 
     """`StoredTask.from_row(row)` and `StoredReceipt(*row)` take a row of `select(table)`
     field by field: a column added to the table must be added to the record in its place."""
     assert [field.name for field in dataclasses.fields(record)] == list(table.c.keys())
+
+
+MAX_MODULE_LINES = 600
+"""Issue 16: no storage module over 600 lines (one job each: split by area, not grown)."""
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+def test_no_storage_module_is_over_its_size(path: pathlib.Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, (
+        f"{path.name} has {lines} lines, over {MAX_MODULE_LINES}: split it by what it does"
+    )
 
 
 def test_the_check_finds_orm_use() -> None:
