@@ -56,6 +56,7 @@ from storage_service.ledgers import (
     _locks_held,
     _player_lock_key,
     noted_lease,
+    player_ledger,
     task_size_sql,
 )
 from storage_service.receipt_statements import _RECORD_FAST, RECEIPT_WRITES_MANY
@@ -244,11 +245,9 @@ _MOVED_SIZE = task_size_sql(
     _TASKS.c.input,
     _MOVES.c.result,
 )
-_PLAYER_TASK_BYTES = (
-    select(func.sum(_OTHER_TASKS.c.size_bytes))
-    .where(_OTHER_TASKS.c.player_id == _MOVES.c.player_id)
-    .scalar_subquery()
-)
+_PLAYER_TASK_BYTES = player_ledger(
+    _OTHER_TASKS, _MOVES.c.player_id, bytes_only=True
+).scalar_subquery()
 _TRANSITIONS_MANY = FastStatement(
     update(_TASKS)
     .where(

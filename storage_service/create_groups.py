@@ -28,7 +28,6 @@ from sqlalchemy import (
     String,
     bindparam,
     exists,
-    func,
     literal_column,
     null,
     select,
@@ -42,7 +41,7 @@ from storage_service.batch_groups import _Applied
 from storage_service.dialect import INSERT, POSTGRESQL, is_postgresql, unnested
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import _TASKS, StoredTask, task_message
-from storage_service.ledgers import JournalBounds, Writes
+from storage_service.ledgers import JournalBounds, Writes, player_ledger
 from storage_service.tasks import new_task
 
 __all__ = ["CreateSender", "SendableCreate"]
@@ -66,14 +65,7 @@ _NEW = unnested(
     ],
 )
 _HELD = _TASKS.alias("x")
-_LEDGER = (
-    select(
-        func.count().label("entries"),
-        func.coalesce(func.sum(_HELD.c.size_bytes), literal_column("0")).label("bytes"),
-    )
-    .where(_HELD.c.player_id == _NEW.c.player_id)
-    .lateral("ledger")
-)
+_LEDGER = player_ledger(_HELD, _NEW.c.player_id).lateral("ledger")
 _EXISTING = _TASKS.alias("e")
 _NOW = bindparam("now", type_=DateTime(timezone=True))
 _CREATE_MANY = FastStatement(
@@ -93,8 +85,8 @@ _CREATE_MANY = FastStatement(
                 _EXISTING.c.player_id == _NEW.c.player_id,
                 _EXISTING.c.event_key == _NEW.c.event_key,
             ),
-            _LEDGER.c.entries + literal_column("1") <= bindparam("max_entries", type_=Integer),
-            _LEDGER.c.bytes + _NEW.c.size_bytes <= bindparam("max_bytes", type_=BigInteger),
+            _LEDGER.c.ledger_count + literal_column("1") <= bindparam("max_entries", type_=Integer),
+            _LEDGER.c.ledger_bytes + _NEW.c.size_bytes <= bindparam("max_bytes", type_=BigInteger),
         ),
     )
     .on_conflict_do_nothing()

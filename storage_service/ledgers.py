@@ -39,6 +39,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    FromClause,
     Select,
     String,
     bindparam,
@@ -402,11 +403,18 @@ may ask for a few more)."""
 _MAX_PAGE = 1024
 
 
-_TASK_LEDGER = FastStatement(
-    select(func.count(), func.coalesce(func.sum(_TASKS.c.size_bytes), 0)).where(
-        _TASKS.c.player_id == bindparam("player_id", type_=String)
-    )
-)
+def player_ledger(
+    rows: FromClause, player: ColumnElement[Any] | str, *, bytes_only: bool = False
+) -> Select[Any]:
+    """A player's ledger over `rows` (the tasks or the receipts table, or an alias of one): how
+    many rows (`ledger_count`) and their bytes (`ledger_bytes`), or the bytes alone. Every read
+    of a ledger is this query: a write's own, a group's per row (LATERAL), the long way's."""
+    size = func.coalesce(func.sum(rows.c.size_bytes), 0).label("ledger_bytes")
+    columns = (size,) if bytes_only else (func.count().label("ledger_count"), size)
+    return select(*columns).where(rows.c.player_id == player)
+
+
+_TASK_LEDGER = FastStatement(player_ledger(_TASKS, bindparam("player_id", type_=String)))
 
 
 def _make_room_for_tasks(
@@ -451,13 +459,6 @@ def _make_room_for_tasks(
     return len(doomed)
 
 
-def _ledger_query(player_id: str) -> Select[int, Any]:
-    return select(
-        func.count().label("ledger_count"),
-        func.coalesce(func.sum(_RECEIPTS.c.size_bytes), 0).label("ledger_bytes"),
-    ).where(_RECEIPTS.c.player_id == player_id)
-
-
 def _make_room_for_receipts(
     session: Session,
     bounds: JournalBounds,
@@ -477,7 +478,7 @@ def _make_room_for_receipts(
     limits = (bounds.receipt_max_entries, bounds.receipt_max_bytes)
     if ledger is not None and _fits(*ledger, add_count, add_bytes, limits):
         return 0
-    count, total = session.execute(_ledger_query(player_id)).one()
+    count, total = session.execute(player_ledger(_RECEIPTS, player_id)).one()
     if _fits(count, total, add_count, add_bytes, limits):
         return 0
     query = (

@@ -28,7 +28,6 @@ from sqlalchemy import (
     and_,
     cast,
     exists,
-    func,
     insert,
     literal_column,
     select,
@@ -48,7 +47,7 @@ from storage_service.journal_records import (
     STEP_RUNNING,
     StoredReceipt,
 )
-from storage_service.ledgers import JournalBounds, _param
+from storage_service.ledgers import JournalBounds, _param, player_ledger
 
 __all__ = ["RECEIPT_WRITES_MANY"]
 
@@ -95,10 +94,7 @@ def _record_insert(
     item `v`'s columns come from (None for bind parameters): the ledger is then read per row
     (LATERAL)."""
     held = _RECEIPTS.alias("r")
-    ledger_query = select(
-        func.count().label("entries"),
-        func.coalesce(func.sum(held.c.size_bytes), literal_column("0")).label("bytes"),
-    ).where(held.c.player_id == v.player_id)
+    ledger_query = player_ledger(held, v.player_id)
     # The task is the player's: a condition on the one task row, or the join of each write's.
     the_task = and_(_TASKS.c.task_id == v.task_id, _TASKS.c.player_id == v.player_id)
     ledger: FromClause
@@ -129,8 +125,8 @@ def _record_insert(
             # Constants in the SQL: an IN list of parameters is expanded on every execution.
             _TASKS.c.state.in_([literal_column(f"'{name}'") for name in sorted(RECOVERABLE)]),
             ~exists().where(existing.c.step_id == v.step_id),
-            ledger.c.entries + literal_column("1") <= max_entries,
-            ledger.c.bytes + v.size_bytes <= max_bytes,
+            ledger.c.ledger_count + literal_column("1") <= max_entries,
+            ledger.c.ledger_bytes + v.size_bytes <= max_bytes,
         )
     )
     return insert(_RECEIPTS).from_select(_RECORDED_COLUMNS, rows)
@@ -144,11 +140,7 @@ def _complete_update(
     no result and no codec (see record_step), so its size grows by exactly the codec id's
     and the result's bytes."""
     held = _RECEIPTS.alias("x")
-    ledger_bytes = (
-        select(func.coalesce(func.sum(held.c.size_bytes), literal_column("0")))
-        .where(held.c.player_id == v.player_id)
-        .scalar_subquery()
-    )
+    ledger_bytes = player_ledger(held, v.player_id, bytes_only=True).scalar_subquery()
     return (
         update(_RECEIPTS)
         .where(

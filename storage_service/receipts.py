@@ -24,7 +24,6 @@ import datetime as dt
 from typing import NamedTuple
 
 from sqlalchemy import (
-    func,
     insert,
     select,
     update,
@@ -57,10 +56,10 @@ from storage_service.ledgers import (
     _TASK_OWNER_LOCKING,
     JournalBounds,
     _check_owner,
-    _ledger_query,
     _make_room_for_receipts,
     _owner_locked,
     lock_player,
+    player_ledger,
     receipt_size,
 )
 from storage_service.receipt_statements import (
@@ -237,7 +236,7 @@ def record_step(
         inserted = _RECORD_FAST.execute(session, _record_params(bounds, written))
         if inserted.rowcount == 1:
             return written, True
-    ledger = _ledger_query(owner).subquery()
+    ledger = player_ledger(_RECEIPTS, owner).subquery()
     found = connection.execute(
         select(
             select(_RECEIPTS.c.seq)
@@ -319,8 +318,7 @@ def complete_step(
         found = connection.execute(
             select(
                 *_RECEIPT_COLUMNS,
-                _ledger_query(owner)
-                .with_only_columns(func.coalesce(func.sum(_RECEIPTS.c.size_bytes), 0))
+                player_ledger(_RECEIPTS, owner, bytes_only=True)
                 .scalar_subquery()
                 .label("ledger_bytes"),
             )

@@ -20,7 +20,6 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
-    func,
     insert,
     select,
     true,
@@ -59,6 +58,7 @@ from storage_service.ledgers import (
     _make_room_for_tasks,
     _owner_locked,
     _player_lock_key,
+    player_ledger,
     task_size,
 )
 from storage_service.validation import check_player_id
@@ -76,14 +76,7 @@ _TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]
 
 # The player's task with this event key, if any, and the player's task ledger (count,
 # bytes), in one statement: always one row, the task's columns NULL when there is none.
-_LEDGER = (
-    select(
-        func.count().label("ledger_count"),
-        func.coalesce(func.sum(_TASKS.c.size_bytes), 0).label("ledger_bytes"),
-    )
-    .where(_TASKS.c.player_id == bindparam("player_id", type_=String))
-    .subquery("ledger")
-)
+_LEDGER = player_ledger(_TASKS, bindparam("player_id", type_=String)).subquery("ledger")
 _BY_EVENT = _TASKS.alias("by_event")
 _TASK_BY_EVENT = FastStatement(
     select(
