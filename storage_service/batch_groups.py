@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -35,6 +35,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.types import TypeEngine
 from system.storage.v1 import journal_pb2
 
 from storage_service.batches import (
@@ -59,7 +60,7 @@ from storage_service.ledgers import (
     player_ledger,
     task_size_sql,
 )
-from storage_service.receipt_statements import _RECORD_FAST, RECEIPT_WRITES_MANY
+from storage_service.receipt_statements import _RECORD_FAST, RECEIPT_WRITES_MANY, array_params
 from storage_service.receipts import (
     _receipt_applied,
     _receipt_fast,
@@ -75,12 +76,7 @@ __all__ = ["finish_batch", "send_batches"]
 # The rows of a group's batches in one statement (PostgreSQL): each inserted row returns its
 # key, with its player's ledger lock taken (as _BATCH_INSERT_LOCKING does for one row).
 _BATCH_ROWS = unnested(
-    "v",
-    [
-        ("players", "player_id", String()),
-        ("requests", "request_id", String()),
-        ("digests", "digest", LargeBinary()),
-    ],
+    "v", "b_", [("player_id", String()), ("request_id", String()), ("digest", LargeBinary())]
 )
 _BATCH_ROWS_MANY = FastStatement(
     INSERT[POSTGRESQL](_BATCHES)
@@ -115,9 +111,9 @@ class _BatchRows:
         self._all: Sent | None = None
         if postgresql:
             params: dict[str, object] = {
-                "players": [batch.request.player_id for batch in batches],
-                "requests": [batch.request.request_id for batch in batches],
-                "digests": [batch.digest for batch in batches],
+                "b_player_id": [batch.request.player_id for batch in batches],
+                "b_request_id": [batch.request.request_id for batch in batches],
+                "b_digest": [batch.digest for batch in batches],
                 "now": now,
             }
             self._all = _BATCH_ROWS_MANY.send(session, params)
@@ -142,11 +138,11 @@ class _BatchRows:
 # thread gives up the interpreter lock for each wait: with the event loop busy, getting it
 # back cost more than the statement (a group of 13 receipt Commits spent 3.5 ms queueing 15
 # statements, 1 ms of it CPU). So on PostgreSQL the receipt writes of a group go as one
-# statement per chunk, over arrays (receipt_statements.RECEIPT_WRITES_MANY: the rules of _RECORD_FAST
-# and _COMPLETE_FAST over unnested arrays, written once for both). A chunk holds at most one
-# write per player and per step id, so no row sees, or should have seen, another's effect
-# (the ledgers are per player, a step id is one receipt), and the statement's two parts,
-# which see one snapshot, need no order between them.
+# statement per chunk, over arrays (receipt_statements.RECEIPT_WRITES_MANY: the rules of
+# _RECORD_FAST and _COMPLETE_FAST over unnested arrays, written once for both). A chunk holds
+# at most one write per player and per step id, so no row sees, or should have seen,
+# another's effect (the ledgers are per player, a step id is one receipt), and the
+# statement's two parts, which see one snapshot, need no order between them.
 
 
 class _Applied:
@@ -181,37 +177,23 @@ class _ReceiptChunks:
         self._sent: list[_Applied] = []
 
     def add(self, statement: FastStatement, params: dict[str, object]) -> int:
-        player, step = f"p:{params['p_player']}", f"s:{params['p_step']}"
+        player, step = f"p:{params['p_player_id']}", f"s:{params['p_step_id']}"
         chunk = max(self._next.get(player, 0), self._next.get(step, 0))
         self._next[player] = self._next[step] = chunk + 1
         if chunk == len(self._chunks):
             self._chunks.append(([], []))
         self._chunks[chunk][0 if statement is _RECORD_FAST else 1].append(params)
-        self._where.append((chunk, str(params["p_step"])))
+        self._where.append((chunk, str(params["p_step_id"])))
         return len(self._where) - 1
 
     def send(self, session: Session) -> None:
         for records, completes in self._chunks:
-            params: dict[str, object] = {
-                "r_steps": [row["p_step"] for row in records],
-                "r_tasks": [row["p_task"] for row in records],
-                "r_players": [row["p_player"] for row in records],
-                "r_positions": [row["p_position"] for row in records],
-                "r_tools": [row["p_tool"] for row in records],
-                "r_states": [row["p_state"] for row in records],
-                "r_results": [row["p_result"] for row in records],
-                "r_codecs": [row["p_codec"] for row in records],
-                "r_sizes": [row["p_size"] for row in records],
-                "c_steps": [row["p_step"] for row in completes],
-                "c_players": [row["p_player"] for row in completes],
-                "c_tools": [row["p_tool"] for row in completes],
-                "c_grows": [row["p_grows"] for row in completes],
-                "c_results": [row["p_result"] for row in completes],
-                "c_codecs": [row["p_codec"] for row in completes],
-                "now": self._now,
-                "max_entries": self._bounds.receipt_max_entries,
-                "max_bytes": self._bounds.receipt_max_bytes,
-            }
+            params = array_params(records, completes)
+            params.update(
+                now=self._now,
+                max_entries=self._bounds.receipt_max_entries,
+                max_bytes=self._bounds.receipt_max_bytes,
+            )
             self._sent.append(_Applied(RECEIPT_WRITES_MANY.send(session, params)))
 
     def applied(self, index: int) -> bool:
@@ -227,16 +209,15 @@ class _ReceiptChunks:
 # the ledger each row reads is not one another row changes. Planned at every execution, as
 # RECEIPT_WRITES_MANY is.
 _OTHER_TASKS = _TASKS.alias("x")
-_MOVES = unnested(
-    "v",
-    [
-        ("t_task", "task_id", String()),
-        ("t_player", "player_id", String()),
-        ("t_state", "state", String()),
-        ("t_froms", "froms", String()),
-        ("t_result", "result", LargeBinary()),
-    ],
-)
+_MOVE_COLUMNS: list[tuple[str, TypeEngine[Any]]] = [
+    ("task_id", String()),
+    ("player_id", String()),
+    ("state", String()),
+    ("froms", String()),
+    ("result", LargeBinary()),
+]
+"""What a move sends (tasks.transition_fast's row), each column as a `t_` array."""
+_MOVES = unnested("v", "t_", _MOVE_COLUMNS)
 _MOVED_SIZE = task_size_sql(
     _TASKS.c.task_id,
     _TASKS.c.player_id,
@@ -284,14 +265,13 @@ class _Transitions:
         """Adds a move (tasks.transition_fast's row); returns whether it applied, to be
         asked once the statement's result came."""
         self._rows.append(row)
-        return functools.partial(self._applied, str(row["task"]))
+        return functools.partial(self._applied, str(row["task_id"]))
 
     def send(self, session: Session) -> None:
         if not self._rows:
             return
         params: dict[str, object] = {
-            f"t_{key}": [row[key] for row in self._rows]
-            for key in ("task", "player", "state", "froms", "result")
+            f"t_{key}": [row[key] for row in self._rows] for key, _ in _MOVE_COLUMNS
         }
         params.update(now=self._now, max_bytes=self._bounds.task_max_bytes)
         self._sent = _Applied(_TRANSITIONS_MANY.send(session, params))

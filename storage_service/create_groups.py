@@ -34,6 +34,7 @@ from sqlalchemy import (
     true,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.types import TypeEngine
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import ServiceError
@@ -48,22 +49,21 @@ __all__ = ["CreateSender", "SendableCreate"]
 
 Created = tuple[journal_pb2.EventTask, bool, int]
 
-_COLUMNS = ("task_id", "player_id", "module_id", "event_key", "state", "input", "size_bytes")
+_SENT: list[tuple[str, TypeEngine[Any]]] = [
+    ("task_id", String()),
+    ("player_id", String()),
+    ("module_id", String()),
+    ("event_key", String()),
+    ("state", String()),
+    ("input", LargeBinary()),
+    ("size_bytes", Integer()),
+]
+"""A new task's columns that a creation sends (each as a `v_` array), and their types."""
+_COLUMNS = [name for name, _ in _SENT]
 # The players' ledgers are read per row (count, bytes) as `create_task` reads them under the
 # player's lock (the group's lock statement took it). Planned at every execution, as the
 # receipt writes' array statements are (batch_groups).
-_NEW = unnested(
-    "v",
-    [
-        ("v_task_id", "task_id", String()),
-        ("v_player_id", "player_id", String()),
-        ("v_module_id", "module_id", String()),
-        ("v_event_key", "event_key", String()),
-        ("v_state", "state", String()),
-        ("v_input", "input", LargeBinary()),
-        ("v_size_bytes", "size_bytes", Integer()),
-    ],
-)
+_NEW = unnested("v", "v_", _SENT)
 _HELD = _TASKS.alias("x")
 _LEDGER = player_ledger(_HELD, _NEW.c.player_id).lateral("ledger")
 _EXISTING = _TASKS.alias("e")

@@ -95,13 +95,15 @@ def advisory_lock(key: Any) -> Any:
     return func.pg_advisory_xact_lock(func.hashtextextended(key, 0))
 
 
-def unnested(name: str, arrays: Sequence[tuple[str, str, TypeEngine[Any]]]) -> TableValuedAlias:
+def unnested(
+    name: str, prefix: str, columns: Sequence[tuple[str, TypeEngine[Any]]]
+) -> TableValuedAlias:
     """PostgreSQL only: a FROM item `name` whose rows are array parameters unnested side by
-    side, one (parameter, column, element type) each: how one statement writes a group's rows
-    (storage_service.batch_groups)."""
+    side, one per (column, element type), the parameter named `prefix` + the column: how one
+    statement writes a group's rows (storage_service.batch_groups)."""
     return (
-        func.unnest(*(bindparam(param, type_=ARRAY(type_)) for param, _, type_ in arrays))
-        .table_valued(*(column(field, type_) for _, field, type_ in arrays))
+        func.unnest(*(bindparam(prefix + field, type_=ARRAY(type_)) for field, type_ in columns))
+        .table_valued(*(column(field, type_) for field, type_ in columns))
         .render_derived(name=name)
     )
 

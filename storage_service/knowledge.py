@@ -511,8 +511,8 @@ class KnowledgeStore:
     def _ranked(
         self, session: Session, words: list[str], limit: int, scopes: list[str], language: str
     ) -> Any:
-        """SELECT (every column of the entry, score) for the words, `language` first, best first, ties
-        newest first."""
+        """SELECT (every column of the entry, score) for the words, `language` first, best
+        first, ties newest first."""
         # The preferred language's entries sort first (0 before 1); none preferred: all 0.
         preferred = (case((_KNOWLEDGE.c.language == language, 0), else_=1),) if language else ()
         recency = (_KNOWLEDGE.c.updated_at.desc(), _KNOWLEDGE.c.id.desc())

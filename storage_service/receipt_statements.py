@@ -12,6 +12,7 @@ eviction; a completion stores a RUNNING step's result only where it fits the led
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -35,6 +36,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.types import TypeEngine
 
 from storage_service.dialect import unnested
 from storage_service.fastsql import FastStatement
@@ -49,7 +51,7 @@ from storage_service.journal_records import (
 )
 from storage_service.ledgers import JournalBounds, _param, player_ledger
 
-__all__ = ["RECEIPT_WRITES_MANY"]
+__all__ = ["RECEIPT_WRITES_MANY", "array_params"]
 
 
 class _Recording(NamedTuple):
@@ -78,6 +80,20 @@ class _Completing(NamedTuple):
 
 
 _RECORDED_COLUMNS = [*_Recording._fields, "created_at", "updated_at"]
+_TYPES: dict[str, TypeEngine[Any]] = {
+    "step_id": String(),
+    "task_id": String(),
+    "player_id": String(),
+    "position": BigInteger(),
+    "tool": String(),
+    "state": String(),
+    "result": LargeBinary(),
+    "codec_id": String(),
+    "size_bytes": Integer(),
+    "grows": Integer(),
+}
+"""The parameter type of each field of `_Recording` and `_Completing`: one write's parameter
+is `p_` + the field, a group's array `r_` (recordings) or `c_` (completions) + the field."""
 
 
 def _record_insert(
@@ -166,17 +182,9 @@ def _complete_update(
 # DONE when the step's completion came with it); the completion returns the receipt.
 _RECORD_FAST = FastStatement(
     _record_insert(
-        _Recording(
-            _param("p_step", String),
-            _param("p_task", String),
-            _param("p_player", String),
-            _param("p_position", BigInteger),
-            _param("p_tool", String),
-            _param("p_state", String),
+        _Recording(*(_param(f"p_{field}", _TYPES[field]) for field in _Recording._fields))._replace(
             # Typed in the SQL: a NULL (a RUNNING receipt's) would be read as text otherwise.
-            cast(_param("p_result", LargeBinary), LargeBinary),
-            _param("p_codec", String),
-            _param("p_size", Integer),
+            result=cast(_param("p_result", LargeBinary), LargeBinary)
         ),
         None,
         _param("p_created", DateTime(timezone=True)),
@@ -187,14 +195,7 @@ _RECORD_FAST = FastStatement(
 )
 _COMPLETE_FAST = FastStatement(
     _complete_update(
-        _Completing(
-            _param("p_step", String),
-            _param("p_player", String),
-            _param("p_tool", String),
-            _param("p_grows", Integer),
-            _param("p_result", LargeBinary),
-            _param("p_codec", String),
-        ),
+        _Completing(*(_param(f"p_{field}", _TYPES[field]) for field in _Completing._fields)),
         _param("p_now", DateTime(timezone=True)),
         _param("p_max_bytes", BigInteger),
     ).returning(*_RECEIPT_COLUMNS)
@@ -204,34 +205,11 @@ _COMPLETE_FAST = FastStatement(
 def _receipt_writes_many() -> CompoundSelect[Any]:
     """A group's receipt writes in one statement (PostgreSQL), each row checked exactly as
     _RECORD_FAST or _COMPLETE_FAST checks its one write: recordings from the `r_` arrays,
-    completions from the `c_` arrays (`batch_groups._ReceiptChunks` sends them); it returns
+    completions from the `c_` arrays (`array_params` makes them); it returns
     the step id of every write applied. Both parts see one snapshot: a chunk holds at most one
     write per player and per step id."""
-    recordings = unnested(
-        "v",
-        [
-            ("r_steps", "step_id", String()),
-            ("r_tasks", "task_id", String()),
-            ("r_players", "player_id", String()),
-            ("r_positions", "position", BigInteger()),
-            ("r_tools", "tool", String()),
-            ("r_states", "state", String()),
-            ("r_results", "result", LargeBinary()),
-            ("r_codecs", "codec_id", String()),
-            ("r_sizes", "size_bytes", Integer()),
-        ],
-    )
-    completions = unnested(
-        "v",
-        [
-            ("c_steps", "step_id", String()),
-            ("c_players", "player_id", String()),
-            ("c_tools", "tool", String()),
-            ("c_grows", "grows", Integer()),
-            ("c_results", "result", LargeBinary()),
-            ("c_codecs", "codec_id", String()),
-        ],
-    )
+    recordings = unnested("v", "r_", [(field, _TYPES[field]) for field in _Recording._fields])
+    completions = unnested("v", "c_", [(field, _TYPES[field]) for field in _Completing._fields])
     now = _param("now", DateTime(timezone=True))
     max_bytes = _param("max_bytes", BigInteger)
     recorded = (
@@ -264,21 +242,16 @@ RECEIPT_WRITES_MANY = FastStatement(_receipt_writes_many(), planned_each_time=Tr
 
 def _record_params(bounds: JournalBounds, receipt: StoredReceipt) -> dict[str, object]:
     """The parameters of _RECORD_FAST that insert `receipt`."""
-    return {
-        "p_step": receipt.step_id,
-        "p_task": receipt.task_id,
-        "p_player": receipt.player_id,
-        "p_position": receipt.position,
-        "p_tool": receipt.tool,
-        "p_state": receipt.state,
-        "p_result": receipt.result,
-        "p_codec": receipt.codec_id,
-        "p_size": receipt.size_bytes,
-        "p_created": receipt.created_at,
-        "p_updated": receipt.updated_at,
-        "p_max_entries": bounds.receipt_max_entries,
-        "p_max_bytes": bounds.receipt_max_bytes,
+    params: dict[str, object] = {
+        f"p_{field}": getattr(receipt, field) for field in _Recording._fields
     }
+    params.update(
+        p_created=receipt.created_at,
+        p_updated=receipt.updated_at,
+        p_max_entries=bounds.receipt_max_entries,
+        p_max_bytes=bounds.receipt_max_bytes,
+    )
+    return params
 
 
 def _complete_params(
@@ -292,12 +265,27 @@ def _complete_params(
 ) -> dict[str, object]:
     """The parameters of _COMPLETE_FAST."""
     return {
-        "p_step": step_id,
-        "p_player": player_id,
+        "p_step_id": step_id,
+        "p_player_id": player_id,
         "p_tool": tool,
         "p_grows": len(codec_id.encode()) + len(result),
-        "p_max_bytes": bounds.receipt_max_bytes,
         "p_result": result,
-        "p_codec": codec_id,
+        "p_codec_id": codec_id,
         "p_now": now,
+        "p_max_bytes": bounds.receipt_max_bytes,
     }
+
+
+def array_params(
+    recordings: Sequence[dict[str, object]], completions: Sequence[dict[str, object]]
+) -> dict[str, object]:
+    """RECEIPT_WRITES_MANY's arrays, from one-write parameters of _RECORD_FAST
+    (`recordings`) and _COMPLETE_FAST (`completions`): column by column."""
+    params: dict[str, object] = {
+        f"r_{field}": [write[f"p_{field}"] for write in recordings] for field in _Recording._fields
+    }
+    params.update(
+        (f"c_{field}", [write[f"p_{field}"] for write in completions])
+        for field in _Completing._fields
+    )
+    return params

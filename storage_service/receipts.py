@@ -396,7 +396,7 @@ def _receipt_fast(
 
 def _receipt_fast_done(params: dict[str, object]) -> bool:
     """Whether `_receipt_fast`'s parameters record the step DONE (its completion with it)."""
-    return params.get("p_state") == STEP_DONE
+    return params.get("p_state") == STEP_DONE  # _RECORD_FAST's parameter
 
 
 def _receipt_applied(write: journal_pb2.ReceiptWrite, result: FastResult) -> bool:

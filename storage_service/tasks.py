@@ -226,7 +226,7 @@ _TASK_MOVE = FastStatement(
 def _locked_task(
     session: Session, task_id: str, player_id: str | None = None, with_ledger: bool = False
 ) -> tuple[StoredTask, tuple[int, int] | None]:
-    """The task (a detached row: change it with statements, not the session), locked FOR
+    """The task (a `StoredTask`: change the row with statements), locked FOR
     UPDATE after its player's ledger lock; NOT_FOUND when missing. `player_id`: the player
     the caller expects (a Commit's, whose lock the batch took already: then the owner is not
     looked up first; the caller checks that the task is that player's). With `with_ledger`,
@@ -303,8 +303,8 @@ def transition_fast(
     if not froms:
         return None
     return {
-        "task": move.task_id,
-        "player": player_id,
+        "task_id": move.task_id,
+        "player_id": player_id,
         "state": target,
         "froms": ",".join(froms),
         "result": encoded,

@@ -1,6 +1,6 @@
 """The storage package reads and writes its tables with Core statements only (issue 16: one
-data-access style), and its modules stay small. A mapped class declares a table; code outside that declaration reaches
-the table through `table_of(Row)` and never through the class itself: no ORM-enabled
+data-access style), and its modules stay small. A mapped class declares a table; code outside
+that declaration reaches the table through `table_of(Row)` and never through the class itself: no ORM-enabled
 statement (`select(TaskRow)`, `TaskRow.seq == ...`), no `session.get`, no row objects made of
 the class. A statement on the driver's cursor (`fastsql`) is still a Core statement rendered
 once."""
