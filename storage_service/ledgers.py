@@ -42,6 +42,7 @@ from sqlalchemy import (
     FromClause,
     Select,
     String,
+    Table,
     bindparam,
     column,
     delete,
@@ -414,7 +415,44 @@ def player_ledger(
     return select(*columns).where(rows.c.player_id == player)
 
 
-_TASK_LEDGER = FastStatement(player_ledger(_TASKS, bindparam("player_id", type_=String)))
+_LEDGER_READS = {
+    rows: FastStatement(player_ledger(rows, bindparam("player_id", type_=String)))
+    for rows in (_TASKS, _RECEIPTS)
+}
+
+
+def _make_room(
+    session: Session,
+    rows: Table,
+    player_id: str,
+    need: tuple[int, int],
+    limits: tuple[int, int],
+    evictable: Select[Any],
+    exclude_seq: int | None,
+    ledger: tuple[int, int] | None,
+    full: Callable[[int, int], str],
+) -> list[_Candidate]:
+    """Evicts the player's `evictable` entries of `rows` (seq and size first), oldest first,
+    until `need` (count, bytes) fits under `limits` with headroom (`_choose_evictions`).
+    Returns the evicted entries; STORAGE_FULL, saying `full(count, bytes)`, when it cannot fit
+    (nothing deleted).
+
+    `ledger` is the player's (count, bytes) when the caller read them in this transaction,
+    under the player's lock (the count may be 0 when the write adds no entry); the ledger is
+    only read again when the addition does not fit, so an eviction counts what is stored."""
+    if ledger is not None and _fits(*ledger, *need, limits):
+        return []
+    found = _LEDGER_READS[rows].execute(session, {"player_id": player_id}).first()
+    assert found is not None  # an aggregate always returns a row
+    count, total = found
+    if _fits(count, total, *need, limits):
+        return []
+    seq = rows.c.seq
+    doomed = _evictions(session, evictable, seq, exclude_seq, (count, total), *need, limits)
+    if doomed is None:
+        raise ResourceExhausted(f"STORAGE_FULL: player {player_id}'s {full(count, total)}")
+    session.execute(delete(rows).where(seq.in_([row.seq for row in doomed])))
+    return doomed
 
 
 def _make_room_for_tasks(
@@ -426,36 +464,29 @@ def _make_room_for_tasks(
     exclude_seq: int | None = None,
     ledger: tuple[int, int] | None = None,
 ) -> int:
-    """Evicts the player's terminal tasks, oldest first, until the addition fits (with
-    headroom: `_choose_evictions`). Returns how many; STORAGE_FULL when it cannot fit (nothing
-    deleted). `ledger`: the player's task count and bytes, when the caller read them already
-    under the player's lock."""
-    limits = (bounds.task_max_entries, bounds.task_max_bytes)
-    if ledger is None:
-        # Raw cursor, so no autoflush: callers must not hold unflushed task changes here
-        # (transition_task changes its row only after this).
-        found = _TASK_LEDGER.execute(session, {"player_id": player_id}).first()
-        assert found is not None  # an aggregate always returns a row
-        ledger = (found[0], found[1])
-    count, total = ledger
-    if _fits(count, total, add_count, add_bytes, limits):
-        return 0
-    query = select(_TASKS.c.seq, _TASKS.c.size_bytes, _TASKS.c.task_id).where(
-        _TASKS.c.player_id == player_id, _TASKS.c.state.in_(TERMINAL)
+    """Evicts the player's terminal tasks, and their leases, to make room for `add_count`
+    tasks of `add_bytes` (`_make_room`). Returns how many."""
+    doomed = _make_room(
+        session,
+        _TASKS,
+        player_id,
+        (add_count, add_bytes),
+        (bounds.task_max_entries, bounds.task_max_bytes),
+        select(_TASKS.c.seq, _TASKS.c.size_bytes, _TASKS.c.task_id).where(
+            _TASKS.c.player_id == player_id, _TASKS.c.state.in_(TERMINAL)
+        ),
+        exclude_seq,
+        ledger,
+        lambda count, total: (
+            f"task ledger holds {count} tasks in {total} bytes (bounds "
+            f"{bounds.task_max_entries} tasks, {bounds.task_max_bytes} bytes) and not enough of "
+            "them are finished to make room; finish or fail tasks before adding more"
+        ),
     )
-    doomed = _evictions(
-        session, query, _TASKS.c.seq, exclude_seq, ledger, add_count, add_bytes, limits
-    )
-    if doomed is None:
-        raise ResourceExhausted(
-            f"STORAGE_FULL: player {player_id}'s task ledger holds {count} tasks in {total} bytes "
-            f"(bounds {bounds.task_max_entries} tasks, {bounds.task_max_bytes} bytes) and not "
-            "enough of them are finished to make room; finish or fail tasks before adding more"
-        )
-    session.execute(delete(_TASKS).where(_TASKS.c.seq.in_([row.seq for row in doomed])))
-    # The leases of evicted tasks go too (tokens stay increasing: see leases._micros).
-    names = [f"task:{row.task_id}" for row in doomed]
-    session.execute(delete(_LEASES).where(_LEASES.c.name.in_(names)))
+    if doomed:
+        # The leases of evicted tasks go too (tokens stay increasing: see leases._micros).
+        names = [f"task:{row.task_id}" for row in doomed]
+        session.execute(delete(_LEASES).where(_LEASES.c.name.in_(names)))
     return len(doomed)
 
 
@@ -468,38 +499,29 @@ def _make_room_for_receipts(
     exclude_seq: int | None = None,
     ledger: tuple[int, int] | None = None,
 ) -> int:
-    """Evicts the player's receipts whose task is terminal or gone, oldest first, until the
-    addition fits (with headroom). Returns how many; STORAGE_FULL when it cannot fit (nothing
-    deleted).
-
-    `ledger` is the (count, bytes) of the player's receipts when the caller already read them
-    in this transaction, under the player's lock; they are only read again when the addition
-    does not fit."""
-    limits = (bounds.receipt_max_entries, bounds.receipt_max_bytes)
-    if ledger is not None and _fits(*ledger, add_count, add_bytes, limits):
-        return 0
-    count, total = session.execute(player_ledger(_RECEIPTS, player_id)).one()
-    if _fits(count, total, add_count, add_bytes, limits):
-        return 0
-    query = (
+    """Evicts the player's receipts whose task is terminal or gone to make room for
+    `add_count` receipts of `add_bytes` (`_make_room`). Returns how many."""
+    doomed = _make_room(
+        session,
+        _RECEIPTS,
+        player_id,
+        (add_count, add_bytes),
+        (bounds.receipt_max_entries, bounds.receipt_max_bytes),
         select(_RECEIPTS.c.seq, _RECEIPTS.c.size_bytes)
         .outerjoin(_TASKS, _TASKS.c.task_id == _RECEIPTS.c.task_id)
         .where(
             _RECEIPTS.c.player_id == player_id,
             or_(_TASKS.c.seq.is_(None), _TASKS.c.state.in_(TERMINAL)),
-        )
+        ),
+        exclude_seq,
+        ledger,
+        lambda count, total: (
+            f"step receipts hold {count} receipts in {total} bytes (bounds "
+            f"{bounds.receipt_max_entries} receipts, {bounds.receipt_max_bytes} bytes) and not "
+            "enough of them belong to finished tasks to make room; finish or fail tasks before "
+            "recording more steps"
+        ),
     )
-    doomed = _evictions(
-        session, query, _RECEIPTS.c.seq, exclude_seq, (count, total), add_count, add_bytes, limits
-    )
-    if doomed is None:
-        raise ResourceExhausted(
-            f"STORAGE_FULL: player {player_id}'s step receipts hold {count} receipts in {total} "
-            f"bytes (bounds {bounds.receipt_max_entries} receipts, {bounds.receipt_max_bytes} "
-            "bytes) and not enough of them belong to finished tasks to make room; finish or "
-            "fail tasks before recording more steps"
-        )
-    session.execute(delete(_RECEIPTS).where(_RECEIPTS.c.seq.in_([row.seq for row in doomed])))
     return len(doomed)
 
 
