@@ -11,14 +11,8 @@ from storage_service.budget_alerts import BudgetAlertClaims
 from storage_service.dbcall import run_db
 from storage_service.dialect import utc_now
 from storage_service.player_data import PlayerDataStore
-from storage_service.usage import (
-    AMOUNT_FIELDS,
-    Limits,
-    Settled,
-    SettleItem,
-    Spend,
-    UsageLedger,
-)
+from storage_service.usage import UsageLedger
+from storage_service.usage_records import AMOUNT_FIELDS, Limits, Settled, SettleItem, Spend
 from storage_service.usage_spend import SpendView
 
 __all__ = ["PlayerDataServicer"]

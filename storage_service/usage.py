@@ -75,11 +75,9 @@ from storage_service.usage_records import (
     BudgetUse,
     Grant,
     Limits,
-    ReservationRow,
     Settled,
     SettleItem,
     Spend,
-    UsageTotalRow,
     _check_amount,
     _check_cost,
     _check_player,
@@ -89,18 +87,7 @@ from storage_service.usage_records import (
 )
 from storage_service.usage_spend import add_spend
 
-__all__ = [
-    "AMOUNT_FIELDS",
-    "BudgetUse",
-    "Grant",
-    "Limits",
-    "ReservationRow",
-    "SettleItem",
-    "Settled",
-    "Spend",
-    "UsageLedger",
-    "UsageTotalRow",
-]
+__all__ = ["UsageLedger"]
 
 
 def _today() -> dt.date:

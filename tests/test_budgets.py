@@ -409,8 +409,8 @@ def test_a_lapsed_reservation_releases_its_money_on_every_level(sessions: Any) -
     lease's keep-open settle records the cost and keeps the money asked."""
     from sqlalchemy import update
 
-    from storage_service.usage import Limits, UsageLedger
-    from storage_service.usage_records import ReservationRow
+    from storage_service.usage import UsageLedger
+    from storage_service.usage_records import Limits, ReservationRow
 
     ledger = UsageLedger(sessions, sweep_interval_seconds=0)
     server = _server()

@@ -21,13 +21,13 @@ from services.runtime.errors import FailedPrecondition, InvalidArgument, Resourc
 from storage_service.db import PreferenceRow, make_engine
 from storage_service.migrate import upgrade
 from storage_service.player_data import PlayerDataStore, UsageRow
-from storage_service.usage import (
+from storage_service.usage import UsageLedger
+from storage_service.usage_records import (
     AMOUNT_FIELDS,
     Grant,
     Limits,
     ReservationRow,
     SettleItem,
-    UsageLedger,
     UsageTotalRow,
 )
 from storage_service.usage_spend import SpendView
