@@ -87,15 +87,28 @@ def database_url(request: pytest.FixtureRequest, tmp_path) -> str:  # type: igno
     return request.getfixturevalue("postgres_url")
 
 
+_MIGRATED: set[str] = set()
+"""The PostgreSQL databases this process has migrated (each a test module's: postgres_url)."""
+
+
 @pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
-    """The storage schema as declared (create_all) on `database_url`, every table emptied
-    first: the PostgreSQL database is shared by the module's tests, and ClaimTasks, say,
-    takes any player's runnable task."""
+    """The storage schema on `database_url`, every table emptied first: the PostgreSQL
+    database is shared by the module's tests, and ClaimTasks, say, takes any player's
+    runnable task. On PostgreSQL the schema is the migrations' (once a database), as the
+    storage service makes it: a module whose tests also start the service on that database
+    would otherwise have its migrations find create_all's tables in the way, depending on
+    which test ran first. A SQLite file is new for each test and gets create_all."""
     from storage_service.db import Base, make_engine
+    from storage_service.dialect import is_postgresql
+    from storage_service.migrate import upgrade
 
     made = make_engine(database_url)
-    Base.metadata.create_all(made)
+    if not is_postgresql(made):
+        Base.metadata.create_all(made)
+    elif database_url not in _MIGRATED:
+        upgrade(made)
+        _MIGRATED.add(database_url)
     with made.begin() as connection:
         for table in reversed(Base.metadata.sorted_tables):
             connection.execute(table.delete())
