@@ -226,9 +226,7 @@ _MOVED_SIZE = task_size_sql(
     _TASKS.c.input,
     _MOVES.c.result,
 )
-_PLAYER_TASK_BYTES = player_ledger(
-    _OTHER_TASKS, _MOVES.c.player_id, bytes_only=True
-).scalar_subquery()
+_PLAYER_TASK_BYTES = player_ledger(_TASKS, _MOVES.c.player_id, bytes_only=True).scalar_subquery()
 _TRANSITIONS_MANY = FastStatement(
     update(_TASKS)
     .where(

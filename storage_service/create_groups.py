@@ -64,8 +64,7 @@ _COLUMNS = [name for name, _ in _SENT]
 # player's lock (the group's lock statement took it). Planned at every execution, as the
 # receipt writes' array statements are (batch_groups).
 _NEW = unnested("v", "v_", _SENT)
-_HELD = _TASKS.alias("x")
-_LEDGER = player_ledger(_HELD, _NEW.c.player_id).lateral("ledger")
+_LEDGER = player_ledger(_TASKS, _NEW.c.player_id).lateral("ledger")
 _EXISTING = _TASKS.alias("e")
 _NOW = bindparam("now", type_=DateTime(timezone=True))
 _CREATE_MANY = FastStatement(

@@ -39,7 +39,6 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
-    FromClause,
     Select,
     String,
     Table,
@@ -64,6 +63,7 @@ from storage_service.dialect import advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import _RECEIPTS, _TASKS, TERMINAL
 from storage_service.leases import _LEASES, _fence_holds, check_fence
+from storage_service.ledger_totals import LEDGERS
 
 __all__ = [
     "JournalBounds",
@@ -405,14 +405,20 @@ _MAX_PAGE = 1024
 
 
 def player_ledger(
-    rows: FromClause, player: ColumnElement[Any] | str, *, bytes_only: bool = False
+    entries: Table, player: ColumnElement[Any] | str, *, bytes_only: bool = False
 ) -> Select[Any]:
-    """A player's ledger over `rows` (the tasks or the receipts table, or an alias of one): how
-    many rows (`ledger_count`) and their bytes (`ledger_bytes`), or the bytes alone. Every read
-    of a ledger is this query: a write's own, a group's per row (LATERAL), the long way's."""
-    size = func.coalesce(func.sum(rows.c.size_bytes), 0).label("ledger_bytes")
-    columns = (size,) if bytes_only else (func.count().label("ledger_count"), size)
-    return select(*columns).where(rows.c.player_id == player)
+    """A player's ledger of `entries` (the tasks or the receipts table): how many they hold
+    (`ledger_count`) and their bytes (`ledger_bytes`), or the bytes alone; 0 for a player with
+    none. One row, read from the totals the database keeps (storage_service.ledger_totals).
+    Every read of a ledger is this query: a write's own, a group's per row (LATERAL), the long
+    way's."""
+    totals = LEDGERS.alias()
+    prefix = "task" if entries is _TASKS else "receipt"
+    assert entries is _TASKS or entries is _RECEIPTS, entries
+    size = func.coalesce(func.max(totals.c[f"{prefix}_bytes"]), 0).label("ledger_bytes")
+    count = func.coalesce(func.max(totals.c[f"{prefix}_count"]), 0).label("ledger_count")
+    columns = (size,) if bytes_only else (count, size)
+    return select(*columns).where(totals.c.player_id == player)
 
 
 _LEDGER_READS = {

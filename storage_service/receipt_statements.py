@@ -109,8 +109,7 @@ def _record_insert(
     ledger without eviction; it inserts nothing for a step otherwise. `source` is the FROM
     item `v`'s columns come from (None for bind parameters): the ledger is then read per row
     (LATERAL)."""
-    held = _RECEIPTS.alias("r")
-    ledger_query = player_ledger(held, v.player_id)
+    ledger_query = player_ledger(_RECEIPTS, v.player_id)
     # The task is the player's: a condition on the one task row, or the join of each write's.
     the_task = and_(_TASKS.c.task_id == v.task_id, _TASKS.c.player_id == v.player_id)
     ledger: FromClause
@@ -155,8 +154,7 @@ def _complete_update(
     ledger without eviction; it changes nothing for a step otherwise. A RUNNING receipt holds
     no result and no codec (see record_step), so its size grows by exactly the codec id's
     and the result's bytes."""
-    held = _RECEIPTS.alias("x")
-    ledger_bytes = player_ledger(held, v.player_id, bytes_only=True).scalar_subquery()
+    ledger_bytes = player_ledger(_RECEIPTS, v.player_id, bytes_only=True).scalar_subquery()
     return (
         update(_RECEIPTS)
         .where(

@@ -14,6 +14,7 @@ from storage_service import (  # noqa: F401
     db,
     journal_records,
     leases,
+    ledger_totals,
     player_data,
     player_features,
     presence,

@@ -1,0 +1,159 @@
+"""A player's ledger totals, kept by the database: the count and bytes of their tasks and of
+their receipts, one row a player (`journal_ledgers`), so that a write checks the ledger's
+bounds by reading one row instead of summing the player's entries (decision 0050).
+
+Every statement that adds, deletes or resizes a task or a receipt changes the totals in the
+same transaction, because triggers on `journal_tasks` and `journal_receipts` do it, whatever
+code wrote the entry: a write's one statement, a group's array statements, the long way, an
+eviction, a player's reset. An insert adds to the owner's row (making it); a delete or a
+change of size updates it. An entry's owner never changes; an update that tries is refused.
+On PostgreSQL the triggers run once a statement, over the rows it changed (one upsert a player
+a statement: a group's array statements, a reset's delete); on SQLite, which has no others,
+once a row.
+
+The row of a player stays when their entries go (a reset leaves it at zero: KEEP_ON_RESET).
+Reading a ledger (`ledgers.player_ledger`) takes 0 for a player without a row.
+
+The same triggers are made by `Base.metadata.create_all` (the SQLite stacks and tests) and by
+migration 0016, from `create_triggers` here.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Connection, String, event, inspect
+from sqlalchemy.orm import Mapped, mapped_column
+
+from storage_service.db import KEEP_ON_RESET, Base, table_of
+from storage_service.dialect import POSTGRESQL
+from storage_service.validation import MAX_PLAYER_ID
+
+__all__ = ["LedgerRow", "create_triggers", "drop_triggers"]
+
+
+class LedgerRow(Base):
+    """A player's ledger totals: how many tasks and receipts they hold and their bytes."""
+
+    __tablename__ = "journal_ledgers"
+    __table_args__ = {"info": {KEEP_ON_RESET: True}}
+
+    player_id: Mapped[str] = mapped_column(String(MAX_PLAYER_ID), primary_key=True)
+    task_count: Mapped[int] = mapped_column(BigInteger)
+    task_bytes: Mapped[int] = mapped_column(BigInteger)
+    receipt_count: Mapped[int] = mapped_column(BigInteger)
+    receipt_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+LEDGERS = table_of(LedgerRow)
+
+_ENTRIES = {"journal_tasks": "task", "journal_receipts": "receipt"}
+"""Each table whose entries a ledger counts, and the prefix of its totals' columns."""
+
+_OWNER_FIXED = "the player_id of a task or receipt never changes"
+
+
+# PostgreSQL: statement-level triggers over the statement's transition tables, one upsert or
+# update a player a statement. Row-level ones would update a player's row once an entry, and
+# within one transaction each update walks every earlier version of the row: a bulk insert or
+# a reset of 5,000 receipts then costs time quadratic in their number.
+def _postgresql_triggers(table: str, prefix: str) -> list[str]:
+    count, size = f"{prefix}_count", f"{prefix}_bytes"
+    columns = "player_id, task_count, task_bytes, receipt_count, receipt_bytes"
+    values = (
+        "player_id, count(*), sum(size_bytes), 0, 0"
+        if prefix == "task"
+        else "player_id, 0, 0, count(*), sum(size_bytes)"
+    )
+    # Each statement changes the rows of its players in player order.
+    bodies = {
+        "add": f"""INSERT INTO journal_ledgers AS l ({columns})
+        SELECT {values} FROM new_rows GROUP BY player_id ORDER BY player_id
+        ON CONFLICT (player_id) DO UPDATE SET
+            {count} = l.{count} + excluded.{count}, {size} = l.{size} + excluded.{size};""",
+        "remove": f"""UPDATE journal_ledgers AS l
+        SET {count} = l.{count} - d.n, {size} = l.{size} - d.b
+        FROM (SELECT player_id, count(*) AS n, sum(size_bytes) AS b FROM old_rows
+              GROUP BY player_id) AS d
+        WHERE l.player_id = d.player_id;""",
+        "resize": f"""IF EXISTS (SELECT 1 FROM old_rows AS o JOIN new_rows AS n ON n.seq = o.seq
+                   WHERE n.player_id <> o.player_id) THEN
+            RAISE EXCEPTION '{_OWNER_FIXED}';
+        END IF;
+        UPDATE journal_ledgers AS l SET {size} = l.{size} + d.grown
+        FROM (SELECT n.player_id, sum(n.size_bytes - o.size_bytes) AS grown
+              FROM old_rows AS o JOIN new_rows AS n ON n.seq = o.seq
+              GROUP BY n.player_id) AS d
+        WHERE l.player_id = d.player_id AND d.grown <> 0;""",
+    }
+    events = {
+        "add": "INSERT ON {t} REFERENCING NEW TABLE AS new_rows",
+        "remove": "DELETE ON {t} REFERENCING OLD TABLE AS old_rows",
+        "resize": "UPDATE ON {t} REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows",
+    }
+    statements = []
+    for change, body in bodies.items():
+        name = f"{table}_ledger_{change}"
+        statements += [
+            f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+            f"BEGIN\n        {body}\n        RETURN NULL;\nEND $$",
+            f"DROP TRIGGER IF EXISTS {name} ON {table}",
+            f"CREATE TRIGGER {name} AFTER {events[change].format(t=table)} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {name}()",
+        ]
+    return statements
+
+
+# SQLite: row-level triggers (it has no others), which update a row in place.
+def _sqlite_triggers(table: str, prefix: str) -> list[str]:
+    count, size = f"{prefix}_count", f"{prefix}_bytes"
+    columns = "player_id, task_count, task_bytes, receipt_count, receipt_bytes"
+    values = (
+        "NEW.player_id, 1, NEW.size_bytes, 0, 0"
+        if prefix == "task"
+        else "NEW.player_id, 0, 0, 1, NEW.size_bytes"
+    )
+    return [
+        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_insert AFTER INSERT ON {table} BEGIN "
+        f"INSERT INTO journal_ledgers ({columns}) VALUES ({values}) "
+        f"ON CONFLICT (player_id) DO UPDATE SET {count} = {count} + excluded.{count}, "
+        f"{size} = {size} + excluded.{size}; END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_delete AFTER DELETE ON {table} BEGIN "
+        f"UPDATE journal_ledgers SET {count} = {count} - 1, {size} = {size} - OLD.size_bytes "
+        "WHERE player_id = OLD.player_id; END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_resize AFTER UPDATE OF size_bytes "
+        f"ON {table} WHEN OLD.size_bytes <> NEW.size_bytes BEGIN "
+        f"UPDATE journal_ledgers SET {size} = {size} + NEW.size_bytes - OLD.size_bytes "
+        "WHERE player_id = NEW.player_id; END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_owner BEFORE UPDATE OF player_id "
+        f"ON {table} WHEN OLD.player_id <> NEW.player_id BEGIN "
+        f"SELECT RAISE(ABORT, '{_OWNER_FIXED}'); END",
+    ]
+
+
+def create_triggers(connection: Connection) -> None:
+    """Makes (or remakes) the triggers that keep `journal_ledgers`, on the connection's
+    database; the three tables must exist."""
+    made = _postgresql_triggers if connection.dialect.name == POSTGRESQL else _sqlite_triggers
+    statements = [sql for table, prefix in _ENTRIES.items() for sql in made(table, prefix)]
+    for statement in statements:
+        connection.exec_driver_sql(statement)
+
+
+def drop_triggers(connection: Connection) -> None:
+    """Removes what `create_triggers` made."""
+    for table in _ENTRIES:
+        if connection.dialect.name == POSTGRESQL:
+            for change in ("add", "remove", "resize"):
+                name = f"{table}_ledger_{change}"
+                connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+                connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
+        else:
+            for change in ("insert", "delete", "resize", "owner"):
+                connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {table}_ledger_{change}")
+
+
+@event.listens_for(Base.metadata, "after_create")
+def _after_create(target: object, connection: Connection, **kw: object) -> None:
+    # create_all made the tables (or found them): the triggers come with them.
+    tables = inspect(connection).get_table_names()
+    if all(name in tables for name in (*_ENTRIES, LEDGERS.name)):
+        create_triggers(connection)
