@@ -48,6 +48,19 @@ LEDGERS = table_of(LedgerRow)
 _ENTRIES = {"journal_tasks": "task", "journal_receipts": "receipt"}
 """Each table whose entries a ledger counts, and the prefix of its totals' columns."""
 
+_COLUMNS = "player_id, task_count, task_bytes, receipt_count, receipt_bytes"
+
+
+def _added(prefix: str, player: str, count: str, size: str) -> str:
+    """The values, in `_COLUMNS`' order, of a row that adds `count` entries of `size` bytes to
+    `player`'s totals of `prefix` (task or receipt) and nothing to the others."""
+    return (
+        f"{player}, {count}, {size}, 0, 0"
+        if prefix == "task"
+        else f"{player}, 0, 0, {count}, {size}"
+    )
+
+
 _OWNER_FIXED = "the player_id of a task or receipt never changes"
 
 
@@ -57,15 +70,10 @@ _OWNER_FIXED = "the player_id of a task or receipt never changes"
 # a reset of 5,000 receipts then costs time quadratic in their number.
 def _postgresql_triggers(table: str, prefix: str) -> list[str]:
     count, size = f"{prefix}_count", f"{prefix}_bytes"
-    columns = "player_id, task_count, task_bytes, receipt_count, receipt_bytes"
-    values = (
-        "player_id, count(*), sum(size_bytes), 0, 0"
-        if prefix == "task"
-        else "player_id, 0, 0, count(*), sum(size_bytes)"
-    )
+    values = _added(prefix, "player_id", "count(*)", "sum(size_bytes)")
     # Each statement changes the rows of its players in player order.
     bodies = {
-        "add": f"""INSERT INTO journal_ledgers AS l ({columns})
+        "add": f"""INSERT INTO journal_ledgers AS l ({_COLUMNS})
         SELECT {values} FROM new_rows GROUP BY player_id ORDER BY player_id
         ON CONFLICT (player_id) DO UPDATE SET
             {count} = l.{count} + excluded.{count}, {size} = l.{size} + excluded.{size};""",
@@ -105,15 +113,10 @@ def _postgresql_triggers(table: str, prefix: str) -> list[str]:
 # SQLite: row-level triggers (it has no others), which update a row in place.
 def _sqlite_triggers(table: str, prefix: str) -> list[str]:
     count, size = f"{prefix}_count", f"{prefix}_bytes"
-    columns = "player_id, task_count, task_bytes, receipt_count, receipt_bytes"
-    values = (
-        "NEW.player_id, 1, NEW.size_bytes, 0, 0"
-        if prefix == "task"
-        else "NEW.player_id, 0, 0, 1, NEW.size_bytes"
-    )
+    values = _added(prefix, "NEW.player_id", "1", "NEW.size_bytes")
     return [
         f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_insert AFTER INSERT ON {table} BEGIN "
-        f"INSERT INTO journal_ledgers ({columns}) VALUES ({values}) "
+        f"INSERT INTO journal_ledgers ({_COLUMNS}) VALUES ({values}) "
         f"ON CONFLICT (player_id) DO UPDATE SET {count} = {count} + excluded.{count}, "
         f"{size} = {size} + excluded.{size}; END",
         f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_delete AFTER DELETE ON {table} BEGIN "
