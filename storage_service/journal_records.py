@@ -96,8 +96,8 @@ class TaskRow(Base):
     __tablename__ = "journal_tasks"
     __table_args__ = (
         UniqueConstraint("player_id", "event_key", name="uq_journal_tasks_event"),
-        # Covering on PostgreSQL: every write that adds to a player's tasks sums their sizes
-        # (the ledger's bound), from the index alone (migration 0014).
+        # Covering on PostgreSQL (migration 0014): an eviction reads a player's oldest sizes
+        # from the index alone (the ledger's totals are one row since decision 0050).
         Index("ix_journal_tasks_player", "player_id", "seq", postgresql_include=["size_bytes"]),
         Index("ix_journal_tasks_state", "state", "seq"),
     )
@@ -122,8 +122,7 @@ class ReceiptRow(Base):
 
     __tablename__ = "journal_receipts"
     __table_args__ = (
-        # Covering on PostgreSQL, as the tasks' (migration 0014): a player's receipt ledger is
-        # summed for every receipt written.
+        # Covering on PostgreSQL, as the tasks' (migration 0014): an eviction's candidates.
         Index("ix_journal_receipts_player", "player_id", "seq", postgresql_include=["size_bytes"]),
         Index("ix_journal_receipts_task", "task_id"),
     )
