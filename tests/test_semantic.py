@@ -620,7 +620,13 @@ def test_a_change_word_its_examples_use_without_an_object_still_fires_on_one() -
         ("把闹钟删掉", True),
         ("取消明天的会议", True),
         ("buy a sword", True),
+        ("add this email to my contacts", True),  # adding and making change state too
+        ("a new contact was created", True),
+        ("save her number", True),
+        ("把这个邮箱添加到联系人", True),
+        ("新建一个购物清单", True),
         ("show me my alarms", False),
+        ("给我联系人的邮箱", False),
         ("open my settings", False),  # a noun is not an inflected verb
         ("what is the weather", False),
         ("查看我的邮件", False),

@@ -246,19 +246,25 @@ def check_guards(text: str, declared: Collection[Marker] = frozenset()) -> str |
     return None
 
 
-# Words that undo something, beside `CHANGE`'s: not guards (`cancel it` is a reference guard's
-# business, `取消打开商店` a negation's), only what `changes_state` reads. Inflected forms
-# (`cancelled`, `removed`, `switched off`) are found by `_lemmas`, not listed.
+# Words that undo something, and words that add or make something (issue 17, round 17), beside
+# `CHANGE`'s: not guards (`cancel it` is a reference guard's business, `取消打开商店` a
+# negation's, `add the numbers` no write), only what `changes_state` reads. Inflected forms
+# (`cancelled`, `removed`, `switched off`, `added`) are found by `_lemmas`, not listed.
 # fmt: off
 _UNDO_EN = ["cancel", "erase", "undo", "switch on", "switch off"]
 _UNDO = _pattern(_UNDO_EN, ["取消", "撤销", "删"])
+_ADD_EN = ["add", "create", "save"]
+_ADD = _pattern(
+    _ADD_EN,
+    ["添加", "加到", "加进", "加入", "加上", "新建", "创建", "保存", "存成", "存到"],
+)
 # fmt: on
-_STATE = (WRITE.pattern, CHANGE.pattern, _UNDO)
-# The verbs the write, change and undo words start with (`turn` of `turn off`): an inflected
-# token (`removed`, `deleting`, `turned`, `cancelled`) is read as its base form where that
-# base is one of them.
+_STATE = (WRITE.pattern, CHANGE.pattern, _UNDO, _ADD)
+# The verbs the write, change, undo and add words start with (`turn` of `turn off`): an
+# inflected token (`removed`, `deleting`, `turned`, `cancelled`) is read as its base form
+# where that base is one of them.
 _VERBS = frozenset(
-    w.split()[0] for w in (*_WRITE_EN, *_CHANGE_EN, *_UNDO_EN) if w.split()[0].isalpha()
+    w.split()[0] for w in (*_WRITE_EN, *_CHANGE_EN, *_UNDO_EN, *_ADD_EN) if w.split()[0].isalpha()
 )
 _LATIN = re.compile(r"[a-z]+")
 
