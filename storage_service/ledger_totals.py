@@ -7,9 +7,9 @@ same transaction, because triggers on `journal_tasks` and `journal_receipts` do 
 code wrote the entry: a write's one statement, a group's array statements, the long way, an
 eviction, a player's reset. An insert adds to the owner's row (making it); a delete or a
 change of size updates it. An entry's owner never changes; an update that tries is refused.
-On PostgreSQL the triggers run once a statement, over the rows it changed (one upsert a player
-a statement: a group's array statements, a reset's delete); on SQLite, which has no others,
-once a row.
+On PostgreSQL the entries added or removed are counted once a statement, over the rows it
+changed (one upsert a player a statement: a group's array statements, a reset's delete), a
+resize once a row; on SQLite, which has only row triggers, all once a row.
 
 The row of a player stays when their entries go (a reset leaves it at zero: KEEP_ON_RESET).
 Reading a ledger (`ledgers.player_ledger`) takes 0 for a player without a row.
@@ -64,48 +64,54 @@ def _added(prefix: str, player: str, count: str, size: str) -> str:
 _OWNER_FIXED = "the player_id of a task or receipt never changes"
 
 
-# PostgreSQL: statement-level triggers over the statement's transition tables, one upsert or
-# update a player a statement. Row-level ones would update a player's row once an entry, and
-# within one transaction each update walks every earlier version of the row: a bulk insert or
-# a reset of 5,000 receipts then costs time quadratic in their number.
+# PostgreSQL: entries added or removed are counted once a statement, over its transition table
+# (one upsert or update a player a statement). Row-level ones would update a player's row once
+# an entry, and within one transaction each update walks every earlier version of the row: a
+# bulk insert or a reset of 5,000 receipts then costs time quadratic in their number. A resize
+# is counted once a row, and only when the size changed (a statement-level trigger on UPDATE
+# cannot be limited to a column, and would run on every claim and move): no statement resizes
+# many entries of one player. A change of owner is refused before it happens.
 def _postgresql_triggers(table: str, prefix: str) -> list[str]:
     count, size = f"{prefix}_count", f"{prefix}_bytes"
     values = _added(prefix, "player_id", "count(*)", "sum(size_bytes)")
-    # Each statement changes the rows of its players in player order.
-    bodies = {
-        "add": f"""INSERT INTO journal_ledgers AS l ({_COLUMNS})
+    # (body, when the trigger runs) of each function.
+    triggers = {
+        # Each statement changes the rows of its players in player order.
+        "add": (
+            f"""INSERT INTO journal_ledgers AS l ({_COLUMNS})
         SELECT {values} FROM new_rows GROUP BY player_id ORDER BY player_id
         ON CONFLICT (player_id) DO UPDATE SET
             {count} = l.{count} + excluded.{count}, {size} = l.{size} + excluded.{size};""",
-        "remove": f"""UPDATE journal_ledgers AS l
+            f"AFTER INSERT ON {table} REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT",
+        ),
+        "remove": (
+            f"""UPDATE journal_ledgers AS l
         SET {count} = l.{count} - d.n, {size} = l.{size} - d.b
         FROM (SELECT player_id, count(*) AS n, sum(size_bytes) AS b FROM old_rows
               GROUP BY player_id) AS d
         WHERE l.player_id = d.player_id;""",
-        "resize": f"""IF EXISTS (SELECT 1 FROM old_rows AS o JOIN new_rows AS n ON n.seq = o.seq
-                   WHERE n.player_id <> o.player_id) THEN
-            RAISE EXCEPTION '{_OWNER_FIXED}';
-        END IF;
-        UPDATE journal_ledgers AS l SET {size} = l.{size} + d.grown
-        FROM (SELECT n.player_id, sum(n.size_bytes - o.size_bytes) AS grown
-              FROM old_rows AS o JOIN new_rows AS n ON n.seq = o.seq
-              GROUP BY n.player_id) AS d
-        WHERE l.player_id = d.player_id AND d.grown <> 0;""",
-    }
-    events = {
-        "add": "INSERT ON {t} REFERENCING NEW TABLE AS new_rows",
-        "remove": "DELETE ON {t} REFERENCING OLD TABLE AS old_rows",
-        "resize": "UPDATE ON {t} REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows",
+            f"AFTER DELETE ON {table} REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT",
+        ),
+        "resize": (
+            f"""UPDATE journal_ledgers SET {size} = {size} + NEW.size_bytes - OLD.size_bytes
+        WHERE player_id = NEW.player_id;""",
+            f"AFTER UPDATE OF size_bytes ON {table} FOR EACH ROW "
+            "WHEN (OLD.size_bytes <> NEW.size_bytes)",
+        ),
+        "owner": (
+            f"RAISE EXCEPTION '{_OWNER_FIXED}';",
+            f"BEFORE UPDATE OF player_id ON {table} FOR EACH ROW "
+            "WHEN (OLD.player_id <> NEW.player_id)",
+        ),
     }
     statements = []
-    for change, body in bodies.items():
+    for change, (body, when) in triggers.items():
         name = f"{table}_ledger_{change}"
         statements += [
             f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
             f"BEGIN\n        {body}\n        RETURN NULL;\nEND $$",
             f"DROP TRIGGER IF EXISTS {name} ON {table}",
-            f"CREATE TRIGGER {name} AFTER {events[change].format(t=table)} "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION {name}()",
+            f"CREATE TRIGGER {name} {when} EXECUTE FUNCTION {name}()",
         ]
     return statements
 
@@ -145,7 +151,7 @@ def drop_triggers(connection: Connection) -> None:
     """Removes what `create_triggers` made."""
     for table in _ENTRIES:
         if connection.dialect.name == POSTGRESQL:
-            for change in ("add", "remove", "resize"):
+            for change in ("add", "remove", "resize", "owner"):
                 name = f"{table}_ledger_{change}"
                 connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {table}")
                 connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
