@@ -234,3 +234,43 @@ def test_the_migration_counts_what_is_stored(fresh_database_url: str) -> None:
         _assert_exact(engine)
     finally:
         engine.dispose()
+
+
+def test_concurrent_writers_keep_the_totals(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """Eight threads creating tasks and recording steps for the same three players at once,
+    each write its own transaction (on PostgreSQL they meet at the players' locks and rows)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = JournalStore(sessions, JournalBounds(task_max_entries=40, receipt_max_entries=60))
+    players = [f"c-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+
+    def writer(index: int) -> int:
+        rng = random.Random(index)
+        full = 0
+        for _ in range(12):
+            player = rng.choice(players)
+            try:
+                task, _, _ = store.create_task(
+                    player, MODULE, _input(rng.randint(1, 80)), uuid.uuid4().hex
+                )
+                store.transition_task(task.task_id, TS.TASK_STATE_RUNNING)
+                store.record_step(f"{task.task_id}/0", task.task_id, 0, TOOL)
+                store.complete_step(
+                    f"{task.task_id}/0", TOOL, b"r" * rng.randint(1, 50), "test:raw"
+                )
+                store.transition_task(
+                    task.task_id, TS.TASK_STATE_SUCCEEDED, result=_result(rng.randint(0, 60))
+                )
+            except ResourceExhausted:
+                full += 1
+        return full
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(writer, range(8)))
+    _assert_exact(engine)
+    totals, _ = _ledgers(engine)
+    assert set(totals) == set(players)
+    # 96 tasks were made for three players whose ledgers hold 40: the bounds evicted some.
+    assert sum(t[0] for t in totals.values()) <= 3 * 40
