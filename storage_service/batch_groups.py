@@ -208,7 +208,6 @@ class _ReceiptChunks:
 # chunk: a batch's move is its last operation. A group holds at most one move per player, so
 # the ledger each row reads is not one another row changes. Planned at every execution, as
 # RECEIPT_WRITES_MANY is.
-_OTHER_TASKS = _TASKS.alias("x")
 _MOVE_COLUMNS: list[tuple[str, TypeEngine[Any]]] = [
     ("task_id", String()),
     ("player_id", String()),

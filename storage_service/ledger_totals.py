@@ -20,14 +20,20 @@ migration 0016, from `create_triggers` here.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Connection, String, event, inspect
+from sqlalchemy import BigInteger, Column, Connection, String, Table, event, inspect
 from sqlalchemy.orm import Mapped, mapped_column
 
 from storage_service.db import KEEP_ON_RESET, Base, table_of
 from storage_service.dialect import POSTGRESQL
 from storage_service.validation import MAX_PLAYER_ID
 
-__all__ = ["LedgerRow", "create_triggers", "drop_triggers"]
+__all__ = [
+    "LEDGERS",
+    "LedgerRow",
+    "create_triggers",
+    "drop_triggers",
+    "totals_of",
+]
 
 
 class LedgerRow(Base):
@@ -71,7 +77,7 @@ _OWNER_FIXED = "the player_id of a task or receipt never changes"
 # is counted once a row, and only when the size changed (a statement-level trigger on UPDATE
 # cannot be limited to a column, and would run on every claim and move): no statement resizes
 # many entries of one player. A change of owner is refused before it happens.
-def _postgresql_triggers(table: str, prefix: str) -> list[str]:
+def _postgresql_triggers(table: str, prefix: str) -> dict[str, list[str]]:
     count, size = f"{prefix}_count", f"{prefix}_bytes"
     values = _added(prefix, "player_id", "count(*)", "sum(size_bytes)")
     # (body, when the trigger runs) of each function.
@@ -104,60 +110,88 @@ def _postgresql_triggers(table: str, prefix: str) -> list[str]:
             "WHEN (OLD.player_id <> NEW.player_id)",
         ),
     }
-    statements = []
+    made = {}
     for change, (body, when) in triggers.items():
         name = f"{table}_ledger_{change}"
-        statements += [
+        made[name] = [
             f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
             f"BEGIN\n        {body}\n        RETURN NULL;\nEND $$",
             f"DROP TRIGGER IF EXISTS {name} ON {table}",
             f"CREATE TRIGGER {name} {when} EXECUTE FUNCTION {name}()",
         ]
-    return statements
+    return made
 
 
 # SQLite: row-level triggers (it has no others), which update a row in place.
-def _sqlite_triggers(table: str, prefix: str) -> list[str]:
+def _sqlite_triggers(table: str, prefix: str) -> dict[str, list[str]]:
     count, size = f"{prefix}_count", f"{prefix}_bytes"
     values = _added(prefix, "NEW.player_id", "1", "NEW.size_bytes")
-    return [
-        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_insert AFTER INSERT ON {table} BEGIN "
-        f"INSERT INTO journal_ledgers ({_COLUMNS}) VALUES ({values}) "
-        f"ON CONFLICT (player_id) DO UPDATE SET {count} = {count} + excluded.{count}, "
-        f"{size} = {size} + excluded.{size}; END",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_delete AFTER DELETE ON {table} BEGIN "
-        f"UPDATE journal_ledgers SET {count} = {count} - 1, {size} = {size} - OLD.size_bytes "
-        "WHERE player_id = OLD.player_id; END",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_resize AFTER UPDATE OF size_bytes "
-        f"ON {table} WHEN OLD.size_bytes <> NEW.size_bytes BEGIN "
-        f"UPDATE journal_ledgers SET {size} = {size} + NEW.size_bytes - OLD.size_bytes "
-        "WHERE player_id = NEW.player_id; END",
-        f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_owner BEFORE UPDATE OF player_id "
-        f"ON {table} WHEN OLD.player_id <> NEW.player_id BEGIN "
-        f"SELECT RAISE(ABORT, '{_OWNER_FIXED}'); END",
-    ]
+    # (body, when the trigger runs) of each, as `_postgresql_triggers`.
+    triggers = {
+        "insert": (
+            f"INSERT INTO journal_ledgers ({_COLUMNS}) VALUES ({values}) "
+            f"ON CONFLICT (player_id) DO UPDATE SET {count} = {count} + excluded.{count}, "
+            f"{size} = {size} + excluded.{size};",
+            f"AFTER INSERT ON {table}",
+        ),
+        "delete": (
+            f"UPDATE journal_ledgers SET {count} = {count} - 1, {size} = {size} - OLD.size_bytes "
+            "WHERE player_id = OLD.player_id;",
+            f"AFTER DELETE ON {table}",
+        ),
+        "resize": (
+            f"UPDATE journal_ledgers SET {size} = {size} + NEW.size_bytes - OLD.size_bytes "
+            "WHERE player_id = NEW.player_id;",
+            f"AFTER UPDATE OF size_bytes ON {table} WHEN OLD.size_bytes <> NEW.size_bytes",
+        ),
+        "owner": (
+            f"SELECT RAISE(ABORT, '{_OWNER_FIXED}');",
+            f"BEFORE UPDATE OF player_id ON {table} WHEN OLD.player_id <> NEW.player_id",
+        ),
+    }
+    return {
+        f"{table}_ledger_{change}": [
+            f"CREATE TRIGGER IF NOT EXISTS {table}_ledger_{change} {when} BEGIN {body} END"
+        ]
+        for change, (body, when) in triggers.items()
+    }
+
+
+def _triggers(connection: Connection) -> dict[str, tuple[str, list[str]]]:
+    """Each trigger that keeps `journal_ledgers` on the connection's database: its name, and
+    the table it is on with the statements that make it."""
+    made = _postgresql_triggers if connection.dialect.name == POSTGRESQL else _sqlite_triggers
+    return {
+        name: (table, statements)
+        for table, prefix in _ENTRIES.items()
+        for name, statements in made(table, prefix).items()
+    }
 
 
 def create_triggers(connection: Connection) -> None:
     """Makes (or remakes) the triggers that keep `journal_ledgers`, on the connection's
     database; the three tables must exist."""
-    made = _postgresql_triggers if connection.dialect.name == POSTGRESQL else _sqlite_triggers
-    statements = [sql for table, prefix in _ENTRIES.items() for sql in made(table, prefix)]
-    for statement in statements:
-        connection.exec_driver_sql(statement)
+    for _, statements in _triggers(connection).values():
+        for statement in statements:
+            connection.exec_driver_sql(statement)
 
 
 def drop_triggers(connection: Connection) -> None:
     """Removes what `create_triggers` made."""
-    for table in _ENTRIES:
-        if connection.dialect.name == POSTGRESQL:
-            for change in ("add", "remove", "resize", "owner"):
-                name = f"{table}_ledger_{change}"
-                connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name} ON {table}")
-                connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
-        else:
-            for change in ("insert", "delete", "resize", "owner"):
-                connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {table}_ledger_{change}")
+    postgresql = connection.dialect.name == POSTGRESQL
+    for name, (table, _) in _triggers(connection).items():
+        connection.exec_driver_sql(
+            f"DROP TRIGGER IF EXISTS {name}" + (f" ON {table}" if postgresql else "")
+        )
+        if postgresql:
+            connection.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
+
+
+def totals_of(entries: Table) -> tuple[Column[int], Column[int]]:
+    """The totals' columns (count, bytes) that count `entries` (the tasks or the receipts
+    table)."""
+    prefix = _ENTRIES[entries.name]
+    return LEDGERS.c[f"{prefix}_count"], LEDGERS.c[f"{prefix}_bytes"]
 
 
 @event.listens_for(Base.metadata, "after_create")

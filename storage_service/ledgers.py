@@ -63,7 +63,7 @@ from storage_service.dialect import advisory_lock, is_postgresql
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import _RECEIPTS, _TASKS, TERMINAL
 from storage_service.leases import _LEASES, _fence_holds, check_fence
-from storage_service.ledger_totals import LEDGERS
+from storage_service.ledger_totals import LEDGERS, totals_of
 
 __all__ = [
     "JournalBounds",
@@ -412,13 +412,11 @@ def player_ledger(
     none. One row, read from the totals the database keeps (storage_service.ledger_totals).
     Every read of a ledger is this query: a write's own, a group's per row (LATERAL), the long
     way's."""
-    totals = LEDGERS.alias()
-    prefix = "task" if entries is _TASKS else "receipt"
-    assert entries is _TASKS or entries is _RECEIPTS, entries
-    size = func.coalesce(func.max(totals.c[f"{prefix}_bytes"]), 0).label("ledger_bytes")
-    count = func.coalesce(func.max(totals.c[f"{prefix}_count"]), 0).label("ledger_count")
-    columns = (size,) if bytes_only else (count, size)
-    return select(*columns).where(totals.c.player_id == player)
+    count, size = (func.coalesce(func.max(c), 0) for c in totals_of(entries))
+    columns: list[ColumnElement[Any]] = [size.label("ledger_bytes")]
+    if not bytes_only:
+        columns.insert(0, count.label("ledger_count"))
+    return select(*columns).where(LEDGERS.c.player_id == player)
 
 
 _LEDGER_READS = {

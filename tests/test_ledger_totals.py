@@ -274,3 +274,42 @@ def test_concurrent_writers_keep_the_totals(
     assert set(totals) == set(players)
     # 96 tasks were made for three players whose ledgers hold 40: the bounds evicted some.
     assert sum(t[0] for t in totals.values()) <= 3 * 40
+
+
+def test_the_migration_goes_down_and_up_again(fresh_database_url: str) -> None:
+    """Downgrading revision 0016 removes every trigger (and PostgreSQL function) it made, and
+    upgrading again makes them again."""
+    from alembic import command
+
+    from storage_service.migrate import _config, current_revision
+
+    engine = make_engine(fresh_database_url)
+    postgresql = engine.dialect.name == "postgresql"
+    made = (
+        "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'journal_%ledger%'"
+        if postgresql
+        else "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name LIKE '%ledger%'"
+    )
+
+    def triggers() -> int:
+        with engine.connect() as connection:
+            return int(connection.execute(text(made)).scalar_one())
+
+    try:
+        upgrade(engine)
+        assert triggers() == 8  # four a table
+        with engine.begin() as connection:
+            command.downgrade(_config(connection), "0015")
+        assert current_revision(engine) == "0015"
+        assert triggers() == 0
+        if postgresql:
+            with engine.connect() as connection:
+                functions = connection.execute(
+                    text("SELECT count(*) FROM pg_proc WHERE proname LIKE 'journal_%ledger%'")
+                ).scalar_one()
+            assert functions == 0
+        upgrade(engine)
+        assert triggers() == 8
+        _assert_exact(engine)
+    finally:
+        engine.dispose()
