@@ -6,7 +6,8 @@ the existing receipt; completing a DONE step again with the same result changes 
 another result is refused. Each write first tries one statement that applies it when nothing
 stands in the way (`_RECORD_FAST`, `_COMPLETE_FAST`; a Commit sent ahead uses the same rules,
 `_receipt_fast`); when that changes nothing, the long way under the player's lock says why,
-or makes room in the player's receipt ledger (storage_service.ledgers) and writes.
+or makes room in the player's receipt ledger (storage_service.ledgers) and runs the same
+statement again: a receipt is written by one statement whichever way it went.
 
 A recording may carry the step's completion (`Completion`: a Commit's RUNNING write followed
 by the DONE write of the same step, as the engine sends the steps it never recorded,
@@ -24,9 +25,7 @@ import datetime as dt
 from typing import NamedTuple
 
 from sqlalchemy import (
-    insert,
     select,
-    update,
 )
 from sqlalchemy.orm import Session
 from system.storage.v1 import journal_pb2
@@ -115,6 +114,14 @@ def _check_complete(
         raise InvalidArgument(
             f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
         )
+
+
+def _not_applied() -> RuntimeError:
+    """The long way writes with the same one statement once it has found nothing in the way
+    and made room, under the player's lock: it applies then, or the two disagree (a bug)."""
+    return RuntimeError(
+        "a receipt write's one statement changed nothing after the long way made room for it"
+    )
 
 
 def _find_receipt(session: Session, step_id: str) -> StoredReceipt | None:
@@ -277,10 +284,10 @@ def record_step(
         size,
         ledger=(found.ledger_count, found.ledger_bytes),
     )
+    # The room is made: the one statement applies now (the recording alone, RUNNING).
     receipt = _running_receipt(step_id, task_id, found.player_id, position, tool, size, now)
-    values = dataclasses.asdict(receipt)
-    del values["seq"]
-    connection.execute(insert(_RECEIPTS), values)
+    if _RECORD_FAST.execute(session, _record_params(bounds, receipt)).rowcount != 1:
+        raise _not_applied()
     return receipt, True
 
 
@@ -343,18 +350,13 @@ def complete_step(
             exclude_seq=row.seq,
             ledger=(0, found.ledger_bytes),
         )
-    connection.execute(
-        update(_RECEIPTS)
-        .where(_RECEIPTS.c.seq == row.seq)
-        .values(
-            state=completed.state,
-            result=completed.result,
-            codec_id=completed.codec_id,
-            size_bytes=completed.size_bytes,
-            updated_at=completed.updated_at,
-        )
-    )
-    return completed
+    # The room is made: the one statement applies now.
+    done = _COMPLETE_FAST.execute(
+        session, _complete_params(bounds, now, step_id, row.player_id, tool, result, codec_id)
+    ).first()
+    if done is None:
+        raise _not_applied()
+    return StoredReceipt(*done)
 
 
 _SS_RUNNING = int(SS.STEP_STATE_RUNNING)
