@@ -1,9 +1,9 @@
 """A group commit's new tasks sent ahead together (PostgreSQL).
 
-Every game event makes a task (`CreateTask`). Alone, a creation is three statements in its
-group, each waited for: the player's lock, the read of the player's task with that event key
-and of the player's task ledger, then the insert. When a group (storage_service.group_commit)
-holds two or more creations, they are sent ahead with its other sendable writes instead: one
+Every game event makes a task (`CreateTask`). Alone, a creation is the player's lock and one
+INSERT that applies where nothing stands in the way, sent together (`tasks.create_task`). When
+a group (storage_service.group_commit) holds two or more creations, they are sent ahead with
+its other sendable writes instead: the same INSERT (`tasks.create_insert`) over arrays, one
 `INSERT ... SELECT FROM unnest(...)` for all of them, each row inserted only where
 `tasks.create_task` would insert it without evicting (no task of the player with that event
 key, room in the player's ledger). A row not inserted (the event's task exists, or the ledger
@@ -24,17 +24,9 @@ from sqlalchemy import (
     BigInteger,
     DateTime,
     Integer,
-    LargeBinary,
-    String,
     bindparam,
-    exists,
-    literal_column,
-    null,
-    select,
-    true,
 )
 from sqlalchemy.orm import Session
-from sqlalchemy.types import TypeEngine
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import ServiceError
@@ -42,51 +34,25 @@ from storage_service.batch_groups import _Applied
 from storage_service.dialect import INSERT, POSTGRESQL, is_postgresql, unnested
 from storage_service.fastsql import FastStatement
 from storage_service.journal_records import _TASKS, StoredTask, task_message
-from storage_service.ledgers import JournalBounds, Writes, player_ledger
-from storage_service.tasks import new_task
+from storage_service.ledgers import JournalBounds, Writes
+from storage_service.tasks import _CREATED_COLUMNS, _CREATED_TYPES, create_insert, new_task
 
 __all__ = ["CreateSender", "SendableCreate"]
 
 Created = tuple[journal_pb2.EventTask, bool, int]
 
-_SENT: list[tuple[str, TypeEngine[Any]]] = [
-    ("task_id", String()),
-    ("player_id", String()),
-    ("module_id", String()),
-    ("event_key", String()),
-    ("state", String()),
-    ("input", LargeBinary()),
-    ("size_bytes", Integer()),
-]
-"""A new task's columns that a creation sends (each as a `v_` array), and their types."""
-_COLUMNS = [name for name, _ in _SENT]
 # The players' ledgers are read per row (count, bytes) as `create_task` reads them under the
 # player's lock (the group's lock statement took it). Planned at every execution, as the
 # receipt writes' array statements are (batch_groups).
-_NEW = unnested("v", "v_", _SENT)
-_LEDGER = player_ledger(_TASKS, _NEW.c.player_id).lateral("ledger")
-_EXISTING = _TASKS.alias("e")
-_NOW = bindparam("now", type_=DateTime(timezone=True))
+_NEW = unnested("v", "v_", [(name, _CREATED_TYPES[name]) for name in _CREATED_COLUMNS])
 _CREATE_MANY = FastStatement(
-    INSERT[POSTGRESQL](_TASKS)
-    .from_select(
-        [*_COLUMNS, "result", "attempts", "created_at", "updated_at"],
-        select(
-            *(_NEW.c[name] for name in _COLUMNS),
-            null(),
-            literal_column("0"),
-            _NOW,
-            _NOW,
-        )
-        .select_from(_NEW.join(_LEDGER, true()))
-        .where(
-            ~exists().where(
-                _EXISTING.c.player_id == _NEW.c.player_id,
-                _EXISTING.c.event_key == _NEW.c.event_key,
-            ),
-            _LEDGER.c.ledger_count + literal_column("1") <= bindparam("max_entries", type_=Integer),
-            _LEDGER.c.ledger_bytes + _NEW.c.size_bytes <= bindparam("max_bytes", type_=BigInteger),
-        ),
+    create_insert(
+        INSERT[POSTGRESQL](_TASKS),
+        {name: _NEW.c[name] for name in _CREATED_COLUMNS},
+        _NEW,
+        bindparam("now", type_=DateTime(timezone=True)),
+        bindparam("max_entries", type_=Integer),
+        bindparam("max_bytes", type_=BigInteger),
     )
     .on_conflict_do_nothing()
     .returning(_TASKS.c.task_id),
@@ -146,7 +112,9 @@ class CreateSender:
         sent = [row for row in rows if row is not None]
         if not sent:
             return [None] * len(units)
-        params: dict[str, object] = {f"v_{name}": [row[name] for row in sent] for name in _COLUMNS}
+        params: dict[str, object] = {
+            f"v_{name}": [row[name] for row in sent] for name in _CREATED_COLUMNS
+        }
         params.update(
             now=now,
             max_entries=self._bounds.task_max_entries,

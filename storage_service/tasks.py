@@ -11,21 +11,30 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from google.protobuf import struct_pb2
 from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    FromClause,
+    Insert,
     Integer,
     LargeBinary,
     String,
     and_,
     bindparam,
+    exists,
     insert,
+    literal_column,
+    null,
     select,
     true,
     update,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.types import TypeEngine
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
@@ -63,7 +72,7 @@ from storage_service.ledgers import (
 )
 from storage_service.validation import check_player_id
 
-__all__ = ["create_task", "new_task", "transition_fast", "transition_task"]
+__all__ = ["create_insert", "create_task", "new_task", "transition_fast", "transition_task"]
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -75,7 +84,8 @@ _TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]
 
 
 # The player's task with this event key, if any, and the player's task ledger (count,
-# bytes), in one statement: always one row, the task's columns NULL when there is none.
+# bytes), in one statement: always one row, the task's columns NULL when there is none. What
+# create_task's long way reads when its one statement inserted nothing.
 _LEDGER = player_ledger(_TASKS, bindparam("player_id", type_=String)).subquery("ledger")
 _BY_EVENT = _TASKS.alias("by_event")
 _TASK_BY_EVENT = FastStatement(
@@ -93,7 +103,91 @@ _TASK_BY_EVENT = FastStatement(
         )
     )
 )
-_TASK_INSERT = FastStatement(insert(_TASKS), column_keys=_TASK_COLUMN_NAMES[1:])
+
+_CREATED_COLUMNS = (
+    "task_id",
+    "player_id",
+    "module_id",
+    "event_key",
+    "state",
+    "input",
+    "size_bytes",
+)
+"""A new task's columns a creation gives (the rest: no result, no attempts, made now)."""
+_CREATED_TYPES: dict[str, TypeEngine[Any]] = {
+    "task_id": String(),
+    "player_id": String(),
+    "module_id": String(),
+    "event_key": String(),
+    "state": String(),
+    "input": LargeBinary(),
+    "size_bytes": Integer(),
+}
+
+
+_Insert = TypeVar("_Insert", bound=Insert)
+
+
+def create_insert(
+    into: _Insert,
+    values: Mapping[str, ColumnElement[Any]],
+    source: FromClause | None,
+    now: ColumnElement[Any],
+    max_entries: ColumnElement[Any],
+    max_bytes: ColumnElement[Any],
+) -> _Insert:
+    """`into` (an INSERT into the tasks table) as INSERT ... SELECT that creates the tasks
+    `values` names (an expression for each of
+    `_CREATED_COLUMNS`) when nothing stands in the way: the player has no task with that
+    event key and the task fits the player's ledger without eviction; it inserts nothing for
+    a task otherwise. `source` is the FROM item the values' columns come from (None for bind
+    parameters: one creation); the ledger is then read per row (LATERAL). One creation
+    (`_CREATE_ONE`) and a group's (storage_service.create_groups) apply this one rule."""
+    ledger_query = player_ledger(_TASKS, values["player_id"])
+    ledger: FromClause
+    tables: FromClause
+    if source is None:
+        ledger = ledger_query.subquery("ledger")
+        tables = ledger
+    else:
+        ledger = ledger_query.lateral("ledger")
+        tables = source.join(ledger, true())
+    existing = _TASKS.alias("e")
+    rows = (
+        select(
+            *(values[name] for name in _CREATED_COLUMNS),
+            null(),
+            literal_column("0"),
+            now,
+            now,
+        )
+        .select_from(tables)
+        .where(
+            ~exists().where(
+                existing.c.player_id == values["player_id"],
+                existing.c.event_key == values["event_key"],
+            ),
+            ledger.c.ledger_count + literal_column("1") <= max_entries,
+            ledger.c.ledger_bytes + values["size_bytes"] <= max_bytes,
+        )
+    )
+    return into.from_select(
+        [*_CREATED_COLUMNS, "result", "attempts", "created_at", "updated_at"], rows
+    )
+
+
+# One creation: each value a parameter named as its column (new_task's row), the player's
+# ledger read once.
+_CREATE_ONE = FastStatement(
+    create_insert(
+        insert(_TASKS),
+        {name: bindparam(name, type_=_CREATED_TYPES[name]) for name in _CREATED_COLUMNS},
+        None,
+        bindparam("created_at", type_=_TASKS.c.created_at.type),
+        bindparam("max_entries", type_=Integer),
+        bindparam("max_bytes", type_=BigInteger),
+    )
+)
 
 
 def new_task(
@@ -167,23 +261,32 @@ def create_task(
         event_key=event_key,
         initial_state=initial_state,
     )
-    # Every event makes a task: one statement reads the task with this event key and the
-    # player's ledger, under the player's lock. A group's lock_in_order took that lock
-    # already; otherwise (PostgreSQL) it goes to the server with the read (one round trip,
-    # not two), which the server runs after it, so the read sees everything committed
-    # before the lock was granted.
-    params = {"player_id": player_id, "event_key": event_key}
+    # Every event makes a task: one statement inserts it where nothing stands in the way,
+    # under the player's lock. A group's lock_in_order took that lock already; otherwise
+    # (PostgreSQL) it goes to the server with the insert (one round trip, not two), which the
+    # server runs after it, so the insert sees everything committed before the lock was
+    # granted.
+    params = {
+        **values,
+        "max_entries": bounds.task_max_entries,
+        "max_bytes": bounds.task_max_bytes,
+    }
     if is_postgresql(session) and player_id not in _locks_held(session):
         with pipelined(session):
             lock = _PLAYER_LOCK.send(session, {"key": _player_lock_key(player_id)})
-            read = _TASK_BY_EVENT.send(session, params)
+            insert_sent = _CREATE_ONE.send(session, params)
         lock.result()
         _locks_held(session).add(player_id)
     else:
-        read = _TASK_BY_EVENT.send(session, params)
-    found = read.result().first()
-    assert found is not None  # an aggregate always returns a row
-    *columns, count, total = found
+        insert_sent = _CREATE_ONE.send(session, params)
+    if insert_sent.result().rowcount == 1:
+        return StoredTask.of(values), True, 0
+    # The long way: the event's task exists, or the ledger must make room first; then the
+    # same statement applies (a task is written by one statement whichever way it went).
+    found = _TASK_BY_EVENT.execute(session, {"player_id": player_id, "event_key": event_key})
+    row = found.first()
+    assert row is not None  # an aggregate always returns a row
+    *columns, count, total = row
     if columns[0] is not None:  # the task's seq: it exists
         existing = StoredTask.from_row(columns)
         _stored_task_state(existing)
@@ -191,7 +294,10 @@ def create_task(
     evicted = _make_room_for_tasks(
         session, bounds, player_id, 1, values["size_bytes"], ledger=(count, total)
     )
-    _TASK_INSERT.execute(session, values)
+    if _CREATE_ONE.execute(session, params).rowcount != 1:
+        raise RuntimeError(
+            "a task creation's one statement changed nothing after the long way made room for it"
+        )
     return StoredTask.of(values), True, evicted
 
 

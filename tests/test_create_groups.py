@@ -1,6 +1,8 @@
 """New tasks in one group (storage_service.create_groups): on PostgreSQL two or more creations
 are sent ahead as one statement; on both databases each gets the answer `create_task` gives
-it alone: a new task, the event's existing task, room made by eviction, or its error."""
+it alone: a new task, the event's existing task, room made by eviction, or its error. And what
+a creation alone costs in statements: the one statement both forms build
+(`tasks.create_insert`)."""
 
 from __future__ import annotations
 
@@ -109,6 +111,32 @@ def test_a_group_of_creations_costs_two_statements(
     assert all(created for _, created, _ in outcomes)
     # The group's lock statement (the players' locks) and the one INSERT.
     assert len(statements) == 2, "\n".join(statements)
+
+
+def test_a_lone_creation_is_its_lock_and_one_insert_sent_together(
+    engine: Engine,
+    sessions: sessionmaker,  # type: ignore[type-arg]
+    statements: list[str],
+) -> None:
+    if not is_postgresql(engine):
+        pytest.skip("counts PostgreSQL's statements (psycopg's cursor)")
+    store = _store(sessions)
+    store.create_task(_player(), MODULE, _input("warm-up"), "warm-up")
+    player = _player()
+    statements.clear()
+    task, created, evicted = store.create_task(player, MODULE, _input("k"), "k")
+    assert created and evicted == 0
+    # The player's lock and the INSERT that applies where nothing stands in the way, in one
+    # pipeline: one round trip.
+    assert len(statements) == 2, "\n".join(statements)
+    assert statements[1].startswith("INSERT INTO journal_tasks")
+    statements.clear()
+    found, created, evicted = store.create_task(player, MODULE, _input("k"), "k")
+    assert (found.task_id, created, evicted) == (task.task_id, False, 0)
+    # The INSERT inserts nothing for an event that has its task: the read that finds it
+    # follows (the long way).
+    assert len(statements) == 3, "\n".join(statements)
+    assert _row(sessions, task.task_id)[2] == "k"
 
 
 def test_an_events_existing_task_is_found_in_a_group(
