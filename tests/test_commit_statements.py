@@ -160,8 +160,6 @@ def test_a_final_commit_costs_its_statements_and_no_more(
     sessions: sessionmaker,  # type: ignore[type-arg]
     statements: list[str],
 ) -> None:
-    if not is_postgresql(engine):
-        pytest.skip("counts PostgreSQL's statements (psycopg's cursor)")
     store = _store(sessions)
     player = _player()
     warm = _claimed(store, player, "warm-up")  # every statement rendered, connection pooled
@@ -347,8 +345,6 @@ def test_a_group_of_final_commits_costs_the_statements_of_one(
     statements: list[str],
     commits: int,
 ) -> None:
-    if not is_postgresql(engine):
-        pytest.skip("counts PostgreSQL's statements (psycopg's cursor)")
     store = _store(sessions)
     warm = [_claimed(store, _player(), "warm-up") for _ in range(2)]
     _group(store, [_final_commit(claim) for claim in warm])

@@ -17,7 +17,6 @@ from sqlalchemy.orm import sessionmaker
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument
-from storage_service.dialect import is_postgresql
 from storage_service.group_commit import run_group
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_records import TaskRow
@@ -102,8 +101,6 @@ def test_a_group_of_creations_costs_two_statements(
     statements: list[str],
     creations: int,
 ) -> None:
-    if not is_postgresql(engine):
-        pytest.skip("counts PostgreSQL's statements (psycopg's cursor)")
     store = _store(sessions)
     _create(store, [(_player(), "warm-up") for _ in range(2)])
     statements.clear()
@@ -118,8 +115,6 @@ def test_a_lone_creation_is_its_lock_and_one_insert_sent_together(
     sessions: sessionmaker,  # type: ignore[type-arg]
     statements: list[str],
 ) -> None:
-    if not is_postgresql(engine):
-        pytest.skip("counts PostgreSQL's statements (psycopg's cursor)")
     store = _store(sessions)
     store.create_task(_player(), MODULE, _input("warm-up"), "warm-up")
     player = _player()
