@@ -18,24 +18,18 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
     DateTime,
     LargeBinary,
     String,
-    any_,
     bindparam,
-    func,
     literal,
-    literal_column,
-    or_,
     select,
-    update,
 )
 from sqlalchemy.orm import Session
-from sqlalchemy.types import TypeEngine
 from system.storage.v1 import journal_pb2
 
 from storage_service.batches import (
@@ -57,8 +51,6 @@ from storage_service.ledgers import (
     _locks_held,
     _player_lock_key,
     noted_lease,
-    player_ledger,
-    task_size_sql,
 )
 from storage_service.receipt_statements import _RECORD_FAST, RECEIPT_WRITES_MANY, array_params
 from storage_service.receipts import (
@@ -66,7 +58,7 @@ from storage_service.receipts import (
     _receipt_fast,
     _receipt_fast_done,
 )
-from storage_service.tasks import transition_fast
+from storage_service.tasks import _MOVED_TYPES, move_update, transition_fast
 
 if TYPE_CHECKING:
     from storage_service.journal import JournalStore
@@ -201,50 +193,18 @@ class _ReceiptChunks:
         return step in self._sent[chunk]
 
 
-# A group's final task moves in one statement (PostgreSQL), each row checked as transition_task
-# checks its task: the player's own, in a state with an edge to the target (and the expected
-# one), and a result that fits the player's task ledger without evicting (else the move is
-# not applied and goes the long way, which evicts or says why). It runs after every receipt
-# chunk: a batch's move is its last operation. A group holds at most one move per player, so
-# the ledger each row reads is not one another row changes. Planned at every execution, as
-# RECEIPT_WRITES_MANY is.
-_MOVE_COLUMNS: list[tuple[str, TypeEngine[Any]]] = [
-    ("task_id", String()),
-    ("player_id", String()),
-    ("state", String()),
-    ("froms", String()),
-    ("result", LargeBinary()),
-]
-"""What a move sends (tasks.transition_fast's row), each column as a `t_` array."""
-_MOVES = unnested("v", "t_", _MOVE_COLUMNS)
-_MOVED_SIZE = task_size_sql(
-    _TASKS.c.task_id,
-    _TASKS.c.player_id,
-    _TASKS.c.module_id,
-    _TASKS.c.event_key,
-    _TASKS.c.input,
-    _MOVES.c.result,
-)
-_PLAYER_TASK_BYTES = player_ledger(_TASKS, _MOVES.c.player_id, bytes_only=True).scalar_subquery()
+# A group's final task moves in one statement (PostgreSQL): tasks.move_update, the statement
+# that moves one task, over arrays (else the move is not applied and goes the long way, which
+# evicts or says why). It runs after every receipt chunk: a batch's move is its last
+# operation. A group holds at most one move per player, so the ledger each row reads is not
+# one another row changes. Planned at every execution, as RECEIPT_WRITES_MANY is.
+_MOVES = unnested("v", "t_", list(_MOVED_TYPES.items()))
 _TRANSITIONS_MANY = FastStatement(
-    update(_TASKS)
-    .where(
-        _TASKS.c.task_id == _MOVES.c.task_id,
-        _TASKS.c.player_id == _MOVES.c.player_id,
-        _TASKS.c.state == any_(func.string_to_array(_MOVES.c.froms, literal_column("','"))),
-        or_(
-            _TASKS.c.size_bytes >= _MOVED_SIZE,
-            _PLAYER_TASK_BYTES + _MOVED_SIZE - _TASKS.c.size_bytes
-            <= bindparam("max_bytes", type_=BigInteger),
-        ),
-    )
-    .values(
-        state=_MOVES.c.state,
-        result=_MOVES.c.result,
-        size_bytes=_MOVED_SIZE,
-        updated_at=bindparam("now", type_=DateTime(timezone=True)),
-    )
-    .returning(_TASKS.c.task_id),
+    move_update(
+        {name: _MOVES.c[name] for name in _MOVED_TYPES},
+        bindparam("now", type_=DateTime(timezone=True)),
+        bindparam("max_bytes", type_=BigInteger),
+    ).returning(_TASKS.c.task_id),
     planned_each_time=True,
 )
 
@@ -268,7 +228,7 @@ class _Transitions:
         if not self._rows:
             return
         params: dict[str, object] = {
-            f"t_{key}": [row[key] for row in self._rows] for key, _ in _MOVE_COLUMNS
+            f"t_{key}": [row[key] for row in self._rows] for key in _MOVED_TYPES
         }
         params.update(now=self._now, max_bytes=self._bounds.task_max_bytes)
         self._sent = _Applied(_TRANSITIONS_MANY.send(session, params))

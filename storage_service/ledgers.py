@@ -109,26 +109,6 @@ def task_size(
     return _utf8(task_id, player_id, module_id, event_key) + len(data) + len(result or b"")
 
 
-def task_size_sql(
-    task_id: ColumnElement[Any],
-    player_id: ColumnElement[Any],
-    module_id: ColumnElement[Any],
-    event_key: ColumnElement[Any],
-    data: ColumnElement[Any],
-    result: ColumnElement[Any],
-) -> ColumnElement[Any]:
-    """`task_size` in SQL (PostgreSQL's `octet_length` counts the UTF-8 bytes `_utf8` does),
-    for a statement that moves many tasks at once."""
-    return (
-        func.octet_length(task_id)
-        + func.octet_length(player_id)
-        + func.octet_length(module_id)
-        + func.octet_length(event_key)
-        + func.octet_length(data)
-        + func.coalesce(func.octet_length(result), 0)
-    )
-
-
 def receipt_size(
     step_id: str, task_id: str, player_id: str, tool: str, codec_id: str, result: bytes | None
 ) -> int:

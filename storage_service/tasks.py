@@ -23,12 +23,14 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Update,
     and_,
     bindparam,
     exists,
     insert,
     literal_column,
     null,
+    or_,
     select,
     true,
     update,
@@ -39,7 +41,7 @@ from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, ServiceError
-from storage_service.dialect import ID, is_postgresql
+from storage_service.dialect import is_postgresql
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.journal_records import (
     _MOVES,
@@ -47,6 +49,7 @@ from storage_service.journal_records import (
     _TASKS,
     MAX_TASK_ID,
     QUEUED,
+    RECOVERABLE,
     TERMINAL,
     TS,
     StoredTask,
@@ -316,16 +319,57 @@ _TASK_AND_LEDGER_FOR_UPDATE = FastStatement(
     .where(_TASKS.c.task_id == bindparam("task_id", type_=String))
     .with_for_update(of=_TASKS)
 )
-# Every finished event task moves once: one UPDATE on the driver's cursor, no ORM flush.
-_TASK_MOVE = FastStatement(
-    update(_TASKS)
-    .where(_TASKS.c.seq == bindparam("p_seq", type_=ID))
-    .values(
-        state=bindparam("p_state", type_=String),
-        result=bindparam("p_result", type_=LargeBinary),
-        size_bytes=bindparam("p_size", type_=Integer),
-        updated_at=bindparam("p_now", type_=_TASKS.c.updated_at.type),
+
+_FROMS = len(RECOVERABLE)
+"""How many states a move may start from at most (a target's sources are recoverable)."""
+_MOVED_TYPES: dict[str, TypeEngine[Any]] = {
+    "task_id": String(),
+    "player_id": String(),
+    "state": String(),
+    **{f"from{n}": String() for n in range(_FROMS)},
+    "result": LargeBinary(),
+    "grows": Integer(),
+}
+"""What a move gives (`_move_params`), and each value's type."""
+
+
+def move_update(
+    values: Mapping[str, ColumnElement[Any]],
+    now: ColumnElement[Any],
+    max_bytes: ColumnElement[Any],
+) -> Update:
+    """UPDATE that moves the tasks `values` names (an expression for each of `_MOVED_TYPES`)
+    when nothing stands in the way: the task is the player's and in one of the states
+    `from0`.. (those with an edge to the target, narrowed to the expected one; NULL where
+    fewer), and a result fits the player's task ledger without eviction; it changes nothing
+    for a task otherwise. A task a move starts from holds no result (results come only with
+    a final state, which never moves), so its size grows by exactly the result's bytes
+    (`grows`). Bind parameters for one move (`_MOVE_ONE`), unnested arrays for a group's
+    (storage_service.batch_groups)."""
+    ledger_bytes = player_ledger(_TASKS, values["player_id"], bytes_only=True).scalar_subquery()
+    return (
+        update(_TASKS)
+        .where(
+            _TASKS.c.task_id == values["task_id"],
+            _TASKS.c.player_id == values["player_id"],
+            _TASKS.c.state.in_([values[f"from{n}"] for n in range(_FROMS)]),
+            or_(values["grows"] == 0, ledger_bytes + values["grows"] <= max_bytes),
+        )
+        .values(
+            state=values["state"],
+            result=values["result"],
+            size_bytes=_TASKS.c.size_bytes + values["grows"],
+            updated_at=now,
+        )
     )
+
+
+_MOVE_ONE = FastStatement(
+    move_update(
+        {name: bindparam(name, type_=type_) for name, type_ in _MOVED_TYPES.items()},
+        bindparam("now", type_=_TASKS.c.updated_at.type),
+        bindparam("max_bytes", type_=BigInteger),
+    ).returning(*_TASK_COLUMNS)
 )
 
 
@@ -383,14 +427,36 @@ def _checked_move(
     return target, expected, encoded
 
 
+def _move_params(
+    task_id: str, player_id: str, target: str, expected: str | None, encoded: bytes | None
+) -> dict[str, object] | None:
+    """`move_update`'s values for one move: the states it may start from (those with an edge
+    to the target, narrowed to the expected one); None when there are none (the long way,
+    transition_task, says why)."""
+    froms = sorted(
+        current
+        for current, targets in _MOVES.items()
+        if target in targets and expected in (None, current)
+    )
+    if not froms:
+        return None
+    params: dict[str, object] = {
+        "task_id": task_id,
+        "player_id": player_id,
+        "state": target,
+        "result": encoded,
+        "grows": len(encoded or b""),
+    }
+    params.update((f"from{n}", froms[n] if n < len(froms) else None) for n in range(_FROMS))
+    return params
+
+
 def transition_fast(
     bounds: JournalBounds, player_id: str, move: journal_pb2.TaskTransition
 ) -> dict[str, object] | None:
-    """What a Commit's transition needs to be applied in one statement with other batches'
-    (batch_groups._Transitions): the task, its player, the target state, the states it may
-    move from (a comma-separated list: those with an edge to the target, narrowed to the
-    expected one) and the encoded result. None when the move is refused before any row is
-    read (the long way, transition_task, then says why)."""
+    """A Commit's transition as `move_update`'s values, to be applied in one statement with
+    other batches' (batch_groups._Transitions). None when the move is refused before any row
+    is read (the long way, transition_task, then says why)."""
     try:
         target, expected, encoded = _checked_move(
             bounds,
@@ -401,20 +467,7 @@ def transition_fast(
         )
     except ServiceError:
         return None
-    froms = sorted(
-        current
-        for current, targets in _MOVES.items()
-        if target in targets and expected in (None, current)
-    )
-    if not froms:
-        return None
-    return {
-        "task_id": move.task_id,
-        "player_id": player_id,
-        "state": target,
-        "froms": ",".join(froms),
-        "result": encoded,
-    }
+    return _move_params(move.task_id, player_id, target, expected, encoded)
 
 
 def transition_task(
@@ -435,8 +488,22 @@ def transition_task(
     STORAGE_FULL when the result does not fit the player's bound.
     """
     target, expected, encoded = _checked_move(bounds, task_id, state, expected_state, result)
-    # Only a move with a result can make the row larger: only then is the ledger wanted.
-    row, ledger = _locked_task(session, task_id, player_id, with_ledger=encoded is not None)
+    # Under the player's lock, one statement moves the task where nothing stands in the way.
+    owner = player_id  # a Commit's: the batch took the player's lock
+    if owner is None or not _ledgers_held(session, owner):
+        owner = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
+        if owner is None:
+            raise _no_task(task_id)
+    params = _move_params(task_id, owner, target, expected, encoded)
+    limits = {"now": now, "max_bytes": bounds.task_max_bytes}
+    if params is not None and player_id in (None, owner):
+        moved = _MOVE_ONE.execute(session, {**params, **limits}).first()
+        if moved is not None:
+            return StoredTask.from_row(moved)
+    # The long way says why, or makes room in the ledger; then the same statement applies (a
+    # move is written by one statement whichever way it went). Only a move with a result can
+    # make the row larger: only then is the ledger wanted.
+    row, ledger = _locked_task(session, task_id, owner, with_ledger=encoded is not None)
     _check_owner(row.player_id, player_id, f"task {task_id!r}")
     current = _stored_task_state(row)
     if expected is not None and current != expected:
@@ -453,23 +520,14 @@ def transition_task(
             f"task {task_id} cannot move from {_shown(current)} to {_shown(target)}; "
             f"from {_shown(current)} it may move to {allowed}"
         )
-    size = task_size(row.task_id, row.player_id, row.module_id, row.event_key, row.input, encoded)
-    if size > row.size_bytes:
+    if encoded:
         _make_room_for_tasks(
-            session,
-            bounds,
-            row.player_id,
-            0,
-            size - row.size_bytes,
-            exclude_seq=row.seq,
-            ledger=ledger,
+            session, bounds, row.player_id, 0, len(encoded), exclude_seq=row.seq, ledger=ledger
         )
-    _TASK_MOVE.execute(
-        session,
-        {"p_seq": row.seq, "p_state": target, "p_result": encoded, "p_size": size, "p_now": now},
-    )
-    row.state = target
-    row.result = encoded
-    row.size_bytes = size
-    row.updated_at = now
-    return row
+    params = _move_params(task_id, row.player_id, target, expected, encoded)
+    moved = None if params is None else _MOVE_ONE.execute(session, {**params, **limits}).first()
+    if moved is None:
+        raise RuntimeError(
+            "a task move's one statement changed nothing after the long way made room for it"
+        )
+    return StoredTask.from_row(moved)

@@ -33,10 +33,11 @@ NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
 
 # The final Commit of a task with two gives, in its group: the group's lock statement (the
 # player's lock and the fence's lease row), the batch row, per step one row (its recording
-# and its completion written together, DONE), the task read under lock with the player's task
-# ledger, its UPDATE. Before issue 16's changes: 9 (a RUNNING insert and a DONE update per
-# step, the ledger read on its own).
-FINAL_COMMIT_STATEMENTS = 6
+# and its completion written together, DONE), the task's one UPDATE (tasks.move_update).
+# Before issue 16's changes: 9 (a RUNNING insert and a DONE update per step, the ledger read
+# on its own); until 2026-12-07 06:50 UTC 6 (the task read under lock with the player's task
+# ledger, then its UPDATE).
+FINAL_COMMIT_STATEMENTS = 5
 
 
 def _player() -> str:

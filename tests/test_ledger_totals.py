@@ -22,7 +22,7 @@ from services.runtime.errors import ResourceExhausted
 from storage_service.db import make_engine
 from storage_service.group_commit import GroupCommitter
 from storage_service.journal import JournalStore
-from storage_service.ledgers import JournalBounds
+from storage_service.ledgers import JournalBounds, receipt_size, task_size
 from storage_service.migrate import upgrade
 
 TS = journal_pb2.TaskState
@@ -51,10 +51,32 @@ def _ledgers(engine: Engine) -> tuple[dict[str, tuple[int, ...]], dict[str, tupl
     return {p: t for p, t in totals.items() if any(t)}, sums
 
 
-def _assert_exact(engine: Engine) -> None:
+def _assert_exact(engine: Engine, *, measured: bool = True) -> None:
+    """The totals are the sums, and (`measured`: entries the store wrote, not a test's own
+    rows) each entry's size is what its columns measure (`task_size`, `receipt_size`: a
+    write's statement keeps it, a move growing it by its result's bytes)."""
     totals, sums = _ledgers(engine)
     assert totals == sums
     assert all(value >= 0 for row in totals.values() for value in row)
+    if not measured:
+        return
+    with engine.connect() as connection:
+        for task in connection.execute(text(_TASK_SIZES)):
+            *columns, data, result, size = task
+            assert size == task_size(*columns, bytes(data), _bytes(result)), task
+        for receipt in connection.execute(text(_RECEIPT_SIZES)):
+            *columns, result, size = receipt
+            assert size == receipt_size(*columns, _bytes(result)), receipt
+
+
+_TASK_SIZES = """SELECT task_id, player_id, module_id, event_key, input, result, size_bytes
+FROM journal_tasks"""
+_RECEIPT_SIZES = """SELECT step_id, task_id, player_id, tool, codec_id, result, size_bytes
+FROM journal_receipts"""
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
 
 
 def _input(size: int) -> struct_pb2.Struct:
@@ -231,7 +253,7 @@ def test_the_migration_counts_what_is_stored(fresh_database_url: str) -> None:
         assert totals == sums == {"steve": (2, 350, 1, 33), "alex": (1, 70, 0, 0)}
         store = JournalStore(sessionmaker(engine, expire_on_commit=False), JournalBounds())
         store.create_task("alex", MODULE, _input(5), uuid.uuid4().hex)
-        _assert_exact(engine)
+        _assert_exact(engine, measured=False)
     finally:
         engine.dispose()
 
