@@ -12,22 +12,17 @@ from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
-    DateTime,
     Integer,
-    LargeBinary,
     String,
-    Text,
     bindparam,
     delete,
     exists,
     func,
     insert,
     select,
-    text,
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session, sessionmaker
 from system.common.v1 import common_pb2
@@ -35,7 +30,7 @@ from system.storage.v1 import storage_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HISTORY, PREFERENCES, rowcount, upsert_ignore
-from storage_service.dialect import aware, is_postgresql
+from storage_service.dialect import aware
 from storage_service.fastsql import FastStatement, pipelined
 from storage_service.intent_cache import invalidate as invalidate_intents
 from storage_service.ledgers import lock_player
@@ -102,9 +97,11 @@ def _newest(column: str) -> Any:
     return func.coalesce(_NEWEST_TOTALS.with_only_columns(HISTORY.c[column]).scalar_subquery(), 0)
 
 
-# SQLite: every interactive request appends its exchange, one statement an entry: inserted
-# only if the player has not turned history off (the first one's row count says which), its
-# running totals one past the player's newest entry's; then one DELETE of what no longer fits.
+# Every interactive request appends its exchange, one statement an entry: inserted only if the
+# player has not turned history off (the first one's row count says which), its running totals
+# one past the player's newest entry's (the entry before it in the same exchange included);
+# then one DELETE of what no longer fits. On PostgreSQL they go to the server together, in one
+# pipeline: one round trip.
 _INSERT_IF_ENABLED = FastStatement(
     insert(HISTORY).from_select(
         [*_ENTRY_COLUMNS, "seq", "bytes_through"],
@@ -118,42 +115,6 @@ _INSERT_IF_ENABLED = FastStatement(
                 PREFERENCES.c.history_enabled.is_(False),
             )
         ),
-    )
-)
-
-
-# PostgreSQL: all of an exchange's entries in one statement, over arrays, inserted only if the
-# player has not turned history off, and sent with the DELETE in one pipeline (one round trip
-# and a COMMIT instead of five round trips: every interactive request appends its exchange,
-# just after its reply, while the player's next request may already be asking storage for
-# its lease).
-_INSERT_ALL_IF_ENABLED = FastStatement(
-    text(
-        f"""
-INSERT INTO {HISTORY.name}
-    (player_id, role, text, result, request_id, size_bytes, created_at, seq, bytes_through)
-SELECT :player_id, v.role, v.text, v.result, v.request_id, v.size_bytes, v.created_at,
-       coalesce(newest.seq, 0) + v.n,
-       coalesce(newest.bytes_through, 0) + sum(v.size_bytes) OVER (ORDER BY v.n)
-FROM unnest(:roles, :texts, :results, :request_ids, :sizes, :created)
-     WITH ORDINALITY AS v(role, text, result, request_id, size_bytes, created_at, n)
-LEFT JOIN (
-    SELECT seq, bytes_through FROM {HISTORY.name}
-    WHERE player_id = :player_id ORDER BY id DESC LIMIT 1
-) AS newest ON TRUE
-WHERE NOT EXISTS (
-    SELECT 1 FROM {PREFERENCES.name}
-    WHERE player_id = :player_id AND history_enabled IS FALSE
-)
-ORDER BY v.n"""
-    ).bindparams(
-        bindparam("player_id", type_=String),
-        bindparam("roles", type_=ARRAY(Integer)),
-        bindparam("texts", type_=ARRAY(Text)),
-        bindparam("results", type_=ARRAY(LargeBinary)),
-        bindparam("request_ids", type_=ARRAY(String)),
-        bindparam("sizes", type_=ARRAY(Integer)),
-        bindparam("created", type_=ARRAY(DateTime(timezone=True))),
     )
 )
 
@@ -276,13 +237,12 @@ class ConversationStore:
         # at the player's lock, which a grouped FinishRun already holds; SQLite's writers
         # always take turns).
         lock_player(session, player_id)
-        if is_postgresql(session):
-            return self._append_pipelined(session, player_id, rows)
-        if _INSERT_IF_ENABLED.execute(session, rows[0]).rowcount == 0:
-            return False, 0  # the player turned history off
-        for row in rows[1:]:
-            _INSERT_IF_ENABLED.execute(session, row)
-        return True, self._evict(session, player_id)
+        with pipelined(session):  # SQLite runs each statement as it is sent
+            inserted = [_INSERT_IF_ENABLED.send(session, row) for row in rows]
+            evicted = _EVICT.send(session, self._evict_params(player_id))
+        # No row: the player turned history off (the eviction ran all the same).
+        counts = [sent.result().rowcount for sent in inserted]
+        return counts[0] > 0, evicted.result().rowcount
 
     def newest_request_id(self, session: Session, player_id: str) -> str | None:
         """The request id of the player's newest entry (None: no history)."""
@@ -300,27 +260,6 @@ class ConversationStore:
             .limit(count)
         ).all()
         return [_entry(row) for row in reversed(rows)]
-
-    def _append_pipelined(
-        self, session: Session, player_id: str, rows: list[dict[str, Any]]
-    ) -> tuple[bool, int]:
-        """`append` on PostgreSQL: one INSERT of every entry and the eviction, together."""
-        with pipelined(session):
-            inserted = _INSERT_ALL_IF_ENABLED.send(
-                session,
-                {
-                    "player_id": player_id,
-                    "roles": [row["role"] for row in rows],
-                    "texts": [row["text"] for row in rows],
-                    "results": [row["result"] for row in rows],
-                    "request_ids": [row["request_id"] for row in rows],
-                    "sizes": [row["size_bytes"] for row in rows],
-                    "created": [row["created_at"] for row in rows],
-                },
-            )
-            evicted = _EVICT.send(session, self._evict_params(player_id))
-        # No row: the player turned history off (the eviction ran all the same).
-        return inserted.result().rowcount > 0, evicted.result().rowcount
 
     @staticmethod
     def preferences_in(session: Session, player_id: str) -> Preferences:
@@ -356,10 +295,6 @@ class ConversationStore:
             "size_bytes": size,
             "created_at": dt.datetime.now(dt.UTC),
         }
-
-    def _evict(self, session: Session, player_id: str) -> int:
-        """Deletes the player's oldest entries until both bounds hold; returns how many."""
-        return _EVICT.execute(session, self._evict_params(player_id)).rowcount
 
     def _evict_params(self, player_id: str) -> dict[str, Any]:
         return {
