@@ -4,6 +4,11 @@ journal.proto, and the page sizes of a player's task list (storage_service.pages
 QUEUED, RUNNING and WAITING are recoverable, SUCCEEDED, FAILED and PARTIALLY_SUCCEEDED
 terminal: a terminal task never changes again. A move that adds a result makes room in the
 player's task ledger first (storage_service.ledgers). Claims are storage_service.claims.
+
+A creation and a move are each written by one statement (`create_insert`, `move_update`),
+built once for one write's parameters and for a group's arrays (storage_service.create_groups,
+storage_service.batch_groups): it applies where nothing stands in the way, and when it changes
+nothing the long way reads the row, says why or makes room, and runs it again.
 """
 
 from __future__ import annotations
