@@ -112,16 +112,6 @@ _TASK_BY_EVENT = FastStatement(
     )
 )
 
-_CREATED_COLUMNS = (
-    "task_id",
-    "player_id",
-    "module_id",
-    "event_key",
-    "state",
-    "input",
-    "size_bytes",
-)
-"""A new task's columns a creation gives (the rest: no result, no attempts, made now)."""
 _CREATED_TYPES: dict[str, TypeEngine[Any]] = {
     "task_id": String(),
     "player_id": String(),
@@ -131,6 +121,9 @@ _CREATED_TYPES: dict[str, TypeEngine[Any]] = {
     "input": LargeBinary(),
     "size_bytes": Integer(),
 }
+"""A new task's columns a creation gives, and their types (the rest: no result, no attempts,
+made now)."""
+_CREATED_COLUMNS = tuple(_CREATED_TYPES)
 
 
 _Insert = TypeVar("_Insert", bound=Insert)
@@ -145,12 +138,12 @@ def create_insert(
     max_bytes: ColumnElement[Any],
 ) -> _Insert:
     """`into` (an INSERT into the tasks table) as INSERT ... SELECT that creates the tasks
-    `values` names (an expression for each of
-    `_CREATED_COLUMNS`) when nothing stands in the way: the player has no task with that
-    event key and the task fits the player's ledger without eviction; it inserts nothing for
-    a task otherwise. `source` is the FROM item the values' columns come from (None for bind
-    parameters: one creation); the ledger is then read per row (LATERAL). One creation
-    (`_CREATE_ONE`) and a group's (storage_service.create_groups) apply this one rule."""
+    `values` names (an expression for each of `_CREATED_COLUMNS`) when nothing stands in the
+    way: the player has no task with that event key and the task fits the player's ledger
+    without eviction; it inserts nothing for a task otherwise. `source` is the FROM item the
+    values' columns come from, each row's ledger read beside it (LATERAL); None for bind
+    parameters (one creation). One creation (`_CREATE_ONE`) and a group's
+    (storage_service.create_groups) apply this one rule."""
     ledger_query = player_ledger(_TASKS, values["player_id"])
     ledger: FromClause
     tables: FromClause
