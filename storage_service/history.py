@@ -240,7 +240,8 @@ class ConversationStore:
         with pipelined(session):  # SQLite runs each statement as it is sent
             inserted = [_INSERT_IF_ENABLED.send(session, row) for row in rows]
             evicted = _EVICT.send(session, self._evict_params(player_id))
-        # No row: the player turned history off (the eviction ran all the same).
+        # No row: the player turned history off (the eviction ran all the same). Every result
+        # is read, so each statement's cursor goes back to the connection for the next.
         counts = [sent.result().rowcount for sent in inserted]
         return counts[0] > 0, evicted.result().rowcount
 

@@ -405,6 +405,15 @@ _LEDGER_READS = {
 }
 
 
+def not_applied(write: str) -> RuntimeError:
+    """A write's one statement that changed nothing when run again by its long way, which had
+    found nothing in the way and made room under the player's lock: the statement's
+    conditions and the long way's checks disagree (a bug, not a state of the data)."""
+    return RuntimeError(
+        f"{write}'s one statement changed nothing after the long way made room for it"
+    )
+
+
 def _make_room(
     session: Session,
     rows: Table,

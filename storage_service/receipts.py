@@ -58,6 +58,7 @@ from storage_service.ledgers import (
     _make_room_for_receipts,
     _owner_locked,
     lock_player,
+    not_applied,
     player_ledger,
     receipt_size,
 )
@@ -114,14 +115,6 @@ def _check_complete(
         raise InvalidArgument(
             f"result is {len(result)} bytes, over the {bounds.max_result_bytes} byte limit"
         )
-
-
-def _not_applied() -> RuntimeError:
-    """The long way writes with the same one statement once it has found nothing in the way
-    and made room, under the player's lock: it applies then, or the two disagree (a bug)."""
-    return RuntimeError(
-        "a receipt write's one statement changed nothing after the long way made room for it"
-    )
 
 
 def _find_receipt(session: Session, step_id: str) -> StoredReceipt | None:
@@ -287,7 +280,7 @@ def record_step(
     # The room is made: the one statement applies now (the recording alone, RUNNING).
     receipt = _running_receipt(step_id, task_id, found.player_id, position, tool, size, now)
     if _RECORD_FAST.execute(session, _record_params(bounds, receipt)).rowcount != 1:
-        raise _not_applied()
+        raise not_applied("a receipt write")
     return receipt, True
 
 
@@ -355,7 +348,7 @@ def complete_step(
         session, _complete_params(bounds, now, step_id, row.player_id, tool, result, codec_id)
     ).first()
     if done is None:
-        raise _not_applied()
+        raise not_applied("a receipt write")
     return StoredReceipt(*done)
 
 

@@ -75,6 +75,7 @@ from storage_service.ledgers import (
     _make_room_for_tasks,
     _owner_locked,
     _player_lock_key,
+    not_applied,
     player_ledger,
     task_size,
 )
@@ -296,9 +297,7 @@ def create_task(
         session, bounds, player_id, 1, values["size_bytes"], ledger=(count, total)
     )
     if _CREATE_ONE.execute(session, params).rowcount != 1:
-        raise RuntimeError(
-            "a task creation's one statement changed nothing after the long way made room for it"
-        )
+        raise not_applied("a task creation")
     return StoredTask.of(values), True, evicted
 
 
@@ -372,26 +371,21 @@ _MOVE_ONE = FastStatement(
 
 
 def _locked_task(
-    session: Session, task_id: str, player_id: str | None = None, with_ledger: bool = False
+    session: Session, task_id: str, owner: str, with_ledger: bool
 ) -> tuple[StoredTask, tuple[int, int] | None]:
-    """The task (a `StoredTask`: change the row with statements), locked FOR
-    UPDATE after its player's ledger lock; NOT_FOUND when missing. `player_id`: the player
-    the caller expects (a Commit's, whose lock the batch took already: then the owner is not
-    looked up first; the caller checks that the task is that player's). With `with_ledger`,
-    also that player's task ledger (count, bytes), read in the same statement, when no other
-    writer can change it any more (see _ledgers_held); None otherwise."""
-    if player_id is None or player_id not in _locks_held(session):
-        player_id = _owner_locked(session, (_TASK_OWNER, _TASK_OWNER_LOCKING), task_id)
-    if player_id is not None:
-        ledgered = with_ledger and _ledgers_held(session, player_id)
-        statement = _TASK_AND_LEDGER_FOR_UPDATE if ledgered else _TASK_FOR_UPDATE
-        found = statement.execute(session, {"task_id": task_id, "player_id": player_id}).first()
-        if found is not None:
-            if not ledgered:
-                return StoredTask.from_row(found), None
-            *columns, count, total = found
-            return StoredTask.from_row(columns), (count, total)
-    raise _no_task(task_id)
+    """The task (a `StoredTask`: change the row with statements), locked FOR UPDATE;
+    NOT_FOUND when missing. `owner`: the player whose ledger lock the caller holds (the task's
+    or, for a Commit, the one it names: the caller checks that the task is theirs). With
+    `with_ledger`, also that player's task ledger (count, bytes), read in the same statement;
+    None otherwise."""
+    statement = _TASK_AND_LEDGER_FOR_UPDATE if with_ledger else _TASK_FOR_UPDATE
+    found = statement.execute(session, {"task_id": task_id, "player_id": owner}).first()
+    if found is None:
+        raise _no_task(task_id)
+    if not with_ledger:
+        return StoredTask.from_row(found), None
+    *columns, count, total = found
+    return StoredTask.from_row(columns), (count, total)
 
 
 def _checked_move(
@@ -522,10 +516,8 @@ def transition_task(
         _make_room_for_tasks(
             session, bounds, row.player_id, 0, len(encoded), exclude_seq=row.seq, ledger=ledger
         )
-    params = _move_params(task_id, row.player_id, target, expected, encoded)
+    # The checks passed, so the move has states to start from (params) and is the owner's.
     moved = None if params is None else _MOVE_ONE.execute(session, {**params, **limits}).first()
     if moved is None:
-        raise RuntimeError(
-            "a task move's one statement changed nothing after the long way made room for it"
-        )
+        raise not_applied("a task move")
     return StoredTask.from_row(moved)
