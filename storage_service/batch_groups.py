@@ -1,9 +1,9 @@
-"""A group commit's receipt batches sent ahead together.
+"""A group commit's receipt batches written together.
 
 When a group (storage_service.group_commit) holds two or more Commits made only of receipt
 writes, or of receipt writes and a last task move (an event task's final Commit: decision
-0036), their statements are sent before any result is read: first the batches' rows (with
-their players' ledger locks on PostgreSQL), then each write's one-statement form
+0036), their statements run before any answer is read: first the batches' rows (with their
+players' ledger locks on PostgreSQL), then each write's one-statement form
 (storage_service.receipts, storage_service.tasks.transition_fast). On PostgreSQL the rows go
 as one statement, the receipt writes as one statement per chunk over arrays and the moves as
 one more, and a fence is checked against the lease row the group's lock statement read
@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -29,7 +29,9 @@ from sqlalchemy import (
     literal,
     select,
 )
+from sqlalchemy.engine import Result
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import Executable
 from system.storage.v1 import journal_pb2
 
 from storage_service.batches import (
@@ -40,8 +42,8 @@ from storage_service.batches import (
     _batch_values,
     _completion,
 )
+from storage_service.db import rowcount
 from storage_service.dialect import INSERT, POSTGRESQL, advisory_lock, is_postgresql, unnested
-from storage_service.fastsql import FastResult, FastStatement, Sent
 from storage_service.group_commit import NotApplied, fenced
 from storage_service.journal_records import _TASKS
 from storage_service.leases import _FENCE_QUERY, _fence_holds
@@ -63,14 +65,14 @@ from storage_service.tasks import _MOVED_TYPES, move_update, transition_fast
 if TYPE_CHECKING:
     from storage_service.journal import JournalStore
 
-__all__ = ["finish_batch", "send_batches"]
+__all__ = ["finish_batch", "write_batches"]
 
 # The rows of a group's batches in one statement (PostgreSQL): each inserted row returns its
 # key, with its player's ledger lock taken (as _BATCH_INSERT_LOCKING does for one row).
 _BATCH_ROWS = unnested(
     "v", "b_", [("player_id", String()), ("request_id", String()), ("digest", LargeBinary())]
 )
-_BATCH_ROWS_MANY = FastStatement(
+_BATCH_ROWS_MANY = (
     INSERT[POSTGRESQL](_BATCHES)
     .from_select(
         ["player_id", "request_id", "digest", "response", "created_at"],
@@ -92,15 +94,12 @@ _BATCH_ROWS_MANY = FastStatement(
 
 
 class _BatchRows:
-    """The rows of the batches of a group, sent ahead: one statement on PostgreSQL, one each
-    on SQLite (where each runs as it is sent, so fewer statements would save little)."""
+    """The rows of the batches of a group: one statement on PostgreSQL, one each on SQLite
+    (where a statement costs no round trip, so fewer would save little)."""
 
     def __init__(
         self, session: Session, batches: Sequence[_Batch], now: dt.datetime, postgresql: bool
     ) -> None:
-        self._inserted: set[tuple[str, str]] | None = None
-        self._each: dict[tuple[str, str], Sent] = {}
-        self._all: Sent | None = None
         if postgresql:
             params: dict[str, object] = {
                 "b_player_id": [batch.request.player_id for batch in batches],
@@ -108,53 +107,38 @@ class _BatchRows:
                 "b_digest": [batch.digest for batch in batches],
                 "now": now,
             }
-            self._all = _BATCH_ROWS_MANY.send(session, params)
-        else:
-            for batch in batches:
-                key = (batch.request.player_id, batch.request.request_id)
-                self._each[key] = _BATCH_INSERT_SQLITE.send(session, _batch_values(batch, now))
+            inserted = session.execute(_BATCH_ROWS_MANY, params)
+            self._inserted = {(player, request) for player, request, _ in inserted}
+            return
+        self._inserted = {
+            (batch.request.player_id, batch.request.request_id)
+            for batch in batches
+            if rowcount(session.execute(_BATCH_INSERT_SQLITE, _batch_values(batch, now))) == 1
+        }
 
     def inserted(self, batch: _Batch) -> bool:
         """Whether the batch's row was inserted now (else it was there: a replay)."""
-        key = (batch.request.player_id, batch.request.request_id)
-        if self._all is None:
-            return self._each[key].result().rowcount == 1
-        if self._inserted is None:
-            self._inserted = {(player, request) for player, request, _ in self._all.result().rows}
-        return key in self._inserted
+        return (batch.request.player_id, batch.request.request_id) in self._inserted
 
 
 # -- a group's receipt writes together (PostgreSQL) ----------------------------------------------
 
-# psycopg waits on the socket after every statement it queues in a pipeline, and the writer
-# thread gives up the interpreter lock for each wait: with the event loop busy, getting it
-# back cost more than the statement (a group of 13 receipt Commits spent 3.5 ms queueing 15
-# statements, 1 ms of it CPU). So on PostgreSQL the receipt writes of a group go as one
-# statement per chunk, over arrays (receipt_statements.RECEIPT_WRITES_MANY: the rules of
-# _RECORD_FAST and _COMPLETE_FAST over unnested arrays, written once for both). A chunk holds
-# at most one write per player and per step id, so no row sees, or should have seen,
-# another's effect (the ledgers are per player, a step id is one receipt), and the
-# statement's two parts, which see one snapshot, need no order between them.
+# On PostgreSQL the receipt writes of a group go as one statement per chunk, over arrays
+# (receipt_statements.RECEIPT_WRITES_MANY: the rules of _RECORD_FAST and _COMPLETE_FAST over
+# unnested arrays, written once for both), not one statement a write. A chunk holds at most
+# one write per player and per step id, so no row sees, or should have seen, another's effect
+# (the ledgers are per player, a step id is one receipt), and the statement's two parts,
+# which see one snapshot, need no order between them.
 
 
-class _Applied:
-    """The ids (of steps, of tasks) a combined statement changed, read once its result came."""
-
-    __slots__ = ("_ids", "_sent")
-
-    def __init__(self, sent: Sent) -> None:
-        self._sent = sent
-        self._ids: set[str] | None = None
-
-    def __contains__(self, changed: str) -> bool:
-        if self._ids is None:
-            self._ids = {row[0] for row in self._sent.result().rows}
-        return changed in self._ids
+def _changed(result: Result[Any]) -> frozenset[str]:
+    """The ids (of steps, of tasks) a combined statement changed: its rows' first column."""
+    return frozenset(row[0] for row in result)
 
 
 class _ReceiptChunks:
-    """The receipt writes of a group, sent as one RECEIPT_WRITES_MANY per chunk (see above);
-    `applied(i)` is whether the i-th write added applied."""
+    """The receipt writes of a group, written as one RECEIPT_WRITES_MANY per chunk (see
+    above); `applied(i)` is whether the i-th write added applied."""
 
     def __init__(self, bounds: JournalBounds, now: dt.datetime) -> None:
         self._bounds = bounds
@@ -166,9 +150,9 @@ class _ReceiptChunks:
         # batch, not one per write.
         self._next: dict[str, int] = {}
         self._where: list[tuple[int, str]] = []  # (chunk, step id) of each write
-        self._sent: list[_Applied] = []
+        self._written: list[frozenset[str]] = []
 
-    def add(self, statement: FastStatement, params: dict[str, object]) -> int:
+    def add(self, statement: Executable, params: dict[str, object]) -> int:
         player, step = f"p:{params['p_player_id']}", f"s:{params['p_step_id']}"
         chunk = max(self._next.get(player, 0), self._next.get(step, 0))
         self._next[player] = self._next[step] = chunk + 1
@@ -178,7 +162,7 @@ class _ReceiptChunks:
         self._where.append((chunk, str(params["p_step_id"])))
         return len(self._where) - 1
 
-    def send(self, session: Session) -> None:
+    def write(self, session: Session) -> None:
         for records, completes in self._chunks:
             params = array_params(records, completes)
             params.update(
@@ -186,56 +170,51 @@ class _ReceiptChunks:
                 max_entries=self._bounds.receipt_max_entries,
                 max_bytes=self._bounds.receipt_max_bytes,
             )
-            self._sent.append(_Applied(RECEIPT_WRITES_MANY.send(session, params)))
+            self._written.append(_changed(session.execute(RECEIPT_WRITES_MANY, params)))
 
     def applied(self, index: int) -> bool:
         chunk, step = self._where[index]
-        return step in self._sent[chunk]
+        return step in self._written[chunk]
 
 
 # A group's final task moves in one statement (PostgreSQL): tasks.move_update, the statement
 # that moves one task, over arrays (else the move is not applied and goes the long way, which
 # evicts or says why). It runs after every receipt chunk: a batch's move is its last
 # operation. A group holds at most one move per player, so the ledger each row reads is not
-# one another row changes. Planned at every execution, as RECEIPT_WRITES_MANY is.
+# one another row changes.
 _MOVES = unnested("v", "t_", list(_MOVED_TYPES.items()))
-_TRANSITIONS_MANY = FastStatement(
-    move_update(
-        {name: _MOVES.c[name] for name in _MOVED_TYPES},
-        bindparam("now", type_=DateTime(timezone=True)),
-        bindparam("max_bytes", type_=BigInteger),
-    ).returning(_TASKS.c.task_id),
-    planned_each_time=True,
-)
+_TRANSITIONS_MANY = move_update(
+    {name: _MOVES.c[name] for name in _MOVED_TYPES},
+    bindparam("now", type_=DateTime(timezone=True)),
+    bindparam("max_bytes", type_=BigInteger),
+).returning(_TASKS.c.task_id)
 
 
 class _Transitions:
-    """The final task moves of a group, sent as one _TRANSITIONS_MANY (see above)."""
+    """The final task moves of a group, written as one _TRANSITIONS_MANY (see above)."""
 
     def __init__(self, bounds: JournalBounds, now: dt.datetime) -> None:
         self._bounds = bounds
         self._now = now
         self._rows: list[dict[str, object]] = []
-        self._sent: _Applied | None = None
+        self._written: frozenset[str] = frozenset()
 
-    def add(self, row: dict[str, object]) -> Callable[[], bool]:
-        """Adds a move (tasks.transition_fast's row); returns whether it applied, to be
-        asked once the statement's result came."""
+    def add(self, row: dict[str, object]) -> None:
+        """Adds a move (tasks.transition_fast's row)."""
         self._rows.append(row)
-        return functools.partial(self._applied, str(row["task_id"]))
 
-    def send(self, session: Session) -> None:
+    def write(self, session: Session) -> None:
         if not self._rows:
             return
         params: dict[str, object] = {
             f"t_{key}": [row[key] for row in self._rows] for key in _MOVED_TYPES
         }
         params.update(now=self._now, max_bytes=self._bounds.task_max_bytes)
-        self._sent = _Applied(_TRANSITIONS_MANY.send(session, params))
+        self._written = _changed(session.execute(_TRANSITIONS_MANY, params))
 
-    def _applied(self, task_id: str) -> bool:
-        assert self._sent is not None
-        return task_id in self._sent
+    def applied(self, task_id: str) -> bool:
+        """Whether the move of the task added applied (once written)."""
+        return task_id in self._written
 
 
 class _Plan(NamedTuple):
@@ -243,13 +222,13 @@ class _Plan(NamedTuple):
     operation: a recording that carries its completion stands for both) and its last
     move's."""
 
-    writes: list[tuple[int, FastStatement, dict[str, object]]]
+    writes: list[tuple[int, Executable, dict[str, object]]]
     move: dict[str, object] | None
 
 
 def _receipt_writes(
     bounds: JournalBounds, now: dt.datetime, batch: _Batch
-) -> list[tuple[int, FastStatement, dict[str, object]]] | None:
+) -> list[tuple[int, Executable, dict[str, object]]] | None:
     """The batch's receipt writes in their one-statement forms, a step's recording followed
     by its completion as one DONE insert where `record_step` would make it one
     (batches._completion); None when a write has no such form."""
@@ -301,85 +280,73 @@ def _plans(
     return plans
 
 
-def send_batches(
+def write_batches(
     session: Session, bounds: JournalBounds, now: dt.datetime, batches: Sequence[_Batch]
 ) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
-    """Sends batches of receipt writes (and a last move) ahead (group_commit.Sender): first
-    their rows, with their players' locks on PostgreSQL (_BatchRows), then their writes'
-    one-statement forms, in the order `batches.apply_batch` runs them: on PostgreSQL the
-    writes in chunks (_ReceiptChunks) and the moves in one statement (_Transitions), their
-    fences checked against the lease rows the group's locks read; on SQLite a fence read
-    and a statement each. A row touches nothing a write or a fence reads, and a fence
-    nothing a write touches, so sending every row first gives each batch the result it
-    would have had in turn. None for a batch that runs the ordinary way (_plans)."""
+    """Writes batches of receipt writes (and a last move) together (group_commit.GroupWriter):
+    first their rows, with their players' locks on PostgreSQL (_BatchRows), then their
+    writes' one-statement forms, in the order `batches.apply_batch` runs them: on PostgreSQL
+    the writes in chunks (_ReceiptChunks) and the moves in one statement (_Transitions), their
+    fences checked against the lease rows the group's locks read; on SQLite a fence read and
+    a statement each. A row touches nothing a write or a fence reads, and a fence nothing a
+    write touches, so writing every row first gives each batch the result it would have had
+    in turn. None for a batch that runs the ordinary way (_plans)."""
     postgresql = is_postgresql(session)
     plans = _plans(bounds, now, batches, postgresql)
-    sent = [batch for batch, plan in zip(batches, plans, strict=True) if plan is not None]
-    if not sent:
+    planned = [batch for batch, plan in zip(batches, plans, strict=True) if plan is not None]
+    if not planned:
         return [None] * len(batches)
-    rows = _BatchRows(session, sent, now, postgresql)
-    finishers: list[Callable[[], journal_pb2.CommitResponse] | None] = []
+    rows = _BatchRows(session, planned, now, postgresql)
+    applied: list[list[tuple[int, bool]] | None] = []
     if postgresql:
         # The writes in chunks (_ReceiptChunks), then the moves (_Transitions); the fences'
-        # lease rows come with the group's locks (each unit's `writes` names its fence).
+        # lease rows came with the group's locks (each unit's `writes` names its fence).
         chunks = _ReceiptChunks(bounds, now)
         transitions = _Transitions(bounds, now)
-        checks: list[list[tuple[int, Callable[[], bool]]] | None] = []
+        added = [
+            None
+            if plan is None
+            else [
+                (index, chunks.add(statement, params)) for index, statement, params in plan.writes
+            ]
+            for plan in plans
+        ]
+        for plan in plans:
+            if plan is not None and plan.move is not None:
+                transitions.add(plan.move)
+        chunks.write(session)
+        transitions.write(session)
+        for batch, plan, writes in zip(batches, plans, added, strict=True):
+            if plan is None or writes is None:
+                applied.append(None)
+                continue
+            done = [(index, chunks.applied(write)) for index, write in writes]
+            if plan.move is not None:
+                last = len(batch.request.operations) - 1
+                done.append((last, transitions.applied(str(plan.move["task_id"]))))
+            applied.append(done)
+    else:
         for batch, plan in zip(batches, plans, strict=True):
             if plan is None:
-                checks.append(None)
+                applied.append(None)
                 continue
-            applied: list[tuple[int, Callable[[], bool]]] = [
-                (index, functools.partial(chunks.applied, chunks.add(statement, params)))
-                for index, statement, params in plan.writes
-            ]
-            if plan.move is not None:
-                applied.append((len(batch.request.operations) - 1, transitions.add(plan.move)))
-            checks.append(applied)
-        chunks.send(session)
-        transitions.send(session)
-        for batch, written in zip(batches, checks, strict=True):
-            if written is None:
-                finishers.append(None)
-                continue
-            request = batch.request
-            fence = (
-                functools.partial(noted_lease, session, request.fence.lease_name)
-                if request.HasField("fence")
-                else None
+            assert batch.receipts is not None
+            applied.append(
+                [
+                    (
+                        index,
+                        _receipt_applied(batch.receipts[index], session.execute(statement, params)),
+                    )
+                    for index, statement, params in plan.writes
+                ]
             )
-            finishers.append(
-                functools.partial(
-                    finish_batch, session, bounds, batch, now, True, rows, fence, written
-                )
-            )
-        return finishers
-    for batch, plan in zip(batches, plans, strict=True):
-        if plan is None:
+    finishers: list[Callable[[], journal_pb2.CommitResponse] | None] = []
+    for batch, written in zip(batches, applied, strict=True):
+        if written is None:
             finishers.append(None)
             continue
-        request = batch.request
-        fenced = None
-        if request.HasField("fence"):
-            fenced = _FENCE_QUERY.send(session, {"name": request.fence.lease_name}).result
-        assert batch.receipts is not None
-        checks_alone = []
-        for index, statement, params in plan.writes:
-            sent_write = statement.send(session, params)
-            check = functools.partial(_applied_alone, batch.receipts[index], sent_write)
-            checks_alone.append((index, check))
         finishers.append(
-            functools.partial(
-                finish_batch,
-                session,
-                bounds,
-                batch,
-                now,
-                False,
-                rows,
-                functools.partial(_first_row, fenced) if fenced is not None else None,
-                checks_alone,
-            )
+            functools.partial(finish_batch, session, bounds, batch, now, postgresql, rows, written)
         )
     return finishers
 
@@ -391,24 +358,32 @@ def finish_batch(
     now: dt.datetime,
     postgresql: bool,
     rows: _BatchRows,
-    fence_row: Callable[[], tuple[object, ...] | None] | None,
-    applied: Sequence[tuple[int, Callable[[], bool]]],
+    applied: Sequence[tuple[int, bool]],
 ) -> journal_pb2.CommitResponse:
-    """The answer of a batch sent ahead, once its results came; NotApplied when what was
-    sent may not stand (a retried batch, a stale fence, a write that did not apply with
-    another sent after it): `batches.apply_batch` then runs it the long way. `fence_row` reads the
-    fence's lease row; `applied` holds, per write sent (the batch's move last), the index of
-    its first operation and whether it applied."""
+    """The answer of a batch written with its group's; NotApplied when what was written may
+    not stand (a retried batch, a stale fence, a write that did not apply with another
+    written after it): `batches.apply_batch` then runs it the long way. `applied` holds, per
+    write (the batch's move last), the index of its first operation and whether it
+    applied."""
     request = batch.request
     if not rows.inserted(batch):
         raise NotApplied  # the batch was there already: a replay
     if postgresql:
         _locks_held(session).add(request.player_id)
-    if fence_row is not None and not _fence_holds(fence_row(), request.fence, now):
-        raise NotApplied
+    if request.HasField("fence"):
+        name = request.fence.lease_name
+        # PostgreSQL: the lease row the group's lock statement read and share-locked; SQLite:
+        # read now (nothing else writes while its transaction runs).
+        lease = (
+            noted_lease(session, name)
+            if postgresql
+            else session.execute(_FENCE_QUERY, {"name": name}).first()
+        )
+        if not _fence_holds(lease, request.fence, now):
+            raise NotApplied
     last = len(applied) - 1
     for position, (first, write_applied) in enumerate(applied):
-        if write_applied():
+        if write_applied:
             continue
         if position != last:
             raise NotApplied  # the writes after it ran already, as if it had applied
@@ -420,40 +395,32 @@ def finish_batch(
     return journal_pb2.CommitResponse()
 
 
-def _first_row(sent: Callable[[], FastResult]) -> tuple[object, ...] | None:
-    return sent().first()
-
-
-def _applied_alone(write: journal_pb2.ReceiptWrite, sent: Sent) -> bool:
-    return _receipt_applied(write, sent.result())
-
-
-class _CommitSender:
-    """Sends the receipt batches of a group ahead together (storage_service.group_commit
-    .Sender)."""
+class _CommitWriter:
+    """Writes the receipt batches of a group together (storage_service.group_commit
+    .GroupWriter)."""
 
     __slots__ = ("_store",)
 
     def __init__(self, store: JournalStore) -> None:
         self._store = store
 
-    def send(
-        self, session: Session, units: Sequence[_SendableCommit]
+    def write(
+        self, session: Session, units: Sequence[_GroupableCommit]
     ) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
-        return self._store._send_batches(session, [unit.batch for unit in units])  # noqa: SLF001
+        return self._store._write_batches(session, [unit.batch for unit in units])  # noqa: SLF001
 
 
-class _SendableCommit:
-    """`JournalStore.commit_unit` of a batch of receipt writes: a unit that can also be sent
-    ahead with the rest of its group (storage_service.group_commit.SendableUnit); it writes
-    its player's rows (`writes`, the group's lock order)."""
+class _GroupableCommit:
+    """`JournalStore.commit_unit` of a batch of receipt writes: a unit that can also be
+    written together with the rest of its group (storage_service.group_commit.GroupableUnit);
+    it writes its player's rows (`writes`, the group's lock order)."""
 
-    __slots__ = ("batch", "sender", "writes")
+    __slots__ = ("batch", "group_writer", "writes")
 
-    def __init__(self, sender: _CommitSender, batch: _Batch) -> None:
-        self.sender = sender
+    def __init__(self, group_writer: _CommitWriter, batch: _Batch) -> None:
+        self.group_writer = group_writer
         self.batch = batch
         self.writes = Writes(players=(batch.request.player_id,), fences=fenced(batch.request))
 
     def __call__(self, session: Session) -> journal_pb2.CommitResponse:
-        return self.sender._store._apply_batch(session, batch=self.batch)  # noqa: SLF001
+        return self.group_writer._store._apply_batch(session, batch=self.batch)  # noqa: SLF001

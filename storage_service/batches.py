@@ -22,9 +22,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument, ServiceError
-from storage_service.db import Base, table_of
+from storage_service.db import Base, rowcount, table_of
 from storage_service.dialect import INSERT, POSTGRESQL, SQLITE, advisory_lock, is_postgresql
-from storage_service.fastsql import FastStatement
 from storage_service.journal_records import MAX_ID, SS, STEP_DONE, _check_id
 from storage_service.leases import _check_token
 from storage_service.ledgers import (
@@ -259,18 +258,16 @@ def _apply(
 # INSERT ... ON CONFLICT DO NOTHING of a batch's row, built once; its row count (1: inserted,
 # 0: the batch was there) tells whether this attempt applies the batch.
 _BATCHES = table_of(BatchRow)
-_BATCH_COLUMNS = ["player_id", "request_id", "digest", "response", "created_at"]
-_BATCH_INSERT_SQLITE = FastStatement(
-    INSERT[SQLITE](_BATCHES).on_conflict_do_nothing(), column_keys=_BATCH_COLUMNS
+_BATCH_INSERT_SQLITE = (
+    INSERT[SQLITE](_BATCHES).on_conflict_do_nothing().execution_options(preserve_rowcount=True)
 )
-_BATCH_INSERT_POSTGRESQL = FastStatement(
-    INSERT[POSTGRESQL](_BATCHES).on_conflict_do_nothing(), column_keys=_BATCH_COLUMNS
+_BATCH_INSERT_POSTGRESQL = (
+    INSERT[POSTGRESQL](_BATCHES).on_conflict_do_nothing().execution_options(preserve_rowcount=True)
 )
-_BATCH_INSERT_LOCKING = FastStatement(
+_BATCH_INSERT_LOCKING = (
     INSERT[POSTGRESQL](_BATCHES)
     .on_conflict_do_nothing()
-    .returning(advisory_lock(bindparam("p_lock_key", type_=String)).is_(None)),
-    column_keys=_BATCH_COLUMNS,
+    .returning(advisory_lock(bindparam("p_lock_key", type_=String)).is_(None))
 )
 
 
@@ -286,14 +283,14 @@ def apply_batch(
         # anyway, rides on the INSERT (one round trip less); it is evaluated only when
         # the row was inserted, after any racing attempt of the same batch committed.
         values["p_lock_key"] = _player_lock_key(request.player_id)
-        applies = _BATCH_INSERT_LOCKING.execute(session, values).first() is not None
+        applies = session.execute(_BATCH_INSERT_LOCKING, values).first() is not None
         if applies:
             _locks_held(session).add(request.player_id)
     else:
-        inserted = (_BATCH_INSERT_POSTGRESQL if postgresql else _BATCH_INSERT_SQLITE).execute(
-            session, values
+        inserted = session.execute(
+            _BATCH_INSERT_POSTGRESQL if postgresql else _BATCH_INSERT_SQLITE, values
         )
-        applies = inserted.rowcount == 1
+        applies = rowcount(inserted) == 1
     if not applies:
         return _replay(session, request, batch.digest)
     check_noted_fence(session, request.fence if request.HasField("fence") else None, now)

@@ -16,17 +16,14 @@ with UNAVAILABLE: none of them is known to be stored, and the journal's writes m
 fill a group: a lone write runs at once, so latency at low load is that of a transaction per
 call.
 
-A unit may also be *sendable* (`SendableUnit`): its `sender` sends its statements ahead
-without waiting for their results, and it reads them afterwards. The sendable units of a
-group (when there are at least two) are sent together in one pipeline
-(storage_service.fastsql.pipelined), so on PostgreSQL a group costs about two round trips
-(its statements, then COMMIT) instead of one per statement, and the writer thread waits for
-the server (and then for the GIL, which the event loop holds) twice instead of once per
-statement. Reading the results tells whether a unit's fast form held; when one did not (a
-retried batch, a stale fence...), the group is rolled back and runs again unit by unit,
-where the unit takes its long way. The answers are the same either way. Sent units run
-before the group's other units: they are all concurrent calls, so any order is one they
-could have had.
+A unit may also be *groupable* (`GroupableUnit`): its `group_writer` writes the units of its
+kind in a group together, in as few statements as their kind allows however many they are
+(the rows they all insert into one table in one statement over arrays), where each would
+otherwise run its own; it then reads from the results each unit's answer. When a unit's
+one-statement form did not hold (a retried batch, a stale fence...), the group is rolled back
+and runs again unit by unit, where the unit takes its long way. The answers are the same
+either way. Units written together run before the group's other units: they are all
+concurrent calls, so any order is one they could have had.
 
 A write whose caller gave up (deadline, cancellation) is still applied if its group has
 started, as with any database call already sent; its answer is dropped.
@@ -64,7 +61,6 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage_service.dbcall import is_conflict, map_unavailable
-from storage_service.fastsql import pipelined
 from storage_service.ledgers import Writes, lock_in_order
 
 __all__ = [
@@ -74,9 +70,9 @@ __all__ = [
     "DEFAULT_MAX_GROUP",
     "Declared",
     "GroupCommitter",
+    "GroupWriter",
+    "GroupableUnit",
     "NotApplied",
-    "SendableUnit",
-    "Sender",
     "Unit",
     "run_group",
 ]
@@ -92,9 +88,8 @@ Unit = Callable[[Session], Any]
 DEFAULT_MAX_GROUP = 48
 MAX_GROUP = 64
 
-# Fewest sendable units worth a pipeline: entering and leaving one costs about as much CPU as
-# the round trips it saves for a single unit's two statements.
-MIN_SENT = 2
+# Fewest groupable units written together: a lone one runs its own one-statement forms.
+MIN_TOGETHER = 2
 
 # Tries of a transaction rolled back by a deadlock or a serialization failure, in all; the
 # pause before try n+1 is CONFLICT_PAUSE * 2**(n-1), jittered to 50-100 % of it, so two
@@ -115,29 +110,29 @@ GROUP_SIZE = Histogram(
 
 
 class NotApplied(Exception):  # noqa: N818 - not an error: the fast form did not hold
-    """Raised by a sent unit's `finish` when its fast form did not apply (what it sent
-    changed nothing it may keep): the group runs again without sending ahead."""
+    """Raised by a unit's `finish` when its one-statement form did not apply (what it wrote
+    changed nothing it may keep): the group runs again, each unit on its own."""
 
 
-class Sender(Protocol):
-    """Sends the statements of several units of one kind ahead, together (so that, say, the
-    rows they all insert into one table go in one statement)."""
+class GroupWriter(Protocol):
+    """Writes several units of one kind together (so that, say, the rows they all insert into
+    one table go in one statement)."""
 
-    def send(self, session: Session, units: Sequence[Any]) -> list[Callable[[], Any] | None]:
-        """Sends the units' statements (FastStatement.send) and returns each unit's `finish`,
-        which reads their results once the pipeline synced and returns the unit's answer;
-        raises NotApplied when the unit must run its long way instead, or the unit's error.
-        None: nothing was sent for that unit, it runs the ordinary way (after the sent ones).
-        A unit's statements go after those of the units before it, or its result must be the
-        same as if they had."""
+    def write(self, session: Session, units: Sequence[Any]) -> list[Callable[[], Any] | None]:
+        """Runs the units' statements and returns each unit's `finish`, which reads its
+        answer from their results; raises NotApplied when the unit must run its long way
+        instead, or the unit's error. None: nothing was written for that unit, it runs the
+        ordinary way (after the others). A unit's statements go after those of the units
+        before it, or its result must be the same as if they had."""
         ...
 
 
-class SendableUnit(Protocol):
-    """A unit that can also be sent ahead by its `sender` (see the module docstring). Found
-    by that attribute (an isinstance check on a Protocol costs microseconds per unit)."""
+class GroupableUnit(Protocol):
+    """A unit that its `group_writer` can also write together with others of its kind (see
+    the module docstring). Found by that attribute (an isinstance check on a Protocol costs
+    microseconds per unit)."""
 
-    sender: Sender
+    group_writer: GroupWriter
 
     def __call__(self, session: Session) -> Any: ...
 
@@ -204,23 +199,23 @@ def _run_group_once(sessions: sessionmaker[Session], units: Sequence[Unit]) -> l
     again from the start.
 
     The group first runs without savepoints (two statements per unit fewer: the common case,
-    where nothing fails), its sendable units sent ahead together, then the others in order.
-    When a sent unit's fast form did not hold, everything is rolled back and the group runs
+    where nothing fails), its groupable units written together, then the others in order.
+    When such a unit's one-statement form did not hold, everything is rolled back and the group runs
     again, each unit the ordinary way. When a unit raises, everything is rolled back and the
     group runs again with a SAVEPOINT around each unit, so a failing one is undone alone and
     the others are applied. Running a unit twice is safe because the first run was rolled
     back.
     """
-    send = sum(hasattr(unit, "sender") for unit in units) >= MIN_SENT
+    together = sum(hasattr(unit, "group_writer") for unit in units) >= MIN_TOGETHER
     writes = [write for unit in units if (write := getattr(unit, "writes", None)) is not None]
     with sessions() as session:
         while True:
             session.begin()
             try:
-                outcomes = _run_plain(session, units, writes, send)
+                outcomes = _run_plain(session, units, writes, together)
             except NotApplied:
                 session.rollback()
-                send = False
+                together = False
                 continue
             except Exception as error:  # noqa: BLE001 - a unit's failure, not the group's
                 session.rollback()
@@ -235,29 +230,25 @@ def _run_group_once(sessions: sessionmaker[Session], units: Sequence[Unit]) -> l
 
 
 def _run_plain(
-    session: Session, units: Sequence[Unit], writes: Sequence[Writes], send: bool
+    session: Session, units: Sequence[Unit], writes: Sequence[Writes], together: bool
 ) -> list[Any]:
     """Runs every unit in the session's transaction, no savepoints, after taking the locks
-    `writes` declare, in order; with `send`, the sendable ones first, all sent in one
-    pipeline (the locks' statement at its head). A unit's error propagates."""
+    `writes` declare, in order; with `together`, the units that can be written together
+    first, each kind's by its group writer. A unit's error propagates."""
     outcomes: list[Any] = [None] * len(units)
     finishers: dict[int, Callable[[], Any]] = {}
-    if not send:
-        lock_in_order(session, writes)()
-    else:
-        kinds: dict[int, tuple[Sender, list[int]]] = {}
+    lock_in_order(session, writes)
+    if together:
+        kinds: dict[int, tuple[GroupWriter, list[int]]] = {}
         for index, unit in enumerate(units):
-            sender = getattr(unit, "sender", None)
-            if sender is not None:
-                kinds.setdefault(id(sender), (sender, []))[1].append(index)
-        with pipelined(session):
-            locked = lock_in_order(session, writes)
-            for sender, indexes in kinds.values():
-                sent = sender.send(session, [units[index] for index in indexes])
-                for index, finish in zip(indexes, sent, strict=True):
-                    if finish is not None:
-                        finishers[index] = finish
-        locked()
+            writer = getattr(unit, "group_writer", None)
+            if writer is not None:
+                kinds.setdefault(id(writer), (writer, []))[1].append(index)
+        for writer, indexes in kinds.values():
+            written = writer.write(session, [units[index] for index in indexes])
+            for index, finish in zip(indexes, written, strict=True):
+                if finish is not None:
+                    finishers[index] = finish
         for index, finish in finishers.items():
             outcomes[index] = finish()
     for index, unit in enumerate(units):
@@ -275,7 +266,7 @@ def _run_isolated(
     back whole, to run again)."""
     outcomes: list[Any] = []
     with sessions.begin() as session:
-        lock_in_order(session, writes)()
+        lock_in_order(session, writes)
         for unit in units:
             savepoint = session.begin_nested()
             try:

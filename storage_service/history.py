@@ -25,13 +25,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.dml import Delete
 from system.common.v1 import common_pb2
 from system.storage.v1 import storage_pb2
 
 from services.runtime.errors import InvalidArgument
 from storage_service.db import HISTORY, PREFERENCES, rowcount, upsert_ignore
 from storage_service.dialect import aware
-from storage_service.fastsql import FastStatement, pipelined
 from storage_service.intent_cache import invalidate as invalidate_intents
 from storage_service.ledgers import lock_player
 from storage_service.pages import PageTokens
@@ -86,7 +86,7 @@ _NEWEST_ENTRY = (
     .limit(1)
 )
 # Every interactive run's finish asks it first (a retried finish must not append twice).
-_NEWEST_REQUEST_ID = FastStatement(_NEWEST_ENTRY.with_only_columns(HISTORY.c.request_id))
+_NEWEST_REQUEST_ID = _NEWEST_ENTRY.with_only_columns(HISTORY.c.request_id)
 _NEWEST_TOTALS = _NEWEST_ENTRY.with_only_columns(HISTORY.c.seq, HISTORY.c.bytes_through)
 """The running totals of the player's newest entry, which an append goes on from and which
 eviction sets every older entry's against."""
@@ -100,9 +100,9 @@ def _newest(column: str) -> Any:
 # Every interactive request appends its exchange, one statement an entry: inserted only if the
 # player has not turned history off (the first one's row count says which), its running totals
 # one past the player's newest entry's (the entry before it in the same exchange included);
-# then one DELETE of what no longer fits. On PostgreSQL they go to the server together, in one
-# pipeline: one round trip.
-_INSERT_IF_ENABLED = FastStatement(
+# then one DELETE of what no longer fits. The entries go as one executemany (psycopg sends its
+# statements to the server together: one round trip).
+_INSERT_IF_ENABLED = (
     insert(HISTORY).from_select(
         [*_ENTRY_COLUMNS, "seq", "bytes_through"],
         select(
@@ -116,14 +116,14 @@ _INSERT_IF_ENABLED = FastStatement(
             )
         ),
     )
-)
+).execution_options(preserve_rowcount=True)
 
 
 _BEYOND_EVERY_ID = 2**62
 """Past every entry's id: with no entry that may stay, every entry of the player goes."""
 
 
-def _evict_statement() -> FastStatement:
+def _evict_statement() -> Delete:
     """Deletes the player's oldest entries until both bounds hold. The entries kept are those
     from the oldest one whose running totals, set against the newest entry's, leave at most
     `max_entries` entries and `max_bytes` bytes from it to the newest: found walking the
@@ -144,11 +144,9 @@ def _evict_statement() -> FastStatement:
         .limit(1)
         .scalar_subquery()
     )
-    return FastStatement(
-        delete(HISTORY).where(
-            HISTORY.c.player_id == _PLAYER,
-            HISTORY.c.id < func.coalesce(oldest_kept, _BEYOND_EVERY_ID),
-        )
+    return delete(HISTORY).where(
+        HISTORY.c.player_id == _PLAYER,
+        HISTORY.c.id < func.coalesce(oldest_kept, _BEYOND_EVERY_ID),
     )
 
 
@@ -231,23 +229,20 @@ class ConversationStore:
     ) -> tuple[bool, int]:
         """Appends `rows` (from `rows`) in the session's transaction, unless the player turned
         history off, and evicts what no longer fits. Returns (recorded, evicted)."""
-        # Every interactive request appends its exchange: statements on the driver's cursor
-        # (storage_service.fastsql) rather than ORM objects and a flush. The running totals
-        # go on from the newest entry's, so the player's appends take turns (on PostgreSQL
-        # at the player's lock, which a grouped FinishRun already holds; SQLite's writers
-        # always take turns).
+        # Every interactive request appends its exchange: two statements (see
+        # _INSERT_IF_ENABLED) rather than ORM objects and a flush. The running totals go on
+        # from the newest entry's, so the player's appends take turns (on PostgreSQL at the
+        # player's lock, which a grouped FinishRun already holds; SQLite's writers always
+        # take turns).
         lock_player(session, player_id)
-        with pipelined(session):  # SQLite runs each statement as it is sent
-            inserted = [_INSERT_IF_ENABLED.send(session, row) for row in rows]
-            evicted = _EVICT.send(session, self._evict_params(player_id))
-        # No row: the player turned history off (the eviction ran all the same). Every result
-        # is read, so each statement's cursor goes back to the connection for the next.
-        counts = [sent.result().rowcount for sent in inserted]
-        return counts[0] > 0, evicted.result().rowcount
+        inserted = rowcount(session.execute(_INSERT_IF_ENABLED, rows))
+        evicted = rowcount(session.execute(_EVICT, self._evict_params(player_id)))
+        # No row: the player turned history off (the eviction ran all the same).
+        return inserted > 0, evicted
 
     def newest_request_id(self, session: Session, player_id: str) -> str | None:
         """The request id of the player's newest entry (None: no history)."""
-        found = _NEWEST_REQUEST_ID.execute(session, {"player_id": player_id}).first()
+        found = session.execute(_NEWEST_REQUEST_ID, {"player_id": player_id}).first()
         return None if found is None else found[0]
 
     def tail_in(

@@ -39,10 +39,10 @@ from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
-from storage_service.batch_groups import _CommitSender, _SendableCommit, send_batches
+from storage_service.batch_groups import _CommitWriter, _GroupableCommit, write_batches
 from storage_service.batches import _Batch, apply_batch
 from storage_service.claims import MAX_CLAIM, MAX_CLAIM_PLAYERS, claim_tasks
-from storage_service.create_groups import CreateSender, SendableCreate
+from storage_service.create_groups import CreateWriter, GroupableCreate
 from storage_service.dialect import OneStatement, utc_now
 from storage_service.group_commit import Declared, fenced
 from storage_service.journal_records import (
@@ -145,8 +145,8 @@ class JournalStore:
         self._sessions = sessions
         self._bounds = bounds
         self._clock = clock
-        self._sender = _CommitSender(self)
-        self._creates = CreateSender(self._bounds, self._now)
+        self._commit_writer = _CommitWriter(self)
+        self._creates = CreateWriter(self._bounds, self._now)
         self._one_statement = OneStatement(sessions)
 
     def _now(self) -> dt.datetime:
@@ -190,7 +190,7 @@ class JournalStore:
         input: struct_pb2.Struct | None,
         event_key: str,
         initial_state: int = TS.TASK_STATE_UNSPECIFIED,
-    ) -> SendableCreate:
+    ) -> GroupableCreate:
         """`create_task_in` as a unit of a group (storage_service.group_commit), which writes
         the player's rows, and may be sent ahead with the group's other creations
         (storage_service.create_groups). The player id is checked now: the group takes the
@@ -204,7 +204,7 @@ class JournalStore:
             "event_key": event_key,
             "initial_state": initial_state,
         }
-        return SendableCreate(
+        return GroupableCreate(
             self._creates, functools.partial(self.create_task_in, **request), request
         )
 
@@ -467,7 +467,7 @@ class JournalStore:
         costs no transaction."""
         batch = _Batch.of(request)
         if batch.receipts is not None:
-            return _SendableCommit(self._sender, batch)
+            return _GroupableCommit(self._commit_writer, batch)
         return Declared(
             functools.partial(self._apply_batch, batch=batch),
             Writes(players=(request.player_id,), fences=fenced(request)),
@@ -477,8 +477,8 @@ class JournalStore:
         """Applies one validated batch inside the session's current transaction."""
         return apply_batch(session, self._bounds, self._now(), batch)
 
-    def _send_batches(
+    def _write_batches(
         self, session: Session, batches: Sequence[_Batch]
     ) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
-        """Sends batches of receipt writes ahead (see batch_groups.send_batches)."""
-        return send_batches(session, self._bounds, self._now(), batches)
+        """Writes batches of receipt writes together (see batch_groups.write_batches)."""
+        return write_batches(session, self._bounds, self._now(), batches)

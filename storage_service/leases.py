@@ -21,13 +21,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from sqlalchemy import BigInteger, DateTime, Integer, String, bindparam, func, or_, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Result
 from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.sql.dml import ReturningInsert, Update
 from sqlalchemy.sql.elements import ColumnElement
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import STALE_FENCE, FailedPrecondition, InvalidArgument
-from storage_service.db import Base, table_of
+from storage_service.db import Base, rowcount, table_of
 from storage_service.dialect import (
     GREATEST,
     INSERT,
@@ -37,7 +38,6 @@ from storage_service.dialect import (
     aware,
     name_of,
 )
-from storage_service.fastsql import FastResult, FastStatement
 from storage_service.journal_records import MAX_ID, _check_id
 
 __all__ = [
@@ -95,7 +95,7 @@ def _live(row: _FencedLease, now: dt.datetime) -> bool:
 
 def _acquire_statement(
     dialect_insert: DialectInsert, greatest: Callable[..., ColumnElement[Any]]
-) -> FastStatement:
+) -> ReturningInsert[Any]:
     """One statement that makes the row or takes it over when it is free, expired or already
     the owner's, returning the new token; no row comes back when someone else holds it."""
     inserted = dialect_insert(_LEASES).values(
@@ -104,22 +104,20 @@ def _acquire_statement(
         token=bindparam("token", type_=BigInteger),
         expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type),
     )
-    return FastStatement(
-        inserted.on_conflict_do_update(
-            index_elements=[_LEASES.c.name],
-            set_={
-                "owner": inserted.excluded.owner,
-                "token": greatest(_LEASES.c.token + 1, inserted.excluded.token),
-                "expires_at": inserted.excluded.expires_at,
-            },
-            where=or_(
-                _LEASES.c.owner.is_(None),
-                _LEASES.c.expires_at.is_(None),
-                _LEASES.c.expires_at <= bindparam("now", type_=_LEASES.c.expires_at.type),
-                _LEASES.c.owner == inserted.excluded.owner,
-            ),
-        ).returning(_LEASES.c.token)
-    )
+    return inserted.on_conflict_do_update(
+        index_elements=[_LEASES.c.name],
+        set_={
+            "owner": inserted.excluded.owner,
+            "token": greatest(_LEASES.c.token + 1, inserted.excluded.token),
+            "expires_at": inserted.excluded.expires_at,
+        },
+        where=or_(
+            _LEASES.c.owner.is_(None),
+            _LEASES.c.expires_at.is_(None),
+            _LEASES.c.expires_at <= bindparam("now", type_=_LEASES.c.expires_at.type),
+            _LEASES.c.owner == inserted.excluded.owner,
+        ),
+    ).returning(_LEASES.c.token)
 
 
 _LEASES = table_of(LeaseRow)
@@ -127,13 +125,14 @@ _ACQUIRE_SQLITE = _acquire_statement(INSERT[SQLITE], GREATEST[SQLITE])
 _ACQUIRE_POSTGRESQL = _acquire_statement(INSERT[POSTGRESQL], GREATEST[POSTGRESQL])
 
 
-def _held_lease_update(**values: Any) -> FastStatement:
+def _held_lease_update(**values: Any) -> Update:
     """UPDATE of a lease the caller holds (name, owner and token match); its row count says
-    whether it was still theirs."""
-    return FastStatement(
+    whether it was still theirs. Its parameters are not named as columns, which SQLAlchemy
+    keeps for the SET clause."""
+    return (
         update(_LEASES)
         .where(
-            _LEASES.c.name == bindparam("name", type_=String),
+            _LEASES.c.name == bindparam("lease_name", type_=String),
             _LEASES.c.owner == bindparam("holder", type_=String),
             _LEASES.c.token == bindparam("held_token", type_=BigInteger),
         )
@@ -142,9 +141,9 @@ def _held_lease_update(**values: Any) -> FastStatement:
 
 
 # Every interactive run gives its player's lease back, and held leases (tasks, long runs) are
-# renewed every third of their length: one statement each on the driver's cursor.
+# renewed every third of their length: one statement each.
 _RELEASE = _held_lease_update(owner=None, expires_at=None)
-_RENEW = _held_lease_update(expires_at=bindparam("expires_at", type_=_LEASES.c.expires_at.type))
+_RENEW = _held_lease_update(expires_at=bindparam("until", type_=_LEASES.c.expires_at.type))
 
 
 ACQUIRE_ATTEMPTS = 3
@@ -175,14 +174,14 @@ def acquire(
     }
     statement = _ACQUIRE_SQLITE if name_of(target) == SQLITE else _ACQUIRE_POSTGRESQL
     for _ in range(ACQUIRE_ATTEMPTS):
-        taken = statement.execute(target, params).first()
+        taken = target.execute(statement, params).first()
         if taken is not None:
             lease = journal_pb2.Lease(name=name, owner=owner, token=int(taken[0]))
             lease.expires_at.FromDatetime(expires_at)
             return lease
         # Someone held it. Read who, to say so; in autocommit (PostgreSQL) the holder may have
         # given it back between the two statements, and then it is asked for again.
-        holder = _lease_row(_LEASE_STATE.execute(target, {"name": name}))
+        holder = _lease_row(target.execute(_LEASE_STATE, {"name": name}))
         if holder is not None and _live(holder, now):
             assert holder.expires_at is not None
             raise FailedPrecondition(
@@ -209,14 +208,14 @@ def renew(
     _check_token(token)
     _check_ttl(ttl_seconds, "ttl_seconds")
     expires_at = now + dt.timedelta(seconds=ttl_seconds)
-    renewed = _RENEW.execute(
-        target, {"name": name, "holder": owner, "held_token": token, "expires_at": expires_at}
+    renewed = target.execute(
+        _RENEW, {"lease_name": name, "holder": owner, "held_token": token, "until": expires_at}
     )
-    if renewed.rowcount == 1:
+    if rowcount(renewed) == 1:
         lease = journal_pb2.Lease(name=name, owner=owner, token=token)
         lease.expires_at.FromDatetime(expires_at)
         return lease
-    row = _lease_row(_LEASE_STATE.execute(target, {"name": name}))
+    row = _lease_row(target.execute(_LEASE_STATE, {"name": name}))
     if row is None or row.owner is None:
         raise FailedPrecondition(f"lease {name!r} is not held; acquire it again")
     raise FailedPrecondition(
@@ -236,8 +235,8 @@ def release(target: Session | Connection, name: str, owner: str, token: int) -> 
     """Gives a lease up; answers False when it was no longer the caller's. The token is
     kept."""
     check_holder(name, owner, token)
-    released = _RELEASE.execute(target, {"name": name, "holder": owner, "held_token": token})
-    return bool(released.rowcount == 1)
+    released = target.execute(_RELEASE, {"lease_name": name, "holder": owner, "held_token": token})
+    return rowcount(released) == 1
 
 
 OWNER_SEPARATOR = "#"
@@ -289,7 +288,7 @@ def release_earlier_incarnations(target: Session | Connection, name: str, incarn
     result = target.execute(
         _RELEASE_EARLIER, {"prefix": prefix, "prefix_length": len(prefix), "own": own}
     )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return rowcount(result)
 
 
 _LEASE_ROW = select(
@@ -299,8 +298,8 @@ _LEASE_ROW = select(
     _LEASES.c.expires_at,
 ).where(_LEASES.c.name == bindparam("name", type_=String))
 # A lease row as it is now (to say who holds it), and share-locked (a fence being checked).
-_LEASE_STATE = FastStatement(_LEASE_ROW)
-_FENCE_QUERY = FastStatement(_LEASE_ROW.with_for_update(read=True))
+_LEASE_STATE = _LEASE_ROW
+_FENCE_QUERY = _LEASE_ROW.with_for_update(read=True)
 
 
 class _FencedLease(NamedTuple):
@@ -310,9 +309,9 @@ class _FencedLease(NamedTuple):
     expires_at: dt.datetime | None
 
 
-def _lease_row(result: FastResult) -> _FencedLease | None:
+def _lease_row(result: Result[Any]) -> _FencedLease | None:
     """The lease row a _LEASE_STATE or _FENCE_QUERY read found, if any."""
-    found = result.first()
+    found: tuple[Any, ...] | None = result.first()
     return None if found is None else _FencedLease(*found)
 
 
@@ -324,7 +323,7 @@ def check_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datet
         return
     _check_id(fence.lease_name, "fence.lease_name")
     _check_token(fence.token, "fence.token")
-    row = _lease_row(_FENCE_QUERY.execute(session, {"name": fence.lease_name}))
+    row = _lease_row(session.execute(_FENCE_QUERY, {"name": fence.lease_name}))
     where = f"stale fence: lease {fence.lease_name!r} token {fence.token}"
     if row is None or row.owner is None:
         raise FailedPrecondition(

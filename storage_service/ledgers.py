@@ -60,7 +60,6 @@ from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import InvalidArgument, ResourceExhausted
 from storage_service.dialect import advisory_lock, is_postgresql
-from storage_service.fastsql import FastStatement
 from storage_service.journal_records import _RECEIPTS, _TASKS, TERMINAL
 from storage_service.leases import _LEASES, _fence_holds, check_fence
 from storage_service.ledger_totals import LEDGERS, totals_of
@@ -116,7 +115,7 @@ def receipt_size(
     return _utf8(step_id, task_id, player_id, tool, codec_id) + len(result or b"")
 
 
-_PLAYER_LOCK = FastStatement(select(advisory_lock(bindparam("key", type_=String))))
+_PLAYER_LOCK = select(advisory_lock(bindparam("key", type_=String)))
 _LOCKED = "system.storage.journal.locked_players"
 
 
@@ -159,7 +158,7 @@ def lock_player(session: Session, player_id: str) -> None:
         return
     held = _locks_held(session)
     if player_id not in held:
-        _PLAYER_LOCK.execute(session, {"key": _player_lock_key(player_id)})
+        session.execute(_PLAYER_LOCK, {"key": _player_lock_key(player_id)})
         held.add(player_id)
 
 
@@ -183,7 +182,7 @@ class Writes(NamedTuple):
 # held (`fenced` waits for `locked`: a lease row is a player's row, decision 0027's order),
 # so a unit's fence check (check_noted_fence) is not sent again either. Rows of the first
 # kind carry a player, rows of the second a lease name.
-_LOCK_IN_ORDER = FastStatement(
+_LOCK_IN_ORDER = (
     text(
         f"""
 WITH ordered AS MATERIALIZED (
@@ -220,7 +219,7 @@ SELECT NULL, NULL, NULL, NULL, name, owner, token, expires_at FROM fenced"""
         bindparam("steps", type_=ARRAY(String)),
         bindparam("fences", type_=ARRAY(String)),
     )
-    # Its rows are read (FastStatement reads only a statement's declared columns).
+    # The types of its rows' columns (arrays, timestamps with their time zone).
     .columns(
         column("player_id", String),
         column("locked", Boolean),
@@ -236,33 +235,28 @@ _NOTED_LEASE = "lease"
 """Key (with the lease name) under which a transaction's owners note a fence's lease row."""
 
 
-def lock_in_order(session: Session, writes: Sequence[Writes]) -> Callable[[], None]:
+def lock_in_order(session: Session, writes: Sequence[Writes]) -> None:
     """Takes the ledger lock of every player `writes` name (PostgreSQL), in one global order:
-    the locks' ids ascending, then share-locks the leases of the fences they name. Sent
-    (FastStatement.send: inside a pipeline, with what follows); the function returned waits
-    for it and notes the locks as held and the lease rows as read. SQLite needs nothing: its
+    the locks' ids ascending, then share-locks the leases of the fences they name, in one
+    statement; notes the locks as held and the lease rows as read. SQLite needs nothing: its
     writers take turns at BEGIN IMMEDIATE (and check their fences themselves)."""
     players = sorted({player for write in writes for player in write.players})
     tasks = sorted({task for write in writes for task in write.tasks})
     steps = sorted({step for write in writes for step in write.steps})
     fences = sorted({fence for write in writes for fence in write.fences})
     if not is_postgresql(session) or not (players or tasks or steps or fences):
-        return _nothing
-    sent = _LOCK_IN_ORDER.send(
-        session, {"players": players, "tasks": tasks, "steps": steps, "fences": fences}
+        return
+    found = session.execute(
+        _LOCK_IN_ORDER, {"players": players, "tasks": tasks, "steps": steps, "fences": fences}
     )
-
-    def held() -> None:
-        locks, owners = _transaction_locks(session)
-        for player, _, owned_tasks, owned_steps, lease, *lease_row in sent.result().rows:
-            if lease is not None:
-                owners[(_NOTED_LEASE, lease)] = (lease, *lease_row)
-                continue
-            locks.add(player)
-            owners.update({(_TASK_OWNER, task): player for task in owned_tasks})
-            owners.update({(_STEP_OWNER, step): player for step in owned_steps})
-
-    return held
+    locks, owners = _transaction_locks(session)
+    for player, _, owned_tasks, owned_steps, lease, *lease_row in found:
+        if lease is not None:
+            owners[(_NOTED_LEASE, lease)] = (lease, *lease_row)
+            continue
+        locks.add(player)
+        owners.update({(_TASK_OWNER, task): player for task in owned_tasks})
+        owners.update({(_STEP_OWNER, step): player for step in owned_steps})
 
 
 def check_noted_fence(session: Session, fence: journal_pb2.Fence | None, now: dt.datetime) -> None:
@@ -282,10 +276,6 @@ def noted_lease(session: Session, name: str) -> tuple[object, ...] | None:
     and share-locked for a fence a unit's `Writes` named; None when it read none."""
     noted: tuple[object, ...] | None = _transaction_locks(session)[1].get((_NOTED_LEASE, name))
     return noted
-
-
-def _nothing() -> None:
-    return None
 
 
 def _fits(count: int, total: int, add_count: int, add_bytes: int, limits: tuple[int, int]) -> bool:
@@ -400,8 +390,7 @@ def player_ledger(
 
 
 _LEDGER_READS = {
-    rows: FastStatement(player_ledger(rows, bindparam("player_id", type_=String)))
-    for rows in (_TASKS, _RECEIPTS)
+    rows: player_ledger(rows, bindparam("player_id", type_=String)) for rows in (_TASKS, _RECEIPTS)
 }
 
 
@@ -435,7 +424,7 @@ def _make_room(
     only read again when the addition does not fit, so an eviction counts what is stored."""
     if ledger is not None and _fits(*ledger, *need, limits):
         return []
-    found = _LEDGER_READS[rows].execute(session, {"player_id": player_id}).first()
+    found = session.execute(_LEDGER_READS[rows], {"player_id": player_id}).first()
     assert found is not None  # an aggregate always returns a row
     count, total = found
     if _fits(count, total, *need, limits):
@@ -529,14 +518,12 @@ def _param(name: str, type_: TypeEngine[Any] | type[TypeEngine[Any]]) -> BindPar
     return bindparam(name, type_=type_)
 
 
-def _owner_queries(column: Column[str], key: Column[str]) -> tuple[FastStatement, FastStatement]:
+def _owner_queries(column: Column[str], key: Column[str]) -> tuple[Select[Any], Select[Any]]:
     """The owner of the row whose `key` is :p_key: plainly, and (PostgreSQL) with the owner's
     ledger lock taken in the same statement, one round trip instead of two."""
     where = key == _param("p_key", String)
     lock = advisory_lock(literal(_player_lock_key(""), String) + column).is_(None)
-    return FastStatement(select(column).where(where)), FastStatement(
-        select(column, lock).where(where)
-    )
+    return select(column).where(where), select(column, lock).where(where)
 
 
 _TASK_OWNER, _TASK_OWNER_LOCKING = _owner_queries(_TASKS.c.player_id, _TASKS.c.task_id)
@@ -544,7 +531,7 @@ _STEP_OWNER, _STEP_OWNER_LOCKING = _owner_queries(_RECEIPTS.c.player_id, _RECEIP
 
 
 def _owner_locked(
-    session: Session, queries: tuple[FastStatement, FastStatement], key: str
+    session: Session, queries: tuple[Select[Any], Select[Any]], key: str
 ) -> str | None:
     """The player owning the task or receipt `key`, with the player's ledger lock held (see
     lock_player); None when there is no such row (and no lock is taken). Not asked again
@@ -553,13 +540,13 @@ def _owner_locked(
     missing by the caller's next statement)."""
     plain, locking = queries
     if not is_postgresql(session):
-        row = plain.execute(session, {"p_key": key}).first()
+        row = session.execute(plain, {"p_key": key}).first()
         return None if row is None else row[0]
     locks, owners = _transaction_locks(session)
     known: str | None = owners.get((plain, key))
     if known is not None and known in locks:
         return known
-    row = locking.execute(session, {"p_key": key}).first()
+    row = session.execute(locking, {"p_key": key}).first()
     if row is None:
         return None
     owner: str = row[0]

@@ -39,7 +39,6 @@ from sqlalchemy import (
 from sqlalchemy.types import TypeEngine
 
 from storage_service.dialect import unnested
-from storage_service.fastsql import FastStatement
 from storage_service.journal_records import (
     _RECEIPT_COLUMNS,
     _RECEIPTS,
@@ -178,7 +177,7 @@ def _complete_update(
 
 # One write: the receipt's state, result and codec are parameters (RUNNING with neither, or
 # DONE when the step's completion came with it); the completion returns the receipt.
-_RECORD_FAST = FastStatement(
+_RECORD_FAST = (
     _record_insert(
         _Recording(*(_param(f"p_{field}", _TYPES[field]) for field in _Recording._fields))._replace(
             # Typed in the SQL: a NULL (a RUNNING receipt's) would be read as text otherwise.
@@ -190,14 +189,12 @@ _RECORD_FAST = FastStatement(
         _param("p_max_entries", Integer),
         _param("p_max_bytes", BigInteger),
     )
-)
-_COMPLETE_FAST = FastStatement(
-    _complete_update(
-        _Completing(*(_param(f"p_{field}", _TYPES[field]) for field in _Completing._fields)),
-        _param("p_now", DateTime(timezone=True)),
-        _param("p_max_bytes", BigInteger),
-    ).returning(*_RECEIPT_COLUMNS)
-)
+).execution_options(preserve_rowcount=True)
+_COMPLETE_FAST = _complete_update(
+    _Completing(*(_param(f"p_{field}", _TYPES[field]) for field in _Completing._fields)),
+    _param("p_now", DateTime(timezone=True)),
+    _param("p_max_bytes", BigInteger),
+).returning(*_RECEIPT_COLUMNS)
 
 
 def _receipt_writes_many() -> CompoundSelect[Any]:
@@ -232,10 +229,7 @@ def _receipt_writes_many() -> CompoundSelect[Any]:
     return union_all(select(recorded.c.step_id), select(completed.c.step_id))
 
 
-# Planned at every execution: over arrays the generic plan, made once while the tables are
-# small, joins by scanning them whole (seen: PostgreSQL's CPU per Commit doubled as a bench's
-# tables grew).
-RECEIPT_WRITES_MANY = FastStatement(_receipt_writes_many(), planned_each_time=True)
+RECEIPT_WRITES_MANY = _receipt_writes_many()
 
 
 def _record_params(bounds: JournalBounds, receipt: StoredReceipt) -> dict[str, object]:

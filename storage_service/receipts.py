@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     select,
 )
+from sqlalchemy.engine import Result
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import Executable
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
-from storage_service.fastsql import FastResult, FastStatement
+from storage_service.db import rowcount
 from storage_service.journal_records import (
     _RECEIPT_COLUMNS,
     _RECEIPTS,
@@ -233,8 +235,8 @@ def record_step(
     receipt = _running_receipt(step_id, task_id, owner, position, tool, size, now)
     written = _written(bounds, receipt, then, now)
     if written.size_bytes <= bounds.receipt_max_bytes:
-        inserted = _RECORD_FAST.execute(session, _record_params(bounds, written))
-        if inserted.rowcount == 1:
+        inserted = session.execute(_RECORD_FAST, _record_params(bounds, written))
+        if rowcount(inserted) == 1:
             return written, True
     ledger = player_ledger(_RECEIPTS, owner).subquery()
     found = connection.execute(
@@ -279,7 +281,7 @@ def record_step(
     )
     # The room is made: the one statement applies now (the recording alone, RUNNING).
     receipt = _running_receipt(step_id, task_id, found.player_id, position, tool, size, now)
-    if _RECORD_FAST.execute(session, _record_params(bounds, receipt)).rowcount != 1:
+    if rowcount(session.execute(_RECORD_FAST, _record_params(bounds, receipt))) != 1:
         raise not_applied("a receipt write")
     return receipt, True
 
@@ -309,8 +311,8 @@ def complete_step(
     found = None
     if owner is not None:
         lock_player(session, owner)
-        done = _COMPLETE_FAST.execute(
-            session, _complete_params(bounds, now, step_id, owner, tool, result, codec_id)
+        done = session.execute(
+            _COMPLETE_FAST, _complete_params(bounds, now, step_id, owner, tool, result, codec_id)
         ).first()
         if done is not None:
             return StoredReceipt(*done)
@@ -344,8 +346,9 @@ def complete_step(
             ledger=(0, found.ledger_bytes),
         )
     # The room is made: the one statement applies now.
-    done = _COMPLETE_FAST.execute(
-        session, _complete_params(bounds, now, step_id, row.player_id, tool, result, codec_id)
+    done = session.execute(
+        _COMPLETE_FAST,
+        _complete_params(bounds, now, step_id, row.player_id, tool, result, codec_id),
     ).first()
     if done is None:
         raise not_applied("a receipt write")
@@ -362,7 +365,7 @@ def _receipt_fast(
     player_id: str,
     write: journal_pb2.ReceiptWrite,
     then: Completion | None = None,
-) -> tuple[FastStatement, dict[str, object]] | None:
+) -> tuple[Executable, dict[str, object]] | None:
     """The one statement that applies `write` when nothing stands in the way (_RECORD_FAST,
     _COMPLETE_FAST); None when the write is invalid or too large for it (the long way then
     says why, or makes room). A recording with `then` (its step's completion, the next write)
@@ -394,8 +397,8 @@ def _receipt_fast_done(params: dict[str, object]) -> bool:
     return params.get("p_state") == STEP_DONE  # _RECORD_FAST's parameter
 
 
-def _receipt_applied(write: journal_pb2.ReceiptWrite, result: FastResult) -> bool:
+def _receipt_applied(write: journal_pb2.ReceiptWrite, result: Result[Any]) -> bool:
     """Whether _receipt_fast's statement applied the write (else it changed nothing)."""
     if write.state == _SS_RUNNING:
-        return result.rowcount == 1
+        return rowcount(result) == 1
     return result.first() is not None

@@ -40,14 +40,14 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2
 
 from services.runtime.errors import FailedPrecondition, InvalidArgument, ServiceError
-from storage_service.dialect import is_postgresql
-from storage_service.fastsql import FastStatement, pipelined
+from storage_service.db import rowcount
 from storage_service.journal_records import (
     _MOVES,
     _TASK_NAMES,
@@ -65,16 +65,14 @@ from storage_service.journal_records import (
     _stored_task_state,
 )
 from storage_service.ledgers import (
-    _PLAYER_LOCK,
     _TASK_OWNER,
     _TASK_OWNER_LOCKING,
     JournalBounds,
     _check_owner,
     _ledgers_held,
-    _locks_held,
     _make_room_for_tasks,
     _owner_locked,
-    _player_lock_key,
+    lock_player,
     not_applied,
     player_ledger,
     task_size,
@@ -87,7 +85,6 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
 
-# CreateTask runs for every event: its statements are rendered once (see fastsql).
 _TASK_COLUMN_NAMES = [field.name for field in dataclasses.fields(StoredTask)]  # the table's order
 _TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]
 
@@ -97,19 +94,17 @@ _TASK_COLUMNS = [_TASKS.c[name] for name in _TASK_COLUMN_NAMES]
 # create_task's long way reads when its one statement inserted nothing.
 _LEDGER = player_ledger(_TASKS, bindparam("player_id", type_=String)).subquery("ledger")
 _BY_EVENT = _TASKS.alias("by_event")
-_TASK_BY_EVENT = FastStatement(
-    select(
-        *[_BY_EVENT.c[name] for name in _TASK_COLUMN_NAMES],
-        _LEDGER.c.ledger_count,
-        _LEDGER.c.ledger_bytes,
-    ).select_from(
-        _LEDGER.outerjoin(
-            _BY_EVENT,
-            and_(
-                _BY_EVENT.c.player_id == bindparam("player_id", type_=String),
-                _BY_EVENT.c.event_key == bindparam("event_key", type_=String),
-            ),
-        )
+_TASK_BY_EVENT = select(
+    *[_BY_EVENT.c[name] for name in _TASK_COLUMN_NAMES],
+    _LEDGER.c.ledger_count,
+    _LEDGER.c.ledger_bytes,
+).select_from(
+    _LEDGER.outerjoin(
+        _BY_EVENT,
+        and_(
+            _BY_EVENT.c.player_id == bindparam("player_id", type_=String),
+            _BY_EVENT.c.event_key == bindparam("event_key", type_=String),
+        ),
     )
 )
 
@@ -178,18 +173,17 @@ def create_insert(
     )
 
 
-# One creation: each value a parameter named as its column (new_task's row), the player's
-# ledger read once.
-_CREATE_ONE = FastStatement(
-    create_insert(
-        insert(_TASKS),
-        {name: bindparam(name, type_=_CREATED_TYPES[name]) for name in _CREATED_COLUMNS},
-        None,
-        bindparam("created_at", type_=_TASKS.c.created_at.type),
-        bindparam("max_entries", type_=Integer),
-        bindparam("max_bytes", type_=BigInteger),
-    )
-)
+# One creation: each value a parameter named as its column with `c_` before it (new_task's
+# row: SQLAlchemy keeps a column's own name for the VALUES it makes), the player's ledger read
+# once.
+_CREATE_ONE = create_insert(
+    insert(_TASKS),
+    {name: bindparam(f"c_{name}", type_=_CREATED_TYPES[name]) for name in _CREATED_COLUMNS},
+    None,
+    bindparam("c_created_at", type_=_TASKS.c.created_at.type),
+    bindparam("max_entries", type_=Integer),
+    bindparam("max_bytes", type_=BigInteger),
+).execution_options(preserve_rowcount=True)
 
 
 def new_task(
@@ -264,28 +258,19 @@ def create_task(
         initial_state=initial_state,
     )
     # Every event makes a task: one statement inserts it where nothing stands in the way,
-    # under the player's lock. A group's lock_in_order took that lock already; otherwise
-    # (PostgreSQL) it goes to the server with the insert (one round trip, not two), which the
-    # server runs after it, so the insert sees everything committed before the lock was
-    # granted.
+    # under the player's lock (which a group's lock_in_order took already), so the insert
+    # sees everything committed before the lock was granted.
     params = {
-        **values,
+        **{f"c_{name}": value for name, value in values.items()},
         "max_entries": bounds.task_max_entries,
         "max_bytes": bounds.task_max_bytes,
     }
-    if is_postgresql(session) and player_id not in _locks_held(session):
-        with pipelined(session):
-            lock = _PLAYER_LOCK.send(session, {"key": _player_lock_key(player_id)})
-            insert_sent = _CREATE_ONE.send(session, params)
-        lock.result()
-        _locks_held(session).add(player_id)
-    else:
-        insert_sent = _CREATE_ONE.send(session, params)
-    if insert_sent.result().rowcount == 1:
+    lock_player(session, player_id)
+    if rowcount(session.execute(_CREATE_ONE, params)) == 1:
         return StoredTask.of(values), True, 0
     # The long way: the event's task exists, or the ledger must make room first; then the
     # same statement applies (a task is written by one statement whichever way it went).
-    found = _TASK_BY_EVENT.execute(session, {"player_id": player_id, "event_key": event_key})
+    found = session.execute(_TASK_BY_EVENT, {"player_id": player_id, "event_key": event_key})
     row = found.first()
     assert row is not None  # an aggregate always returns a row
     *columns, count, total = row
@@ -296,12 +281,12 @@ def create_task(
     evicted = _make_room_for_tasks(
         session, bounds, player_id, 1, values["size_bytes"], ledger=(count, total)
     )
-    if _CREATE_ONE.execute(session, params).rowcount != 1:
+    if rowcount(session.execute(_CREATE_ONE, params)) != 1:
         raise not_applied("a task creation")
     return StoredTask.of(values), True, evicted
 
 
-_TASK_FOR_UPDATE = FastStatement(
+_TASK_FOR_UPDATE = (
     select(*_TASK_COLUMNS)
     .where(_TASKS.c.task_id == bindparam("task_id", type_=String))
     .with_for_update()
@@ -310,7 +295,7 @@ _TASK_FOR_UPDATE = FastStatement(
 # result makes room in, read with the task (one statement less). Only the task's row is
 # locked (FOR UPDATE OF; PostgreSQL locks no aggregate); SQLite has no row locks and
 # SQLAlchemy leaves the clause out there.
-_TASK_AND_LEDGER_FOR_UPDATE = FastStatement(
+_TASK_AND_LEDGER_FOR_UPDATE = (
     select(*_TASK_COLUMNS, _LEDGER.c.ledger_count, _LEDGER.c.ledger_bytes)
     .select_from(_TASKS.join(_LEDGER, true()))
     .where(_TASKS.c.task_id == bindparam("task_id", type_=String))
@@ -361,13 +346,19 @@ def move_update(
     )
 
 
-_MOVE_ONE = FastStatement(
-    move_update(
-        {name: bindparam(name, type_=type_) for name, type_ in _MOVED_TYPES.items()},
-        bindparam("now", type_=_TASKS.c.updated_at.type),
-        bindparam("max_bytes", type_=BigInteger),
-    ).returning(*_TASK_COLUMNS)
-)
+_MOVE_ONE = move_update(
+    {name: bindparam(f"m_{name}", type_=type_) for name, type_ in _MOVED_TYPES.items()},
+    bindparam("now", type_=_TASKS.c.updated_at.type),
+    bindparam("max_bytes", type_=BigInteger),
+).returning(*_TASK_COLUMNS)
+
+
+def _move_one(
+    session: Session, params: Mapping[str, object], limits: Mapping[str, object]
+) -> Row[Any] | None:
+    """The task `_MOVE_ONE` moved with `params` (`_move_params`), None when it moved none."""
+    values = {f"m_{name}": value for name, value in params.items()}
+    return session.execute(_MOVE_ONE, {**values, **limits}).first()
 
 
 def _locked_task(
@@ -379,7 +370,7 @@ def _locked_task(
     `with_ledger`, also that player's task ledger (count, bytes), read in the same statement;
     None otherwise."""
     statement = _TASK_AND_LEDGER_FOR_UPDATE if with_ledger else _TASK_FOR_UPDATE
-    found = statement.execute(session, {"task_id": task_id, "player_id": owner}).first()
+    found = session.execute(statement, {"task_id": task_id, "player_id": owner}).first()
     if found is None:
         raise _no_task(task_id)
     if not with_ledger:
@@ -489,7 +480,7 @@ def transition_task(
     params = _move_params(task_id, owner, target, expected, encoded)
     limits = {"now": now, "max_bytes": bounds.task_max_bytes}
     if params is not None and player_id in (None, owner):
-        moved = _MOVE_ONE.execute(session, {**params, **limits}).first()
+        moved = _move_one(session, params, limits)
         if moved is not None:
             return StoredTask.from_row(moved)
     # The long way says why, or makes room in the ledger; then the same statement applies (a
@@ -517,7 +508,7 @@ def transition_task(
             session, bounds, row.player_id, 0, len(encoded), exclude_seq=row.seq, ledger=ledger
         )
     # The checks passed, so the move has states to start from (params) and is the owner's.
-    moved = None if params is None else _MOVE_ONE.execute(session, {**params, **limits}).first()
+    moved = None if params is None else _move_one(session, params, limits)
     if moved is None:
         raise not_applied("a task move")
     return StoredTask.from_row(moved)

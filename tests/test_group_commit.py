@@ -546,7 +546,7 @@ def test_a_lone_receipt_batch_is_not_sent_ahead(
         sent.append(len(batches))
         return [None] * len(batches)  # nothing sent: they run the ordinary way
 
-    monkeypatch.setattr(JournalStore, "_send_batches", send)
+    monkeypatch.setattr(JournalStore, "_write_batches", send)
     tasks = _tasks(store, 2)
     (outcome,) = _commit_group(store, [_running(p, t, f"{t}/0") for p, t in tasks[:1]])
     assert isinstance(outcome, journal_pb2.CommitResponse) and sent == []

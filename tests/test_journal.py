@@ -17,6 +17,7 @@ from google.protobuf import struct_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import sessionmaker
 from system.common.v1 import common_pb2
 from system.storage.v1 import journal_pb2, journal_pb2_grpc
@@ -695,24 +696,21 @@ def test_acquire_asks_again_when_the_holder_lets_go_meanwhile(
     again and taken, not refused or failed."""
     first = store.acquire_lease("player:race", "engine-a", 30)
     released: list[bool] = []
+    real = Connection.execute  # what a session's execute runs too
+    acquires = (leases_module._ACQUIRE_SQLITE, leases_module._ACQUIRE_POSTGRESQL)
 
-    def racing(statement: Any) -> Any:
-        real = statement.execute
+    def execute(connection: Connection, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real(connection, statement, *args, **kwargs)
+        if any(statement is acquire for acquire in acquires) and not released:
+            released.append(True)
+            real(
+                connection,
+                leases_module._RELEASE,
+                {"lease_name": "player:race", "holder": "engine-a", "held_token": first.token},
+            )
+        return result
 
-        def execute(session: Any, params: Any) -> Any:
-            result = real(session, params)
-            if not released:
-                released.append(True)
-                leases_module._RELEASE.execute(
-                    session,
-                    {"name": "player:race", "holder": "engine-a", "held_token": first.token},
-                )
-            return result
-
-        return execute
-
-    for statement in (leases_module._ACQUIRE_SQLITE, leases_module._ACQUIRE_POSTGRESQL):
-        monkeypatch.setattr(statement, "execute", racing(statement))
+    monkeypatch.setattr(Connection, "execute", execute)
     second = store.acquire_lease("player:race", "engine-b", 30)
     assert released == [True]
     assert second.owner == "engine-b" and second.token > first.token

@@ -91,7 +91,7 @@ def test_the_lock_statement_reads_the_named_leases(
         pytest.skip("SQLite takes no locks: each unit checks its fence itself")
     claim = _claimed(store)
     with sessions.begin() as session:
-        lock_in_order(session, [Writes(tasks=(claim.task.task_id,), fences=(claim.lease.name,))])()
+        lock_in_order(session, [Writes(tasks=(claim.task.task_id,), fences=(claim.lease.name,))])
         locks, noted = _transaction_locks(session)
         assert claim.task.player_id in locks
         name, owner, token, expires_at = noted[(_NOTED_LEASE, claim.lease.name)]

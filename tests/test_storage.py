@@ -663,7 +663,7 @@ def model_sessions(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[sessionmaker]:  # type: ignore[type-arg]
     """Sessions on a database shared by the property test's examples (each uses a new
-    player): SQLite, and PostgreSQL, whose append is one pipelined statement."""
+    player): SQLite, and PostgreSQL."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('prop') / 'storage.db'}"
     else:

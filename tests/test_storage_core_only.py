@@ -2,8 +2,8 @@
 data-access style), and its modules stay small. A mapped class declares a table; code outside
 that declaration reaches the table through `table_of(Row)` and never through the class itself: no ORM-enabled
 statement (`select(TaskRow)`, `TaskRow.seq == ...`), no `session.get`, no row objects made of
-the class. A statement on the driver's cursor (`fastsql`) is still a Core statement rendered
-once."""
+the class. Every statement runs through SQLAlchemy (`Session.execute`, `Connection.execute`):
+nothing in the package reaches the database driver's connection or cursor itself."""
 
 from __future__ import annotations
 
@@ -23,6 +23,19 @@ MAPPED = frozenset(mapper.class_.__name__ for mapper in Base.registry.mappers)
 _ORM_SESSION_CALLS = frozenset({"get", "scalars", "add", "merge", "query", "refresh"})
 """Session methods that load or keep mapped objects (`session.scalars` of a Core column
 statement would be harmless, but the package reads rows with `execute` alone)."""
+
+
+_DRIVER_ATTRIBUTES = frozenset({"driver_connection", "dbapi_connection", "cursor", "pipeline"})
+"""What a module would reach for to run a statement on the driver instead of SQLAlchemy."""
+
+
+def _driver_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where the code reaches the driver's connection, its cursors or its pipelines."""
+    return sorted(
+        (node.lineno, node.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in _DRIVER_ATTRIBUTES
+    )
 
 
 def _misuses(tree: ast.AST) -> list[tuple[int, str]]:
@@ -63,6 +76,37 @@ def test_storage_code_uses_core_statements_only(path: pathlib.Path) -> None:
         f"{path.name} uses the ORM where the package uses Core statements "
         f"(reach a table through table_of(Row)): {misuses}"
     )
+
+
+_SETS_CONNECTIONS_UP = "db.py"
+"""The engine's module, which sets each new connection up on the driver (SQLite's pragmas and
+its BEGIN IMMEDIATE) and runs no statement of the package's."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in PACKAGE.glob("*.py") if p.name != _SETS_CONNECTIONS_UP),
+    ids=lambda p: p.name,
+)
+def test_storage_code_runs_statements_through_sqlalchemy_only(path: pathlib.Path) -> None:
+    """One way to run a statement (issue 16): SQLAlchemy's, with its parameter and result
+    processing, its errors and its connection invalidation; no layer on the driver beside it."""
+    uses = _driver_uses(ast.parse(path.read_text(encoding="utf-8")))
+    assert not uses, f"{path.name} runs statements on the database driver itself: {uses}"
+
+
+def test_the_check_finds_driver_use() -> None:
+    code = (
+        "driver = connection.connection.driver_connection\n"
+        "with driver.pipeline():\n"
+        "    driver.cursor().execute(sql)\n"
+        "session.execute(statement)\n"
+    )
+    assert _driver_uses(ast.parse(code)) == [
+        (1, "driver_connection"),
+        (2, "pipeline"),
+        (3, "cursor"),
+    ]
 
 
 @pytest.mark.parametrize(
