@@ -219,17 +219,8 @@ def make_engine(database_url: str, extra_connections: int = 0) -> Engine:
         # No pool_pre_ping: it costs a round trip on every checkout. A connection that died
         # in the pool fails its first statement instead; SQLAlchemy then invalidates the
         # pool's connections and run_db answers UNAVAILABLE, which clients retry.
-        #
-        # Every statement is planned for its own parameters (plan_cache_mode): psycopg
-        # prepares a statement run five times, and the server may then keep one generic plan
-        # for it; a group's statements over arrays, planned generically while the tables were
-        # small, then scan them whole (seen: PostgreSQL's CPU per Commit doubled as a bench's
-        # tables grew). Preparing still saves the parsing.
         engine = create_engine(
-            url,
-            pool_size=POSTGRES_POOL_SIZE + extra_connections,
-            max_overflow=0,
-            connect_args={"options": "-c plan_cache_mode=force_custom_plan"},
+            url, pool_size=POSTGRES_POOL_SIZE + extra_connections, max_overflow=0
         )
     return engine
 
