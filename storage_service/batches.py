@@ -8,7 +8,7 @@ answer (a retry must carry the same operations: their digest is stored too). Any
 operation rolls everything back, that row included, so a failed batch may be retried with the
 same request id. Each operation is the same rule its own call applies (storage_service.tasks,
 storage_service.receipts, storage_service.player_data); a group of receipt batches may also
-be sent ahead together (storage_service.batch_groups).
+be written together (storage_service.batch_groups).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class _Batch:
     digest: bytes
     receipts: tuple[journal_pb2.ReceiptWrite, ...] | None
     """Its receipt writes when it holds nothing else but, maybe, a last `transition` (such a
-    batch may be sent ahead: storage_service.batch_groups)."""
+    batch may be written together with others: storage_service.batch_groups)."""
     transition: journal_pb2.TaskTransition | None = None
     """Its last operation when that is a task's move and every other one a receipt write (an
     event task's final Commit: decision 0036)."""

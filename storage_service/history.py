@@ -98,7 +98,7 @@ def _newest(column: str) -> Any:
 
 
 # Every interactive request appends its exchange, one statement an entry: inserted only if the
-# player has not turned history off (the first one's row count says which), its running totals
+# player has not turned history off (the row count says which), its running totals
 # one past the player's newest entry's (the entry before it in the same exchange included);
 # then one DELETE of what no longer fits. The entries go as one executemany (psycopg sends its
 # statements to the server together: one round trip).

@@ -12,7 +12,7 @@ run in:
 - storage_service.leases: leases with fencing tokens, and the fence a write checks;
 - storage_service.claims: ClaimTasks;
 - storage_service.batches: Commit, one atomic, idempotent batch;
-- storage_service.batch_groups: a group's receipt batches sent ahead together;
+- storage_service.batch_groups: a group's receipt batches written together;
 - storage_service.dialect: where SQLite and PostgreSQL differ.
 
 Session-level functions (`create_task`, `transition_task`, `record_step`, `complete_step`,
@@ -192,7 +192,7 @@ class JournalStore:
         initial_state: int = TS.TASK_STATE_UNSPECIFIED,
     ) -> GroupableCreate:
         """`create_task_in` as a unit of a group (storage_service.group_commit), which writes
-        the player's rows, and may be sent ahead with the group's other creations
+        the player's rows, and may be written together with the group's other creations
         (storage_service.create_groups). The player id is checked now: the group takes the
         player's lock with it before the unit runs, and a malformed one is refused
         INVALID_ARGUMENT without reaching the database."""

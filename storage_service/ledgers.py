@@ -177,10 +177,10 @@ class Writes(NamedTuple):
 # Every named player's ledger lock, one by one in the order of the locks' ids (`ordered` is
 # materialized in that order, and `locked` takes the locks as it reads it). What lock_player
 # takes, so a unit's own lock calls find it held; with each player, the named tasks and steps
-# found to be theirs, so a unit's own owner lookup (_owner_locked) is not sent again. Then the
+# found to be theirs, so a unit's own owner lookup (_owner_locked) is not run again. Then the
 # named fences' lease rows, share-locked as check_fence locks them: only once every lock is
 # held (`fenced` waits for `locked`: a lease row is a player's row, decision 0027's order),
-# so a unit's fence check (check_noted_fence) is not sent again either. Rows of the first
+# so a unit's fence check (check_noted_fence) is not run again either. Rows of the first
 # kind carry a player, rows of the second a lease name.
 _LOCK_IN_ORDER = (
     text(

@@ -3,7 +3,7 @@
 
 Each rule is written once, over column expressions: bind parameters for one write
 (`_RECORD_FAST`, `_COMPLETE_FAST`) or the columns of arrays unnested side by side for a group's
-writes on PostgreSQL (`RECEIPT_WRITES_MANY`, sent by storage_service.batch_groups). A recording
+writes on PostgreSQL (`RECEIPT_WRITES_MANY`, run by storage_service.batch_groups). A recording
 inserts the receipt (RUNNING, or DONE when its completion came with it) only where the task is
 the player's and unfinished, the step is new and the receipt fits the player's ledger without
 eviction; a completion stores a RUNNING step's result only where it fits the ledger.

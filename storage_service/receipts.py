@@ -4,7 +4,7 @@ stored once (DONE); their one-statement forms are in storage_service.receipt_sta
 A receipt is the single global receipt of its stable step id. Recording a step again returns
 the existing receipt; completing a DONE step again with the same result changes nothing, with
 another result is refused. Each write first tries one statement that applies it when nothing
-stands in the way (`_RECORD_FAST`, `_COMPLETE_FAST`; a Commit sent ahead uses the same rules,
+stands in the way (`_RECORD_FAST`, `_COMPLETE_FAST`; a Commit written with its group uses the same rules,
 `_receipt_fast`); when that changes nothing, the long way under the player's lock says why,
 or makes room in the player's receipt ledger (storage_service.ledgers) and runs the same
 statement again: a receipt is written by one statement whichever way it went.

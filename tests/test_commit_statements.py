@@ -117,7 +117,7 @@ def _in_group(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
 
 
 def _in_company(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
-    """The Commit in a group with another player's final Commit: sent ahead together on
+    """The Commit in a group with another player's final Commit: written together on
     PostgreSQL (storage_service.batch_groups); the other one must apply whatever this one
     does."""
     other = _final_commit(_claimed(store, _player(), "company"), gives=1)
@@ -129,7 +129,7 @@ def _in_company(store: JournalStore, request: journal_pb2.CommitRequest) -> Any:
 @pytest.fixture(params=["alone", "sent"])
 def apply(request: pytest.FixtureRequest) -> Any:
     """Runs a final Commit as the storage service's writer does: alone in its group, or in a
-    group with another one (sent ahead together on PostgreSQL); the outcomes must match."""
+    group with another one (written together on PostgreSQL); the outcomes must match."""
     return _in_group if request.param == "alone" else _in_company
 
 
@@ -316,7 +316,7 @@ def test_a_result_that_needs_room_evicts_finished_tasks_receipts(
     assert [row[6] for row in _receipts(sessions, claim.task.task_id)] == ["done"]
 
 
-# -- final Commits sent ahead together (storage_service.batch_groups) -----------------------
+# -- final Commits written together (storage_service.batch_groups) -------------------------
 
 # A group of final Commits of different players, whatever their number: the group's lock
 # statement (the players' locks and the fences' lease rows), the batches' rows, one statement
@@ -358,12 +358,12 @@ def test_a_group_of_final_commits_costs_the_statements_of_one(
         assert store.get_task(claim.task.task_id).state == TS.TASK_STATE_SUCCEEDED
 
 
-def test_final_commits_sent_together_store_what_each_stores_alone(
+def test_final_commits_written_together_store_what_each_stores_alone(
     engine: Engine,
     sessions: sessionmaker,  # type: ignore[type-arg]
 ) -> None:
     """The same tasks' final Commits, once each alone (the long way) and once as one group
-    (sent ahead on PostgreSQL): the same receipts and the same task rows, sizes included."""
+    (written together on PostgreSQL): the same receipts and the same task rows, sizes included."""
     store = _store(sessions)
     alone = [_claimed(store, _player(), "alone") for _ in range(3)]
     together = [_claimed(store, _player(), "together") for _ in range(3)]
@@ -395,7 +395,7 @@ def test_final_commits_sent_together_store_what_each_stores_alone(
     assert [_task_row(sessions, claim.task.task_id) for claim in together] == stored
 
 
-def test_a_move_that_does_not_hold_in_a_sent_group_fails_alone(
+def test_a_move_that_does_not_hold_in_a_group_written_together_fails_alone(
     engine: Engine,
     sessions: sessionmaker,  # type: ignore[type-arg]
 ) -> None:
@@ -421,7 +421,7 @@ def test_a_move_that_does_not_hold_in_a_sent_group_fails_alone(
         assert store.get_task(claim.task.task_id).state == TS.TASK_STATE_SUCCEEDED
 
 
-def test_a_move_onto_another_players_task_in_a_sent_group_is_refused(
+def test_a_move_onto_another_players_task_in_a_group_written_together_is_refused(
     sessions: sessionmaker,  # type: ignore[type-arg]
 ) -> None:
     store = _store(sessions)
@@ -436,7 +436,7 @@ def test_a_move_onto_another_players_task_in_a_sent_group_is_refused(
     assert store.get_task(mine.task.task_id).state == TS.TASK_STATE_RUNNING
 
 
-def test_a_sent_move_that_needs_room_evicts_where_it_would_have(
+def test_a_grouped_move_that_needs_room_evicts_where_it_would_have(
     engine: Engine,
     sessions: sessionmaker,  # type: ignore[type-arg]
 ) -> None:

@@ -1,5 +1,5 @@
 """New tasks in one group (storage_service.create_groups): on PostgreSQL two or more creations
-are sent ahead as one statement; on both databases each gets the answer `create_task` gives
+are written together as one statement; on both databases each gets the answer `create_task` gives
 it alone: a new task, the event's existing task, room made by eviction, or its error. And what
 a creation alone costs in statements: the one statement both forms build
 (`tasks.create_insert`)."""
@@ -110,7 +110,7 @@ def test_a_group_of_creations_costs_two_statements(
     assert len(statements) == 2, "\n".join(statements)
 
 
-def test_a_lone_creation_is_its_lock_and_one_insert_sent_together(
+def test_a_lone_creation_is_its_lock_and_one_insert(
     engine: Engine,
     sessions: sessionmaker,  # type: ignore[type-arg]
     statements: list[str],
@@ -121,8 +121,7 @@ def test_a_lone_creation_is_its_lock_and_one_insert_sent_together(
     statements.clear()
     task, created, evicted = store.create_task(player, MODULE, _input("k"), "k")
     assert created and evicted == 0
-    # The player's lock and the INSERT that applies where nothing stands in the way, in one
-    # pipeline: one round trip.
+    # The player's lock and the INSERT that applies where nothing stands in the way.
     assert len(statements) == 2, "\n".join(statements)
     assert statements[1].startswith("INSERT INTO journal_tasks")
     statements.clear()

@@ -432,7 +432,7 @@ def test_a_connection_killed_mid_group_is_rerun_or_unavailable(
     assert calls == ([1, 1, 1] if kills == 1 else [0, 0, 0])
 
 
-# -- batches of receipt writes, sent ahead in one pipeline ------------------------------------
+# -- batches of receipt writes, written together ----------------------------------------------
 
 
 def _running(
@@ -464,7 +464,7 @@ def _tasks(store: JournalStore, count: int) -> list[tuple[str, str]]:
     return made
 
 
-def test_receipt_batches_are_sent_ahead_and_share_the_transaction(
+def test_receipt_batches_are_written_together_and_share_the_transaction(
     store: JournalStore, engine: Engine
 ) -> None:
     tasks = _tasks(store, 4)
@@ -483,7 +483,7 @@ def test_receipt_batches_are_sent_ahead_and_share_the_transaction(
         assert receipt.state == journal_pb2.STEP_STATE_DONE and receipt.result == player.encode()
 
 
-def test_a_retried_batch_in_a_sent_group_is_replayed_and_the_others_applied(
+def test_a_retried_batch_in_a_group_written_together_is_replayed_and_the_others_applied(
     store: JournalStore, engine: Engine
 ) -> None:
     (a, task_a), (b, task_b) = _tasks(store, 2)
@@ -503,7 +503,7 @@ def test_a_retried_batch_in_a_sent_group_is_replayed_and_the_others_applied(
         store.get_step(f"{task_a}/1", "t.t")
 
 
-def test_a_stale_fence_in_a_sent_group_fails_only_its_batch(
+def test_a_stale_fence_in_a_group_written_together_fails_only_its_batch(
     store: JournalStore, engine: Engine
 ) -> None:
     (a, task_a), (b, task_b) = _tasks(store, 2)
@@ -526,7 +526,9 @@ def test_a_stale_fence_in_a_sent_group_fails_only_its_batch(
     assert isinstance(outcome, journal_pb2.CommitResponse) and ends == ["commit"]
 
 
-def test_a_sent_batch_refused_the_long_way_fails_alone(store: JournalStore, engine: Engine) -> None:
+def test_a_batch_written_together_refused_the_long_way_fails_alone(
+    store: JournalStore, engine: Engine
+) -> None:
     (a, task_a), (b, task_b) = _tasks(store, 2)
     ends = transaction_ends(engine)
     outcomes = _commit_group(store, [_done(a, f"{task_a}/9"), _running(b, task_b, f"{task_b}/0")])
@@ -536,10 +538,10 @@ def test_a_sent_batch_refused_the_long_way_fails_alone(store: JournalStore, engi
     assert ends == ["rollback", "commit"]  # a refusal, not a fast form that did not hold
 
 
-def test_a_lone_receipt_batch_is_not_sent_ahead(
+def test_a_lone_receipt_batch_is_not_written_together(
     store: JournalStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A pipeline costs about what it saves for a single batch: a lone one runs plainly."""
+    """A lone batch runs its own one-statement forms: nothing to write together."""
     sent: list[int] = []
 
     def send(_store: JournalStore, _session: Session, batches: Sequence[Any]) -> list[None]:
@@ -552,10 +554,10 @@ def test_a_lone_receipt_batch_is_not_sent_ahead(
     assert isinstance(outcome, journal_pb2.CommitResponse) and sent == []
     outcomes = _commit_group(store, [_running(p, t, f"{t}/1") for p, t in tasks])
     assert all(isinstance(o, journal_pb2.CommitResponse) for o in outcomes)
-    assert sent == [2]  # both offered to the pipeline together
+    assert sent == [2]  # both offered to be written together
 
 
-def test_the_same_batch_twice_in_a_sent_group_is_applied_once(
+def test_the_same_batch_twice_in_a_group_written_together_is_applied_once(
     store: JournalStore, engine: Engine
 ) -> None:
     (a, task_a), (b, task_b) = _tasks(store, 2)
@@ -580,7 +582,7 @@ def test_a_group_recording_one_step_twice_stores_it_once(
     assert store.get_step(step, "t.t").state == journal_pb2.STEP_STATE_RUNNING
 
 
-def test_a_sent_batch_of_several_writes_keeps_their_order(
+def test_a_batch_of_several_writes_written_together_keeps_their_order(
     store: JournalStore, engine: Engine
 ) -> None:
     ((player, task_id),) = _tasks(store, 1)
@@ -590,8 +592,8 @@ def test_a_sent_batch_of_several_writes_keeps_their_order(
         _receipt(step, task_id, journal_pb2.STEP_STATE_RUNNING),
         _receipt(step, task_id, journal_pb2.STEP_STATE_DONE, result=b"r", codec_id="c:c"),
     )
-    # DONE before RUNNING: refused as `commit` alone refuses it, though the RUNNING sent
-    # after it applied in the pipeline.
+    # DONE before RUNNING: refused as `commit` alone refuses it, though the RUNNING written
+    # after it applied with its group.
     backwards = _commit(
         player,
         _receipt(missing, task_id, journal_pb2.STEP_STATE_DONE, result=b"r", codec_id="c:c"),
@@ -605,7 +607,7 @@ def test_a_sent_batch_of_several_writes_keeps_their_order(
         store.get_step(other, "t.t")
 
 
-def test_a_sent_write_that_needs_room_evicts_where_it_would_have(engine: Engine) -> None:
+def test_a_grouped_write_that_needs_room_evicts_where_it_would_have(engine: Engine) -> None:
     store = JournalStore(
         sessionmaker(engine, expire_on_commit=False), JournalBounds(receipt_max_entries=2)
     )
@@ -631,7 +633,7 @@ def test_a_sent_write_that_needs_room_evicts_where_it_would_have(engine: Engine)
     assert store.get_step(f"{second.task_id}/0", "t.t").state == journal_pb2.STEP_STATE_RUNNING
 
 
-def test_one_players_writes_in_a_sent_group_each_see_the_ledger_the_last_left(
+def test_one_players_writes_in_a_group_written_together_each_see_the_ledger_the_last_left(
     engine: Engine,
 ) -> None:
     """On PostgreSQL a group's receipt writes go as one statement per chunk; a player's second
@@ -655,7 +657,7 @@ def test_one_players_writes_in_a_sent_group_each_see_the_ledger_the_last_left(
         assert store.get_step(f"{other_task}/0", "t.t").state == journal_pb2.STEP_STATE_RUNNING
 
 
-def test_fenced_batches_in_a_sent_group_each_check_their_own_lease(
+def test_fenced_batches_in_a_group_written_together_each_check_their_own_lease(
     store: JournalStore, engine: Engine
 ) -> None:
     """The fences of a group are read in one statement on PostgreSQL: each batch is checked
@@ -681,8 +683,8 @@ def test_fenced_batches_in_a_sent_group_each_check_their_own_lease(
         store.get_step(f"{tasks[1][1]}/0", "t.t")
 
 
-def test_a_connection_lost_after_the_pipeline_stores_nothing(postgres_url: str) -> None:
-    """The group's statements were sent; then its connection ends before COMMIT: the group
+def test_a_connection_lost_after_the_groups_statements_stores_nothing(postgres_url: str) -> None:
+    """The group's statements ran; then its connection ends before COMMIT: the group
     fails as a whole as UNAVAILABLE, with nothing stored."""
     engine = make_engine(postgres_url)
     Base.metadata.create_all(engine)
@@ -707,8 +709,8 @@ def test_a_connection_lost_after_the_pipeline_stores_nothing(postgres_url: str) 
         engine.dispose()
 
 
-def test_a_connection_lost_before_the_pipeline_is_rerun_on_a_fresh_one(postgres_url: str) -> None:
-    """The pooled connection the group gets died while idle (a server restart): sending fails,
+def test_a_connection_lost_before_the_group_is_rerun_on_a_fresh_one(postgres_url: str) -> None:
+    """The pooled connection the group gets died while idle (a server restart): its first statement fails,
     the pool is emptied of the dead connections, and the group runs again on a new one."""
     engine = make_engine(postgres_url)
     Base.metadata.create_all(engine)
@@ -732,7 +734,9 @@ def test_a_connection_lost_before_the_pipeline_is_rerun_on_a_fresh_one(postgres_
         engine.dispose()
 
 
-def test_a_large_sent_group_applies_every_batch_once(store: JournalStore, engine: Engine) -> None:
+def test_a_large_group_written_together_applies_every_batch_once(
+    store: JournalStore, engine: Engine
+) -> None:
     """A group of many batches, one of them a retry (on PostgreSQL their rows go in one
     statement, and their writes in one too)."""
     tasks = _tasks(store, 23)

@@ -7,7 +7,7 @@ from sqlalchemy import Engine, event
 
 def transaction_ends(engine: Engine) -> list[str]:
     """Each transaction's end on `engine` from now on, "commit" or "rollback" (a group whose
-    statements sent ahead all held commits at its first try: ["commit"])."""
+    statements written together all held commits at its first try: ["commit"])."""
     ends: list[str] = []
     event.listen(engine, "commit", lambda _conn: ends.append("commit"))
     event.listen(engine, "rollback", lambda _conn: ends.append("rollback"))
