@@ -93,32 +93,26 @@ _BATCH_ROWS_MANY = (
 )
 
 
-class _BatchRows:
-    """The rows of the batches of a group: one statement on PostgreSQL, one each on SQLite
-    (where a statement costs no round trip, so fewer would save little)."""
-
-    def __init__(
-        self, session: Session, batches: Sequence[_Batch], now: dt.datetime, postgresql: bool
-    ) -> None:
-        if postgresql:
-            params: dict[str, object] = {
-                "b_player_id": [batch.request.player_id for batch in batches],
-                "b_request_id": [batch.request.request_id for batch in batches],
-                "b_digest": [batch.digest for batch in batches],
-                "now": now,
-            }
-            inserted = session.execute(_BATCH_ROWS_MANY, params)
-            self._inserted = {(player, request) for player, request, _ in inserted}
-            return
-        self._inserted = {
-            (batch.request.player_id, batch.request.request_id)
-            for batch in batches
-            if rowcount(session.execute(_BATCH_INSERT_SQLITE, _batch_values(batch, now))) == 1
+def _inserted_rows(
+    session: Session, batches: Sequence[_Batch], now: dt.datetime, postgresql: bool
+) -> frozenset[tuple[str, str]]:
+    """Inserts the rows of the batches of a group; returns the keys (player, request id) of
+    those inserted now (the others were there: replays). One statement on PostgreSQL, one
+    each on SQLite (where a statement costs no round trip, so fewer would save little)."""
+    if postgresql:
+        params: dict[str, object] = {
+            "b_player_id": [batch.request.player_id for batch in batches],
+            "b_request_id": [batch.request.request_id for batch in batches],
+            "b_digest": [batch.digest for batch in batches],
+            "now": now,
         }
-
-    def inserted(self, batch: _Batch) -> bool:
-        """Whether the batch's row was inserted now (else it was there: a replay)."""
-        return (batch.request.player_id, batch.request.request_id) in self._inserted
+        inserted = session.execute(_BATCH_ROWS_MANY, params)
+        return frozenset((player, request) for player, request, _ in inserted)
+    return frozenset(
+        (batch.request.player_id, batch.request.request_id)
+        for batch in batches
+        if rowcount(session.execute(_BATCH_INSERT_SQLITE, _batch_values(batch, now))) == 1
+    )
 
 
 # -- a group's receipt writes together (PostgreSQL) ----------------------------------------------
@@ -284,7 +278,7 @@ def write_batches(
     session: Session, bounds: JournalBounds, now: dt.datetime, batches: Sequence[_Batch]
 ) -> list[Callable[[], journal_pb2.CommitResponse] | None]:
     """Writes batches of receipt writes (and a last move) together (group_commit.GroupWriter):
-    first their rows, with their players' locks on PostgreSQL (_BatchRows), then their
+    first their rows, with their players' locks on PostgreSQL (_inserted_rows), then their
     writes' one-statement forms, in the order `batches.apply_batch` runs them: on PostgreSQL
     the writes in chunks (_ReceiptChunks) and the moves in one statement (_Transitions), their
     fences checked against the lease rows the group's locks read; on SQLite a fence read and
@@ -296,30 +290,31 @@ def write_batches(
     planned = [batch for batch, plan in zip(batches, plans, strict=True) if plan is not None]
     if not planned:
         return [None] * len(batches)
-    rows = _BatchRows(session, planned, now, postgresql)
+    inserted = _inserted_rows(session, planned, now, postgresql)
     applied: list[list[tuple[int, bool]] | None] = []
     if postgresql:
         # The writes in chunks (_ReceiptChunks), then the moves (_Transitions); the fences'
         # lease rows came with the group's locks (each unit's `writes` names its fence).
         chunks = _ReceiptChunks(bounds, now)
         transitions = _Transitions(bounds, now)
-        added = [
-            None
-            if plan is None
-            else [
+        added: list[tuple[_Plan, list[tuple[int, int]]] | None] = []
+        for plan in plans:
+            if plan is None:
+                added.append(None)
+                continue
+            writes = [
                 (index, chunks.add(statement, params)) for index, statement, params in plan.writes
             ]
-            for plan in plans
-        ]
-        for plan in plans:
-            if plan is not None and plan.move is not None:
+            if plan.move is not None:
                 transitions.add(plan.move)
+            added.append((plan, writes))
         chunks.write(session)
         transitions.write(session)
-        for batch, plan, writes in zip(batches, plans, added, strict=True):
-            if plan is None or writes is None:
+        for batch, entry in zip(batches, added, strict=True):
+            if entry is None:
                 applied.append(None)
                 continue
+            plan, writes = entry
             done = [(index, chunks.applied(write)) for index, write in writes]
             if plan.move is not None:
                 last = len(batch.request.operations) - 1
@@ -340,15 +335,21 @@ def write_batches(
                     for index, statement, params in plan.writes
                 ]
             )
-    finishers: list[Callable[[], journal_pb2.CommitResponse] | None] = []
-    for batch, written in zip(batches, applied, strict=True):
-        if written is None:
-            finishers.append(None)
-            continue
-        finishers.append(
-            functools.partial(finish_batch, session, bounds, batch, now, postgresql, rows, written)
+    return [
+        None
+        if written is None
+        else functools.partial(
+            finish_batch,
+            session,
+            bounds,
+            batch,
+            now,
+            postgresql,
+            (batch.request.player_id, batch.request.request_id) in inserted,
+            written,
         )
-    return finishers
+        for batch, written in zip(batches, applied, strict=True)
+    ]
 
 
 def finish_batch(
@@ -357,16 +358,16 @@ def finish_batch(
     batch: _Batch,
     now: dt.datetime,
     postgresql: bool,
-    rows: _BatchRows,
+    inserted: bool,
     applied: Sequence[tuple[int, bool]],
 ) -> journal_pb2.CommitResponse:
     """The answer of a batch written with its group's; NotApplied when what was written may
     not stand (a retried batch, a stale fence, a write that did not apply with another
-    written after it): `batches.apply_batch` then runs it the long way. `applied` holds, per
-    write (the batch's move last), the index of its first operation and whether it
-    applied."""
+    written after it): `batches.apply_batch` then runs it the long way. `inserted`: whether
+    its row was inserted now; `applied` holds, per write (the batch's move last), the index of
+    its first operation and whether it applied."""
     request = batch.request
-    if not rows.inserted(batch):
+    if not inserted:
         raise NotApplied  # the batch was there already: a replay
     if postgresql:
         _locks_held(session).add(request.player_id)

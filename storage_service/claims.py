@@ -181,11 +181,11 @@ def claim_tasks(
         "token": _micros(now),
         "max_tasks": max_tasks,
     }
-    rows: Sequence[tuple[Any, ...]]
+    rows: Sequence[Sequence[Any]]
     if is_postgresql(session):
         if players:
             params["players"] = players
-        rows = [tuple(row) for row in session.execute(_CLAIM_POSTGRESQL[bool(players)], params)]
+        rows = session.execute(_CLAIM_POSTGRESQL[bool(players)], params).all()
     else:
         if players:
             params["players"] = json.dumps(players)
