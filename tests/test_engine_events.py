@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import struct_pb2
+from prometheus_client import REGISTRY
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2
@@ -218,6 +219,11 @@ def _count_claims(engine: EngineApp) -> list[int]:
     return claims
 
 
+def _resumes_asked_again() -> float:
+    """The gateway's count of joins' resumes asked again (gateway_resumes_asked_again_total)."""
+    return REGISTRY.get_sample_value("gateway_resumes_asked_again_total") or 0.0
+
+
 def _player(player_id: str) -> common_pb2.PlayerContext:
     """The player as the gateway names them to other services: scoped to their game server
     (decision 0012)."""
@@ -318,6 +324,37 @@ async def test_an_offline_players_task_waits_for_them(fresh_database_url: str) -
         assert done.task_id == waiting["alex"].task_id
         assert done.state == journal_pb2.TASK_STATE_SUCCEEDED
         assert stack.game.gained("alex") == REWARD
+
+
+async def test_a_join_while_the_engine_is_down_resumes_the_waiting_task_once_it_is_back(
+    fresh_database_url: str,
+) -> None:
+    """The join's ResumePlayerTasks cannot reach the engine (restarted, say, in a rollout): the
+    gateway keeps asking while the player stays, so the task that waited for them runs once an
+    engine is back, not at their next join."""
+    engine_port = free_port()
+    gateway_port = free_port()
+    async with _stack(fresh_database_url, f"127.0.0.1:{engine_port}", gateway_port) as stack:
+        engine = await _engine(stack.storage.host.target, gateway_port, port=engine_port)
+        await stack.game.event("alex", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        waiting = (await stack.settled(["alex"], states={journal_pb2.TASK_STATE_WAITING}))["alex"]
+        await _stop(engine)
+
+        asked_before = _resumes_asked_again()
+        await stack.game.join("alex", "Alex")
+        await wait_until(
+            lambda: _resumes_asked_again() > asked_before, what="the refused resume asked again"
+        )
+        assert (await stack.tasks("alex"))[0].state == journal_pb2.TASK_STATE_WAITING
+
+        engine = await _engine(stack.storage.host.target, gateway_port, port=engine_port)
+        try:
+            done = (await stack.settled(["alex"]))["alex"]
+            assert done.task_id == waiting.task_id
+            assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
+            assert stack.game.gained("alex") == REWARD
+        finally:
+            await _stop(engine)
 
 
 async def test_a_player_leaving_mid_task_resumes_it_without_repeating(

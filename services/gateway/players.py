@@ -8,12 +8,14 @@ import asyncio
 import dataclasses
 import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
+from prometheus_client import Counter
 from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2, engine_pb2_grpc
 from system.gateway.v1 import gateway_pb2
@@ -63,6 +65,24 @@ _RPC_FAILURES = {
 MAX_INPUT_DEPTH = 16
 """Deepest nesting of a button's JSON input (the gateway's Struct limit: deeper inputs could
 not be decoded downstream)."""
+RESUME_FIRST_PAUSE_SECONDS = 0.25
+RESUME_MOST_PAUSE_SECONDS = 15.0
+"""A join's ResumePlayerTasks that the engine could not take is asked again after a pause
+that starts here and doubles up to the most (each drawn between half and all of it, so a
+restarted engine is not met by every waiting join at once), for as long as the player stays."""
+_RESUME_AGAIN = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+"""Codes after which a resume is asked again: the engine was away, too slow or busy."""
+RESUMES_ASKED_AGAIN = Counter(
+    "gateway_resumes_asked_again_total",
+    "Joins' ResumePlayerTasks asked again because no engine could take them (unavailable, "
+    "too slow or busy); the player's waiting event tasks wait until one does.",
+)
 CATALOG_SECONDS = 5.0
 """Longest a hello waits for the engine's game-tool catalogue before going on unchecked."""
 CATALOG_TTL_SECONDS = 300.0
@@ -300,19 +320,45 @@ class PlayerRequests:
         )
 
     def resume_tasks(
-        self, player: common_pb2.PlayerContext, arrived: Awaitable[object] | None = None
+        self,
+        player: common_pb2.PlayerContext,
+        arrived: Awaitable[object] | None = None,
+        staying: Callable[[], bool] = lambda: True,
     ) -> None:
         """A player joined: the engine queues their waiting event tasks, once `arrived` is
-        done (storage names this replica for them: the tasks' game-tool calls find them)."""
+        done (storage names this replica for them: the tasks' game-tool calls find them).
+        Asked again while `staying()` (the player is still attached here) if no engine could
+        take it: without it their waiting tasks would wait for their next join (nothing else
+        queues them; a resume twice queues nothing more)."""
 
         async def resume() -> None:
             if arrived is not None:
                 await arrived
-            await self._engine_calls.call(
-                "ResumePlayerTasks",
-                engine_pb2.ResumePlayerTasksRequest(player=player),
-                DEFAULT_CALL_SECONDS,
-            )
+            pause = RESUME_FIRST_PAUSE_SECONDS
+            while True:
+                try:
+                    await self._engine_calls.call(
+                        "ResumePlayerTasks",
+                        engine_pb2.ResumePlayerTasksRequest(player=player),
+                        DEFAULT_CALL_SECONDS,
+                    )
+                    return
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in _RESUME_AGAIN:
+                        raise
+                    _repeated.log(
+                        logging.WARNING,
+                        f"resume:{exc.code().name}",
+                        "a join's ResumePlayerTasks could not reach an engine (%s: %s); "
+                        "asked again while the player stays",
+                        exc.code().name,
+                        exc.details(),
+                    )
+                await asyncio.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter
+                pause = min(pause * 2, RESUME_MOST_PAUSE_SECONDS)
+                if not staying():
+                    return
+                RESUMES_ASKED_AGAIN.inc()
 
         self._in_background(resume(), "resuming the player's event tasks")
 

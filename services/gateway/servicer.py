@@ -369,7 +369,11 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
                     self._reporter.attached(player.player_id)
                 if before is not None:
                     self._take_from(before, player_id, connection)
-                self._players.resume_tasks(player, self._arrival(player.player_id))
+                self._players.resume_tasks(
+                    player,
+                    self._arrival(player.player_id),
+                    staying=lambda: self._registry.attached(player.player_id) is connection,
+                )
         PLAYERS.set(self._registry.players())
 
     def _arrival(self, scoped_id: str) -> Awaitable[bool] | None:
