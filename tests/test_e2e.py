@@ -21,11 +21,12 @@ from system.storage.v1 import storage_pb2, storage_pb2_grpc
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
 from services.stack.launcher import ROOT
-from tests.waiting import wait_until_sync
+from tests.waiting import wait_until, wait_until_sync
 
 pytestmark = pytest.mark.e2e
 
 PLAYER = "00000000-0000-4000-8000-0000000000aa"
+OTHER_PLAYER = "00000000-0000-4000-8000-0000000000bb"
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +164,19 @@ def test_internal_ports_require_a_credential_that_allows_the_call(stack: Stack) 
         assert offline.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def test_request_id_travels_across_services(stack: Stack) -> None:
-    # The help requests above were logged by gateway, router, engine and storage under one id.
+async def test_request_id_travels_across_services(stack: Stack) -> None:
+    """Each help request is logged by router, engine and storage under one id (its own
+    requests: under xdist this test may run without the others of this module)."""
     import json
+
+    client = GameServerClient(stack.target("gateway"), stack.server_id, stack.token)
+    await client.connect()
+    try:
+        await client.join(OTHER_PLAYER, "Alex", "en_us")
+        for _ in range(3):
+            assert (await client.chat(OTHER_PLAYER, "help")).reply.module_id == "system:help"
+    finally:
+        await client.close()
 
     def ids(name: str, rpc: str) -> set[str]:
         lines = (stack.data_dir / "logs" / f"{name}.log").read_text().splitlines()
@@ -178,7 +189,7 @@ def test_request_id_travels_across_services(stack: Stack) -> None:
         return ids("router", "/Route") & ids("engine", "/Execute") & ids("storage", "/FinishRun")
 
     # Access logs are written in batches (at most 0.1 s late): give the last lines a moment.
-    wait_until_sync(
+    await wait_until(
         lambda: len(shared()) >= 3,
         interval=0.05,
         what=lambda: f"three request ids in every access log, shared: {shared()}",

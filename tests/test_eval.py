@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from router_service import eval as ev
+from router_service.semantic.profiles import EXTRACTOR_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "router_service" / "corpus"
@@ -89,7 +90,7 @@ def test_profile_set_has_the_builtin_modules_in_the_standalone_format() -> None:
     }
     assert "reject" in kinds.values()
     for module in doc["modules"]:
-        assert module["extractor"] in (None, "item_id", "list_index", "name"), module["id"]
+        assert module["extractor"] in (None, *EXTRACTOR_NAMES), module["id"]
         # Only read profiles may route directly; writes and chit-chat never do.
         assert module["direct"] is (module["kind"] == "read"), module["id"]
         for lang in ("zh", "en"):

@@ -15,6 +15,7 @@ from system.gateway.v1 import gateway_pb2
 
 from engine_service.app import build_registry
 from engine_service.config import EngineConfig
+from engine_service.modules.item import _singular
 from engine_service.modules.profile import play_time
 from engine_service.schema import violation
 from engine_service.tools import BUILTIN_GAME_TOOLS
@@ -250,6 +251,27 @@ async def test_item_lookup_in_chinese_and_english(chain: Chain) -> None:
     assert card_lines(elytra)[-1] == "  No known source."
 
 
+async def test_a_question_about_making_or_getting_an_item_opens_its_card(chain: Chain) -> None:
+    """Routed locally (the router's `item` extractor passes the name as `query`), no model
+    call; an English plural that names nothing is looked up as its singular."""
+    client = await chain.steve_and_alex()
+    for text, title in (
+        ("火把怎么合成", "物品：火把"),
+        ("铁锭从哪里获得", "物品：铁锭"),
+        ("钻石剑的合成配方", "物品：钻石剑"),
+    ):
+        response = await client.chat("steve", text)
+        assert response.reply.module_id == "system:item", text
+        assert response.reply.result.card.title == title, text
+    assert "  合成：1 × 煤炭、1 × 木棍 → 4 个" in card_lines(
+        await client.chat("steve", "火把怎么合成")
+    )
+    plural = await client.chat("alex", "where to find diamonds")
+    assert plural.reply.module_id == "system:item"
+    assert plural.reply.result.card.title == "Item: Diamond"
+    assert card_lines(plural)[0] == "ID: minecraft:diamond"
+
+
 async def test_an_ambiguous_name_lists_candidates_as_buttons(chain: Chain) -> None:
     client = await chain.steve_and_alex()
     response = await client.chat("steve", "/item 剑")
@@ -314,3 +336,22 @@ async def test_bad_input_is_refused_with_a_message(chain: Chain) -> None:
         call.input.update(forged)
         refused = await client.request("alex", invoke=gateway_pb2.Invoke(call=call))
         assert refused.reply.result.failure.key == "system.error.invalid_input", forged
+
+
+@pytest.mark.parametrize(
+    ("query", "singular"),
+    [
+        ("diamonds", "diamond"),
+        ("Torches", "Torch"),
+        ("sweet berries", "sweet berry"),
+        ("boxes", "box"),
+        ("glass", None),
+        ("钻石", None),
+        ("ice", None),
+        ("gus", None),
+    ],
+)
+def test_an_english_plural_is_looked_up_again_as_its_singular(
+    query: str, singular: str | None
+) -> None:
+    assert _singular(query) == singular

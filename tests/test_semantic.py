@@ -885,6 +885,55 @@ def test_extractors() -> None:
     assert extract("name", "hello there") is None
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("查看 minecraft:diamond 怎么合成", {"item_id": "minecraft:diamond"}),
+        ("火把怎么合成", {"query": "火把"}),
+        ("怎么合成箱子", {"query": "箱子"}),
+        ("书架要怎么制作呢？", {"query": "书架"}),
+        ("蛋糕的合成配方", {"query": "蛋糕"}),
+        ("铁镐从哪里获得", {"query": "铁镐"}),
+        ("黑曜石在哪里找", {"query": "黑曜石"}),
+        ("钻石剑的来源", {"query": "钻石剑"}),
+        ("查看物品 金苹果", {"query": "金苹果"}),
+        ("How do I craft a Diamond Sword?", {"query": "Diamond Sword"}),
+        ("where to find iron ore", {"query": "iron ore"}),
+        ("where can I get ender pearls", {"query": "ender pearls"}),
+        ("where does obsidian come from", {"query": "obsidian"}),
+        ("crafting recipe for a chest", {"query": "chest"}),
+        ("bookshelf recipe", {"query": "bookshelf"}),
+        ("look up item golden apple", {"query": "golden apple"}),
+    ],
+)
+def test_the_item_extractor_reads_an_id_or_the_item_a_question_asks_about(
+    text: str, expected: dict[str, str]
+) -> None:
+    assert extract("item", text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "minecraft:torch 和 minecraft:stick",  # two ids
+        "火把",  # a name alone: no question frame
+        "火把和木棍怎么合成",  # a list
+        "这个怎么合成",  # a reference
+        "我的背包在哪里找",  # the player's own thing
+        "末影龙在哪里",  # where a thing is, not how to get it
+        "钻石有什么用",  # what it is for: the item card does not say
+        "查看 背包",  # a verb without 物品: anything can follow it
+        "how do i get to the nether",  # a place
+        "how do i make money and friends",
+        "what is my balance",
+        "how do I craft it",
+        "how do I craft " + "x" * 65,  # longer than an item name
+    ],
+)
+def test_the_item_extractor_reads_no_item_from_other_questions(text: str) -> None:
+    assert extract("item", text) is None
+
+
 # --- modes, permissions, limits ---------------------------------------------------------------
 
 

@@ -6,7 +6,9 @@ game server's registry through the game tool `minecraft:item.lookup`.
 matches several items (`/item 剑`) gives a card of candidates, one button each (pressing one,
 or `查看 2`, opens that item); an unknown item gives a NOT_FOUND card saying what was looked
 for. Local routing passes the id it parsed from the text (`查询物品 minecraft:diamond`) as
-`item_id`.
+`item_id`, or the name an item question asks about (`火把怎么合成`, `where do I find diamonds`:
+the router's `item` extractor) as `query`; an English plural that names nothing is looked up
+once more as its singular (`diamonds`, `torches`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,21 @@ _NOT_FOUND = {
 }
 
 
+_PLURAL_ENDINGS = (("ies", "y"), ("ches", "ch"), ("shes", "sh"), ("xes", "x"), ("sses", "ss"))
+
+
+def _singular(query: str) -> str | None:
+    """The singular of an English plural (`diamonds`, `torches`, `berries`), for a second
+    lookup when the first found nothing; None for anything else."""
+    folded = query.casefold()
+    if not query.isascii() or len(query) < 4 or not folded.endswith("s"):
+        return None
+    for plural, single in _PLURAL_ENDINGS:
+        if folded.endswith(plural):
+            return query[: -len(plural)] + single
+    return None if folded.endswith("ss") else query[:-1]
+
+
 class ItemModule:
     """One lookup; the item's card, a card of candidates, or NOT_FOUND."""
 
@@ -103,13 +120,18 @@ class ItemModule:
                     "查询物品 minecraft:diamond",
                     "查看物品 minecraft:iron_ingot 的信息",
                     "minecraft:elytra 是什么",
-                    "物品 minecraft:oak_log 详情",
                     "查一下 minecraft:redstone",
                     "minecraft:beacon 这个物品是什么",
                     "物品ID minecraft:apple 的资料",
                     "查看 minecraft:stone 的用途",
-                    "minecraft:ender_pearl 从哪里获得",
                     "minecraft:iron_ingot 的物品来源",
+                    "火把怎么合成",
+                    "钻石剑怎么制作",
+                    "铁锭从哪里获得",
+                    "工作台的合成配方",
+                    "末影珍珠在哪里找",
+                    "面包怎么得到",
+                    "怎么合成熔炉",
                 ),
                 "en": (
                     "look up item minecraft:diamond",
@@ -122,13 +144,18 @@ class ItemModule:
                     "item info minecraft:stone",
                     "where does minecraft:ender_pearl come from",
                     "how do I get minecraft:iron_ingot",
+                    "torch crafting recipe",
+                    "where to find iron ore",
+                    "crafting recipe for a furnace",
+                    "where to get ender pearls",
+                    "diamond sword recipe",
                 ),
             },
-            extractor="item_id",
+            extractor="item",
             choice_label="system.item.choice",
         ),
         tools=(ITEM_LOOKUP,),
-        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0),
+        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=2, steps=2, seconds=10.0),
     )
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
@@ -140,6 +167,10 @@ class ItemModule:
         items = found["items"]
         if by_id:  # an id names one item or none: never show near misses for it
             items = [i for i in items if i["id"] == query]
+        singular = None if by_id or items else _singular(query)
+        if singular is not None:
+            found = await ctx.tool(ITEM_LOOKUP, {"query": singular})
+            items = found["items"]
         if not items:
             return failed(
                 AgentFailure.NOT_FOUND,

@@ -8,6 +8,7 @@ and None blocks a direct route (the model or a card decides instead).
 | `item_id`    | `{"item_id": "ns:path"}` | exactly one registry id (`minecraft:diamond`)     |
 | `list_index` | `{"index": 3}`          | exactly one list number: `查看 1`, `view 2`, `第3个`, `第三个`, `#4` |
 | `name`       | `{"name": "Dragon"}`    | exactly one quoted name, else the text after a leading verb (`查看 任务名`, `view Dragon Slayer`) |
+| `item`       | `{"item_id": ...}` or `{"query": "火把"}` | what `item_id` accepts; else, with no registry id in the text, the item a question about making or getting it names: the words around its frame (`火把怎么合成`, `怎么制作蛋糕`, `钻石在哪里找`, `铁锭的来源`, `how do I craft a torch`, `where does obsidian come from`, `recipe for a chest`) |
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from router_service.semantic.text import ITEM_ID, clean, normalize
 
-__all__ = ["EXTRACTORS", "extract", "item_id", "list_index", "name"]
+__all__ = ["EXTRACTORS", "extract", "item", "item_id", "list_index", "name"]
 
 MAX_INDEX = 9999
 MAX_NAME_CHARS = 64
@@ -102,8 +103,93 @@ def name(text: str) -> dict[str, Any] | None:
     return {"name": value}
 
 
+# An item question's frame (`item`): how to make or get it, where it is found or comes from,
+# its recipe or source (what the item card shows); the item is the words the frame leaves. Only whole-text matches count, so a
+# sentence that says more than the question is not read as a name.
+_ZH_HOW = r"(?:要?怎么|要?怎样|如何|咋)(?:才能|能|可以)?"
+_ZH_MAKE = r"(?:合成|制作|制造|获得|得到|获取|弄到|拿到|搞到|找到)"
+_ZH_BEFORE = rf"(?:请|帮我)?(?:(?:查询|查看|查找|查一下|查下|搜索|搜一下|看看|看一下)物品|{_ZH_HOW}{_ZH_MAKE})"
+_ZH_AFTER = (
+    rf"(?:{_ZH_HOW}{_ZH_MAKE}"
+    r"|(?:从|在|去)?(?:哪里|哪儿|哪)(?:能|可以)?(?:获得|得到|获取|找到|找|弄到|挖到|刷到)"
+    r"|(?:哪里|哪儿)有|从(?:哪里|哪儿)来"
+    r"|的?(?:合成|制作)?(?:配方|合成表|合成方法|做法|来源|获取方式|获得方式|获取方法|获得方法))"
+)
+_ZH_ITEM_QUESTION = re.compile(
+    rf"^(?:(?P<before>{_ZH_BEFORE})\s*(?P<a>.+?)\s*(?:{_ZH_AFTER})?"
+    rf"|(?P<b>.+?)\s*{_ZH_AFTER})"
+    r"[\s?!。？！]*(?:呀|啊|呢|吗|嘛|啦)?[\s?!。？！]*$"
+)
+_EN_ARTICLE = r"(?:(?:a|an|the|some)\s+)?"
+_EN_ITEM_QUESTION = re.compile(
+    r"^(?:please\s+)?(?:"
+    rf"(?:how\s+(?:do|can|would|should)\s+(?:i|you|we|one)\s+|how\s+to\s+)"
+    rf"(?:craft|make|get|obtain|find|smelt|brew)\s+{_EN_ARTICLE}(?P<a>.+?)"
+    rf"|where\s+(?:(?:do|can|would)\s+(?:i|you|we|one)|to)\s+(?:find|get|obtain|mine|farm)\s+"
+    rf"{_EN_ARTICLE}(?P<b>.+?)"
+    rf"|where\s+(?:does|do)\s+{_EN_ARTICLE}(?P<c>.+?)\s+come\s+from"
+    rf"|(?:crafting\s+)?recipe\s+(?:for|of)\s+{_EN_ARTICLE}(?P<e>.+?)"
+    rf"|(?:look\s*up|find|search(?:\s+for)?|show)\s+(?:the\s+)?item\s+(?P<f>.+?)"
+    rf"|{_EN_ARTICLE}(?P<g>.+?)\s+(?:crafting\s+)?recipe"
+    r")[\s.?!]*(?:please|pls)?[\s.?!]*$",
+    re.IGNORECASE,
+)
+_NOT_A_NAME = frozenset(
+    {
+        "它",
+        "这个",
+        "那个",
+        "这",
+        "那",
+        "这些",
+        "那些",
+        "它们",
+        "东西",
+        "物品",
+        "你",
+        "我",
+        "他",
+        "她",
+    }
+    | {"it", "this", "that", "these", "those", "them", "one", "item", "items", "thing", "you"}
+)
+"""What an item question's frame may leave that names no item: a reference, a person or the
+word `item` itself (the reference guard and the model take those)."""
+_NO_ITEM = re.compile(
+    r"^(?:我|你|他|她|我们|你们)的"
+    r"|^(?:my|your|our|his|her|their|to|into|from|out|back|rid|better|more|there|here|home)\b",
+    re.IGNORECASE,
+)
+"""What leaves no item name: a player's own thing (`我的背包`, `my balance`), which the item
+lookup does not know, or a place or way (`how do I get to the nether`, `get better`)."""
+
+
+def item(text: str) -> dict[str, Any] | None:
+    """`item_id`'s answer when the text holds a registry id (None for two or more); else
+    `{"query": name}` for the item a lookup question names (see `_ZH_ITEM_QUESTION`,
+    `_EN_ITEM_QUESTION`), kept as typed: the lookup finds it by name. None when no frame
+    holds the whole text, or what it leaves is a reference, a list or over 64 characters."""
+    if ITEM_ID.search(normalize(text)):
+        return item_id(text)
+    cleaned = clean(text)
+    match = _ZH_ITEM_QUESTION.match(cleaned) or _EN_ITEM_QUESTION.match(cleaned)
+    if match is None:
+        return None
+    found = [value for key, value in match.groupdict().items() if key != "before" and value]
+    value = found[0].strip(" ?？.!！。") if len(found) == 1 else ""
+    if (
+        not value
+        or len(value) > MAX_NAME_CHARS
+        or value.casefold() in _NOT_A_NAME
+        or _SEPARATORS.search(value)
+        or _NO_ITEM.search(value)
+    ):
+        return None
+    return {"query": value}
+
+
 EXTRACTORS: Mapping[str, Callable[[str], dict[str, Any] | None]] = MappingProxyType(
-    {"item_id": item_id, "list_index": list_index, "name": name}
+    {"item_id": item_id, "list_index": list_index, "name": name, "item": item}
 )
 """Extractor name → function of the text."""
 

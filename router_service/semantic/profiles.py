@@ -11,12 +11,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from router_service.semantic.extractors import EXTRACTORS
 from services.runtime.config import ConfigError
 
 __all__ = ["EXTRACTOR_NAMES", "PROFILE_KINDS", "Profile", "load_profiles", "parse_profiles"]
 
 PROFILE_KINDS = ("read", "hints", "reject")
-EXTRACTOR_NAMES = ("item_id", "list_index", "name")
+EXTRACTOR_NAMES = tuple(EXTRACTORS)
 _MODULE_ID = re.compile(r"^[a-z0-9_.-]+:[a-z0-9_./-]+$")
 _LANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]{2,8})?$")
 
