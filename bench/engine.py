@@ -337,7 +337,7 @@ async def _joins_settled(
 ) -> None:
     """Waits until the engines have handled `resumes` ResumePlayerTasks calls in all (each
     join's, which a gateway sends in the background once storage has placed the player), then
-    until the joins' calls to storage (a resume lists the player's waiting tasks, the gateway
+    until the joins' calls to storage (a resume queues the player's waiting tasks, the gateway
     attaches the players) have stopped coming for `quiet` seconds. Without the first wait a
     loaded machine let a round count 2,999 joins' resumes as its tasks' work. It fails only
     when the resumes stop coming for `stall` seconds: a loaded machine took over a minute for
@@ -354,7 +354,7 @@ async def _joins_settled(
 
     def joins_seen() -> int:
         handled = _handled(stack, "storage")
-        return handled["ListTasks"] + handled["AttachPlayers"]
+        return handled["QueueWaitingTasks"] + handled["AttachPlayers"]
 
     calls = await asyncio.to_thread(joins_seen)
     deadline = time.monotonic() + stall

@@ -101,7 +101,7 @@ class TaskStore:
             idempotent_methods=[
                 f"{_JOURNAL}/CreateTask",
                 f"{_JOURNAL}/CompleteStep",
-                f"{_JOURNAL}/ListTasks",
+                f"{_JOURNAL}/QueueWaitingTasks",
                 f"{_JOURNAL}/GetTask",
                 f"{_JOURNAL}/Commit",  # only ever sent with a request id: retries replay
             ],
@@ -149,45 +149,15 @@ class TaskStore:
         return response.task, response.created
 
     async def resume(self, player_id: str) -> int:
-        """Moves the player's WAITING tasks to QUEUED; returns how many moved. A task another
-        call moved first is skipped (the move is conditional on WAITING)."""
-        moved = 0
-        token = ""
+        """Moves the player's WAITING tasks to QUEUED (one storage call); returns how many
+        moved. A task another call moved first is not counted."""
         try:
-            while True:
-                page = await self._dep.stub.ListTasks(
-                    journal_pb2.ListTasksRequest(
-                        player_id=player_id,
-                        states=[journal_pb2.TASK_STATE_WAITING],
-                        page_size=100,
-                        page_token=token,
-                    ),
-                    timeout=self._timeout,
-                )
-                for task in page.tasks:
-                    if await self._resume_one(task.task_id):
-                        moved += 1
-                token = page.next_page_token
-                if not token:
-                    return moved
-        except grpc.aio.AioRpcError as exc:
-            raise Unavailable(f"waiting tasks could not be resumed: {exc.details()}") from None
-
-    async def _resume_one(self, task_id: str) -> bool:
-        try:
-            await self._dep.stub.TransitionTask(
-                journal_pb2.TransitionTaskRequest(
-                    task_id=task_id,
-                    state=journal_pb2.TASK_STATE_QUEUED,
-                    expected_state=journal_pb2.TASK_STATE_WAITING,
-                ),
-                timeout=self._timeout,
+            response = await self._dep.stub.QueueWaitingTasks(
+                journal_pb2.QueueWaitingTasksRequest(player_id=player_id), timeout=self._timeout
             )
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
-                return False  # resumed by someone else, or gone
-            raise
-        return True
+            raise Unavailable(f"waiting tasks could not be resumed: {exc.details()}") from None
+        return len(response.task_ids)
 
     async def claim(self, owner: str, max_tasks: int, lease_seconds: int) -> list[Claim]:
         """Claims runnable tasks (QUEUED, or RUNNING whose lease expired), each with where its

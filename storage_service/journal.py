@@ -78,6 +78,7 @@ from storage_service.tasks import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     create_task,
+    queue_waiting,
     transition_task,
 )
 from storage_service.validation import check_player_id
@@ -324,6 +325,13 @@ class JournalStore:
         return task_message(row)
 
     transition_task = _own_transaction(transition_task_in)
+
+    def queue_waiting_in(self, session: Session, player_id: str) -> list[str]:
+        """`queue_waiting` inside the session's transaction: the player's WAITING tasks move
+        to QUEUED; returns their ids, oldest first."""
+        return queue_waiting(session, self._now(), player_id)
+
+    queue_waiting = _own_transaction(queue_waiting_in)
 
     # -- receipts ------------------------------------------------------------------------------
 

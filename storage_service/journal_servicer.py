@@ -15,6 +15,7 @@ from storage_service.group_commit import GroupCommitter, declared, fenced
 from storage_service.journal import JournalStore
 from storage_service.ledgers import Writes
 from storage_service.runs import RunStore
+from storage_service.validation import check_player_id
 
 __all__ = ["JournalServicer"]
 
@@ -136,6 +137,21 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
             )
         )
         return journal_pb2.TransitionTaskResponse(task=task)
+
+    async def QueueWaitingTasks(
+        self,
+        request: journal_pb2.QueueWaitingTasksRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> journal_pb2.QueueWaitingTasksResponse:
+        check_player_id(request.player_id)  # before the group locks the player
+        task_ids = await self._write(
+            declared(
+                self._store.queue_waiting_in,
+                Writes(players=(request.player_id,)),
+                player_id=request.player_id,
+            )
+        )
+        return journal_pb2.QueueWaitingTasksResponse(task_ids=task_ids)
 
     async def RecordStep(
         self, request: journal_pb2.RecordStepRequest, context: grpc.aio.ServicerContext[Any, Any]

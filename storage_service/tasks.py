@@ -57,6 +57,7 @@ from storage_service.journal_records import (
     RECOVERABLE,
     TERMINAL,
     TS,
+    WAITING,
     StoredTask,
     _check_id,
     _no_task,
@@ -79,7 +80,14 @@ from storage_service.ledgers import (
 )
 from storage_service.validation import check_player_id
 
-__all__ = ["create_insert", "create_task", "new_task", "transition_fast", "transition_task"]
+__all__ = [
+    "create_insert",
+    "create_task",
+    "new_task",
+    "queue_waiting",
+    "transition_fast",
+    "transition_task",
+]
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -512,3 +520,24 @@ def transition_task(
     if moved is None:
         raise not_applied("a task move")
     return StoredTask.from_row(moved)
+
+
+# Every WAITING task of a player to QUEUED (their player joined): the move
+# WAITING -> QUEUED of transition_task for each, which changes nothing but the state and the
+# time (a task that waits holds no result).
+_QUEUE_WAITING = (
+    update(_TASKS)
+    .where(_TASKS.c.player_id == bindparam("q_player_id"), _TASKS.c.state == WAITING)
+    .values(state=QUEUED, updated_at=bindparam("q_now", type_=_TASKS.c.updated_at.type))
+    .returning(_TASKS.c.seq, _TASKS.c.task_id)
+)
+
+
+def queue_waiting(session: Session, now: dt.datetime, player_id: str) -> list[str]:
+    """Moves the player's WAITING tasks to QUEUED in one statement, under the player's lock
+    (the order every writer of their ledgers keeps: decision 0027); returns the ids moved,
+    oldest first."""
+    check_player_id(player_id)
+    lock_player(session, player_id)
+    moved = session.execute(_QUEUE_WAITING, {"q_player_id": player_id, "q_now": now})
+    return [task_id for _, task_id in sorted(moved)]

@@ -332,6 +332,27 @@ def test_list_tasks_pages_oldest_first_and_filters_states(store: JournalStore) -
         store.list_tasks(player, page_size=-1)
 
 
+def test_queue_waiting_moves_only_the_players_waiting_tasks(
+    store: JournalStore, clock: Clock
+) -> None:
+    player, other = _player(), _player()
+    tasks = [_task(store, player, state) for state in [WAITING, QUEUED, RUNNING, WAITING, FAILED]]
+    theirs = _task(store, other, WAITING)
+    clock.now += dt.timedelta(seconds=5)
+    waiting = [t.task_id for t in tasks if t.state == WAITING]
+    assert store.queue_waiting(player) == waiting  # oldest first
+    listed, _ = store.list_tasks(player)
+    assert [t.state for t in listed] == [QUEUED, QUEUED, RUNNING, QUEUED, FAILED]
+    for task in listed:
+        if task.task_id in waiting:  # moved as TransitionTask moves them: state and time
+            assert task.updated_at.ToDatetime(tzinfo=dt.UTC) == clock.now
+    assert store.queue_waiting(player) == []  # safe to repeat
+    assert store.get_task(theirs.task_id).state == WAITING
+    assert store.queue_waiting(_player()) == []
+    with pytest.raises(InvalidArgument, match="player_id is required"):
+        store.queue_waiting("")
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
@@ -1455,6 +1476,18 @@ async def test_service_round_trip(stub: journal_pb2_grpc.JournalServiceStub) -> 
 def _bad_calls(player: str) -> list[tuple[str, Any, grpc.StatusCode, str]]:
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     return [
+        (
+            "QueueWaitingTasks",
+            journal_pb2.QueueWaitingTasksRequest(),
+            invalid,
+            "player_id is required",
+        ),
+        (
+            "QueueWaitingTasks",
+            journal_pb2.QueueWaitingTasksRequest(player_id="p" * 65),
+            invalid,
+            "longer than 64",
+        ),
         (
             "CreateTask",
             journal_pb2.CreateTaskRequest(module_id=MODULE, event_key="e"),
