@@ -219,9 +219,12 @@ def _count_claims(engine: EngineApp) -> list[int]:
     return claims
 
 
-def _resumes_asked_again() -> float:
-    """The gateway's count of joins' resumes asked again (gateway_resumes_asked_again_total)."""
-    return REGISTRY.get_sample_value("gateway_resumes_asked_again_total") or 0.0
+def _asked_again(call: str = "ResumePlayerTasks") -> float:
+    """How many times the gateway asked the engine again for `call`
+    (gateway_engine_calls_asked_again_total)."""
+    return (
+        REGISTRY.get_sample_value("gateway_engine_calls_asked_again_total", {"call": call}) or 0.0
+    )
 
 
 def _player(player_id: str) -> common_pb2.PlayerContext:
@@ -340,10 +343,10 @@ async def test_a_join_while_the_engine_is_down_resumes_the_waiting_task_once_it_
         waiting = (await stack.settled(["alex"], states={journal_pb2.TASK_STATE_WAITING}))["alex"]
         await _stop(engine)
 
-        asked_before = _resumes_asked_again()
+        asked_before = _asked_again()
         await stack.game.join("alex", "Alex")
         await wait_until(
-            lambda: _resumes_asked_again() > asked_before, what="the refused resume asked again"
+            lambda: _asked_again() > asked_before, what="the refused resume asked again"
         )
         assert (await stack.tasks("alex"))[0].state == journal_pb2.TASK_STATE_WAITING
 
@@ -355,6 +358,49 @@ async def test_a_join_while_the_engine_is_down_resumes_the_waiting_task_once_it_
             assert stack.game.gained("alex") == REWARD
         finally:
             await _stop(engine)
+
+
+async def test_an_event_while_the_engine_is_down_is_sent_again_once_it_is_back(
+    fresh_database_url: str,
+) -> None:
+    """No engine can be reached (restarted, say, in a rollout): the gateway sends the event
+    again, so the game server is told nothing and the reward comes once an engine is back."""
+    engine_port = free_port()
+    gateway_port = free_port()
+    async with _stack(fresh_database_url, f"127.0.0.1:{engine_port}", gateway_port) as stack:
+        await stack.game.join("steve", "Steve")
+        asked_before = _asked_again("SubmitEvent")
+        await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        await wait_until(
+            lambda: _asked_again("SubmitEvent") > asked_before, what="the event sent again"
+        )
+        engine = await _engine(stack.storage.host.target, gateway_port, port=engine_port)
+        try:
+            done = (await stack.settled(["steve"]))["steve"]
+            assert done.state == journal_pb2.TASK_STATE_SUCCEEDED, done.result
+            assert stack.game.gained("steve") == REWARD
+            assert stack.game.frame_errors == []
+        finally:
+            await _stop(engine)
+
+
+async def test_an_event_no_engine_takes_for_long_is_refused_unavailable(
+    fresh_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After EVENT_AGAIN_SECONDS without an engine the game server is told, with the event key
+    (it may resend later with the same key); nothing was made."""
+    from services.gateway import players
+
+    monkeypatch.setattr(players, "EVENT_AGAIN_SECONDS", 1.0)
+    engine_port = free_port()
+    gateway_port = free_port()
+    async with _stack(fresh_database_url, f"127.0.0.1:{engine_port}", gateway_port) as stack:
+        await stack.game.join("steve", "Steve")
+        await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        await wait_until(lambda: stack.game.frame_errors, timeout=10, what="the refusal")
+        [error] = stack.game.frame_errors
+        assert (error.request_id, error.code) == ("adv-1", grpc.StatusCode.UNAVAILABLE.value[0])
+        assert await stack.tasks("steve") == []
 
 
 async def test_a_player_leaving_mid_task_resumes_it_without_repeating(

@@ -13,7 +13,12 @@ from tests.waiting import holds_for, wait_until
 
 
 def _asked_again() -> float:
-    return REGISTRY.get_sample_value("gateway_resumes_asked_again_total") or 0.0
+    return (
+        REGISTRY.get_sample_value(
+            "gateway_engine_calls_asked_again_total", {"call": "ResumePlayerTasks"}
+        )
+        or 0.0
+    )
 
 
 async def test_a_refused_resume_is_asked_again_only_while_the_player_stays() -> None:

@@ -65,11 +65,14 @@ _RPC_FAILURES = {
 MAX_INPUT_DEPTH = 16
 """Deepest nesting of a button's JSON input (the gateway's Struct limit: deeper inputs could
 not be decoded downstream)."""
-RESUME_FIRST_PAUSE_SECONDS = 0.25
-RESUME_MOST_PAUSE_SECONDS = 15.0
-"""A join's ResumePlayerTasks that the engine could not take is asked again after a pause
-that starts here and doubles up to the most (each drawn between half and all of it, so a
-restarted engine is not met by every waiting join at once), for as long as the player stays."""
+FIRST_PAUSE_SECONDS = 0.25
+MOST_PAUSE_SECONDS = 15.0
+"""An engine call the gateway asks again (`_ask_engine`) waits a pause that starts here and
+doubles up to the most, each drawn between half and all of it, so a restarted engine is not
+met by every waiting call at once."""
+EVENT_AGAIN_SECONDS = 30.0
+"""How long a game event the engine could not be reached for is sent again (an engine rolled
+out) before the game server is told (it may resend with the same key later)."""
 _RESUME_AGAIN = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -77,11 +80,17 @@ _RESUME_AGAIN = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
-"""Codes after which a resume is asked again: the engine was away, too slow or busy."""
-RESUMES_ASKED_AGAIN = Counter(
-    "gateway_resumes_asked_again_total",
-    "Joins' ResumePlayerTasks asked again because no engine could take them (unavailable, "
-    "too slow or busy); the player's waiting event tasks wait until one does.",
+"""Codes after which a join's resume is asked again: the engine was away, too slow or busy
+(nothing else queues the player's waiting tasks before their next join)."""
+_EVENT_AGAIN = frozenset({grpc.StatusCode.UNAVAILABLE})
+"""Codes after which an event is sent again: no engine could be reached. A busy or slow engine
+is said to the game server at once, which resends later (the plugin guide)."""
+ENGINE_CALLS_ASKED_AGAIN = Counter(
+    "gateway_engine_calls_asked_again_total",
+    "Calls to the engine asked again because no engine could take them: a join's "
+    "ResumePlayerTasks (unavailable, too slow or busy) or a game event's SubmitEvent "
+    "(unavailable).",
+    ["call"],
 )
 CATALOG_SECONDS = 5.0
 """Longest a hello waits for the engine's game-tool catalogue before going on unchecked."""
@@ -319,6 +328,41 @@ class PlayerRequests:
             "cancelling the player's engine runs",
         )
 
+    async def _ask_engine(
+        self,
+        method: str,
+        request: Any,
+        again: frozenset[grpc.StatusCode],
+        staying: Callable[[], bool],
+        seconds: float | None = None,
+    ) -> Any:
+        """The engine's answer to `request` on its stream, asked again after a growing pause
+        (FIRST_PAUSE_SECONDS to MOST_PAUSE_SECONDS) while it fails with a code in `again`,
+        `staying()` holds and, when given, `seconds` have not passed; the last failure is
+        raised then. Only for calls that are safe to repeat."""
+        loop = asyncio.get_running_loop()
+        until = None if seconds is None else loop.time() + seconds
+        pause = FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                return await self._engine_calls.call(method, request, DEFAULT_CALL_SECONDS)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in again or (until is not None and loop.time() >= until):
+                    raise
+                _repeated.log(
+                    logging.WARNING,
+                    f"{method}:{exc.code().name}",
+                    "%s could not be taken by an engine (%s: %s); asked again",
+                    method,
+                    exc.code().name,
+                    exc.details(),
+                )
+                await asyncio.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter
+                pause = min(pause * 2, MOST_PAUSE_SECONDS)
+                if not staying():
+                    raise
+            ENGINE_CALLS_ASKED_AGAIN.labels(method).inc()
+
     def resume_tasks(
         self,
         player: common_pb2.PlayerContext,
@@ -334,31 +378,12 @@ class PlayerRequests:
         async def resume() -> None:
             if arrived is not None:
                 await arrived
-            pause = RESUME_FIRST_PAUSE_SECONDS
-            while True:
-                try:
-                    await self._engine_calls.call(
-                        "ResumePlayerTasks",
-                        engine_pb2.ResumePlayerTasksRequest(player=player),
-                        DEFAULT_CALL_SECONDS,
-                    )
-                    return
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() not in _RESUME_AGAIN:
-                        raise
-                    _repeated.log(
-                        logging.WARNING,
-                        f"resume:{exc.code().name}",
-                        "a join's ResumePlayerTasks could not reach an engine (%s: %s); "
-                        "asked again while the player stays",
-                        exc.code().name,
-                        exc.details(),
-                    )
-                await asyncio.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter
-                pause = min(pause * 2, RESUME_MOST_PAUSE_SECONDS)
-                if not staying():
-                    return
-                RESUMES_ASKED_AGAIN.inc()
+            await self._ask_engine(
+                "ResumePlayerTasks",
+                engine_pb2.ResumePlayerTasksRequest(player=player),
+                _RESUME_AGAIN,
+                staying,
+            )
 
         self._in_background(resume(), "resuming the player's event tasks")
 
@@ -370,11 +395,13 @@ class PlayerRequests:
         refused: Callable[[grpc.StatusCode, str], None],
         arrived: Awaitable[object] | None = None,
         state: PlayerState | None = None,
+        staying: Callable[[], bool] = lambda: True,
     ) -> None:
         """Hands a game event to the engine, once `arrived` is done (as for `resume_tasks`),
         unless an administrator revoked the player (`state`: what the gateway knows of them);
         `refused(code, message)` is called then, or if the engine refuses it or cannot be
-        reached (the game server may resend with the same key)."""
+        reached for EVENT_AGAIN_SECONDS while `staying()` (the game server's connection is
+        open: the game server may resend with the same key)."""
 
         async def submit() -> None:
             if arrived is not None:
@@ -383,7 +410,7 @@ class PlayerRequests:
                 refused(grpc.StatusCode.PERMISSION_DENIED, _REVOKED)
                 return
             try:
-                await self._engine_calls.call(
+                await self._ask_engine(
                     "SubmitEvent",
                     engine_pb2.SubmitEventRequest(
                         player=player,
@@ -392,7 +419,9 @@ class PlayerRequests:
                         data=event.data,
                         player_online=online,
                     ),
-                    DEFAULT_CALL_SECONDS,
+                    _EVENT_AGAIN,
+                    staying,
+                    EVENT_AGAIN_SECONDS,
                 )
             except grpc.aio.AioRpcError as exc:
                 refused(exc.code(), exc.details() or exc.code().name)

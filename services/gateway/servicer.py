@@ -472,6 +472,7 @@ class GatewayServicer(gateway_pb2_grpc.GameGatewayServiceServicer):
             refused,
             self._arrival(player.player_id) if online else None,
             state,
+            staying=lambda: not connection.closed,
         )
 
     # -- requests --------------------------------------------------------------------------------
