@@ -56,10 +56,14 @@ REFILL_WORKERS = 2
 MAX_EVENT_KEY = 128
 """Longest event key a game server may send (the module id is added to make the task key)."""
 NOTICE_SECONDS = 5.0
+"""How long telling a player how their task ended may take before it is given up."""
 WAITING_RECHECK_SECONDS = 3.0
 """How long after a task started waiting for its player storage is asked whether they are
 connected after all (see EventRunner._recheck_later)."""
-"""How long telling a player how their task ended may take before it is given up."""
+RECHECK_ATTEMPTS = 5
+"""How many times a recheck asks storage to queue the player's waiting tasks when it could
+not (each WAITING_RECHECK_SECONDS after the last) before it leaves them to the player's next
+join."""
 
 
 class PlayerNotices(Protocol):
@@ -455,9 +459,16 @@ class EventRunner:
         located = self._located
 
         async def recheck() -> None:
-            await asyncio.sleep(WAITING_RECHECK_SECONDS)
-            if await located(player_id) and await self._store.resume(player_id):
-                self.wake()
+            for _ in range(RECHECK_ATTEMPTS):
+                await asyncio.sleep(WAITING_RECHECK_SECONDS)
+                if not await located(player_id):
+                    return
+                try:
+                    if await self._store.resume(player_id):
+                        self.wake()
+                    return
+                except Unavailable as exc:  # storage away a moment: asked again
+                    log.warning("a waiting task's recheck could not queue it: %s", exc)
 
         task = asyncio.get_running_loop().create_task(recheck(), context=contextvars.Context())
         self._rechecks.add(task)
