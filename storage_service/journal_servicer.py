@@ -15,7 +15,6 @@ from storage_service.group_commit import GroupCommitter, declared, fenced
 from storage_service.journal import JournalStore
 from storage_service.ledgers import Writes
 from storage_service.runs import RunStore
-from storage_service.validation import check_player_id
 
 __all__ = ["JournalServicer"]
 
@@ -143,7 +142,6 @@ class JournalServicer(journal_pb2_grpc.JournalServiceServicer):
         request: journal_pb2.QueueWaitingTasksRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> journal_pb2.QueueWaitingTasksResponse:
-        check_player_id(request.player_id)  # before the group locks the player
         task_ids = await self._write(
             declared(
                 self._store.queue_waiting_in,

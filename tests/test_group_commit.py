@@ -28,8 +28,15 @@ from services.runtime.errors import (
 )
 from storage_service.db import Base, make_engine
 from storage_service.dbcall import is_unavailable
-from storage_service.group_commit import DEFAULT_MAX_GROUP, GroupCommitter, Unit, run_group
+from storage_service.group_commit import (
+    DEFAULT_MAX_GROUP,
+    GroupCommitter,
+    Unit,
+    declared,
+    run_group,
+)
 from storage_service.journal import JournalBounds, JournalStore
+from storage_service.ledgers import Writes
 from storage_service.player_data import PlayerDataStore
 from tests.transactions import transaction_ends
 from tests.waiting import wait_until
@@ -157,6 +164,27 @@ def test_each_batch_of_a_group_has_the_outcome_it_would_have_alone(
     # The losing batch left no idempotency record either: its request id may be used again.
     again = store.commit(_commit(b, _put(b, 1, b"b2"), request_id=requests[2].request_id))
     assert list(again.versions) == [2] and not again.replayed
+
+
+def test_an_id_the_database_cannot_hold_fails_only_its_unit(store: JournalStore) -> None:
+    """A unit whose declared locks name an id with a NUL (no row can have it) is refused by
+    itself; the group's lock statement and its other units go on."""
+    player = _player()
+    waiting, _, _ = store.create_task(
+        player, "system:event", None, "e-1", journal_pb2.TASK_STATE_WAITING
+    )
+    units = [
+        declared(
+            store.transition_task_in,
+            Writes(tasks=("t\x00",)),
+            task_id="t\x00",
+            state=journal_pb2.TASK_STATE_QUEUED,
+        ),
+        declared(store.queue_waiting_in, Writes(players=(player,)), player_id=player),
+    ]
+    refused, queued = run_group(store._sessions, units)
+    assert isinstance(refused, InvalidArgument) and "NUL" in str(refused)
+    assert queued == [waiting.task_id]
 
 
 def test_a_single_batch_fails_alone_without_a_second_run(

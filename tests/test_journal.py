@@ -1488,6 +1488,26 @@ def _bad_calls(player: str) -> list[tuple[str, Any, grpc.StatusCode, str]]:
             invalid,
             "longer than 64",
         ),
+        # An id PostgreSQL's text cannot hold, named in a write's declared locks: refused by
+        # the write itself, never an error of its group's lock statement.
+        (
+            "QueueWaitingTasks",
+            journal_pb2.QueueWaitingTasksRequest(player_id="p\x00"),
+            invalid,
+            "NUL",
+        ),
+        (
+            "TransitionTask",
+            journal_pb2.TransitionTaskRequest(task_id="t\x00", state=QUEUED),
+            invalid,
+            "NUL",
+        ),
+        (
+            "RecordStep",
+            journal_pb2.RecordStepRequest(step_id="s\x00", task_id="t", tool="x"),
+            invalid,
+            "NUL",
+        ),
         (
             "CreateTask",
             journal_pb2.CreateTaskRequest(module_id=MODULE, event_key="e"),

@@ -104,8 +104,9 @@ def name(text: str) -> dict[str, Any] | None:
 
 
 # An item question's frame (`item`): how to make or get it, where it is found or comes from,
-# its recipe or source (what the item card shows); the item is the words the frame leaves. Only whole-text matches count, so a
-# sentence that says more than the question is not read as a name.
+# its recipe or source (what the item card shows); the item is the words the frame leaves.
+# Only whole-text matches count, so a sentence that says more than the question is not read
+# as a name.
 _ZH_HOW = r"(?:要?怎么|要?怎样|如何|咋)(?:才能|能|可以)?"
 _ZH_MAKE = r"(?:合成|制作|制造|获得|得到|获取|弄到|拿到|搞到|找到)"
 _ZH_BEFORE = rf"(?:请|帮我)?(?:(?:查询|查看|查找|查一下|查下|搜索|搜一下|看看|看一下)物品|{_ZH_HOW}{_ZH_MAKE})"
@@ -116,52 +117,35 @@ _ZH_AFTER = (
     r"|的?(?:合成|制作)?(?:配方|合成表|合成方法|做法|来源|获取方式|获得方式|获取方法|获得方法))"
 )
 _ZH_ITEM_QUESTION = re.compile(
-    rf"^(?:(?P<before>{_ZH_BEFORE})\s*(?P<a>.+?)\s*(?:{_ZH_AFTER})?"
-    rf"|(?P<b>.+?)\s*{_ZH_AFTER})"
+    rf"^(?:{_ZH_BEFORE}\s*(.+?)\s*(?:{_ZH_AFTER})?"
+    rf"|(.+?)\s*{_ZH_AFTER})"
     r"[\s?!。？！]*(?:呀|啊|呢|吗|嘛|啦)?[\s?!。？！]*$"
 )
 _EN_ARTICLE = r"(?:(?:a|an|the|some)\s+)?"
 _EN_ITEM_QUESTION = re.compile(
     r"^(?:please\s+)?(?:"
     rf"(?:how\s+(?:do|can|would|should)\s+(?:i|you|we|one)\s+|how\s+to\s+)"
-    rf"(?:craft|make|get|obtain|find|smelt|brew)\s+{_EN_ARTICLE}(?P<a>.+?)"
+    rf"(?:craft|make|get|obtain|find|smelt|brew)\s+{_EN_ARTICLE}(.+?)"
     rf"|where\s+(?:(?:do|can|would)\s+(?:i|you|we|one)|to)\s+(?:find|get|obtain|mine|farm)\s+"
-    rf"{_EN_ARTICLE}(?P<b>.+?)"
-    rf"|where\s+(?:does|do)\s+{_EN_ARTICLE}(?P<c>.+?)\s+come\s+from"
-    rf"|(?:crafting\s+)?recipe\s+(?:for|of)\s+{_EN_ARTICLE}(?P<e>.+?)"
-    rf"|(?:look\s*up|find|search(?:\s+for)?|show)\s+(?:the\s+)?item\s+(?P<f>.+?)"
-    rf"|{_EN_ARTICLE}(?P<g>.+?)\s+(?:crafting\s+)?recipe"
+    rf"{_EN_ARTICLE}(.+?)"
+    rf"|where\s+(?:does|do)\s+{_EN_ARTICLE}(.+?)\s+come\s+from"
+    rf"|(?:crafting\s+)?recipe\s+(?:for|of)\s+{_EN_ARTICLE}(.+?)"
+    rf"|(?:look\s*up|find|search(?:\s+for)?|show)\s+(?:the\s+)?item\s+(.+?)"
+    rf"|{_EN_ARTICLE}(.+?)\s+(?:crafting\s+)?recipe"
     r")[\s.?!]*(?:please|pls)?[\s.?!]*$",
     re.IGNORECASE,
 )
-_NOT_A_NAME = frozenset(
-    {
-        "它",
-        "这个",
-        "那个",
-        "这",
-        "那",
-        "这些",
-        "那些",
-        "它们",
-        "东西",
-        "物品",
-        "你",
-        "我",
-        "他",
-        "她",
-    }
-    | {"it", "this", "that", "these", "those", "them", "one", "item", "items", "thing", "you"}
-)
-"""What an item question's frame may leave that names no item: a reference, a person or the
-word `item` itself (the reference guard and the model take those)."""
-_NO_ITEM = re.compile(
-    r"^(?:我|你|他|她|我们|你们)的"
-    r"|^(?:my|your|our|his|her|their|to|into|from|out|back|rid|better|more|there|here|home)\b",
+_NOT_AN_ITEM = re.compile(
+    r"^(?:(?:它|它们|这|那|这个|那个|这些|那些|东西|物品|你|我|他|她"
+    r"|it|this|that|these|those|them|one|items?|thing|you)$"
+    r"|(?:我|你|他|她|我们|你们)的"
+    r"|(?:my|your|our|his|her|their|to|into|from|out|back|rid|better|more|there|here|home)\b)",
     re.IGNORECASE,
 )
-"""What leaves no item name: a player's own thing (`我的背包`, `my balance`), which the item
-lookup does not know, or a place or way (`how do I get to the nether`, `get better`)."""
+"""What an item question's frame may leave that names no item: a reference, a person or the
+word `item` itself (the reference guard and the model take those), a player's own thing
+(`我的背包`, `my balance`), which the item lookup does not know, or a place or way (`how do I
+get to the nether`, `get better`)."""
 
 
 def item(text: str) -> dict[str, Any] | None:
@@ -175,15 +159,8 @@ def item(text: str) -> dict[str, Any] | None:
     match = _ZH_ITEM_QUESTION.match(cleaned) or _EN_ITEM_QUESTION.match(cleaned)
     if match is None:
         return None
-    found = [value for key, value in match.groupdict().items() if key != "before" and value]
-    value = found[0].strip(" ?？.!！。") if len(found) == 1 else ""
-    if (
-        not value
-        or len(value) > MAX_NAME_CHARS
-        or value.casefold() in _NOT_A_NAME
-        or _SEPARATORS.search(value)
-        or _NO_ITEM.search(value)
-    ):
+    value = next(group for group in match.groups() if group)  # one frame's name matched
+    if len(value) > MAX_NAME_CHARS or _NOT_AN_ITEM.search(value) or _SEPARATORS.search(value):
         return None
     return {"query": value}
 
