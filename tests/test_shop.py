@@ -441,7 +441,7 @@ async def test_an_expired_quote_charges_nothing(tmp_path: pathlib.Path) -> None:
     async with running_chain(tmp_path, engine_settings={"offer_seconds": 1}) as chain:
         client = await chain.steve_and_alex()
         quoted, confirm = await _quote(client, "alex", "/buy bread 2")
-        assert card_lines(quoted)[-1] == "This quote holds for 1 seconds; press “Confirm purchase”."
+        assert card_lines(quoted)[-1] == "This quote holds for 1 second; press “Confirm purchase”."
         await asyncio.sleep(1.2)
         late = await client.press("alex", quoted.reply.result.card, confirm)
         result = late.reply.result

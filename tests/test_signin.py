@@ -444,7 +444,7 @@ async def test_sign_in_in_chinese_and_english_once_a_day(chain: Chain) -> None:
     english = await client.chat("alex", "/signin")
     assert english.reply.result.card.title == "Daily sign-in"
     assert card_lines(english)[0] == "Signed in for 2026-12-01"
-    assert card_lines(english)[-1] == "Sign-in streak: 1 days, 1 this month"
+    assert card_lines(english)[-1] == "Sign-in streak: 1 day, 1 this month"
     twice = await client.chat("alex", "/signin")
     assert (
         card_lines(twice)[0] == "You have already signed in today (2026-12-01). Come back tomorrow."

@@ -37,8 +37,8 @@ _NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProp
 _ROUTING_TITLE = {"zh": "路由诊断", "en": "Routing diagnostics"}
 _STATE = {
     "zh": "模式 {mode}，{status}；算法 {algorithm}；例句 {examples} 条；意图缓存 {cache} 条",
-    "en": "Mode {mode}, {status}; algorithm {algorithm}; {examples} examples; "
-    "{cache} intent cache entries",
+    "en": "Mode {mode}, {status}; algorithm {algorithm}; {examples:~example}; "
+    "{cache:~intent cache entry|intent cache entries}",
 }
 _DECISIONS = {"zh": "按来源：{counts}", "en": "By source: {counts}"}
 _GATES = {
@@ -126,20 +126,24 @@ class RoutingModule:
         language = ctx.player.language
         found = await ctx.tool(ROUTING_DIAGNOSTICS, {})
         lines = [
-            pick(_STATE, language).format(
+            pick(
+                _STATE,
+                language,
                 mode=found["mode"],
                 status=found["status"],
                 algorithm=found.get("algorithm") or "-",
                 examples=found.get("examples", 0),
                 cache=found.get("cache_entries", 0),
             ),
-            pick(_DECISIONS, language).format(counts=_counts(found["decisions"], language)),
-            pick(_GATES, language).format(counts=_counts(found["gates"], language)),
+            pick(_DECISIONS, language, counts=_counts(found["decisions"], language)),
+            pick(_GATES, language, counts=_counts(found["gates"], language)),
         ]
         last = found.get("last_match") or {}
         if found.get("last_module_id"):
             lines.append(
-                pick(_LAST, language).format(
+                pick(
+                    _LAST,
+                    language,
                     module=found["last_module_id"],
                     score=round(float(last.get("topScore", 0.0)), 3),
                     margin=round(float(last.get("margin", 0.0)), 3),
@@ -151,11 +155,9 @@ class RoutingModule:
                 for c in last.get("candidates", [])
             )
             if top:
-                lines.append(pick(_CANDIDATES, language).format(candidates=top))
+                lines.append(pick(_CANDIDATES, language, candidates=top))
             lines.append(
-                pick(_STOPPED, language).format(
-                    gate=last.get("gateFailed") or pick(_ROUTED, language)
-                )
+                pick(_STOPPED, language, gate=last.get("gateFailed") or pick(_ROUTED, language))
             )
         return succeeded(card("system:routing", pick(_ROUTING_TITLE, language), lines))
 
@@ -181,24 +183,24 @@ class ReloadModule:
         done = await ctx.tool(CONFIG_RELOAD, {})
         lines = []
         if done["applied"]:
-            lines.append(pick(_APPLIED, language).format(items="; ".join(done["applied"])))
+            lines.append(pick(_APPLIED, language, items="; ".join(done["applied"])))
         if done["needs_restart"]:
-            lines.append(pick(_RESTART, language).format(items="; ".join(done["needs_restart"])))
+            lines.append(pick(_RESTART, language, items="; ".join(done["needs_restart"])))
         if done.get("semantic_error"):
-            lines.append(pick(_SEMANTIC_ERROR, language).format(error=done["semantic_error"]))
+            lines.append(pick(_SEMANTIC_ERROR, language, error=done["semantic_error"]))
         if done.get("event_rules"):
-            lines.append(pick(_RULES, language).format(rules=done["event_rules"]))
+            lines.append(pick(_RULES, language, rules=done["event_rules"]))
         if done.get("event_rules_error"):
-            lines.append(pick(_RULES_ERROR, language).format(error=done["event_rules_error"]))
+            lines.append(pick(_RULES_ERROR, language, error=done["event_rules_error"]))
         # Every replica is reloaded (decision 0033): how many did, and which could not.
         failed: list[str] = []
         for key, text in (("routers", _ROUTERS), ("engines", _ENGINES)):
             if key in done:
                 count = done[key]
-                lines.append(pick(text, language).format(n=count["reloaded"], total=count["total"]))
+                lines.append(pick(text, language, n=count["reloaded"], total=count["total"]))
                 failed += count["failed"]
         if failed:
-            lines.append(pick(_FAILED, language).format(items="; ".join(failed)))
+            lines.append(pick(_FAILED, language, items="; ".join(failed)))
         return succeeded(
             card(
                 "system:reload", pick(_RELOAD_TITLE, language), lines or [pick(_NOTHING, language)]
@@ -211,15 +213,15 @@ _SERVER_USAGE_TITLE = {"zh": "本服所有玩家的用量", "en": "Usage of ever
 _USAGE_DAY = {
     "zh": "{day}：模型调用 {calls} 次，输入 {prompt} / 输出 {completion} tokens，花费 {cost}，"
     "联网搜索 {searches} 次",
-    "en": "{day}: {calls} model calls, {prompt} prompt / {completion} completion tokens, "
-    "cost {cost}, {searches} web searches",
+    "en": "{day}: {calls:~model call}, {prompt} prompt / {completion} completion tokens, "
+    "cost {cost}, {searches:~web search|web searches}",
 }
 _USAGE_TOTAL = {
     "zh": "近 {days} 天合计：模型调用 {calls} 次，{tokens} tokens，花费 {cost}，联网搜索 {searches} 次",
-    "en": "Last {days} days: {calls} model calls, {tokens} tokens, cost {cost}, "
-    "{searches} web searches",
+    "en": "Last {days:~day}: {calls:~model call}, {tokens:~token}, cost {cost}, "
+    "{searches:~web search|web searches}",
 }
-_USAGE_NONE = {"zh": "近 {days} 天没有用量。", "en": "No usage in the last {days} days."}
+_USAGE_NONE = {"zh": "近 {days} 天没有用量。", "en": "No usage in the last {days:~day}."}
 
 
 class UsageModule:
@@ -245,7 +247,9 @@ class UsageModule:
         found = await ctx.tool(USAGE_READ, {"player": player})
         days = found["days"]
         lines = [
-            pick(_USAGE_DAY, language).format(
+            pick(
+                _USAGE_DAY,
+                language,
                 day=d["day"],
                 calls=d["model_calls"],
                 prompt=d["prompt_tokens"],
@@ -257,7 +261,9 @@ class UsageModule:
         ]
         if days:
             lines.append(
-                pick(_USAGE_TOTAL, language).format(
+                pick(
+                    _USAGE_TOTAL,
+                    language,
                     days=USAGE_DAYS,
                     calls=sum(d["model_calls"] for d in days),
                     tokens=sum(d["prompt_tokens"] + d["completion_tokens"] for d in days),
@@ -266,11 +272,11 @@ class UsageModule:
                 )
             )
         else:
-            lines.append(pick(_USAGE_NONE, language).format(days=USAGE_DAYS))
+            lines.append(pick(_USAGE_NONE, language, days=USAGE_DAYS))
         title = (
             pick(_SERVER_USAGE_TITLE, language)
             if found["player"] == EVERYONE
-            else pick(_USAGE_TITLE, language).format(player=found["player"])
+            else pick(_USAGE_TITLE, language, player=found["player"])
         )
         return succeeded(card("system:usage", title, lines))
 
@@ -286,11 +292,11 @@ _SPEND_TITLE = {
 }
 _SPEND_SERVER = {
     "zh": "本服：{tokens} tokens，花费 {cost}",
-    "en": "This server: {tokens} tokens, cost {cost}",
+    "en": "This server: {tokens:~token}, cost {cost}",
 }
 _SPEND_NETWORK = {
     "zh": "全网：{tokens} tokens，花费 {cost}",
-    "en": "Whole network: {tokens} tokens, cost {cost}",
+    "en": "Whole network: {tokens:~token}, cost {cost}",
 }
 _SPEND_BY = {
     "players": {
@@ -300,7 +306,7 @@ _SPEND_BY = {
     "modules": {"zh": "按模块：{lines}", "en": "By module: {lines}"},
     "providers": {"zh": "按服务商：{lines}", "en": "By provider: {lines}"},
 }
-_SPEND_LINE = {"zh": "{name} {tokens} tokens / {cost}", "en": "{name} {tokens} tokens / {cost}"}
+_SPEND_LINE = {"zh": "{name} {tokens} tokens / {cost}", "en": "{name} {tokens:~token} / {cost}"}
 _SEPARATOR = {"zh": "；", "en": "; "}
 _NO_MODULE = {"zh": "（未注明）", "en": "(none named)"}
 _BUDGET_LINE = {
@@ -356,32 +362,40 @@ class SpendModule:
         found = await ctx.tool(SPEND_READ, {"period": period})
         sep = pick(_SEPARATOR, language)
         lines = [
-            pick(_SPEND_SERVER, language).format(
-                tokens=found["total"]["tokens"], cost=money(found["total"]["cost_micros"])
+            pick(
+                _SPEND_SERVER,
+                language,
+                tokens=found["total"]["tokens"],
+                cost=money(found["total"]["cost_micros"]),
             ),
-            pick(_SPEND_NETWORK, language).format(
-                tokens=found["network"]["tokens"], cost=money(found["network"]["cost_micros"])
+            pick(
+                _SPEND_NETWORK,
+                language,
+                tokens=found["network"]["tokens"],
+                cost=money(found["network"]["cost_micros"]),
             ),
         ]
         for key in ("players", "modules", "providers"):
             if not found[key]:
                 continue
             shown = sep.join(
-                pick(_SPEND_LINE, language).format(
+                pick(
+                    _SPEND_LINE,
+                    language,
                     name=line["name"] or pick(_NO_MODULE, language),
                     tokens=line["tokens"],
                     cost=money(line["cost_micros"]),
                 )
                 for line in found[key]
             )
-            lines.append(
-                pick(_SPEND_BY[key], language).format(count=found["player_count"], lines=shown)
-            )
+            lines.append(pick(_SPEND_BY[key], language, count=found["player_count"], lines=shown))
         for budget in found["budgets"]:
             cost = budget["budget"].endswith("_cost")
             show = money if cost else str
             lines.append(
-                pick(_BUDGET_LINE, language).format(
+                pick(
+                    _BUDGET_LINE,
+                    language,
                     budget=budget["budget"],
                     spent=show(budget["spent"]),
                     held=show(budget["held"]),
@@ -391,7 +405,7 @@ class SpendModule:
             )
         if not found["budgets"]:
             lines.append(pick(_NO_BUDGETS, language))
-        title = pick(_SPEND_TITLE[found["monthly"]], language).format(period=found["period"])
+        title = pick(_SPEND_TITLE[found["monthly"]], language, period=found["period"])
         return succeeded(card("system:spend", title, lines))
 
 
@@ -450,7 +464,7 @@ class BindingModule:
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
         language = ctx.player.language
         done = await ctx.tool(BINDING_CHANGE, {"player": data["player"], "action": self.action})
-        title = pick(_BINDING[self.action]["title"], language).format(player=done["player"])
+        title = pick(_BINDING[self.action]["title"], language, player=done["player"])
         lines = [pick(_AT_ONCE if done["notified"] else _AT_JOIN, language)]
         return succeeded(card("system:binding", title, lines))
 
@@ -504,7 +518,7 @@ class FeatureModule:
             FEATURE_CHANGE,
             {"player": data["player"], "feature": SEARCH_FEATURE, "granted": self.granted},
         )
-        title = pick(_FEATURE[self.granted]["title"], language).format(player=done["player"])
+        title = pick(_FEATURE[self.granted]["title"], language, player=done["player"])
         lines = [pick(_AT_ONCE if done["notified"] else _AT_JOIN, language)]
         if not self.granted:
             lines.append(pick(_SERVER_WIDE, language))

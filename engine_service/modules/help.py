@@ -121,13 +121,11 @@ class HelpModule:
             aliases = [a for c in module.spec.commands for a in c.aliases]
             if module.spec.module_id == topic or key in (a.casefold() for a in aliases):
                 lines = [pick(module.spec.description, language)]
-                lines += [
-                    pick(_USAGE, language).format(usage=_usage(c)) for c in module.spec.commands
-                ]
+                lines += [pick(_USAGE, language, usage=_usage(c)) for c in module.spec.commands]
                 if aliases:
-                    lines.append(pick(_ALIASES, language).format(aliases=", ".join(aliases)))
+                    lines.append(pick(_ALIASES, language, aliases=", ".join(aliases)))
                 name = aliases[0] if aliases else module.spec.module_id
                 return succeeded(
-                    card("system:help", pick(_TOPIC_TITLE, language).format(name=name), lines)
+                    card("system:help", pick(_TOPIC_TITLE, language, name=name), lines)
                 )
-        raise ModuleFailure(AgentFailure.NOT_FOUND, pick(_UNKNOWN, language).format(topic=topic))
+        raise ModuleFailure(AgentFailure.NOT_FOUND, pick(_UNKNOWN, language, topic=topic))

@@ -22,7 +22,7 @@ __all__ = ["INVENTORY_READ", "InventoryModule"]
 INVENTORY_READ = "minecraft:inventory.read"
 _TITLE = {"zh": "背包", "en": "Inventory"}
 _EMPTY = {"zh": "背包是空的。", "en": "Your inventory is empty."}
-_TOTAL = {"zh": "共 {kinds} 种物品。", "en": "{kinds} kinds of items."}
+_TOTAL = {"zh": "共 {kinds} 种物品。", "en": "{kinds:~kind of item|kinds of items}."}
 
 
 class InventoryModule:
@@ -78,7 +78,7 @@ class InventoryModule:
             for i in output["items"]
         ]
         if lines:
-            lines.append(pick(_TOTAL, language).format(kinds=len(lines)))
+            lines.append(pick(_TOTAL, language, kinds=len(lines)))
         else:
             lines = [pick(_EMPTY, language)]
         return succeeded(card("system:inventory", pick(_TITLE, language), lines))

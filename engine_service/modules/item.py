@@ -174,7 +174,7 @@ class ItemModule:
         if not items:
             return failed(
                 AgentFailure.NOT_FOUND,
-                pick(_NOT_FOUND, language).format(query=query),
+                pick(_NOT_FOUND, language, query=query),
                 title=pick(_NOT_FOUND_TITLE, language),
             )
         if len(items) == 1 and (found["exact"] or found["total"] == 1):
@@ -185,9 +185,9 @@ class ItemModule:
     def _item_card(item: dict[str, Any], language: str) -> common_pb2.Card:
         name = pick(item["name"], language)
         other = item["name"].get(_OTHER_LANGUAGE.get(language, "zh"), "")
-        lines: list[str | tuple[str, str]] = [pick(_ID, language).format(id=item["id"])]
+        lines: list[str | tuple[str, str]] = [pick(_ID, language, id=item["id"])]
         if other and other != name:
-            lines.append(pick(_OTHER_NAME, language).format(name=other))
+            lines.append(pick(_OTHER_NAME, language, name=other))
         lines.append(pick(_SOURCES, language))
         sources = item["sources"]
         join = pick(_SEPARATOR, language).join
@@ -196,26 +196,28 @@ class ItemModule:
             first = recipe["inputs"][0]["id"]
             lines.append(
                 (
-                    pick(_CRAFTING, language).format(inputs=inputs, count=recipe["count"]),
+                    pick(_CRAFTING, language, inputs=inputs, count=recipe["count"]),
                     f"/item {first}",
                 )
             )
         for smelt in sources["smelting"]:
             lines.append(
                 (
-                    pick(_SMELTING, language).format(input=pick(smelt["input"]["name"], language)),
+                    pick(_SMELTING, language, input=pick(smelt["input"]["name"], language)),
                     f"/item {smelt['input']['id']}",
                 )
             )
         if sources["drops"]:
             mobs = join(pick(d["mob"]["name"], language) for d in sources["drops"])
-            lines.append(pick(_DROPS, language).format(mobs=mobs))
+            lines.append(pick(_DROPS, language, mobs=mobs))
         if sources["mining"]:
             blocks = join(pick(m["block"]["name"], language) for m in sources["mining"])
-            lines.append(pick(_MINING, language).format(blocks=blocks))
+            lines.append(pick(_MINING, language, blocks=blocks))
         for listing in sources["shop"]:
             lines.append(
-                pick(_SHOP, language).format(
+                pick(
+                    _SHOP,
+                    language,
                     price=listing["price"],
                     currency=pick(listing["currency"], language),
                     stock=listing["stock"],
@@ -223,20 +225,18 @@ class ItemModule:
             )
         if not any(sources[kind] for kind in ("crafting", "smelting", "drops", "mining", "shop")):
             lines.append(pick(_NO_SOURCE, language))
-        return card(MODULE_ID, pick(_TITLE, language).format(name=name), lines)
+        return card(MODULE_ID, pick(_TITLE, language, name=name), lines)
 
     @staticmethod
     def _candidates_card(
         query: str, items: list[dict[str, Any]], total: int, language: str
     ) -> common_pb2.Card:
-        lines: list[str | tuple[str, str]] = [pick(_CANDIDATES_INTRO, language).format(query=query)]
+        lines: list[str | tuple[str, str]] = [pick(_CANDIDATES_INTRO, language, query=query)]
         buttons = []
         for number, item in enumerate(items, 1):
             name = pick(item["name"], language)
             lines.append((f"{number}. {name} ({item['id']})", f"/item {item['id']}"))
             buttons.append(invoke(MODULE_ID, name, {"item_id": item["id"]}))
         if total > len(items):
-            lines.append(pick(_MORE, language).format(more=total - len(items)))
-        return card(
-            MODULE_ID, pick(_CANDIDATES_TITLE, language).format(total=total), lines, buttons
-        )
+            lines.append(pick(_MORE, language, more=total - len(items)))
+        return card(MODULE_ID, pick(_CANDIDATES_TITLE, language, total=total), lines, buttons)

@@ -122,14 +122,16 @@ class KnowledgeModule:
             payload["player"] = words[0]
         done = await ctx.tool(_KNOWLEDGE[self.action]["tool"], payload)
         scope = (
-            pick(_PRIVATE, language).format(player=done["player"])
+            pick(_PRIVATE, language, player=done["player"])
             if done["player"]
             else pick(_SHARED, language)
         )
         if self.action == "add":
             entry = done["entry"]
             title = pick(_ADDED_TITLE if done["created"] else _REPLACED_TITLE, language)
-            line = pick(_ADDED, language).format(
+            line = pick(
+                _ADDED,
+                language,
                 entry=entry["entry_id"],
                 language=entry["language"],
                 scope=scope,
@@ -137,16 +139,12 @@ class KnowledgeModule:
             )
             return succeeded(card("system:knowledge", title, [line]))
         if self.action == "remove":
-            line = pick(_REMOVED, language).format(entry=done["entry_id"], scope=scope)
+            line = pick(_REMOVED, language, entry=done["entry_id"], scope=scope)
             return succeeded(card("system:knowledge", pick(_REMOVED_TITLE, language), [line]))
         lines = [
-            pick(_LISTED, language).format(
-                entry=e["entry_id"], language=e["language"], title=e["title"]
-            )
+            pick(_LISTED, language, entry=e["entry_id"], language=e["language"], title=e["title"])
             for e in done["entries"]
         ] or [pick(_LIST_EMPTY, language)]
         if done["more"]:
             lines.append(pick(_LIST_MORE, language))
-        return succeeded(
-            card("system:knowledge", pick(_LIST_TITLE, language).format(scope=scope), lines)
-        )
+        return succeeded(card("system:knowledge", pick(_LIST_TITLE, language, scope=scope), lines))

@@ -49,10 +49,10 @@ _MAIL_ID = {
     "description": "The mail's id, as the list shows it (m5).",
 }
 
-_INBOX_TITLE = {"zh": "收件箱（共 {total} 封）", "en": "Inbox ({total} mails)"}
+_INBOX_TITLE = {"zh": "收件箱（共 {total} 封）", "en": "Inbox ({total:~mail})"}
 _INBOX_PAGED = {
     "zh": "收件箱（共 {total} 封，第 {page}/{pages} 页）",
-    "en": "Inbox ({total} mails, page {page} of {pages})",
+    "en": "Inbox ({total:~mail}, page {page} of {pages})",
 }
 _EMPTY = {"zh": "收件箱是空的。", "en": "Your inbox is empty."}
 _NO_PAGE = {
@@ -103,7 +103,7 @@ def _date(sent_at: int) -> str:
 def _stacks(mail_stacks: list[dict[str, Any]], language: str) -> list[str | tuple[str, str]]:
     return [
         (
-            pick(_STACK, language).format(name=pick(s["name"], language), count=s["count"]),
+            pick(_STACK, language, name=pick(s["name"], language), count=s["count"]),
             f"/item {s['item']}",
         )
         for s in mail_stacks
@@ -113,7 +113,7 @@ def _stacks(mail_stacks: list[dict[str, Any]], language: str) -> list[str | tupl
 def _not_found(mail_id: str, language: str) -> common_pb2.AgentResult:
     return failed(
         AgentFailure.NOT_FOUND,
-        pick(_NO_MAIL, language).format(mail_id=mail_id),
+        pick(_NO_MAIL, language, mail_id=mail_id),
         title=pick(_NO_MAIL_TITLE, language),
     )
 
@@ -192,9 +192,9 @@ class InboxModule:
         total, page, size = listed["total"], listed["page"], listed["page_size"]
         pages = max((total + size - 1) // size, 1)
         title = (
-            pick(_INBOX_PAGED, language).format(total=total, page=page, pages=pages)
+            pick(_INBOX_PAGED, language, total=total, page=page, pages=pages)
             if pages > 1 or page > 1
-            else pick(_INBOX_TITLE, language).format(total=total)
+            else pick(_INBOX_TITLE, language, total=total)
         )
         lines: list[str | tuple[str, str]] = []
         buttons = []
@@ -202,7 +202,9 @@ class InboxModule:
             mark = ""
             if mail["attachment"]:
                 mark = pick(_CLAIMED_MARK if mail["claimed"] else _UNCLAIMED_MARK, language)
-            text = pick(_ENTRY, language).format(
+            text = pick(
+                _ENTRY,
+                language,
                 n=number,
                 subject=mail["subject"],
                 sender=mail["sender"],
@@ -213,7 +215,7 @@ class InboxModule:
             buttons.append(invoke(INBOX, mail["subject"], {"mail_id": mail["id"]}))
         if not listed["mails"]:
             lines.append(
-                pick(_NO_PAGE, language).format(page=page, pages=pages)
+                pick(_NO_PAGE, language, page=page, pages=pages)
                 if total
                 else pick(_EMPTY, language)
             )
@@ -226,8 +228,8 @@ class InboxModule:
     @staticmethod
     def _mail_card(mail: dict[str, Any], language: str) -> common_pb2.Card:
         lines: list[str | tuple[str, str]] = [
-            pick(_FROM, language).format(sender=mail["sender"]),
-            pick(_SENT, language).format(date=_date(mail["sent_at"])),
+            pick(_FROM, language, sender=mail["sender"]),
+            pick(_SENT, language, date=_date(mail["sent_at"])),
             mail["body"],
         ]
         buttons = []
@@ -286,7 +288,7 @@ class MailClaimModule:
         if outcome == "no_attachment":
             return failed(
                 AgentFailure.NOT_FOUND,
-                pick(_NO_ATTACHMENT, language).format(mail_id=mail_id),
+                pick(_NO_ATTACHMENT, language, mail_id=mail_id),
                 title=pick(_NO_ATTACHMENT_TITLE, language),
             )
         back = invoke(INBOX, pick(_BACK, language), {})
@@ -295,7 +297,7 @@ class MailClaimModule:
                 card(
                     CLAIM,
                     pick(_ALREADY_TITLE, language),
-                    [pick(_ALREADY, language).format(mail_id=mail_id)],
+                    [pick(_ALREADY, language, mail_id=mail_id)],
                     [back],
                 )
             )

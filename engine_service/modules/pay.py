@@ -57,7 +57,7 @@ _BALANCE = {
 }
 _VALID = {
     "zh": "{seconds} 秒内有效；请按“确认转账”按钮。",
-    "en": "This holds for {seconds} seconds; press “Confirm payment”.",
+    "en": "This holds for {seconds:~second}; press “Confirm payment”.",
 }
 _CONFIRM = {"zh": "确认转账", "en": "Confirm payment"}
 _CANNOT = {"zh": "无法转账：{reason}", "en": "You cannot pay this: {reason}"}

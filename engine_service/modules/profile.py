@@ -106,11 +106,14 @@ class ProfileModule:
         # Checked against the tool's output schema before it gets here (docs/game-tools.md).
         profile = await ctx.tool(PLAYER_PROFILE, {})
         lines = [
-            pick(_BALANCE, language).format(
-                balance=profile["balance"], currency=pick(profile["currency"], language)
+            pick(
+                _BALANCE,
+                language,
+                balance=profile["balance"],
+                currency=pick(profile["currency"], language),
             ),
-            pick(_LEVEL, language).format(level=profile["level"]),
-            pick(_PLAY_TIME, language).format(time=play_time(profile["play_seconds"], language)),
+            pick(_LEVEL, language, level=profile["level"]),
+            pick(_PLAY_TIME, language, time=play_time(profile["play_seconds"], language)),
         ]
         try:
             lines.append(streak_line(await ctx.tool(SIGNIN_STATUS, {}), language))

@@ -161,7 +161,7 @@ def _back(language: str) -> common_pb2.CardButton:
 def _stacks(stacks: list[dict[str, Any]], language: str) -> list[str | tuple[str, str]]:
     return [
         (
-            pick(_STACK, language).format(name=pick(s["name"], language), count=s["count"]),
+            pick(_STACK, language, name=pick(s["name"], language), count=s["count"]),
             f"/item {s['item']}",
         )
         for s in stacks
@@ -180,7 +180,9 @@ def _entries(
     lines: list[str | tuple[str, str]] = []
     buttons = []
     for number, quest in enumerate(quests, 1):
-        text = pick(_ENTRY, language).format(
+        text = pick(
+            _ENTRY,
+            language,
             n=number,
             title=pick(quest["title"], language),
             chapter=pick(quest["chapter"], language),
@@ -194,7 +196,7 @@ def _entries(
 def _not_found(quest_id: str, language: str) -> common_pb2.AgentResult:
     return failed(
         AgentFailure.NOT_FOUND,
-        pick(_NO_QUEST, language).format(quest_id=quest_id),
+        pick(_NO_QUEST, language, quest_id=quest_id),
         title=pick(_NO_QUEST_TITLE, language),
     )
 
@@ -254,17 +256,17 @@ class QuestsModule:
         name = str(data.get("name", "")).strip()
         if name:
             found = await ctx.tool(QUEST_FIND, {"name": name})
-            title = pick(_FOUND_TITLE, language).format(name=name, total=found["total"])
-            empty = pick(_NONE_FOUND, language).format(name=name)
+            title = pick(_FOUND_TITLE, language, name=name, total=found["total"])
+            empty = pick(_NONE_FOUND, language, name=name)
         else:
             found = await ctx.tool(QUEST_QUERY, {})
-            title = pick(_LIST_TITLE, language).format(total=found["total"])
+            title = pick(_LIST_TITLE, language, total=found["total"])
             empty = pick(_EMPTY, language)
         lines, buttons = _entries(found["quests"], language)
         if not found["quests"]:
             lines.append(empty)
         elif found["total"] > len(found["quests"]):
-            lines.append(pick(_MORE, language).format(shown=len(found["quests"])))
+            lines.append(pick(_MORE, language, shown=len(found["quests"])))
         return succeeded(card(QUESTS, title, lines, buttons))
 
 
@@ -358,13 +360,13 @@ class QuestDetailModule:
         if not quests:
             return failed(
                 AgentFailure.NOT_FOUND,
-                pick(_NONE_FOUND, language).format(name=query),
+                pick(_NONE_FOUND, language, name=query),
                 title=pick(_NO_QUEST_TITLE, language),
             )
         # Ambiguous: the candidates as buttons (查看 2 picks the second).
         lines, buttons = _entries(quests, language)
         lines.append(pick(_PICK_ONE, language))
-        title = pick(_CANDIDATES_TITLE, language).format(total=matches["total"], name=query)
+        title = pick(_CANDIDATES_TITLE, language, total=matches["total"], name=query)
         return succeeded(card(DETAIL, title, lines, buttons))
 
     async def _by_index(self, index: int, ctx: ModuleContext) -> common_pb2.AgentResult:
@@ -374,7 +376,7 @@ class QuestDetailModule:
             language = ctx.player.language
             return failed(
                 AgentFailure.NOT_FOUND,
-                pick(_NO_INDEX, language).format(index=index, total=listed["total"]),
+                pick(_NO_INDEX, language, index=index, total=listed["total"]),
                 title=pick(_NO_QUEST_TITLE, language),
             )
         return await self._show(listed["quests"][index - 1]["id"], ctx)
@@ -391,16 +393,18 @@ class QuestDetailModule:
         status = quest["status"]
         requires = ", ".join(pick(r["title"], language) for r in quest["requires"])
         lines: list[str | tuple[str, str]] = [
-            pick(_CHAPTER, language).format(chapter=pick(quest["chapter"], language)),
-            pick(_STATUS_LINE[status], language).format(
-                progress=quest["progress"], requires=requires
-            ),
+            pick(_CHAPTER, language, chapter=pick(quest["chapter"], language)),
+            pick(_STATUS_LINE[status], language, progress=quest["progress"], requires=requires),
             pick(quest["description"], language),
             pick(_TASKS, language),
         ]
         for task in quest["tasks"]:
-            text = pick(_TASK[task["kind"]], language).format(
-                name=pick(task["name"], language), done=task["done"], required=task["required"]
+            text = pick(
+                _TASK[task["kind"]],
+                language,
+                name=pick(task["name"], language),
+                done=task["done"],
+                required=task["required"],
             )
             lines.append((text, f"/item {task['target']}") if task["kind"] == "item" else text)
         if quest["rewards"]:
@@ -410,12 +414,10 @@ class QuestDetailModule:
             # starter_gift only names the gift; its items come from the shared gift list.
             gift = await ctx.tool(GIFT_LIST, {"gift_id": quest["starter_gift"]})
             if gift["found"] and "gift" in gift:
-                lines.append(
-                    pick(_GIFT, language).format(gift=pick(gift["gift"]["name"], language))
-                )
+                lines.append(pick(_GIFT, language, gift=pick(gift["gift"]["name"], language)))
                 lines += _stacks(gift["gift"]["items"], language)
             else:
-                lines.append(pick(_NO_GIFT, language).format(gift_id=quest["starter_gift"]))
+                lines.append(pick(_NO_GIFT, language, gift_id=quest["starter_gift"]))
         buttons = []
         if status == "claimable":
             # press_only: a typed number (查看 1) never presses a write button.
@@ -472,7 +474,7 @@ class QuestClaimModule:
         if outcome == "not_complete":
             return failed(
                 AgentFailure.NOT_FOUND,
-                pick(_NOT_COMPLETE, language).format(quest_id=quest_id),
+                pick(_NOT_COMPLETE, language, quest_id=quest_id),
                 title=pick(_NOT_COMPLETE_TITLE, language),
             )
         if outcome == "already_claimed":
@@ -480,7 +482,7 @@ class QuestClaimModule:
                 card(
                     CLAIM,
                     pick(_ALREADY_TITLE, language),
-                    [pick(_ALREADY, language).format(quest_id=quest_id)],
+                    [pick(_ALREADY, language, quest_id=quest_id)],
                     [_back(language)],
                 )
             )

@@ -60,7 +60,10 @@ _T: dict[str, dict[str, str]] = {
     "follow_default": {"zh": "跟随服务器默认模式", "en": "Follow the server's default mode"},
     "view_history": {"zh": "查看对话记录", "en": "View history"},
     "clear": {"zh": "清空对话记忆", "en": "Clear conversation memory"},
-    "cleared": {"zh": "已清空 {n} 条对话记录。", "en": "Cleared {n} history entries."},
+    "cleared": {
+        "zh": "已清空 {n} 条对话记录。",
+        "en": "Cleared {n:~history entry|history entries}.",
+    },
     "no_store": {
         "zh": "无法读取设置，请稍后再试。",
         "en": "The settings could not be read; try again later.",

@@ -124,8 +124,8 @@ _QUOTE_VALID = {
     "zh": "报价 {time}内有效；请按“确认购买”按钮。",
     "en": "This quote holds for {time}; press “Confirm purchase”.",
 }
-_MINUTES = {"zh": "{n} 分钟", "en": "{n} minutes"}
-_SECONDS = {"zh": "{n} 秒", "en": "{n} seconds"}
+_MINUTES = {"zh": "{n} 分钟", "en": "{n:~minute}"}
+_SECONDS = {"zh": "{n} 秒", "en": "{n:~second}"}
 _CONFIRM = {"zh": "确认购买", "en": "Confirm purchase"}
 _CANNOT = {"zh": "无法购买：{reason}", "en": "You cannot buy this: {reason}"}
 

@@ -58,7 +58,7 @@ _REWARD = {"zh": "奖励：{name}（{items}）", "en": "Reward: {name} ({items})
 _TODAYS = {"zh": "今日奖励：{name}（{items}）", "en": "Today's reward: {name} ({items})"}
 _STREAK = {
     "zh": "连续签到 {streak} 天，本月签到 {month} 天",
-    "en": "Sign-in streak: {streak} days, {month} this month",
+    "en": "Sign-in streak: {streak:~day}, {month} this month",
 }
 
 _INSTRUCTIONS = """You choose today's daily sign-in reward for a Minecraft player. The user \

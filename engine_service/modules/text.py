@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from services.texts import counted, pick
 
-__all__ = ["language_name", "pick"]
+__all__ = ["counted", "language_name", "pick"]
 
 _LANGUAGE_NAMES = {"zh": "Simplified Chinese", "en": "English"}
-
-
-def pick(texts: dict[str, str], language: str, **values: Any) -> str:
-    """The text for `language`, else English, else any; formatted with `values` when given."""
-    text = texts.get(language) or texts.get("en") or next(iter(texts.values()), "")
-    return text.format(**values) if values else text
 
 
 def language_name(language: str) -> str:

@@ -28,6 +28,7 @@ from services.results import AgentFailure, card, failed
 from services.runtime.channels import DEFAULT_CALL_SECONDS, ChannelSettings, Dependency
 from services.runtime.logging import RepeatedLines
 from services.runtime.multiplex import StreamedCalls
+from services.texts import pick
 
 __all__ = ["PlayerRequests", "PlayerState"]
 
@@ -50,7 +51,10 @@ SETTINGS_ACTIONS = frozenset({"preferences", "clear_history"})
 """Card actions the gateway carries out itself (the settings card's buttons), then shows the
 settings card again."""
 _REVOKED = "an administrator revoked your access to the assistant"
-_CLEARED = {"zh": "对话记录已清空（{n} 条）。", "en": "Conversation history cleared ({n} entries)."}
+_CLEARED = {
+    "zh": "对话记录已清空（{n} 条）。",
+    "en": "Conversation history cleared ({n:~entry|entries}).",
+}
 
 # Status codes from a dependency, as the failure a player sees.
 _RPC_FAILURES = {
@@ -108,10 +112,6 @@ def _depth(value: object) -> int:
     if isinstance(value, list):
         return 1 + max((_depth(v) for v in value), default=0)
     return 0
-
-
-def _pick(texts: dict[str, str], language: str) -> str:
-    return texts.get(language) or texts["en"]
 
 
 def rpc_failure(exc: grpc.aio.AioRpcError) -> common_pb2.AgentResult:
@@ -623,7 +623,7 @@ class PlayerRequests:
             for i, candidate in enumerate(candidates)
         ]
         selection = card(
-            SELECTION_TEMPLATE, _pick(_FALLBACK_TITLE, player.language), ["/help"], buttons
+            SELECTION_TEMPLATE, pick(_FALLBACK_TITLE, player.language), ["/help"], buttons
         )
         return common_pb2.AgentResult(
             status=common_pb2.RESULT_STATUS_SUCCEEDED, card=selection, text=selection.title
@@ -762,7 +762,7 @@ class PlayerRequests:
                 storage_pb2.ClearHistoryRequest(player_id=player.player_id)
             )
             self.forget(player, router_pb2.CLEAR_REASON_MEMORY_CLEARED)
-            text = _pick(_CLEARED, player.language).format(n=cleared.deleted)
+            text = pick(_CLEARED, player.language, n=cleared.deleted)
             response.notice.CopyFrom(
                 gateway_pb2.Notice(
                     result=common_pb2.AgentResult(

@@ -1,0 +1,37 @@
+"""Choosing a player's text by language, and counting in English.
+
+A template may write a count with the noun it counts: `{streak:~day}` reads `1 day` or `3 days`,
+`{n:~entry|entries}` names an irregular plural (one form, or the singular and the plural
+split by `|`). Chinese templates need none: the counter word does not change.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+__all__ = ["counted", "pick"]
+
+
+def counted(n: Any, noun: str) -> str:
+    """`n` and `noun` in agreement: `counted(1, "day")` is `1 day`, `counted(2, "day")` `2 days`,
+    `counted(2, "entry|entries")` `2 entries`."""
+    one, _, many = noun.partition("|")
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+class _Counting(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec.startswith("~"):
+            return counted(value, format_spec[1:])
+        return str(super().format_field(value, format_spec))
+
+
+_FORMATTER = _Counting()
+
+
+def pick(texts: dict[str, str], language: str, /, **values: Any) -> str:
+    """The text for `language`, else English, else any; formatted with `values` when given
+    (`{n:~noun}` counts: see the module's docstring; a template may name a value `language`)."""
+    text = texts.get(language) or texts.get("en") or next(iter(texts.values()), "")
+    return _FORMATTER.format(text, **values) if values else text

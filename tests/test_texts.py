@@ -1,0 +1,48 @@
+"""Players' texts: the language chosen, and English counts in agreement with their noun."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_service.modules.inventory import _TOTAL
+from engine_service.modules.signin import streak_line
+from services.texts import counted, pick
+
+
+@pytest.mark.parametrize(
+    ("n", "noun", "expected"),
+    [
+        (1, "day", "1 day"),
+        (0, "day", "0 days"),
+        (2, "day", "2 days"),
+        (1, "entry|entries", "1 entry"),
+        (3, "entry|entries", "3 entries"),
+        (1, "kind of item|kinds of items", "1 kind of item"),
+        (1.0, "second", "1.0 second"),
+    ],
+)
+def test_counted_agrees_with_its_number(n: float, noun: str, expected: str) -> None:
+    assert counted(n, noun) == expected
+
+
+def test_pick_counts_in_english_and_leaves_chinese_alone() -> None:
+    texts = {"zh": "共 {n} 条，{name}", "en": "{n:~entry|entries} for {name}"}
+    assert pick(texts, "en", n=1, name="Steve") == "1 entry for Steve"
+    assert pick(texts, "en", n=2, name="Steve") == "2 entries for Steve"
+    assert pick(texts, "zh", n=1, name="Steve") == "共 1 条，Steve"
+    assert pick(texts, "fr", n=5, name="Steve") == "5 entries for Steve"  # English otherwise
+    # Other format specs still work, and a text without values is returned as written.
+    assert pick({"en": "{x:>4}|{{braces}}"}, "en", x=7) == "   7|{braces}"
+    assert pick({"en": "{{as written}}"}, "en") == "{{as written}}"
+    # A template's value may be called `language` (a knowledge entry's).
+    assert pick({"en": "{entry} ({language})"}, "en", entry="faq", language="zh") == "faq (zh)"
+
+
+def test_a_first_sign_in_reads_one_day_not_one_days() -> None:
+    status = {"streak": 1, "days_this_month": 1}
+    assert streak_line(status, "en") == "Sign-in streak: 1 day, 1 this month"
+    assert streak_line({"streak": 4, "days_this_month": 9}, "en") == (
+        "Sign-in streak: 4 days, 9 this month"
+    )
+    assert streak_line(status, "zh") == "连续签到 1 天，本月签到 1 天"
+    assert pick(_TOTAL, "en", kinds=1) == "1 kind of item."
