@@ -595,6 +595,10 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
     card = response.reply.result.card
     assert card.template == "system:selection"
     assert card.buttons and all(b.action_id == "invoke" for b in card.buttons)
+    # Where none fits, the card says how to see everything (a click suggests /help).
+    assert [(line.text, line.suggest_command) for line in card.lines] == [
+        ("None of these? Type /help to see everything I can do.", "/help")
+    ]
     assert {b.args["module_id"] for b in card.buttons} <= {
         "system:help",
         "system:history",

@@ -45,6 +45,10 @@ _SOURCES = {
     router_pb2.DECISION_SOURCE_CHAT: engine_pb2.ROUTE_SOURCE_CHAT,
 }
 _FALLBACK_TITLE = {"zh": "想做哪一项？", "en": "Which of these did you mean?"}
+_FALLBACK_HELP = {
+    "zh": "都不是？输入 /help 查看全部功能。",
+    "en": "None of these? Type /help to see everything I can do.",
+}
 SELECTION_TEMPLATE = "system:selection"
 SETTINGS_MODULE = "system:settings"
 SETTINGS_ACTIONS = frozenset({"preferences", "clear_history"})
@@ -622,8 +626,10 @@ class PlayerRequests:
             )
             for i, candidate in enumerate(candidates)
         ]
+        # The line suggests /help when clicked, where the game client can.
+        more = (pick(_FALLBACK_HELP, player.language), "/help")
         selection = card(
-            SELECTION_TEMPLATE, pick(_FALLBACK_TITLE, player.language), ["/help"], buttons
+            SELECTION_TEMPLATE, pick(_FALLBACK_TITLE, player.language), [more], buttons
         )
         return common_pb2.AgentResult(
             status=common_pb2.RESULT_STATUS_SUCCEEDED, card=selection, text=selection.title
