@@ -81,7 +81,8 @@ class SemanticSpec:
     """Example sentences per language code."""
     extractor: str = ""
     """Argument extractor re-parsing the input from the player's text (`item_id`,
-    `list_index`, `name`), or empty for modules without arguments."""
+    `list_index`, `name`, `item`, `price`: router_service/semantic/extractors.py), or empty for
+    modules without arguments."""
     choice_label: str = ""
     """Translation key of the label when offered as a choice."""
     shortcut: bool = False

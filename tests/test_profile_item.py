@@ -15,8 +15,8 @@ from system.gateway.v1 import gateway_pb2
 
 from engine_service.app import build_registry
 from engine_service.config import EngineConfig
-from engine_service.modules.item import _singular
 from engine_service.modules.profile import play_time
+from engine_service.modules.text import singular as _singular
 from engine_service.schema import violation
 from engine_service.tools import BUILTIN_GAME_TOOLS
 from services.gamesim import items

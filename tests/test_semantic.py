@@ -802,8 +802,12 @@ def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
         "我一定要看商店",  # nor 定 of 一定
         "看看订单",
         "查看重复任务",  # repeatable quests: `repeat` is no reference in English either
+        "钻石在商店卖多少钱",  # what it sells for: a price question, not selling
+        "钻石怎么卖",
     ):
         assert fired_guards(text) == [], text
+    for text in ("卖掉钻石", "我要卖钻石", "在商店卖东西", "出售钻石"):
+        assert fired_guards(text) == ["write"], text
     assert [g.name for g in GUARDS] == [
         "negation",
         "condition",
@@ -932,6 +936,52 @@ def test_the_item_extractor_reads_an_id_or_the_item_a_question_asks_about(
 )
 def test_the_item_extractor_reads_no_item_from_other_questions(text: str) -> None:
     assert extract("item", text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("钻石多少钱", {"query": "钻石"}),
+        ("火把在商店卖多少钱？", {"query": "火把"}),
+        ("商店里金锭多少钱", {"query": "金锭"}),
+        ("铁锭的价格是多少", {"query": "铁锭"}),
+        ("帮我查一下面包多少金币", {"query": "面包"}),
+        ("钻石怎么卖", {"query": "钻石"}),
+        ("How much is a Diamond?", {"query": "Diamond"}),
+        ("how much do torches cost in the shop", {"query": "torches"}),
+        ("what is the price of bread", {"query": "bread"}),
+        ("price of iron ingots", {"query": "iron ingots"}),
+        ("what does a beacon cost", {"query": "beacon"}),
+        # No price asked, or the goods' prices in general: the shop itself, no search.
+        ("打开商店", {}),
+        ("看看商店的价格", {}),
+        ("查看商品价格", {}),
+        ("open the shop", {}),
+        ("show shop prices", {}),
+        ("how much money do I have", {}),  # no price frame: the profile's words, not ours
+    ],
+)
+def test_the_price_extractor_reads_the_item_a_price_question_names(
+    text: str, expected: dict[str, str]
+) -> None:
+    assert extract("price", text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "我有多少钱",  # the player's own money: the profile
+        "我现在多少钱",
+        "那个商品多少钱",  # a reference
+        "这个多少钱",
+        "铁锭和金锭多少钱",  # a list
+        "how much is that",
+        "how much are they in the shop",
+        "price of " + "x" * 65,  # longer than an item name
+    ],
+)
+def test_the_price_extractor_reads_nothing_for_sale_from_other_price_questions(text: str) -> None:
+    assert extract("price", text) is None
 
 
 # --- modes, permissions, limits ---------------------------------------------------------------

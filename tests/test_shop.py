@@ -240,6 +240,26 @@ async def test_browsing_searching_and_detail_in_chinese_and_english(chain: Chain
     assert missing.reply.result.card.title == "Not for sale"
 
 
+async def test_a_price_question_opens_the_items_listing(chain: Chain) -> None:
+    """Routed locally (the router's `price` extractor passes the item as the search), no
+    model call; an English plural that matches nothing is searched as its singular; a price
+    question about the player's own money stays the profile's."""
+    client = await chain.steve_and_alex()
+    for text in ("钻石多少钱", "火把在商店卖多少钱", "金锭的价格是多少"):
+        response = await client.chat("steve", text)
+        assert response.reply.module_id == "system:shop", text
+        assert card_lines(response)[1].startswith("单价："), text
+    assert _ok(await client.chat("steve", "钻石多少钱")).card.title == "钻石"
+    english = await client.chat("alex", "how much is a diamond in the shop")
+    assert english.reply.module_id == "system:shop"
+    assert _ok(english).card.title == "Diamond"
+    assert card_lines(english)[1] == "Price: 100 coins each"
+    plural = await client.chat("alex", "/shop diamonds")
+    assert _ok(plural).card.title == "Diamond"
+    money = await client.chat("steve", "我有多少钱")
+    assert money.reply.module_id == "system:profile"
+
+
 async def _quote(
     client: GameServerClient, player: str, text: str
 ) -> tuple[gateway_pb2.PlayerResponse, common_pb2.CardButton]:

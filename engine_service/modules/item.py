@@ -18,7 +18,7 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.modules.buttons import invoke
-from engine_service.modules.text import pick
+from engine_service.modules.text import pick, singular
 from engine_service.registry import (
     CommandSpec,
     ExecutionPolicy,
@@ -63,21 +63,6 @@ _NOT_FOUND = {
     "en": "Nothing matches “{query}”. Type an item id (minecraft:diamond) or a name "
     "(diamond, 钻石).",
 }
-
-
-_PLURAL_ENDINGS = (("ies", "y"), ("ches", "ch"), ("shes", "sh"), ("xes", "x"), ("sses", "ss"))
-
-
-def _singular(query: str) -> str | None:
-    """The singular of an English plural (`diamonds`, `torches`, `berries`), for a second
-    lookup when the first found nothing; None for anything else."""
-    folded = query.casefold()
-    if not query.isascii() or len(query) < 4 or not folded.endswith("s"):
-        return None
-    for plural, single in _PLURAL_ENDINGS:
-        if folded.endswith(plural):
-            return query[: -len(plural)] + single
-    return None if folded.endswith("ss") else query[:-1]
 
 
 class ItemModule:
@@ -167,9 +152,9 @@ class ItemModule:
         items = found["items"]
         if by_id:  # an id names one item or none: never show near misses for it
             items = [i for i in items if i["id"] == query]
-        singular = None if by_id or items else _singular(query)
-        if singular is not None:
-            found = await ctx.tool(ITEM_LOOKUP, {"query": singular})
+        again = None if by_id or items else singular(query)
+        if again is not None:
+            found = await ctx.tool(ITEM_LOOKUP, {"query": again})
             items = found["items"]
         if not items:
             return failed(

@@ -32,7 +32,7 @@ from system.common.v1 import catalog_pb2, common_pb2
 from engine_service.modules.buttons import invoke
 from engine_service.modules.confirm import CONFIRM_INPUT, ConfirmTexts, confirm_offer
 from engine_service.modules.profile import PLAYER_PROFILE
-from engine_service.modules.text import pick
+from engine_service.modules.text import pick, singular
 from engine_service.offers import OFFER_MAKE, OFFER_TAKE, ORDER_SETTLE
 from engine_service.registry import (
     CommandSpec,
@@ -231,6 +231,9 @@ class ShopModule:
                     "商店价格表",
                     "查看商品价格",
                     "商城有哪些商品",
+                    "钻石多少钱",
+                    "火把在商店卖多少钱",
+                    "金锭的价格",
                 ),
                 "en": (
                     "open the shop",
@@ -241,8 +244,13 @@ class ShopModule:
                     "show shop prices",
                     "what's for sale",
                     "view the item shop",
+                    "how much is a diamond",
+                    "how much do torches cost in the shop",
+                    "price of a gold ingot",
                 ),
             },
+            # A price question's item becomes the search (`钻石多少钱`: the diamond's listing).
+            extractor="price",
             choice_label="system.shop.choice",
         ),
         tools=(SHOP_LIST, SHOP_ITEM),
@@ -264,11 +272,39 @@ class ShopModule:
         if query:
             request["query"] = query
         listed = await ctx.tool(SHOP_LIST, request)
-        if query and listed["total"] == 1 and listed["listings"]:
-            return succeeded(_detail_card(listed["listings"][0], listed["currency"], language))
+        again = singular(query) if query and not listed["total"] else None
+        if again:  # `diamonds`: the listing is named in the singular
+            request["query"] = again
+            listed = await ctx.tool(SHOP_LIST, request)
+            if listed["total"]:
+                query = again
+            else:
+                request["query"] = query
+        # A search that names one listing whole (`钻石`, not only `钻石剑`), or finds one, is
+        # that listing's card.
+        named = _named(listed["listings"], query) if query else None
+        if named is None and query and listed["total"] == 1 and listed["listings"]:
+            named = listed["listings"][0]
+        if named is not None:
+            return succeeded(_detail_card(named, listed["currency"], language))
         if query and not listed["total"]:
             return _not_sold(query, language)
         return succeeded(_list_card(listed, request, language))
+
+
+def _named(listings: list[dict[str, Any]], text: str) -> dict[str, Any] | None:
+    """The one listing `text` names whole: a name in any language or the id's path."""
+    folded = text.casefold()
+    exact = [
+        listing
+        for listing in listings
+        if folded
+        in (
+            listing["item"]["id"].partition(":")[2],
+            *(n.casefold() for n in listing["item"]["name"].values()),
+        )
+    ]
+    return exact[0] if len(exact) == 1 else None
 
 
 def _not_sold(query: str, language: str) -> common_pb2.AgentResult:
@@ -457,18 +493,9 @@ class ShopBuyModule:
             found = await ctx.tool(SHOP_ITEM, {"item": text})
             return (found.get("listing"), found["currency"], [])
         listed = await ctx.tool(SHOP_LIST, {"query": text, "page_size": 10})
-        folded = text.casefold()
-        exact = [
-            listing
-            for listing in listed["listings"]
-            if folded
-            in (
-                listing["item"]["id"].partition(":")[2],
-                *(n.casefold() for n in listing["item"]["name"].values()),
-            )
-        ]
-        if len(exact) == 1:
-            return exact[0], listed["currency"], []
+        named = _named(listed["listings"], text)
+        if named is not None:
+            return named, listed["currency"], []
         if len(listed["listings"]) == 1:
             return listed["listings"][0], listed["currency"], []
         return None, listed["currency"], listed["listings"]

@@ -9,6 +9,7 @@ and None blocks a direct route (the model or a card decides instead).
 | `list_index` | `{"index": 3}`          | exactly one list number: `查看 1`, `view 2`, `第3个`, `第三个`, `#4` |
 | `name`       | `{"name": "Dragon"}`    | exactly one quoted name, else the text after a leading verb (`查看 任务名`, `view Dragon Slayer`) |
 | `item`       | `{"item_id": ...}` or `{"query": "火把"}` | what `item_id` accepts; else, with no registry id in the text, the item a question about making or getting it names: the words around its frame (`火把怎么合成`, `怎么制作蛋糕`, `钻石在哪里找`, `铁锭的来源`, `how do I craft a torch`, `where does obsidian come from`, `recipe for a chest`) |
+| `price`      | `{"query": "钻石"}` or `{}` | the item a price question names (`钻石多少钱`, `火把在商店卖多少钱`, `金锭的价格`, `how much is a diamond`, `how much do torches cost in the shop`, `price of iron ingots`); `{}` for a text that asks no price (`open the shop`); None for a price question about no item (`我有多少钱`, `how much is that`) |
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from router_service.semantic.text import ITEM_ID, clean, normalize
 
-__all__ = ["EXTRACTORS", "extract", "item", "item_id", "list_index", "name"]
+__all__ = ["EXTRACTORS", "extract", "item", "item_id", "list_index", "name", "price"]
 
 MAX_INDEX = 9999
 MAX_NAME_CHARS = 64
@@ -165,8 +166,66 @@ def item(text: str) -> dict[str, Any] | None:
     return {"query": value}
 
 
+# A price question's frame (`price`): what an item costs, in the shop or not; the item is the
+# words the frame leaves. Whole-text matches only, as for `item`.
+_ZH_SHOP = r"(?:在|到)?(?:商店|商城|商铺|店里)(?:里)?"
+_ZH_PRICE_QUESTION = re.compile(
+    r"^(?:请问|请|帮我)?(?:看看|看一下|查看|查询|查一下|查下|显示|浏览)?"
+    rf"(?:{_ZH_SHOP}的?)?(.*?)\s*(?:{_ZH_SHOP})?"
+    r"(?:(?:要|卖|买|需要)?(?:多少钱|多少金币|几个金币|什么价(?:格|钱)?|怎么卖)"
+    r"|的?(?:价格|价钱|售价|单价)(?:是)?(?:多少|几何)?)"
+    r"[\s?!。？！]*(?:呀|啊|呢|吗|嘛|啦)?[\s?!。？！]*$"
+)
+_EN_SHOP = r"(?:\s+(?:in|at|from)\s+the\s+(?:shop|store|market))?"
+_EN_PRICE_QUESTION = re.compile(
+    r"^(?:please\s+)?(?:"
+    rf"how\s+much\s+(?:is|are|does|do)\s+{_EN_ARTICLE}(.+?){_EN_SHOP}(?:\s+cost)?{_EN_SHOP}"
+    rf"|what\s+(?:is|'s)\s+the\s+price\s+of\s+{_EN_ARTICLE}(.+?){_EN_SHOP}"
+    rf"|(?:the\s+)?price\s+(?:of|for)\s+{_EN_ARTICLE}(.+?){_EN_SHOP}"
+    rf"|what\s+(?:does|do)\s+{_EN_ARTICLE}(.+?)\s+cost{_EN_SHOP}"
+    r")[\s.?!]*(?:please|pls)?[\s.?!]*$",
+    re.IGNORECASE,
+)
+_NOT_FOR_SALE = re.compile(
+    r"^(?:我|我有|我还有|我现在|我现在有|我一共有|我身上有|还有|现在|一共|总共|it|this|that|these"
+    r"|those|they|them|one|money|coins?|gold"
+    r"|(?:这|那)(?:个|些|件|种|样)?(?:商品|东西|物品)?)$",
+    re.IGNORECASE,
+)
+_ANY_GOODS = re.compile(
+    r"^(?:商品|东西|物品|所有商品|全部商品|所有东西|items?|things|everything)?$"
+)
+"""What a price frame leaves when it asks about the goods in general (`看看商店的价格`,
+`查看商品价格`): a browse of the shop, no search."""
+"""What a price frame may leave that is not for sale: a player's own money (`我有多少钱`,
+`how much money`: the profile's balance) or a reference (the reference guard and the model)."""
+
+
+def price(text: str) -> dict[str, Any] | None:
+    """`{"query": name}` for the item a price question names (see `_ZH_PRICE_QUESTION`,
+    `_EN_PRICE_QUESTION`), kept as typed; `{}` for a text that asks no price or the price of the
+    goods in general (the shop with no search); None for a price question whose words name nothing for sale: a reference, the
+    player's own money, the item `item` (an item lookup, not a price), a list or over 64
+    characters."""
+    cleaned = clean(text)
+    match = _ZH_PRICE_QUESTION.match(cleaned) or _EN_PRICE_QUESTION.match(cleaned)
+    if match is None:
+        return {}
+    value = next((group for group in match.groups() if group), "")
+    if _ANY_GOODS.match(value):
+        return {}
+    if (
+        len(value) > MAX_NAME_CHARS
+        or _NOT_FOR_SALE.search(value)
+        or _NOT_AN_ITEM.search(value)
+        or _SEPARATORS.search(value)
+    ):
+        return None
+    return {"query": value}
+
+
 EXTRACTORS: Mapping[str, Callable[[str], dict[str, Any] | None]] = MappingProxyType(
-    {"item_id": item_id, "list_index": list_index, "name": name, "item": item}
+    {"item_id": item_id, "list_index": list_index, "name": name, "item": item, "price": price}
 )
 """Extractor name → function of the text."""
 

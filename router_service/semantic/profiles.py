@@ -51,8 +51,8 @@ class Profile:
     structured_only: bool = False
     """Reached only by commands and buttons."""
     extractor: str | None = None
-    """Argument extractor run on the player's text: `item_id`, `list_index`, `name`, or None
-    for a module that takes no arguments."""
+    """Argument extractor run on the player's text (`EXTRACTOR_NAMES`: `item_id`, `list_index`,
+    `name`, `item`, `price`), or None for a module that takes no arguments."""
     choice_label: str = ""
     """Label (a translation key) of the module on a local-fallback selection card."""
     direct: bool = True
