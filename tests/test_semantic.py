@@ -1057,6 +1057,23 @@ def test_fallback_candidates_parse_arguments_from_this_text(router: SemanticRout
     assert modules.isdisjoint({"system:signin", "system:reject_buy"})
 
 
+def test_fallback_candidates_with_an_argument_read_from_the_text_lead(analyzer: Analyzer) -> None:
+    """The profile's money words match the price question better, but the shop's extractor
+    read its item: the shop leads the card, carrying the search."""
+    profiles = [
+        Profile("test:profile", "read", {"zh": ["我有多少钱", "查看我的余额"]}),
+        Profile("test:shop", "read", {"zh": ["打开商店", "火把多少钱"]}, extractor="price"),
+    ]
+    router = _router(analyzer, profiles)
+    matched = [c.module_id for c in router.decide("面包多少钱", "zh").matched or ()]
+    assert matched[:2] == ["test:profile", "test:shop"]  # the words alone rank the profile first
+    found = router.fallback_candidates("面包多少钱", "zh")
+    assert [(c.module_id, dict(c.input)) for c in found][:2] == [
+        ("test:shop", {"query": "面包"}),
+        ("test:profile", {}),
+    ]
+
+
 def test_fallback_candidates_fall_back_to_read_only_shortcuts(
     router: SemanticRouter, analyzer: Analyzer
 ) -> None:

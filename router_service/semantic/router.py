@@ -543,7 +543,8 @@ class SemanticRouter:
     ) -> list[FallbackCandidate]:
         """Read-only modules for a LOCAL_FALLBACK selection card, at most 5.
 
-        The top matches whose extractor parses from this text (or that take no arguments);
+        The top matches whose extractor parses from this text (or that take no arguments),
+        those with an argument read from it first;
         when there are none, the read-only shortcuts (`Profile.is_shortcut`: by default the
         modules without an extractor) in registration order, without arguments. Reject, structured-only, explicit-only and write modules never
         appear. In SHADOW and OFF, or for a text that cannot be matched (too long, another
@@ -581,7 +582,9 @@ class SemanticRouter:
                 if len(found) == MAX_CANDIDATES:
                     break
         if found:
-            return found
+            # A module whose extractor read an argument from this text (an item a question
+            # names, a list number) leads: its frame held the text, the others only share words.
+            return sorted(found, key=lambda c: not c.input)
         return list(self._shortcuts(allowed))
 
     def _shortcuts(self, allowed: Collection[str] | None) -> tuple[FallbackCandidate, ...]:
