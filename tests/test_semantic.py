@@ -927,6 +927,7 @@ def test_the_item_extractor_reads_an_id_or_the_item_a_question_asks_about(
         "末影龙在哪里",  # where a thing is, not how to get it
         "钻石有什么用",  # what it is for: the item card does not say
         "查看 背包",  # a verb without 物品: anything can follow it
+        "查看物品栏",  # the inventory
         "how do i get to the nether",  # a place
         "how do i make money and friends",
         "what is my balance",
@@ -972,6 +973,7 @@ def test_the_price_extractor_reads_the_item_a_price_question_names(
     [
         "我有多少钱",  # the player's own money: the profile
         "我现在多少钱",
+        "我还剩多少金币",
         "那个商品多少钱",  # a reference
         "这个多少钱",
         "铁锭和金锭多少钱",  # a list

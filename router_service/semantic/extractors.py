@@ -110,7 +110,8 @@ def name(text: str) -> dict[str, Any] | None:
 # as a name.
 _ZH_HOW = r"(?:要?怎么|要?怎样|如何|咋)(?:才能|能|可以)?"
 _ZH_MAKE = r"(?:合成|制作|制造|获得|得到|获取|弄到|拿到|搞到|找到)"
-_ZH_BEFORE = rf"(?:请|帮我)?(?:(?:查询|查看|查找|查一下|查下|搜索|搜一下|看看|看一下)物品|{_ZH_HOW}{_ZH_MAKE})"
+# `物品栏` is the inventory, not a lookup of `栏`.
+_ZH_BEFORE = rf"(?:请|帮我)?(?:(?:查询|查看|查找|查一下|查下|搜索|搜一下|看看|看一下)物品(?!栏)|{_ZH_HOW}{_ZH_MAKE})"
 _ZH_AFTER = (
     rf"(?:{_ZH_HOW}{_ZH_MAKE}"
     r"|(?:从|在|去)?(?:哪里|哪儿|哪)(?:能|可以)?(?:获得|得到|获取|找到|找|弄到|挖到|刷到)"
@@ -189,7 +190,8 @@ _EN_PRICE_QUESTION = re.compile(
 _NOT_FOR_SALE = re.compile(
     r"^(?:我|我有|我还有|我现在|我现在有|我一共有|我身上有|还有|现在|一共|总共|it|this|that|these"
     r"|those|they|them|one|money|coins?|gold"
-    r"|(?:这|那)(?:个|些|件|种|样)?(?:商品|东西|物品)?)$",
+    r"|(?:这|那)(?:个|些|件|种|样)?(?:商品|东西|物品)?)$"
+    r"|^(?:我|你|咱)",  # `我还剩多少金币`: the player's own
     re.IGNORECASE,
 )
 _ANY_GOODS = re.compile(
