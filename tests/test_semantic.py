@@ -804,9 +804,20 @@ def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
         "查看重复任务",  # repeatable quests: `repeat` is no reference in English either
         "钻石在商店卖多少钱",  # what it sells for: a price question, not selling
         "钻石怎么卖",
+        "商店里卖什么",  # what is sold: a read of the shop
+        "商店里都卖些啥",
+        "有什么东西在卖",
+        "想看看商城卖的东西",
     ):
         assert fired_guards(text) == [], text
-    for text in ("卖掉钻石", "我要卖钻石", "在商店卖东西", "出售钻石"):
+    for text in (
+        "卖掉钻石",
+        "我要卖钻石",
+        "在商店卖东西",
+        "出售钻石",
+        "把钻石卖给商店",
+        "卖些钻石给我",
+    ):
         assert fired_guards(text) == ["write"], text
     assert [g.name for g in GUARDS] == [
         "negation",

@@ -117,8 +117,9 @@ _WRITE_EN = [
 WRITE = Guard("write", _pattern(
     _WRITE_EN,
     ["执行", "领取", "领", "购买", "买", "支付", "付款", "付钱", "签到", "打卡", "兑换", "出售",
-     # `卖多少钱`, `怎么卖`: what it sells for (a price question), not selling.
-     r"(?<!怎么)卖(?!多少|几个|什么价)", "赠送", "送给", "转账", "提交", "确认", "下单", "充值", "交易", "接受", "放弃", "发送", "给我一",
+     # `卖多少钱`, `怎么卖`, `卖什么`, `在卖`, `卖的东西`: what is sold and for how much (a
+     # read of the shop), not selling; `卖给`, `卖掉`, `卖东西` still fire.
+     r"(?<!怎么)(?<!在)卖(?!多少|几个|什么|些啥|些什么|啥|的)", "赠送", "送给", "转账", "提交", "确认", "下单", "充值", "交易", "接受", "放弃", "发送", "给我一",
      "送我", "登录", "登陆"],
 ), lift="never")
 # Words that change state, but that a read request may use too (`the alarm set for six`,
