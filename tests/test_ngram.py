@@ -324,6 +324,24 @@ def test_the_built_in_modules_allow_no_unknown_words_but_an_items_name(
                 assert model.open_words[module_id] == expected, (module_id, lang)
 
 
+def test_each_built_in_example_routes_to_its_module_when_typed(router: SemanticRouter) -> None:
+    """A module's own examples, typed as written, route to it: but two, each for a reason of
+    the seed's gates. `what can you do` reads as the small-talk profile's `how are you` (both
+    only a question word to the lexicon: a margin of 0 between them), and `我的信息` holds no
+    topic word for the examples to cover."""
+    known = {("system:help", "what can you do"), ("system:profile", "我的信息")}
+    stopped = []
+    for profile in router.profiles.values():
+        if not profile.routes_directly:
+            continue
+        for lang, examples in profile.examples.items():
+            for example in examples:
+                decision = router.decide(example, lang)
+                if (decision.outcome, decision.module_id) != ("direct", profile.module_id):
+                    stopped.append((profile.module_id, example))
+    assert set(stopped) == known
+
+
 def test_a_bare_number_never_routes(router: SemanticRouter) -> None:
     for text, lang in [("666", "zh"), ("3", "en"), ("minecraft:diamond", "en"), ("第2个", "zh")]:
         decision = router.decide(text, lang)

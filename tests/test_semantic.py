@@ -808,6 +808,8 @@ def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
         "商店里都卖些啥",
         "有什么东西在卖",
         "想看看商城卖的东西",
+        "what does the shop sell",  # what a seller sells: a read
+        "do you sell diamonds",
     ):
         assert fired_guards(text) == [], text
     for text in (
@@ -817,6 +819,9 @@ def test_guards_stay_quiet_on_plain_requests_and_item_ids() -> None:
         "出售钻石",
         "把钻石卖给商店",
         "卖些钻石给我",
+        "sell my diamonds",
+        "can you sell me a diamond",
+        "i want to sell",
     ):
         assert fired_guards(text) == ["write"], text
     assert [g.name for g in GUARDS] == [
@@ -886,6 +891,8 @@ def test_extractors() -> None:
     assert extract("list_index", "第3个") == {"index": 3}
     assert extract("list_index", "第十二个") == {"index": 12}
     assert extract("list_index", "#4") == {"index": 4}
+    assert extract("list_index", "requirements of the 2nd quest") == {"index": 2}
+    assert extract("list_index", "the 1st and 3rd quests") is None
     assert extract("list_index", "view 0") is None
     assert extract("list_index", "view 1 or 2") is None
     assert extract("list_index", "view minecraft:stone_2") is None

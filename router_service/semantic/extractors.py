@@ -6,7 +6,7 @@ and None blocks a direct route (the model or a card decides instead).
 | extractor    | input it returns        | accepts                                           |
 |--------------|-------------------------|---------------------------------------------------|
 | `item_id`    | `{"item_id": "ns:path"}` | exactly one registry id (`minecraft:diamond`)     |
-| `list_index` | `{"index": 3}`          | exactly one list number: `查看 1`, `view 2`, `第3个`, `第三个`, `#4` |
+| `list_index` | `{"index": 3}`          | exactly one list number: `查看 1`, `view 2`, `第3个`, `第三个`, `#4`, `the 2nd quest` |
 | `name`       | `{"name": "Dragon"}`    | exactly one quoted name, else the text after a leading verb (`查看 任务名`, `view Dragon Slayer`) |
 | `item`       | `{"item_id": ...}` or `{"query": "火把"}` | what `item_id` accepts; else, with no registry id in the text, the item a question about making or getting it names: the words around its frame (`火把怎么合成`, `怎么制作蛋糕`, `钻石在哪里找`, `铁锭的来源`, `how do I craft a torch`, `where does obsidian come from`, `recipe for a chest`) |
 | `price`      | `{"query": "钻石"}` or `{}` | the item a price question names (`钻石多少钱`, `火把在商店卖多少钱`, `金锭的价格`, `how much is a diamond`, `how much do torches cost in the shop`, `price of iron ingots`); `{}` for a text that asks no price (`open the shop`); None for a price question about no item (`我有多少钱`, `how much is that`) |
@@ -30,7 +30,7 @@ _DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4,
 _DIGITS |= {"七": 7, "八": 8, "九": 9}
 _INDEX = re.compile(
     r"第\s*(?P<ordinal>[0-9]+|[零〇一二两三四五六七八九十百]+)\s*[个项条页位号]?"
-    r"|(?<![a-z0-9_])#?(?P<number>[0-9]+)(?![a-z0-9_])"
+    r"|(?<![a-z0-9_])#?(?P<number>[0-9]+)(?:st|nd|rd|th)?(?![a-z0-9_])"
 )
 _QUOTED = re.compile(
     r'"(?P<a>[^"]+)"|“(?P<b>[^”]+)”|「(?P<c>[^」]+)」|『(?P<d>[^』]+)』|《(?P<e>[^》]+)》'

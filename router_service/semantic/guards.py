@@ -114,8 +114,14 @@ _WRITE_EN = [
     "signin", "check in", "check-in", "checkin", "log in", "login", "execute", "run", "submit",
     "confirm", "accept", "abandon", "trade", "transfer", "spend", "order", "checkout",
     "check out", "recharge", "top up", "give", "send"]
+# `what does the shop sell`, `do you sell diamonds`: what a seller sells (a read of the shop),
+# not selling; `sell my diamonds`, `can you sell me one` still fire.
+_SELL = (
+    r"sell(?=\s+(?:me|us)(?![a-z]))"
+    r"|(?<!shop\s)(?<!store\s)(?<!market\s)(?<!you\s)(?<!they\s)sell"
+)
 WRITE = Guard("write", _pattern(
-    _WRITE_EN,
+    [_SELL if w == "sell" else w for w in _WRITE_EN],
     ["执行", "领取", "领", "购买", "买", "支付", "付款", "付钱", "签到", "打卡", "兑换", "出售",
      # `卖多少钱`, `怎么卖`, `卖什么`, `在卖`, `卖的东西`: what is sold and for how much (a
      # read of the shop), not selling; `卖给`, `卖掉`, `卖东西` still fire.
