@@ -188,27 +188,25 @@ _EN_PRICE_QUESTION = re.compile(
     re.IGNORECASE,
 )
 _NOT_FOR_SALE = re.compile(
-    r"^(?:我|我有|我还有|我现在|我现在有|我一共有|我身上有|还有|现在|一共|总共|it|this|that|these"
-    r"|those|they|them|one|money|coins?|gold"
-    r"|(?:这|那)(?:个|些|件|种|样)?(?:商品|东西|物品)?)$"
-    r"|^(?:我|你|咱)",  # `我还剩多少金币`: the player's own
+    r"^(?:我|你|咱)"  # `我有多少钱`, `我还剩多少金币`: the player's own money
+    r"|^(?:还有|现在|一共|总共|it|this|that|these|those|they|them|one|money|coins?|gold"
+    r"|(?:这|那)(?:个|些|件|种|样)?(?:商品|东西|物品)?)$",
     re.IGNORECASE,
 )
+"""What a price frame may leave that is not for sale: a player's own money (`我有多少钱`,
+`how much money`: the profile's balance) or a reference (the reference guard and the model)."""
 _ANY_GOODS = re.compile(
     r"^(?:商品|东西|物品|所有商品|全部商品|所有东西|items?|things|everything)?$"
 )
 """What a price frame leaves when it asks about the goods in general (`看看商店的价格`,
 `查看商品价格`): a browse of the shop, no search."""
-"""What a price frame may leave that is not for sale: a player's own money (`我有多少钱`,
-`how much money`: the profile's balance) or a reference (the reference guard and the model)."""
 
 
 def price(text: str) -> dict[str, Any] | None:
     """`{"query": name}` for the item a price question names (see `_ZH_PRICE_QUESTION`,
-    `_EN_PRICE_QUESTION`), kept as typed; `{}` for a text that asks no price or the price of the
-    goods in general (the shop with no search); None for a price question whose words name nothing for sale: a reference, the
-    player's own money, the item `item` (an item lookup, not a price), a list or over 64
-    characters."""
+    `_EN_PRICE_QUESTION`), kept as typed; `{}` for a text that asks no price, or the price of
+    the goods in general (the shop, no search); None for a price question whose words name
+    nothing for sale: the player's own money, a reference, a list, or over 64 characters."""
     cleaned = clean(text)
     match = _ZH_PRICE_QUESTION.match(cleaned) or _EN_PRICE_QUESTION.match(cleaned)
     if match is None:
