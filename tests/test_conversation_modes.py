@@ -241,11 +241,12 @@ async def test_settings_card_changes_mode_history_and_clears_memory(
         card = cleared.reply.result.card
         assert card.lines[-1].text == f"Cleared {kept} history entries."  # kept >= 2
         history = await client.control("alex", gateway_pb2.CONTROL_ACTION_HISTORY)
-        # Only the press that cleared it remains: the settings card it showed.
-        left = [(e.role, e.text.split(" ")[0]) for e in history.history.entries]
+        # Only the press that cleared it remains, in the button's words, and the settings card
+        # it showed.
+        left = [(e.role, e.text.split("\n")[0]) for e in history.history.entries]
         assert left == [
-            (common_pb2.HISTORY_ROLE_PLAYER, "system:settings"),
-            (common_pb2.HISTORY_ROLE_ASSISTANT, "Assistant"),
+            (common_pb2.HISTORY_ROLE_PLAYER, "[Clear conversation memory]"),
+            (common_pb2.HISTORY_ROLE_ASSISTANT, "Assistant settings"),
         ]
 
         zh = (await client.chat("steve", "/设置")).reply.result.card

@@ -17,7 +17,13 @@ from system.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from system.relay.v1 import relay_pb2
 from system.storage.v1 import storage_pb2
 
-from services.gamesim.client import FrameRefused, GameServerClient, GatewayRefused
+from services.gamesim.client import (
+    CORE_WRITE_RACE,
+    HELLO_RACE_ATTEMPTS,
+    FrameRefused,
+    GameServerClient,
+    GatewayRefused,
+)
 from services.results import card, succeeded
 from services.runtime.multiplex import MultiplexClient
 from tests.inprocess import Chain, running_chain
@@ -114,16 +120,22 @@ async def raw_stream(
     frames: Sequence[gateway_pb2.ConnectRequest],
     metadata: tuple[tuple[str, str], ...],
 ) -> tuple[grpc.StatusCode, str]:
-    """Opens Connect with a plain stub, sends `frames` and returns how the stream ended."""
+    """Opens Connect with a plain stub, sends `frames` and returns how the stream ended. A
+    write that races the gateway's refusal makes grpc report its own INTERNAL instead of the
+    gateway's status (`CORE_WRITE_RACE`): the stream is opened again, as a plugin would."""
     stub = gateway_pb2_grpc.GameGatewayServiceStub(chain.channel("gateway"))
-    call = stub.Connect(metadata=metadata, timeout=5)
-    for frame in frames:
-        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
-            await call.write(frame)
-    with contextlib.suppress(grpc.aio.AioRpcError):
-        async for _ in call:
-            pass
-    return await call.code(), await call.details()
+    for _ in range(HELLO_RACE_ATTEMPTS):
+        call = stub.Connect(metadata=metadata, timeout=5)
+        for frame in frames:
+            with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+                await call.write(frame)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for _ in call:
+                pass
+        code, details = await call.code(), await call.details()
+        if (code, details) != (grpc.StatusCode.INTERNAL, CORE_WRITE_RACE):
+            break
+    return code, details
 
 
 def hello(server_id: str = "sim", version: int = 1) -> gateway_pb2.ConnectRequest:
@@ -620,6 +632,12 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
     )
     assert_help(invoked)
     assert [e.text for e in await history(chain, MALLORY)][0] == "system:help"
+    # A press is recorded in the button's words, bracketed: what the player clicked.
+    help_button = next(b for b in card.buttons if b.args["module_id"] == "system:help")
+    assert_help(await client.press(MALLORY, card, help_button))
+    assert [e.text for e in await history(chain, MALLORY)][2] == (
+        "[List the commands and features you can use]"
+    )
 
 
 async def test_leave_then_requests_are_not_found(client: GameServerClient) -> None:

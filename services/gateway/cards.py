@@ -83,8 +83,14 @@ class ShownCard:
 
     def carries(self, action: gateway_pb2.CardAction) -> bool:
         """Whether one of its buttons has the action's id and arguments exactly."""
+        return self.button(action) is not None
+
+    def button(self, action: gateway_pb2.CardAction) -> common_pb2.CardButton | None:
+        """The button with the action's id and arguments exactly, if the card carries one."""
         pressed = _button_key(action.action_id, dict(action.args))
-        return any(_button_key(b.action_id, dict(b.args)) == pressed for b in self.shown)
+        return next(
+            (b for b in self.shown if _button_key(b.action_id, dict(b.args)) == pressed), None
+        )
 
 
 CardChange = Callable[[str, "ShownCard | None", int], None]

@@ -653,10 +653,13 @@ class PlayerRequests:
                 {"card_id": action.source.card_id, "version": str(action.source.version)}
             )
             return gateway_pb2.Reply(result=result)
+        # History records the press as the button's words, in brackets (`[Claim reward]`).
+        button = pressed.button(action)
+        said = f"[{button.label}]" if button is not None and button.label else ""
         if action.action_id in SETTINGS_ACTIONS:
-            result, module_id = await self._settings_press(player, action, state)
+            result, module_id = await self._settings_press(player, action, state, said)
         else:
-            result, module_id = await self._card_action(player, action)
+            result, module_id = await self._card_action(player, action, said)
         reply = gateway_pb2.Reply(result=result, module_id=module_id)
         answer = reply.result.card
         if (
@@ -677,6 +680,7 @@ class PlayerRequests:
         player: common_pb2.PlayerContext,
         action: gateway_pb2.CardAction,
         state: PlayerState,
+        said: str,
     ) -> tuple[common_pb2.AgentResult, str]:
         """A settings card's button (`system:settings`): a preference change or clearing the
         conversation memory, carried out here (the gateway owns preferences), then the card
@@ -703,11 +707,11 @@ class PlayerRequests:
         call = common_pb2.ModuleAction(module_id=SETTINGS_MODULE, input=data)
         player = self._in_force(player, state.preferences, state)
         return await self._execute(
-            player, call, engine_pb2.ROUTE_SOURCE_BUTTON, ""
+            player, call, engine_pb2.ROUTE_SOURCE_BUTTON, said
         ), SETTINGS_MODULE
 
     async def _card_action(
-        self, player: common_pb2.PlayerContext, action: gateway_pb2.CardAction
+        self, player: common_pb2.PlayerContext, action: gateway_pb2.CardAction, said: str
     ) -> tuple[common_pb2.AgentResult, str]:
         if action.action_id != "invoke" or not action.args.get("module_id"):
             return failed(
@@ -741,7 +745,7 @@ class PlayerRequests:
                 ), ""
         module_id = action.args["module_id"]
         call = common_pb2.ModuleAction(module_id=module_id, input=data)
-        return await self._execute(player, call, engine_pb2.ROUTE_SOURCE_BUTTON, ""), module_id
+        return await self._execute(player, call, engine_pb2.ROUTE_SOURCE_BUTTON, said), module_id
 
     async def _control(
         self,
