@@ -235,6 +235,13 @@ async def test_browsing_searching_and_detail_in_chinese_and_english(chain: Chain
     opened = await client.chat("alex", "/shop bread")
     assert _ok(opened).card.title == "Bread"
     assert _labels(opened) == ["Buy 1", "Buy 16", "Where it comes from", "Back to the shop"]
+    # A category's name is its page, in either language (`/shop food`, `/shop 食物`).
+    for player, text, title in (
+        ("alex", "/shop food", "Shop · Food"),
+        ("steve", "/shop 食物", "商城 · 食物"),
+    ):
+        category = await client.chat(player, text)
+        assert _ok(category).card.title == title, text
     missing = await client.chat("alex", "/shop elytra")
     assert missing.reply.result.failure.key == "system.error.not_found"
     assert missing.reply.result.card.title == "Not for sale"

@@ -272,8 +272,14 @@ class ShopModule:
         if query:
             request["query"] = query
         listed = await ctx.tool(SHOP_LIST, request)
-        again = singular(query) if query and not listed["total"] else None
-        if again:  # `diamonds`: the listing is named in the singular
+        category = _category(listed["categories"], query) if query and not listed["total"] else None
+        again = singular(query) if query and not listed["total"] and not category else None
+        if category:  # `/shop food`: a category's name is no item's
+            del request["query"]
+            request["category"] = category
+            query = ""
+            listed = await ctx.tool(SHOP_LIST, request)
+        elif again:  # `diamonds`: the listing is named in the singular
             request["query"] = again
             listed = await ctx.tool(SHOP_LIST, request)
             if listed["total"]:
@@ -290,6 +296,19 @@ class ShopModule:
         if query and not listed["total"]:
             return _not_sold(query, language)
         return succeeded(_list_card(listed, request, language))
+
+
+def _category(categories: list[dict[str, Any]], text: str) -> str | None:
+    """The id of the category `text` names whole (its id or a name in any language)."""
+    folded = text.casefold()
+    return next(
+        (
+            c["id"]
+            for c in categories
+            if folded in (c["id"], *(n.casefold() for n in c["name"].values()))
+        ),
+        None,
+    )
 
 
 def _named(listings: list[dict[str, Any]], text: str) -> dict[str, Any] | None:
