@@ -80,11 +80,18 @@ def test_the_shipped_rules_pass_and_hold_todays_rewards(registry: Any) -> None:
     ]
     diamond = rules.rule_for(DIAMOND)
     assert diamond is not None and diamond.module_id == REWARD
-    assert diamond.data() == _stacks(("minecraft:diamond", 1), ("minecraft:experience_bottle", 5))
+    stacks = [(s["item"], s["count"]) for s in diamond.data()["items"]]
+    assert stacks == [("minecraft:diamond", 1), ("minecraft:experience_bottle", 5)]
+    # Every shipped stack names its item for the reward card, in both languages.
+    assert all(
+        set(s["name"]) == {"zh", "en"} for r in rules.rules.values() for s in r.data()["items"]
+    )
     # Any other advancement: the default rule.
     other = rules.rule_for("minecraft:story/root")
     assert other is rules.default and other is not None
-    assert other.data() == _stacks(("minecraft:experience_bottle", 1))
+    assert [(s["item"], s["count"]) for s in other.data()["items"]] == [
+        ("minecraft:experience_bottle", 1)
+    ]
     # The same rules read twice have the same digest; a task's copy is its own.
     again = load_advancement_rules(DEFAULT_RULES_FILE, registry)
     assert again.digest == rules.digest and len(rules.digest) == 16
@@ -467,7 +474,9 @@ def test_make_run_advance_shows_the_configured_reward(tmp_path: Path) -> None:
     """`make run`, then `:advance minecraft:story/mine_diamond`: the reward card lists the
     shipped rule's stacks; the same advancement again rewards nothing."""
     shipped = load_advancement_rules(DEFAULT_RULES_FILE, build_registry(EngineConfig()))
-    lines = [f"{s['item']} × {s['count']}" for s in shipped.rule_for(DIAMOND).data()["items"]]  # type: ignore[union-attr]
+    # Steve's client is English (no --say text to read a language from): the English names.
+    stacks = shipped.rule_for(DIAMOND).data()["items"]  # type: ignore[union-attr]
+    lines = [f"{s['name']['en']} × {s['count']}" for s in stacks]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "gen")])
     done = subprocess.run(

@@ -255,6 +255,33 @@ def _data(**values: Any) -> struct_pb2.Struct:
 # -- one engine --------------------------------------------------------------------------------
 
 
+async def test_a_rule_without_names_shows_the_item_ids(
+    fresh_database_url: str, tmp_path: Path
+) -> None:
+    """An operator's rule that names no item: the reward card shows the ids it gives."""
+    rules = tmp_path / "advancements.json"
+    stack_input = {"items": [{"item": "minecraft:diamond", "count": 2}]}
+    rules.write_text(
+        json.dumps(
+            {
+                "rules": [
+                    {
+                        "advancement": DIAMOND,
+                        "module": "system:advancement_reward",
+                        "input": stack_input,
+                    }
+                ]
+            }
+        )
+    )
+    async with _one_engine(fresh_database_url, advancements_file=str(rules)) as (stack, _):
+        await stack.game.join("steve", "Steve")
+        await stack.game.event("steve", ADVANCEMENT, "adv-1", {"advancement": DIAMOND})
+        task = (await stack.settled(["steve"]))["steve"]
+        assert task.state == journal_pb2.TASK_STATE_SUCCEEDED
+        assert [line.text for line in task.result.card.lines] == ["minecraft:diamond × 2"]
+
+
 async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> None:
     async with _one_engine(fresh_database_url) as (stack, engine):
         await stack.game.join("steve", "Steve")
@@ -263,9 +290,10 @@ async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> 
         assert task.state == journal_pb2.TASK_STATE_SUCCEEDED
         assert task.module_id == "system:advancement_reward"
         assert task.result.status == common_pb2.RESULT_STATUS_SUCCEEDED
+        # The rule names its items: the card shows the names (in the player's language).
         assert [line.text for line in task.result.card.lines] == [
-            "minecraft:diamond × 1",
-            "minecraft:experience_bottle × 5",
+            "Diamond × 1",
+            "Bottle o' Enchanting × 5",
         ]
         assert stack.game.gained("steve") == REWARD
         # Call ids are the step ids: a game server may deduplicate on them too.

@@ -51,6 +51,16 @@ class AdvancementRewardModule:
                                 "description": "Item registry id (minecraft:diamond).",
                             },
                             "count": {"type": "integer", "minimum": 1, "maximum": MAX_STACK},
+                            "name": {
+                                "type": "object",
+                                "description": "The item's name as the reward card shows it, "
+                                "per language (zh, en); the card shows the id without one.",
+                                "properties": {
+                                    "zh": {"type": "string", "minLength": 1, "maxLength": 64},
+                                    "en": {"type": "string", "minLength": 1, "maxLength": 64},
+                                },
+                                "additionalProperties": False,
+                            },
                         },
                         "required": ["item", "count"],
                         "additionalProperties": False,
@@ -75,8 +85,11 @@ class AdvancementRewardModule:
         return len(data["items"])
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
-        stacks = [(stack["item"], stack["count"]) for stack in data["items"]]
+        stacks = data["items"]
         # The gives do not depend on one another: sent together (one relay message).
-        await ctx.tools([(ITEM_GIVE, {"item": item, "count": count}) for item, count in stacks])
-        lines = [f"{item} × {count}" for item, count in stacks]
-        return succeeded(card("system:reward", pick(_TITLE, ctx.player.language), lines))
+        await ctx.tools([(ITEM_GIVE, {"item": s["item"], "count": s["count"]}) for s in stacks])
+        language = ctx.player.language
+        lines = [
+            f"{pick(s.get('name') or {}, language) or s['item']} × {s['count']}" for s in stacks
+        ]
+        return succeeded(card("system:reward", pick(_TITLE, language), lines))
