@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,14 @@ _ENTRY_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "item": {"type": "string", "maxLength": 128, "pattern": IDENTIFIER.pattern},
                     "count": {"type": "integer", "minimum": 1, "maximum": 64},
+                    "name": {
+                        "type": "object",
+                        "properties": {
+                            "zh": {"type": "string", "minLength": 1, "maxLength": 64},
+                            "en": {"type": "string", "minLength": 1, "maxLength": 64},
+                        },
+                        "additionalProperties": False,
+                    },
                 },
                 "required": ["item", "count"],
                 "additionalProperties": False,
@@ -91,6 +100,9 @@ class SigninReward:
     """The entry's name per language (zh, en)."""
     items: tuple[tuple[str, int], ...]
     """(item id, count) stacks, in order."""
+    item_names: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    """The stacks' item names per language, by item id, where the entry gives them: what the
+    sign-in card shows (the id otherwise)."""
 
     def stacks(self) -> list[dict[str, Any]]:
         """The items as `minecraft:signin.claim` takes them."""
@@ -156,6 +168,7 @@ def parse_signin_rewards(data: Any, source: str = "signin_rewards.json") -> Sign
                 reward_id=reward_id,
                 name={"zh": entry["name"]["zh"], "en": entry["name"]["en"]},
                 items=tuple((s["item"], int(s["count"])) for s in entry["items"]),
+                item_names={s["item"]: dict(s["name"]) for s in entry["items"] if s.get("name")},
             )
         )
     return SigninRewards(source=source, rewards=tuple(rewards))

@@ -25,7 +25,7 @@ from engine_service.app import build_registry
 from engine_service.config import EngineConfig
 from engine_service.context import ExecutionContext
 from engine_service.models import Completion
-from engine_service.modules.signin import SIGNIN_CLAIM, SigninModule, deterministic_pick
+from engine_service.modules.signin import SIGNIN_CLAIM, SigninModule, _items, deterministic_pick
 from engine_service.signin_rewards import load_signin_rewards, parse_signin_rewards
 from engine_service.steps import TaskSteps
 from engine_service.task_store import Claim, TaskStore
@@ -134,6 +134,24 @@ def test_the_shipped_catalogue_loads() -> None:
     assert len(rewards.rewards) >= 3
     assert len({r.reward_id for r in rewards.rewards}) == len(rewards.rewards)
     assert all(r.name["zh"] and r.name["en"] and r.items for r in rewards.rewards)
+    # Every shipped stack names its item, in both languages, for the card.
+    assert all(
+        set(r.item_names.get(item, {})) == {"zh", "en"}
+        for r in rewards.rewards
+        for item, _ in r.items
+    )
+
+
+def test_an_entry_names_its_items_or_the_card_shows_their_ids() -> None:
+    named = {"item": "minecraft:bread", "count": 8, "name": {"zh": "面包", "en": "Bread"}}
+    plain = {"item": "minecraft:torch", "count": 4}
+    (reward,) = parse_signin_rewards({"rewards": [_entry(items=[named, plain])]}).rewards
+    assert reward.stacks() == [  # what the claim tool takes: no names
+        {"item": "minecraft:bread", "count": 8},
+        {"item": "minecraft:torch", "count": 4},
+    ]
+    assert _items(reward.stacks(), reward.item_names, "en") == "Bread × 8, minecraft:torch × 4"
+    assert _items(reward.stacks(), reward.item_names, "zh") == "面包 × 8, minecraft:torch × 4"
 
 
 def _entry(**fields: Any) -> dict[str, Any]:
@@ -295,9 +313,7 @@ async def test_the_models_pick_is_used_when_it_names_an_entry() -> None:
     assert result.status == SUCCEEDED
     assert world.call("steve", "minecraft:signin.status", {})["reward"] == "iron"
     assert world.inventory("steve")["minecraft:iron_ingot"] == 6
-    assert "Reward: Iron ingots (minecraft:iron_ingot × 6)" in [
-        line.text for line in result.card.lines
-    ]
+    assert "Reward: Iron ingots (Iron Ingot × 6)" in [line.text for line in result.card.lines]
     # The model saw the catalogue's entries as the only choices.
     sent = json.loads(model.requests[0][1].content)
     assert [r["id"] for r in sent["rewards"]] == [
@@ -541,7 +557,7 @@ async def test_the_model_picks_the_reward_through_the_gateway(
     assert response.reply.result.status == SUCCEEDED, response.reply.result.failure
     assert world.call("steve", "minecraft:signin.status", {})["reward"] == "experience"
     assert world.inventory("steve")["minecraft:experience_bottle"] == 4
-    assert card_lines(response)[1] == "奖励：经验瓶（minecraft:experience_bottle × 4）"
+    assert card_lines(response)[1] == "奖励：经验瓶（附魔之瓶 × 4）"
     asked = json.loads(fake.completions[0].json["messages"][1]["content"])
     assert [r["id"] for r in asked["rewards"]] == [r.reward_id for r in rewards.rewards]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
@@ -80,8 +81,14 @@ def deterministic_pick(rewards: SigninRewards, day: str, player_id: str) -> Sign
     return rewards.rewards[int.from_bytes(digest[:8], "big") % len(rewards.rewards)]
 
 
-def _items(stacks: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{s['item']} × {s['count']}" for s in stacks)
+def _items(
+    stacks: list[dict[str, Any]], names: Mapping[str, Mapping[str, str]], language: str
+) -> str:
+    """`Torch × 32, Bread × 4`: each stack by its item's name where the entry gives one."""
+    return ", ".join(
+        f"{pick(dict(names.get(s['item']) or {}), language) or s['item']} × {s['count']}"
+        for s in stacks
+    )
 
 
 def _decode(content: str, rewards: SigninRewards) -> SigninReward | None:
@@ -203,7 +210,7 @@ class SigninModule:
                         _TODAYS,
                         language,
                         name=pick(reward.name, language),
-                        items=_items(reward.stacks()),
+                        items=_items(reward.stacks(), reward.item_names, language),
                     )
                 )
             lines.append(streak_line(status, language))
@@ -215,15 +222,16 @@ class SigninModule:
         )
         recorded = self.rewards.get(claimed["reward"])
         name = pick(recorded.name, language) if recorded else claimed["reward"]
+        names = recorded.item_names if recorded else {}
         if claimed["claimed"]:
             lines = [
                 pick(_DONE, language, day=claimed["day"]),
-                pick(_REWARD, language, name=name, items=_items(claimed["items"])),
+                pick(_REWARD, language, name=name, items=_items(claimed["items"], names, language)),
             ]
         else:  # signed in meanwhile (another request or device): nothing was given now
             lines = [
                 pick(_ALREADY, language, day=claimed["day"]),
-                pick(_TODAYS, language, name=name, items=_items(claimed["items"])),
+                pick(_TODAYS, language, name=name, items=_items(claimed["items"], names, language)),
             ]
         lines.append(streak_line(claimed, language))
         return succeeded(card("system:signin", title, lines))
