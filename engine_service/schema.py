@@ -29,6 +29,7 @@ from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from services.runtime.errors import InvalidArgument
 
 __all__ = [
+    "LOCALIZED_NAME",
     "SchemaViolation",
     "check_input",
     "check_schema",
@@ -36,6 +37,17 @@ __all__ = [
     "path_text",
     "violation",
 ]
+
+LOCALIZED_NAME: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "zh": {"type": "string", "minLength": 1, "maxLength": 64},
+        "en": {"type": "string", "minLength": 1, "maxLength": 64},
+    },
+    "additionalProperties": False,
+}
+"""A name per language (zh, en), 1 to 64 characters each, as a configuration file gives it for
+players to read (a reward's, an item's)."""
 
 _VALIDATORS: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
 _MAX_VALIDATORS = 4096

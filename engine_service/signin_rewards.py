@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_service.registry import IDENTIFIER
-from engine_service.schema import violation
+from engine_service.schema import LOCALIZED_NAME, violation
 from engine_service.tools import SIGNIN_MAX_STACKS
 from services.runtime.config import ConfigError, read_json_file
 
@@ -53,15 +53,7 @@ _ENTRY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "id": {"type": "string"},
-        "name": {
-            "type": "object",
-            "properties": {
-                "zh": {"type": "string", "minLength": 1, "maxLength": 64},
-                "en": {"type": "string", "minLength": 1, "maxLength": 64},
-            },
-            "required": ["zh", "en"],
-            "additionalProperties": False,
-        },
+        "name": {**LOCALIZED_NAME, "required": ["zh", "en"]},
         "items": {
             "type": "array",
             "minItems": 1,
@@ -71,14 +63,7 @@ _ENTRY_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "item": {"type": "string", "maxLength": 128, "pattern": IDENTIFIER.pattern},
                     "count": {"type": "integer", "minimum": 1, "maximum": 64},
-                    "name": {
-                        "type": "object",
-                        "properties": {
-                            "zh": {"type": "string", "minLength": 1, "maxLength": 64},
-                            "en": {"type": "string", "minLength": 1, "maxLength": 64},
-                        },
-                        "additionalProperties": False,
-                    },
+                    "name": LOCALIZED_NAME,
                 },
                 "required": ["item", "count"],
                 "additionalProperties": False,

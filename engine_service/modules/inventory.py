@@ -7,7 +7,7 @@ from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
 
-from engine_service.modules.text import pick
+from engine_service.modules.text import pick, stack_line
 from engine_service.registry import (
     CommandSpec,
     ExecutionPolicy,
@@ -72,7 +72,7 @@ class InventoryModule:
         # A name where the game server gives one, else the id; either suggests /item <id>.
         lines: list[str | tuple[str, str]] = [
             (
-                f"{pick(i['name'], language) if 'name' in i else i['item']} × {i['count']}",
+                stack_line(i["item"], i["count"], i.get("name"), language),
                 f"/item {i['item']}",
             )
             for i in output["items"]

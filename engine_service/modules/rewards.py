@@ -11,8 +11,9 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.advancements import ADVANCEMENT_EVENT
-from engine_service.modules.text import pick
+from engine_service.modules.text import pick, stack_line
 from engine_service.registry import IDENTIFIER, ExecutionPolicy, ModuleContext, ModuleSpec
+from engine_service.schema import LOCALIZED_NAME
 from services.results import card, succeeded
 
 __all__ = ["ADVANCEMENT_EVENT", "MAX_STACK", "AdvancementRewardModule"]
@@ -52,14 +53,9 @@ class AdvancementRewardModule:
                             },
                             "count": {"type": "integer", "minimum": 1, "maximum": MAX_STACK},
                             "name": {
-                                "type": "object",
+                                **LOCALIZED_NAME,
                                 "description": "The item's name as the reward card shows it, "
                                 "per language (zh, en); the card shows the id without one.",
-                                "properties": {
-                                    "zh": {"type": "string", "minLength": 1, "maxLength": 64},
-                                    "en": {"type": "string", "minLength": 1, "maxLength": 64},
-                                },
-                                "additionalProperties": False,
                             },
                         },
                         "required": ["item", "count"],
@@ -89,7 +85,5 @@ class AdvancementRewardModule:
         # The gives do not depend on one another: sent together (one relay message).
         await ctx.tools([(ITEM_GIVE, {"item": s["item"], "count": s["count"]}) for s in stacks])
         language = ctx.player.language
-        lines = [
-            f"{pick(s.get('name') or {}, language) or s['item']} × {s['count']}" for s in stacks
-        ]
+        lines = [stack_line(s["item"], s["count"], s.get("name"), language) for s in stacks]
         return succeeded(card("system:reward", pick(_TITLE, language), lines))

@@ -272,20 +272,11 @@ class ShopModule:
         if query:
             request["query"] = query
         listed = await ctx.tool(SHOP_LIST, request)
-        category = _category(listed["categories"], query) if query and not listed["total"] else None
-        again = singular(query) if query and not listed["total"] and not category else None
-        if category:  # `/shop food`: a category's name is no item's
-            del request["query"]
-            request["category"] = category
-            query = ""
-            listed = await ctx.tool(SHOP_LIST, request)
-        elif again:  # `diamonds`: the listing is named in the singular
-            request["query"] = again
-            listed = await ctx.tool(SHOP_LIST, request)
-            if listed["total"]:
-                query = again
-            else:
-                request["query"] = query
+        second = _second_search(request, listed["categories"]) if not listed["total"] else None
+        if second is not None:
+            found = await ctx.tool(SHOP_LIST, second)
+            if found["total"] or "query" not in second:  # a category's page, even empty
+                request, listed, query = second, found, second.get("query", "")
         # A search that names one listing whole (`钻石`, not only `钻石剑`), or finds one, is
         # that listing's card.
         named = _named(listed["listings"], query) if query else None
@@ -296,6 +287,19 @@ class ShopModule:
         if query and not listed["total"]:
             return _not_sold(query, language)
         return succeeded(_list_card(listed, request, language))
+
+
+def _second_search(
+    request: dict[str, Any], categories: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """Where a search found nothing: the category its words name instead (`/shop food`), or
+    the search in the English singular (`diamonds`); None for neither (or no search)."""
+    query = request.get("query", "")
+    category = _category(categories, query) if query else None
+    if category:
+        return {**{k: v for k, v in request.items() if k != "query"}, "category": category}
+    again = singular(query) if query else None
+    return {**request, "query": again} if again else None
 
 
 def _category(categories: list[dict[str, Any]], text: str) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 from system.model.v1 import model_pb2
 
-from engine_service.modules.text import language_name, pick
+from engine_service.modules.text import language_name, pick, stack_line
 from engine_service.react import recoverable
 from engine_service.registry import (
     CommandSpec,
@@ -86,8 +86,7 @@ def _items(
 ) -> str:
     """`Torch × 32, Bread × 4`: each stack by its item's name where the entry gives one."""
     return ", ".join(
-        f"{pick(dict(names.get(s['item']) or {}), language) or s['item']} × {s['count']}"
-        for s in stacks
+        stack_line(s["item"], s["count"], names.get(s["item"]), language) for s in stacks
     )
 
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from services.texts import counted, pick
+from collections.abc import Mapping
 
-__all__ = ["counted", "language_name", "pick", "singular"]
+from services.texts import pick
+
+__all__ = ["language_name", "pick", "singular", "stack_line"]
 
 _LANGUAGE_NAMES = {"zh": "Simplified Chinese", "en": "English"}
+
+
+def stack_line(item: str, count: int, name: Mapping[str, str] | None, language: str) -> str:
+    """`Torch × 32`: a stack by its item's name in the player's language, by its id where no
+    name is given."""
+    shown = pick(dict(name), language) if name else ""
+    return f"{shown or item} × {count}"
 
 
 def language_name(language: str) -> str:

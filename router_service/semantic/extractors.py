@@ -189,12 +189,12 @@ _EN_PRICE_QUESTION = re.compile(
 )
 _NOT_FOR_SALE = re.compile(
     r"^(?:我|你|咱)"  # `我有多少钱`, `我还剩多少金币`: the player's own money
-    r"|^(?:还有|现在|一共|总共|it|this|that|these|those|they|them|one|money|coins?|gold"
-    r"|(?:这|那)(?:个|些|件|种|样)?(?:商品|东西|物品)?)$",
+    r"|^(?:还有|现在|一共|总共|they|money|coins?|gold|(?:这|那)(?:个|些|件|种|样)?(?:商品|东西|物品)?)$",
     re.IGNORECASE,
 )
-"""What a price frame may leave that is not for sale: a player's own money (`我有多少钱`,
-`how much money`: the profile's balance) or a reference (the reference guard and the model)."""
+"""What a price frame may leave that is not for sale, beyond `_NOT_AN_ITEM` (also asked): a
+player's own money (`我有多少钱`, `how much money`: the profile's balance) or a reference to
+goods (`那个商品`: the reference guard and the model)."""
 _ANY_GOODS = re.compile(
     r"^(?:商品|东西|物品|所有商品|全部商品|所有东西|items?|things|everything)?$"
 )
