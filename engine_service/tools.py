@@ -428,7 +428,11 @@ SHOP_MAX_COUNT = 64
 """Most items one `minecraft:shop.buy` order buys (one stack)."""
 
 _MONEY = {"type": "integer", "minimum": 0, "description": "An amount in the server currency."}
-_CURRENCY = {**_NAMES, "description": "The server currency's name per language."}
+_CURRENCY = {
+    **_NAMES,
+    "description": "The server currency's name per language, the English in the plural "
+    "(`coins`): an amount of one is written with its singular (`1 coin`).",
+}
 _SHOP_CATEGORY = {
     "type": "string",
     "pattern": "^[a-z0-9_]{1,32}$",
@@ -845,7 +849,7 @@ BUILTIN_GAME_TOOLS: tuple[ToolSpec, ...] = (
                     "minimum": 0,
                     "description": "The player's money, in whole units of the currency.",
                 },
-                "currency": {**_NAMES, "description": "The currency's name per language."},
+                "currency": _CURRENCY,
                 "level": {
                     "type": "integer",
                     "minimum": 0,

@@ -2,7 +2,9 @@
 
 A template may write a count with the noun it counts: `{streak:~day}` reads `1 day` or `3 days`,
 `{n:~entry|entries}` names an irregular plural (one form, or the singular and the plural
-split by `|`). Chinese templates need none: the counter word does not change.
+split by `|`); `{price:~~{currency}}` counts with a noun given in its plural, as a game server
+names its currency (`1 coin`, `5 coins`). Chinese templates need none: the counter word does
+not change.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
-__all__ = ["counted", "pick"]
+__all__ = ["counted", "pick", "singular"]
 
 
 def counted(n: Any, noun: str) -> str:
@@ -20,8 +22,30 @@ def counted(n: Any, noun: str) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
+_PLURAL_ENDINGS = (("ies", "y"), ("ches", "ch"), ("shes", "sh"), ("xes", "x"), ("sses", "ss"))
+
+
+def singular(word: str) -> str | None:
+    """The singular of an English plural (`diamonds`, `torches`, `berries`); None for anything
+    else (a Chinese word, `gold`, `glass`)."""
+    folded = word.casefold()
+    if not word.isascii() or len(word) < 4 or not folded.endswith("s"):
+        return None
+    for plural, single in _PLURAL_ENDINGS:
+        if folded.endswith(plural):
+            return word[: -len(plural)] + single
+    return None if folded.endswith("ss") else word[:-1]
+
+
+def _counted_plural(n: Any, plural: str) -> str:
+    """`n` with a noun given in its plural: `1 coin`, `2 coins`, `1 金币`."""
+    return f"{n} {(singular(plural) or plural) if n == 1 else plural}"
+
+
 class _Counting(string.Formatter):
     def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec.startswith("~~"):
+            return _counted_plural(value, format_spec[2:])
         if format_spec.startswith("~"):
             return counted(value, format_spec[1:])
         return str(super().format_field(value, format_spec))

@@ -232,6 +232,7 @@ async def test_browsing_searching_and_detail_in_chinese_and_english(chain: Chain
     assert english.reply.module_id == "system:shop"
     assert _ok(english).card.title == "Shop (page 1 of 4)"
     assert card_lines(english)[0] == "1. Diamond — 100 coins (64 in stock)"
+    assert card_lines(english)[4] == "5. Torch — 1 coin (1024 in stock)"  # not `1 coins`
     opened = await client.chat("alex", "/shop bread")
     assert _ok(opened).card.title == "Bread"
     assert _labels(opened) == ["Buy 1", "Buy 16", "Where it comes from", "Back to the shop"]

@@ -6,7 +6,7 @@ import pytest
 
 from engine_service.modules.inventory import _TOTAL
 from engine_service.modules.signin import streak_line
-from services.texts import counted, pick
+from services.texts import counted, pick, singular
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,24 @@ def test_pick_counts_in_english_and_leaves_chinese_alone() -> None:
     assert pick({"en": "{{as written}}"}, "en") == "{{as written}}"
     # A template's value may be called `language` (a knowledge entry's).
     assert pick({"en": "{entry} ({language})"}, "en", entry="faq", language="zh") == "faq (zh)"
+
+
+def test_an_amount_agrees_with_a_currency_named_in_its_plural() -> None:
+    # A game server names its currency once, in the plural (`coins`); an amount of one reads
+    # `1 coin` (the shop's torch). Names without an English plural are left as given.
+    price = {"zh": "{price} {currency}", "en": "Price: {price:~~{currency}} each"}
+    assert pick(price, "en", price=1, currency="coins") == "Price: 1 coin each"
+    assert pick(price, "en", price=5, currency="coins") == "Price: 5 coins each"
+    assert pick(price, "en", price=1, currency="gold") == "Price: 1 gold each"
+    assert pick(price, "en", price=1, currency="emeralds") == "Price: 1 emerald each"
+    assert pick(price, "zh", price=1, currency="金币") == "1 金币"
+    assert [singular(w) for w in ("torches", "berries", "glass", "金币", "gold")] == [
+        "torch",
+        "berry",
+        None,
+        None,
+        None,
+    ]
 
 
 def test_a_first_sign_in_reads_one_day_not_one_days() -> None:

@@ -45,7 +45,7 @@ _DROPS = {"zh": "  生物掉落：{mobs}", "en": "  Dropped by: {mobs}"}
 _MINING = {"zh": "  挖掘：{blocks}", "en": "  Mined from: {blocks}"}
 _SHOP = {
     "zh": "  商店：{price} {currency}（库存 {stock}）",
-    "en": "  Shop: {price} {currency} ({stock} in stock)",
+    "en": "  Shop: {price:~~{currency}} ({stock} in stock)",
 }
 _SEPARATOR = {"zh": "、", "en": ", "}
 _CANDIDATES_TITLE = {"zh": "找到 {total} 个物品", "en": "{total} items match"}

@@ -50,10 +50,10 @@ _TEXT = re.compile(
 
 _TITLE = {"zh": "确认转账", "en": "Confirm payment"}
 _TO = {"zh": "收款人：{name}", "en": "To: {name}"}
-_AMOUNT = {"zh": "金额：{amount} {currency}", "en": "Amount: {amount} {currency}"}
+_AMOUNT = {"zh": "金额：{amount} {currency}", "en": "Amount: {amount:~~{currency}}"}
 _BALANCE = {
     "zh": "余额 {balance}，转账后 {after} {currency}",
-    "en": "Balance {balance}, {after} {currency} after paying",
+    "en": "Balance {balance}, {after:~~{currency}} after paying",
 }
 _VALID = {
     "zh": "{seconds} 秒内有效；请按“确认转账”按钮。",
@@ -63,7 +63,7 @@ _CONFIRM = {"zh": "确认转账", "en": "Confirm payment"}
 _CANNOT = {"zh": "无法转账：{reason}", "en": "You cannot pay this: {reason}"}
 _SHORT = {
     "zh": "需要 {amount} {currency}，你的余额是 {balance}。",
-    "en": "It takes {amount} {currency} and your balance is {balance}.",
+    "en": "It takes {amount:~~{currency}} and your balance is {balance}.",
 }
 _SELF = {"zh": "不能给自己转账。", "en": "You cannot pay yourself."}
 _USAGE = {
@@ -71,8 +71,8 @@ _USAGE = {
     "en": "Name the player and the amount, for example: /pay Alex 100",
 }
 _DONE_TITLE = {"zh": "转账成功", "en": "Payment sent"}
-_PAID = {"zh": "已向 {name} 转账 {amount} {currency}", "en": "Paid {amount} {currency} to {name}"}
-_LEFT = {"zh": "余额：{balance} {currency}", "en": "Balance: {balance} {currency}"}
+_PAID = {"zh": "已向 {name} 转账 {amount} {currency}", "en": "Paid {amount:~~{currency}} to {name}"}
+_LEFT = {"zh": "余额：{balance} {currency}", "en": "Balance: {balance:~~{currency}}"}
 _ORDER = {"zh": "订单号：{order}", "en": "Order: {order}"}
 _REPLAYED = {
     "zh": "这笔转账之前已经完成，这次没有再扣款。",
@@ -81,7 +81,7 @@ _REPLAYED = {
 _INSUFFICIENT_TITLE = {"zh": "余额不足", "en": "Not enough money"}
 _INSUFFICIENT = {
     "zh": "需要 {amount} {currency}，你的余额是 {balance}。没有转账。",
-    "en": "It takes {amount} {currency} and your balance is {balance}. Nothing was paid.",
+    "en": "It takes {amount:~~{currency}} and your balance is {balance}. Nothing was paid.",
 }
 _UNKNOWN_TITLE = {"zh": "没有这个玩家", "en": "No such player"}
 _UNKNOWN = {

@@ -26,7 +26,7 @@ __all__ = ["PLAYER_PROFILE", "ProfileModule", "play_time"]
 
 PLAYER_PROFILE = "minecraft:player.profile"
 _TITLE = {"zh": "本人概况", "en": "My profile"}
-_BALANCE = {"zh": "余额：{balance} {currency}", "en": "Balance: {balance} {currency}"}
+_BALANCE = {"zh": "余额：{balance} {currency}", "en": "Balance: {balance:~~{currency}}"}
 _LEVEL = {"zh": "等级：{level}", "en": "Level: {level}"}
 _PLAY_TIME = {"zh": "游戏时长：{time}", "en": "Play time: {time}"}
 _UNITS = {

@@ -86,7 +86,7 @@ _PAGED = {"zh": "{title}（第 {page}/{pages} 页）", "en": "{title} (page {pag
 _SEARCH_TITLE = {"zh": "商城搜索：{query}", "en": "Shop search: {query}"}
 _ENTRY = {
     "zh": "{n}. {name} — {price} {currency}（库存 {stock}）",
-    "en": "{n}. {name} — {price} {currency} ({stock} in stock)",
+    "en": "{n}. {name} — {price:~~{currency}} ({stock} in stock)",
 }
 _EMPTY = {"zh": "没有符合的商品。", "en": "Nothing for sale matches."}
 _NO_PAGE = {
@@ -99,7 +99,7 @@ _ALL = {"zh": "全部商品", "en": "All items"}
 _BACK = {"zh": "返回商城", "en": "Back to the shop"}
 
 _ID = {"zh": "物品 ID：{id}", "en": "Item id: {id}"}
-_PRICE = {"zh": "单价：{price} {currency}", "en": "Price: {price} {currency} each"}
+_PRICE = {"zh": "单价：{price} {currency}", "en": "Price: {price:~~{currency}} each"}
 _STOCK = {"zh": "库存：{stock}", "en": "In stock: {stock}"}
 _BUY_N = {"zh": "购买 {count} 个", "en": "Buy {count}"}
 _ITEM_INFO = {"zh": "物品来源", "en": "Where it comes from"}
@@ -114,11 +114,11 @@ _QUOTE_TITLE = {"zh": "确认购买", "en": "Confirm purchase"}
 _QUOTE_ITEM = {"zh": "{name} × {count}", "en": "{name} × {count}"}
 _QUOTE_TOTAL = {
     "zh": "单价 {price}，合计 {total} {currency}",
-    "en": "{price} each, {total} {currency} in all",
+    "en": "{price} each, {total:~~{currency}} in all",
 }
 _QUOTE_BALANCE = {
     "zh": "余额 {balance}，购买后 {after} {currency}",
-    "en": "Balance {balance}, {after} {currency} after buying",
+    "en": "Balance {balance}, {after:~~{currency}} after buying",
 }
 _QUOTE_VALID = {
     "zh": "报价 {time}内有效；请按“确认购买”按钮。",
@@ -132,7 +132,7 @@ _CANNOT = {"zh": "无法购买：{reason}", "en": "You cannot buy this: {reason}
 _DONE_TITLE = {"zh": "购买成功", "en": "Purchase complete"}
 _PAID = {
     "zh": "已支付 {total} {currency}，余额 {balance}",
-    "en": "Paid {total} {currency}; balance {balance}",
+    "en": "Paid {total:~~{currency}}; balance {balance}",
 }
 _DELIVERED = {"zh": "物品已放入背包。", "en": "The items are in your inventory."}
 _ORDER = {"zh": "订单号：{order}", "en": "Order: {order}"}
@@ -143,7 +143,7 @@ _REPLAYED = {
 _INSUFFICIENT_TITLE = {"zh": "余额不足", "en": "Not enough money"}
 _INSUFFICIENT = {
     "zh": "需要 {total} {currency}，你的余额是 {balance}。没有扣款。",
-    "en": "It costs {total} {currency} and your balance is {balance}. Nothing was charged.",
+    "en": "It costs {total:~~{currency}} and your balance is {balance}. Nothing was charged.",
 }
 _SOLD_OUT_TITLE = {"zh": "库存不足", "en": "Sold out"}
 _SOLD_OUT = {
@@ -153,7 +153,7 @@ _SOLD_OUT = {
 _PRICE_CHANGED_TITLE = {"zh": "价格已变动", "en": "The price changed"}
 _PRICE_CHANGED = {
     "zh": "{name} 的单价已从 {quoted} 变为 {price} {currency}。没有扣款；可按新价格重新报价。",
-    "en": "{name} now costs {price} {currency} each, not {quoted}. Nothing was charged; ask "
+    "en": "{name} now costs {price:~~{currency}} each, not {quoted}. Nothing was charged; ask "
     "for a new quote at the new price.",
 }
 _REQUOTE = {"zh": "按新价格报价", "en": "Quote at the new price"}
