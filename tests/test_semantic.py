@@ -560,6 +560,14 @@ def test_the_and_of_between_a_and_b_is_no_compound() -> None:
     assert check_guards("rate between dollar and euro", declared) is None
 
 
+def test_how_much_is_left_is_no_compound() -> None:
+    # `还有多少` / `还有几个` ask how much is left (`我还有多少钱`), not `and also`.
+    assert check_guards("我还有多少钱") is None
+    assert check_guards("背包里还有几个面包") is None
+    assert check_guards("给我看看商店还有帮助") == "compound"
+    assert check_guards("打开商店，还有邮件") == "compound"
+
+
 def test_markers_a_modules_examples_use_do_not_fire_for_it() -> None:
     declared = declared_markers(
         ["cancel it please", "stop that", "what time is the alarm set for", "有没有新邮件"]

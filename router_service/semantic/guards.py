@@ -106,7 +106,7 @@ REFERENCE = Guard("reference", _pattern(
 ))
 COMPOUND = Guard("compound", _pattern(
     ["and", "then", "also", "plus", "as well", "or", "after that", "too", "&"],
-    ["然后", "并且", "而且", "再", "还要", "还有", "同时", "接着", "以及", "和", "跟", "与", "及",
+    ["然后", "并且", "而且", "再", "还要", "还有(?!多少|几)", "同时", "接着", "以及", "和", "跟", "与", "及",
      "或者", "还是", "顺便", "另外", "、", ";", r"\+"],
 ))
 _WRITE_EN = [
