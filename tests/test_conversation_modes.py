@@ -17,12 +17,16 @@ from typing import Any
 
 import grpc
 import pytest
-from system.common.v1 import common_pb2
+from system.common.v1 import catalog_pb2, common_pb2
 from system.gateway.v1 import gateway_pb2
 
+from engine_service.app import build_registry
+from engine_service.config import EngineConfig
 from services.gamesim.client import FrameRefused
 from services.model_testserver import FakeOpenAIServer
 from tests.inprocess import running_chain
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SUCCEEDED = common_pb2.RESULT_STATUS_SUCCEEDED
 OFFLINE = common_pb2.CONVERSATION_MODE_OFFLINE
@@ -254,3 +258,31 @@ async def test_settings_card_changes_mode_history_and_clears_memory(
         assert zh.lines[2].text == "对话模式：标准（服务器默认）"
         offline = await client.press("steve", zh, _settings_button(zh, "切换到离线模式"))
         assert offline.reply.result.card.lines[2].text == "对话模式：离线"
+
+
+def test_the_settings_card_is_a_read_route_matching_the_corpus_profile() -> None:
+    settings = build_registry(EngineConfig()).descriptor("system:settings")
+    assert settings.routing_mode == catalog_pb2.ROUTING_MODE_READ
+    assert settings.semantic.read_only_tools and settings.write_steps == 0
+    corpus = json.loads((ROOT / "router_service/corpus/profiles.json").read_text("utf-8"))
+    profile = next(m for m in corpus["modules"] if m["id"] == "system:settings")
+    assert profile["kind"] == "read" and profile["direct"] is True
+    assert {e.language: list(e.examples) for e in settings.semantic.examples} == (
+        profile["examples"]
+    )
+
+
+async def test_plain_words_open_the_settings_card_without_a_model(tmp_path: pathlib.Path) -> None:
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        for player, text, title in (
+            ("alex", "open settings", "Assistant settings"),
+            ("alex", "what mode am i in", "Assistant settings"),
+            ("steve", "打开设置", "助手设置"),
+        ):
+            reply = (await client.chat(player, text)).reply
+            assert reply.module_id == "system:settings", text
+            assert reply.result.card.title == title
+        # Changing a setting stays a press of the card's button: typed, it opens nothing.
+        typed = (await client.chat("alex", "turn my history off")).reply
+        assert typed.module_id != "system:settings"

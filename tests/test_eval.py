@@ -75,6 +75,7 @@ def test_profile_set_has_the_builtin_modules_in_the_standalone_format() -> None:
     assert {i for i, k in kinds.items() if k == "read"} == {
         "system:help",
         "system:history",
+        "system:settings",
         "system:inventory",
         "system:profile",
         "system:inbox",

@@ -20,7 +20,7 @@ from system.storage.v1 import storage_pb2
 from engine_service.context import ExecutionContext
 from engine_service.modules.buttons import invoke
 from engine_service.modules.text import pick
-from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec
+from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec, SemanticSpec
 from engine_service.tools import ToolRegistry, ToolSpec
 from engine_service.web_tools import ExternalPreference
 from services.modes import MODES, mode_name
@@ -134,7 +134,34 @@ class SettingsModule:
             "additionalProperties": False,
         },
         commands=(CommandSpec(("settings", "设置")),),
-        routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
+        # Opening the card reads; every change is a press of one of its buttons.
+        routing_mode=catalog_pb2.ROUTING_MODE_READ,
+        semantic=SemanticSpec(
+            examples={
+                "zh": (
+                    "打开设置",
+                    "查看设置",
+                    "我的设置",
+                    "偏好设置",
+                    "看看我的设置",
+                    "设置页面",
+                    "我现在是什么模式",
+                    "查看当前模式",
+                ),
+                "en": (
+                    "open settings",
+                    "show my settings",
+                    "my settings",
+                    "settings page",
+                    "view my preferences",
+                    "open preferences",
+                    "what mode am I in",
+                    "check my settings",
+                ),
+            },
+            choice_label="system.settings.choice",
+            shortcut=True,
+        ),
         tools=(PREFERENCES_READ,),
     )
 
