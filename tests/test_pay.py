@@ -129,7 +129,7 @@ async def test_a_payment_confirmed_twice_pays_once(chain: Chain) -> None:
         "收款人：Alex",
         "金额：120 金币",
         "余额 1000，转账后 880 金币",
-        "300 秒内有效；请按“确认转账”按钮。",
+        "5 分钟内有效；请按“确认转账”按钮。",
     ]
     confirm = card.buttons[0]
     assert confirm.args["press_only"] == "true"
@@ -146,6 +146,8 @@ async def test_a_payment_confirmed_twice_pays_once(chain: Chain) -> None:
     assert world.player("alex").balance == STARTING_BALANCE + 120
     english = await client.chat("alex", "/pay 50 coins to Steve")
     assert card_lines(english)[:2] == ["To: Steve", "Amount: 50 coins"]
+    # As the shop's quote says it: whole minutes in minutes.
+    assert card_lines(english)[-1] == "This holds for 5 minutes; press “Confirm payment”."
     paid = await client.press(
         "alex", english.reply.result.card, english.reply.result.card.buttons[0]
     )

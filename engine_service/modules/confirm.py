@@ -26,7 +26,7 @@ from engine_service.offers import OFFER_TAKE, ORDER_SETTLE
 from engine_service.registry import ModuleContext
 from services.results import AgentFailure, ModuleFailure, NotDelivered, failed
 
-__all__ = ["CONFIRM_INPUT", "Applied", "ConfirmTexts", "confirm_offer"]
+__all__ = ["CONFIRM_INPUT", "Applied", "ConfirmTexts", "confirm_offer", "valid_span"]
 
 CONFIRM_INPUT = {
     "type": "object",
@@ -38,6 +38,19 @@ CONFIRM_INPUT = {
     "additionalProperties": False,
 }
 """The input of every confirm module: the offer and the version its card showed."""
+
+_MINUTES = {"zh": "{n} 分钟", "en": "{n:~minute}"}
+_SECONDS = {"zh": "{n} 秒", "en": "{n:~second}"}
+
+
+def valid_span(seconds: int, language: str) -> str:
+    """How long an offer's card holds, as its line says it: whole minutes as minutes (`5
+    minutes`, `5 分钟`), anything else in seconds (`90 seconds`)."""
+    minutes, rest = divmod(seconds, 60)
+    if minutes and not rest:
+        return pick(_MINUTES, language, n=minutes)
+    return pick(_SECONDS, language, n=seconds)
+
 
 _BUTTON_ONLY = {
     "zh": "这项操作只能通过确认卡片上的按钮进行。",

@@ -20,7 +20,7 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.modules.buttons import invoke
-from engine_service.modules.confirm import CONFIRM_INPUT, ConfirmTexts, confirm_offer
+from engine_service.modules.confirm import CONFIRM_INPUT, ConfirmTexts, confirm_offer, valid_span
 from engine_service.modules.profile import PLAYER_PROFILE
 from engine_service.modules.text import pick
 from engine_service.offers import OFFER_MAKE, OFFER_TAKE, ORDER_SETTLE
@@ -56,8 +56,8 @@ _BALANCE = {
     "en": "Balance {balance}, {after:~~{currency}} after paying",
 }
 _VALID = {
-    "zh": "{seconds} 秒内有效；请按“确认转账”按钮。",
-    "en": "This holds for {seconds:~second}; press “Confirm payment”.",
+    "zh": "{time}内有效；请按“确认转账”按钮。",
+    "en": "This holds for {time}; press “Confirm payment”.",
 }
 _CONFIRM = {"zh": "确认转账", "en": "Confirm payment"}
 _CANNOT = {"zh": "无法转账：{reason}", "en": "You cannot pay this: {reason}"}
@@ -212,7 +212,7 @@ class PayModule:
             OFFER_MAKE,
             {"book": BOOK, "terms": {"to": to, "amount": amount, "currency": currency}},
         )
-        lines.append(pick(_VALID, language, seconds=offer["valid_seconds"]))
+        lines.append(pick(_VALID, language, time=valid_span(offer["valid_seconds"], language)))
         confirm = invoke(
             CONFIRM,
             pick(_CONFIRM, language),

@@ -30,7 +30,7 @@ from typing import Any
 from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.modules.buttons import invoke
-from engine_service.modules.confirm import CONFIRM_INPUT, ConfirmTexts, confirm_offer
+from engine_service.modules.confirm import CONFIRM_INPUT, ConfirmTexts, confirm_offer, valid_span
 from engine_service.modules.profile import PLAYER_PROFILE
 from engine_service.modules.text import pick, singular
 from engine_service.offers import OFFER_MAKE, OFFER_TAKE, ORDER_SETTLE
@@ -124,8 +124,6 @@ _QUOTE_VALID = {
     "zh": "报价 {time}内有效；请按“确认购买”按钮。",
     "en": "This quote holds for {time}; press “Confirm purchase”.",
 }
-_MINUTES = {"zh": "{n} 分钟", "en": "{n:~minute}"}
-_SECONDS = {"zh": "{n} 秒", "en": "{n:~second}"}
 _CONFIRM = {"zh": "确认购买", "en": "Confirm purchase"}
 _CANNOT = {"zh": "无法购买：{reason}", "en": "You cannot buy this: {reason}"}
 
@@ -398,12 +396,6 @@ def _detail_card(
     return card(SHOP, pick(item["name"], language), lines, buttons)
 
 
-def _valid_for(seconds: int, language: str) -> str:
-    minutes, rest = divmod(seconds, 60)
-    span = pick(_MINUTES, language, n=minutes) if minutes and not rest else None
-    return pick(_QUOTE_VALID, language, time=span or pick(_SECONDS, language, n=seconds))
-
-
 def _split_count(text: str) -> tuple[str, int | None]:
     """`钻石 3` / `diamond x3` / `面包 10 个` → (item text, count); no trailing number: None."""
     match = _TRAILING_COUNT.match(text.strip())
@@ -567,7 +559,9 @@ class ShopBuyModule:
                 },
             },
         )
-        lines.append(_valid_for(offer["valid_seconds"], language))
+        lines.append(
+            pick(_QUOTE_VALID, language, time=valid_span(offer["valid_seconds"], language))
+        )
         confirm = invoke(
             CONFIRM,
             pick(_CONFIRM, language),
