@@ -189,6 +189,14 @@ async def test_refusals_and_a_stale_card(chain: Chain) -> None:
     unclear = await client.chat("alex", "/pay Steve")
     assert unclear.reply.result.status == FAILED
     assert unclear.reply.result.failure.key == "system.error.invalid_input"
+    # An amount out of range says the range, not how to write a payment.
+    too_much = await client.chat("alex", "/pay Steve 99999999999")
+    assert too_much.reply.result.failure.message == (
+        "The amount must be from 1 to 1,000,000,000, for example: /pay Alex 100"
+    )
+    nothing = await client.chat("alex", "/pay Steve 0")
+    assert nothing.reply.result.failure.key == "system.error.invalid_input"
+    assert "from 1 to" in nothing.reply.result.failure.message
     done = await client.press("alex", newer.reply.result.card, newer.reply.result.card.buttons[0])
     # The newer card was replaced by later ones too (the refused and unclear cards made none
     # but `/pay Notch 5` did): it is stale now, and nothing moved but nothing.

@@ -43,8 +43,8 @@ BOOK = "system:pay"
 OFFER_CARD = "system:pay.offer"
 _NAME = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 _TEXT = re.compile(
-    r"^(?:给\s*)?(?P<a>[A-Za-z0-9_]{1,32})\s*(?:转账?|付)?\s*(?P<n>\d{1,10})\s*(?:金币|coins?)?$"
-    r"|^(?P<m>\d{1,10})\s*(?:金币|coins?)?\s*(?:给|to)\s*(?P<b>[A-Za-z0-9_]{1,32})$",
+    r"^(?:给\s*)?(?P<a>[A-Za-z0-9_]{1,32})\s*(?:转账?|付)?\s*(?P<n>\d{1,18})\s*(?:金币|coins?)?$"
+    r"|^(?P<m>\d{1,18})\s*(?:金币|coins?)?\s*(?:给|to)\s*(?P<b>[A-Za-z0-9_]{1,32})$",
     re.IGNORECASE,
 )
 
@@ -69,6 +69,10 @@ _SELF = {"zh": "不能给自己转账。", "en": "You cannot pay yourself."}
 _USAGE = {
     "zh": "请写明收款人和金额，例如：/pay Alex 100",
     "en": "Name the player and the amount, for example: /pay Alex 100",
+}
+_AMOUNT_RANGE = {
+    "zh": "转账金额须在 1 到 {most} 之间，例如：/pay Alex 100",
+    "en": "The amount must be from 1 to {most}, for example: /pay Alex 100",
 }
 _DONE_TITLE = {"zh": "转账成功", "en": "Payment sent"}
 _PAID = {"zh": "已向 {name} 转账 {amount} {currency}", "en": "Paid {amount:~~{currency}} to {name}"}
@@ -190,8 +194,13 @@ class PayModule:
             if parsed is None:
                 raise ModuleFailure(AgentFailure.INVALID_INPUT, pick(_USAGE, language))
             to, amount = parsed
-        if not _NAME.match(to) or not 1 <= amount <= PAY_MAX_AMOUNT:
+        if not _NAME.match(to):
             raise ModuleFailure(AgentFailure.INVALID_INPUT, pick(_USAGE, language))
+        if not 1 <= amount <= PAY_MAX_AMOUNT:
+            raise ModuleFailure(
+                AgentFailure.INVALID_INPUT,
+                pick(_AMOUNT_RANGE, language, most=f"{PAY_MAX_AMOUNT:,}"),
+            )
         profile = await ctx.tool(PLAYER_PROFILE, {})
         balance, currency = profile["balance"], profile["currency"]
         money = pick(currency, language)
