@@ -111,6 +111,9 @@ def _read_only(module: catalog_pb2.ModuleDescriptor) -> bool:
     )
 
 
+_PICK_COMMANDS = frozenset({"view", "查看", "open", "打开", "show", "pick", "选"})
+"""Slash words no module declares that pick from the current list (`/view 2`, `/查看 2`)."""
+
 _LABEL_END = re.compile(r"[:：,，。.;；(（]")
 _LABEL_CHARS = 48
 
@@ -281,7 +284,8 @@ class Router:
     ) -> router_pb2.RouteResponse | None:
         """A visible notification button, or a number from the player's current list (unless
         the text is one of the catalogue's commands: `/buy minecraft:torch 1` buys one torch,
-        it does not press the first button of the last card)."""
+        it does not press the first button of the last card; of slash commands no module
+        declares only `/view 2` and its like pick: `/quest 1` without quests is unknown)."""
         if request.notification_buttons:
             buttons = [
                 (str(i), b.label_key, b.label) for i, b in enumerate(request.notification_buttons)
@@ -293,8 +297,11 @@ class Router:
                 return router_pb2.RouteResponse(
                     source=router_pb2.DECISION_SOURCE_BUTTON, action=action
                 )
-        if request.current_list and not isinstance(
-            catalog.commands.match(request.text, request.player), CommandMatch
+        if not request.current_list:
+            return None
+        command = catalog.commands.match(request.text, request.player)
+        if command is None or (
+            isinstance(command, UnknownCommand) and command.name.casefold() in _PICK_COMMANDS
         ):
             picked = extract("list_index", request.text)
             index = int(picked["index"]) if picked and "index" in picked else 0

@@ -616,6 +616,7 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
         "system:history",
         "system:inventory",
         "system:profile",
+        "system:settings",
     }
     # Labelled in the player's words (their module's description), not with module ids.
     labels = {
@@ -623,6 +624,7 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
         "system:history": "Show your recent conversation",
         "system:inventory": "Show the items in your inventory",
         "system:profile": "Show your profile",
+        "system:settings": "See and change your assistant settings",
     }
     assert [b.label for b in card.buttons] == [labels[b.args["module_id"]] for b in card.buttons]
 

@@ -332,6 +332,16 @@ async def test_a_mail_without_attachment_and_unknown_mail(chain: Chain) -> None:
     assert english.reply.result.failure.message == (
         "You have no mail nope. Type /mail to see your inbox."
     )
+    # `/mail 2` after a list: no mail has that id, so the card says how to open the list's
+    # second, and that card (no buttons) leaves the list in place for `view 2`.
+    listed = await client.chat("alex", "/mail")
+    numbered = await client.chat("alex", "/mail 2")
+    assert numbered.reply.result.failure.message == (
+        "You have no mail 2. To open number 2 of your inbox list, type “view 2”."
+    )
+    second = await client.chat("alex", "view 2")
+    assert second.reply.module_id == "system:inbox"
+    assert second.reply.result.card.title == listed.reply.result.card.buttons[1].label
     assert dict(client.world.inventory("steve")) == before
 
 

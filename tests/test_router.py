@@ -555,6 +555,12 @@ async def test_a_number_picks_from_the_current_list() -> None:
     assert decision.action.module_id == "system:history"
     beyond = await _router().route(_route("查看 3", current_list=items))
     assert beyond.source != router_pb2.DECISION_SOURCE_BUTTON
+    # `/view 2` picks too; a slash command no module declares is unknown, number or not.
+    viewed = await _router().route(_route("/view 2", current_list=items))
+    assert viewed.action.module_id == "system:history"
+    unknown = await _router().route(_route("/quest 1", current_list=items))
+    assert unknown.source == router_pb2.DECISION_SOURCE_NONE
+    assert unknown.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
 
 
 async def test_a_notification_button_can_be_pressed_by_its_label() -> None:

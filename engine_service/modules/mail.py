@@ -81,6 +81,11 @@ _NO_MAIL = {
     "zh": "没有编号为 {mail_id} 的邮件。输入 /mail 查看收件箱。",
     "en": "You have no mail {mail_id}. Type /mail to see your inbox.",
 }
+_BY_NUMBER = {
+    "zh": "没有编号为 {mail_id} 的邮件。要打开收件箱列表里的第 {mail_id} 封，请输入“查看 {mail_id}”。",
+    "en": "You have no mail {mail_id}. To open number {mail_id} of your inbox list, type "
+    "“view {mail_id}”.",
+}
 
 _CLAIMED_TITLE = {"zh": "已领取附件", "en": "Attachment claimed"}
 _DELIVERED = {"zh": "以上物品已放入背包。", "en": "These items are now in your inventory."}
@@ -111,11 +116,10 @@ def _stacks(mail_stacks: list[dict[str, Any]], language: str) -> list[str | tupl
 
 
 def _not_found(mail_id: str, language: str) -> common_pb2.AgentResult:
-    return failed(
-        AgentFailure.NOT_FOUND,
-        pick(_NO_MAIL, language, mail_id=mail_id),
-        title=pick(_NO_MAIL_TITLE, language),
-    )
+    message = pick(_NO_MAIL, language, mail_id=mail_id)
+    if mail_id.isdigit():  # `/mail 2` meant the list's second mail, which `查看 2` opens
+        message = pick(_BY_NUMBER, language, mail_id=mail_id)
+    return failed(AgentFailure.NOT_FOUND, message, title=pick(_NO_MAIL_TITLE, language))
 
 
 class InboxModule:

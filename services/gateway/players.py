@@ -141,7 +141,8 @@ class PlayerState:
     """What the gateway remembers of a joined player between requests."""
 
     current_list: list[common_pb2.ModuleAction] = dataclasses.field(default_factory=list)
-    """Actions of the numbered buttons on the last card shown (`查看 1` picks the first)."""
+    """Actions of the numbered buttons on the last card shown that had any (`查看 1` picks the
+    first)."""
     revoked: bool | None = None
     """True once an administrator revoked the player (their binding, in storage): every
     request is refused. None until first read from storage; a relayed binding change sets it
@@ -476,7 +477,9 @@ class PlayerRequests:
                     player, request.preferences, response, busy_request_id
                 )
             if response.HasField("reply") and response.reply.result.HasField("card"):
-                state.current_list = _listed_actions(response.reply.result)
+                # A card without numbered buttons (a profile, a "no such mail") leaves the
+                # last list in place: `查看 2` still picks from what the player last saw listed.
+                state.current_list = _listed_actions(response.reply.result) or state.current_list
         except grpc.aio.AioRpcError as exc:
             _repeated.log(
                 logging.WARNING,
