@@ -103,6 +103,7 @@ async def test_unclear_text_goes_to_the_model_once_and_its_choice_is_cached(with
     assert {entry["id"] for entry in catalogue} == {
         "system:help",
         "system:history",
+        "system:settings",
         "system:inventory",
         "system:profile",
         "system:item",
