@@ -54,9 +54,9 @@ class CommandSpec:
     argument: str = ""
     """Input field that receives the argument text; empty for literal commands."""
     argument_required: bool = False
-    argument_name: str = ""
-    """How help writes the argument (`player amount` for `/pay <player amount>`); empty: the
-    field's name."""
+    argument_label: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """How help writes the argument per language (`{"zh": "玩家 金额", "en": "player amount"}` for
+    `/pay <player amount>`); a language without one reads the English, else the field's name."""
 
     def descriptor(self) -> catalog_pb2.CommandDeclaration:
         if not self.argument:
@@ -68,8 +68,9 @@ class CommandSpec:
         return catalog_pb2.CommandDeclaration(
             aliases=list(self.aliases),
             argument_kind=kind,
-            argument_name=self.argument_name or self.argument,
+            argument_name=self.argument_label.get("en") or self.argument,
             argument_field=self.argument,
+            argument_label=catalog_pb2.LocalizedText(text=dict(self.argument_label)),
         )
 
 

@@ -22,13 +22,34 @@ import re
 from google.protobuf import struct_pb2
 from system.common.v1 import catalog_pb2, common_pb2
 
+from services.commands import usage
 from services.runtime.errors import InvalidArgument
 from services.runtime.permissions import module_available
+from services.texts import pick
 
-__all__ = ["CommandIndex", "CommandMatch", "UnknownCommand"]
+__all__ = ["UNKNOWN", "CommandIndex", "CommandMatch", "UnknownCommand"]
 
 SYSTEM_PREFIX = "/system"
 _HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+# What a player reads about a command they typed wrong, in their language.
+_SYSTEM_ALONE = {
+    "zh": "/system 后面需要一条指令，例如 /system help",
+    "en": "/system needs an instruction, for example /system help",
+}
+_NO_ARGUMENT = {
+    "zh": "/{name} 不带参数；请写 {usage}",
+    "en": "/{name} takes no argument; write {usage}",
+}
+_NEEDS_ARGUMENT = {
+    "zh": "/{name} 需要参数；请写 {usage}",
+    "en": "/{name} needs an argument; write {usage}",
+}
+UNKNOWN = {
+    "zh": "/{name} 不是指令；输入 /help 查看全部指令",
+    "en": "/{name} is not a command; /help lists the commands",
+}
+"""An unknown slash command (the router's answer names it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +96,6 @@ def _plain_command(
     )
 
 
-def _usage(alias: str, command: catalog_pb2.CommandDeclaration) -> str:
-    if command.argument_kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT:
-        return f"/{alias} <{command.argument_name}>"
-    if command.argument_kind == catalog_pb2.ARGUMENT_KIND_OPTIONAL_TEXT:
-        return f"/{alias} [{command.argument_name}]"
-    return f"/{alias}"
-
-
 class CommandIndex:
     """Alias lookup over one catalogue generation."""
 
@@ -111,7 +124,7 @@ class CommandIndex:
         if explicit:
             if name.casefold() == SYSTEM_PREFIX:  # `/system <instruction>` forwards the rest
                 if not argument:
-                    raise InvalidArgument("/system needs an instruction, for example /system help")
+                    raise InvalidArgument(pick(_SYSTEM_ALONE, player.language))
                 name, argument = _split_word(argument)
             name = name.removeprefix("/")
         entry = self._entries.get(name.casefold())
@@ -122,11 +135,12 @@ class CommandIndex:
             # "help me find diamonds" is a sentence for the later routing stages, not the help
             # command; "查询物品 钻石" is the item command.
             return None
-        usage = _usage(name, entry.command)
+        language = player.language
+        written = usage(name, entry.command, language)
         if kind == catalog_pb2.ARGUMENT_KIND_UNSPECIFIED and argument:
-            raise InvalidArgument(f"/{name} takes no argument; write {usage}")
+            raise InvalidArgument(pick(_NO_ARGUMENT, language, name=name, usage=written))
         if kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT and not argument:
-            raise InvalidArgument(f"/{name} needs an argument; write {usage}")
+            raise InvalidArgument(pick(_NEEDS_ARGUMENT, language, name=name, usage=written))
         data = struct_pb2.Struct()
         if argument and entry.command.argument_field:
             data.update({entry.command.argument_field: argument})

@@ -63,7 +63,7 @@ async def test_a_press_after_a_revoke_is_refused(tmp_path: pathlib.Path) -> None
         frame = await asyncio.wait_for(client.notices.get(), 5)
         assert frame.binding.change == gateway_pb2.BINDING_CHANGE_REVOKED
         refused = (await client.press("steve", mail, next_page)).reply.result
-        assert refused.failure.key == DENIED and "revoked" in refused.failure.message
+        assert refused.failure.key == DENIED and "停用" in refused.failure.message
         assert not refused.card.title.startswith("收件箱")  # the next page was never read
 
         granted = (await client.chat("op", "/system grant steve")).reply.result

@@ -760,7 +760,7 @@ async def test_help_topic_in_chinese_and_unknown_topic() -> None:
     engine = _engine(_registry(ADMIN))
     zh = await engine.execute(_player(language="zh"), _action("system:help", topic="帮助"), "")
     assert zh.card.title == "指令 /help"
-    assert "用法：/help [topic]" in _lines(zh)
+    assert "用法：/help [主题]" in _lines(zh)
     for topic, level in (("nonsense", 4), ("ban", 0), ("test:ban", 0)):
         result = await engine.execute(_player(level=level), _action("system:help", topic=topic), "")
         assert result.status == FAILED

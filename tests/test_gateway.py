@@ -803,7 +803,7 @@ async def test_engine_down_answers_failed_and_the_connection_stays(
     assert_failed(
         response,
         "system.error.module_failed",
-        "the assistant is unavailable right now; try again later",
+        "The assistant is unavailable right now; try again later.",
     )
     response = await client.request(
         ALEX, invoke=gateway_pb2.Invoke(call=common_pb2.ModuleAction(module_id="system:help"))

@@ -122,7 +122,10 @@ async def assert_refused(client: GameServerClient, player: str, texts: tuple[str
     for text in texts:
         answer = (await client.chat(player, text)).reply.result
         assert answer.failure.key == DENIED, (player, text, answer)
-        assert "revoked" in answer.failure.message
+        assert answer.failure.message in (  # in the player's language
+            "管理员已停用你使用助手的权限。",
+            "An administrator revoked your access to the assistant.",
+        )
 
 
 async def assert_served(client: GameServerClient, player: str, texts: tuple[str, ...]) -> None:

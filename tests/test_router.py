@@ -292,6 +292,37 @@ def test_literal_usage_names_the_alias_typed() -> None:
     assert _invalid("/HISTORY extra") == "/HISTORY takes no argument; write /HISTORY"
 
 
+def test_command_messages_and_usage_are_in_the_players_language() -> None:
+    chinese = common_pb2.PlayerContext(server_id="s", player_id="p-zh", language="zh")
+    assert _invalid("/history extra", chinese) == "/history 不带参数；请写 /history"
+    assert _invalid("/system", chinese) == "/system 后面需要一条指令，例如 /system help"
+    labelled = catalog_pb2.CommandDeclaration(
+        aliases=["buy"],
+        argument_kind=catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT,
+        argument_name="item [count]",
+        argument_field="item",
+        argument_label=catalog_pb2.LocalizedText(text={"zh": "物品 [数量]"}),
+    )
+    index = CommandIndex(
+        [
+            catalog_pb2.ModuleDescriptor(
+                module_id="system:shop_buy",
+                description=catalog_pb2.LocalizedText(text={"en": "buy"}),
+                input_schema='{"type": "object"}',
+                commands=[labelled],
+            )
+        ],
+        "gen-labels",
+    )
+    for player, expected in (
+        (chinese, "/buy 需要参数；请写 /buy <物品 [数量]>"),
+        (PLAYER, "/buy needs an argument; write /buy <item [count]>"),  # no `en` label: the name
+    ):
+        with pytest.raises(InvalidArgument) as info:
+            index.match("/buy", player)
+        assert info.value.message == expected
+
+
 @pytest.mark.parametrize("text", ["/search", "/SEARCH  ", "/system search", "/搜索"])
 def test_required_argument_missing_is_an_input_error_with_usage(text: str) -> None:
     message = _invalid(text)
@@ -498,6 +529,15 @@ def _route(
     text: str, player: common_pb2.PlayerContext = PLAYER, **extra: Any
 ) -> router_pb2.RouteRequest:
     return router_pb2.RouteRequest(player=player, text=text, **extra)
+
+
+async def test_an_unknown_command_is_named_in_the_players_language() -> None:
+    chinese = common_pb2.PlayerContext(server_id="s", player_id="p-zh", language="zh")
+    decision = await _router().route(_route("/nonsense", chinese))
+    assert decision.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
+    assert decision.detail == "/nonsense 不是指令；输入 /help 查看全部指令"
+    english = await _router().route(_route("/nonsense"))
+    assert english.detail == "/nonsense is not a command; /help lists the commands"
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t"])

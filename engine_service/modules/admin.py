@@ -69,6 +69,10 @@ _ENGINES = {"zh": "引擎副本已重载：{n}/{total}", "en": "Engine replicas 
 _FAILED = {"zh": "未能重载的副本：{items}", "en": "Replicas that failed: {items}"}
 
 
+_ARGUMENT_LABELS = {"player": {"zh": "玩家"}, "period": {"zh": "时段"}}
+"""How help writes the admin commands' arguments in Chinese."""
+
+
 def admin_spec(
     module_id: str,
     description: dict[str, str],
@@ -92,7 +96,14 @@ def admin_spec(
         module_id=module_id,
         description=description,
         input_schema=schema,
-        commands=(CommandSpec(aliases, argument, argument_required=required),),
+        commands=(
+            CommandSpec(
+                aliases,
+                argument,
+                argument_required=required,
+                argument_label=_ARGUMENT_LABELS.get(argument, {}),
+            ),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,
         min_permission_level=ADMIN_LEVEL,
         tools=(tool,),

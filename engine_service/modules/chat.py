@@ -98,7 +98,11 @@ class ChatModule:
                 "required": ["text"],
                 "additionalProperties": False,
             },
-            commands=(CommandSpec(("chat", "聊天"), "text", argument_required=True),),
+            commands=(
+                CommandSpec(
+                    ("chat", "聊天"), "text", argument_required=True, argument_label={"zh": "内容"}
+                ),
+            ),
             # Reached by the router's conversation fallback and by /chat, never matched.
             routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
             optional_tools=tools,

@@ -8,6 +8,7 @@ from system.common.v1 import catalog_pb2, common_pb2
 
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, Module, ModuleContext, ModuleSpec, SemanticSpec
+from services.commands import usage
 from services.results import AgentFailure, ModuleFailure, card, succeeded
 
 __all__ = ["HelpModule"]
@@ -26,12 +27,8 @@ _UNKNOWN = {
 }
 
 
-def _usage(command: CommandSpec) -> str:
-    name = f"/{command.aliases[0]}"
-    if not command.argument:
-        return name
-    argument = command.argument_name or command.argument
-    return f"{name} <{argument}>" if command.argument_required else f"{name} [{argument}]"
+def _usage(command: CommandSpec, language: str) -> str:
+    return usage(command.aliases[0], command.descriptor(), language)
 
 
 class HelpModule:
@@ -48,7 +45,9 @@ class HelpModule:
             "properties": {"topic": {"type": "string", "maxLength": 64}},
             "additionalProperties": False,
         },
-        commands=(CommandSpec(("help", "帮助", "?"), argument="topic"),),
+        commands=(
+            CommandSpec(("help", "帮助", "?"), argument="topic", argument_label={"zh": "主题"}),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         semantic=SemanticSpec(
             examples={
@@ -100,8 +99,8 @@ class HelpModule:
                     continue  # only its buttons reach it (a purchase's confirm): nothing to type
                 lines.append(f"{module.spec.module_id} — {description}")
                 continue
-            usage = _usage(module.spec.commands[0])
-            lines.append((f"{usage} — {description}", f"/{module.spec.commands[0].aliases[0]}"))
+            written = _usage(module.spec.commands[0], language)
+            lines.append((f"{written} — {description}", f"/{module.spec.commands[0].aliases[0]}"))
             if (
                 module.spec.module_id != self.spec.module_id
                 and not module.spec.commands[0].argument_required
@@ -121,7 +120,9 @@ class HelpModule:
             aliases = [a for c in module.spec.commands for a in c.aliases]
             if module.spec.module_id == topic or key in (a.casefold() for a in aliases):
                 lines = [pick(module.spec.description, language)]
-                lines += [pick(_USAGE, language, usage=_usage(c)) for c in module.spec.commands]
+                lines += [
+                    pick(_USAGE, language, usage=_usage(c, language)) for c in module.spec.commands
+                ]
                 if aliases:
                     lines.append(pick(_ALIASES, language, aliases=", ".join(aliases)))
                 name = aliases[0] if aliases else module.spec.module_id

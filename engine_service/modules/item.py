@@ -96,7 +96,12 @@ class ItemModule:
             "additionalProperties": False,
         },
         commands=(
-            CommandSpec(("item", "物品", "查询物品"), argument="query", argument_required=True),
+            CommandSpec(
+                ("item", "物品", "查询物品"),
+                argument="query",
+                argument_required=True,
+                argument_label={"zh": "物品 ID 或名称"},
+            ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         semantic=SemanticSpec(

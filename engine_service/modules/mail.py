@@ -42,6 +42,8 @@ PAGE_SIZE = 5
 """Mails per page of the inbox card."""
 MAX_PAGE = 1000
 
+_MAIL_ID_LABEL = {"zh": "邮件编号"}
+"""How help writes a mail id argument in Chinese (`/mail [邮件编号]`)."""
 _MAIL_ID = {
     "type": "string",
     "minLength": 1,
@@ -146,7 +148,13 @@ class InboxModule:
             "maxProperties": 1,
             "additionalProperties": False,
         },
-        commands=(CommandSpec(("mail", "inbox", "收件箱", "邮件", "邮箱"), argument="mail_id"),),
+        commands=(
+            CommandSpec(
+                ("mail", "inbox", "收件箱", "邮件", "邮箱"),
+                argument="mail_id",
+                argument_label=_MAIL_ID_LABEL,
+            ),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         semantic=SemanticSpec(
             examples={
@@ -272,7 +280,12 @@ class MailClaimModule:
             "additionalProperties": False,
         },
         commands=(
-            CommandSpec(("mailclaim", "领取邮件"), argument="mail_id", argument_required=True),
+            CommandSpec(
+                ("mailclaim", "领取邮件"),
+                argument="mail_id",
+                argument_required=True,
+                argument_label=_MAIL_ID_LABEL,
+            ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,
         tools=(MAIL_CLAIM,),

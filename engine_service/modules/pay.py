@@ -150,7 +150,7 @@ class PayModule:
                 ("pay", "转账", "付款"),
                 argument="to",
                 argument_required=True,
-                argument_name="player amount",
+                argument_label={"zh": "玩家 金额", "en": "player amount"},
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_HINTS,

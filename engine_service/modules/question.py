@@ -73,7 +73,10 @@ class QuestionModule:
             input_schema=QUESTION_SCHEMA,
             commands=(
                 CommandSpec(
-                    ("question", "ask", "问答", "提问"), "question", argument_required=True
+                    ("question", "ask", "问答", "提问"),
+                    "question",
+                    argument_required=True,
+                    argument_label={"zh": "问题"},
                 ),
             ),
             routing_mode=catalog_pb2.ROUTING_MODE_HINTS,

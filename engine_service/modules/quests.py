@@ -218,7 +218,11 @@ class QuestsModule:
             },
             "additionalProperties": False,
         },
-        commands=(CommandSpec(("quests", "任务", "任务列表"), argument="name"),),
+        commands=(
+            CommandSpec(
+                ("quests", "任务", "任务列表"), argument="name", argument_label={"zh": "名称"}
+            ),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         owner_feature=FEATURE,
         semantic=SemanticSpec(
@@ -304,7 +308,14 @@ class QuestDetailModule:
             "maxProperties": 1,
             "additionalProperties": False,
         },
-        commands=(CommandSpec(("quest", "任务详情"), argument="query", argument_required=True),),
+        commands=(
+            CommandSpec(
+                ("quest", "任务详情"),
+                argument="query",
+                argument_required=True,
+                argument_label={"zh": "序号、编号或名称"},
+            ),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         owner_feature=FEATURE,
         semantic=SemanticSpec(
@@ -452,7 +463,10 @@ class QuestClaimModule:
         },
         commands=(
             CommandSpec(
-                ("questclaim", "领取任务奖励"), argument="quest_id", argument_required=True
+                ("questclaim", "领取任务奖励"),
+                argument="quest_id",
+                argument_required=True,
+                argument_label={"zh": "任务编号"},
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,

@@ -127,7 +127,14 @@ class ReasoningModule:
                 "required": ["question"],
                 "additionalProperties": False,
             },
-            commands=(CommandSpec(("reason", "分析", "推理"), "question", argument_required=True),),
+            commands=(
+                CommandSpec(
+                    ("reason", "分析", "推理"),
+                    "question",
+                    argument_required=True,
+                    argument_label={"zh": "问题"},
+                ),
+            ),
             routing_mode=catalog_pb2.ROUTING_MODE_HINTS,
             optional_tools=tools,
             policy=policy or REASONING_POLICY,

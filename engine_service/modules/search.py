@@ -48,7 +48,12 @@ class SearchModule:
                 "additionalProperties": False,
             },
             commands=(
-                CommandSpec(("search", "搜索", "联网搜索"), "question", argument_required=True),
+                CommandSpec(
+                    ("search", "搜索", "联网搜索"),
+                    "question",
+                    argument_required=True,
+                    argument_label={"zh": "问题"},
+                ),
             ),
             # The model may pick it only when the player clearly asks for a web lookup.
             routing_mode=catalog_pb2.ROUTING_MODE_EXPLICIT_ONLY,

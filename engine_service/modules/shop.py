@@ -169,6 +169,8 @@ _EXPIRED = {
     "zh": "这张报价已超过有效期。没有扣款；请重新报价。",
     "en": "This quote has expired. Nothing was charged; ask for a new quote.",
 }
+_SEARCH = {"zh": "商品名"}
+"""How help writes the shop's search argument in Chinese (`/shop [商品名]`)."""
 _CONFIRM_TEXTS = ConfirmTexts(stale_title=_STALE_TITLE, stale=_STALE, expired=_EXPIRED)
 
 
@@ -214,7 +216,11 @@ class ShopModule:
             },
             "additionalProperties": False,
         },
-        commands=(CommandSpec(("shop", "store", "商城", "商店"), argument="query"),),
+        commands=(
+            CommandSpec(
+                ("shop", "store", "商城", "商店"), argument="query", argument_label=_SEARCH
+            ),
+        ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         semantic=SemanticSpec(
             examples={
@@ -438,7 +444,7 @@ class ShopBuyModule:
                 ("buy", "购买"),
                 argument="item",
                 argument_required=True,
-                argument_name="item [count]",
+                argument_label={"zh": "物品 [数量]", "en": "item [count]"},
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_HINTS,

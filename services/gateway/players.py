@@ -55,6 +55,23 @@ SETTINGS_ACTIONS = frozenset({"preferences", "clear_history"})
 """Card actions the gateway carries out itself (the settings card's buttons), then shows the
 settings card again."""
 _REVOKED = "an administrator revoked your access to the assistant"
+"""Said to the game server (a protocol refusal); the player reads `_REVOKED_TEXT`."""
+_REVOKED_TEXT = {
+    "zh": "管理员已停用你使用助手的权限。",
+    "en": "An administrator revoked your access to the assistant.",
+}
+_UNAVAILABLE = {
+    "zh": "助手暂时无法使用，请稍后再试。",
+    "en": "The assistant is unavailable right now; try again later.",
+}
+_RPC_MESSAGES = {
+    AgentFailure.BUSY: {
+        "zh": "助手正忙，请稍后再试。",
+        "en": "The assistant is busy; try again in a moment.",
+    },
+    AgentFailure.TIMEOUT: {"zh": "处理超时，请再试一次。", "en": "That took too long; try again."},
+}
+"""What a player reads when a dependency was busy, too slow or away."""
 _CLEARED = {
     "zh": "对话记录已清空（{n} 条）。",
     "en": "Conversation history cleared ({n:~entry|entries}).",
@@ -118,22 +135,17 @@ def _depth(value: object) -> int:
     return 0
 
 
-def rpc_failure(exc: grpc.aio.AioRpcError) -> common_pb2.AgentResult:
-    """A dependency's error as a result the player sees; details only for their own input."""
+def rpc_failure(exc: grpc.aio.AioRpcError, language: str) -> common_pb2.AgentResult:
+    """A dependency's error as a result the player sees, in their language; details only for
+    their own input."""
     failure = _RPC_FAILURES.get(exc.code(), AgentFailure.MODULE_FAILED)
     if failure in (
         AgentFailure.INVALID_INPUT,
         AgentFailure.NOT_FOUND,
         AgentFailure.PERMISSION_DENIED,
     ):
-        message = exc.details() or failure.value
-    elif failure is AgentFailure.BUSY:
-        message = "the assistant is busy; try again in a moment"
-    elif failure is AgentFailure.TIMEOUT:
-        message = "that took too long; try again"
-    else:
-        message = "the assistant is unavailable right now; try again later"
-    return failed(failure, message)
+        return failed(failure, exc.details() or failure.value)
+    return failed(failure, pick(_RPC_MESSAGES.get(failure, _UNAVAILABLE), language))
 
 
 @dataclasses.dataclass
@@ -450,7 +462,11 @@ class PlayerRequests:
         try:
             if await self._revoked(player, state):
                 response.reply.CopyFrom(
-                    gateway_pb2.Reply(result=failed(AgentFailure.PERMISSION_DENIED, _REVOKED))
+                    gateway_pb2.Reply(
+                        result=failed(
+                            AgentFailure.PERMISSION_DENIED, pick(_REVOKED_TEXT, player.language)
+                        )
+                    )
                 )
                 return response
             if kind in ("chat", "invoke", "card_action"):
@@ -488,7 +504,7 @@ class PlayerRequests:
                 exc.code().name,
                 (exc.details() or "")[:256],
             )
-            response.reply.CopyFrom(gateway_pb2.Reply(result=rpc_failure(exc)))
+            response.reply.CopyFrom(gateway_pb2.Reply(result=rpc_failure(exc, player.language)))
         return response
 
     async def _revoked(self, player: common_pb2.PlayerContext, state: PlayerState) -> bool:
