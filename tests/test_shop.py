@@ -491,7 +491,7 @@ async def test_without_storage_no_quote_is_made_and_nothing_is_charged(chain: Ch
         await client.press("steve", quoted.reply.result.card, confirm),
     ):
         assert response.reply.result.status == FAILED
-        assert "unavailable" in response.reply.result.failure.message
+        assert response.reply.result.failure.message == "助手暂时无法使用，请稍后再试。"
     assert client.world.player("steve").balance == STARTING_BALANCE
     assert client.world.inventory("steve")["minecraft:bread"] == 12
 
