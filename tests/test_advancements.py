@@ -167,7 +167,7 @@ def test_without_a_default_other_advancements_make_no_task(registry: Any) -> Non
                     }
                 ]
             },
-            "rules[0] (minecraft:a/b): input has unknown field(s) colour; known fields are items",
+            "rules[0] (minecraft:a/b): input has unknown field(s) colour; known fields are advancement_name, items",
         ),
         # More write steps than the module's policy allows.
         (
@@ -489,7 +489,10 @@ def test_make_run_advance_shows_the_configured_reward(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    card = done.stdout.split("Advancement reward", 1)[1].split("└", 1)[0]
+    # The card's title names the advancement (the rule's advancement_name).
+    title = f"Advancement reward: {shipped.rule_for(DIAMOND).data()['advancement_name']['en']}"  # type: ignore[union-attr]
+    assert title == "Advancement reward: Diamonds!"
+    card = done.stdout.split(title, 1)[1].split("└", 1)[0]
     assert [line.strip("│ ") for line in card.strip().splitlines()] == lines
     assert done.stdout.count("Advancement reward") == 1
     assert "no reward task ended" in done.stdout

@@ -280,6 +280,7 @@ async def test_a_rule_without_names_shows_the_item_ids(
         task = (await stack.settled(["steve"]))["steve"]
         assert task.state == journal_pb2.TASK_STATE_SUCCEEDED
         assert [line.text for line in task.result.card.lines] == ["minecraft:diamond × 2"]
+        assert task.result.card.title == "Advancement reward"  # the rule names no advancement
 
 
 async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> None:
@@ -290,7 +291,9 @@ async def test_an_advancement_gives_its_reward_once(fresh_database_url: str) -> 
         assert task.state == journal_pb2.TASK_STATE_SUCCEEDED
         assert task.module_id == "system:advancement_reward"
         assert task.result.status == common_pb2.RESULT_STATUS_SUCCEEDED
-        # The rule names its items: the card shows the names (in the player's language).
+        # The rule names its advancement and items: the card shows the names (in the
+        # player's language).
+        assert task.result.card.title == "Advancement reward: Diamonds!"
         assert [line.text for line in task.result.card.lines] == [
             "Diamond × 1",
             "Bottle o' Enchanting × 5",

@@ -23,6 +23,7 @@ MAX_STACK = 64
 """Most items one stack (one give) may hold."""
 
 _TITLE = {"zh": "成就奖励", "en": "Advancement reward"}
+_TITLE_NAMED = {"zh": "成就奖励：{name}", "en": "Advancement reward: {name}"}
 
 
 class AdvancementRewardModule:
@@ -61,7 +62,12 @@ class AdvancementRewardModule:
                         "required": ["item", "count"],
                         "additionalProperties": False,
                     },
-                }
+                },
+                "advancement_name": {
+                    **LOCALIZED_NAME,
+                    "description": "The advancement's name as the reward card's title shows it "
+                    "(成就奖励：钻石！), per language (zh, en); a plain title without one.",
+                },
             },
             "required": ["items"],
             "additionalProperties": False,
@@ -86,4 +92,6 @@ class AdvancementRewardModule:
         await ctx.tools([(ITEM_GIVE, {"item": s["item"], "count": s["count"]}) for s in stacks])
         language = ctx.player.language
         lines = [stack_line(s["item"], s["count"], s.get("name"), language) for s in stacks]
-        return succeeded(card("system:reward", pick(_TITLE, language), lines))
+        named = data.get("advancement_name")
+        title = pick(_TITLE_NAMED, language, name=pick(named, language)) if named else None
+        return succeeded(card("system:reward", title or pick(_TITLE, language), lines))
