@@ -790,6 +790,23 @@ async def test_history_module_shows_entries_from_the_store() -> None:
     assert len(_lines(two)) == 2
 
 
+async def test_history_shows_a_prose_answer_by_its_first_line_not_its_title() -> None:
+    # A chat answer's card is titled `Assistant` whatever it says: its line shows the answer.
+    chat = card("system:chat", "Assistant", ["It is noon on the server.", "second"])
+    listing = card("system:inbox", "Inbox (2 mails)", ["1. Hello"])
+    history = MemoryHistory()
+    history.entries["p-1"] = [
+        common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_ASSISTANT, text=r.text, result=r)
+        for r in (succeeded(chat), succeeded(listing))
+    ] + [common_pb2.HistoryEntry(role=common_pb2.HISTORY_ROLE_PLAYER, text="x" * 200)]
+    result = await _engine(history=history).execute(_player(), _action("system:history"), "")
+    assert _lines(result) == [
+        "Assistant: It is noon on the server.",
+        "Assistant: Inbox (2 mails)",
+        "You: " + "x" * 79 + "…",  # a long line is cut
+    ]
+
+
 async def test_history_module_empty_and_store_down() -> None:
     empty = await _engine().execute(_player(language="zh"), _action("system:history"), "")
     assert _lines(empty) == ["还没有记录。"]

@@ -6,6 +6,8 @@ from typing import Any
 
 from system.common.v1 import catalog_pb2, common_pb2
 
+from engine_service.modules.answering import TEMPLATE as ANSWER_TEMPLATE
+from engine_service.modules.chat import TEMPLATE as CHAT_TEMPLATE
 from engine_service.modules.text import pick
 from engine_service.registry import CommandSpec, ModuleContext, ModuleSpec, SemanticSpec
 from services.results import card, succeeded
@@ -20,6 +22,22 @@ _ROLE = {
 }
 DEFAULT_COUNT = 10
 MAX_COUNT = 50
+SHOWN_CHARACTERS = 80
+"""Longest an entry's line on the card; a longer one is cut and ends with `…`."""
+_PROSE = frozenset({CHAT_TEMPLATE, ANSWER_TEMPLATE})
+"""Cards whose title is the same for every answer (`Assistant`, `Answer`): history shows the
+answer's first line instead."""
+
+
+def _said(entry: common_pb2.HistoryEntry) -> str:
+    """What an entry's line shows: the first line of its text (a card's title), or of a prose
+    answer's body."""
+    shown = entry.result.card if entry.result.HasField("card") else None
+    if shown is not None and shown.template in _PROSE and shown.lines:
+        first = shown.lines[0].text
+    else:
+        first = entry.text.splitlines()[0] if entry.text else ""
+    return first if len(first) <= SHOWN_CHARACTERS else first[: SHOWN_CHARACTERS - 1] + "…"
 
 
 class HistoryModule:
@@ -69,7 +87,6 @@ class HistoryModule:
         language = ctx.player.language
         entries = await ctx.list_history(int(data.get("count", DEFAULT_COUNT)))
         lines = [
-            f"{pick(_ROLE.get(e.role, {'en': '?'}), language)}: {e.text.splitlines()[0] if e.text else ''}"
-            for e in entries
+            f"{pick(_ROLE.get(e.role, {'en': '?'}), language)}: {_said(e)}" for e in entries
         ] or [pick(_EMPTY, language)]
         return succeeded(card("system:history", pick(_TITLE, language), lines))
