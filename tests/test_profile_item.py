@@ -202,7 +202,7 @@ async def test_profile_in_chinese_and_english(chain: Chain) -> None:
             "余额：1000 金币",
             "等级：12",
             "游戏时长：6 小时 22 分钟",
-            "连续签到 0 天，本月签到 0 天",
+            "本月还没有签到（输入 /signin 签到）",
         ]
     for text in ("show my profile", "/profile"):
         response = await client.chat("alex", text)
@@ -212,7 +212,7 @@ async def test_profile_in_chinese_and_english(chain: Chain) -> None:
             "Balance: 1000 coins",
             "Level: 12",
             "Play time: 6 h 22 min",
-            "Sign-in streak: 0 days, 0 this month",
+            "No sign-in this month yet (type /signin)",
         ]
 
 

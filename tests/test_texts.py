@@ -63,4 +63,11 @@ def test_a_first_sign_in_reads_one_day_not_one_days() -> None:
         "Sign-in streak: 4 days, 9 this month"
     )
     assert streak_line(status, "zh") == "连续签到 1 天，本月签到 1 天"
+    # None this month: how to sign in, not two zeros; a broken streak still counts the month.
+    none = {"streak": 0, "days_this_month": 0}
+    assert streak_line(none, "en") == "No sign-in this month yet (type /signin)"
+    assert streak_line(none, "zh") == "本月还没有签到（输入 /signin 签到）"
+    assert streak_line({"streak": 0, "days_this_month": 3}, "en") == (
+        "Sign-in streak: 0 days, 3 this month"
+    )
     assert pick(_TOTAL, "en", kinds=1) == "1 kind of item."

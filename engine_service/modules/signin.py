@@ -69,8 +69,17 @@ streak. Reply with one JSON object only: {{"reward": "<the entry's id>"}}. Write
 if you write anything else."""
 
 
+_NO_STREAK = {
+    "zh": "本月还没有签到（输入 /signin 签到）",
+    "en": "No sign-in this month yet (type /signin)",
+}
+
+
 def streak_line(status: dict[str, Any], language: str) -> str:
-    """`连续签到 3 天，本月签到 5 天` from a `signin.status` or `signin.claim` answer."""
+    """`连续签到 3 天，本月签到 5 天` from a `signin.status` or `signin.claim` answer; for a
+    player with no sign-in this month, how to make one instead of two zeros."""
+    if not status["streak"] and not status["days_this_month"]:
+        return pick(_NO_STREAK, language)
     return pick(_STREAK, language, streak=status["streak"], month=status["days_this_month"])
 
 
