@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -50,7 +51,9 @@ from engine_service.steps import TaskSteps
 from engine_service.tools import ToolKind, ToolSpec
 from services.results import AgentFailure, ModuleFailure, card
 from services.runtime.errors import InvalidArgument
+from services.runtime.logging import RepeatedLines
 from services.runtime.permissions import CORE_FEATURE
+from services.texts import pick
 from services.untrusted import DATA_RULE, with_data_rule
 
 __all__ = [
@@ -61,6 +64,35 @@ __all__ = [
     "Step",
     "partial_result",
 ]
+
+log = logging.getLogger("system.engine")
+_repeated = RepeatedLines(log)
+
+_MODEL_UNAVAILABLE = {
+    "zh": "AI 模型暂时不可用；指令和按钮仍然可以使用。",
+    "en": "The AI model is unavailable right now; commands and buttons still work.",
+}
+_MODEL_FAILURES = {
+    AgentFailure.BUSY: {
+        "zh": "AI 模型正忙，请稍后再试。",
+        "en": "The AI model is busy; try again shortly.",
+    },
+    AgentFailure.BUDGET_EXHAUSTED: {
+        "zh": "AI 额度暂时用完了，请稍后再试；指令和按钮仍然可以使用。",
+        "en": "The AI budget is used up for now; try again later. Commands and buttons still work.",
+    },
+    AgentFailure.TIMEOUT: {
+        "zh": "AI 模型响应超时，请再试一次。",
+        "en": "The AI model took too long; try again.",
+    },
+}
+"""What a player reads when a model call fails; the model gateway's own words (a provider's
+error, a configuration hint for the operator) go to the engine's log instead."""
+_OFFLINE = {
+    "zh": "离线模式不调用 AI 模型：可以使用指令和按钮，或在 /settings 中换一种模式。",
+    "en": "Offline mode makes no AI model calls: use commands and buttons, or change the mode "
+    "in /settings.",
+}
 
 WRITE_SOURCES = frozenset(
     {
@@ -461,22 +493,31 @@ class ExecutionContext:
                 services off, BUDGET_EXHAUSTED for a spent daily budget, TIMEOUT.
         """
         self.charge_model_call()
+        language = self.player.language
         if self._models is None:
-            raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, "this engine has no model gateway")
+            _repeated.log(logging.WARNING, "no model gateway", "this engine has no model gateway")
+            raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, pick(_MODEL_UNAVAILABLE, language))
         if self.live_player().conversation_mode == common_pb2.CONVERSATION_MODE_OFFLINE:
-            raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, "offline mode makes no model calls")
+            raise ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, pick(_OFFLINE, language))
         timeout = min(self.policy.model_call_seconds, self.remaining())
-        return await self._models.complete(
-            self.player.player_id,
-            _with_data_rule(messages),
-            timeout,
-            tools=tools,
-            require_tool=require_tool,
-            max_tokens=max_tokens,
-            json_output=json_output,
-            module_id=self.spec.module_id,
-            permission_level=self.live_player().permission_level,
-        )
+        try:
+            return await self._models.complete(
+                self.player.player_id,
+                _with_data_rule(messages),
+                timeout,
+                tools=tools,
+                require_tool=require_tool,
+                max_tokens=max_tokens,
+                json_output=json_output,
+                module_id=self.spec.module_id,
+                permission_level=self.live_player().permission_level,
+            )
+        except ModuleFailure as exc:
+            _repeated.log(
+                logging.WARNING, exc.failure.value, "a model call failed: %s", exc.message
+            )
+            texts = _MODEL_FAILURES.get(exc.failure, _MODEL_UNAVAILABLE)
+            raise ModuleFailure(exc.failure, pick(texts, language)) from None
 
     @property
     def models(self) -> ModelClient | None:

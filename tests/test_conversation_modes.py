@@ -110,7 +110,7 @@ async def test_offline_mode_never_calls_a_model(
         chat = (await client.chat("alex", "/chat hello there")).reply.result
         assert chat.status != SUCCEEDED
         assert chat.failure.key == "system.error.model_unavailable"
-        assert "offline" in chat.failure.message
+        assert chat.failure.message.startswith("Offline mode makes no AI model calls")
         # Local routes and commands still work.
         shown = (await client.chat("alex", "check my inventory")).reply
         assert shown.module_id == "system:inventory" and shown.result.status == SUCCEEDED
@@ -121,6 +121,13 @@ async def test_offline_mode_never_calls_a_model(
         fake.script("你好！")
         hello = (await client.chat("steve", "讲个笑话吧")).reply
         assert hello.module_id == "system:chat"
+        # In offline mode he reads the refusal in Chinese.
+        await _set_mode(client, "steve", OFFLINE)
+        refused = (await client.chat("steve", "/chat 你好")).reply.result
+        assert refused.failure.message == (
+            "离线模式不调用 AI 模型：可以使用指令和按钮，或在 /settings 中换一种模式。"
+        )
+        await _set_mode(client, "steve", common_pb2.CONVERSATION_MODE_UNSPECIFIED)
         # And it is kept in storage: a new connection finds it again.
         again = await chain.client()
         await again.join("alex", "Alex", "en_us")

@@ -649,7 +649,10 @@ async def test_with_no_model_web_research_stops_before_any_search(
     assert result.status == SUCCEEDED
     lines = _lines(result)
     assert lines[0] == "The knowledge base has nothing on this."
-    assert lines[1].startswith("The web search stopped: the model call failed")
+    assert lines[1] == (
+        "The web search stopped: The AI model is unavailable right now; commands and buttons "
+        "still work."
+    )
     assert fake.searches == [] and fake.completions == []
 
 

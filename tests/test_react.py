@@ -215,7 +215,12 @@ async def test_a_model_outage_stops_the_loop_recoverably() -> None:
     outage = ModuleFailure(AgentFailure.MODEL_UNAVAILABLE, "provider down")
     model = ScriptedModel(call("lookup", {"q": "a"}), outage)
     outcome = await _run(_context(model, Tools()))
-    assert outcome.stopped == "failure" and outcome.failure is outage
+    assert outcome.stopped == "failure" and outcome.failure is not None
+    assert outcome.failure.failure is AgentFailure.MODEL_UNAVAILABLE
+    # The player reads a plain sentence; the provider's words ("provider down") go to the log.
+    assert outcome.failure.message == (
+        "The AI model is unavailable right now; commands and buttons still work."
+    )
     assert len(outcome.observations) == 1
 
 
