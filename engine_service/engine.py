@@ -52,6 +52,15 @@ log = logging.getLogger("system.engine")
 T = TypeVar("T")
 
 _MAY_NOT_USE = {"zh": "你没有权限使用 {module_id}。", "en": "You may not use {module_id}."}
+# What a player reads when a run ends without its module's own answer (the log names the
+# module and why).
+_TIMED_OUT = {"zh": "处理超时，请再试一次。", "en": "That took too long; try again."}
+_FAILED = {"zh": "出了点问题，请再试一次。", "en": "Something went wrong; try again."}
+_CANCELLED = {"zh": "已取消。", "en": "Cancelled."}
+_LEASE_LOST = {
+    "zh": "数据暂时无法保存，这次请求已停止，请稍后再试。",
+    "en": "Your data could not be saved just now, so this request stopped; try again shortly.",
+}
 """A module the player's level, binding or features do not allow (Failure.args: module_id)."""
 
 
@@ -349,9 +358,8 @@ class Engine:
         except ModuleFailure as failure:
             result = _failure(context, failure.failure, failure.message)
         except TimeoutError:
-            result = _failure(
-                context, AgentFailure.TIMEOUT, f"{action.module_id} did not finish in time"
-            )
+            log.warning("module %s did not finish in time", action.module_id)
+            result = _failure(context, AgentFailure.TIMEOUT, pick(_TIMED_OUT, player.language))
         except ResourceExhausted:
             raise
         except asyncio.CancelledError:
@@ -361,17 +369,18 @@ class Engine:
             context.cancel()
             if run.cancelled:
                 result = _failure(
-                    context, AgentFailure.CANCELLED, f"{action.module_id} was cancelled"
+                    context, AgentFailure.CANCELLED, pick(_CANCELLED, player.language)
                 )
             else:
+                log.warning(
+                    "module %s stopped: the player's lease could not be renewed", action.module_id
+                )
                 result = _failure(
-                    context,
-                    AgentFailure.STORAGE_UNAVAILABLE,
-                    f"{action.module_id} stopped: the player's lease could not be renewed",
+                    context, AgentFailure.STORAGE_UNAVAILABLE, pick(_LEASE_LOST, player.language)
                 )
         except Exception:
             log.exception("module %s failed", action.module_id)
-            result = _failure(context, AgentFailure.MODULE_FAILED, f"{action.module_id} failed")
+            result = _failure(context, AgentFailure.MODULE_FAILED, pick(_FAILED, player.language))
         finally:
             self.players.leave(player.player_id)
             admission.release()
@@ -437,12 +446,13 @@ class Engine:
         except ModuleFailure as exc:
             result = _failure(context, exc.failure, exc.message)
         except TimeoutError:
-            result = _failure(context, AgentFailure.TIMEOUT, f"{module_id} did not finish in time")
+            log.warning("event module %s did not finish in time", module_id)
+            result = _failure(context, AgentFailure.TIMEOUT, pick(_TIMED_OUT, player.language))
         except LeaseLost:
             raise
         except Exception:
             log.exception("event module %s failed", module_id)
-            result = _failure(context, AgentFailure.MODULE_FAILED, f"{module_id} failed")
+            result = _failure(context, AgentFailure.MODULE_FAILED, pick(_FAILED, player.language))
         finally:
             self.players.leave(player.player_id)
         plain_result(result)

@@ -473,6 +473,10 @@ async def test_crashing_module_becomes_module_failed_without_leaking(
     assert result.failure.key == "system.error.module_failed"
     assert "secret" not in result.failure.message and "secret" not in result.text
     assert any("test:crash" in r.getMessage() and r.exc_info for r in caplog.records)
+    # The player reads a plain sentence in their language; the log names the module.
+    assert result.failure.message == "Something went wrong; try again."
+    chinese = await engine.execute(_player(language="zh"), _action("test:crash"), "")
+    assert chinese.failure.message == "出了点问题，请再试一次。"
 
 
 async def test_slow_module_past_the_deadline_is_a_timeout() -> None:
@@ -488,6 +492,7 @@ async def test_slow_module_past_the_deadline_is_a_timeout() -> None:
     assert time.monotonic() - started < 2
     assert result.status == FAILED
     assert result.failure.key == "system.error.timeout"
+    assert result.failure.message == "That took too long; try again."
     assert engine.interactive._admitted == 0  # the slot was given back
 
 

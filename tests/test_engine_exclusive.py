@@ -354,7 +354,7 @@ async def test_a_run_whose_player_lease_is_taken_over_stops(replicas: Replicas) 
     result = (await running).result
     assert result.status == common_pb2.RESULT_STATUS_FAILED
     assert result.failure.key == AgentFailure.STORAGE_UNAVAILABLE.value
-    assert "lease" in result.failure.message
+    assert result.failure.message.startswith("Your data could not be saved just now")
     assert replicas.module.cancelled == 1
 
 
