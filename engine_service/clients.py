@@ -3,6 +3,7 @@ the gateway's tool relay."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,9 @@ from engine_service.runs import RunStart
 from services.results import AgentFailure, ModuleFailure, NotDelivered
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.errors import ResourceExhausted, Unavailable, never_sent
+from services.runtime.logging import RepeatedLines
 from services.runtime.multiplex import StreamedCalls
+from services.texts import pick
 
 __all__ = ["GatewayGameTools", "JournalRuns", "JournalStream", "StorageHistory"]
 
@@ -217,6 +220,7 @@ class GatewayGameTools:
         timeout: float,
         idempotent: bool,
         server_id: str = "",
+        language: str = "en",
     ) -> dict[str, Any]:
         request = relay_pb2.CallGameToolRequest(
             call_id=call_id,
@@ -228,7 +232,7 @@ class GatewayGameTools:
         try:
             response = await self._send(player_id, "CallGameTool", request, timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _failure(exc, tool_id, idempotent) from None
+            raise _failure(exc, tool_id, idempotent, language) from None
         result = response.result
         if result.WhichOneof("outcome") == "failure":
             raise ModuleFailure(
@@ -277,38 +281,68 @@ def _struct(data: dict[str, Any]) -> struct_pb2.Struct:
     return value
 
 
-def _failure(exc: grpc.aio.AioRpcError, tool_id: str, idempotent: bool) -> ModuleFailure:
+log = logging.getLogger("system.engine")
+_repeated = RepeatedLines(log)
+
+# What a player reads when a game-tool call got no answer from the game server (the log names
+# the tool and the transport's words). The game server's own refusals pass through as it wrote
+# them: the plugin guide makes those the player's text.
+_OFFLINE = {"zh": "你需要在线才能完成这一步。", "en": "You need to be online for this."}
+_UNREACHABLE = {
+    "zh": "暂时连不上你所在的游戏服务器，这一步没有执行，请稍后再试。",
+    "en": "Your game server cannot be reached right now; nothing was done. Try again shortly.",
+}
+_NOT_OFFERED = {
+    "zh": "这个游戏服务器没有提供这项功能。",
+    "en": "This game server does not offer that.",
+}
+_UNKNOWN = {
+    "zh": "游戏服务器没有回应：这一步可能已经完成，也可能没有，不会自动重复。",
+    "en": "The game server did not answer: it may or may not have happened, and it is not "
+    "repeated.",
+}
+_SLOW = {
+    "zh": "游戏服务器响应超时，请再试一次。",
+    "en": "The game server took too long to answer; try again.",
+}
+_AWAY = {
+    "zh": "游戏服务器暂时无法完成这一步，请稍后再试。",
+    "en": "The game server cannot do that right now; try again shortly.",
+}
+_BROKEN = {
+    "zh": "游戏服务器没能完成这一步，请再试一次。",
+    "en": "The game server could not do that; try again.",
+}
+
+
+def _failure(
+    exc: grpc.aio.AioRpcError, tool_id: str, idempotent: bool, language: str
+) -> ModuleFailure:
+    """A relayed call's transport error as the failure the player reads, in `language`."""
     code = exc.code()
-    detail = exc.details() or code.name
+    _repeated.log(
+        logging.WARNING,
+        code.name,
+        "game tool %s got no answer: %s %s",
+        tool_id,
+        code.name,
+        (exc.details() or "")[:256],
+    )
     if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return NotDelivered(
-            AgentFailure.TOOL_UNAVAILABLE,
-            f"{tool_id} needs the player online: {detail}",
-            player_offline=True,
-        )
+        return NotDelivered(AgentFailure.TOOL_UNAVAILABLE, pick(_OFFLINE, language), True)
     if never_sent(exc):
         # The player's gateway replica could not be reached at all (it died, and their game
         # server has not reconnected elsewhere yet): like a player offline, nothing ran.
-        return NotDelivered(
-            AgentFailure.TOOL_UNAVAILABLE,
-            f"{tool_id} could not reach the player's game server: {detail}",
-            player_offline=True,
-        )
+        return NotDelivered(AgentFailure.TOOL_UNAVAILABLE, pick(_UNREACHABLE, language), True)
     if code == grpc.StatusCode.NOT_FOUND:
-        return NotDelivered(
-            AgentFailure.TOOL_UNAVAILABLE,
-            f"{tool_id} is not available: {detail}",
-            player_offline=False,
-        )
+        return NotDelivered(AgentFailure.TOOL_UNAVAILABLE, pick(_NOT_OFFERED, language), False)
     if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
         if not idempotent:
             # The game server may have run it: never guess, never repeat.
-            return ModuleFailure(
-                AgentFailure.EFFECT_UNKNOWN, f"{tool_id} may or may not have run: {detail}"
-            )
+            return ModuleFailure(AgentFailure.EFFECT_UNKNOWN, pick(_UNKNOWN, language))
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return ModuleFailure(AgentFailure.TIMEOUT, f"{tool_id} did not answer in time")
-        return ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"{tool_id} is not reachable: {detail}")
+            return ModuleFailure(AgentFailure.TIMEOUT, pick(_SLOW, language))
+        return ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, pick(_AWAY, language))
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return ModuleFailure(AgentFailure.INVALID_INPUT, f"{tool_id}: {detail}")
-    return ModuleFailure(AgentFailure.MODULE_FAILED, f"{tool_id} failed: {detail}")
+        return ModuleFailure(AgentFailure.INVALID_INPUT, pick(_BROKEN, language))
+    return ModuleFailure(AgentFailure.MODULE_FAILED, pick(_BROKEN, language))

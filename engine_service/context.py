@@ -119,9 +119,11 @@ class GameTools(Protocol):
         timeout: float,
         idempotent: bool,
         server_id: str = "",
+        language: str = "en",
     ) -> dict[str, Any]:
         """Runs `tool_id` on the game server `server_id` (the player's
-        `PlayerContext.server_id`; empty: the one the player is on) and returns its output."""
+        `PlayerContext.server_id`; empty: the one the player is on) and returns its output;
+        a call that got no answer fails with a text in the player's `language`."""
         ...
 
 
@@ -450,6 +452,7 @@ class ExecutionContext:
             self.remaining(),
             spec.idempotent,
             server_id=live.server_id,
+            language=live.language,
         )
         # Checked before anything reads it (a step receipt included): a malformed answer is an
         # error, never an empty one.

@@ -128,6 +128,7 @@ class FakeGameTools:
         timeout: float,
         idempotent: bool,
         server_id: str = "",
+        language: str = "en",
     ) -> dict[str, Any]:
         self.calls.append((player_id, call_id, tool_id, timeout))
         self.servers.append(server_id)
@@ -670,7 +671,17 @@ async def test_relay_not_found_becomes_a_catalogued_failure(chain: Chain) -> Non
     )
     assert response.result.status == FAILED
     assert response.result.failure.key == "system.error.tool_unavailable"
-    assert "ghost is not connected" in response.result.failure.message
+    # The player reads what it means for them; the relay's words ("ghost is not connected")
+    # are the engine log's.
+    assert response.result.failure.message == "You need to be online for this."
+    ghost.language = "zh"
+    chinese = await engine.Execute(
+        engine_pb2.ExecuteRequest(
+            player=ghost, action=_action("system:inventory"), source=engine_pb2.ROUTE_SOURCE_COMMAND
+        ),
+        timeout=10,
+    )
+    assert chinese.result.failure.message == "你需要在线才能完成这一步。"
 
 
 # --- The game-tool contract: output schemas ----------------------------------------------------

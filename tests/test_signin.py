@@ -269,6 +269,7 @@ class WorldTools:
         timeout: float,
         idempotent: bool,
         server_id: str = "",
+        language: str = "en",
     ) -> dict[str, Any]:
         self.call_ids.append(call_id)
         try:

@@ -205,6 +205,7 @@ class WorldTools:
         timeout: float,
         idempotent: bool,
         server_id: str = "",
+        language: str = "en",
     ) -> dict[str, Any]:
         self.calls.append(tool_id)
         output = self.world.call_with_id(player_id, tool_id, payload, call_id)
