@@ -25,7 +25,7 @@ from engine_service.runs import HistoryStore, LocalRuns, PlayerRuns, Run, RunSta
 from engine_service.schema import check_input
 from engine_service.steps import TaskSteps
 from engine_service.task_store import LeaseLost
-from services.results import AgentFailure, ModuleFailure, NotDelivered, failed
+from services.results import AgentFailure, ModuleFailure, NotDelivered, failed, failure_text
 from services.runtime.context import current_request_id, remaining_seconds
 from services.runtime.errors import (
     FailedPrecondition,
@@ -52,11 +52,8 @@ log = logging.getLogger("system.engine")
 T = TypeVar("T")
 
 _MAY_NOT_USE = {"zh": "你没有权限使用 {module_id}。", "en": "You may not use {module_id}."}
-# What a player reads when a run ends without its module's own answer (the log names the
-# module and why).
-_TIMED_OUT = {"zh": "处理超时，请再试一次。", "en": "That took too long; try again."}
-_FAILED = {"zh": "出了点问题，请再试一次。", "en": "Something went wrong; try again."}
-_CANCELLED = {"zh": "已取消。", "en": "Cancelled."}
+# What a player reads when a run lost its player's lease (a run that timed out, crashed or
+# was cancelled reads its failure key's text, services/results.py; the log names the module).
 _LEASE_LOST = {
     "zh": "数据暂时无法保存，这次请求已停止，请稍后再试。",
     "en": "Your data could not be saved just now, so this request stopped; try again shortly.",
@@ -359,7 +356,9 @@ class Engine:
             result = _failure(context, failure.failure, failure.message)
         except TimeoutError:
             log.warning("module %s did not finish in time", action.module_id)
-            result = _failure(context, AgentFailure.TIMEOUT, pick(_TIMED_OUT, player.language))
+            result = _failure(
+                context, AgentFailure.TIMEOUT, failure_text(AgentFailure.TIMEOUT, player.language)
+            )
         except ResourceExhausted:
             raise
         except asyncio.CancelledError:
@@ -369,7 +368,9 @@ class Engine:
             context.cancel()
             if run.cancelled:
                 result = _failure(
-                    context, AgentFailure.CANCELLED, pick(_CANCELLED, player.language)
+                    context,
+                    AgentFailure.CANCELLED,
+                    failure_text(AgentFailure.CANCELLED, player.language),
                 )
             else:
                 log.warning(
@@ -380,7 +381,11 @@ class Engine:
                 )
         except Exception:
             log.exception("module %s failed", action.module_id)
-            result = _failure(context, AgentFailure.MODULE_FAILED, pick(_FAILED, player.language))
+            result = _failure(
+                context,
+                AgentFailure.MODULE_FAILED,
+                failure_text(AgentFailure.MODULE_FAILED, player.language),
+            )
         finally:
             self.players.leave(player.player_id)
             admission.release()
@@ -447,12 +452,18 @@ class Engine:
             result = _failure(context, exc.failure, exc.message)
         except TimeoutError:
             log.warning("event module %s did not finish in time", module_id)
-            result = _failure(context, AgentFailure.TIMEOUT, pick(_TIMED_OUT, player.language))
+            result = _failure(
+                context, AgentFailure.TIMEOUT, failure_text(AgentFailure.TIMEOUT, player.language)
+            )
         except LeaseLost:
             raise
         except Exception:
             log.exception("event module %s failed", module_id)
-            result = _failure(context, AgentFailure.MODULE_FAILED, pick(_FAILED, player.language))
+            result = _failure(
+                context,
+                AgentFailure.MODULE_FAILED,
+                failure_text(AgentFailure.MODULE_FAILED, player.language),
+            )
         finally:
             self.players.leave(player.player_id)
         plain_result(result)

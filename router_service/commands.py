@@ -27,7 +27,7 @@ from services.runtime.errors import InvalidArgument
 from services.runtime.permissions import module_available
 from services.texts import pick
 
-__all__ = ["UNKNOWN", "CommandIndex", "CommandMatch", "UnknownCommand"]
+__all__ = ["CommandIndex", "CommandMatch", "UnknownCommand"]
 
 SYSTEM_PREFIX = "/system"
 _HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -45,11 +45,10 @@ _NEEDS_ARGUMENT = {
     "zh": "/{name} 需要参数；请写 {usage}",
     "en": "/{name} needs an argument; write {usage}",
 }
-UNKNOWN = {
+_UNKNOWN = {
     "zh": "/{name} 不是指令；输入 /help 查看全部指令",
     "en": "/{name} is not a command; /help lists the commands",
 }
-"""An unknown slash command (the router's answer names it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +63,10 @@ class UnknownCommand:
     """An explicit slash command that no module (available to this player) declares."""
 
     name: str
+
+    def message(self, language: str) -> str:
+        """What the player reads: that it is no command, and where the commands are."""
+        return pick(_UNKNOWN, language, name=self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +138,14 @@ class CommandIndex:
             # "help me find diamonds" is a sentence for the later routing stages, not the help
             # command; "查询物品 钻石" is the item command.
             return None
-        language = player.language
-        written = usage(name, entry.command, language)
+        wrong = None
         if kind == catalog_pb2.ARGUMENT_KIND_UNSPECIFIED and argument:
-            raise InvalidArgument(pick(_NO_ARGUMENT, language, name=name, usage=written))
-        if kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT and not argument:
-            raise InvalidArgument(pick(_NEEDS_ARGUMENT, language, name=name, usage=written))
+            wrong = _NO_ARGUMENT
+        elif kind == catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT and not argument:
+            wrong = _NEEDS_ARGUMENT
+        if wrong is not None:  # the usage is written only for the message
+            written = usage(name, entry.command, player.language)
+            raise InvalidArgument(pick(wrong, player.language, name=name, usage=written))
         data = struct_pb2.Struct()
         if argument and entry.command.argument_field:
             data.update({entry.command.argument_field: argument})

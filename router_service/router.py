@@ -37,13 +37,12 @@ from router_service.cache import (
 )
 from router_service.catalog import Catalog, CatalogCache
 from router_service.clients import SharedIntentCache, SharedLookup
-from router_service.commands import UNKNOWN, CommandMatch, UnknownCommand
+from router_service.commands import CommandMatch, UnknownCommand
 from router_service.model_routing import CLARIFY, ModelRouter
 from router_service.semantic import LocalDecision, Mode, SemanticConfig, reload_changes
 from router_service.semantic.extractors import extract
 from services.runtime.errors import InvalidArgument, PermissionDenied
 from services.runtime.permissions import module_available
-from services.texts import pick
 
 __all__ = ["ADMIN_LEVEL", "Router"]
 
@@ -327,7 +326,7 @@ class Router:
             return router_pb2.RouteResponse(
                 source=router_pb2.DECISION_SOURCE_NONE,
                 no_route_reason=router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND,
-                detail=pick(UNKNOWN, player.language, name=match.name),
+                detail=match.message(player.language),
             )
         return None
 

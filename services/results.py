@@ -63,12 +63,15 @@ class AgentFailure(enum.Enum):
 
 
 FAILURE_TEXTS: dict[AgentFailure, dict[str, str]] = {
-    AgentFailure.MODULE_FAILED: {"zh": "功能执行失败。", "en": "Something went wrong."},
+    AgentFailure.MODULE_FAILED: {
+        "zh": "出了点问题，请再试一次。",
+        "en": "Something went wrong; try again.",
+    },
     AgentFailure.INVALID_INPUT: {"zh": "输入无效。", "en": "The input is not valid."},
     AgentFailure.NOT_FOUND: {"zh": "没有找到。", "en": "Not found."},
     AgentFailure.PERMISSION_DENIED: {"zh": "没有权限。", "en": "You may not do that."},
     AgentFailure.BUSY: {"zh": "助手正忙，请稍后再试。", "en": "The assistant is busy; try again."},
-    AgentFailure.TIMEOUT: {"zh": "处理超时。", "en": "That took too long."},
+    AgentFailure.TIMEOUT: {"zh": "处理超时，请再试一次。", "en": "That took too long; try again."},
     AgentFailure.CANCELLED: {"zh": "已取消。", "en": "Cancelled."},
     AgentFailure.UNKNOWN_COMMAND: {"zh": "未知指令。", "en": "Unknown command."},
     AgentFailure.NO_MATCH: {"zh": "没有理解你的意思。", "en": "No feature matches that."},

@@ -24,7 +24,7 @@ from system.storage.v1 import player_data_pb2, player_data_pb2_grpc, storage_pb2
 
 from services.gateway.cards import CardBook
 from services.modes import MODES, mode_by_name
-from services.results import AgentFailure, card, failed
+from services.results import AgentFailure, card, failed, failure_text
 from services.runtime.channels import DEFAULT_CALL_SECONDS, ChannelSettings, Dependency
 from services.runtime.logging import RepeatedLines
 from services.runtime.multiplex import StreamedCalls
@@ -64,14 +64,7 @@ _UNAVAILABLE = {
     "zh": "助手暂时无法使用，请稍后再试。",
     "en": "The assistant is unavailable right now; try again later.",
 }
-_RPC_MESSAGES = {
-    AgentFailure.BUSY: {
-        "zh": "助手正忙，请稍后再试。",
-        "en": "The assistant is busy; try again in a moment.",
-    },
-    AgentFailure.TIMEOUT: {"zh": "处理超时，请再试一次。", "en": "That took too long; try again."},
-}
-"""What a player reads when a dependency was busy, too slow or away."""
+
 _CLEARED = {
     "zh": "对话记录已清空（{n} 条）。",
     "en": "Conversation history cleared ({n:~entry|entries}).",
@@ -145,7 +138,9 @@ def rpc_failure(exc: grpc.aio.AioRpcError, language: str) -> common_pb2.AgentRes
         AgentFailure.PERMISSION_DENIED,
     ):
         return failed(failure, exc.details() or failure.value)
-    return failed(failure, pick(_RPC_MESSAGES.get(failure, _UNAVAILABLE), language))
+    if failure in (AgentFailure.BUSY, AgentFailure.TIMEOUT):
+        return failed(failure, failure_text(failure, language))
+    return failed(failure, pick(_UNAVAILABLE, language))
 
 
 @dataclasses.dataclass
