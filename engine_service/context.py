@@ -49,7 +49,7 @@ from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.schema import check_input, normalise, violation
 from engine_service.steps import TaskSteps
 from engine_service.tools import ToolKind, ToolSpec
-from services.results import AgentFailure, ModuleFailure, card
+from services.results import FAILURE_TEXTS, AgentFailure, ModuleFailure, card
 from services.runtime.errors import InvalidArgument
 from services.runtime.logging import RepeatedLines
 from services.runtime.permissions import CORE_FEATURE
@@ -92,6 +92,34 @@ _OFFLINE = {
     "zh": "离线模式不调用 AI 模型：可以使用指令和按钮，或在 /settings 中换一种模式。",
     "en": "Offline mode makes no AI model calls: use commands and buttons, or change the mode "
     "in /settings.",
+}
+
+_NO_LONGER_ALLOWED = {
+    "zh": "你现在不能再使用这项功能了。",
+    "en": "You may no longer use this.",
+}
+_TOO_MANY_STEPS = {
+    "zh": "这个请求需要的步骤超出了这项功能的上限，后面的步骤没有执行。",
+    "en": "That needs more steps than this feature may take; the rest was not done.",
+}
+_NOT_OFFERED = {
+    "zh": "这个游戏服务器没有开启这项功能。",
+    "en": "This game server does not offer that.",
+}
+_NEEDS_COMMAND = {
+    "zh": "这会改变游戏内容，请使用它的指令或按钮。",
+    "en": "That changes the game: use its command or a button.",
+}
+_UNREADABLE = {
+    "zh": "游戏服务器返回了无法读取的数据（{detail}），这一步没有完成；请告诉管理员。",
+    "en": "Your game server answered with data the assistant cannot read ({detail}); that step "
+    "was not completed. Tell an admin.",
+}
+"""A plugin's malformed answer: the detail (the tool and the first error) stays in the text,
+since the plugin's author learns of it from the player or the plugin's own log."""
+_HISTORY_UNAVAILABLE = {
+    "zh": "暂时读不到对话记录，请稍后再试。",
+    "en": "The conversation history cannot be read right now; try again later.",
 }
 
 WRITE_SOURCES = frozenset(
@@ -285,19 +313,31 @@ class ExecutionContext:
 
     def _check_running(self) -> common_pb2.PlayerContext:
         """Cancellation, deadline and permission, checked before every tool and model call."""
+        module_id = self.spec.module_id
         if self._cancelled:
-            raise ModuleFailure(AgentFailure.CANCELLED, f"{self.spec.module_id} was cancelled")
+            raise self._refusal(AgentFailure.CANCELLED, f"{module_id} was cancelled")
         if self.remaining() <= 0:
-            raise ModuleFailure(
-                AgentFailure.TIMEOUT, f"{self.spec.module_id} ran out of time (policy or deadline)"
+            raise self._refusal(
+                AgentFailure.TIMEOUT, f"{module_id} ran out of time (policy or deadline)"
             )
         live = self._current_player()
-        if not self.registry.allows(self.spec.module_id, live):
-            raise ModuleFailure(
+        if not self.registry.allows(module_id, live):
+            raise self._refusal(
                 AgentFailure.PERMISSION_DENIED,
-                f"{self.spec.module_id} is no longer available to {live.player_name or live.player_id}",
+                f"{module_id} is no longer available to {live.player_name or live.player_id}",
+                _NO_LONGER_ALLOWED,
             )
         return live
+
+    def _refusal(
+        self, failure: AgentFailure, detail: str, texts: dict[str, str] | None = None
+    ) -> ModuleFailure:
+        """The failure as the player reads it, in their language (`texts`, else the failure
+        catalogue's own); `detail`, which names modules and tools, goes to the engine's log:
+        a module's or the catalogue's mistake is the operator's to fix, not the player's."""
+        level = logging.INFO if failure is AgentFailure.CANCELLED else logging.WARNING
+        log.log(level, "a run was refused: %s", detail)
+        return ModuleFailure(failure, pick(texts or FAILURE_TEXTS[failure], self.player.language))
 
     def _check_budgets(self, calls: int, writes: int) -> None:
         """BUDGET_EXHAUSTED unless the policy leaves room for `calls` more tool calls (each a
@@ -309,33 +349,41 @@ class ExecutionContext:
 
     def _spend(self, what: str, used: int, limit: int) -> None:
         if used >= limit:
-            raise ModuleFailure(
+            raise self._refusal(
                 AgentFailure.BUDGET_EXHAUSTED,
                 f"{self.spec.module_id} used all {limit} {what} its policy allows",
+                _TOO_MANY_STEPS,
             )
 
     def _check_tool(self, tool_id: str, live: common_pb2.PlayerContext) -> ToolSpec:
         spec = self.registry.tools.get(tool_id)
         declared = tool_id in self.spec.tools or tool_id in self.spec.optional_tools
         if spec is None or not declared:
-            raise ModuleFailure(
+            raise self._refusal(
                 AgentFailure.TOOL_UNAVAILABLE,
                 f"{self.spec.module_id} did not declare tool {tool_id}",
+                FAILURE_TEXTS[AgentFailure.MODULE_FAILED],
             )
         if tool_id in self.spec.optional_tools:
             owner = spec.owner_feature
             if owner and owner != CORE_FEATURE and owner not in live.features:
-                raise ModuleFailure(
+                raise self._refusal(
                     AgentFailure.TOOL_UNAVAILABLE,
                     f"optional tool {tool_id} needs feature {owner}, which is not enabled",
+                    _NOT_OFFERED,
                 )
         if self.source == engine_pb2.ROUTE_SOURCE_EVENT and not spec.event_allowed:
-            raise ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"events may not call {tool_id}")
+            raise self._refusal(
+                AgentFailure.TOOL_UNAVAILABLE,
+                f"events may not call {tool_id}",
+                FAILURE_TEXTS[AgentFailure.MODULE_FAILED],
+            )
         if not spec.read_only and self.source not in WRITE_SOURCES:
-            raise ModuleFailure(
+            raise self._refusal(
                 AgentFailure.WRITE_NOT_ALLOWED,
                 f"{tool_id} changes the game and cannot run from a "
-                f"{_source_name(self.source)} route; use the command or a button",
+                f"{_source_name(self.source)} route",
+                _NEEDS_COMMAND,
             )
         return spec
 
@@ -419,7 +467,11 @@ class ExecutionContext:
     async def _call_server(self, spec: ToolSpec, payload: dict[str, Any]) -> dict[str, Any]:
         handler = self.registry.tools.handler(spec.tool_id)
         if handler is None:  # registration guarantees one; guard all the same
-            raise ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, f"{spec.tool_id} has no handler")
+            raise self._refusal(
+                AgentFailure.TOOL_UNAVAILABLE,
+                f"{spec.tool_id} has no handler",
+                FAILURE_TEXTS[AgentFailure.MODULE_FAILED],
+            )
         call = handler(payload, self) if spec.needs_context else handler(payload)
         try:
             return await asyncio.wait_for(call, self.remaining())
@@ -427,7 +479,7 @@ class ExecutionContext:
             # A read-only tool has no effect that could be unknown (a paid web search is
             # read-only too: it is never repeated, but its timeout is an ordinary one).
             safe = spec.idempotent or spec.read_only
-            raise ModuleFailure(
+            raise self._refusal(
                 AgentFailure.TIMEOUT if safe else AgentFailure.EFFECT_UNKNOWN,
                 f"{spec.tool_id} did not finish in time",
             ) from None
@@ -440,7 +492,7 @@ class ExecutionContext:
         payload: dict[str, Any],
     ) -> dict[str, Any]:
         if self._game_tools is None:
-            raise ModuleFailure(
+            raise self._refusal(
                 AgentFailure.TOOL_UNAVAILABLE,
                 f"{spec.tool_id} runs on the game server, and this engine has no gateway",
             )
@@ -458,10 +510,16 @@ class ExecutionContext:
         # error, never an empty one.
         found = violation(spec.output_schema, output)
         if found is not None:
+            detail = f"{spec.tool_id}: {found.text('the output')}"
+            _repeated.log(
+                logging.WARNING,
+                AgentFailure.TOOL_OUTPUT_INVALID.value,
+                "a game tool answered with output that breaks its schema (docs/game-tools.md): %s",
+                detail,
+            )
             raise ModuleFailure(
                 AgentFailure.TOOL_OUTPUT_INVALID,
-                f"{spec.tool_id} answered with output that breaks its schema: "
-                f"{found.text('the output')} (see docs/game-tools.md)",
+                pick(_UNREADABLE, live.language, detail=detail),
             )
         normalised: dict[str, Any] = normalise(spec.output_schema, output)
         return normalised
@@ -541,7 +599,7 @@ class ExecutionContext:
             return await self._history.list_history(self.player.player_id, page_size)
         except Exception as exc:  # noqa: BLE001 - any storage failure is the same to a module
             raise ModuleFailure(
-                AgentFailure.STORAGE_UNAVAILABLE, "the history could not be read; try again later"
+                AgentFailure.STORAGE_UNAVAILABLE, pick(_HISTORY_UNAVAILABLE, self.player.language)
             ) from exc
 
 

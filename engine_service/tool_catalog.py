@@ -160,9 +160,10 @@ server without the feature need not offer the tools only such modules require.
 
 **What the engine checks at every call.** Each answer (`ToolResult.output`) is validated
 against the catalogue's output schema before any module reads it. An answer that breaks it
-fails the step with `system.error.tool_output_invalid`, naming the tool and the first error
-(for example `minecraft:inventory.read answered with output that breaks its schema:
-items[0].item is required`); it is never read as empty. Numbers travel as doubles in a
+fails the step with `system.error.tool_output_invalid`; the player's text says so in their
+language and names the tool and the first error (for example `Your game server answered with
+data the assistant cannot read (minecraft:inventory.read: items[0].item is required)...`), and
+the engine's log has the same line. It is never read as empty. Numbers travel as doubles in a
 `Struct`: an `integer` is a number without a fraction.
 
 **Flags.** `read_only`: never changes game state. `idempotent`: running it twice with one
