@@ -110,6 +110,10 @@ _NEEDS_COMMAND = {
     "zh": "这会改变游戏内容，请使用它的指令或按钮。",
     "en": "That changes the game: use its command or a button.",
 }
+_NOT_AVAILABLE = {
+    "zh": "这项功能暂时无法使用，请稍后再试。",
+    "en": "That is not available right now; try again later.",
+}
 _UNREADABLE = {
     "zh": "游戏服务器返回了无法读取的数据（{detail}），这一步没有完成；请告诉管理员。",
     "en": "Your game server answered with data the assistant cannot read ({detail}); that step "
@@ -121,6 +125,19 @@ _HISTORY_UNAVAILABLE = {
     "zh": "暂时读不到对话记录，请稍后再试。",
     "en": "The conversation history cannot be read right now; try again later.",
 }
+
+_OPERATOR_DETAIL = frozenset(
+    {
+        AgentFailure.STORAGE_UNAVAILABLE,
+        AgentFailure.STORAGE_FULL,
+        AgentFailure.MODEL_UNAVAILABLE,
+        AgentFailure.TOOL_UNAVAILABLE,
+        AgentFailure.MODULE_FAILED,
+        AgentFailure.BUSY,
+    }
+)
+"""Failures whose message from a server tool describes the deployment (a store that did not
+answer, a setting missing), in English: the player reads the catalogue's text instead."""
 
 WRITE_SOURCES = frozenset(
     {
@@ -475,6 +492,13 @@ class ExecutionContext:
         call = handler(payload, self) if spec.needs_context else handler(payload)
         try:
             return await asyncio.wait_for(call, self.remaining())
+        except ModuleFailure as exc:
+            if exc.failure not in _OPERATOR_DETAIL or self.spec.min_permission_level > 0:
+                # About the input, or for staff (an admin command, who run the deployment):
+                # the words as the tool wrote them.
+                raise
+            texts = _NOT_AVAILABLE if exc.failure is AgentFailure.TOOL_UNAVAILABLE else None
+            raise self._refusal(exc.failure, f"{spec.tool_id}: {exc.message}", texts) from None
         except TimeoutError:
             # A read-only tool has no effect that could be unknown (a paid web search is
             # read-only too: it is never repeated, but its timeout is an ordinary one).

@@ -30,6 +30,7 @@ from engine_service.models import ModelClient
 from engine_service.tools import ToolRegistry, ToolSpec
 from services.results import AgentFailure, ModuleFailure
 from services.runtime.channels import ChannelSettings, Dependency
+from services.texts import pick
 
 __all__ = [
     "SEARCH_FEATURE",
@@ -186,6 +187,20 @@ class WebGate:
         return None if ctx.open_web() else GateRefusal.EVENT
 
 
+_NOT_OPEN = {
+    "zh": "这次请求不能上网查找；要搜索网页请用 /search。",
+    "en": "This request may not look things up on the web; use /search for that.",
+}
+_EXTERNAL_OFF = {
+    "zh": "你已关闭外部服务，所以不会上网查找（可在 /settings 中打开）。",
+    "en": "You turned external services off, so nothing is looked up on the web (see /settings).",
+}
+_NOT_FOUND_HERE = {
+    "zh": "只能打开这次搜索找到的网页。",
+    "en": "Only pages this request's web searches found may be opened.",
+}
+
+
 class WebTools:
     """The handlers of `system:web.search` and `system:web.fetch`.
 
@@ -201,14 +216,11 @@ class WebTools:
         tools.server(WEB_FETCH_SPEC, self.fetch)
 
     async def _check(self, ctx: ExecutionContext) -> ModelClient:
+        language = ctx.player.language
         if not ctx.web_open:
-            raise ModuleFailure(
-                AgentFailure.PERMISSION_DENIED, "the web is not open for this request"
-            )
+            raise ModuleFailure(AgentFailure.PERMISSION_DENIED, pick(_NOT_OPEN, language))
         if not await self._gate.external_allowed(ctx):
-            raise ModuleFailure(
-                AgentFailure.PERMISSION_DENIED, "the player turned external services off"
-            )
+            raise ModuleFailure(AgentFailure.PERMISSION_DENIED, pick(_EXTERNAL_OFF, language))
         if ctx.models is None:
             raise ModuleFailure(AgentFailure.TOOL_UNAVAILABLE, "this engine has no model gateway")
         return ctx.models
@@ -235,8 +247,7 @@ class WebTools:
         if url not in ctx.web_urls:
             # Checked before anything leaves the engine; the gateway checks it again.
             raise ModuleFailure(
-                AgentFailure.PERMISSION_DENIED,
-                "only pages this request's web searches returned may be fetched",
+                AgentFailure.PERMISSION_DENIED, pick(_NOT_FOUND_HERE, ctx.player.language)
             )
         models = await self._check(ctx)
         page = await models.web_fetch(

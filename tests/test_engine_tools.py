@@ -450,7 +450,9 @@ async def test_tools_checks_the_budgets_of_every_call_before_sending_any() -> No
     assert tools.calls == []
 
 
-async def test_tools_lets_the_others_finish_and_raises_the_first_failure() -> None:
+async def test_tools_lets_the_others_finish_and_raises_the_first_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The first call fails once the second has finished: the run reports the first call's
     failure, with the second's write as done."""
     tools = Tools()
@@ -467,8 +469,28 @@ async def test_tools_lets_the_others_finish_and_raises_the_first_failure() -> No
     result = await _execute(engine)
     assert result.status == PARTIAL
     assert result.failure.key == "system.error.tool_unavailable"
-    assert "the ledger is closed" in result.failure.message
+    assert "the ledger is closed" in caplog.text  # the tool's words are the operator's
+    assert result.failure.message == "That is not available right now; try again later."
     assert [line.text for line in result.card.lines][-1:] == [f"✓ {LEDGER}"]
+
+
+async def test_a_server_tools_deployment_words_reach_staff_not_players() -> None:
+    async def store_down(_: str) -> None:
+        raise ModuleFailure(AgentFailure.STORAGE_UNAVAILABLE, "the ledger store: UNAVAILABLE")
+
+    for level, language, seen in (
+        (0, "zh", "数据暂时无法读写。"),
+        (3, "en", "the ledger store: UNAVAILABLE"),
+    ):
+        tools = Tools()
+        tools.before_call = store_down
+        spec = _spec(tools=(COUNTER,), min_permission_level=level)
+        engine = _engine(tools, FakeModule(spec, _repeat(COUNTER, 1)))
+        result = await _execute(engine, player=_player(level=level, language=language))
+        assert (result.failure.key, result.failure.message) == (
+            "system.error.storage_unavailable",
+            seen,
+        )
 
 
 async def test_tool_input_is_checked_against_its_schema() -> None:

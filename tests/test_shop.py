@@ -373,6 +373,16 @@ async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
     assert _ok(poor).card.title == "确认购买"
     assert card_lines(poor)[-1] == "无法购买：需要 1200 金币，你的余额是 1000。没有扣款。"
     assert _labels(poor) == ["返回商城"]
+    # More than one purchase may hold: each player reads the range in their language.
+    for player, range_text in (
+        ("steve", "一次可以买 1 到 64 个，不能买 100 个。"),
+        ("alex", "Buy 1 to 64 at a time, not 100."),
+    ):
+        too_many = (await client.chat(player, "/buy diamond 100")).reply.result
+        assert (too_many.failure.key, too_many.failure.message) == (
+            "system.error.invalid_input",
+            range_text,
+        )
     # The balance drops between quote and confirm.
     quoted, confirm = await _quote(client, "steve", "/buy diamond 5")
     world.player("steve").balance = 100

@@ -60,6 +60,7 @@ MODE_POLICIES: dict[int, ExecutionPolicy] = {
 
 _TITLE = {"zh": "助手", "en": "Assistant"}
 _EMPTY = {"zh": "模型没有给出回答。", "en": "The model gave no answer."}
+_NOTHING_SAID = {"zh": "想聊什么？请直接说。", "en": "What would you like to talk about? Say it."}
 _SHORT = """You are the friendly assistant inside a Minecraft server, talking with the player \
 {name}. Answer in {language}, in at most three short sentences. You cannot act in the game or \
 look anything up in this mode: if the player asks for a game function, say briefly that \
@@ -118,7 +119,9 @@ class ChatModule:
     async def run(self, data: dict[str, Any], ctx: ExecutionContext) -> common_pb2.AgentResult:
         text = request_text(data["text"])
         if not text:
-            raise ModuleFailure(AgentFailure.INVALID_INPUT, "say something to chat about")
+            raise ModuleFailure(
+                AgentFailure.INVALID_INPUT, pick(_NOTHING_SAID, ctx.player.language)
+            )
         player = ctx.live_player()
         mode = player.conversation_mode or common_pb2.CONVERSATION_MODE_STANDARD
         ctx.narrow(MODE_POLICIES.get(mode, MODE_POLICIES[common_pb2.CONVERSATION_MODE_STANDARD]))

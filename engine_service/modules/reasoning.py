@@ -65,6 +65,10 @@ _T: dict[str, dict[str, str]] = {
         "en": "No answer: {reason}",
     },
     "no_answer": {"zh": "模型没有给出回答。", "en": "The model gave no answer."},
+    "no_question": {
+        "zh": "请在指令后面写上你的问题。",
+        "en": "Write your question after the command.",
+    },
 }
 
 _INSTRUCTIONS = """You answer a Minecraft player's question by calling the read-only tools given \
@@ -151,7 +155,7 @@ class ReasoningModule:
         language = ctx.player.language
         question = data["question"].strip()
         if not question:
-            raise ModuleFailure(AgentFailure.INVALID_INPUT, "ask a question")
+            raise ModuleFailure(AgentFailure.INVALID_INPUT, _t("no_question", language))
         instructions = _INSTRUCTIONS.format(language=language_name(language))
         return await reason(ctx, question, instructions, self.spec.optional_tools)
 

@@ -88,6 +88,10 @@ _ENTRY = {
     "zh": "{n}. {name} — {price} {currency}（库存 {stock}）",
     "en": "{n}. {name} — {price:~~{currency}} ({stock} in stock)",
 }
+_COUNT_RANGE = {
+    "zh": "一次可以买 1 到 {most} 个，不能买 {count} 个。",
+    "en": "Buy 1 to {most} at a time, not {count}.",
+}
 _EMPTY = {"zh": "没有符合的商品。", "en": "Nothing for sale matches."}
 _NO_PAGE = {
     "zh": "没有第 {page} 页（共 {pages} 页）。",
@@ -484,7 +488,8 @@ class ShopBuyModule:
         count = int(data.get("count", count or 1))
         if not 1 <= count <= SHOP_MAX_COUNT:
             raise ModuleFailure(
-                AgentFailure.INVALID_INPUT, f"buy 1 to {SHOP_MAX_COUNT} at a time, not {count}"
+                AgentFailure.INVALID_INPUT,
+                pick(_COUNT_RANGE, language, most=SHOP_MAX_COUNT, count=count),
             )
         listing, currency, candidates = await self._find(ctx, text)
         if listing is None:
