@@ -17,7 +17,7 @@ from system.storage.v1 import journal_pb2, journal_pb2_grpc, storage_pb2, storag
 
 from engine_service.relay_routes import RelayRoutes
 from engine_service.runs import RunStart
-from services.results import AgentFailure, ModuleFailure, NotDelivered
+from services.results import AgentFailure, ModuleFailure, NotDelivered, failure_text
 from services.runtime.channels import ChannelSettings, Dependency
 from services.runtime.errors import ResourceExhausted, Unavailable, never_sent
 from services.runtime.logging import RepeatedLines
@@ -235,10 +235,10 @@ class GatewayGameTools:
             raise _failure(exc, tool_id, idempotent, language) from None
         result = response.result
         if result.WhichOneof("outcome") == "failure":
-            raise ModuleFailure(
-                AgentFailure.from_key(result.failure.key),
-                result.failure.message or f"{tool_id} failed on the game server",
-            )
+            failure = AgentFailure.from_key(result.failure.key)
+            # The plugin's own words are the player's (the plugin guide says so); without any,
+            # its failure key's text.
+            raise ModuleFailure(failure, result.failure.message or failure_text(failure, language))
         return json_format.MessageToDict(result.output)
 
     async def notify(
