@@ -69,7 +69,10 @@ _ENGINES = {"zh": "引擎副本已重载：{n}/{total}", "en": "Engine replicas 
 _FAILED = {"zh": "未能重载的副本：{items}", "en": "Replicas that failed: {items}"}
 
 
-_ARGUMENT_LABELS = {"player": {"zh": "玩家"}, "period": {"zh": "时段"}}
+_ARGUMENT_LABELS = {
+    "player": {"zh": "玩家", "en": "player"},
+    "period": {"zh": "时段", "en": "period"},
+}
 """How help writes the admin commands' arguments in Chinese."""
 
 

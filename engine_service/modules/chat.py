@@ -101,7 +101,10 @@ class ChatModule:
             },
             commands=(
                 CommandSpec(
-                    ("chat", "聊天"), "text", argument_required=True, argument_label={"zh": "内容"}
+                    ("chat", "聊天"),
+                    "text",
+                    argument_required=True,
+                    argument_label={"zh": "内容", "en": "text"},
                 ),
             ),
             # Reached by the router's conversation fallback and by /chat, never matched.

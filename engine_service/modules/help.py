@@ -46,7 +46,11 @@ class HelpModule:
             "additionalProperties": False,
         },
         commands=(
-            CommandSpec(("help", "帮助", "?"), argument="topic", argument_label={"zh": "主题"}),
+            CommandSpec(
+                ("help", "帮助", "?"),
+                argument="topic",
+                argument_label={"zh": "主题", "en": "topic"},
+            ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
         semantic=SemanticSpec(

@@ -100,7 +100,7 @@ class ItemModule:
                 ("item", "物品", "查询物品"),
                 argument="query",
                 argument_required=True,
-                argument_label={"zh": "物品 ID 或名称"},
+                argument_label={"zh": "物品 ID 或名称", "en": "item id or name"},
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,

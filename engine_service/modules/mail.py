@@ -42,7 +42,7 @@ PAGE_SIZE = 5
 """Mails per page of the inbox card."""
 MAX_PAGE = 1000
 
-_MAIL_ID_LABEL = {"zh": "邮件编号"}
+_MAIL_ID_LABEL = {"zh": "邮件编号", "en": "mail number"}
 """How help writes a mail id argument in Chinese (`/mail [邮件编号]`)."""
 _MAIL_ID = {
     "type": "string",

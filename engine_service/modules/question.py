@@ -76,7 +76,7 @@ class QuestionModule:
                     ("question", "ask", "问答", "提问"),
                     "question",
                     argument_required=True,
-                    argument_label={"zh": "问题"},
+                    argument_label={"zh": "问题", "en": "question"},
                 ),
             ),
             routing_mode=catalog_pb2.ROUTING_MODE_HINTS,

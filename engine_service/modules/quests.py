@@ -220,7 +220,9 @@ class QuestsModule:
         },
         commands=(
             CommandSpec(
-                ("quests", "任务", "任务列表"), argument="name", argument_label={"zh": "名称"}
+                ("quests", "任务", "任务列表"),
+                argument="name",
+                argument_label={"zh": "名称", "en": "name"},
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
@@ -313,7 +315,7 @@ class QuestDetailModule:
                 ("quest", "任务详情"),
                 argument="query",
                 argument_required=True,
-                argument_label={"zh": "序号、编号或名称"},
+                argument_label={"zh": "序号、编号或名称", "en": "number, id or name"},
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
@@ -466,7 +468,7 @@ class QuestClaimModule:
                 ("questclaim", "领取任务奖励"),
                 argument="quest_id",
                 argument_required=True,
-                argument_label={"zh": "任务编号"},
+                argument_label={"zh": "任务编号", "en": "quest id"},
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_STRUCTURED_ONLY,

@@ -136,7 +136,7 @@ class ReasoningModule:
                     ("reason", "分析", "推理"),
                     "question",
                     argument_required=True,
-                    argument_label={"zh": "问题"},
+                    argument_label={"zh": "问题", "en": "question"},
                 ),
             ),
             routing_mode=catalog_pb2.ROUTING_MODE_HINTS,

@@ -52,7 +52,7 @@ class SearchModule:
                     ("search", "搜索", "联网搜索"),
                     "question",
                     argument_required=True,
-                    argument_label={"zh": "问题"},
+                    argument_label={"zh": "问题", "en": "question"},
                 ),
             ),
             # The model may pick it only when the player clearly asks for a web lookup.

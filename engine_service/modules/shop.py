@@ -173,7 +173,7 @@ _EXPIRED = {
     "zh": "这张报价已超过有效期。没有扣款；请重新报价。",
     "en": "This quote has expired. Nothing was charged; ask for a new quote.",
 }
-_SEARCH = {"zh": "商品名"}
+_SEARCH = {"zh": "商品名", "en": "item name"}
 """How help writes the shop's search argument in Chinese (`/shop [商品名]`)."""
 _CONFIRM_TEXTS = ConfirmTexts(stale_title=_STALE_TITLE, stale=_STALE, expired=_EXPIRED)
 
