@@ -753,6 +753,51 @@ ECONOMY_GAME_TOOLS: tuple[ToolSpec, ...] = (
             "replayed": False,
         },
     ),
+    ToolSpec(
+        tool_id="minecraft:player.find",
+        description=(
+            "Find a player the server knows (online or not) by name, as a payment names its "
+            "recipient, case ignored. Optional: without it a payment's card is shown for any "
+            "name, and a name no player has is refused only when the payment is confirmed."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "name": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 32,
+                    "description": "The player name, as typed.",
+                }
+            },
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "found": {
+                    "type": "boolean",
+                    "description": "True when the server knows a player of that name.",
+                },
+                "name": {
+                    "type": "string",
+                    "description": "The name as the game spells it (as asked when not found).",
+                },
+                "online": {
+                    "type": "boolean",
+                    "description": "True when that player is online now.",
+                },
+            },
+            "required": ["found", "name", "online"],
+        },
+        read_only=True,
+        idempotent=True,
+        event_allowed=True,
+        kind=ToolKind.GAME,
+        example_input={"name": "alex"},
+        example_output={"found": True, "name": "Alex", "online": False},
+    ),
 )
 """Payments between players (system:pay, system:pay_confirm)."""
 

@@ -178,14 +178,15 @@ async def test_refusals_and_a_stale_card(chain: Chain) -> None:
     assert _labels(poor) == []
     self_paid = await client.chat("alex", "/pay Alex 5")
     assert card_lines(self_paid)[-1] == "You cannot pay this: You cannot pay yourself."
-    nobody = await client.chat("alex", "/pay Notch 5")
-    refused = await client.press(
-        "alex", nobody.reply.result.card, nobody.reply.result.card.buttons[0]
+    # A name no player has is refused before any card to confirm (minecraft:player.find).
+    nobody = (await client.chat("alex", "/pay Notch 5")).reply.result
+    assert (nobody.failure.key, nobody.failure.message, list(nobody.card.buttons)) == (
+        "system.error.not_found",
+        "There is no player called Notch on this server; check the name.",
+        [],
     )
-    assert refused.reply.result.failure.key == "system.error.not_found"
-    assert refused.reply.result.failure.message == (
-        "There is no player called Notch on this server. Nothing was paid."
-    )
+    # The name as the game spells it is the one on the card.
+    assert card_lines(await client.chat("alex", "/pay steve 1"))[0] == "To: Steve"
     unclear = await client.chat("alex", "/pay Steve")
     assert unclear.reply.result.status == FAILED
     assert unclear.reply.result.failure.key == "system.error.invalid_input"
@@ -198,8 +199,22 @@ async def test_refusals_and_a_stale_card(chain: Chain) -> None:
     assert nothing.reply.result.failure.key == "system.error.invalid_input"
     assert "from 1 to" in nothing.reply.result.failure.message
     done = await client.press("alex", newer.reply.result.card, newer.reply.result.card.buttons[0])
-    # The newer card was replaced by later ones too (the refused and unclear cards made none
-    # but `/pay Notch 5` did): it is stale now, and nothing moved but nothing.
+    # The newer card was replaced by a later one too (the refused and unclear cards made none
+    # but `/pay steve 1` did): it is stale now, and nothing moved.
     assert done.reply.result.failure.key == "system.error.stale_card"
     assert world.player("alex").balance == STARTING_BALANCE
     assert world.player("steve").balance == STARTING_BALANCE
+
+
+async def test_a_recipient_gone_by_the_confirm_is_refused_then(chain: Chain) -> None:
+    """The name is checked again when the payment is made (a player renamed meanwhile, or a
+    game server without minecraft:player.find)."""
+    client = await chain.steve_and_alex()
+    quoted = (await client.chat("alex", "/pay Steve 5")).reply.result.card
+    client.world.player("steve").name = "Steve_"
+    refused = (await client.press("alex", quoted, quoted.buttons[0])).reply.result
+    assert (refused.failure.key, refused.failure.message) == (
+        "system.error.not_found",
+        "There is no player called Steve on this server. Nothing was paid.",
+    )
+    assert client.world.player("alex").balance == STARTING_BALANCE

@@ -1,7 +1,8 @@
 """Payments (转账): `system:pay` makes the confirmation card, `system:pay_confirm` pays.
 
 `system:pay` (`/pay <player> <amount>`, 转账, or the model's routing; never a local match or
-the intent cache) reads the payer's balance and makes the player's current payment offer
+the intent cache) checks the recipient where the game server offers `minecraft:player.find`
+(a name no player has gets a NOT_FOUND card, no offer), reads the payer's balance and makes the player's current payment offer
 (engine_service/offers.py, book `system:pay`): recipient, amount, balance after. Its card has id
 `system:pay.offer` and the offer's version, so a newer payment card makes an older one stale.
 An amount beyond the balance shows why, without a confirm button.
@@ -37,6 +38,7 @@ from services.results import AgentFailure, ModuleFailure, card, failed, succeede
 __all__ = ["BOOK", "OFFER_CARD", "TRANSFER", "PayConfirmModule", "PayModule", "parse_payment"]
 
 TRANSFER = "minecraft:economy.transfer"
+PLAYER_FIND = "minecraft:player.find"
 PAY = "system:pay"
 CONFIRM = "system:pay_confirm"
 BOOK = "system:pay"
@@ -91,6 +93,10 @@ _UNKNOWN_TITLE = {"zh": "没有这个玩家", "en": "No such player"}
 _UNKNOWN = {
     "zh": "服务器上没有名为 {name} 的玩家。没有转账。",
     "en": "There is no player called {name} on this server. Nothing was paid.",
+}
+_NO_PLAYER = {
+    "zh": "服务器上没有名为 {name} 的玩家，请检查名字。",
+    "en": "There is no player called {name} on this server; check the name.",
 }
 _STALE_TITLE = {"zh": "转账卡片已失效", "en": "This payment card is no longer valid"}
 _STALE = {
@@ -179,8 +185,9 @@ class PayModule:
             }
         ),
         tools=(PLAYER_PROFILE, OFFER_MAKE),
+        optional_tools=(PLAYER_FIND,),
         policy=ExecutionPolicy(
-            rounds=1, model_calls=0, tool_calls=2, steps=2, seconds=15.0, write_steps=1
+            rounds=1, model_calls=0, tool_calls=3, steps=3, seconds=15.0, write_steps=1
         ),
     )
 
@@ -201,6 +208,22 @@ class PayModule:
                 AgentFailure.INVALID_INPUT,
                 pick(_AMOUNT_RANGE, language, most=f"{PAY_MAX_AMOUNT:,}"),
             )
+        try:
+            found = await ctx.tool(PLAYER_FIND, {"name": to})
+        except ModuleFailure as failure:
+            # A game server without the lookup: the name is checked when the payment is made.
+            if failure.failure is not AgentFailure.TOOL_UNAVAILABLE:
+                raise
+        else:
+            if not found["found"]:
+                unknown = failed(
+                    AgentFailure.NOT_FOUND,
+                    pick(_NO_PLAYER, language, name=to),
+                    title=pick(_UNKNOWN_TITLE, language),
+                )
+                unknown.card.template = PAY
+                return unknown
+            to = found["name"]
         profile = await ctx.tool(PLAYER_PROFILE, {})
         balance, currency = profile["balance"], profile["currency"]
         money = pick(currency, language)

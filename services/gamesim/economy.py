@@ -1,5 +1,5 @@
-"""Payments between players in the simulated world: what `minecraft:economy.transfer`
-answers (docs/game-tools.md).
+"""Payments between players in the simulated world: what `minecraft:economy.transfer` and
+`minecraft:player.find` answer (docs/game-tools.md).
 
 A payment names its recipient by player name, as `/pay` on a game server does (any player the
 server has seen, online or not). It moves the money from the payer's balance to the
@@ -50,10 +50,7 @@ class Payments:
         decided = self._orders.get(payer_id, order_id)
         if decided is not None:
             return {**decided, "replayed": True, "balance": payer.balance}
-        wanted = to.strip().casefold()
-        recipient_id = next(
-            (pid for pid, account in accounts.items() if account.name.casefold() == wanted), None
-        )
+        recipient_id = _named(accounts, to)
         recipient = accounts[recipient_id] if recipient_id is not None else None
         if recipient is None:
             outcome = "unknown_player"
@@ -74,3 +71,23 @@ class Payments:
         }
         self._orders.decide(payer_id, order_id, answer)
         return {**answer, "replayed": False, "balance": payer.balance}
+
+    @staticmethod
+    def find(accounts: dict[str, Account], data: dict[str, Any]) -> dict[str, Any]:
+        """`minecraft:player.find`: the player named as a payment names its recipient."""
+        name = data.get("name")
+        if set(data) != {"name"} or not isinstance(name, str) or not 1 <= len(name.strip()) <= 32:
+            raise ValueError("player.find takes exactly a name of 1 to 32 characters")
+        player_id = _named(accounts, name)
+        if player_id is None:
+            return {"found": False, "name": name.strip(), "online": False}
+        account = accounts[player_id]
+        return {"found": True, "name": account.name, "online": account.online_since is not None}
+
+
+def _named(accounts: dict[str, Account], name: str) -> str | None:
+    """The id of the player called `name` (case ignored), or None."""
+    wanted = name.strip().casefold()
+    return next(
+        (pid for pid, account in accounts.items() if account.name.casefold() == wanted), None
+    )

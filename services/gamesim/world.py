@@ -68,6 +68,7 @@ TOOLS = (
     "minecraft:shop.item",
     "minecraft:shop.buy",
     "minecraft:economy.transfer",
+    "minecraft:player.find",
     "minecraft:gift.list",
 )
 """The catalogue's tools this world implements, in its hello's order (then quests.TOOLS, with
@@ -335,6 +336,8 @@ class World:
         if tool == "minecraft:economy.transfer":
             self.player(player_id)
             return self.payments.transfer(player_id, self.players, data)  # type: ignore[arg-type]
+        if tool == "minecraft:player.find":
+            return self.payments.find(self.players, data)  # type: ignore[arg-type]
         if tool == "minecraft:gift.list":
             return quests.gift_list(data)
         if tool in quests.TOOLS and quests.FEATURE in self.features:
