@@ -681,6 +681,7 @@ async def test_reasoning_offers_read_only_tools_and_never_the_web(stack: Stack) 
         "minecraft_mail_read",
         "minecraft_shop_list",
         "minecraft_shop_item",
+        "minecraft_player_find",
         "system_database_query",
         "system_preferences_read",
         "answer",

@@ -324,6 +324,7 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft:mail.read",
         "minecraft:shop.list",
         "minecraft:shop.item",
+        "minecraft:player.find",
         "system:database.query",
         "ftbquests:quest.query",
         "ftbquests:quest.find",
@@ -361,6 +362,7 @@ def test_reasoning_offers_read_only_tools_of_modules_the_player_may_use() -> Non
         "minecraft_mail_read",
         "minecraft_shop_list",
         "minecraft_shop_item",
+        "minecraft_player_find",
         "system_database_query",
         "system_preferences_read",  # the player's own settings (/system settings)
     ]
