@@ -1,6 +1,7 @@
 """`system:database.query`: the player's private knowledge and the shared `system:knowledge`
 table, searched through the storage service's KnowledgeService, entries in the player's
-language first (the starter set, and many operators' documents, exist in both).
+language first (the starter set, and many operators' documents, exist in both); where some are
+in it, the shared ones in another language are left out.
 
 A storage error is a failure (`system.error.storage_unavailable`), never "nothing found": a
 question module that took an outage for an empty result would send the player to the web, or
@@ -122,6 +123,18 @@ def _hit(hit: knowledge_pb2.KnowledgeHit) -> dict[str, Any]:
     }
 
 
+def _in_language(
+    hits: list[knowledge_pb2.KnowledgeHit], language: str
+) -> list[knowledge_pb2.KnowledgeHit]:
+    """`hits` less the shared entries in another language when one in the player's language
+    is among them: the starter set and many operators' documents exist in both, and the other
+    language's copy only repeats what the player can read. Private entries are all kept."""
+    preferred = knowledge_language(language)
+    if not any(hit.entry.language == preferred for hit in hits if preferred):
+        return hits
+    return [hit for hit in hits if hit.entry.player_id or hit.entry.language in (preferred, "")]
+
+
 class KnowledgeTools:
     """The handler of `system:database.query`.
 
@@ -158,4 +171,4 @@ class KnowledgeTools:
                 AgentFailure.STORAGE_UNAVAILABLE,
                 f"the knowledge base could not be searched: {exc.details() or exc.code().name}",
             ) from None
-        return {"hits": [_hit(hit) for hit in hits]}
+        return {"hits": [_hit(hit) for hit in _in_language(hits, ctx.player.language)]}

@@ -237,8 +237,10 @@ _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(r"[^\W_]+")  # letters and digits, any script
 _HAN_PARTS = re.compile(f"([{_HAN}]+)")
 
-# Question and function words. Dropped from queries only: OR-combined, they would make almost
-# every entry a hit, and the question module must see "nothing local" to consider the web.
+# Question and function words, and verbs and quantifiers so common that an entry sharing only
+# them with a question says nothing about it (get, make, 获得, 需要). Dropped from queries only:
+# OR-combined, they would make almost every entry a hit, and the question module must see
+# "nothing local" to consider the web.
 _STOPWORD_TEXT = """
     的 了 在 是 我 你 他 她 它 我们 你们 他们 这 那 这个 那个 这些 那些 有 和 与 及 或 或者 就 都
     也 还 吗 呢 吧 啊 呀 哦 嘛 么 什么 怎么 怎么样 怎样 如何 为什么 为何 哪 哪里 哪儿 哪个 哪些 谁 几
@@ -247,6 +249,10 @@ _STOPWORD_TEXT = """
     as into and or not no but if then so what where when which who whom whose why how can could
     should would will shall may might must i me my you your he she it its we our they them their
     this that these those there here please tell
+    get gets got getting make makes made making use uses used using need needs want wants know
+    have has had having go goes going find finds found some any much many thing things way ways
+    work works worked working
+    获得 获取 得到 拿到 找到 使用 用 需要 知道 东西 一些 方法 办法
 """
 _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 
@@ -295,10 +301,37 @@ def tokens(text: str) -> list[str]:
 
 
 def query_tokens(query: str) -> list[str]:
-    """Distinct words of a query, stopwords dropped unless that leaves none, at most 32."""
+    """Distinct words of a query, stopwords dropped unless that leaves none, each English word
+    followed by its other number (`diamonds` also asks for `diamond`, `torch` for `torches`),
+    at most 32."""
     distinct = list(dict.fromkeys(tokens(query)))
     meaningful = [w for w in distinct if w not in _STOPWORDS]
-    return (meaningful or distinct)[:MAX_QUERY_TOKENS]
+    if not meaningful:
+        return distinct[:MAX_QUERY_TOKENS]
+    asked = [form for word in meaningful for form in (word, *_other_number(word))]
+    return list(dict.fromkeys(asked))[:MAX_QUERY_TOKENS]
+
+
+_SIBILANT = ("s", "x", "z", "ch", "sh")
+
+
+def _other_number(word: str) -> tuple[str, ...]:
+    """The English singular of a plural word and the plurals of a singular one, by rule (an
+    irregular or wrong form only asks for a word no entry holds). Not for Chinese, digits or
+    words of fewer than four letters."""
+    if len(word) < 4 or not word.isascii() or not word.isalpha():
+        return ()
+    if word.endswith("ies"):
+        return (word[:-3] + "y",)
+    if word.endswith("es") and word[:-2].endswith(_SIBILANT):
+        return (word[:-2],)
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return (word[:-1],)
+    if word.endswith("y") and word[-2] not in "aeiou":
+        return (word[:-1] + "ies",)
+    if word.endswith(_SIBILANT):
+        return (word + "es",)
+    return (word + "s",)
 
 
 # -- the store --------------------------------------------------------------------------------

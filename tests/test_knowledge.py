@@ -73,8 +73,31 @@ def test_tokens_normalise_width_case_and_segment_chinese() -> None:
 
 def test_query_tokens_drop_question_words_unless_nothing_else() -> None:
     assert query_tokens("钻石在哪里找") == ["钻石", "哪里找"]
-    assert query_tokens("Where is the DIAMOND? diamond!") == ["diamond"]
+    assert query_tokens("Where is the DIAMOND? diamond!") == ["diamond", "diamonds"]
     assert query_tokens("what is it") == ["what", "is", "it"]
+    # Words so common that sharing only them says nothing are dropped too.
+    assert query_tokens("how do I get diamonds") == ["diamonds", "diamond"]
+    assert query_tokens("怎么获得钻石") == ["钻石"]
+
+
+def test_query_words_ask_for_their_other_number_too() -> None:
+    assert query_tokens("torches berries boxes") == [
+        "torches",
+        "torch",
+        "berries",
+        "berry",
+        "boxes",
+        "box",
+    ]
+    assert query_tokens("iron ingot glass") == [
+        "iron",
+        "irons",
+        "ingot",
+        "ingots",
+        "glass",
+        "glasses",
+    ]
+    assert query_tokens("tnt 123 钻石 bus") == ["tnt", "123", "钻石", "bus"]  # as typed
     assert len(query_tokens(" ".join(f"w{i}" for i in range(100)))) == 32
 
 

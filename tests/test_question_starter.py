@@ -27,6 +27,12 @@ async def test_a_fresh_stack_answers_questions_about_the_assistant(
         sources = [line for line in lines if line.startswith("[")]
         assert sources and all(line.endswith("(shared, system:starter)") for line in sources)
         assert any("] How buying and paying work (" in line for line in sources), lines
+        # The Chinese copies of the same entries only repeat them: an English player with
+        # English hits reads those alone.
+        assert not any("\u4e00" <= ch <= "\u9fff" for line in sources for ch in line), sources
+        # Sharing only a common word (get, work) with an entry finds nothing.
+        nothing = card_lines(await client.chat("alex", "/question how do torches work"))
+        assert nothing[:1] == ["The knowledge base has nothing on this."], nothing
 
         answer = await client.chat("steve", "/question 怎么关闭对话记录")
         assert answer.reply.result.status == SUCCEEDED, answer.reply.result
