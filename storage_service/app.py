@@ -52,9 +52,10 @@ from storage_service.intent_cache import IntentCacheBounds, IntentCacheStore
 from storage_service.intent_cache_servicer import IntentCacheServicer
 from storage_service.journal import JournalBounds, JournalStore
 from storage_service.journal_servicer import JournalServicer
-from storage_service.knowledge import KnowledgeStore, warm_up
+from storage_service.knowledge import KnowledgeStore
 from storage_service.knowledge_files import seed_starter
 from storage_service.knowledge_servicer import KnowledgeServicer
+from storage_service.knowledge_words import warm_up
 from storage_service.migrate import SchemaState, SchemaVerdict, schema_state, upgrade
 from storage_service.player_data import PlayerDataStore
 from storage_service.player_data_servicer import PlayerDataServicer

@@ -4,7 +4,7 @@ Chinese and English. The question module reads it before it ever thinks of the w
 Domain code: no gRPC here.
 
 How text becomes searchable
-    `tokens()` turns text into words: NFKC (full-width letters and digits become ASCII) and
+    `tokens()` (storage_service/knowledge_words.py) turns text into words: NFKC (full-width letters and digits become ASCII) and
     casefold, then runs of letters and digits; a run of Han characters is segmented by jieba in
     search mode (a long word also yields its parts, so 中华人民共和国 finds 共和国), any other
     run is one word. An entry's title and body become its `search_text`, the words joined by
@@ -23,10 +23,11 @@ The index, per database
       trigram, and whole-word matching is what the tokens already give.
 
     Query words are OR-combined (a Chinese question rarely shares every word with its answer),
-    after dropping question and function words (哪里, 怎么, the, how) unless nothing else is
-    left. Entries in the asking player's language come first (the starter set and many
-    operators' documents exist in both), then best first; equal scores go to the most
-    recently updated entry.
+    after dropping question and function words (哪里, 怎么, the, how) and words too common to
+    tell entries apart (get, 获得) unless nothing else is left; an English word also asks for
+    its other number (diamonds, diamond). Entries in the asking player's language come first
+    (the starter set and many operators' documents exist in both), then best first; equal
+    scores go to the most recently updated entry.
 
 Schema
     `knowledge_entries` is declared on `Base`, and `Base.metadata.create_all` also builds the
@@ -41,10 +42,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import re
-import threading
-import unicodedata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -71,11 +69,9 @@ from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 from services.runtime.errors import InvalidArgument, NotFound
 from storage_service.db import Base, rowcount, table_of, upsert_ignore
 from storage_service.dialect import ID, POSTGRESQL, SQLITE, aware, is_postgresql, name_of
+from storage_service.knowledge_words import query_tokens, tokens
 from storage_service.pages import PageTokens
 from storage_service.validation import MAX_PLAYER_ID, check_player_id
-
-if TYPE_CHECKING:
-    import jieba
 
 __all__ = [
     "KnowledgeEntry",
@@ -85,9 +81,6 @@ __all__ = [
     "create_search_index",
     "drop_search_index",
     "include_name",
-    "query_tokens",
-    "tokens",
-    "warm_up",
 ]
 
 log = logging.getLogger("system.storage.knowledge")
@@ -104,10 +97,6 @@ DEFAULT_LIMIT = 10
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
 LANGUAGES = ("zh", "en")
-MAX_TOKEN_CHARS = 64
-"""Longer words are cut: no real word is that long, and PostgreSQL ignores lexemes over 2 KB."""
-MAX_QUERY_TOKENS = 32
-"""Distinct words a query uses, first come first used."""
 
 FTS_TABLE = "knowledge_fts"
 PG_INDEX = "ix_knowledge_entries_search"
@@ -229,109 +218,6 @@ def _after_create(target: Any, connection: Connection, **kw: Any) -> None:
 @event.listens_for(_KNOWLEDGE, "before_drop")
 def _before_drop(target: Any, connection: Connection, **kw: Any) -> None:
     drop_search_index(connection)
-
-
-# -- words ------------------------------------------------------------------------------------
-
-_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_RUN = re.compile(r"[^\W_]+")  # letters and digits, any script
-_HAN_PARTS = re.compile(f"([{_HAN}]+)")
-
-# Question and function words, and verbs and quantifiers so common that an entry sharing only
-# them with a question says nothing about it (get, make, 获得, 需要). Dropped from queries only:
-# OR-combined, they would make almost every entry a hit, and the question module must see
-# "nothing local" to consider the web.
-_STOPWORD_TEXT = """
-    的 了 在 是 我 你 他 她 它 我们 你们 他们 这 那 这个 那个 这些 那些 有 和 与 及 或 或者 就 都
-    也 还 吗 呢 吧 啊 呀 哦 嘛 么 什么 怎么 怎么样 怎样 如何 为什么 为何 哪 哪里 哪儿 哪个 哪些 谁 几
-    多少 请问 请 一下 可以 能 能不能 会 要 想 得 地 着 过 把 被 给 对 从 到 之 其 该 个 做 弄 搞
-    a an the is are was were be been being am do does did of to in on at by for from with about
-    as into and or not no but if then so what where when which who whom whose why how can could
-    should would will shall may might must i me my you your he she it its we our they them their
-    this that these those there here please tell
-    get gets got getting make makes made making use uses used using need needs want wants know
-    have has had having go goes going find finds found some any much many thing things way ways
-    work works worked working
-    获得 获取 得到 拿到 找到 使用 用 需要 知道 东西 一些 方法 办法
-"""
-_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
-
-_jieba_lock = threading.Lock()
-_jieba: jieba.Tokenizer | None = None
-
-
-def _segmenter() -> jieba.Tokenizer:
-    """jieba, built once on first use (about a second: it loads its bundled dictionary and may
-    cache it in the temp dir). A private Tokenizer: words another component adds to the global
-    one in this process must not change how knowledge is indexed."""
-    global _jieba
-    if _jieba is None:
-        with _jieba_lock:
-            if _jieba is None:
-                import jieba
-
-                jieba.setLogLevel(logging.WARNING)
-                segmenter = jieba.Tokenizer()
-                segmenter.initialize()
-                _jieba = segmenter
-    return _jieba
-
-
-def warm_up() -> None:
-    """Loads jieba now rather than on the first request."""
-    _segmenter()
-
-
-def _normalise(text: str) -> str:
-    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
-
-
-def tokens(text: str) -> list[str]:
-    """The words of `text`, in order, repeats kept: normalised, Han runs segmented by jieba."""
-    words: list[str] = []
-    for run in _RUN.findall(_normalise(text)):
-        for i, part in enumerate(_HAN_PARTS.split(run)):
-            if not part:
-                continue
-            if i % 2:  # a Han run (split() puts captured parts at odd positions)
-                words.extend(w for w in _segmenter().lcut_for_search(part) if w.isalnum())
-            else:
-                words.append(part)
-    return [w[:MAX_TOKEN_CHARS] for w in words]
-
-
-def query_tokens(query: str) -> list[str]:
-    """Distinct words of a query, stopwords dropped unless that leaves none, each English word
-    followed by its other number (`diamonds` also asks for `diamond`, `torch` for `torches`),
-    at most 32."""
-    distinct = list(dict.fromkeys(tokens(query)))
-    meaningful = [w for w in distinct if w not in _STOPWORDS]
-    if not meaningful:
-        return distinct[:MAX_QUERY_TOKENS]
-    asked = [form for word in meaningful for form in (word, *_other_number(word))]
-    return list(dict.fromkeys(asked))[:MAX_QUERY_TOKENS]
-
-
-_SIBILANT = ("s", "x", "z", "ch", "sh")
-
-
-def _other_number(word: str) -> tuple[str, ...]:
-    """The English singular of a plural word and the plurals of a singular one, by rule (an
-    irregular or wrong form only asks for a word no entry holds). Not for Chinese, digits or
-    words of fewer than four letters."""
-    if len(word) < 4 or not word.isascii() or not word.isalpha():
-        return ()
-    if word.endswith("ies"):
-        return (word[:-3] + "y",)
-    if word.endswith("es") and word[:-2].endswith(_SIBILANT):
-        return (word[:-2],)
-    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return (word[:-1],)
-    if word.endswith("y") and word[-2] not in "aeiou":
-        return (word[:-1] + "ies",)
-    if word.endswith(_SIBILANT):
-        return (word + "es",)
-    return (word + "s",)
 
 
 # -- the store --------------------------------------------------------------------------------

@@ -35,11 +35,10 @@ from storage_service.knowledge import (
     create_search_index,
     drop_search_index,
     include_name,
-    query_tokens,
-    tokens,
 )
 from storage_service.knowledge_files import read_entry, seed_starter, starter
 from storage_service.knowledge_servicer import SERVICE_NAME, KnowledgeServicer
+from storage_service.knowledge_words import query_tokens, tokens
 
 MAX_BODY = 1000
 _CHINESE = re.compile("[\u3400-\u9fff\uf900-\ufaff]")
