@@ -130,7 +130,7 @@ class PayModule:
             "zh": "给其他玩家转账：先显示确认卡片（收款人、金额、转账后余额），按“确认转账”后才"
             "扣款。",
             "en": "Pay another player: first a confirmation card (recipient, amount, balance "
-            "after); nothing is paid until the player presses Confirm.",
+            "after); nothing is paid until Confirm is pressed.",
         },
         input_schema={
             "type": "object",

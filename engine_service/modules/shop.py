@@ -420,10 +420,10 @@ class ShopBuyModule:
     spec = ModuleSpec(
         module_id=BUY,
         description={
-            "zh": "购买商城商品：先给出报价（单价、合计、购买后余额、库存），玩家在报价卡片上按"
+            "zh": "购买商城商品：先给出报价（单价、合计、购买后余额、库存），在报价卡片上按"
             "“确认购买”后才扣款发货。",
             "en": "Buy from the shop: first a quote (price, total, balance after, stock); "
-            "nothing is charged until the player presses Confirm on the quote card.",
+            "nothing is charged until Confirm is pressed on the quote card.",
         },
         input_schema={
             "type": "object",
