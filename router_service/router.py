@@ -40,7 +40,7 @@ from router_service.clients import SharedIntentCache, SharedLookup
 from router_service.commands import CommandMatch, UnknownCommand
 from router_service.model_routing import CLARIFY, ModelRouter
 from router_service.semantic import LocalDecision, Mode, SemanticConfig, reload_changes
-from router_service.semantic.extractors import extract
+from router_service.semantic.extractors import extract, list_pick
 from services.runtime.errors import InvalidArgument, PermissionDenied
 from services.runtime.permissions import module_available
 
@@ -303,8 +303,7 @@ class Router:
         if command is None or (
             isinstance(command, UnknownCommand) and command.name.casefold() in _PICK_COMMANDS
         ):
-            picked = extract("list_index", request.text)
-            index = int(picked["index"]) if picked and "index" in picked else 0
+            index = list_pick(request.text) or 0
             if 1 <= index <= len(request.current_list):
                 self.diagnostics.record_decision(diag.DecisionSource.BUTTON)
                 return router_pb2.RouteResponse(

@@ -29,6 +29,7 @@ from router_service.diagnostics import RouterDiagnostics
 from router_service.model_routing import ModelChoice
 from router_service.router import Router
 from router_service.semantic import Mode, SemanticConfig
+from router_service.semantic.extractors import list_pick
 from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailable
 
 HOST = {"port": 0, "metrics_port": -1, "drain_seconds": 0, "grace_seconds": 1}
@@ -601,6 +602,42 @@ async def test_a_number_picks_from_the_current_list() -> None:
     unknown = await _router().route(_route("/quest 1", current_list=items))
     assert unknown.source == router_pb2.DECISION_SOURCE_NONE
     assert unknown.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
+
+
+@pytest.mark.parametrize(
+    ("text", "index"),
+    [
+        ("2", 2),
+        ("查看 2", 2),
+        ("/查看 2", 2),
+        ("第二个", 2),
+        ("我要第二个吧", 2),
+        ("看看3号", 3),
+        ("the second one", 2),
+        ("pick the 2nd", 2),
+        ("show me 3", 3),
+        ("#3", 3),
+        ("3 please", 3),
+        # A text that says more than a number asks for something of its own.
+        ("buy 3 bread", None),
+        ("give me 5 diamonds", None),
+        ("show quest 2", None),
+        ("pay alex 10", None),
+        ("买 3 个面包", None),
+        ("第2页", None),  # a page, not an entry
+        ("what is 2 plus 2", None),
+    ],
+)
+def test_only_a_text_that_only_picks_picks_from_the_list(text: str, index: int | None) -> None:
+    assert list_pick(text) == index
+
+
+async def test_a_request_with_a_number_is_not_a_pick_from_the_shown_list() -> None:
+    """`buy 3 bread` while the shop's list is shown buys bread; it does not open entry 3."""
+    items = [common_pb2.ModuleAction(module_id=f"test:m{i}") for i in range(1, 11)]
+    for text in ("buy 3 bread", "give me 5 diamonds"):
+        decision = await _router().route(_route(text, current_list=items))
+        assert decision.source != router_pb2.DECISION_SOURCE_BUTTON, text
 
 
 async def test_a_notification_button_can_be_pressed_by_its_label() -> None:

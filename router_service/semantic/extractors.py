@@ -21,7 +21,7 @@ from typing import Any
 
 from router_service.semantic.text import ITEM_ID, clean, normalize
 
-__all__ = ["EXTRACTORS", "extract", "item", "item_id", "list_index", "name", "price"]
+__all__ = ["EXTRACTORS", "extract", "item", "item_id", "list_index", "list_pick", "name", "price"]
 
 MAX_INDEX = 9999
 MAX_NAME_CHARS = 64
@@ -85,6 +85,40 @@ def list_index(text: str) -> dict[str, Any] | None:
     if value is None or not 1 <= value <= MAX_INDEX:
         return None
     return {"index": value}
+
+
+_ORDINAL_WORDS = {
+    w: i + 1
+    for i, w in enumerate(
+        ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth")
+    )
+}
+_PICK = re.compile(
+    r"^/?(?:please\s+|请|麻烦)?"
+    r"(?:(?:view|show(?:\s+me)?|open|pick|choose|select|see|check|look\s+at|go\s+to|take"
+    r"|i(?:'ll|\s+will)?\s+(?:want|choose|pick|take))\s+)?"
+    r"(?:查看|看看|看|打开|点开|选择|选|我要|要|就)?\s*"
+    r"(?:the\s+|number\s+|no\.\s*)?"
+    r"(?P<index>第\s*(?:[0-9]+|[零〇一二两三四五六七八九十百]+)|#?[0-9]+(?:st|nd|rd|th)?"
+    r"|first|second|third|fourth|fifth|sixth|seventh|eighth|ninth)"
+    r"\s*(?:个|项|条|位|号|one|item|entry)?"
+    r"\s*(?:吧|呢|please|pls)?[\s.?!。？！]*$",
+    re.IGNORECASE,
+)
+
+
+def list_pick(text: str) -> int | None:
+    """The number when the whole text only picks from a numbered list (`2`, `查看 2`, `view 2`,
+    `/view 2`, `第二个`, `the second one`, `#3`), else None: a text that says more asks for
+    something of its own (`buy 3 bread`, `give me 5 diamonds`), whatever list is shown."""
+    match = _PICK.match(normalize(text).strip())
+    if match is None:
+        return None
+    index = match.group("index")
+    if index in _ORDINAL_WORDS:
+        return _ORDINAL_WORDS[index]
+    found = list_index(index)
+    return int(found["index"]) if found else None
 
 
 def name(text: str) -> dict[str, Any] | None:
