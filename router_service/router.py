@@ -41,6 +41,7 @@ from router_service.commands import CommandMatch, UnknownCommand
 from router_service.model_routing import CLARIFY, ModelRouter
 from router_service.semantic import LocalDecision, Mode, SemanticConfig, reload_changes
 from router_service.semantic.extractors import extract, list_pick
+from services.commands import usage
 from services.runtime.errors import InvalidArgument, PermissionDenied
 from services.runtime.permissions import module_available
 
@@ -440,6 +441,11 @@ class Router:
             response.candidate_labels.extend(
                 choice_label(catalog.modules.get(c.module_id), language) for c in candidates
             )
+            change = catalog.semantic.resembled_change(text, language, allowed, local)
+            descriptor = catalog.modules.get(change) if change else None
+            if descriptor is not None and descriptor.commands:
+                command = descriptor.commands[0]
+                response.command_hints.append(usage(command.aliases[0], command, language))
             response.detail = "not sure what you meant; pick one, or type /help"
             return response
         self.diagnostics.record_decision(diag.DecisionSource.NONE)

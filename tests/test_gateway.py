@@ -627,6 +627,15 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
         "system:settings": "See and change your assistant settings",
     }
     assert [b.label for b in card.buttons] == [labels[b.args["module_id"]] for b in card.buttons]
+    # A text most like a change (a purchase) gets no button for it, but its command, written
+    # for the player (a click suggests `/buy `); a text like none of them no such line.
+    bought = (await client.chat(MALLORY, "buy 3 bread")).reply.result.card
+    assert bought.template == "system:selection"
+    assert [(line.text, line.suggest_command) for line in bought.lines][0] == (
+        "To do that, type the command: /buy <item [count]>",
+        "/buy ",
+    )
+    assert "system:shop_buy" not in {b.args["module_id"] for b in bought.buttons}
 
     assert await history(chain, MALLORY) == []  # none of these ran a module
     invoked = await client.request(

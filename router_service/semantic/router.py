@@ -185,6 +185,11 @@ class LocalDecision:
     text that falls back is not analysed and matched twice."""
 
 
+HINT_SCORE = 0.5
+"""Least match score of a change module whose command a selection card suggests (the seed's
+direct-route gate asks 0.9 of a module that runs; a suggestion runs nothing)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class FallbackCandidate:
     """A read-only module offered on a LOCAL_FALLBACK selection card. Clicking it is a new
@@ -586,6 +591,39 @@ class SemanticRouter:
             # names, a list number) leads: its frame held the text, the others only share words.
             return sorted(found, key=lambda c: not c.input)
         return list(self._shortcuts(allowed))
+
+    def resembled_change(
+        self,
+        text: str,
+        lang: str,
+        allowed: Collection[str] | None = None,
+        decided: LocalDecision | None = None,
+    ) -> str | None:
+        """The module `text` matches best when that module changes something (a purchase, a
+        payment, a claim) and so never runs from typed words or a selection card: the card may
+        suggest its command instead. Only a clear best (score `HINT_SCORE` or more, ahead of
+        the next by the module's margin gate): a wrong suggestion misleads more than none. None
+        when the best match reads, nothing matched clearly, or in SHADOW and OFF (an observing
+        router must not change what players see)."""
+        if self._config.mode is not Mode.ENFORCE or self._index is None:
+            return None
+        matched = self._matched(text, lang, allowed, decided)
+        if not matched:
+            return None
+        best, runner_up = matched[0].score, (matched[1].score if len(matched) > 1 else 0.0)
+        profile = self._profiles.get(matched[0].module_id)
+        margin = self._config.threshold_for(matched[0].module_id, lang).margin
+        if (
+            best < HINT_SCORE
+            or best - runner_up < margin
+            or profile is None
+            or profile.read_only
+            or profile.kind == "reject"
+            or not profile.interactive
+            or profile.structured_only
+        ):
+            return None
+        return profile.module_id
 
     def _shortcuts(self, allowed: Collection[str] | None) -> tuple[FallbackCandidate, ...]:
         """The read-only shortcuts `allowed` lets a player see, in registration order, at most

@@ -49,6 +49,10 @@ _FALLBACK_HELP = {
     "zh": "都不是？输入 /help 查看全部功能。",
     "en": "None of these? Type /help to see everything I can do.",
 }
+_TYPE_COMMAND = {
+    "zh": "要办这件事，请输入指令：{usage}",
+    "en": "To do that, type the command: {usage}",
+}
 SELECTION_TEMPLATE = "system:selection"
 SETTINGS_MODULE = "system:settings"
 SETTINGS_ACTIONS = frozenset({"preferences", "clear_history"})
@@ -598,7 +602,10 @@ class PlayerRequests:
                 )
             return result, decision.action.module_id
         if decision.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK and decision.candidates:
-            return self._selection(player, decision.candidates, decision.candidate_labels), ""
+            selection = self._selection(
+                player, decision.candidates, decision.candidate_labels, decision.command_hints
+            )
+            return selection, ""
         failure = (
             AgentFailure.UNKNOWN_COMMAND
             if decision.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
@@ -625,10 +632,12 @@ class PlayerRequests:
         player: common_pb2.PlayerContext,
         candidates: Sequence[common_pb2.ModuleAction],
         labels: Sequence[str] = (),
+        command_hints: Sequence[str] = (),
     ) -> common_pb2.AgentResult:
         """A selection card: one button per read-only candidate, labelled in the player's
-        language where the router gave a label (else the module id). Nothing runs until
-        pressed."""
+        language where the router gave a label (else the module id), and the command of a
+        change the text resembles (`/buy <item [count]>`), which no button may run. Nothing
+        runs until pressed."""
         buttons = [
             common_pb2.CardButton(
                 action_id="invoke",
@@ -640,11 +649,13 @@ class PlayerRequests:
             )
             for i, candidate in enumerate(candidates)
         ]
-        # The line suggests /help when clicked, where the game client can.
-        more = (pick(_FALLBACK_HELP, player.language), "/help")
-        selection = card(
-            SELECTION_TEMPLATE, pick(_FALLBACK_TITLE, player.language), [more], buttons
-        )
+        # Each line suggests its command when clicked, where the game client can.
+        lines = [
+            (pick(_TYPE_COMMAND, player.language, usage=hint), hint.split(" ", 1)[0] + " ")
+            for hint in command_hints
+        ]
+        lines.append((pick(_FALLBACK_HELP, player.language), "/help"))
+        selection = card(SELECTION_TEMPLATE, pick(_FALLBACK_TITLE, player.language), lines, buttons)
         return common_pb2.AgentResult(
             status=common_pb2.RESULT_STATUS_SUCCEEDED, card=selection, text=selection.title
         )

@@ -1,0 +1,54 @@
+"""A selection card suggests the command of a change the text clearly asks for (a purchase, a
+payment, a sign-in), which no card button and no typed words may run: `resembled_change`, over
+the built-in modules' routing profiles (router_service/corpus/profiles.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router_service.semantic import Mode, SemanticConfig, SemanticRouter
+from router_service.semantic.profiles import load_profiles
+
+PROFILES = load_profiles(
+    Path(__file__).resolve().parent.parent / "router_service" / "corpus" / "profiles.json"
+)[1]
+
+
+@pytest.fixture(scope="module")
+def router() -> SemanticRouter:
+    return SemanticRouter(PROFILES, SemanticConfig())
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "module_id"),
+    [
+        ("buy 3 bread", "en", "system:shop_buy"),
+        ("买钻石", "zh", "system:shop_buy"),
+        ("pay alex 10", "en", "system:pay"),
+        ("给Alex转10块", "zh", "system:pay"),
+        ("claim my daily reward", "en", "system:signin"),
+        # Not clearly one change: a wrong suggestion misleads more than none.
+        ("claim the mail attachment", "en", None),
+        ("领取任务奖励", "zh", None),
+        ("how do I buy things", "en", None),
+        # The best match reads: its button is on the card already.
+        ("show my inventory", "en", None),
+        ("tell me a joke", "en", None),
+    ],
+)
+def test_a_clear_change_is_suggested_as_its_command(
+    router: SemanticRouter, text: str, language: str, module_id: str | None
+) -> None:
+    decided = router.decide(text, language)
+    assert router.resembled_change(text, language, None, decided) == module_id
+    assert router.resembled_change(text, language) == module_id  # without the decision too
+
+
+def test_a_change_the_player_may_not_use_or_an_observing_router_suggests_nothing() -> None:
+    enforcing = SemanticRouter(PROFILES, SemanticConfig())
+    allowed = {p.module_id for p in PROFILES} - {"system:shop_buy"}
+    assert enforcing.resembled_change("buy 3 bread", "en", allowed) != "system:shop_buy"
+    shadow = SemanticRouter(PROFILES, SemanticConfig(mode=Mode.SHADOW))
+    assert shadow.resembled_change("buy 3 bread", "en") is None
