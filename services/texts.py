@@ -1,4 +1,4 @@
-"""Choosing a player's text by language, and counting in English.
+"""Choosing a player's text by language, counting in English, and reading Chinese numerals.
 
 A template may write a count with the noun it counts: `{streak:~day}` reads `1 day` or `3 days`,
 `{n:~entry|entries}` names an irregular plural (one form, or the singular and the plural
@@ -12,7 +12,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
-__all__ = ["counted", "pick", "singular"]
+__all__ = ["chinese_number", "counted", "pick", "singular"]
 
 
 def counted(n: Any, noun: str) -> str:
@@ -59,3 +59,24 @@ def pick(texts: dict[str, str], language: str, /, **values: Any) -> str:
     (`{n:~noun}` counts: see the module's docstring; a template may name a value `language`)."""
     text = texts.get(language) or texts.get("en") or next(iter(texts.values()), "")
     return _FORMATTER.format(text, **values) if values else text
+
+
+_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6}
+_DIGITS |= {"七": 7, "八": 8, "九": 9}
+
+
+def chinese_number(text: str) -> int | None:
+    """`三` → 3, `十二` → 12, `二十` → 20, `一百零五` → 105; None for anything else."""
+    total, current = 0, 0
+    for ch in text:
+        if ch in _DIGITS:
+            current = _DIGITS[ch]
+        elif ch == "十":
+            total += (current or 1) * 10
+            current = 0
+        elif ch == "百":
+            total += (current or 1) * 100
+            current = 0
+        else:
+            return None
+    return total + current

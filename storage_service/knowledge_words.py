@@ -13,6 +13,8 @@ import threading
 import unicodedata
 from typing import TYPE_CHECKING
 
+from services.texts import singular
+
 if TYPE_CHECKING:
     import jieba
 
@@ -106,17 +108,14 @@ _SIBILANT = ("s", "x", "z", "ch", "sh")
 
 
 def _other_number(word: str) -> tuple[str, ...]:
-    """The English singular of a plural word and the plurals of a singular one, by rule (an
-    irregular or wrong form only asks for a word no entry holds). Not for Chinese, digits or
-    words of fewer than four letters."""
+    """The English singular of a plural word (`services.texts.singular`) and the plural of a
+    singular one, by rule (an irregular or wrong form only asks for a word no entry holds).
+    Not for Chinese, digits or words of fewer than four letters."""
     if len(word) < 4 or not word.isascii() or not word.isalpha():
         return ()
-    if word.endswith("ies"):
-        return (word[:-3] + "y",)
-    if word.endswith("es") and word[:-2].endswith(_SIBILANT):
-        return (word[:-2],)
-    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return (word[:-1],)
+    one = singular(word)
+    if one is not None and not word.endswith(("us", "is")):
+        return (one,)
     if word.endswith("y") and word[-2] not in "aeiou":
         return (word[:-1] + "ies",)
     if word.endswith(_SIBILANT):

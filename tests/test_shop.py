@@ -158,6 +158,16 @@ def test_a_count_may_follow_the_item() -> None:
     assert _split_count("diamond x3") == ("diamond", 3)
     assert _split_count("minecraft:diamond") == ("minecraft:diamond", None)
     assert _split_count("42") == ("42", None)
+    # Before the item too, as players write it.
+    assert _split_count("3 bread") == ("bread", 3)
+    assert _split_count("x3 bread") == ("bread", 3)
+    assert _split_count("3个面包") == ("面包", 3)
+    assert _split_count("三个面包") == ("面包", 3)
+    assert _split_count("两把钻石剑") == ("钻石剑", 2)
+    assert _split_count("三叉戟") == ("三叉戟", None)  # the trident, not three of something
+    # A count out of range stays a count, so the player reads the range.
+    assert _split_count("bread -1") == ("bread", -1)
+    assert _split_count("1000 bread") == ("bread", 1000)
 
 
 # -- the registrations ---------------------------------------------------------------------------
@@ -373,6 +383,9 @@ async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
     assert _ok(poor).card.title == "确认购买"
     assert card_lines(poor)[-1] == "无法购买：需要 1200 金币，你的余额是 1000。没有扣款。"
     assert _labels(poor) == ["返回商城"]
+    # A count before the item and an English plural read as the player meant them.
+    plural = await client.chat("alex", "/buy 2 diamond swords")
+    assert card_lines(plural)[0] == "Diamond Sword × 2"
     # More than one purchase may hold: each player reads the range in their language.
     for player, range_text in (
         ("steve", "一次可以买 1 到 64 个，不能买 100 个。"),

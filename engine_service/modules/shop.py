@@ -43,6 +43,7 @@ from engine_service.registry import (
 )
 from engine_service.tools import SHOP_MAX_COUNT
 from services.results import AgentFailure, ModuleFailure, card, failed, succeeded
+from services.texts import chinese_number
 
 __all__ = [
     "BOOK",
@@ -70,9 +71,16 @@ PAGE_SIZE = 5
 MAX_PAGE = 1000
 BULK = 16
 """The detail card's second Buy button buys this many."""
+_MEASURE = "个块把件组瓶根份张颗"
 _TRAILING_COUNT = re.compile(
-    r"^(?P<item>.*?)\s*(?:[x×*]\s*)?(?P<count>\d{1,3})\s*(?:个|块|把|件|组)?$"
+    rf"^(?P<item>.*?)\s*(?:[x×*]\s*)?(?<!\d)(?P<count>-?\d{{1,18}})\s*[{_MEASURE}]?$"
 )
+_LEADING_COUNT = re.compile(
+    rf"^(?:[x×*]\s*)?(?P<count>\d{{1,18}}|[零一二两三四五六七八九十百]{{1,4}}(?=[{_MEASURE}]))"
+    rf"\s*(?:[{_MEASURE}]|[x×*](?=\s))?\s*(?P<item>[^\d\s].*)$"
+)
+"""`3 bread`, `x3 bread`, `3个面包`, `三个面包`: a Chinese numeral only with its measure word
+(`三叉戟` is the trident, not three of something)."""
 
 _ITEM_TEXT = {
     "type": "string",
@@ -407,11 +415,17 @@ def _detail_card(
 
 
 def _split_count(text: str) -> tuple[str, int | None]:
-    """`钻石 3` / `diamond x3` / `面包 10 个` → (item text, count); no trailing number: None."""
-    match = _TRAILING_COUNT.match(text.strip())
+    """`钻石 3` / `diamond x3` / `面包 10 个` / `3 bread` / `三个面包` → (item text, count); no
+    count: None."""
+    stripped = text.strip()
+    match = _TRAILING_COUNT.match(stripped)
     if match and match["item"].strip():
         return match["item"].strip(), int(match["count"])
-    return text.strip(), None
+    match = _LEADING_COUNT.match(stripped)
+    if match:
+        count = match["count"]
+        return match["item"].strip(), int(count) if count.isdigit() else chinese_number(count)
+    return stripped, None
 
 
 class ShopBuyModule:
@@ -519,6 +533,12 @@ class ShopBuyModule:
             found = await ctx.tool(SHOP_ITEM, {"item": text})
             return (found.get("listing"), found["currency"], [])
         listed = await ctx.tool(SHOP_LIST, {"query": text, "page_size": 10})
+        head, _, last = text.rpartition(" ")
+        one = singular(last)
+        if not listed["listings"] and one:
+            # `64 torches`, `2 diamond swords`: the shop names an item in the singular.
+            text = f"{head} {one}".strip()
+            listed = await ctx.tool(SHOP_LIST, {"query": text, "page_size": 10})
         named = _named(listed["listings"], text)
         if named is not None:
             return named, listed["currency"], []

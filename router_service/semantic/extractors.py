@@ -20,14 +20,13 @@ from types import MappingProxyType
 from typing import Any
 
 from router_service.semantic.text import ITEM_ID, clean, normalize
+from services.texts import chinese_number
 
 __all__ = ["EXTRACTORS", "extract", "item", "item_id", "list_index", "list_pick", "name", "price"]
 
 MAX_INDEX = 9999
 MAX_NAME_CHARS = 64
 
-_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6}
-_DIGITS |= {"七": 7, "八": 8, "九": 9}
 _INDEX = re.compile(
     r"第\s*(?P<ordinal>[0-9]+|[零〇一二两三四五六七八九十百]+)\s*[个项条页位号]?"
     r"|(?<![a-z0-9_])#?(?P<number>[0-9]+)(?:st|nd|rd|th)?(?![a-z0-9_])"
@@ -47,23 +46,6 @@ _AFTER_VERB = re.compile(
 _SEPARATORS = re.compile(r"[,，、;；]|\s(?:and|or)\s|和|或")
 
 
-def _chinese_number(text: str) -> int | None:
-    """`三` → 3, `十二` → 12, `二十` → 20, `一百零五` → 105; None for anything else."""
-    total, current = 0, 0
-    for ch in text:
-        if ch in _DIGITS:
-            current = _DIGITS[ch]
-        elif ch == "十":
-            total += (current or 1) * 10
-            current = 0
-        elif ch == "百":
-            total += (current or 1) * 100
-            current = 0
-        else:
-            return None
-    return total + current
-
-
 def item_id(text: str) -> dict[str, Any] | None:
     """`{"item_id": id}` when the text holds exactly one registry id (repeats count once)."""
     ids = {m.group() for m in ITEM_ID.finditer(normalize(text))}
@@ -81,7 +63,7 @@ def list_index(text: str) -> dict[str, Any] | None:
         value: int | None = int(match.group("number"))
     else:
         ordinal = match.group("ordinal")
-        value = int(ordinal) if ordinal.isdigit() else _chinese_number(ordinal)
+        value = int(ordinal) if ordinal.isdigit() else chinese_number(ordinal)
     if value is None or not 1 <= value <= MAX_INDEX:
         return None
     return {"index": value}
