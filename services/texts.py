@@ -32,7 +32,7 @@ def singular(word: str) -> str | None:
     if not word.isascii() or len(word) < 4 or not folded.endswith("s"):
         return None
     for plural, single in _PLURAL_ENDINGS:
-        if folded.endswith(plural):
+        if folded.endswith(plural) and len(word) > len(plural) + 1:  # `pies` is a pie
             return word[: -len(plural)] + single
     return None if folded.endswith("ss") else word[:-1]
 

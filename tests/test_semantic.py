@@ -303,6 +303,9 @@ def test_unknown_words_placeholders_and_bigrams(analyzer: Analyzer) -> None:
     assert "<item> view" in analysis.features and "<item> 钻石" in analysis.features
     assert analysis.content == frozenset({ITEM, "钻石"})  # `view` is an action, not a topic
     assert analyzer.analyze("zorblax diamonds").unigrams == ("zorblax", "diamond")
+    # Plurals fold to the word the examples use (`torches` was `torche`), not `bus` or `this`.
+    assert analyzer.analyze("zorblax torches berries").unigrams == ("zorblax", "torch", "berry")
+    assert analyzer.analyze("zorblax bus").unigrams == ("zorblax", "bus")
     assert analyzer.analyze("查看𪚥").unigrams == ("view", "𪚥")  # unknown character kept
     assert analyzer.analyze("🛒 shop").unigrams == ("🛒", "shop")
     for text in ("查看 1", "view 12", "第3个", "第三个"):

@@ -36,6 +36,7 @@ from typing import Any
 import jieba
 
 from services.runtime.config import ConfigError
+from services.texts import singular
 
 __all__ = [
     "HAN",
@@ -122,12 +123,12 @@ def detect_language(text: str) -> str:
 
 
 def _stem(word: str) -> str:
-    """A light English plural folding, applied the same way to examples and input."""
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
-    return word
+    """A light English plural folding, applied the same way to examples and input: the
+    shared `singular` (`torches` → `torch`, `berries` → `berry`), but `bus`, `this` and the
+    like are no plurals."""
+    if word.endswith(("us", "is")):
+        return word
+    return singular(word) or word
 
 
 @dataclasses.dataclass(frozen=True)
