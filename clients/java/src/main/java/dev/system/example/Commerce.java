@@ -15,8 +15,8 @@ import java.util.function.Function;
 /**
  * The example world's money: balances, a small server shop and payments between players, with
  * their game tools {@code minecraft:shop.list}, {@code minecraft:shop.item}, {@code
- * minecraft:shop.buy} and {@code minecraft:economy.transfer}, as the game-tool catalogue
- * (docs/game-tools.md) documents them. A purchase checks the quoted price, the stock and the
+ * minecraft:shop.buy}, {@code minecraft:economy.transfer} and {@code minecraft:player.find}, as
+ * the game-tool catalogue (docs/game-tools.md) documents them. A purchase checks the quoted price, the stock and the
  * balance, then debits, takes the stock and delivers together; a payment moves money between
  * two balances together. Each order id is decided once per player: a repeat answers the first
  * outcome with {@code replayed} true and changes nothing, so a retry never charges twice.
@@ -105,6 +105,16 @@ final class Commerce {
       "recipient_online":{"type":"boolean"},"replayed":{"type":"boolean"},\
       "to":{"type":"string"}},"required":["amount","balance","order_id","outcome",\
       "recipient_online","replayed","to"],"type":"object"}""";
+
+  static final String FIND_INPUT =
+      """
+      {"additionalProperties":false,"properties":{"name":{"maxLength":32,"minLength":1,\
+      "type":"string"}},"required":["name"],"type":"object"}""";
+
+  static final String FIND_OUTPUT =
+      """
+      {"properties":{"found":{"type":"boolean"},"name":{"type":"string"},\
+      "online":{"type":"boolean"}},"required":["found","name","online"],"type":"object"}""";
 
   /** One listing of the shop: price and stock change, the category does not. */
   static final class Listing {
@@ -203,7 +213,16 @@ final class Commerce {
             false,
             true,
             false,
-            this::transfer));
+            this::transfer),
+        new GameTool(
+            "minecraft:player.find",
+            "Find a player the server knows by name, as a payment names its recipient.",
+            FIND_INPUT,
+            FIND_OUTPUT,
+            true,
+            true,
+            true,
+            this::find));
   }
 
   private static Map<String, Object> listingMap(Listing listing) {
@@ -342,12 +361,7 @@ final class Commerce {
     if (decided != null) {
       return replay(decided, balance(playerId));
     }
-    String recipient = null;
-    for (Map.Entry<String, String> entry : names.entrySet()) {
-      if (entry.getValue().equalsIgnoreCase(to)) {
-        recipient = entry.getKey();
-      }
-    }
+    String recipient = named(to);
     String outcome;
     if (recipient == null) {
       outcome = "unknown_player";
@@ -371,6 +385,31 @@ final class Commerce {
     out.put("balance", balance(playerId));
     out.put("replayed", false);
     return out;
+  }
+
+  private Map<String, Object> find(String playerId, Map<String, Object> input)
+      throws ToolException {
+    recorder.record("minecraft:player.find", playerId, input);
+    String name = Structs.stringArg(input, "name").strip();
+    if (name.isEmpty() || name.length() > 32) {
+      throw ToolException.invalidInput("player.find: a name of 1 to 32 characters");
+    }
+    String found = named(name);
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("found", found != null);
+    out.put("name", found != null ? names.get(found) : name);
+    out.put("online", found != null); // this world knows only players who joined
+    return out;
+  }
+
+  /** The id of the player who joined with {@code name} (case ignored), or null. */
+  private String named(String name) {
+    for (Map.Entry<String, String> entry : names.entrySet()) {
+      if (entry.getValue().equalsIgnoreCase(name)) {
+        return entry.getKey();
+      }
+    }
+    return null;
   }
 
   private static Map<String, Object> replay(Map<String, Object> decided, long balance) {
