@@ -52,3 +52,14 @@ def test_a_change_the_player_may_not_use_or_an_observing_router_suggests_nothing
     assert enforcing.resembled_change("buy 3 bread", "en", allowed) != "system:shop_buy"
     shadow = SemanticRouter(PROFILES, SemanticConfig(mode=Mode.SHADOW))
     assert shadow.resembled_change("buy 3 bread", "en") is None
+
+
+def test_changes_tied_for_the_best_are_told_apart_by_the_command_the_text_names(
+    router: SemanticRouter,
+) -> None:
+    # `我要签到`: the sign-in, the purchase and the payment tie on their write word alone.
+    assert router.resembled_change("我要签到", "zh") is None
+    assert router.resembled_change("我要签到", "zh", named={"system:signin"}) == "system:signin"
+    assert router.resembled_change("我要签到", "zh", named={"system:help"}) is None
+    both = {"system:signin", "system:pay"}
+    assert router.resembled_change("我要签到", "zh", named=both) is None

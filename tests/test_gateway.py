@@ -636,6 +636,10 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
         "/buy ",
     )
     assert "system:shop_buy" not in {b.args["module_id"] for b in bought.buttons}
+    # Where changes tie (`buy`, `pay` and `sign in` are all write words), the one whose
+    # command the text names.
+    named = (await client.chat(MALLORY, "i want to buy bread")).reply.result.card
+    assert named.lines[0].text == "To do that, type the command: /buy <item [count]>"
 
     assert await history(chain, MALLORY) == []  # none of these ran a module
     invoked = await client.request(

@@ -598,32 +598,40 @@ class SemanticRouter:
         lang: str,
         allowed: Collection[str] | None = None,
         decided: LocalDecision | None = None,
+        named: Collection[str] = (),
     ) -> str | None:
         """The module `text` matches best when that module changes something (a purchase, a
         payment, a claim) and so never runs from typed words or a selection card: the card may
         suggest its command instead. Only a clear best (score `HINT_SCORE` or more, ahead of
-        the next by the module's margin gate): a wrong suggestion misleads more than none. None
-        when the best match reads, nothing matched clearly, or in SHADOW and OFF (an observing
-        router must not change what players see)."""
+        the next by the module's margin gate), or, where change modules tie for the best, the
+        one of them in `named` (those whose command the text names: `我要签到`): a wrong
+        suggestion misleads more than none. None when the best match reads, nothing matched
+        clearly, or in SHADOW and OFF (an observing router must not change what players see)."""
         if self._config.mode is not Mode.ENFORCE or self._index is None:
             return None
         matched = self._matched(text, lang, allowed, decided)
-        if not matched:
+        if not matched or matched[0].score < HINT_SCORE:
             return None
-        best, runner_up = matched[0].score, (matched[1].score if len(matched) > 1 else 0.0)
-        profile = self._profiles.get(matched[0].module_id)
-        margin = self._config.threshold_for(matched[0].module_id, lang).margin
-        if (
-            best < HINT_SCORE
-            or best - runner_up < margin
-            or profile is None
-            or profile.read_only
-            or profile.kind == "reject"
-            or not profile.interactive
-            or profile.structured_only
-        ):
-            return None
-        return profile.module_id
+        best = matched[0].score
+        runner_up = matched[1].score if len(matched) > 1 else 0.0
+        if best - runner_up >= self._config.threshold_for(matched[0].module_id, lang).margin:
+            return matched[0].module_id if self._changes(matched[0].module_id) else None
+        tied = [m.module_id for m in matched if m.score == best]
+        chosen = [m for m in tied if m in named and self._changes(m)]
+        if len(chosen) == 1 and all(self._changes(m) for m in tied):
+            return chosen[0]
+        return None
+
+    def _changes(self, module_id: str) -> bool:
+        """A module players reach by typing that changes something: never by a card button."""
+        profile = self._profiles.get(module_id)
+        return (
+            profile is not None
+            and not profile.read_only
+            and profile.kind != "reject"
+            and profile.interactive
+            and not profile.structured_only
+        )
 
     def _shortcuts(self, allowed: Collection[str] | None) -> tuple[FallbackCandidate, ...]:
         """The read-only shortcuts `allowed` lets a player see, in registration order, at most
