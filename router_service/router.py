@@ -39,7 +39,13 @@ from router_service.catalog import Catalog, CatalogCache
 from router_service.clients import SharedIntentCache, SharedLookup
 from router_service.commands import CommandMatch, UnknownCommand
 from router_service.model_routing import CLARIFY, ModelRouter
-from router_service.semantic import LocalDecision, Mode, SemanticConfig, reload_changes
+from router_service.semantic import (
+    LocalDecision,
+    Mode,
+    SemanticConfig,
+    detect_language,
+    reload_changes,
+)
 from router_service.semantic.extractors import extract, list_pick
 from services.commands import usage
 from services.runtime.errors import InvalidArgument, PermissionDenied
@@ -70,6 +76,15 @@ _ALLOWED_SETS = 256  # distinct (permission level, features) pairs remembered pe
 
 def _language(player: common_pb2.PlayerContext) -> str:
     return "zh" if player.language == "zh" else "en"
+
+
+def _text_language(text: str, player_language: str) -> str:
+    """The language a text is matched in: Chinese where it holds a Chinese character, English
+    where it holds Latin letters only (`open the shop` from a Chinese client is matched
+    against the English examples), else the player's (`42`, `？？`)."""
+    if detect_language(text) == "zh":
+        return "zh"
+    return "en" if any("a" <= ch <= "z" for ch in text.casefold()) else player_language
 
 
 def _scope_id(player: common_pb2.PlayerContext) -> str:
@@ -212,7 +227,7 @@ class Router:
             hit = self._cached(catalog, scope, language, text, allowed)
             if hit is not None:
                 return hit
-        local = catalog.semantic.decide(text, language, allowed)
+        local = catalog.semantic.decide(text, _text_language(text, language), allowed)
         if conversation == common_pb2.CONVERSATION_MODE_EXTENDED:
             local = _stricter(local, catalog.semantic.config.free_chat_score)
         # Every answer from here on reports the match: it is written into the response in
@@ -428,7 +443,8 @@ class Router:
         local: LocalDecision,
     ) -> router_pb2.RouteResponse:
         """A selection card of read-only candidates, or no route; `response` holds the match."""
-        candidates = catalog.semantic.fallback_candidates(text, language, allowed, local)
+        matched = local.language or language  # the text's language; labels are the player's
+        candidates = catalog.semantic.fallback_candidates(text, matched, allowed, local)
         if candidates:
             self.diagnostics.record_decision(diag.DecisionSource.LOCAL_FALLBACK)
             response.source = router_pb2.DECISION_SOURCE_LOCAL_FALLBACK
@@ -442,7 +458,7 @@ class Router:
                 choice_label(catalog.modules.get(c.module_id), language) for c in candidates
             )
             named = _commands_named(catalog, text)
-            change = catalog.semantic.resembled_change(text, language, allowed, local, named)
+            change = catalog.semantic.resembled_change(text, matched, allowed, local, named)
             descriptor = catalog.modules.get(change) if change else None
             if descriptor is not None and descriptor.commands:
                 command = descriptor.commands[0]

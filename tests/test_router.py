@@ -576,6 +576,15 @@ async def test_a_confident_paraphrase_routes_locally_and_reports_what_it_saw() -
     assert decision.local.candidates[0].module_id == "system:help"
 
 
+async def test_a_text_is_matched_in_its_own_language_not_the_clients() -> None:
+    """A Chinese client's player typing English is matched against the English examples."""
+    chinese = common_pb2.PlayerContext(server_id="s", player_id="p-zh", language="zh")
+    for text in ("recent conversation", "what did we talk about"):
+        decision = await _router().route(_route(text, chinese))
+        assert decision.source == router_pb2.DECISION_SOURCE_LOCAL, text
+        assert decision.action.module_id == "system:history"
+
+
 async def test_guarded_text_never_routes_locally_and_names_the_gate() -> None:
     decision = await _router().route(_route("don't show me the commands"))
     assert decision.source != router_pb2.DECISION_SOURCE_LOCAL
