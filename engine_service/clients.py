@@ -24,7 +24,7 @@ from services.runtime.logging import RepeatedLines
 from services.runtime.multiplex import StreamedCalls
 from services.texts import pick
 
-__all__ = ["GatewayGameTools", "JournalRuns", "JournalStream", "StorageHistory"]
+__all__ = ["NOT_OFFERED", "GatewayGameTools", "JournalRuns", "JournalStream", "StorageHistory"]
 
 _JOURNAL = "system.storage.v1.JournalService"
 
@@ -292,10 +292,11 @@ _UNREACHABLE = {
     "zh": "暂时连不上你所在的游戏服务器，这一步没有执行，请稍后再试。",
     "en": "Your game server cannot be reached right now; nothing was done. Try again shortly.",
 }
-_NOT_OFFERED = {
+NOT_OFFERED = {
     "zh": "这个游戏服务器没有提供这项功能。",
     "en": "This game server does not offer that.",
 }
+"""A tool the player's game server lacks: not offered, or of a feature it does not have."""
 _UNKNOWN = {
     "zh": "游戏服务器没有回应：这一步可能已经完成，也可能没有，不会自动重复。",
     "en": "The game server did not answer: it may or may not have happened, and it is not "
@@ -335,7 +336,7 @@ def _failure(
         # server has not reconnected elsewhere yet): like a player offline, nothing ran.
         return NotDelivered(AgentFailure.TOOL_UNAVAILABLE, pick(_UNREACHABLE, language), True)
     if code == grpc.StatusCode.NOT_FOUND:
-        return NotDelivered(AgentFailure.TOOL_UNAVAILABLE, pick(_NOT_OFFERED, language), False)
+        return NotDelivered(AgentFailure.TOOL_UNAVAILABLE, pick(NOT_OFFERED, language), False)
     if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
         if not idempotent:
             # The game server may have run it: never guess, never repeat.

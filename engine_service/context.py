@@ -44,6 +44,7 @@ from system.common.v1 import common_pb2
 from system.engine.v1 import engine_pb2
 from system.model.v1 import model_pb2
 
+from engine_service.clients import NOT_OFFERED
 from engine_service.models import Completion, ModelClient
 from engine_service.registry import ExecutionPolicy, ModuleRegistry, ModuleSpec
 from engine_service.schema import check_input, normalise, violation
@@ -101,10 +102,6 @@ _NO_LONGER_ALLOWED = {
 _TOO_MANY_STEPS = {
     "zh": "这个请求需要的步骤超出了这项功能的上限，后面的步骤没有执行。",
     "en": "That needs more steps than this feature may take; the rest was not done.",
-}
-_NOT_OFFERED = {
-    "zh": "这个游戏服务器没有开启这项功能。",
-    "en": "This game server does not offer that.",
 }
 _NEEDS_COMMAND = {
     "zh": "这会改变游戏内容，请使用它的指令或按钮。",
@@ -387,7 +384,7 @@ class ExecutionContext:
                 raise self._refusal(
                     AgentFailure.TOOL_UNAVAILABLE,
                     f"optional tool {tool_id} needs feature {owner}, which is not enabled",
-                    _NOT_OFFERED,
+                    NOT_OFFERED,
                 )
         if self.source == engine_pb2.ROUTE_SOURCE_EVENT and not spec.event_allowed:
             raise self._refusal(
