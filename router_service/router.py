@@ -462,7 +462,12 @@ class Router:
             descriptor = catalog.modules.get(change) if change else None
             if descriptor is not None and descriptor.commands:
                 command = descriptor.commands[0]
-                response.command_hints.append(usage(command.aliases[0], command, language))
+                response.command_hints.append(
+                    router_pb2.CommandHint(
+                        usage=usage(command.aliases[0], command, language),
+                        label=choice_label(descriptor, language),
+                    )
+                )
             response.detail = "not sure what you meant; pick one, or type /help"
             return response
         self.diagnostics.record_decision(diag.DecisionSource.NONE)

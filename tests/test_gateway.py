@@ -632,14 +632,14 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
     bought = (await client.chat(MALLORY, "buy 3 bread")).reply.result.card
     assert bought.template == "system:selection"
     assert [(line.text, line.suggest_command) for line in bought.lines][0] == (
-        "To do that, type the command: /buy <item [count]>",
+        "Buy from the shop: type /buy <item [count]>",
         "/buy ",
     )
     assert "system:shop_buy" not in {b.args["module_id"] for b in bought.buttons}
     # Where changes tie (`buy`, `pay` and `sign in` are all write words), the one whose
     # command the text names.
     named = (await client.chat(MALLORY, "i want to buy bread")).reply.result.card
-    assert named.lines[0].text == "To do that, type the command: /buy <item [count]>"
+    assert named.lines[0].text == "Buy from the shop: type /buy <item [count]>"
 
     assert await history(chain, MALLORY) == []  # none of these ran a module
     invoked = await client.request(

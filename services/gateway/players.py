@@ -49,10 +49,9 @@ _FALLBACK_HELP = {
     "zh": "都不是？输入 /help 查看全部功能。",
     "en": "None of these? Type /help to see everything I can do.",
 }
-_TYPE_COMMAND = {
-    "zh": "要办这件事，请输入指令：{usage}",
-    "en": "To do that, type the command: {usage}",
-}
+_TYPE_COMMAND = {"zh": "{label}：请输入 {usage}", "en": "{label}: type {usage}"}
+_TYPE_IT = {"zh": "请输入指令：{usage}", "en": "Type the command: {usage}"}
+"""A suggested command's line: what it does (its module's label), then how to type it."""
 SELECTION_TEMPLATE = "system:selection"
 SETTINGS_MODULE = "system:settings"
 SETTINGS_ACTIONS = frozenset({"preferences", "clear_history"})
@@ -632,7 +631,7 @@ class PlayerRequests:
         player: common_pb2.PlayerContext,
         candidates: Sequence[common_pb2.ModuleAction],
         labels: Sequence[str] = (),
-        command_hints: Sequence[str] = (),
+        command_hints: Sequence[router_pb2.CommandHint] = (),
     ) -> common_pb2.AgentResult:
         """A selection card: one button per read-only candidate, labelled in the player's
         language where the router gave a label (else the module id), and the command of a
@@ -651,7 +650,15 @@ class PlayerRequests:
         ]
         # Each line suggests its command when clicked, where the game client can.
         lines = [
-            (pick(_TYPE_COMMAND, player.language, usage=hint), hint.split(" ", 1)[0] + " ")
+            (
+                pick(
+                    _TYPE_COMMAND if hint.label else _TYPE_IT,
+                    player.language,
+                    usage=hint.usage,
+                    label=hint.label,
+                ),
+                hint.usage.split(" ", 1)[0] + " ",
+            )
             for hint in command_hints
         ]
         lines.append((pick(_FALLBACK_HELP, player.language), "/help"))
