@@ -52,13 +52,13 @@ log = logging.getLogger("system.engine")
 T = TypeVar("T")
 
 _MAY_NOT_USE = {"zh": "你没有权限使用 {module_id}。", "en": "You may not use {module_id}."}
-# What a player reads when a run lost its player's lease (a run that timed out, crashed or
-# was cancelled reads its failure key's text, services/results.py; the log names the module).
+"""A module the player's level, binding or features do not allow (Failure.args: module_id)."""
 _LEASE_LOST = {
     "zh": "数据暂时无法保存，这次请求已停止，请稍后再试。",
     "en": "Your data could not be saved just now, so this request stopped; try again shortly.",
 }
-"""A module the player's level, binding or features do not allow (Failure.args: module_id)."""
+"""What a player reads when a run lost its player's lease (a run that timed out, crashed or
+was cancelled reads its failure key's text, services/results.py; the log names the module)."""
 
 
 EXECUTOR_BUSY = prometheus_client.Counter(
@@ -356,9 +356,7 @@ class Engine:
             result = _failure(context, failure.failure, failure.message)
         except TimeoutError:
             log.warning("module %s did not finish in time", action.module_id)
-            result = _failure(
-                context, AgentFailure.TIMEOUT, failure_text(AgentFailure.TIMEOUT, player.language)
-            )
+            result = _failure(context, AgentFailure.TIMEOUT)
         except ResourceExhausted:
             raise
         except asyncio.CancelledError:
@@ -367,11 +365,7 @@ class Engine:
                 raise  # the caller went away
             context.cancel()
             if run.cancelled:
-                result = _failure(
-                    context,
-                    AgentFailure.CANCELLED,
-                    failure_text(AgentFailure.CANCELLED, player.language),
-                )
+                result = _failure(context, AgentFailure.CANCELLED)
             else:
                 log.warning(
                     "module %s stopped: the player's lease could not be renewed", action.module_id
@@ -381,11 +375,7 @@ class Engine:
                 )
         except Exception:
             log.exception("module %s failed", action.module_id)
-            result = _failure(
-                context,
-                AgentFailure.MODULE_FAILED,
-                failure_text(AgentFailure.MODULE_FAILED, player.language),
-            )
+            result = _failure(context, AgentFailure.MODULE_FAILED)
         finally:
             self.players.leave(player.player_id)
             admission.release()
@@ -452,18 +442,12 @@ class Engine:
             result = _failure(context, exc.failure, exc.message)
         except TimeoutError:
             log.warning("event module %s did not finish in time", module_id)
-            result = _failure(
-                context, AgentFailure.TIMEOUT, failure_text(AgentFailure.TIMEOUT, player.language)
-            )
+            result = _failure(context, AgentFailure.TIMEOUT)
         except LeaseLost:
             raise
         except Exception:
             log.exception("event module %s failed", module_id)
-            result = _failure(
-                context,
-                AgentFailure.MODULE_FAILED,
-                failure_text(AgentFailure.MODULE_FAILED, player.language),
-            )
+            result = _failure(context, AgentFailure.MODULE_FAILED)
         finally:
             self.players.leave(player.player_id)
         plain_result(result)
@@ -506,10 +490,13 @@ def _exchange(text: str, result: common_pb2.AgentResult) -> list[common_pb2.Hist
 
 
 def _failure(
-    context: ExecutionContext, failure: AgentFailure, message: str
+    context: ExecutionContext, failure: AgentFailure, message: str | None = None
 ) -> common_pb2.AgentResult:
     """FAILED, or PARTIALLY_SUCCEEDED when a write step had already completed: the player must
-    learn that part of the work did happen."""
+    learn that part of the work did happen. Without a message, the failure's own text in the
+    player's language."""
+    if message is None:
+        message = failure_text(failure, context.player.language)
     if context.wrote:
         return partial_result(failure, message, context.steps)
     return failed(failure, message)

@@ -130,7 +130,7 @@ def _in_language(
     is among them: the starter set and many operators' documents exist in both, and the other
     language's copy only repeats what the player can read. Private entries are all kept."""
     preferred = knowledge_language(language)
-    if not any(hit.entry.language == preferred for hit in hits if preferred):
+    if not preferred or not any(hit.entry.language == preferred for hit in hits):
         return hits
     return [hit for hit in hits if hit.entry.player_id or hit.entry.language in (preferred, "")]
 

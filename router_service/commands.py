@@ -31,6 +31,7 @@ __all__ = ["CommandIndex", "CommandMatch", "UnknownCommand"]
 
 SYSTEM_PREFIX = "/system"
 _HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_WORD = re.compile(r"[a-z0-9_]+")
 
 # What a player reads about a command they typed wrong, in their language.
 _SYSTEM_ALONE = {
@@ -112,6 +113,17 @@ class CommandIndex:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def named_in(self, text: str) -> frozenset[str]:
+        """Modules one of whose aliases `text` holds: as a word, or, in Chinese, anywhere (two
+        characters or more: `签到` in `我要签到`)."""
+        folded = text.casefold()
+        words = set(_WORD.findall(folded))
+        return frozenset(
+            entry.module.module_id
+            for alias, entry in self._entries.items()
+            if alias in words or (len(alias) >= 2 and _HAN.search(alias) and alias in folded)
+        )
 
     def match(
         self, text: str, player: common_pb2.PlayerContext

@@ -457,7 +457,7 @@ class Router:
             response.candidate_labels.extend(
                 choice_label(catalog.modules.get(c.module_id), language) for c in candidates
             )
-            named = _commands_named(catalog, text)
+            named = catalog.commands.named_in(text)
             change = catalog.semantic.resembled_change(text, matched, allowed, local, named)
             descriptor = catalog.modules.get(change) if change else None
             if descriptor is not None and descriptor.commands:
@@ -620,18 +620,3 @@ class Router:
             if keys:
                 changes.append(f"button phrasings ({', '.join(keys)}): applies live")
         return changes
-
-
-def _commands_named(catalog: Catalog, text: str) -> frozenset[str]:
-    """Modules one of whose command aliases the text holds: as a word, or, in Chinese, anywhere
-    (two characters or more: `签到` in `我要签到`)."""
-    folded = text.casefold()
-    words = set(re.findall(r"[a-z0-9_]+", folded))
-    return frozenset(
-        module_id
-        for module_id, module in catalog.modules.items()
-        for command in module.commands
-        for alias in command.aliases
-        if (alias.casefold() in words)
-        or (len(alias) >= 2 and not alias.isascii() and alias in text)
-    )

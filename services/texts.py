@@ -27,9 +27,11 @@ _PLURAL_ENDINGS = (("ies", "y"), ("ches", "ch"), ("shes", "sh"), ("xes", "x"), (
 
 def singular(word: str) -> str | None:
     """The singular of an English plural (`diamonds`, `torches`, `berries`); None for anything
-    else (a Chinese word, `gold`, `glass`)."""
+    else (a Chinese word, `gold`, `glass`, and words in `us` or `is`: `cactus`, `this`)."""
     folded = word.casefold()
     if not word.isascii() or len(word) < 4 or not folded.endswith("s"):
+        return None
+    if folded.endswith(("us", "is")):
         return None
     for plural, single in _PLURAL_ENDINGS:
         if folded.endswith(plural) and len(word) > len(plural) + 1:  # `pies` is a pie

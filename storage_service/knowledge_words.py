@@ -114,7 +114,7 @@ def _other_number(word: str) -> tuple[str, ...]:
     if len(word) < 4 or not word.isascii() or not word.isalpha():
         return ()
     one = singular(word)
-    if one is not None and not word.endswith(("us", "is")):
+    if one is not None:
         return (one,)
     if word.endswith("y") and word[-2] not in "aeiou":
         return (word[:-1] + "ies",)

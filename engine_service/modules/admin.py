@@ -73,7 +73,7 @@ _ARGUMENT_LABELS = {
     "player": {"zh": "玩家", "en": "player"},
     "period": {"zh": "时段", "en": "period"},
 }
-"""How help writes the admin commands' arguments in Chinese."""
+"""How help writes the admin commands' arguments, per language."""
 
 
 def admin_spec(

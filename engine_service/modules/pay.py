@@ -2,10 +2,11 @@
 
 `system:pay` (`/pay <player> <amount>`, 转账, or the model's routing; never a local match or
 the intent cache) checks the recipient where the game server offers `minecraft:player.find`
-(a name no player has gets a NOT_FOUND card, no offer), reads the payer's balance and makes the player's current payment offer
-(engine_service/offers.py, book `system:pay`): recipient, amount, balance after. Its card has id
-`system:pay.offer` and the offer's version, so a newer payment card makes an older one stale.
-An amount beyond the balance shows why, without a confirm button.
+(a name no player has gets a NOT_FOUND card, no offer), reads the payer's balance and makes
+the player's current payment offer (engine_service/offers.py, book `system:pay`): recipient,
+amount, balance after. Its card has id `system:pay.offer` and the offer's version, so a newer
+payment card makes an older one stale. An amount beyond the balance shows why, without a
+confirm button.
 
 `system:pay_confirm` has no command and no routing profile: only a structured press of the
 card's confirm button (`press_only`) reaches it (engine_service/modules/confirm.py). It pays

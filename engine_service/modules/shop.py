@@ -182,7 +182,7 @@ _EXPIRED = {
     "en": "This quote has expired. Nothing was charged; ask for a new quote.",
 }
 _SEARCH = {"zh": "商品名", "en": "item name"}
-"""How help writes the shop's search argument in Chinese (`/shop [商品名]`)."""
+"""How help writes the shop's search argument (`/shop [商品名]`, `/shop [item name]`)."""
 _CONFIRM_TEXTS = ConfirmTexts(stale_title=_STALE_TITLE, stale=_STALE, expired=_EXPIRED)
 
 
@@ -533,11 +533,11 @@ class ShopBuyModule:
             found = await ctx.tool(SHOP_ITEM, {"item": text})
             return (found.get("listing"), found["currency"], [])
         listed = await ctx.tool(SHOP_LIST, {"query": text, "page_size": 10})
-        head, _, last = text.rpartition(" ")
-        one = singular(last)
-        if not listed["listings"] and one:
-            # `64 torches`, `2 diamond swords`: the shop names an item in the singular.
-            text = f"{head} {one}".strip()
+        again = None if listed["listings"] else singular(text)
+        if again is not None:
+            # `64 torches`, `2 diamond swords`: the shop names an item in the singular, as the
+            # shop's search tries it (`_second_search`).
+            text = again
             listed = await ctx.tool(SHOP_LIST, {"query": text, "page_size": 10})
         named = _named(listed["listings"], text)
         if named is not None:

@@ -124,10 +124,7 @@ def detect_language(text: str) -> str:
 
 def _stem(word: str) -> str:
     """A light English plural folding, applied the same way to examples and input: the
-    shared `singular` (`torches` → `torch`, `berries` → `berry`), but `bus`, `this` and the
-    like are no plurals."""
-    if word.endswith(("us", "is")):
-        return word
+    shared `singular` (`torches` → `torch`, `berries` → `berry`; `this` stays)."""
     return singular(word) or word
 
 
