@@ -63,3 +63,26 @@ def test_changes_tied_for_the_best_are_told_apart_by_the_command_the_text_names(
     assert router.resembled_change("我要签到", "zh", named={"system:help"}) is None
     both = {"system:signin", "system:pay"}
     assert router.resembled_change("我要签到", "zh", named=both) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [
+        ("turn off history", "en"),
+        ("switch me to offline mode", "en"),
+        ("turn off external services", "en"),
+        ("关闭对话记录", "zh"),
+        ("切换到离线模式", "zh"),
+        ("关闭外部服务", "zh"),
+    ],
+)
+def test_a_settings_change_finds_the_settings_card_among_the_choices(
+    router: SemanticRouter, text: str, language: str
+) -> None:
+    # The settings card reads; each change is a press of one of its buttons. A typed request
+    # for one is not run (a write), but its card is offered, and no command is suggested.
+    decided = router.decide(text, language)
+    assert decided.outcome != "direct"
+    choices = [c.module_id for c in router.fallback_candidates(text, language, None, decided)]
+    assert "system:settings" in choices
+    assert router.resembled_change(text, language, None, decided) is None

@@ -147,6 +147,11 @@ class SettingsModule:
                     "设置页面",
                     "我现在是什么模式",
                     "查看当前模式",
+                    # What the card's buttons change, so a request to change one (`关闭对话记录`,
+                    # `切换到离线模式`) finds the card among its choices.
+                    "对话记录设置",
+                    "离线模式",
+                    "外部服务",
                 ),
                 "en": (
                     "open settings",
@@ -157,6 +162,9 @@ class SettingsModule:
                     "open preferences",
                     "what mode am I in",
                     "check my settings",
+                    "history setting",
+                    "offline mode",
+                    "external services",
                 ),
             },
             choice_label="system.settings.choice",
