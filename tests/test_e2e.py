@@ -247,6 +247,27 @@ def test_make_run_say_prints_the_help_card(tmp_path: Path) -> None:
     assert "stack ready in" in done.stderr
 
 
+def test_make_run_typing_at_the_card_on_screen_presses_its_button(tmp_path: Path) -> None:
+    """The simulator sends the last card as `Chat.viewing`, as a client that shows cards does:
+    `claim it` at a mail's card claims its attachment; at the inbox (no claim button) it does
+    not."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "gen")])
+    done = subprocess.run(
+        [sys.executable, "-m", "services.stack", "--free-ports", "--data", str(tmp_path)],
+        input="/mail\nclaim it\n/mail\n3\nclaim it\n:quit\n",
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.split("─ Some iron for you\n", 1)
+    assert "Attachment claimed" not in before and "Not claimed yet." in after
+    assert after.count("Attachment claimed") == 1 and "Iron Ingot × 16" in after
+
+
 def test_make_run_offline_model_answers_through_the_scripted_model(tmp_path: Path) -> None:
     # `make run MODEL=offline`: an unclear text reaches the model gateway, which asks the
     # in-process scripted server; it answers clarify, so a selection card comes back.

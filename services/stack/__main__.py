@@ -25,6 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
+from system.common.v1 import common_pb2
 from system.gateway.v1 import gateway_pb2
 
 from services.gamesim import GameServerClient, render_response
@@ -37,7 +38,8 @@ PLAYER_ID = "00000000-0000-4000-8000-000000000001"
 PLAYER_NAME = "Steve"
 CJK = re.compile(r"[\u3400-\u9fff]")
 SIM_HELP = """simulator commands:
-  :press N        press button N of the last card
+  :press N        press button N of the last card (the one on screen: typing a phrase that
+                  clearly names one of its buttons, 领取 or next page, presses it too)
   :lang zh|en     switch Steve's client language
   :state          ask for the assistant state
   :history        show the stored conversation
@@ -58,8 +60,12 @@ def _language(text: str | None, requested: str) -> str:
     return "zh_cn" if text and CJK.search(text) else "en_us"
 
 
-async def _say(client: GameServerClient, text: str) -> gateway_pb2.PlayerResponse:
-    response = await client.chat(PLAYER_ID, text)
+async def _say(
+    client: GameServerClient, text: str, viewing: common_pb2.Card | None = None
+) -> gateway_pb2.PlayerResponse:
+    """Sends `text` as Steve's chat; `viewing`: the card on screen, whose buttons a phrase that
+    clearly names one presses (`领取` at a quest's card), as a client that shows cards does."""
+    response = await client.chat(PLAYER_ID, text, viewing=viewing)
     print(render_response(response), flush=True)
     return response
 
@@ -160,7 +166,7 @@ async def _handle_line(
     elif line.startswith(":advance"):
         await _advance(client, line.removeprefix(":advance").strip())
     elif line.startswith(":press"):
-        card = last.reply.result.card if last is not None and last.HasField("reply") else None
+        card = _card_of(last)
         index = line.removeprefix(":press").strip()
         if card is None or not index.isdigit() or not 1 <= int(index) <= len(card.buttons):
             print("(no such button on the last card)")
@@ -170,8 +176,16 @@ async def _handle_line(
     elif line.startswith(":"):
         print("(unknown simulator command; :help lists them)")
     else:
-        last = await _say(client, line)
+        last = await _say(client, line, _card_of(last))
     return last
+
+
+def _card_of(response: gateway_pb2.PlayerResponse | None) -> common_pb2.Card | None:
+    """The card of the last answer: the one on screen, which `:press` and typing refer to."""
+    if response is None or not response.HasField("reply"):
+        return None
+    card = response.reply.result.card
+    return card if card.ref.card_id else None
 
 
 async def _play(stack: Stack, say: str | None, language: str, ftbquests: bool = True) -> int:
