@@ -86,3 +86,26 @@ def test_a_settings_change_finds_the_settings_card_among_the_choices(
     choices = [c.module_id for c in router.fallback_candidates(text, language, None, decided)]
     assert "system:settings" in choices
     assert router.resembled_change(text, language, None, decided) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "kept"),
+    [
+        # The number is a payment's or a purchase's, not a quest's: no quest choice.
+        ("给alex转50", "zh", None),
+        ("buy 2 bread", "en", None),
+        # A quest number among other requests is still offered with its number, first.
+        ("show quest 2 and my mail", "en", {"index": 2}),
+        ("quest 2 progress?", "en", {"index": 2}),
+    ],
+)
+def test_a_choice_with_an_argument_needs_a_plausible_match(
+    router: SemanticRouter, text: str, language: str, kept: dict[str, int] | None
+) -> None:
+    decided = router.decide(text, language)
+    assert decided.outcome != "direct"
+    choices = router.fallback_candidates(text, language, None, decided)
+    quest = [dict(c.input) for c in choices if c.module_id == "system:quest_detail"]
+    assert quest == ([kept] if kept else [])
+    if kept:
+        assert choices[0].module_id == "system:quest_detail"

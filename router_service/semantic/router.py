@@ -185,6 +185,11 @@ class LocalDecision:
     text that falls back is not analysed and matched twice."""
 
 
+CHOICE_SHARE = 0.5
+"""A selection card's choice that carries an argument read from the text (a list number, an
+item) scores at least this share of the best match's score: pressing it runs with that
+argument, and a number read from `给alex转50` or `buy 2 bread` is no quest's (issue 17: on the
+own corpus it removes 15 such choices and no expected module from any card)."""
 HINT_SCORE = 0.5
 """Least match score of a change module whose command a selection card suggests (the seed's
 direct-route gate asks 0.9 of a module that runs; a suggestion runs nothing)."""
@@ -549,7 +554,8 @@ class SemanticRouter:
         """Read-only modules for a LOCAL_FALLBACK selection card, at most 5.
 
         The top matches whose extractor parses from this text (or that take no arguments),
-        those with an argument read from it first;
+        those with an argument read from it first (and only at `CHOICE_SHARE` of the best
+        match's score or more);
         when there are none, the read-only shortcuts (`Profile.is_shortcut`: by default the
         modules without an extractor) in registration order, without arguments. Reject, structured-only, explicit-only and write modules never
         appear. In SHADOW and OFF, or for a text that cannot be matched (too long, another
@@ -567,12 +573,14 @@ class SemanticRouter:
             and len(text) <= config.max_characters
             and lang in index.languages
         ):
-            for candidate in self._matched(text, lang, allowed, decided):
+            matched = self._matched(text, lang, allowed, decided)
+            floor = CHOICE_SHARE * matched[0].score if matched else 0.0
+            for candidate in matched:
                 profile = self._profiles[candidate.module_id]
                 if not profile.read_only:
                     continue
                 arguments = extract(profile.extractor, text)
-                if arguments is None:
+                if arguments is None or (arguments and candidate.score < floor):
                     continue
                 found.append(
                     FallbackCandidate(
