@@ -311,6 +311,13 @@ def test_unknown_words_placeholders_and_bigrams(analyzer: Analyzer) -> None:
     for text in ("查看 1", "view 12", "第3个", "第三个"):
         assert NUM in analyzer.analyze(text).unigrams, text
     assert analyzer.analyze("12:30").unigrams == (NUM, NUM)  # not an item id
+    # A count in Chinese numerals before its measure word reads as the digits do; a lone `一`
+    # before one is an article, and a numeral inside a name stays a word.
+    assert analyzer.analyze("买三个面包").features == analyzer.analyze("买3个面包").features
+    assert analyzer.analyze("两把钻石剑").unigrams[0] == NUM
+    assert NUM in analyzer.analyze("一百零五个").unigrams
+    assert NUM not in analyzer.analyze("我有一个问题").unigrams
+    assert NUM not in analyzer.analyze("三叉戟").unigrams
     # unordered pairs: word order of two features does not change the bigram
     assert sorted(analyzer.analyze("商铺逛逛").features) == sorted(
         analyzer.analyze("逛逛商铺").features

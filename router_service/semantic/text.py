@@ -5,7 +5,8 @@ A text becomes a sequence of unigram features, then adjacent-feature bigrams are
 - normalisation: NFKC (full-width forms become ASCII), case folding, control, format and
   surrogate characters dropped, curly apostrophes straightened, whitespace collapsed;
 - item registry ids (`minecraft:diamond`) become `<item>`; list numbers (`3`, `第3个`, `第三个`)
-  become `<num>`;
+  and counts in Chinese numerals before a measure word (`三个`, `两把`; not `一个`) become
+  `<num>`;
 - Chinese runs are segmented by a private jieba tokenizer (the lexicon's words added to its
   dictionary; jieba's global tokenizer is left alone); Latin runs are split into words, the
   lexicon's multi-word phrases (`sign in`, `look up`) joined first;
@@ -70,10 +71,14 @@ ITEM_ID = re.compile(
     r"(?![a-z0-9_:])"
 )
 _CHINESE_NUMBER = "一二三四五六七八九十两百零〇"
+_MEASURE = "个把组块张只瓶根颗份件本盒袋支枚"
 _PLACEHOLDER = re.compile(
     ITEM_ID.pattern
     + rf"|第\s*(?:[0-9]+|[{_CHINESE_NUMBER}]+)\s*[个项条页位号]?"
     + r"|(?<![a-z0-9_])[0-9]+(?![a-z0-9_])"
+    # A count in Chinese numerals before its measure word (`三个面包`, `两把剑`), as `3个面包`
+    # reads; a lone `一` (`一个`) is mostly an article (`有一个问题`).
+    + rf"|(?<![第{_CHINESE_NUMBER}])(?!一[{_MEASURE}])[{_CHINESE_NUMBER}]+(?=[{_MEASURE}])"
 )
 _DROPPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'"})
