@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -105,7 +106,8 @@ def with_text_argument(
 ) -> ModelChoice:
     """A module whose command takes free text (`/question <text>`) gets the player's words
     when the model chose it without filling that field: the choice is the model's, the
-    argument is what the player wrote in this request."""
+    argument is what the player wrote in this request, read as the command reads it (`buy 2
+    bread` gives `/buy` the words `2 bread`, as `/buy 2 bread` would)."""
     if choice.module_id == CLARIFY:
         return choice
     module = next((m for m in modules if m.module_id == choice.module_id), None)
@@ -116,8 +118,26 @@ def with_text_argument(
             and field
             and field not in choice.arguments
         ):
-            return ModelChoice(choice.module_id, {**choice.arguments, field: text})
+            words = _after_alias(text.strip(), command.aliases)
+            return ModelChoice(choice.module_id, {**choice.arguments, field: words})
     return choice
+
+
+def _after_alias(text: str, aliases: Iterable[str]) -> str:
+    """`text` less a leading alias of the command (`buy 2 bread` → `2 bread`, `购买钻石` →
+    `钻石`); a Latin alias only as a whole word (`questions about golems` keeps its words), and
+    never the whole text."""
+    folded = text.casefold()
+    for alias in sorted(aliases, key=len, reverse=True):
+        name = alias.casefold()
+        if not folded.startswith(name) or len(folded) == len(name):
+            continue
+        rest = text[len(name) :]
+        if name.isascii() and not rest[0].isspace():
+            continue
+        if any(ch.isalnum() for ch in rest):
+            return rest.strip()
+    return text
 
 
 class ModelRouter:

@@ -42,3 +42,32 @@ def test_optional_fields_clarify_and_unknown_modules_are_left_alone() -> None:
         ModelChoice("test:unknown", {}),
     ):
         assert with_text_argument(choice, MODULES, "text") == choice
+
+
+def test_the_players_words_are_read_as_the_command_reads_them() -> None:
+    buy = catalog_pb2.ModuleDescriptor(
+        module_id="system:shop_buy",
+        commands=[
+            catalog_pb2.CommandDeclaration(
+                aliases=["buy", "购买"],
+                argument_kind=catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT,
+                argument_field="item",
+            )
+        ],
+    )
+    modules = [*MODULES, buy]
+    for text, words in [
+        ("buy 2 bread", "2 bread"),
+        ("BUY  a diamond sword ", "a diamond sword"),
+        ("购买钻石", "钻石"),
+        ("购买 3 个面包", "3 个面包"),
+        # A Latin alias only as a whole word; never the whole text.
+        ("buying bread", "buying bread"),
+        ("buy", "buy"),
+        ("buy?", "buy?"),
+        ("I want to buy bread", "I want to buy bread"),
+    ]:
+        choice = with_text_argument(ModelChoice("system:shop_buy", {}), modules, text)
+        assert choice.arguments == {"item": words}, text
+    question = with_text_argument(ModelChoice("system:question", {}), MODULES, "question: why?")
+    assert question.arguments == {"question": "question: why?"}  # `question:` is no whole word
