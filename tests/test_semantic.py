@@ -705,10 +705,15 @@ def test_a_word_outside_english_one_letter_short_reads_as_the_catalogues_word() 
     # A word of English is never read as another one letter longer (`plane`, `planet`).
     assert "plane" in english_words()
     assert speller.correction("plane") is None
-    # Only a dropped letter: one added or changed is left as typed (names, slang: `wifi`
-    # is one letter from `wife`, `yeap` from `year`).
-    assert speller.correction("ballance") is None
+    # A letter doubled by a slip is undone (`ballance`, `hisstory`), but a letter added
+    # otherwise or changed is left as typed (names, slang: `wifi` is one letter from `wife`,
+    # `yeap` from `year`), and so is a doubled word of English (`planned` is no `planed`).
+    assert speller.correction("ballance") == "balance"
+    assert speller.correction("hisstory") == "history"
     assert speller.correction("chack") is None
+    assert speller.correction("balancex") is None
+    planed = Speller(["my planed wood"], [], [], english=english_words())
+    assert "planned" in english_words() and planed.correction("planned") is None
     # Without the words of English, no dropped letter is read.
     assert Speller(examples, known=[], plain=["my"]).correction("histry") is None
 

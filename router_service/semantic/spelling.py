@@ -17,7 +17,8 @@ the development set's held-out draws: `clean` to `clear`, `ready` to `read`, `re
 only a dropped letter is read (round 15), and only in a word that is no word of English
 (`english_words`: counted `ENGLISH_COUNT` times or more in the frequency list pyspellchecker
 ships): `histry`, `invntory`, `chck`, `balace` are read as `history`, `inventory`, `check`,
-`balance`, while `plane` is never `planet`. A letter added or changed is left as typed even in
+`balance`, while `plane` is never `planet`; and, failing that, a letter doubled by a slip in
+such a word (round 25: `ballance`, `shopp`, `inventtory`). A letter added or changed is left as typed even in
 a word outside English: those were names and slang (`petey` to `peter`, `wifi` to `wife`,
 `yeap` to `year`, `udrive` to `drive` on the development set).
 
@@ -96,6 +97,12 @@ def _swaps(word: str) -> set[str]:
     }
 
 
+def _undoubled(word: str) -> set[str]:
+    """`word` with one letter of a doubled pair taken out, one pair at a time (`ballance`:
+    `balance`; `shopp`: `shop`)."""
+    return {word[:i] + word[i + 1 :] for i in range(len(word) - 1) if word[i] == word[i + 1]}
+
+
 class Speller:
     """Reads typos of the catalogue's words as those words: swapped letters, inflections, a
     letter short outside English, and (`homophones`) Chinese characters of the same sound.
@@ -142,7 +149,8 @@ class Speller:
             return None
         found = _swaps(word) & self._targets or inflection_bases(word) & self._bases
         if not found and self._english is not None and word not in self._english:
-            found = self._dropped.get(word, set())  # the words it is a letter short of
+            # The words it is a letter short of, else those it doubles a letter of.
+            found = self._dropped.get(word, set()) or _undoubled(word) & self._targets
         return next(iter(found)) if len(found) == 1 else None
 
     def correct(self, normalized: str) -> str:
