@@ -332,16 +332,30 @@ async def test_a_mail_without_attachment_and_unknown_mail(chain: Chain) -> None:
     assert english.reply.result.failure.message == (
         "You have no mail nope. Type /mail to see your inbox."
     )
-    # `/mail 2` after a list: no mail has that id, so the card says how to open the list's
-    # second, and that card (no buttons) leaves the list in place for `view 2`.
+    # `/mail 2`: no mail has that id, so it is the inbox list's second (newest first), as
+    # `view 2` after the list opens it; numbers run on across pages (6: page 2's first).
     listed = await client.chat("alex", "/mail")
-    numbered = await client.chat("alex", "/mail 2")
-    assert numbered.reply.result.failure.message == (
-        "You have no mail 2. To open number 2 of your inbox list, type “view 2”."
-    )
     second = await client.chat("alex", "view 2")
     assert second.reply.module_id == "system:inbox"
     assert second.reply.result.card.title == listed.reply.result.card.buttons[1].label
+    numbered = await client.chat("alex", "/mail 2")  # the mail's card is on screen now
+    assert numbered.reply.result.card.title == second.reply.result.card.title
+    total = len(client.world.player("alex").mailbox)
+    sixth = (await client.chat("alex", "/mail 6")).reply.result
+    assert total >= 6  # the seeded inbox has a second page
+    page = listed.reply.result.card
+    nexted = await client.press("alex", page, page.buttons[-1])
+    assert sixth.card.title == nexted.reply.result.card.buttons[0].label
+    past = (await client.chat("alex", f"/mail {total + 1}")).reply.result
+    assert past.failure.message == (
+        f"Your inbox has no number {total + 1} (it has {total}). Type /mail to see it."
+    )
+    # A claim takes no list number (a write names its mail): it says how to reach the button.
+    claim = (await client.chat("alex", "/mailclaim 2")).reply.result
+    assert claim.failure.message == (
+        "You have no mail 2. To claim from number 2 of your inbox list, open it (/mail 2) "
+        "and press Claim on its card."
+    )
     assert dict(client.world.inventory("steve")) == before
 
 

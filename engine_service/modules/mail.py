@@ -4,7 +4,8 @@ game server, like the inventory.
 
 `system:inbox` reads only, so local routing may pick it: `/mail` (收件箱, 我的邮件) lists the
 newest page, one button per mail and one per neighbouring page; pressing a mail's button, or
-`查看 2` / `/view 2` (the number in the player's last list), or `/mail m5` opens it.
+`查看 2` / `/view 2` (the number in the player's last list), `/mail m5` (its id) or `/mail 2`
+(its number in the inbox list, newest first, numbered on across pages) opens it.
 
 `system:mail_claim` is a write and is never routed from free text, the intent cache or the
 model (STRUCTURED_ONLY): only the claim button on the mail's card and the command
@@ -83,10 +84,15 @@ _NO_MAIL = {
     "zh": "没有编号为 {mail_id} 的邮件。输入 /mail 查看收件箱。",
     "en": "You have no mail {mail_id}. Type /mail to see your inbox.",
 }
-_BY_NUMBER = {
-    "zh": "没有编号为 {mail_id} 的邮件。要打开收件箱列表里的第 {mail_id} 封，请输入“查看 {mail_id}”。",
-    "en": "You have no mail {mail_id}. To open number {mail_id} of your inbox list, type "
-    "“view {mail_id}”.",
+_CLAIM_BY_NUMBER = {
+    "zh": "没有编号为 {mail_id} 的邮件。要领取收件箱列表里第 {mail_id} 封的附件，请先打开它"
+    "（/mail {mail_id}），再按邮件卡片上的“领取附件”。",
+    "en": "You have no mail {mail_id}. To claim from number {mail_id} of your inbox list, "
+    "open it (/mail {mail_id}) and press Claim on its card.",
+}
+_NO_NUMBER = {
+    "zh": "收件箱列表里没有第 {number} 封（共 {total} 封）。输入 /mail 查看收件箱。",
+    "en": "Your inbox has no number {number} (it has {total}). Type /mail to see it.",
 }
 
 _CLAIMED_TITLE = {"zh": "已领取附件", "en": "Attachment claimed"}
@@ -117,10 +123,10 @@ def _stacks(mail_stacks: list[dict[str, Any]], language: str) -> list[str | tupl
     ]
 
 
-def _not_found(mail_id: str, language: str) -> common_pb2.AgentResult:
+def _not_found(mail_id: str, language: str, claiming: bool = False) -> common_pb2.AgentResult:
     message = pick(_NO_MAIL, language, mail_id=mail_id)
-    if mail_id.isdigit():  # `/mail 2` meant the list's second mail, which `查看 2` opens
-        message = pick(_BY_NUMBER, language, mail_id=mail_id)
+    if claiming and mail_id.isdigit():  # `/mailclaim 2` meant the list's second mail
+        message = pick(_CLAIM_BY_NUMBER, language, mail_id=mail_id)
     return failed(AgentFailure.NOT_FOUND, message, title=pick(_NO_MAIL_TITLE, language))
 
 
@@ -143,7 +149,11 @@ class InboxModule:
                     "maximum": MAX_PAGE,
                     "description": "The page of the list to show, from 1.",
                 },
-                "mail_id": {**_MAIL_ID, "description": "Show this mail instead of the list."},
+                "mail_id": {
+                    **_MAIL_ID,
+                    "description": "Show this mail instead of the list: its id (m5), or its "
+                    "number in the inbox list (3: the third, newest first).",
+                },
             },
             "maxProperties": 1,
             "additionalProperties": False,
@@ -184,7 +194,8 @@ class InboxModule:
             choice_label="system.inbox.choice",
         ),
         tools=(MAIL_LIST, MAIL_READ),
-        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=1, steps=1, seconds=10.0),
+        # A list number takes three calls: the id tried, the list's page, that mail.
+        policy=ExecutionPolicy(rounds=1, model_calls=0, tool_calls=3, steps=3, seconds=10.0),
     )
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
@@ -192,12 +203,29 @@ class InboxModule:
         if "mail_id" in data:
             mail_id = str(data["mail_id"]).strip()
             found = await ctx.tool(MAIL_READ, {"mail_id": mail_id})
-            if not found["found"] or "mail" not in found:
-                return _not_found(mail_id, language)
-            return succeeded(self._mail_card(found["mail"], language))
+            if found["found"] and "mail" in found:
+                return succeeded(self._mail_card(found["mail"], language))
+            if mail_id.isdigit() and 1 <= int(mail_id) <= MAX_PAGE * PAGE_SIZE:
+                # No mail has that id: `/mail 3` means the third of the list, as /quest 3 does.
+                return await self._by_number(int(mail_id), ctx)
+            return _not_found(mail_id, language)
         page = int(data.get("page", 1))
         listed = await ctx.tool(MAIL_LIST, {"page": page, "page_size": PAGE_SIZE})
         return succeeded(self._list_card(listed, language))
+
+    async def _by_number(self, number: int, ctx: ModuleContext) -> common_pb2.AgentResult:
+        """The number-th mail of the inbox list (newest first, numbered from 1 across pages)."""
+        language = ctx.player.language
+        page, offset = divmod(number - 1, PAGE_SIZE)
+        listed = await ctx.tool(MAIL_LIST, {"page": page + 1, "page_size": PAGE_SIZE})
+        if offset >= len(listed["mails"]):
+            message = pick(_NO_NUMBER, language, number=number, total=listed["total"])
+            return failed(AgentFailure.NOT_FOUND, message, title=pick(_NO_MAIL_TITLE, language))
+        mail_id = listed["mails"][offset]["id"]
+        found = await ctx.tool(MAIL_READ, {"mail_id": mail_id})
+        if not found["found"] or "mail" not in found:  # gone between the list and the read
+            return _not_found(mail_id, language)
+        return succeeded(self._mail_card(found["mail"], language))
 
     @staticmethod
     def _list_card(listed: dict[str, Any], language: str) -> common_pb2.Card:
@@ -301,7 +329,7 @@ class MailClaimModule:
         claimed = await ctx.tool(MAIL_CLAIM, {"mail_id": mail_id})
         outcome = claimed["outcome"]
         if outcome == "not_found":
-            return _not_found(mail_id, language)
+            return _not_found(mail_id, language, claiming=True)
         if outcome == "no_attachment":
             return failed(
                 AgentFailure.NOT_FOUND,
