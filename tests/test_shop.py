@@ -382,6 +382,7 @@ async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
     poor = await client.chat("steve", "/buy 钻石剑 4")
     assert _ok(poor).card.title == "确认购买"
     assert card_lines(poor)[-1] == "无法购买：需要 1200 金币，你的余额是 1000。没有扣款。"
+    assert not any("购买后" in line for line in card_lines(poor))  # no balance below zero
     assert _labels(poor) == ["返回商城"]
     # A count before the item and an English plural read as the player meant them.
     plural = await client.chat("alex", "/buy 2 diamond swords")
@@ -396,6 +397,9 @@ async def test_each_refusal_has_its_own_failure_card(chain: Chain) -> None:
             "system.error.invalid_input",
             range_text,
         )
+    # A count of 0 is out of range too, not a count left out (it quoted one).
+    none = (await client.chat("alex", "/buy diamond 0")).reply.result
+    assert none.failure.message == "Buy 1 to 64 at a time, not 0."
     # The balance drops between quote and confirm.
     quoted, confirm = await _quote(client, "steve", "/buy diamond 5")
     world.player("steve").balance = 100

@@ -231,8 +231,10 @@ class PayModule:
         lines: list[str | tuple[str, str]] = [
             pick(_TO, language, name=to),
             pick(_AMOUNT, language, amount=amount, currency=money),
-            pick(_BALANCE, language, balance=balance, after=balance - amount, currency=money),
         ]
+        if balance >= amount:  # short of money, the refusal below says the balance instead
+            after = balance - amount
+            lines.append(pick(_BALANCE, language, balance=balance, after=after, currency=money))
         title = pick(_TITLE, language)
         if to.casefold() == (ctx.player.player_name or "").casefold():
             return succeeded(

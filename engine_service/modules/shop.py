@@ -498,8 +498,9 @@ class ShopBuyModule:
 
     async def run(self, data: dict[str, Any], ctx: ModuleContext) -> common_pb2.AgentResult:
         language = ctx.player.language
-        text, count = _split_count(str(data["item"]))
-        count = int(data.get("count", count or 1))
+        text, typed = _split_count(str(data["item"]))
+        # `diamond 0` is a count out of range, not a count left out.
+        count = int(data.get("count", 1 if typed is None else typed))
         if not 1 <= count <= SHOP_MAX_COUNT:
             raise ModuleFailure(
                 AgentFailure.INVALID_INPUT,
@@ -562,9 +563,13 @@ class ShopBuyModule:
         lines: list[str | tuple[str, str]] = [
             pick(_QUOTE_ITEM, language, name=name, count=count),
             pick(_QUOTE_TOTAL, language, price=price, total=total, currency=money),
-            pick(_QUOTE_BALANCE, language, balance=balance, after=balance - total, currency=money),
-            pick(_STOCK, language, stock=listing["stock"]),
         ]
+        if balance >= total:  # short of money, the refusal below says the balance instead
+            after = balance - total
+            lines.append(
+                pick(_QUOTE_BALANCE, language, balance=balance, after=after, currency=money)
+            )
+        lines.append(pick(_STOCK, language, stock=listing["stock"]))
         back = invoke(SHOP, pick(_BACK, language), {})
         # The seed's prepared cost: the price is always shown; a refusal is optional.
         if listing["stock"] < count:
