@@ -36,6 +36,10 @@ from services.stack.launcher import ROOT, SERVICES, Stack, StackError
 
 PLAYER_ID = "00000000-0000-4000-8000-000000000001"
 PLAYER_NAME = "Steve"
+OTHER_ID = "00000000-0000-4000-8000-000000000002"
+OTHER_NAME = "Alex"
+"""A player the simulated server knows, offline now (the sender of Steve's iron mail), so that
+`/pay Alex 100`, the usage's own example, pays someone."""
 CJK = re.compile(r"[\u3400-\u9fff]")
 SIM_HELP = """simulator commands:
   :press N        press button N of the last card (the one on screen: typing a phrase that
@@ -47,7 +51,8 @@ SIM_HELP = """simulator commands:
   :advance ID     Steve earns an advancement (say minecraft:story/mine_diamond); the reward
                   its rule in engine_service/advancements.json names comes as an event task
   :quit           stop everything (Ctrl-C and Ctrl-D do too)
-anything else is sent as chat, for example: 帮助, help, /help history"""
+anything else is sent as chat, for example: 帮助, help, /help history, /pay Alex 10 (Alex is a
+player this server knows, offline now)"""
 
 
 ADVANCE_WAIT_SECONDS = 5.0
@@ -191,6 +196,8 @@ def _card_of(response: gateway_pb2.PlayerResponse | None) -> common_pb2.Card | N
 async def _play(stack: Stack, say: str | None, language: str, ftbquests: bool = True) -> int:
     # The simulated server has FTB Quests installed unless told otherwise.
     world = World() if ftbquests else World(features=())
+    world.join(OTHER_ID, OTHER_NAME)
+    world.leave(OTHER_ID)
     client = GameServerClient(stack.target("gateway"), stack.server_id, stack.token, world)
     try:
         await client.connect()
