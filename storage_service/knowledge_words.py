@@ -28,9 +28,12 @@ MAX_QUERY_TOKENS = 32
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(r"[^\W_]+")  # letters and digits, any script
 _HAN_PARTS = re.compile(f"([{_HAN}]+)")
+_HAN_ONLY = re.compile(f"[{_HAN}]+")
 
 # Question and function words, and verbs and quantifiers so common that an entry sharing only
-# them with a question says nothing about it (get, make, 获得, 需要). Dropped from queries only:
+# them with a question says nothing about it (get, make, 获得, 需要), and the server itself,
+# which every entry of a server's knowledge base is about (`what are the server rules` found
+# the starter entries on `server`). Dropped from queries only:
 # OR-combined, they would make almost every entry a hit, and the question module must see
 # "nothing local" to consider the web.
 _STOPWORD_TEXT = """
@@ -45,6 +48,7 @@ _STOPWORD_TEXT = """
     have has had having go goes going find finds found some any much many thing things way ways
     work works worked working
     获得 获取 得到 拿到 找到 使用 用 需要 知道 东西 一些 方法 办法
+    server servers 服务器
 """
 _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 
@@ -97,11 +101,21 @@ def query_tokens(query: str) -> list[str]:
     followed by its other number (`diamonds` also asks for `diamond`, `torch` for `torches`),
     at most 32."""
     distinct = list(dict.fromkeys(tokens(query)))
-    meaningful = [w for w in distinct if w not in _STOPWORDS]
+    dropped = [w for w in distinct if w in _STOPWORDS]
+    # A stopword's own parts go with it (`服务器` also gives `服务` and `务器`).
+    meaningful = [w for w in distinct if w not in _STOPWORDS and not _part_of(w, dropped)]
     if not meaningful:
         return distinct[:MAX_QUERY_TOKENS]
     asked = [form for word in meaningful for form in (word, *_other_number(word))]
     return list(dict.fromkeys(asked))[:MAX_QUERY_TOKENS]
+
+
+def _part_of(word: str, words: list[str]) -> bool:
+    """Whether `word`, Chinese, is a shorter part of one of `words` (search-mode pieces;
+    English words are whole: `hose` stays beside `whose`)."""
+    if not _HAN_ONLY.fullmatch(word):
+        return False
+    return any(len(other) > len(word) and word in other for other in words)
 
 
 _SIBILANT = ("s", "x", "z", "ch", "sh")

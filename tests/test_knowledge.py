@@ -77,6 +77,11 @@ def test_query_tokens_drop_question_words_unless_nothing_else() -> None:
     # Words so common that sharing only them says nothing are dropped too.
     assert query_tokens("how do I get diamonds") == ["diamonds", "diamond"]
     assert query_tokens("怎么获得钻石") == ["钻石"]
+    # So is the server, which a server's whole knowledge base is about; alone it is kept.
+    assert query_tokens("what are the server rules") == ["rules", "rule"]
+    assert query_tokens("服务器规则是什么") == ["规则"]
+    assert query_tokens("server") == ["server"]
+    assert "hose" in query_tokens("whose hose is this")  # an English word is whole
 
 
 def test_query_words_ask_for_their_other_number_too() -> None:
