@@ -202,9 +202,9 @@ class InboxModule:
         language = ctx.player.language
         if "mail_id" in data:
             mail_id = str(data["mail_id"]).strip()
-            found = await ctx.tool(MAIL_READ, {"mail_id": mail_id})
-            if found["found"] and "mail" in found:
-                return succeeded(self._mail_card(found["mail"], language))
+            opened = await self._open(mail_id, ctx)
+            if opened is not None:
+                return opened
             if mail_id.isdigit() and 1 <= int(mail_id) <= MAX_PAGE * PAGE_SIZE:
                 # No mail has that id: `/mail 3` means the third of the list, as /quest 3 does.
                 return await self._by_number(int(mail_id), ctx)
@@ -222,10 +222,16 @@ class InboxModule:
             message = pick(_NO_NUMBER, language, number=number, total=listed["total"])
             return failed(AgentFailure.NOT_FOUND, message, title=pick(_NO_MAIL_TITLE, language))
         mail_id = listed["mails"][offset]["id"]
+        opened = await self._open(mail_id, ctx)
+        # None: gone between the list and the read.
+        return opened if opened is not None else _not_found(mail_id, language)
+
+    async def _open(self, mail_id: str, ctx: ModuleContext) -> common_pb2.AgentResult | None:
+        """The card of the mail with id `mail_id`; None when the player has no such mail."""
         found = await ctx.tool(MAIL_READ, {"mail_id": mail_id})
-        if not found["found"] or "mail" not in found:  # gone between the list and the read
-            return _not_found(mail_id, language)
-        return succeeded(self._mail_card(found["mail"], language))
+        if not found["found"] or "mail" not in found:
+            return None
+        return succeeded(self._mail_card(found["mail"], ctx.player.language))
 
     @staticmethod
     def _list_card(listed: dict[str, Any], language: str) -> common_pb2.Card:
