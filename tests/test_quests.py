@@ -464,6 +464,12 @@ async def test_names_search_and_ambiguous_names_show_candidates(chain: Chain) ->
     hidden = (await client.chat("steve", "/questclaim q9")).reply.result
     assert hidden.failure.key == "system.error.not_found"
     assert hidden.card.title == "没有这个任务" and "q9" in hidden.failure.message
+    # A list number is no quest id for a claim: the message says how to reach the button.
+    numbered = (await client.chat("alex", "/questclaim 2")).reply.result
+    assert numbered.failure.message == (
+        "There is no quest 2. To claim the reward of number 2 of your quest list, open it "
+        "(/quest 2) and press Claim on its card."
+    )
 
 
 async def test_claiming_twice_delivers_once(chain: Chain) -> None:

@@ -138,6 +138,12 @@ _NO_INDEX = {
     "zh": "任务列表里没有第 {index} 项（共 {total} 项）。输入 /quests 查看任务列表。",
     "en": "Your quest list has no number {index} (it has {total}). Type /quests to see it.",
 }
+_CLAIM_BY_INDEX = {
+    "zh": "没有编号为 {quest_id} 的任务。要领取任务列表里第 {quest_id} 项的奖励，请先打开它"
+    "（/quest {quest_id}），再按任务卡片上的“领取奖励”。",
+    "en": "There is no quest {quest_id}. To claim the reward of number {quest_id} of your quest "
+    "list, open it (/quest {quest_id}) and press Claim on its card.",
+}
 _CLAIMED_TITLE = {"zh": "已领取任务奖励", "en": "Quest reward claimed"}
 _DELIVERED = {"zh": "以上物品已放入背包。", "en": "These items are now in your inventory."}
 _ALREADY_TITLE = {"zh": "任务奖励已领取过", "en": "Already claimed"}
@@ -193,10 +199,12 @@ def _entries(
     return lines, buttons
 
 
-def _not_found(quest_id: str, language: str) -> common_pb2.AgentResult:
+def _not_found(quest_id: str, language: str, claiming: bool = False) -> common_pb2.AgentResult:
+    # `/questclaim 2` meant the list's second quest: a write names its quest, by its button.
+    text = _CLAIM_BY_INDEX if claiming and quest_id.isdigit() else _NO_QUEST
     return failed(
         AgentFailure.NOT_FOUND,
-        pick(_NO_QUEST, language, quest_id=quest_id),
+        pick(text, language, quest_id=quest_id),
         title=pick(_NO_QUEST_TITLE, language),
     )
 
@@ -486,7 +494,7 @@ class QuestClaimModule:
         claimed = await ctx.tool(QUEST_CLAIM, {"quest_id": quest_id})
         outcome = claimed["outcome"]
         if outcome == "not_found":
-            return _not_found(quest_id, language)
+            return _not_found(quest_id, language, claiming=True)
         if outcome == "not_complete":
             return failed(
                 AgentFailure.NOT_FOUND,
