@@ -43,8 +43,10 @@ PAGE_SIZE = 5
 """Mails per page of the inbox card."""
 MAX_PAGE = 1000
 
-_MAIL_ID_LABEL = {"zh": "邮件编号", "en": "mail number"}
-"""How help writes a mail id argument in Chinese (`/mail [邮件编号]`)."""
+_MAIL_LABEL = {"zh": "邮件序号或 ID", "en": "mail number or id"}
+"""How help writes `/mail`'s argument: a number of the inbox list, or a mail's id."""
+_MAIL_ID_LABEL = {"zh": "邮件 ID", "en": "mail id"}
+"""How help writes `/mailclaim`'s argument: a mail's id (the claim button carries it)."""
 _MAIL_ID = {
     "type": "string",
     "minLength": 1,
@@ -162,7 +164,7 @@ class InboxModule:
             CommandSpec(
                 ("mail", "inbox", "收件箱", "邮件", "邮箱"),
                 argument="mail_id",
-                argument_label=_MAIL_ID_LABEL,
+                argument_label=_MAIL_LABEL,
             ),
         ),
         routing_mode=catalog_pb2.ROUTING_MODE_READ,
