@@ -39,4 +39,7 @@ async def test_a_fresh_stack_answers_questions_about_the_assistant(
         lines = card_lines(answer)
         assert lines[0] == "当前没有可用的模型，以下是资料原文。"
         assert lines[1] == "[1] 助手会保存你的哪些信息 (共享资料, system:starter)"
-        assert "关闭对话记录" in lines[2]
+        assert "关闭对话记录" in lines[2] and "/settings" in lines[2]  # it says where
+        # The server itself is no word of an entry: no starter entry is on the server's rules.
+        rules = card_lines(await client.chat("alex", "/question what are the server rules"))
+        assert rules[:1] == ["The knowledge base has nothing on this."], rules
