@@ -34,6 +34,7 @@ from engine_service.registry import ExecutionPolicy, ModuleSpec
 from services.runtime.config import ConfigError
 from services.runtime.errors import InvalidArgument
 from tests.inprocess import running_chain
+from tests.make_run import make_run
 
 ROOT = Path(__file__).resolve().parent.parent
 REWARD = "system:advancement_reward"
@@ -477,17 +478,7 @@ def test_make_run_advance_shows_the_configured_reward(tmp_path: Path) -> None:
     # Steve's client is English (no --say text to read a language from): the English names.
     stacks = shipped.rule_for(DIAMOND).data()["items"]  # type: ignore[union-attr]
     lines = [f"{s['name']['en']} × {s['count']}" for s in stacks]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "gen")])
-    done = subprocess.run(
-        [sys.executable, "-m", "services.stack", "--free-ports", "--data", str(tmp_path)],
-        input=f":advance {DIAMOND}\n:advance {DIAMOND}\n:quit\n",
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = make_run(tmp_path, input=f":advance {DIAMOND}\n:advance {DIAMOND}\n:quit\n")
     assert done.returncode == 0, done.stderr
     # The card's title names the advancement (the rule's advancement_name).
     title = f"Advancement reward: {shipped.rule_for(DIAMOND).data()['advancement_name']['en']}"  # type: ignore[union-attr]

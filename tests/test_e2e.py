@@ -21,6 +21,7 @@ from system.storage.v1 import storage_pb2, storage_pb2_grpc
 from services.gamesim import GameServerClient
 from services.stack import SERVICES, Stack
 from services.stack.launcher import ROOT
+from tests.make_run import make_run
 from tests.waiting import wait_until, wait_until_sync
 
 pytestmark = pytest.mark.e2e
@@ -224,24 +225,7 @@ def test_health_turns_not_serving_during_shutdown(tmp_path: Path) -> None:
 
 
 def test_make_run_say_prints_the_help_card(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")])}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "services.stack",
-            "--say",
-            "帮助",
-            "--free-ports",
-            "--data",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = make_run(tmp_path, "--say", "帮助")
     assert done.returncode == 0, done.stderr
     assert "助手帮助" in done.stdout and "/history" in done.stdout
     assert "stack ready in" in done.stderr
@@ -251,17 +235,7 @@ def test_make_run_typing_at_the_card_on_screen_presses_its_button(tmp_path: Path
     """The simulator sends the last card as `Chat.viewing`, as a client that shows cards does:
     `claim it` at a mail's card claims its attachment; at the inbox (no claim button) it does
     not."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "gen")])
-    done = subprocess.run(
-        [sys.executable, "-m", "services.stack", "--free-ports", "--data", str(tmp_path)],
-        input="/mail\nclaim it\n/mail\n3\nclaim it\n:quit\n",
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = make_run(tmp_path, input="/mail\nclaim it\n/mail\n3\nclaim it\n:quit\n")
     assert done.returncode == 0, done.stderr
     before, after = done.stdout.split("─ Some iron for you\n", 1)
     assert "Attachment claimed" not in before and "Not claimed yet." in after
@@ -271,27 +245,7 @@ def test_make_run_typing_at_the_card_on_screen_presses_its_button(tmp_path: Path
 def test_make_run_offline_model_answers_through_the_scripted_model(tmp_path: Path) -> None:
     # `make run MODEL=offline`: an unclear text reaches the model gateway, which asks the
     # in-process scripted server; it answers clarify, so a selection card comes back.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYSTEM_MODEL_")} | {
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "gen")])
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "services.stack",
-            "--say",
-            "blorp zzz",
-            "--free-ports",
-            "--offline-model",
-            "--data",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = make_run(tmp_path, "--say", "blorp zzz", "--offline-model")
     assert done.returncode == 0, done.stderr
     assert "offline scripted model at http://127.0.0.1:" in done.stderr
     assert '"model call ok"' in (tmp_path / "logs" / "model.log").read_text()
