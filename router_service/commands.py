@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 
 from google.protobuf import struct_pb2
 from system.common.v1 import catalog_pb2, common_pb2
@@ -123,6 +124,16 @@ class CommandIndex:
             entry.module.module_id
             for alias, entry in self._entries.items()
             if alias in words or (len(alias) >= 2 and _HAN.search(alias) and alias in folded)
+        )
+
+    def holding(self, words: Iterable[str]) -> frozenset[str]:
+        """Modules one of whose Chinese aliases holds one of the Chinese `words` (`买` in
+        `购买`): a verb the text says that is part of a command's name."""
+        chinese = [w for w in words if _HAN.search(w)]
+        return frozenset(
+            entry.module.module_id
+            for alias, entry in self._entries.items()
+            if _HAN.search(alias) and any(w in alias for w in chinese)
         )
 
     def match(

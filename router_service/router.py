@@ -47,6 +47,7 @@ from router_service.semantic import (
     reload_changes,
 )
 from router_service.semantic.extractors import extract, list_pick
+from router_service.semantic.guards import write_words
 from services.commands import usage
 from services.runtime.errors import InvalidArgument, PermissionDenied
 from services.runtime.permissions import module_available
@@ -457,7 +458,9 @@ class Router:
             response.candidate_labels.extend(
                 choice_label(catalog.modules.get(c.module_id), language) for c in candidates
             )
-            named = catalog.commands.named_in(text)
+            # The commands the text names, else those whose Chinese name holds its write verb
+            # (`我要买铁镐`: `买` of `购买`, where the purchase ties with the sign-in).
+            named = catalog.commands.named_in(text) or catalog.commands.holding(write_words(text))
             change = catalog.semantic.resembled_change(text, matched, allowed, local, named)
             descriptor = catalog.modules.get(change) if change else None
             if descriptor is not None and descriptor.commands:

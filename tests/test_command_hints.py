@@ -109,3 +109,28 @@ def test_a_choice_with_an_argument_needs_a_plausible_match(
     assert quest == ([kept] if kept else [])
     if kept:
         assert choices[0].module_id == "system:quest_detail"
+
+
+def test_a_chinese_write_verb_names_the_command_whose_name_holds_it(
+    router: SemanticRouter,
+) -> None:
+    # `我想买面包` is most like the purchase, but not by its margin over the sign-in and the
+    # payment (they share the write feature); the verb `买` is part of the purchase's command
+    # name `购买`, so that one is suggested. A verb only the press-only claims' names hold
+    # (`领取` of `领取邮件`) suggests no sign-in.
+    from engine_service.app import build_registry
+    from engine_service.config import EngineConfig
+    from router_service.commands import CommandIndex
+    from router_service.semantic.guards import write_words
+
+    index = CommandIndex(build_registry(EngineConfig()).descriptors(None), "test")
+    assert write_words("我想买面包") == {"买"} and write_words("buy bread") == {"buy"}
+    assert index.named_in("我想买面包") == frozenset()
+    assert router.resembled_change("我想买面包", "zh") is None
+    named = index.holding(write_words("我想买面包"))
+    assert "system:shop_buy" in named and "system:signin" not in named
+    assert router.resembled_change("我想买面包", "zh", named=named) == "system:shop_buy"
+    for text in ("领取任务奖励", "我要领取"):
+        held = index.named_in(text) or index.holding(write_words(text))
+        assert router.resembled_change(text, "zh", named=held) is None, text
+    assert index.holding({"buy"}) == frozenset()  # English aliases are whole words

@@ -50,6 +50,7 @@ __all__ = [
     "fired_guards",
     "negates",
     "opposite",
+    "write_words",
 ]
 
 # English words match whole (no letter or digit on either side, so `it` misses `item`); Chinese
@@ -397,3 +398,9 @@ def fired_guards(text: str) -> list[str]:
     prepared = _prepare(text)
     names = [guard.name for guard in GUARDS if next(_found(guard, prepared), None) is not None]
     return list(dict.fromkeys(names))
+
+
+def write_words(text: str) -> frozenset[str]:
+    """The write words `text` says, as written (`买` of `我要买铁镐`, `buy`): the lexicon reads
+    them all as one feature, so what tells the change modules a text matches alike apart."""
+    return frozenset(found.group() for found in WRITE.pattern.finditer(_prepare(text)))
