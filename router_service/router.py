@@ -51,6 +51,7 @@ from router_service.semantic.guards import write_words
 from services.commands import usage
 from services.runtime.errors import InvalidArgument, PermissionDenied
 from services.runtime.permissions import module_available
+from services.texts import pick
 
 __all__ = ["ADMIN_LEVEL", "Router"]
 
@@ -130,6 +131,11 @@ def _read_only(module: catalog_pb2.ModuleDescriptor) -> bool:
 
 _PICK_COMMANDS = frozenset({"view", "查看", "open", "打开", "show", "pick", "选"})
 """Slash words no module declares that pick from the current list (`/view 2`, `/查看 2`)."""
+_PRESS_ONLY = {
+    "zh": "第 {number} 个按钮需要点击才能生效，输入编号不会按下它。",
+    "en": "Button {number} works only when pressed; typing its number does not press it.",
+}
+"""What a player reads who typed the number of a button only a press may use (a confirm)."""
 
 _LABEL_END = re.compile(r"[:：,，。.;；(（]")
 _LABEL_CHARS = 48
@@ -322,9 +328,17 @@ class Router:
         ):
             index = list_pick(request.text) or 0
             if 1 <= index <= len(request.current_list):
+                action = request.current_list[index - 1]
+                if not action.module_id:  # a button only a press may use: say so, run nothing
+                    self.diagnostics.record_decision(diag.DecisionSource.NONE)
+                    return router_pb2.RouteResponse(
+                        source=router_pb2.DECISION_SOURCE_NONE,
+                        no_route_reason=router_pb2.NO_ROUTE_REASON_PRESS_ONLY,
+                        detail=pick(_PRESS_ONLY, request.player.language, number=index),
+                    )
                 self.diagnostics.record_decision(diag.DecisionSource.BUTTON)
                 return router_pb2.RouteResponse(
-                    source=router_pb2.DECISION_SOURCE_BUTTON, action=request.current_list[index - 1]
+                    source=router_pb2.DECISION_SOURCE_BUTTON, action=action
                 )
         return None
 

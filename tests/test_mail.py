@@ -363,10 +363,14 @@ async def test_a_claim_is_never_made_from_typed_text(chain: Chain) -> None:
     client = await chain.steve_and_alex()
     opened = await client.chat("steve", "/mail m5")
     assert _labels(opened) == ["领取附件", "返回收件箱"]
-    # The claim button is press-only: a typed number picks from the rest (back to the inbox).
+    # The claim button is press-only: its typed number says so and claims nothing; the
+    # others keep the numbers the card shows (2: back to the inbox).
     typed = await client.chat("steve", "查看 1")
-    assert typed.reply.module_id == "system:inbox"
-    assert typed.reply.result.card.title.startswith("收件箱")
+    assert typed.reply.module_id == ""
+    assert typed.reply.result.failure.message.startswith("第 1 个按钮需要点击才能生效")
+    back = await client.chat("steve", "查看 2")
+    assert back.reply.module_id == "system:inbox"
+    assert back.reply.result.card.title.startswith("收件箱")
     await client.chat("alex", "/mail m4")
     for player, text in (
         ("steve", "领取邮件附件"),

@@ -518,9 +518,13 @@ async def test_a_quest_claim_is_never_made_from_typed_text(chain: Chain) -> None
     client = await chain.steve_and_alex()
     opened = await client.chat("steve", "/quest q4")
     assert _labels(opened) == ["领取奖励", "返回任务列表"]
-    # The claim button is press-only: a typed number picks from the rest (back to the list).
+    # The claim button is press-only: its typed number says so and claims nothing; the
+    # others keep the numbers the card shows (2: back to the list).
     typed = await client.chat("steve", "查看 1")
-    assert typed.reply.module_id == "system:quests"
+    assert typed.reply.module_id == ""
+    assert typed.reply.result.failure.message.startswith("第 1 个按钮需要点击才能生效")
+    back = await client.chat("steve", "查看 2")
+    assert back.reply.module_id == "system:quests"
     await client.chat("alex", "/quest q1")
     for player, text in (
         ("steve", "领取任务奖励"),

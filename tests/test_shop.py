@@ -338,9 +338,16 @@ async def test_a_command_with_a_number_is_the_command_not_a_pick_from_the_list(
     assert _labels(listed)[1] == "铁锭"
     quoted, _ = await _quote(client, "steve", "/buy 面包 2")  # not the list's second button
     assert card_lines(quoted)[0] == "面包 × 2"
-    # A number alone still picks from the list: the quote's first listed button is "back to
-    # the shop" (its confirm is press_only, never picked by number).
-    picked = await client.chat("steve", "查看 1")
+    # A number alone still picks from the list, by the numbers the card shows: `2` is "back
+    # to the shop"; `1` is the confirm, which only a press uses, so typing it says so and
+    # runs nothing (it opened the shop, the first button a number could pick).
+    pressed_only = await client.chat("steve", "查看 1")
+    assert pressed_only.reply.module_id == ""
+    assert pressed_only.reply.result.failure.message == (
+        "第 1 个按钮需要点击才能生效，输入编号不会按下它。"
+    )
+    assert client.world.player("steve").balance == STARTING_BALANCE
+    picked = await client.chat("steve", "查看 2")
     assert picked.reply.module_id == "system:shop"
     assert picked.reply.result.card.title == "商城（第 1/4 页）"
 

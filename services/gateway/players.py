@@ -203,15 +203,14 @@ def _button_action(button: common_pb2.CardButton) -> common_pb2.ModuleAction | N
 
 
 def _listed_actions(result: common_pb2.AgentResult) -> list[common_pb2.ModuleAction]:
-    """The actions of a card's `invoke` buttons, in order, less those marked
-    `press_only` (a write's button, say a mail's claim: a typed `查看 1` never presses it)."""
+    """The actions of a card's buttons, in order, so that a typed number picks the button the
+    card shows with it; a button no typed number may press (one marked `press_only`, a write's
+    such as a quote's confirm, or one that runs no module) is an empty action, keeping the
+    numbers (`2` is still Back to the shop when `1` is Confirm purchase)."""
     actions = []
     for button in result.card.buttons:
-        if button.args.get("press_only") == "true":
-            continue
-        action = _button_action(button)
-        if action is not None:
-            actions.append(action)
+        action = None if button.args.get("press_only") == "true" else _button_action(button)
+        actions.append(action if action is not None else common_pb2.ModuleAction())
     return actions
 
 
