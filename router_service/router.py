@@ -473,7 +473,7 @@ class Router:
                 choice_label(catalog.modules.get(c.module_id), language) for c in candidates
             )
             # The commands the text names, else those whose Chinese name holds its write verb
-            # (`我要买铁镐`: `买` of `购买`, where the purchase ties with the sign-in).
+            # (`我想买面包`: `买` of `购买`, where the purchase leads the sign-in by too little).
             named = catalog.commands.named_in(text) or catalog.commands.holding(write_words(text))
             change = catalog.semantic.resembled_change(text, matched, allowed, local, named)
             descriptor = catalog.modules.get(change) if change else None

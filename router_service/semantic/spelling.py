@@ -18,9 +18,10 @@ only a dropped letter is read (round 15), and only in a word that is no word of 
 (`english_words`: counted `ENGLISH_COUNT` times or more in the frequency list pyspellchecker
 ships): `histry`, `invntory`, `chck`, `balace` are read as `history`, `inventory`, `check`,
 `balance`, while `plane` is never `planet`; and, failing that, a letter doubled by a slip in
-such a word (round 25: `ballance`, `shopp`, `inventtory`). A letter added or changed is left as typed even in
-a word outside English: those were names and slang (`petey` to `peter`, `wifi` to `wife`,
-`yeap` to `year`, `udrive` to `drive` on the development set).
+such a word (round 25: `ballance`, `shopp`, `inventtory`). Any other letter added, or one
+changed, is left as typed even in a word outside English: those were names and slang
+(`petey` to `peter`, `wifi` to `wife`, `yeap` to `year`, `udrive` to `drive` on the
+development set).
 
 - Only Latin words of at least `MIN_LENGTH` letters, outside item registry ids (an id is the
   extractor's and is kept as typed: `minecraft:diamnod` is a wrong id, not a typo to fix).
