@@ -65,6 +65,11 @@ def pick(texts: dict[str, str], language: str, /, **values: Any) -> str:
 
 _DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6}
 _DIGITS |= {"七": 7, "八": 8, "九": 9}
+CHINESE_NUMERALS = "".join(_DIGITS) + "十百"
+"""The characters `chinese_number` reads, for a regular expression's character class."""
+MEASURE_WORDS = "个把组块张只瓶根颗份件本盒袋支枚"
+"""Measure words a count of things stands before (`三个`, `两把`, `64 根`): with one, a Chinese
+numeral is a count, not part of a name (`三叉戟`)."""
 
 
 def chinese_number(text: str) -> int | None:

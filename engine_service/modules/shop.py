@@ -43,7 +43,7 @@ from engine_service.registry import (
 )
 from engine_service.tools import SHOP_MAX_COUNT
 from services.results import AgentFailure, ModuleFailure, card, failed, succeeded
-from services.texts import chinese_number
+from services.texts import CHINESE_NUMERALS, MEASURE_WORDS, chinese_number
 
 __all__ = [
     "BOOK",
@@ -71,13 +71,12 @@ PAGE_SIZE = 5
 MAX_PAGE = 1000
 BULK = 16
 """The detail card's second Buy button buys this many."""
-_MEASURE = "个块把件组瓶根份张颗"
 _TRAILING_COUNT = re.compile(
-    rf"^(?P<item>.*?)\s*(?:[x×*]\s*)?(?<!\d)(?P<count>-?\d{{1,18}})\s*[{_MEASURE}]?$"
+    rf"^(?P<item>.*?)\s*(?:[x×*]\s*)?(?<!\d)(?P<count>-?\d{{1,18}})\s*[{MEASURE_WORDS}]?$"
 )
 _LEADING_COUNT = re.compile(
-    rf"^(?:[x×*]\s*)?(?P<count>\d{{1,18}}|[零一二两三四五六七八九十百]{{1,4}}(?=[{_MEASURE}]))"
-    rf"\s*(?:[{_MEASURE}]|[x×*](?=\s))?\s*(?P<item>[^\d\s].*)$"
+    rf"^(?:[x×*]\s*)?(?P<count>\d{{1,18}}|[{CHINESE_NUMERALS}]{{1,4}}(?=[{MEASURE_WORDS}]))"
+    rf"\s*(?:[{MEASURE_WORDS}]|[x×*](?=\s))?\s*(?P<item>[^\d\s].*)$"
 )
 """`3 bread`, `x3 bread`, `3个面包`, `三个面包`: a Chinese numeral only with its measure word
 (`三叉戟` is the trident, not three of something)."""

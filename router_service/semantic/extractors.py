@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from router_service.semantic.text import ITEM_ID, clean, normalize
-from services.texts import chinese_number
+from services.texts import CHINESE_NUMERALS, chinese_number
 
 __all__ = ["EXTRACTORS", "extract", "item", "item_id", "list_index", "list_pick", "name", "price"]
 
@@ -28,7 +28,7 @@ MAX_INDEX = 9999
 MAX_NAME_CHARS = 64
 
 _INDEX = re.compile(
-    r"第\s*(?P<ordinal>[0-9]+|[零〇一二两三四五六七八九十百]+)\s*[个项条页位号]?"
+    rf"第\s*(?P<ordinal>[0-9]+|[{CHINESE_NUMERALS}]+)\s*[个项条页位号]?"
     r"|(?<![a-z0-9_])#?(?P<number>[0-9]+)(?:st|nd|rd|th)?(?![a-z0-9_])"
 )
 _QUOTED = re.compile(
@@ -81,7 +81,7 @@ _PICK = re.compile(
     r"|i(?:'ll|\s+will)?\s+(?:want|choose|pick|take))\s+)?"
     r"(?:查看|看看|看|打开|点开|选择|选|我要|要|就)?\s*"
     r"(?:the\s+|number\s+|no\.\s*)?"
-    r"(?P<index>第\s*(?:[0-9]+|[零〇一二两三四五六七八九十百]+)|#?[0-9]+(?:st|nd|rd|th)?"
+    rf"(?P<index>第\s*(?:[0-9]+|[{CHINESE_NUMERALS}]+)|#?[0-9]+(?:st|nd|rd|th)?"
     r"|first|second|third|fourth|fifth|sixth|seventh|eighth|ninth)"
     r"\s*(?:个|项|条|位|号|one|item|entry)?"
     r"\s*(?:吧|呢|please|pls)?[\s.?!。？！]*$",

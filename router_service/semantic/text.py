@@ -37,7 +37,7 @@ from typing import Any
 import jieba
 
 from services.runtime.config import ConfigError
-from services.texts import singular
+from services.texts import CHINESE_NUMERALS, MEASURE_WORDS, singular
 
 __all__ = [
     "HAN",
@@ -70,15 +70,14 @@ ITEM_ID = re.compile(
     r"(?<![a-z0-9_.:/-])[a-z_][a-z0-9_]*(?:[.-][a-z0-9_]+)*:[a-z0-9_]+(?:[./-][a-z0-9_]+)*"
     r"(?![a-z0-9_:])"
 )
-_CHINESE_NUMBER = "一二三四五六七八九十两百零〇"
-_MEASURE = "个把组块张只瓶根颗份件本盒袋支枚"
 _PLACEHOLDER = re.compile(
     ITEM_ID.pattern
-    + rf"|第\s*(?:[0-9]+|[{_CHINESE_NUMBER}]+)\s*[个项条页位号]?"
+    + rf"|第\s*(?:[0-9]+|[{CHINESE_NUMERALS}]+)\s*[个项条页位号]?"
     + r"|(?<![a-z0-9_])[0-9]+(?![a-z0-9_])"
     # A count in Chinese numerals before its measure word (`三个面包`, `两把剑`), as `3个面包`
     # reads; a lone `一` (`一个`) is mostly an article (`有一个问题`).
-    + rf"|(?<![第{_CHINESE_NUMBER}])(?!一[{_MEASURE}])[{_CHINESE_NUMBER}]+(?=[{_MEASURE}])"
+    + rf"|(?<![第{CHINESE_NUMERALS}])(?!一[{MEASURE_WORDS}])"
+    + rf"[{CHINESE_NUMERALS}]+(?=[{MEASURE_WORDS}])"
 )
 _DROPPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'"})
