@@ -611,9 +611,10 @@ class SemanticRouter:
         """The module `text` matches best when that module changes something (a purchase, a
         payment, a claim) and so never runs from typed words or a selection card: the card may
         suggest its command instead. Only a clear best (score `HINT_SCORE` or more, ahead of
-        the next by the module's margin gate), or, where change modules tie for the best, the
-        one of them in `named` (those whose command the text names: `我要签到`): a wrong
-        suggestion misleads more than none. None when the best match reads, nothing matched
+        the next by the module's margin gate), or, where the best leads by less or change
+        modules tie for it, the one of them in `named` (the router's: those whose command the
+        text names, `我要签到`, else whose Chinese command name holds its write verb, `买` of
+        `购买`): a wrong suggestion misleads more than none. None when the best match reads, nothing matched
         clearly, or in SHADOW and OFF (an observing router must not change what players see)."""
         if self._config.mode is not Mode.ENFORCE or self._index is None:
             return None
