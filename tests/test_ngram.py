@@ -325,21 +325,37 @@ def test_the_built_in_modules_allow_no_unknown_words_but_an_items_name(
 
 
 def test_each_built_in_example_routes_to_its_module_when_typed(router: SemanticRouter) -> None:
-    """A module's own examples, typed as written, route to it: but two, each for a reason of
-    the seed's gates. `what can you do` reads as the small-talk profile's `how are you` (both
-    only a question word to the lexicon: a margin of 0 between them), and `我的信息` holds no
-    topic word for the examples to cover."""
-    known = {("system:help", "what can you do"), ("system:profile", "我的信息")}
+    """A module's own examples, typed as written (punctuation and case aside), route to it,
+    even the two the seed's gates stop: `what can you do` reads as small talk's `how are you`
+    (both only a question word to the lexicon), and `我的信息` holds no topic word."""
     stopped = []
     for profile in router.profiles.values():
         if not profile.routes_directly:
             continue
         for lang, examples in profile.examples.items():
             for example in examples:
-                decision = router.decide(example, lang)
-                if (decision.outcome, decision.module_id) != ("direct", profile.module_id):
-                    stopped.append((profile.module_id, example))
-    assert set(stopped) == known
+                for typed in (example, example.upper() + "?"):
+                    decision = router.decide(typed, lang)
+                    if (decision.outcome, decision.module_id) != ("direct", profile.module_id):
+                        stopped.append((profile.module_id, typed))
+    assert stopped == []
+    assert router.decide("What can you do?", "en").route == "example"
+    assert router.decide("我的信息", "zh").route == "example"
+
+
+def test_an_example_two_profiles_hold_routes_by_the_gates_alone() -> None:
+    """A text that is an example of two profiles (here a module and small talk) says nothing
+    about which one it means: it gets no route of its own."""
+    profiles = [
+        Profile("demo:help", "read", {"en": ("what can you do", "show help", "list commands")}),
+        Profile("demo:talk", "reject", {"en": ("what can you do", "how are you", "hello")}),
+        Profile("demo:shop", "read", {"en": ("open the shop", "show the shop", "shop items")}),
+    ]
+    router = SemanticRouter(profiles, SemanticConfig())
+    decision = router.decide("what can you do", "en")
+    assert decision.route != "example"
+    assert router.decide("show help", "en").module_id == "demo:help"
+    assert router.decide("what can you do", "en", allowed={"demo:shop"}).outcome != "direct"
 
 
 def test_a_bare_number_never_routes(router: SemanticRouter) -> None:

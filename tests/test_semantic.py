@@ -441,8 +441,9 @@ def test_reject_profile_lowers_the_margin_and_never_executes(analyzer: Analyzer)
     both = SemanticRouter(
         [shop, reject], SemanticConfig(default_threshold=Threshold(0.9, 0.5)), analyzer=analyzer
     )
-    assert alone.decide("open the shop", "en").outcome == "direct"
-    lowered = both.decide("open the shop", "en")
+    # Not the example as written (that routes as one: test_ngram), but one like it.
+    assert alone.decide("open the shop please", "en").outcome == "direct"
+    lowered = both.decide("open the shop please", "en")
     assert lowered.margin < 0.5 and lowered.gate_failed == "margin"
     for text, lang in (("open the shop to buy", "en"), ("打开商店购买", "zh")):
         decision = both.decide(text, lang)

@@ -80,7 +80,14 @@ from router_service.semantic.index import Match, ModuleScore, SemanticIndex
 from router_service.semantic.ngram import NgramScorer, ScorerTop
 from router_service.semantic.profiles import Profile
 from router_service.semantic.spelling import Speller, english_words
-from router_service.semantic.text import ITEM, NUM, Analysis, Analyzer, normalize
+from router_service.semantic.text import (
+    ITEM,
+    NUM,
+    Analysis,
+    Analyzer,
+    example_key,
+    normalize,
+)
 from services.runtime.config import ConfigError
 
 __all__ = ["ALGORITHM", "FallbackCandidate", "LocalDecision", "Outcome", "SemanticRouter"]
@@ -166,9 +173,9 @@ class LocalDecision:
     probability: float | None = None
     """Calibrated probability of the top module (scorer modes `strict` and `calibrated`, when
     the top module is one that may route directly); None otherwise."""
-    route: Literal["", "gates", "scorer"] = ""
-    """What let a direct (or shadow-direct) route through: the seed's `gates`, or the n-gram
-    `scorer`; empty otherwise."""
+    route: Literal["", "gates", "scorer", "example"] = ""
+    """What let a direct (or shadow-direct) route through: the seed's `gates`, the n-gram
+    `scorer`, or the text being one of the module's own `example`s; empty otherwise."""
     scorer_module: str | None = None
     """Scorer mode `ngram`: the n-gram scorer's top module, when it was asked: the seed's gates
     failed, and only ones it may stand in for (None otherwise, or without a model or a known
@@ -255,6 +262,7 @@ class SemanticRouter:
         self._directions: Mapping[tuple[str, str], _Directions] = MappingProxyType(
             {key: _direction_poles(texts) for key, texts in examples.items()}
         )
+        self._example_owners = _example_owners(profiles, config)
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
         self._speller = _speller(examples, self._index) if self._index else None
         trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
@@ -371,6 +379,8 @@ class SemanticRouter:
         if not _has_word(analysis):
             return no("no_words", **scores)
         profile = self._profiles[top.module_id]
+        if config.scorer.mode == "ngram":
+            profile = self._own_example(normalized, lang, allowed) or profile
         if profile.kind == "reject":
             return no("reject_profile", **scores)
         if not profile.routes_directly:
@@ -429,6 +439,18 @@ class SemanticRouter:
             route="gates",
             **scores,
         )
+
+    def _own_example(
+        self, normalized: str, lang: str, allowed: Collection[str] | None
+    ) -> Profile | None:
+        """The module routing directly (and allowed) that holds the text as one of its own
+        examples, no other profile (small talk's included) holding it too; else None. The
+        catalogue then says what the text means, whatever its words weigh: `what can you do`
+        is only a question word to the lexicon, as small talk's `how are you` is."""
+        owner = self._profiles.get(self._example_owners.get((lang, example_key(normalized)), ""))
+        if owner is None or not owner.routes_directly:
+            return None
+        return owner if allowed is None or owner.module_id in allowed else None
 
     def _guard(self, normalized: str, matched_text: str, module_id: str, lang: str) -> str | None:
         """The first guard that fires for `module_id` on the typed text, else on its spelling
@@ -501,7 +523,9 @@ class SemanticRouter:
         """Scorer mode `ngram`: the seed's gates, or else the n-gram scorer; then the guards
         and the arguments."""
         failed = self._failed_gates(match, profile, lang)
-        route: Literal["gates", "scorer"] = "gates"
+        route: Literal["gates", "scorer", "example"] = "gates"
+        if failed and self._own_example(normalized, lang, allowed) is profile:
+            route, failed = "example", []
         # Scored only where it can decide: the seed's gates failed, and only those it may
         # stand in for (scorer fields stay None otherwise).
         top = (
@@ -691,6 +715,20 @@ def _module_examples(
         for extra in (config.examples.get(p.module_id, {}),)
         for lang in {*p.examples, *extra}
     }
+
+
+def _example_owners(
+    profiles: Iterable[Profile], config: SemanticConfig
+) -> Mapping[tuple[str, str], str]:
+    """Per language and `example_key`, the one profile (reject profiles included) whose
+    examples hold that text; a text two profiles hold is left out."""
+    owners: dict[tuple[str, str], set[str]] = {}
+    for (module_id, lang), texts in _module_examples(profiles, config).items():
+        for text in texts:
+            owners.setdefault((lang, example_key(normalize(text))), set()).add(module_id)
+    return MappingProxyType(
+        {key: next(iter(ids)) for key, ids in owners.items() if len(ids) == 1 and key[1]}
+    )
 
 
 def _speller(examples: Mapping[tuple[str, str], tuple[str, ...]], index: SemanticIndex) -> Speller:

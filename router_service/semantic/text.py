@@ -49,6 +49,7 @@ __all__ = [
     "clean",
     "default_analyzer",
     "detect_language",
+    "example_key",
     "normalize",
 ]
 
@@ -82,6 +83,15 @@ _PLACEHOLDER = re.compile(
 _DROPPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'"})
 _SPACES = re.compile(r"\s+")
+
+
+def example_key(normalized: str) -> str:
+    """A normalized text's words and Han runs alone, one space apart: the form in which a
+    typed text is compared with the catalogue's examples (`What can you do?` and `what can
+    you do` are one)."""
+    return " ".join(
+        match.group() for match in _TOKEN.finditer(normalized) if match.lastgroup != "other"
+    )
 
 
 def clean(text: str) -> str:
