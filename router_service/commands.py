@@ -28,7 +28,7 @@ from services.runtime.errors import InvalidArgument
 from services.runtime.permissions import module_available
 from services.texts import pick
 
-__all__ = ["CommandIndex", "CommandMatch", "UnknownCommand"]
+__all__ = ["CommandIndex", "CommandLead", "CommandMatch", "UnknownCommand", "after_alias"]
 
 SYSTEM_PREFIX = "/system"
 _HAN = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -72,6 +72,28 @@ class UnknownCommand:
 
 
 @dataclasses.dataclass(frozen=True)
+class CommandLead:
+    """A slash-less text that begins with a command's name and goes on with its argument
+    (`buy 2 bread`, `转账 alex 50`, `买两个面包`): the command, and the argument as typed."""
+
+    module_id: str
+    command: catalog_pb2.CommandDeclaration
+    argument: str
+    head: str
+    """What the text began with: an alias or a Chinese verb."""
+
+    @property
+    def chinese(self) -> bool:
+        """Begun in Chinese (`转账`, `买`), as a sentence seldom is unless it means the command;
+        English sentences begin with such words (`pay attention`, `buy time`)."""
+        return _HAN.search(self.head) is not None
+
+    def typed(self) -> str:
+        """The command as the player would type it: `/buy 2 bread`."""
+        return f"/{self.command.aliases[0]} {self.argument}"
+
+
+@dataclasses.dataclass(frozen=True)
 class _Entry:
     module: catalog_pb2.ModuleDescriptor
     command: catalog_pb2.CommandDeclaration
@@ -99,6 +121,23 @@ def _plain_command(
         and _HAN.search(name) is not None
         and module.write_steps == 0
     )
+
+
+def after_alias(text: str, aliases: Iterable[str]) -> str | None:
+    """`text` less a leading alias (`buy 2 bread` → `2 bread`, `购买钻石` → `钻石`), the longest
+    that leads it: a Latin alias only as a whole word (`questions about golems` is no
+    `question`), and only with words after it; else None."""
+    folded = text.casefold()
+    for alias in sorted(aliases, key=len, reverse=True):
+        name = alias.casefold()
+        if not folded.startswith(name) or len(folded) == len(name):
+            continue
+        rest = text[len(name) :]
+        if name.isascii() and not rest[0].isspace():
+            continue
+        if any(ch.isalnum() for ch in rest):
+            return rest.strip()
+    return None
 
 
 class CommandIndex:
@@ -135,6 +174,32 @@ class CommandIndex:
             for alias, entry in self._entries.items()
             if _HAN.search(alias) and any(w in alias for w in chinese)
         )
+
+    def leading(self, text: str, verbs: Iterable[str] = ()) -> CommandLead | None:
+        """The command that slash-less `text` begins with, followed by an argument, for a
+        command that takes one: one of its aliases leads (`转账 alex 50`), or one of the
+        Chinese `verbs` the text says (its write words) that one command's Chinese alias alone
+        holds (`买` of `购买`: `买两个面包`). None otherwise, and for an explicit command."""
+        text = text.strip()
+        if text.startswith("/"):
+            return None
+        heads: dict[str, _Entry] = {}
+        for verb in verbs:
+            holders = {
+                entry.module.module_id: entry
+                for alias, entry in self._entries.items()
+                if _HAN.search(verb) and _HAN.search(alias) and verb in alias
+            }
+            if len(holders) == 1:
+                heads[verb] = next(iter(holders.values()))
+        heads.update(self._entries)
+        for head, entry in sorted(heads.items(), key=lambda item: len(item[0]), reverse=True):
+            if entry.command.argument_kind == catalog_pb2.ARGUMENT_KIND_UNSPECIFIED:
+                continue
+            argument = after_alias(text, (head,))
+            if argument is not None:
+                return CommandLead(entry.module.module_id, entry.command, argument, head)
+        return None
 
     def match(
         self, text: str, player: common_pb2.PlayerContext

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import grpc
 from system.common.v1 import catalog_pb2, common_pb2
 from system.model.v1 import model_pb2, model_pb2_grpc
 
+from router_service.commands import after_alias
 from services.untrusted import request_text
 
 __all__ = ["CLARIFY", "ROUTING_MODULE_ID", "ModelChoice", "ModelRouter", "capability_catalogue"]
@@ -118,26 +118,9 @@ def with_text_argument(
             and field
             and field not in choice.arguments
         ):
-            words = _after_alias(text.strip(), command.aliases)
+            words = after_alias(text.strip(), command.aliases) or text.strip()
             return ModelChoice(choice.module_id, {**choice.arguments, field: words})
     return choice
-
-
-def _after_alias(text: str, aliases: Iterable[str]) -> str:
-    """`text` less a leading alias of the command (`buy 2 bread` → `2 bread`, `购买钻石` →
-    `钻石`); a Latin alias only as a whole word (`questions about golems` keeps its words), and
-    never the whole text."""
-    folded = text.casefold()
-    for alias in sorted(aliases, key=len, reverse=True):
-        name = alias.casefold()
-        if not folded.startswith(name) or len(folded) == len(name):
-            continue
-        rest = text[len(name) :]
-        if name.isascii() and not rest[0].isspace():
-            continue
-        if any(ch.isalnum() for ch in rest):
-            return rest.strip()
-    return text
 
 
 class ModelRouter:

@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from system.common.v1 import catalog_pb2
 
+from router_service.commands import CommandIndex
 from router_service.semantic import Mode, SemanticConfig, SemanticRouter
+from router_service.semantic.guards import write_words
 from router_service.semantic.profiles import load_profiles
 
 PROFILES = load_profiles(
@@ -134,3 +137,62 @@ def test_a_chinese_write_verb_names_the_command_whose_name_holds_it(
         held = index.named_in(text) or index.holding(write_words(text))
         assert router.resembled_change(text, "zh", named=held) is None, text
     assert index.holding({"buy"}) == frozenset()  # English aliases are whole words
+
+
+def _index() -> CommandIndex:
+    modules = [
+        catalog_pb2.ModuleDescriptor(
+            module_id=module_id,
+            commands=[
+                catalog_pb2.CommandDeclaration(
+                    aliases=aliases,
+                    argument_kind=kind,
+                    argument_field="text" if kind else "",
+                )
+            ],
+        )
+        for module_id, aliases, kind in (
+            ("system:shop_buy", ["buy", "购买"], catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT),
+            ("system:pay", ["pay", "转账", "付款"], catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT),
+            ("system:signin", ["signin", "签到"], catalog_pb2.ARGUMENT_KIND_UNSPECIFIED),
+            (
+                "system:mail_claim",
+                ["mailclaim", "领取邮件"],
+                catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT,
+            ),
+            (
+                "system:quest_claim",
+                ["questclaim", "领取任务"],
+                catalog_pb2.ARGUMENT_KIND_REQUIRED_TEXT,
+            ),
+        )
+    ]
+    return CommandIndex(modules, "1")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("buy 2 bread", ("system:shop_buy", "2 bread", "/buy 2 bread")),
+        ("  BUY diamond  ", ("system:shop_buy", "diamond", "/buy diamond")),
+        ("转账 alex 50", ("system:pay", "alex 50", "/pay alex 50")),
+        ("付款alex 50", ("system:pay", "alex 50", "/pay alex 50")),
+        ("购买钻石", ("system:shop_buy", "钻石", "/buy 钻石")),
+        # A write verb that one command's Chinese name alone holds (`买` of `购买`).
+        ("买两个面包", ("system:shop_buy", "两个面包", "/buy 两个面包")),
+        # `领取` is in two commands' names: which one it means is not said.
+        ("领取 3", None),
+        ("buying bread", None),  # a Latin alias only as a whole word
+        ("buy", None),  # nothing after it
+        ("buy ?!", None),
+        ("签到 今天", None),  # a command that takes no argument
+        ("/buy 2 bread", None),  # typed as the command: the command stage's
+        ("i want to buy bread", None),
+    ],
+)
+def test_a_command_typed_without_its_slash_is_read_with_its_argument(
+    text: str, expected: tuple[str, str, str] | None
+) -> None:
+    lead = _index().leading(text, write_words(text))
+    found = None if lead is None else (lead.module_id, lead.argument, lead.typed())
+    assert found == expected

@@ -629,13 +629,27 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
     assert [b.label for b in card.buttons] == [labels[b.args["module_id"]] for b in card.buttons]
     # A text most like a change (a purchase) gets no button for it, but its command, written
     # for the player (a click suggests `/buy `); a text like none of them no such line.
-    bought = (await client.chat(MALLORY, "buy 3 bread")).reply.result.card
+    bought = (await client.chat(MALLORY, "i want to buy 3 bread")).reply.result.card
     assert bought.template == "system:selection"
     assert [(line.text, line.suggest_command) for line in bought.lines][0] == (
         "Buy from the shop: type /buy <item [count]>",
         "/buy ",
     )
     assert "system:shop_buy" not in {b.args["module_id"] for b in bought.buttons}
+    # The command typed without its slash: suggested with what the text gave filled in.
+    for text, line in (
+        ("buy 3 bread", "Buy from the shop: type /buy 3 bread"),
+        ("转账 alex 50", "Pay another player: type /pay alex 50"),
+        ("买两个面包", "Buy from the shop: type /buy 两个面包"),
+    ):
+        filled = (await client.chat(MALLORY, text)).reply.result.card
+        assert (filled.lines[0].text, filled.lines[0].suggest_command) == (
+            line,
+            line.split("type ", 1)[1],
+        ), text
+    # An English sentence that only begins with a command's name is not that command.
+    attention = (await client.chat(MALLORY, "pay attention to me")).reply.result.card
+    assert [line.suggest_command for line in attention.lines] == ["/help"]
     # Where changes tie (`buy`, `pay` and `sign in` are all write words), the one whose
     # command the text names.
     named = (await client.chat(MALLORY, "i want to buy bread")).reply.result.card

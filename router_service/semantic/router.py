@@ -648,15 +648,17 @@ class SemanticRouter:
         best = matched[0].score
         runner_up = matched[1].score if len(matched) > 1 else 0.0
         if best - runner_up >= self._config.threshold_for(matched[0].module_id, lang).margin:
-            return matched[0].module_id if self._changes(matched[0].module_id) else None
+            return matched[0].module_id if self.changes(matched[0].module_id) else None
         tied = [m.module_id for m in matched if m.score == best]
-        chosen = [m for m in tied if m in named and self._changes(m)]
-        if len(chosen) == 1 and all(self._changes(m) for m in tied):
+        chosen = [m for m in tied if m in named and self.changes(m)]
+        if len(chosen) == 1 and all(self.changes(m) for m in tied):
             return chosen[0]
         return None
 
-    def _changes(self, module_id: str) -> bool:
-        """A module players reach by typing that changes something: never by a card button."""
+    def changes(self, module_id: str) -> bool:
+        """Whether `module_id` is one players reach by typing that changes something (a
+        purchase, a payment): never by a card button, and a selection card may only suggest
+        its command."""
         profile = self._profiles.get(module_id)
         return (
             profile is not None

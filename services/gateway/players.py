@@ -648,15 +648,16 @@ class PlayerRequests:
             for i, candidate in enumerate(candidates)
         ]
         # Each line suggests its command when clicked, where the game client can.
+        # the command as the text already gave it (`/buy 2 bread`), else its usage.
         lines = [
             (
                 pick(
                     _TYPE_COMMAND if hint.label else _TYPE_IT,
                     player.language,
-                    usage=hint.usage,
+                    usage=hint.command or hint.usage,
                     label=hint.label,
                 ),
-                hint.usage.split(" ", 1)[0] + " ",
+                hint.command or hint.usage.split(" ", 1)[0] + " ",
             )
             for hint in command_hints
         ]
