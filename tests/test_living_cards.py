@@ -101,7 +101,7 @@ async def test_typing_claim_presses_the_button_of_the_card_being_viewed(
         client = await chain.steve_and_alex()
         iron = lambda: client.world.inventory("alex")["minecraft:iron_ingot"]  # noqa: E731
         mail = (await client.chat("alex", "/mail m4")).reply.result.card
-        assert [b.label_key for b in mail.buttons] == ["claim", ""]
+        assert [b.label_key for b in mail.buttons] == ["claim", "back"]
         # Not looking at the card: "claim it" is ordinary text, and a write never routes so.
         blind = (await client.chat("alex", "claim it")).reply
         assert blind.module_id != "system:mail_claim" and iron() == 0
@@ -129,3 +129,35 @@ async def test_typing_claim_presses_the_button_of_the_card_being_viewed(
         stale.ref.version += 1
         again = (await client.chat("steve", "领取", viewing=stale)).reply
         assert again.module_id != "system:mail_claim"
+
+
+async def test_typing_back_or_next_page_presses_the_viewed_cards_navigation(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The pages' and the back buttons name their kind (`next`, `previous`, `back`), so `next
+    page`, `上一页`, `go back` or `返回` typed at the card on screen press them, as `领取` presses
+    a claim; typed with no card in view they are ordinary text."""
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        inbox = (await client.chat("steve", "/mail")).reply.result.card
+        assert [b.label_key for b in inbox.buttons][-1] == "next"
+        page2 = (await client.chat("steve", "翻页", viewing=inbox)).reply
+        assert page2.result.card.title == "收件箱（共 6 封，第 2/2 页）"
+        page1 = (await client.chat("steve", "上一页", viewing=page2.result.card)).reply
+        assert page1.result.card.title == "收件箱（共 6 封，第 1/2 页）"
+        mail = (await client.chat("steve", "/mail m4")).reply.result.card
+        back = (await client.chat("steve", "返回", viewing=mail)).reply
+        assert back.module_id == "system:inbox" and back.result.card.title.startswith("收件箱")
+        blind = (await client.chat("steve", "返回")).reply
+        assert blind.module_id != "system:inbox"
+
+        shop = (await client.chat("alex", "/shop")).reply.result.card
+        more = (await client.chat("alex", "next page", viewing=shop)).reply.result.card
+        assert more.title == "Shop (page 2 of 4)"
+        item = (await client.chat("alex", "/shop minecraft:diamond")).reply.result.card
+        assert [b.label_key for b in item.buttons][-1] == "back"
+        home = (await client.chat("alex", "go back", viewing=item)).reply
+        assert home.result.card.title == "Shop (page 1 of 4)"
+        quest = (await client.chat("alex", "/quest 1")).reply.result.card
+        listed = (await client.chat("alex", "back", viewing=quest)).reply
+        assert listed.module_id == "system:quests"

@@ -268,9 +268,13 @@ class InboxModule:
                 else pick(_EMPTY, language)
             )
         if 1 < page <= pages:
-            buttons.append(invoke(INBOX, pick(_PREVIOUS, language), {"page": page - 1}))
+            buttons.append(
+                invoke(INBOX, pick(_PREVIOUS, language), {"page": page - 1}, label_key="previous")
+            )
         if page < pages:
-            buttons.append(invoke(INBOX, pick(_NEXT, language), {"page": page + 1}))
+            buttons.append(
+                invoke(INBOX, pick(_NEXT, language), {"page": page + 1}, label_key="next")
+            )
         return card(INBOX, title, lines, buttons)
 
     @staticmethod
@@ -296,7 +300,7 @@ class InboxModule:
                         label_key="claim",
                     )
                 )
-        buttons.append(invoke(INBOX, pick(_BACK, language), {}))
+        buttons.append(invoke(INBOX, pick(_BACK, language), {}, label_key="back"))
         return card(INBOX, mail["subject"], lines, buttons)
 
 
@@ -344,7 +348,7 @@ class MailClaimModule:
                 pick(_NO_ATTACHMENT, language, mail_id=mail_id),
                 title=pick(_NO_ATTACHMENT_TITLE, language),
             )
-        back = invoke(INBOX, pick(_BACK, language), {})
+        back = invoke(INBOX, pick(_BACK, language), {}, label_key="back")
         if outcome == "already_claimed":
             return succeeded(
                 card(

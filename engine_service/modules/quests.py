@@ -161,7 +161,7 @@ _POLICY = ExecutionPolicy(rounds=1, model_calls=0, tool_calls=1, steps=1, second
 
 
 def _back(language: str) -> common_pb2.CardButton:
-    return invoke(QUESTS, pick(_BACK, language), {})
+    return invoke(QUESTS, pick(_BACK, language), {}, label_key="back")
 
 
 def _stacks(stacks: list[dict[str, Any]], language: str) -> list[str | tuple[str, str]]:

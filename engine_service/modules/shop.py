@@ -351,7 +351,7 @@ def _not_sold(query: str, language: str) -> common_pb2.AgentResult:
         pick(_NOT_SOLD, language, query=query),
         title=pick(_NOT_SOLD_TITLE, language),
     )
-    result.card.buttons.append(invoke(SHOP, pick(_BACK, language), {}))
+    result.card.buttons.append(invoke(SHOP, pick(_BACK, language), {}, label_key="back"))
     return result
 
 
@@ -381,9 +381,15 @@ def _list_card(listed: dict[str, Any], request: dict[str, Any], language: str) -
         )
     keep = {k: v for k, v in request.items() if k in ("category", "query")}
     if 1 < page <= pages:
-        buttons.append(invoke(SHOP, pick(_PREVIOUS, language), {**keep, "page": page - 1}))
+        buttons.append(
+            invoke(
+                SHOP, pick(_PREVIOUS, language), {**keep, "page": page - 1}, label_key="previous"
+            )
+        )
     if page < pages:
-        buttons.append(invoke(SHOP, pick(_NEXT, language), {**keep, "page": page + 1}))
+        buttons.append(
+            invoke(SHOP, pick(_NEXT, language), {**keep, "page": page + 1}, label_key="next")
+        )
     if not keep:  # the front page offers the categories
         buttons += [invoke(SHOP, name, {"category": key}) for key, name in names.items()]
     else:
@@ -409,7 +415,7 @@ def _detail_card(
                 )
             )
     buttons.append(invoke("system:item", pick(_ITEM_INFO, language), {"item_id": item["id"]}))
-    buttons.append(invoke(SHOP, pick(_BACK, language), {}))
+    buttons.append(invoke(SHOP, pick(_BACK, language), {}, label_key="back"))
     return card(SHOP, pick(item["name"], language), lines, buttons)
 
 
@@ -569,7 +575,7 @@ class ShopBuyModule:
                 pick(_QUOTE_BALANCE, language, balance=balance, after=after, currency=money)
             )
         lines.append(pick(_STOCK, language, stock=listing["stock"]))
-        back = invoke(SHOP, pick(_BACK, language), {})
+        back = invoke(SHOP, pick(_BACK, language), {}, label_key="back")
         # The seed's prepared cost: the price is always shown; a refusal is optional.
         if listing["stock"] < count:
             reason = pick(_SOLD_OUT, language, name=name, stock=listing["stock"], count=count)
@@ -651,7 +657,7 @@ class ShopConfirmModule:
             buy,
             lambda outcome: outcome["outcome"] == "purchased",
             _CONFIRM_TEXTS,
-            invoke(SHOP, pick(_BACK, language), {}),
+            invoke(SHOP, pick(_BACK, language), {}, label_key="back"),
         )
         if isinstance(applied, common_pb2.AgentResult):
             return applied
@@ -664,7 +670,7 @@ def _outcome_result(
     """The card of a buy outcome: the receipt, or the failure card of a refusal."""
     money = pick(terms["currency"], language)
     name = pick(terms["name"], language)
-    back = invoke(SHOP, pick(_BACK, language), {})
+    back = invoke(SHOP, pick(_BACK, language), {}, label_key="back")
     outcome = bought["outcome"]
     if outcome == "purchased":
         lines = [
