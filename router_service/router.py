@@ -478,16 +478,18 @@ class Router:
             # (`我想买面包`: `买` of `购买`, where the purchase leads the sign-in by too little).
             verbs = write_words(text)
             named = catalog.commands.named_in(text) or catalog.commands.holding(verbs)
-            change = catalog.semantic.resembled_change(text, matched, allowed, local, named)
             # A change typed as its command without the slash (`buy 2 bread`, `转账 alex 50`)
             # is suggested with the argument filled in; in English only where the text also
             # resembles it (`pay attention to me` is no payment).
             lead = catalog.commands.leading(text, verbs)
             if lead is not None and (
-                lead.module_id not in allowed
-                or not catalog.semantic.changes(lead.module_id)
-                or (lead.module_id != change and not lead.chinese)
+                lead.module_id not in allowed or not catalog.semantic.changes(lead.module_id)
             ):
+                lead = None
+            change = catalog.semantic.resembled_change(
+                text, matched, allowed, local, named, lead.module_id if lead else None
+            )
+            if lead is not None and lead.module_id != change and not lead.chinese:
                 lead = None
             change = lead.module_id if lead is not None else change
             descriptor = catalog.modules.get(change) if change else None

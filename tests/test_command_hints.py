@@ -49,6 +49,20 @@ def test_a_clear_change_is_suggested_as_its_command(
     assert router.resembled_change(text, language) == module_id  # without the decision too
 
 
+def test_the_change_a_text_begins_with_is_suggested_where_it_matches_well_enough(
+    router: SemanticRouter,
+) -> None:
+    # `buy 1 diamond` matches the payment best (a number and a thing), the purchase at 0.5+.
+    assert router.resembled_change("buy 1 diamond", "en") is None
+    assert router.resembled_change("buy 1 diamond", "en", leading="system:shop_buy") == (
+        "system:shop_buy"
+    )
+    # A sentence that only begins with the word matches the payment too little.
+    assert router.resembled_change("pay attention to me", "en", leading="system:pay") is None
+    # A module that reads is no change to suggest.
+    assert router.resembled_change("buy 1 diamond", "en", leading="system:shop") is None
+
+
 def test_a_change_the_player_may_not_use_or_an_observing_router_suggests_nothing() -> None:
     enforcing = SemanticRouter(PROFILES, SemanticConfig())
     allowed = {p.module_id for p in PROFILES} - {"system:shop_buy"}

@@ -639,6 +639,7 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
     # The command typed without its slash: suggested with what the text gave filled in.
     for text, line in (
         ("buy 3 bread", "Buy from the shop: type /buy 3 bread"),
+        ("buy 1 diamond", "Buy from the shop: type /buy 1 diamond"),
         ("转账 alex 50", "Pay another player: type /pay alex 50"),
         ("买两个面包", "Buy from the shop: type /buy 两个面包"),
     ):

@@ -631,10 +631,13 @@ class SemanticRouter:
         allowed: Collection[str] | None = None,
         decided: LocalDecision | None = None,
         named: Collection[str] = (),
+        leading: str | None = None,
     ) -> str | None:
         """The module `text` matches best when that module changes something (a purchase, a
         payment, a claim) and so never runs from typed words or a selection card: the card may
-        suggest its command instead. Only a clear best (score `HINT_SCORE` or more, ahead of
+        suggest its command instead; or `leading`, the change whose command the text begins
+        with (`buy 1 diamond`), where it matches the text at `HINT_SCORE` or more, whatever
+        leads (the payment, on `<num>` and a thing, for that text). Only a clear best (score `HINT_SCORE` or more, ahead of
         the next by the module's margin gate), or, where the best leads by less or change
         modules tie for it, the one of them in `named` (the router's: those whose command the
         text names, `我要签到`, else whose Chinese command name holds its write verb, `买` of
@@ -643,6 +646,9 @@ class SemanticRouter:
         if self._config.mode is not Mode.ENFORCE or self._index is None:
             return None
         matched = self._matched(text, lang, allowed, decided)
+        if leading is not None and self.changes(leading):
+            if any(m.module_id == leading and m.score >= HINT_SCORE for m in matched):
+                return leading
         if not matched or matched[0].score < HINT_SCORE:
             return None
         best = matched[0].score
