@@ -646,9 +646,12 @@ class SemanticRouter:
         if self._config.mode is not Mode.ENFORCE or self._index is None:
             return None
         matched = self._matched(text, lang, allowed, decided)
-        if leading is not None and self.changes(leading):
-            if any(m.module_id == leading and m.score >= HINT_SCORE for m in matched):
-                return leading
+        if (
+            leading is not None
+            and self.changes(leading)
+            and any(m.module_id == leading and m.score >= HINT_SCORE for m in matched)
+        ):
+            return leading
         if not matched or matched[0].score < HINT_SCORE:
             return None
         best = matched[0].score
