@@ -155,6 +155,26 @@ def choice_label(module: catalog_pb2.ModuleDescriptor | None, language: str) -> 
     return label
 
 
+_WITH_ARGUMENT = {"zh": "{label}：{argument}", "en": "{label}: {argument}"}
+_LIST_NUMBER = {"zh": "第 {number} 个", "en": "#{number}"}
+_ARGUMENT_CHARS = 24
+
+
+def with_argument(label: str, arguments: dict[str, Any], language: str) -> str:
+    """A choice's label followed by the one argument read from the text, so the button says
+    what pressing it looks up (`逛商城：铁锭`, `One quest's details: #2`); the label alone for
+    a choice without one (or with several)."""
+    values = [v for v in arguments.values() if isinstance(v, str | int) and not isinstance(v, bool)]
+    if not label or len(values) != 1:
+        return label
+    (value,) = values
+    if isinstance(value, int):
+        argument = pick(_LIST_NUMBER, language, number=value)
+    else:
+        argument = value if len(value) <= _ARGUMENT_CHARS else value[:_ARGUMENT_CHARS] + "…"
+    return pick(_WITH_ARGUMENT, language, label=label, argument=argument)
+
+
 def _stricter(local: LocalDecision, free_chat_score: float) -> LocalDecision:
     """Extended mode: a direct route also needs the best score to reach `modeScores.freeChat`
     (text below it is answered in conversation instead)."""
@@ -470,7 +490,12 @@ class Router:
                 ]
             )
             response.candidate_labels.extend(
-                choice_label(catalog.modules.get(c.module_id), language) for c in candidates
+                with_argument(
+                    choice_label(catalog.modules.get(c.module_id), language),
+                    dict(c.input),
+                    language,
+                )
+                for c in candidates
             )
             # The commands the text names, else those whose Chinese name holds its write verb
             # (`我想买面包`: `买` of `购买`, where the purchase leads the sign-in by too little).

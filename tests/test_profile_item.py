@@ -271,10 +271,12 @@ async def test_a_question_about_making_or_getting_an_item_opens_its_card(chain: 
     assert plural.reply.result.card.title == "Item: Diamond"
     assert card_lines(plural)[0] == "ID: minecraft:diamond"
     # Below the direct threshold the item lookup leads the card of choices, carrying the name
-    # its extractor read: one press opens the item.
+    # its extractor read, which its label shows: one press opens the item.
     choices = await client.chat("alex", "how do i craft a bow")
     card = choices.reply.result.card
-    assert card.buttons[0].label == "Look up an item by id or name", [b.label for b in card.buttons]
+    assert card.buttons[0].label == "Look up an item by id or name: bow", [
+        b.label for b in card.buttons
+    ]
     pressed = await client.press("alex", card, card.buttons[0])
     assert pressed.reply.module_id == "system:item"
     assert pressed.reply.result.card.title == "Item: Bow"

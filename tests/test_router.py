@@ -837,3 +837,22 @@ def test_a_choice_is_labelled_by_its_description_in_the_players_language() -> No
     )
     assert choice_label(long, "en") == "Look up every single item that the whole server…"
     assert choice_label(None, "en") == ""
+
+
+def test_a_choice_with_an_argument_says_it_on_its_label() -> None:
+    """What pressing the choice looks up: the name or list number read from the text."""
+    from router_service.router import with_argument
+
+    assert with_argument("逛商城", {"query": "铁锭"}, "zh") == "逛商城：铁锭"
+    assert with_argument("The server shop", {"query": "iron ingot"}, "en") == (
+        "The server shop: iron ingot"
+    )
+    assert with_argument("查看任务详情", {"index": 2}, "zh") == "查看任务详情：第 2 个"
+    assert with_argument("One quest's details", {"index": 2}, "en") == "One quest's details: #2"
+    long = "a" * 30
+    assert with_argument("Shop", {"query": long}, "en") == f"Shop: {'a' * 24}…"
+    # No argument, several, or one that is no name or number: the label alone.
+    assert with_argument("Shop", {}, "en") == "Shop"
+    assert with_argument("Shop", {"a": "x", "b": "y"}, "en") == "Shop"
+    assert with_argument("Shop", {"flag": True}, "en") == "Shop"
+    assert with_argument("", {"query": "x"}, "en") == ""
