@@ -336,9 +336,11 @@ class Router:
             pressed = self._buttons.match(request.text, language, buttons)
             if pressed.action_id is not None:
                 self.diagnostics.record_decision(diag.DecisionSource.BUTTON)
-                action = request.notification_buttons[int(pressed.action_id)].action
+                index = int(pressed.action_id)
                 return router_pb2.RouteResponse(
-                    source=router_pb2.DECISION_SOURCE_BUTTON, action=action
+                    source=router_pb2.DECISION_SOURCE_BUTTON,
+                    action=request.notification_buttons[index].action,
+                    notification_button=index + 1,
                 )
         if not request.current_list:
             return None

@@ -293,3 +293,44 @@ async def test_plain_words_open_the_settings_card_without_a_model(tmp_path: path
         # Changing a setting stays a press of the card's button: typed, it opens nothing.
         typed = (await client.chat("alex", "turn my history off")).reply
         assert typed.module_id != "system:settings"
+
+
+async def test_a_toggle_typed_at_the_settings_card_on_screen_is_pressed(
+    tmp_path: pathlib.Path,
+) -> None:
+    """As `领取` typed at a mail presses its claim: the card updates in place, as a click
+    updates it. Clearing the memory, which cannot be undone, only a click does; and with no
+    card in view, or a toggle's number typed, nothing changes."""
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        shown = (await client.chat("alex", "/settings")).reply.result.card
+        numbered = (await client.chat("alex", "3")).reply.result
+        assert numbered.failure.message.startswith("Button 3 works only when pressed")
+        blind = (await client.chat("alex", "Switch to offline mode")).reply
+        assert blind.module_id != "system:settings"
+        state = (await client.control("alex", gateway_pb2.CONTROL_ACTION_STATE)).state
+        assert state.mode_is_default
+
+        typed = (await client.chat("alex", "switch to offline mode", viewing=shown)).reply
+        card = typed.result.card
+        assert typed.module_id == "system:settings"
+        assert (card.ref.card_id, card.ref.version) == (shown.ref.card_id, 2)
+        assert card.lines[2].text == "Conversation mode: offline"
+        state = (await client.control("alex", gateway_pb2.CONTROL_ACTION_STATE)).state
+        assert state.mode == common_pb2.CONVERSATION_MODE_OFFLINE
+        off = (await client.chat("alex", "turn history off please", viewing=card)).reply
+        card = off.result.card
+        assert card.lines[0].text == "Conversation history: off"
+        # The older version on screen no more: typed at it, nothing is pressed.
+        stale = (await client.chat("alex", "Turn history on", viewing=shown)).reply
+        assert stale.module_id != "system:settings"
+
+        kept = (await client.control("alex", gateway_pb2.CONTROL_ACTION_HISTORY)).history
+        cleared = (await client.chat("alex", "Clear conversation memory", viewing=card)).reply
+        assert cleared.module_id != "system:settings"
+        after = (await client.control("alex", gateway_pb2.CONTROL_ACTION_HISTORY)).history
+        assert len(after.entries) >= len(kept.entries)
+
+        zh = (await client.chat("steve", "/设置")).reply.result.card
+        pressed = (await client.chat("steve", "关闭外部服务", viewing=zh)).reply
+        assert pressed.result.card.lines[1].text.endswith("关")

@@ -658,6 +658,17 @@ async def test_a_notification_button_can_be_pressed_by_its_label() -> None:
     decision = await _router().route(_route("打开记录", notification_buttons=[button]))
     assert decision.source == router_pb2.DECISION_SOURCE_BUTTON
     assert decision.action.module_id == "system:history"
+    assert decision.notification_button == 1
+    # A button that runs no module (a settings toggle) comes back by its position alone.
+    toggle = router_pb2.NotificationButton(label="关闭对话记录")
+    decision = await _router().route(_route("关闭对话记录", notification_buttons=[button, toggle]))
+    assert decision.source == router_pb2.DECISION_SOURCE_BUTTON
+    assert (decision.action.module_id, decision.notification_button) == ("", 2)
+    # A number from the current list is no notification button.
+    picked = await _router().route(
+        _route("2", current_list=[common_pb2.ModuleAction(), button.action])
+    )
+    assert (picked.action.module_id, picked.notification_button) == ("system:history", 0)
 
 
 async def test_model_choice_is_cached_per_player_after_success() -> None:

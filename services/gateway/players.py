@@ -170,18 +170,26 @@ class PlayerState:
     change (NotifyPlayer `features_changed`) replaces them at once."""
 
 
-def _notification_buttons(
+def _typed_buttons(
     buttons: Sequence[common_pb2.CardButton],
-) -> list[router_pb2.NotificationButton]:
-    """The `invoke` buttons of the card a player is looking at, for the router's notification
-    matching: a typed `领取` may press one of these, and nothing else."""
+) -> list[tuple[common_pb2.CardButton, router_pb2.NotificationButton]]:
+    """The buttons of the card a player is looking at that typed words may press, each with
+    what the router's notification matching reads of it: a typed `领取` may press one of
+    these, and nothing else. `invoke` buttons, and a settings card's preference toggles (they
+    run no module: an empty action; the gateway carries them out as a press). Clearing the
+    conversation memory, which cannot be undone, only a press of its button does."""
     found = []
     for button in buttons:
         action = _button_action(button)
+        if action is None and button.action_id == "preferences":
+            action = common_pb2.ModuleAction()
         if action is not None:
             found.append(
-                router_pb2.NotificationButton(
-                    action=action, label_key=button.label_key, label=button.label
+                (
+                    button,
+                    router_pb2.NotificationButton(
+                        action=action, label_key=button.label_key, label=button.label
+                    ),
                 )
             )
     return found
@@ -470,10 +478,9 @@ class PlayerRequests:
                 await state.cards.load()  # the cards sent on an earlier connection (0030)
                 player = self._in_force(player, await self._preferences_of(player, state), state)
             if kind == "chat":
-                result, module_id = await self._chat(
-                    player, request.chat.text, state, request.chat.viewing
+                response.reply.CopyFrom(
+                    await self._chat(player, request.chat.text, state, request.chat.viewing)
                 )
-                response.reply.CopyFrom(gateway_pb2.Reply(result=result, module_id=module_id))
             elif kind == "invoke":
                 result = await self._execute(
                     player, request.invoke.call, engine_pb2.ROUTE_SOURCE_INVOKE, ""
@@ -565,19 +572,35 @@ class PlayerRequests:
         text: str,
         state: PlayerState,
         viewing: common_pb2.CardRef | None = None,
-    ) -> tuple[common_pb2.AgentResult, str]:
+    ) -> gateway_pb2.Reply:
         prefs = state.preferences  # read by `handle` just before
         viewed = state.cards.current(viewing) if viewing is not None else None
+        typed = _typed_buttons(viewed.shown) if viewed else []
         decision: router_pb2.RouteResponse = await self.router.stub.Route(
             router_pb2.RouteRequest(
                 player=player,
                 text=text,
                 current_list=state.current_list,
-                notification_buttons=_notification_buttons(viewed.shown) if viewed else (),
+                notification_buttons=[readable for _, readable in typed],
                 external_enabled=prefs is not None and prefs.external_enabled,
                 history_disabled=prefs is None or not prefs.history_enabled,
             )
         )
+        if (
+            viewing is not None
+            and decision.source == router_pb2.DECISION_SOURCE_BUTTON
+            and 0 < decision.notification_button <= len(typed)
+            and not decision.action.module_id
+        ):
+            # A settings toggle typed at its card (`turn history off`): pressed, as a click is.
+            button = typed[decision.notification_button - 1][0]
+            return await self._pressed(
+                player,
+                gateway_pb2.CardAction(
+                    source=viewing, action_id=button.action_id, args=dict(button.args)
+                ),
+                state,
+            )
         source = _SOURCES.get(decision.source)
         if source is not None:
             result = await self._execute(player, decision.action, source, text)
@@ -598,18 +621,18 @@ class PlayerRequests:
                     ),
                     "recording the routing outcome",
                 )
-            return result, decision.action.module_id
+            return gateway_pb2.Reply(result=result, module_id=decision.action.module_id)
         if decision.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK and decision.candidates:
             selection = self._selection(
                 player, decision.candidates, decision.candidate_labels, decision.command_hints
             )
-            return selection, ""
+            return gateway_pb2.Reply(result=selection)
         failure = (
             AgentFailure.UNKNOWN_COMMAND
             if decision.no_route_reason == router_pb2.NO_ROUTE_REASON_UNKNOWN_COMMAND
             else AgentFailure.NO_MATCH
         )
-        return failed(failure, decision.detail or failure.value), ""
+        return gateway_pb2.Reply(result=failed(failure, decision.detail or failure.value))
 
     async def _execute(
         self,
