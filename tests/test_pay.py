@@ -87,6 +87,9 @@ def test_the_written_forms_of_a_payment() -> None:
     assert parse_payment("Alex 100 金币") == ("Alex", 100)
     assert parse_payment("100 coins to Alex") == ("Alex", 100)
     assert parse_payment("100 金币给 Alex") == ("Alex", 100)
+    # A negative amount is an amount, so the player reads the range.
+    assert parse_payment("Alex -5") == ("Alex", -5)
+    assert parse_payment("-5 coins to Alex") == ("Alex", -5)
     assert parse_payment("Alex") is None
     assert parse_payment("a lot to Alex") is None
 
@@ -198,9 +201,10 @@ async def test_refusals_and_a_stale_card(chain: Chain) -> None:
     assert too_much.reply.result.failure.message == (
         "The amount must be from 1 to 1,000,000,000, for example: /pay Alex 100"
     )
-    nothing = await client.chat("alex", "/pay Steve 0")
-    assert nothing.reply.result.failure.key == "system.error.invalid_input"
-    assert "from 1 to" in nothing.reply.result.failure.message
+    for amount in ("0", "-5"):
+        nothing = await client.chat("alex", f"/pay Steve {amount}")
+        assert nothing.reply.result.failure.key == "system.error.invalid_input"
+        assert "from 1 to" in nothing.reply.result.failure.message
     done = await client.press("alex", newer.reply.result.card, newer.reply.result.card.buttons[0])
     # The newer card was replaced by a later one too (the refused and unclear cards made none
     # but `/pay steve 1` did): it is stale now, and nothing moved.

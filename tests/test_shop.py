@@ -167,6 +167,7 @@ def test_a_count_may_follow_the_item() -> None:
     assert _split_count("三叉戟") == ("三叉戟", None)  # the trident, not three of something
     # A count out of range stays a count, so the player reads the range.
     assert _split_count("bread -1") == ("bread", -1)
+    assert _split_count("-3 bread") == ("bread", -3)
     assert _split_count("1000 bread") == ("bread", 1000)
 
 

@@ -46,8 +46,8 @@ BOOK = "system:pay"
 OFFER_CARD = "system:pay.offer"
 _NAME = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 _TEXT = re.compile(
-    r"^(?:给\s*)?(?P<a>[A-Za-z0-9_]{1,32})\s*(?:转账?|付)?\s*(?P<n>\d{1,18})\s*(?:金币|coins?)?$"
-    r"|^(?P<m>\d{1,18})\s*(?:金币|coins?)?\s*(?:给|to)\s*(?P<b>[A-Za-z0-9_]{1,32})$",
+    r"^(?:给\s*)?(?P<a>[A-Za-z0-9_]{1,32})\s*(?:转账?|付)?\s*(?P<n>-?\d{1,18})\s*(?:金币|coins?)?$"
+    r"|^(?P<m>-?\d{1,18})\s*(?:金币|coins?)?\s*(?:给|to)\s*(?P<b>[A-Za-z0-9_]{1,32})$",
     re.IGNORECASE,
 )
 

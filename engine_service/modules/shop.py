@@ -75,7 +75,7 @@ _TRAILING_COUNT = re.compile(
     rf"^(?P<item>.*?)\s*(?:[x×*]\s*)?(?<!\d)(?P<count>-?\d{{1,18}})\s*[{MEASURE_WORDS}]?$"
 )
 _LEADING_COUNT = re.compile(
-    rf"^(?:[x×*]\s*)?(?P<count>\d{{1,18}}|[{CHINESE_NUMERALS}]{{1,4}}(?=[{MEASURE_WORDS}]))"
+    rf"^(?:[x×*]\s*)?(?P<count>-?\d{{1,18}}|[{CHINESE_NUMERALS}]{{1,4}}(?=[{MEASURE_WORDS}]))"
     rf"\s*(?:[{MEASURE_WORDS}]|[x×*](?=\s))?\s*(?P<item>[^\d\s].*)$"
 )
 """`3 bread`, `x3 bread`, `3个面包`, `三个面包`: a Chinese numeral only with its measure word
@@ -429,7 +429,9 @@ def _split_count(text: str) -> tuple[str, int | None]:
     match = _LEADING_COUNT.match(stripped)
     if match:
         count = match["count"]
-        return match["item"].strip(), int(count) if count.isdigit() else chinese_number(count)
+        return match["item"].strip(), (
+            int(count) if count.lstrip("-").isdigit() else chinese_number(count)
+        )
     return stripped, None
 
 
