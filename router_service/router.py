@@ -175,6 +175,46 @@ def with_argument(label: str, arguments: dict[str, Any], language: str) -> str:
     return pick(_WITH_ARGUMENT, language, label=label, argument=argument)
 
 
+def _command_hint(
+    catalog: Catalog,
+    text: str,
+    text_language: str,
+    language: str,
+    allowed: frozenset[str],
+    local: LocalDecision,
+) -> router_pb2.CommandHint | None:
+    """The command of the change the text asks for, which no card button may run, for the
+    selection card to suggest (`/buy <item [count]>`), filled in where the text was that
+    command typed without its slash (`/buy 2 bread`); None where no change is clear. Matched
+    in the text's language, written in the player's (`language`)."""
+    # The commands the text names, else those whose Chinese name holds its write verb
+    # (`我想买面包`: `买` of `购买`, where the purchase leads the sign-in by too little).
+    verbs = write_words(text)
+    named = catalog.commands.named_in(text) or catalog.commands.holding(verbs)
+    # A change typed as its command without the slash (`buy 2 bread`, `转账 alex 50`) is
+    # suggested with the argument filled in; in English only where the text also resembles
+    # it (`pay attention to me` is no payment).
+    lead = catalog.commands.leading(text, verbs)
+    if lead is not None and (
+        lead.module_id not in allowed or not catalog.semantic.changes(lead.module_id)
+    ):
+        lead = None
+    change = catalog.semantic.resembled_change(
+        text, text_language, allowed, local, named, lead.module_id if lead else None
+    )
+    if lead is not None and lead.module_id != change and not lead.chinese:
+        lead = None
+    descriptor = catalog.modules.get(lead.module_id if lead else change or "")
+    if descriptor is None or not descriptor.commands:
+        return None
+    command = lead.command if lead is not None else descriptor.commands[0]
+    return router_pb2.CommandHint(
+        usage=usage(command.aliases[0], command, language),
+        label=choice_label(descriptor, language),
+        command=lead.typed() if lead is not None else "",
+    )
+
+
 def _stricter(local: LocalDecision, free_chat_score: float) -> LocalDecision:
     """Extended mode: a direct route also needs the best score to reach `modeScores.freeChat`
     (text below it is answered in conversation instead)."""
@@ -499,36 +539,9 @@ class Router:
                 )
                 for c in candidates
             )
-            # The commands the text names, else those whose Chinese name holds its write verb
-            # (`我想买面包`: `买` of `购买`, where the purchase leads the sign-in by too little).
-            # The commands the text names, else those whose Chinese name holds its write verb
-            # (`我想买面包`: `买` of `购买`, where the purchase leads the sign-in by too little).
-            verbs = write_words(text)
-            named = catalog.commands.named_in(text) or catalog.commands.holding(verbs)
-            # A change typed as its command without the slash (`buy 2 bread`, `转账 alex 50`)
-            # is suggested with the argument filled in; in English only where the text also
-            # resembles it (`pay attention to me` is no payment).
-            lead = catalog.commands.leading(text, verbs)
-            if lead is not None and (
-                lead.module_id not in allowed or not catalog.semantic.changes(lead.module_id)
-            ):
-                lead = None
-            change = catalog.semantic.resembled_change(
-                text, matched, allowed, local, named, lead.module_id if lead else None
-            )
-            if lead is not None and lead.module_id != change and not lead.chinese:
-                lead = None
-            change = lead.module_id if lead is not None else change
-            descriptor = catalog.modules.get(change) if change else None
-            if descriptor is not None and descriptor.commands:
-                command = lead.command if lead is not None else descriptor.commands[0]
-                response.command_hints.append(
-                    router_pb2.CommandHint(
-                        usage=usage(command.aliases[0], command, language),
-                        label=choice_label(descriptor, language),
-                        command=lead.typed() if lead is not None else "",
-                    )
-                )
+            hint = _command_hint(catalog, text, matched, language, allowed, local)
+            if hint is not None:
+                response.command_hints.append(hint)
             response.detail = "not sure what you meant; pick one, or type /help"
             return response
         self.diagnostics.record_decision(diag.DecisionSource.NONE)
