@@ -379,8 +379,10 @@ class SemanticRouter:
         if not _has_word(analysis):
             return no("no_words", **scores)
         profile = self._profiles[top.module_id]
-        if config.scorer.mode == "ngram":
-            profile = self._own_example(normalized, lang, allowed) or profile
+        own = (
+            self._own_example(normalized, lang, allowed) if config.scorer.mode == "ngram" else None
+        )
+        profile = own or profile
         if profile.kind == "reject":
             return no("reject_profile", **scores)
         if not profile.routes_directly:
@@ -395,6 +397,7 @@ class SemanticRouter:
                 analysis,
                 match,
                 profile,
+                own is not None,
                 scores,
                 no,
                 started,
@@ -516,15 +519,17 @@ class SemanticRouter:
         analysis: Analysis,
         match: Match,
         profile: Profile,
+        own_example: bool,
         scores: dict[str, Any],
         no: Callable[..., LocalDecision],
         started: float,
     ) -> LocalDecision:
-        """Scorer mode `ngram`: the seed's gates, or else the n-gram scorer; then the guards
-        and the arguments."""
+        """Scorer mode `ngram`: the text typed as one of `profile`'s own examples
+        (`own_example`), else the seed's gates, or else the n-gram scorer; then the guards and
+        the arguments."""
         failed = self._failed_gates(match, profile, lang)
         route: Literal["gates", "scorer", "example"] = "gates"
-        if failed and self._own_example(normalized, lang, allowed) is profile:
+        if failed and own_example:
             route, failed = "example", []
         # Scored only where it can decide: the seed's gates failed, and only those it may
         # stand in for (scorer fields stay None otherwise).
@@ -637,12 +642,13 @@ class SemanticRouter:
         payment, a claim) and so never runs from typed words or a selection card: the card may
         suggest its command instead; or `leading`, the change whose command the text begins
         with (`buy 1 diamond`), where it matches the text at `HINT_SCORE` or more, whatever
-        leads (the payment, on `<num>` and a thing, for that text). Only a clear best (score `HINT_SCORE` or more, ahead of
-        the next by the module's margin gate), or, where the best leads by less or change
-        modules tie for it, the one of them in `named` (the router's: those whose command the
-        text names, `我要签到`, else whose Chinese command name holds its write verb, `买` of
-        `购买`): a wrong suggestion misleads more than none. None when the best match reads, nothing matched
-        clearly, or in SHADOW and OFF (an observing router must not change what players see)."""
+        leads (the payment, on `<num>` and a thing, for that text). Only a clear best (score
+        `HINT_SCORE` or more, ahead of the next by the module's margin gate), or, where the
+        best leads by less or change modules tie for it, the one of them in `named` (the
+        router's: those whose command the text names, `我要签到`, else whose Chinese command
+        name holds its write verb, `买` of `购买`): a wrong suggestion misleads more than none.
+        None when the best match reads, nothing matched clearly, or in SHADOW and OFF (an
+        observing router must not change what players see)."""
         if self._config.mode is not Mode.ENFORCE or self._index is None:
             return None
         matched = self._matched(text, lang, allowed, decided)
