@@ -670,8 +670,8 @@ class PlayerRequests:
             )
             for i, candidate in enumerate(candidates)
         ]
-        # Each line suggests its command when clicked, where the game client can.
-        # the command as the text already gave it (`/buy 2 bread`), else its usage.
+        # Each line suggests its command when clicked, where the game client can: as the text
+        # already gave it (`/buy 2 bread`), else its name.
         lines = [
             (
                 pick(
