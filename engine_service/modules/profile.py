@@ -78,6 +78,7 @@ class ProfileModule:
                     "查看我的数据",
                     "我的资料卡",
                     "查看我的游戏时长",
+                    "余额",
                 ),
                 "en": (
                     "show my profile",
@@ -91,6 +92,7 @@ class ProfileModule:
                     "my overview",
                     "view my profile card",
                     "show my playtime",
+                    "my balance",
                 ),
             },
             choice_label="system.profile.choice",
