@@ -286,3 +286,22 @@ def test_a_service_refuses_bad_config_with_a_clear_message(
     )
     assert done.returncode == 2
     assert expected in done.stderr
+
+
+def test_make_run_op_shows_the_administrators_commands_until_deop(tmp_path: Path) -> None:
+    """`:op` makes Steve an operator, as a game server would say of him: the admin commands
+    work and a language switch keeps them; `:deop` takes them away again."""
+    done = make_run(
+        tmp_path,
+        "--language",
+        "en_us",
+        input=":op\n/routing\n:lang zh\n/knowledge\n:deop\n/routing\n:op 9\n:quit\n",
+    )
+    assert done.returncode == 0, done.stderr
+    opped, deopped = done.stdout.split("permission level is now 0", 1)
+    assert "Steve's permission level is now 4" in opped
+    assert "Routing diagnostics" in opped and "知识条目：共享知识库" in opped
+    assert "/routing 不是指令" in deopped
+    assert "(a permission level is 0 to 4, for example :op 3)" in deopped
+    # The prompt :quit was typed at is the last: none after it.
+    assert done.stdout.rstrip().endswith("for example :op 3)\nSteve>")

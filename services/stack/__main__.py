@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import re
 import secrets
 import sys
@@ -45,6 +46,9 @@ SIM_HELP = """simulator commands:
   :press N        press button N of the last card (the one on screen: typing a phrase that
                   clearly names one of its buttons, 领取 or next page, presses it too)
   :lang zh|en     switch Steve's client language
+  :op [LEVEL]     make Steve an operator (permission level 4, or LEVEL 0-4): /help then lists
+                  the administrators' commands (routing diagnostics, knowledge, players)
+  :deop           make Steve a player again (level 0)
   :state          ask for the assistant state
   :history        show the stored conversation
   :clear          delete the stored conversation
@@ -53,6 +57,19 @@ SIM_HELP = """simulator commands:
   :quit           stop everything (Ctrl-C and Ctrl-D do too)
 anything else is sent as chat, for example: 帮助, help, /help history, /pay Alex 10 (Alex is a
 player this server knows, offline now)"""
+
+
+OPERATOR_LEVEL = 4
+"""Minecraft's operator level, which `:op` gives Steve unless told another."""
+
+
+@dataclasses.dataclass
+class _Seat:
+    """What the simulated game server says of Steve: his client language and his permission
+    level, sent together whenever either changes (a presence update carries both)."""
+
+    language: str
+    permission_level: int = 0
 
 
 ADVANCE_WAIT_SECONDS = 5.0
@@ -91,7 +108,7 @@ def _stdin_lines(
         loop.call_soon_threadsafe(queue.put_nowait, line)
 
 
-async def _interactive(client: GameServerClient) -> None:
+async def _interactive(client: GameServerClient, seat: _Seat) -> None:
     print(
         f"Connected as {PLAYER_NAME}. Type 帮助 or help; :help for simulator commands.", flush=True
     )
@@ -104,13 +121,12 @@ async def _interactive(client: GameServerClient) -> None:
     last: gateway_pb2.PlayerResponse | None = None
     while (line := await queue.get()) is not None:
         try:
-            last = await _handle_line(client, line.strip(), last)
+            last = await _handle_line(client, line.strip(), last, seat)
         except _Quit:
-            return
+            return  # no prompt after :quit
         except FrameRefused as exc:
             print(f"(refused: {exc})")
-        finally:
-            ready.set()
+        ready.set()
 
 
 async def _advance(client: GameServerClient, advancement: str) -> None:
@@ -153,7 +169,7 @@ _CONTROLS = {
 
 
 async def _handle_line(
-    client: GameServerClient, line: str, last: gateway_pb2.PlayerResponse | None
+    client: GameServerClient, line: str, last: gateway_pb2.PlayerResponse | None, seat: _Seat
 ) -> gateway_pb2.PlayerResponse | None:
     """Acts on one typed line; returns the response whose card `:press` refers to next."""
     if not line:
@@ -163,9 +179,20 @@ async def _handle_line(
     if line == ":help":
         print(SIM_HELP)
     elif line.startswith(":lang"):
-        language = "zh_cn" if line.endswith("zh") else "en_us"
-        await client.update(PLAYER_ID, language)
-        print(f"(language is now {language})")
+        seat.language = "zh_cn" if line.endswith("zh") else "en_us"
+        await client.update(PLAYER_ID, seat.language, seat.permission_level)
+        print(f"(language is now {seat.language})")
+    elif line.split()[0] in (":op", ":deop"):
+        level = line.removeprefix(":op").strip() if line.startswith(":op") else "0"
+        if level and not (level.isdigit() and 0 <= int(level) <= OPERATOR_LEVEL):
+            print(f"(a permission level is 0 to {OPERATOR_LEVEL}, for example :op 3)")
+            return last
+        seat.permission_level = int(level) if level else OPERATOR_LEVEL
+        await client.update(PLAYER_ID, seat.language, seat.permission_level)
+        print(
+            f"({PLAYER_NAME}'s permission level is now {seat.permission_level}; "
+            "/help lists what it allows)"
+        )
     elif line in _CONTROLS:
         print(render_response(await client.control(PLAYER_ID, _CONTROLS[line])))
     elif line.startswith(":advance"):
@@ -204,12 +231,13 @@ async def _play(stack: Stack, say: str | None, language: str, ftbquests: bool = 
     except GatewayRefused as exc:
         print(f"the gateway refused the simulated game server: {exc}", file=sys.stderr)
         return 1
+    seat = _Seat(_language(say, language))
     try:
-        await client.join(PLAYER_ID, PLAYER_NAME, _language(say, language))
+        await client.join(PLAYER_ID, PLAYER_NAME, seat.language)
         if say is not None:
             response = await _say(client, say)
             return 0 if response.WhichOneof("body") else 1
-        await _interactive(client)
+        await _interactive(client, seat)
         return 0
     finally:
         await client.close()
