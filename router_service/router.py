@@ -47,7 +47,7 @@ from router_service.semantic import (
     reload_changes,
 )
 from router_service.semantic.extractors import extract, list_pick
-from router_service.semantic.guards import write_words
+from router_service.semantic.guards import check_guards, write_words
 from services.commands import usage
 from services.runtime.errors import InvalidArgument, PermissionDenied
 from services.runtime.permissions import module_available
@@ -155,6 +155,8 @@ def choice_label(module: catalog_pb2.ModuleDescriptor | None, language: str) -> 
     return label
 
 
+_FILLABLE = ("write", "change")
+"""Guards that may fire on a command's argument that the selection card still writes out."""
 _WITH_ARGUMENT = {"zh": "{label}：{argument}", "en": "{label}: {argument}"}
 _LIST_NUMBER = {"zh": "第 {number} 个", "en": "#{number}"}
 _ARGUMENT_CHARS = 24
@@ -208,10 +210,13 @@ def _command_hint(
     if descriptor is None or not descriptor.commands:
         return None
     command = lead.command if lead is not None else descriptor.commands[0]
+    # An argument that refers, negates or joins (`buy it`, `buy bread and eggs`) is no argument
+    # to write out: the usage instead.
+    filled = lead is not None and check_guards(lead.argument) in (None, *_FILLABLE)
     return router_pb2.CommandHint(
         usage=usage(command.aliases[0], command, language),
         label=choice_label(descriptor, language),
-        command=lead.typed() if lead is not None else "",
+        command=lead.typed() if lead is not None and filled else "",
     )
 
 

@@ -648,6 +648,12 @@ async def test_answers_a_player_can_act_on(chain: Chain, client: GameServerClien
             line,
             line.split("type ", 1)[1],
         ), text
+    # A reference is no argument to write out: the usage instead.
+    referred = (await client.chat(MALLORY, "buy it")).reply.result.card
+    assert (referred.lines[0].text, referred.lines[0].suggest_command) == (
+        "Buy from the shop: type /buy <item [count]>",
+        "/buy ",
+    )
     # An English sentence that only begins with a command's name is not that command.
     attention = (await client.chat(MALLORY, "pay attention to me")).reply.result.card
     assert [line.suggest_command for line in attention.lines] == ["/help"]

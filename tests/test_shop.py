@@ -367,6 +367,23 @@ async def test_the_confirm_is_never_reached_by_typed_text_or_a_number(chain: Cha
     assert client.world.player("steve").balance == STARTING_BALANCE
 
 
+async def test_buy_it_typed_at_an_items_card_quotes_one(chain: Chain) -> None:
+    """The single purchase is the card's `buy` button: `buy it` / `买` typed at the item's card
+    quote one (still confirmed by a press); the bulk one is pressed by its label alone."""
+    client = await chain.steve_and_alex()
+    item = (await client.chat("alex", "/shop minecraft:diamond")).reply.result.card
+    assert [b.label_key for b in item.buttons] == ["buy", "", "", "back"]
+    one = (await client.chat("alex", "buy it", viewing=item)).reply
+    assert one.module_id == "system:shop_buy"
+    assert one.result.card.lines[0].text == "Diamond × 1"
+    bulk = await client.chat("alex", "buy 16", viewing=item)
+    assert card_lines(bulk)[0] == "Diamond × 16"
+    zh = (await client.chat("steve", "/shop 钻石")).reply.result.card
+    bought = await client.chat("steve", "买", viewing=zh)
+    assert card_lines(bought)[0] == "钻石 × 1"
+    assert client.world.player("alex").balance == STARTING_BALANCE  # quotes charge nothing
+
+
 async def test_a_newer_quote_makes_the_older_stale(chain: Chain) -> None:
     client = await chain.steve_and_alex()
     older, older_confirm = await _quote(client, "steve", "/buy 面包 2")

@@ -409,9 +409,14 @@ def _detail_card(
     buttons = []
     for count in (1, BULK):
         if listing["stock"] >= count:
+            # `buy it` / `买` typed at the card means one: the single purchase is the `buy`
+            # kind (a quote, still confirmed by a press); the bulk one is pressed by its label.
             buttons.append(
                 invoke(
-                    BUY, pick(_BUY_N, language, count=count), {"item": item["id"], "count": count}
+                    BUY,
+                    pick(_BUY_N, language, count=count),
+                    {"item": item["id"], "count": count},
+                    label_key="buy" if count == 1 else "",
                 )
             )
     buttons.append(invoke("system:item", pick(_ITEM_INFO, language), {"item_id": item["id"]}))
