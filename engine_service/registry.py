@@ -183,6 +183,11 @@ class ModuleSpec:
     """Game event types (`minecraft:advancement`) the module handles: each such event becomes a
     persisted task running this module with the event's data as input. Needs
     `event_allowed`, and every tool it declares must be event-allowed."""
+    question_field: str = ""
+    """The input field that takes a question in the player's own words: a selection card
+    offers the module, the whole text in that field, for a text that asks something when no
+    model can be asked. One of `input_schema`'s string properties, of a module without write
+    steps; empty for modules that answer no free question."""
 
     @property
     def write_steps(self) -> int:
@@ -214,6 +219,7 @@ class ModuleSpec:
             event_allowed=self.event_allowed,
             write_steps=self.write_steps,
             semantic=semantic,
+            question_field=self.question_field,
         )
 
 
@@ -313,6 +319,18 @@ class ModuleRegistry:
         tools = self._check_tools(spec)
         self._check_events(spec, tools)
         read_only = all(tool.read_only for tool in tools)
+        if spec.question_field:
+            field = spec.input_schema.get("properties", {}).get(spec.question_field)
+            if not isinstance(field, dict) or field.get("type") != "string":
+                raise RegistryError(
+                    f"{spec.module_id}: question_field {spec.question_field!r} is not a string "
+                    "input field"
+                )
+            if spec.write_steps or not read_only:
+                raise RegistryError(
+                    f"{spec.module_id}: a module that answers questions from a selection card "
+                    "must only read (no write steps, read-only tools)"
+                )
         for event_type in spec.events:
             self._handlers.setdefault(event_type, []).append(spec.module_id)
         self._modules[spec.module_id] = module

@@ -40,10 +40,12 @@ from router_service.clients import SharedIntentCache, SharedLookup
 from router_service.commands import CommandMatch, UnknownCommand
 from router_service.model_routing import CLARIFY, ModelRouter
 from router_service.semantic import (
+    FallbackCandidate,
     LocalDecision,
     Mode,
     SemanticConfig,
     detect_language,
+    normalize,
     reload_changes,
 )
 from router_service.semantic.extractors import extract, list_pick
@@ -175,6 +177,47 @@ def with_argument(label: str, arguments: dict[str, Any], language: str) -> str:
     else:
         argument = value if len(value) <= _ARGUMENT_CHARS else value[:_ARGUMENT_CHARS] + "…"
     return pick(_WITH_ARGUMENT, language, label=label, argument=argument)
+
+
+_QUESTION_START = re.compile(
+    r"^(?:what|why|how|who|where|which|when|whose|whom|is|are|was|were|do|does|did|can|could"
+    r"|should|will|would|may)\b"
+)
+_QUESTION_HAN = re.compile(
+    "吗|呢|什么|怎么|怎样|如何|为什么|为何|哪|几|多少|是否|能否|能不能|可不可以|有没有"
+)
+
+
+def asks(text: str) -> bool:
+    """Whether `text` asks something: a question mark, an English question word first, or a
+    Chinese question word or particle (`吗`, `怎么`, `哪`)."""
+    normalized = normalize(text).rstrip()
+    return (
+        normalized.endswith(("?", "？"))
+        or _QUESTION_START.match(normalized) is not None
+        or _QUESTION_HAN.search(normalized) is not None
+    )
+
+
+def _question_choice(
+    catalog: Catalog, text: str, allowed: frozenset[str], candidates: list[FallbackCandidate]
+) -> common_pb2.ModuleAction | None:
+    """For a text that asks something, the first module the player may use that answers a
+    question in their own words (`ModuleDescriptor.question_field`: the knowledge base's), the
+    whole text as that question: where no model could be asked, the knowledge search is one
+    press away. None for other texts, or where the card already offers it."""
+    if not asks(text):
+        return None
+    offered = {c.module_id for c in candidates}
+    for module_id, module in catalog.modules.items():
+        if (
+            module.question_field
+            and module_id in allowed
+            and module_id not in offered
+            and module.write_steps == 0
+        ):
+            return _action(module_id, {module.question_field: text.strip()})
+    return None
 
 
 def _command_hint(
@@ -544,6 +587,16 @@ class Router:
                 )
                 for c in candidates
             )
+            answering = _question_choice(catalog, text, allowed, candidates)
+            if answering is not None:
+                response.candidates.append(answering)
+                response.candidate_labels.append(
+                    with_argument(
+                        choice_label(catalog.modules.get(answering.module_id), language),
+                        dict(answering.input),
+                        language,
+                    )
+                )
             hint = _command_hint(catalog, text, matched, language, allowed, local)
             if hint is not None:
                 response.command_hints.append(hint)

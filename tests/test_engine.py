@@ -267,6 +267,21 @@ def test_alias_must_be_one_word_without_slash(alias: str) -> None:
         ModuleRegistry().register(_module("test:a", commands=(CommandSpec((alias,)),)))
 
 
+def test_a_question_field_must_be_a_string_input_of_a_module_that_only_reads() -> None:
+    text = {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}}
+    registry = ModuleRegistry()
+    registry.register(_module("test:ask", input_schema=text, question_field="q"))
+    assert registry.descriptor("test:ask").question_field == "q"
+    for field in ("n", "missing"):
+        with pytest.raises(RegistryError, match="is not a string input field"):
+            ModuleRegistry().register(_module("test:a", input_schema=text, question_field=field))
+    writes = ExecutionPolicy(tool_calls=1, steps=1, write_steps=1)
+    with pytest.raises(RegistryError, match="must only read"):
+        ModuleRegistry().register(
+            _module("test:a", input_schema=text, question_field="q", policy=writes)
+        )
+
+
 def test_command_without_alias_is_refused() -> None:
     with pytest.raises(RegistryError, match="at least one alias"):
         ModuleRegistry().register(_module("test:a", commands=(CommandSpec(()),)))

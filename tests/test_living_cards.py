@@ -161,3 +161,24 @@ async def test_typing_back_or_next_page_presses_the_viewed_cards_navigation(
         quest = (await client.chat("alex", "/quest 1")).reply.result.card
         listed = (await client.chat("alex", "back", viewing=quest)).reply
         assert listed.module_id == "system:quests"
+
+
+async def test_without_a_model_a_question_gets_the_knowledge_search_on_its_card(
+    tmp_path: pathlib.Path,
+) -> None:
+    """No model in this chain: a question no module matches clearly gets a selection card
+    whose last choice searches the knowledge base with the whole text; one press shows what
+    it found (the starter knowledge)."""
+    async with running_chain(tmp_path) as chain:
+        client = await chain.steve_and_alex()
+        shown = (await client.chat("alex", "how does paying another player work?")).reply
+        card = shown.result.card
+        assert card.template == "system:selection"
+        choice = card.buttons[-1]
+        assert choice.args["module_id"] == "system:question"
+        assert choice.label.startswith("Answer a question from the knowledge base: how does")
+        answered = (await client.press("alex", card, choice)).reply
+        assert answered.module_id == "system:question"
+        lines = [line.text for line in answered.result.card.lines]
+        assert lines[0] == "No model is available; here is what was found."
+        assert any("How buying and paying work" in line for line in lines), lines

@@ -867,3 +867,43 @@ def test_a_choice_with_an_argument_says_it_on_its_label() -> None:
     assert with_argument("Shop", {"a": "x", "b": "y"}, "en") == "Shop"
     assert with_argument("Shop", {"flag": True}, "en") == "Shop"
     assert with_argument("", {"query": "x"}, "en") == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "asked"),
+    [
+        ("what are the server rules", True),
+        ("what's the rule on pvp", True),
+        ("pvp allowed?", True),
+        ("服务器规则是什么", True),
+        ("可以开挂吗", True),
+        ("主城在哪里", True),
+        ("hi", False),
+        ("whatever", False),
+        ("open the shop", False),
+        ("打开商店", False),
+    ],
+)
+def test_a_question_is_told_by_its_words_or_mark(text: str, asked: bool) -> None:
+    from router_service.router import asks
+
+    assert asks(text) is asked
+
+
+async def test_without_a_model_a_question_is_offered_the_knowledge_search() -> None:
+    """The card's last choice is the module that answers questions in the player's words
+    (`question_field`), the whole text as the question; other texts get none."""
+    asked = await _router().route(_route("what are the server rules"))
+    assert asked.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK
+    last = asked.candidates[-1]
+    assert last.module_id == "system:question"
+    assert json_format.MessageToDict(last.input) == {"question": "what are the server rules"}
+    assert asked.candidate_labels[-1] == (
+        "Answer a question from the knowledge base: what are the server rule…"
+    )
+    chinese = common_pb2.PlayerContext(server_id="s", player_id="p-zh", language="zh")
+    zh = await _router().route(_route("服务器规则是什么", chinese))
+    assert zh.candidate_labels[-1] == "从资料库回答问题：服务器规则是什么"
+    for text in ("hi", "stuff things items"):
+        plain = await _router().route(_route(text))
+        assert "system:question" not in {c.module_id for c in plain.candidates}, text

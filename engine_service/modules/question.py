@@ -83,6 +83,8 @@ class QuestionModule:
             tools=(DATABASE_QUERY,),
             optional_tools=(WEB_SEARCH, WEB_FETCH),
             policy=policy or QUESTION_POLICY,
+            # Without a model, a question gets the knowledge search on its selection card.
+            question_field="question",
         )
 
     async def run(self, data: dict[str, Any], ctx: ExecutionContext) -> common_pb2.AgentResult:
