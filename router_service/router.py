@@ -214,6 +214,7 @@ def _question_choice(
             module.question_field
             and module_id in allowed
             and module_id not in offered
+            and module.interactive
             and module.write_steps == 0
         ):
             return _action(module_id, {module.question_field: text.strip()})
