@@ -431,6 +431,25 @@ class ButtonMatcher:
                 self._indexes.popitem(last=False)
         return index
 
+    def phrasing_key(self, text: str, lang: str) -> str | None:
+        """The label key one of whose phrasings in `lang` the whole text is (`确认`, `claim
+        it`: punctuation and case aside), else None: words that only press a button."""
+        compact = _compact(_normalize(text))
+        if not compact:
+            return None
+        language = _language(lang)
+        phrasings = self._phrasings
+        return next(
+            (
+                key
+                for key in sorted(phrasings)
+                if any(
+                    _compact(_normalize(p)) == compact for p in _phrases(phrasings, key, language)
+                )
+            ),
+            None,
+        )
+
     def warm_up(self) -> None:
         """Loads jieba now (about a second) rather than on the first Chinese text."""
         self._segmenter()

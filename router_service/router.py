@@ -138,6 +138,16 @@ _PRESS_ONLY = {
     "en": "Button {number} works only when pressed; typing its number does not press it.",
 }
 """What a player reads who typed the number of a button only a press may use (a confirm)."""
+_NO_BUTTON = {
+    "zh": "现在看着的卡片上没有“{text}”按钮：打开它所在的卡片（邮件、任务、报价），再点击按钮或输入"
+    "这句话；输入 /help 查看全部功能。",
+    "en": "No card you are looking at has a button for “{text}”: open the card it belongs to (a "
+    "mail, a quest, a quote), then press it or type this again; /help lists everything.",
+}
+"""What a player reads who typed only a button's words with no such button in view."""
+_SUGGESTING_KEYS = frozenset({"buy"})
+"""Button words that still get a selection card without such a button in view: `buy` alone
+suggests the purchase's command."""
 
 _LABEL_END = re.compile(r"[:：,，。.;；(（]")
 _LABEL_CHARS = 48
@@ -570,6 +580,17 @@ class Router:
     ) -> router_pb2.RouteResponse:
         """A selection card of read-only candidates, or no route; `response` holds the match."""
         matched = local.language or language  # the text's language; labels are the player's
+        key = self._buttons.phrasing_key(text, language) or self._buttons.phrasing_key(
+            text, matched
+        )
+        if key is not None and key not in _SUGGESTING_KEYS:
+            # `确认` with no card in view that has a Confirm button: choices of unrelated
+            # modules would only mislead.
+            self.diagnostics.record_decision(diag.DecisionSource.NONE)
+            response.source = router_pb2.DECISION_SOURCE_NONE
+            response.no_route_reason = router_pb2.NO_ROUTE_REASON_NO_BUTTON
+            response.detail = pick(_NO_BUTTON, language, text=text.strip())
+            return response
         candidates = catalog.semantic.fallback_candidates(text, matched, allowed, local)
         if candidates:
             self.diagnostics.record_decision(diag.DecisionSource.LOCAL_FALLBACK)

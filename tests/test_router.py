@@ -907,3 +907,36 @@ async def test_without_a_model_a_question_is_offered_the_knowledge_search() -> N
     for text in ("hi", "stuff things items"):
         plain = await _router().route(_route(text))
         assert "system:question" not in {c.module_id for c in plain.candidates}, text
+
+
+def test_a_text_that_is_only_a_buttons_words_is_told_by_its_phrasing_key() -> None:
+    matcher = ButtonMatcher(load_phrasings())
+    assert matcher.phrasing_key("确认", "zh_cn") == "confirm"
+    assert matcher.phrasing_key("Claim it!", "en_us") == "claim"
+    assert matcher.phrasing_key("next page", "en") == "next"
+    assert matcher.phrasing_key("claim my reward now", "en") is None
+    assert matcher.phrasing_key("确认", "en") is None  # the player's language's words only
+    assert matcher.phrasing_key("  ", "en") is None
+
+
+async def test_a_buttons_words_with_no_such_button_in_view_say_so_instead_of_choices() -> None:
+    """No model: `确认` or `claim it` with no card in view that has the button get a line
+    saying to open that card, not a selection card of unrelated modules; `buy` alone still
+    gets its command suggested."""
+    chinese = common_pb2.PlayerContext(server_id="s", player_id="p-zh", language="zh")
+    confirm = await _router().route(_route("确认", chinese))
+    assert confirm.source == router_pb2.DECISION_SOURCE_NONE
+    assert confirm.no_route_reason == router_pb2.NO_ROUTE_REASON_NO_BUTTON
+    assert confirm.detail.startswith("现在看着的卡片上没有“确认”按钮")
+    claim = await _router().route(_route("claim it"))
+    assert claim.no_route_reason == router_pb2.NO_ROUTE_REASON_NO_BUTTON
+    assert claim.detail.startswith("No card you are looking at has a button for “claim it”")
+    buy = await _router().route(_route("buy"))
+    assert buy.source == router_pb2.DECISION_SOURCE_LOCAL_FALLBACK
+    assert [h.usage for h in buy.command_hints] == ["/buy <item [count]>"]
+    # With the button in view the words press it, as before.
+    button = router_pb2.NotificationButton(
+        action=common_pb2.ModuleAction(module_id="system:history"), label_key="claim", label="X"
+    )
+    pressed = await _router().route(_route("claim it", notification_buttons=[button]))
+    assert pressed.source == router_pb2.DECISION_SOURCE_BUTTON
