@@ -211,7 +211,7 @@ def asks(text: str) -> bool:
 
 def _question_choice(
     catalog: Catalog, text: str, allowed: frozenset[str], candidates: list[FallbackCandidate]
-) -> common_pb2.ModuleAction | None:
+) -> FallbackCandidate | None:
     """For a text that asks something, the first module the player may use that answers a
     question in their own words (`ModuleDescriptor.question_field`: the knowledge base's), the
     whole text as that question: where no model could be asked, the knowledge search is one
@@ -227,7 +227,8 @@ def _question_choice(
             and module.interactive
             and module.write_steps == 0
         ):
-            return _action(module_id, {module.question_field: text.strip()})
+            question = {module.question_field: text.strip()}
+            return FallbackCandidate(module_id, "", question, 0.0, "", "question")
     return None
 
 
@@ -593,6 +594,9 @@ class Router:
             return response
         candidates = catalog.semantic.fallback_candidates(text, matched, allowed, local)
         if candidates:
+            answering = _question_choice(catalog, text, allowed, candidates)
+            if answering is not None:  # last: what the text matched comes first
+                candidates.append(answering)
             self.diagnostics.record_decision(diag.DecisionSource.LOCAL_FALLBACK)
             response.source = router_pb2.DECISION_SOURCE_LOCAL_FALLBACK
             response.candidates.extend(
@@ -609,16 +613,6 @@ class Router:
                 )
                 for c in candidates
             )
-            answering = _question_choice(catalog, text, allowed, candidates)
-            if answering is not None:
-                response.candidates.append(answering)
-                response.candidate_labels.append(
-                    with_argument(
-                        choice_label(catalog.modules.get(answering.module_id), language),
-                        dict(answering.input),
-                        language,
-                    )
-                )
             hint = _command_hint(catalog, text, matched, language, allowed, local)
             if hint is not None:
                 response.command_hints.append(hint)

@@ -28,7 +28,6 @@ MAX_QUERY_TOKENS = 32
 _HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(r"[^\W_]+")  # letters and digits, any script
 _HAN_PARTS = re.compile(f"([{_HAN}]+)")
-_HAN_ONLY = re.compile(f"[{_HAN}]+")
 
 # Question and function words, and verbs and quantifiers so common that an entry sharing only
 # them with a question says nothing about it (get, make, 获得, 需要), and the server itself,
@@ -113,7 +112,7 @@ def query_tokens(query: str) -> list[str]:
 def _part_of(word: str, words: list[str]) -> bool:
     """Whether `word`, Chinese, is a shorter part of one of `words` (search-mode pieces;
     English words are whole: `hose` stays beside `whose`)."""
-    if not _HAN_ONLY.fullmatch(word):
+    if not _HAN_PARTS.fullmatch(word):
         return False
     return any(len(other) > len(word) and word in other for other in words)
 

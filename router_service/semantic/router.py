@@ -216,7 +216,9 @@ class FallbackCandidate:
     """Match score; 0 for a shortcut."""
     example_id: str
     """Matched example; empty for a shortcut."""
-    source: Literal["match", "shortcut"]
+    source: Literal["match", "shortcut", "question"]
+    """`question`: the module answering questions in the player's words, the whole text as
+    its question (the router adds it for a text that asks something)."""
 
 
 class SemanticRouter:
@@ -262,7 +264,7 @@ class SemanticRouter:
         self._directions: Mapping[tuple[str, str], _Directions] = MappingProxyType(
             {key: _direction_poles(texts) for key, texts in examples.items()}
         )
-        self._example_owners = _example_owners(profiles, config)
+        self._example_owners = _example_owners(examples)
         self._shortcut_cache: dict[frozenset[str] | None, tuple[FallbackCandidate, ...]] = {}
         self._speller = _speller(examples, self._index) if self._index else None
         trains = trained_scorer(config.scorer.mode) if self._index is not None else "none"
@@ -735,12 +737,12 @@ def _module_examples(
 
 
 def _example_owners(
-    profiles: Iterable[Profile], config: SemanticConfig
+    examples: Mapping[tuple[str, str], tuple[str, ...]],
 ) -> Mapping[tuple[str, str], str]:
     """Per language and `example_key`, the one profile (reject profiles included) whose
-    examples hold that text; a text two profiles hold is left out."""
+    examples (`_module_examples`) hold that text; a text two profiles hold is left out."""
     owners: dict[tuple[str, str], set[str]] = {}
-    for (module_id, lang), texts in _module_examples(profiles, config).items():
+    for (module_id, lang), texts in examples.items():
         for text in texts:
             owners.setdefault((lang, example_key(normalize(text))), set()).add(module_id)
     return MappingProxyType(
